@@ -1,0 +1,178 @@
+// Package config owns vllm-guard.toml: the schema of SPEC §3, its defaults,
+// strict decoding (file:line:key errors) and validation.
+package config
+
+import "time"
+
+// Duration is a TOML string such as "5s" or "10m". A bare number is an error:
+// it would otherwise silently become nanoseconds.
+type Duration struct{ time.Duration }
+
+// Config is the whole vllm-guard.toml.
+type Config struct {
+	VLLM      VLLM      `toml:"vllm"`
+	Profile   Profile   `toml:"profile"`
+	Readiness Readiness `toml:"readiness"`
+	Liveness  Liveness  `toml:"liveness"`
+	GPU       GPU       `toml:"gpu"`
+	Restart   Restart   `toml:"restart"`
+	Control   Control   `toml:"control"`
+	Alerts    Alerts    `toml:"alerts"`
+	Proxy     Proxy     `toml:"proxy"`
+	Log       Log       `toml:"log"`
+
+	// Path is the file the config was read from ("" for defaults only).
+	Path string `toml:"-"`
+}
+
+type VLLM struct {
+	Command         []string          `toml:"command"`
+	Host            string            `toml:"host"`
+	Port            int               `toml:"port"`
+	ServedModelName string            `toml:"served_model_name"`
+	Env             map[string]string `toml:"env"`
+	Workdir         string            `toml:"workdir"`
+	StopTimeout     Duration          `toml:"stop_timeout"`
+}
+
+// Profile is rung 0 of the degrade ladder and the rules that compute the others.
+type Profile struct {
+	MaxNumSeqs               int      `toml:"max_num_seqs"`
+	GPUMemoryUtilization     float64  `toml:"gpu_memory_utilization"`
+	MaxNumSeqsFactor         float64  `toml:"max_num_seqs_factor"`
+	MinMaxNumSeqs            int      `toml:"min_max_num_seqs"`
+	GPUMemoryUtilizationStep float64  `toml:"gpu_memory_utilization_step"`
+	MinGPUMemoryUtilization  float64  `toml:"min_gpu_memory_utilization"`
+	RestoreAfter             Duration `toml:"restore_after"`
+	Headroom                 float64  `toml:"headroom"`
+}
+
+type Readiness struct {
+	Probe        string   `toml:"probe"` // "health" | "models" | "completion"
+	PollInterval Duration `toml:"poll_interval"`
+	ProbeTimeout Duration `toml:"probe_timeout"`
+	StallTimeout Duration `toml:"stall_timeout"`
+	MaxStartTime Duration `toml:"max_start_time"`
+}
+
+type Liveness struct {
+	Interval Duration `toml:"interval"`
+	Timeout  Duration `toml:"timeout"`
+	Failures int      `toml:"failures"`
+}
+
+type GPU struct {
+	Devices          []string `toml:"devices"`
+	SampleInterval   Duration `toml:"sample_interval"`
+	WarnFraction     float64  `toml:"warn_fraction"`
+	CriticalFraction float64  `toml:"critical_fraction"`
+	PredictHorizon   Duration `toml:"predict_horizon"`
+	ReleaseTimeout   Duration `toml:"release_timeout"`
+}
+
+type Restart struct {
+	InitialDelay Duration `toml:"initial_delay"`
+	MaxDelay     Duration `toml:"max_delay"`
+	Multiplier   float64  `toml:"multiplier"`
+	Jitter       float64  `toml:"jitter"`
+	ResetAfter   Duration `toml:"reset_after"`
+	GiveUpAfter  int      `toml:"give_up_after"`
+	GiveUpWindow Duration `toml:"give_up_window"`
+	OnGiveUp     string   `toml:"on_give_up"` // "exit" | "stay"
+}
+
+type Control struct {
+	Socket     string `toml:"socket"`
+	HTTPListen string `toml:"http_listen"`
+	StateDir   string `toml:"state_dir"`
+}
+
+type Alerts struct {
+	Command []string `toml:"command"`
+	Webhook string   `toml:"webhook"`
+}
+
+type Proxy struct {
+	Listen         string   `toml:"listen"`
+	InflightFactor float64  `toml:"inflight_factor"`
+	QueueSize      int      `toml:"queue_size"`
+	QueueTimeout   Duration `toml:"queue_timeout"`
+	MaxBodyBytes   int64    `toml:"max_body_bytes"`
+}
+
+type Log struct {
+	Level      string `toml:"level"`  // debug | info | warn | error
+	Format     string `toml:"format"` // auto | json | console
+	ChildLines int    `toml:"child_lines"`
+}
+
+func d(s string) Duration {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		panic(err)
+	}
+	return Duration{v}
+}
+
+// Default returns the configuration of SPEC §3 with every default filled in.
+func Default() *Config {
+	return &Config{
+		VLLM: VLLM{
+			Command:     []string{"vllm", "serve", "Qwen/Qwen2.5-7B-Instruct"},
+			Host:        "127.0.0.1",
+			Port:        8000,
+			Env:         map[string]string{},
+			StopTimeout: d("30s"),
+		},
+		Profile: Profile{
+			MaxNumSeqs:               256,
+			GPUMemoryUtilization:     0.85,
+			MaxNumSeqsFactor:         0.5,
+			MinMaxNumSeqs:            16,
+			GPUMemoryUtilizationStep: 0.05,
+			MinGPUMemoryUtilization:  0.70,
+			RestoreAfter:             d("0s"),
+			Headroom:                 0.15,
+		},
+		Readiness: Readiness{
+			Probe:        "completion",
+			PollInterval: d("250ms"),
+			ProbeTimeout: d("2s"),
+			StallTimeout: d("10m"),
+			MaxStartTime: d("0s"),
+		},
+		Liveness: Liveness{Interval: d("10s"), Timeout: d("5s"), Failures: 3},
+		GPU: GPU{
+			Devices:          []string{},
+			SampleInterval:   d("1s"),
+			WarnFraction:     0.90,
+			CriticalFraction: 0.97,
+			PredictHorizon:   d("10m"),
+			ReleaseTimeout:   d("60s"),
+		},
+		Restart: Restart{
+			InitialDelay: d("5s"),
+			MaxDelay:     d("5m"),
+			Multiplier:   2.0,
+			Jitter:       0.2,
+			ResetAfter:   d("10m"),
+			GiveUpAfter:  10,
+			GiveUpWindow: d("1h"),
+			OnGiveUp:     "exit",
+		},
+		Control: Control{
+			Socket:     "/run/vllm-guard/guard.sock",
+			HTTPListen: "127.0.0.1:9461",
+			StateDir:   "/var/lib/vllm-guard",
+		},
+		Alerts: Alerts{Command: []string{}},
+		Proxy: Proxy{
+			Listen:         "",
+			InflightFactor: 1.0,
+			QueueSize:      512,
+			QueueTimeout:   d("30s"),
+			MaxBodyBytes:   16 << 20,
+		},
+		Log: Log{Level: "info", Format: "auto", ChildLines: 200},
+	}
+}

@@ -1,0 +1,87 @@
+// Package policy owns the guard's pure decisions: why vLLM died (cause
+// classification), which profile rung to run next, whether to give up, and
+// when to step back up. It never sleeps, execs or reads the clock: callers
+// pass the time and the facts in.
+package policy
+
+import "time"
+
+// Cause is one of SPEC §6.
+type Cause string
+
+const (
+	CauseOOM            Cause = "oom"
+	CauseKVInsufficient Cause = "kv_insufficient"
+	CauseGPUBusy        Cause = "gpu_busy"
+	CauseConfigError    Cause = "config_error"
+	CauseHang           Cause = "hang"
+	CauseCrash          Cause = "crash"
+	CauseHostOOM        Cause = "host_oom"
+)
+
+// Causes lists every cause, in SPEC order (metrics pre-create one series each).
+var Causes = []Cause{CauseOOM, CauseKVInsufficient, CauseGPUBusy, CauseConfigError, CauseHang, CauseCrash, CauseHostOOM}
+
+// Rung is one step of the degrade ladder. Rung 0 is [profile] as written.
+type Rung struct {
+	Index                int     `json:"index"`
+	MaxNumSeqs           int     `json:"max_num_seqs"`
+	GPUMemoryUtilization float64 `json:"gpu_memory_utilization"`
+}
+
+// Line is one line of vLLM output as the guard saw it; N counts from 1.
+type Line struct {
+	N      int    `json:"n"`
+	Stream string `json:"stream,omitempty"` // "stdout" | "stderr" | "" (offline log)
+	Text   string `json:"text"`             // ANSI already stripped
+}
+
+// Phase is where vLLM was when it died.
+type Phase string
+
+const (
+	PhaseStarting Phase = "starting" // launched, not yet ready
+	PhaseReady    Phase = "ready"
+)
+
+// Exit is everything the guard knows about one death of vLLM.
+type Exit struct {
+	Lines         []Line    // last lines of output, oldest first
+	ExitCode      int       // -1 when killed by a signal
+	Signal        string    // "SIGKILL" etc.; "" when it exited
+	SignalByGuard bool      // the guard sent the fatal signal (stop, hang kill)
+	Hang          string    // non-empty when the guard killed it as hung: the reason
+	HostOOMKill   bool      // the cgroup's oom_kill counter went up across the run
+	Phase         Phase     // phase it died in
+	MemFractions  []float64 // GPU used/total of the last samples before death, oldest first (max over devices)
+	Critical      float64   // [gpu] critical_fraction
+	StartFailure  string    // non-empty when the command could not be started at all (not found, not executable)
+}
+
+// Verdict is the classifier's answer: one cause with its evidence.
+type Verdict struct {
+	Cause      Cause    `json:"cause"`
+	Confidence string   `json:"confidence"` // "high" | "low"
+	Evidence   []Line   `json:"evidence"`   // root-cause lines, not the wrappers
+	Summary    string   `json:"summary"`    // one line an operator reads first
+	Advice     []string `json:"advice,omitempty"`
+}
+
+// Action is what the guard does next.
+type Action string
+
+const (
+	ActionRestart Action = "restart" // after Delay, on Rung
+	ActionGiveUp  Action = "give_up" // stop trying; ExitCode says how the guard exits
+)
+
+// Decision is the policy's answer after a failure.
+type Decision struct {
+	Action   Action        `json:"action"`
+	Rung     Rung          `json:"rung"`
+	Delay    time.Duration `json:"delay"`            // backoff before the next start
+	WaitGPU  bool          `json:"wait_gpu"`         // wait for GPU memory before starting
+	ExitCode int           `json:"exit_code"`        // for ActionGiveUp: 78 config, 1 crash loop
+	Reason   string        `json:"reason"`           // operator's words: why this step
+	AtFloor  bool          `json:"at_floor,omitzero"` // the ladder's floor is reached
+}

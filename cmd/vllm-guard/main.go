@@ -1,0 +1,59 @@
+// Command vllm-guard supervises vLLM: see `vllm-guard --help`.
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/vllm-guard/vllm-guard/supervisor"
+)
+
+const usage = `vllm-guard keeps vLLM serving: it launches vLLM, says ready only when the model
+answers, watches GPU memory, and restarts it after a failure on a lighter profile.
+
+Usage:
+  vllm-guard run [--config FILE] [--init] [-- EXTRA_VLLM_ARGS...]   supervise vLLM (the main job)
+  vllm-guard check [--config FILE]            validate the config, print the settings and the ladder
+  vllm-guard version                          version, commit, Go version
+
+Every command has --help. --config defaults to $VLLM_GUARD_CONFIG, then
+./vllm-guard.toml, then /etc/vllm-guard/vllm-guard.toml.
+`
+
+// Exit codes shared by the commands (SPEC §2).
+const (
+	exitOK     = 0
+	exitFailed = 1
+	exitUsage  = 2
+	exitConfig = 78
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == supervisor.KeeperArg {
+		os.Exit(supervisor.RunKeeper(os.Args[2:]))
+	}
+	os.Exit(dispatch(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func dispatch(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "run":
+		return cmdRun(rest, stderr)
+	case "check":
+		return cmdCheck(rest, stdout, stderr)
+	case "version":
+		return cmdVersion(stdout)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	default:
+		fmt.Fprintf(stderr, "vllm-guard: unknown command %q\n\n%s", cmd, usage)
+		return exitUsage
+	}
+}

@@ -1,0 +1,24 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+	"runtime/debug"
+)
+
+// version is set at build time: -ldflags "-X main.version=…".
+var version = "dev"
+
+func cmdVersion(stdout io.Writer) int {
+	commit := "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				commit = s.Value
+			}
+		}
+	}
+	fmt.Fprintf(stdout, "vllm-guard %s\ncommit %s\n%s\n", version, commit, runtime.Version())
+	return exitOK
+}

@@ -1,0 +1,119 @@
+package supervisor
+
+import (
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/vllm-guard/vllm-guard/policy"
+)
+
+// profileFlags are the flags the guard owns: whatever the operator wrote for
+// them is replaced by the rung in force.
+var profileFlags = []string{"--max-num-seqs", "--gpu-memory-utilization"}
+
+// Endpoint is where the guard reaches vLLM.
+type Endpoint struct {
+	Host string
+	Port int
+}
+
+// BuildArgv returns vLLM's argv for one start: the configured command and
+// the extra arguments with any profile flag removed, then the rung's profile
+// flags, then --host/--port unless the operator already set them. It also
+// returns where vLLM will listen, as the guard must probe it.
+func BuildArgv(command, extra []string, r policy.Rung, host string, port int) ([]string, Endpoint) {
+	ep := Endpoint{Host: host, Port: port}
+	var argv []string
+	hasHost, hasPort := false, false
+	for _, part := range [][]string{command, extra} {
+		for i := 0; i < len(part); i++ {
+			a := part[i]
+			name, val, inline := strings.Cut(a, "=")
+			if !strings.HasPrefix(name, "--") {
+				argv = append(argv, a)
+				continue
+			}
+			takesValue := !inline && i+1 < len(part) && !strings.HasPrefix(part[i+1], "--")
+			if !inline && takesValue {
+				val = part[i+1]
+			}
+			switch {
+			case isProfileFlag(name):
+				if takesValue {
+					i++
+				}
+				continue
+			case name == "--host":
+				hasHost, ep.Host = true, val
+			case name == "--port":
+				if p, err := strconv.Atoi(val); err == nil {
+					hasPort, ep.Port = true, p
+				}
+			}
+			argv = append(argv, a)
+			if takesValue && (name == "--host" || name == "--port") {
+				argv = append(argv, part[i+1])
+				i++
+			}
+		}
+	}
+	argv = append(argv,
+		"--max-num-seqs", strconv.Itoa(r.MaxNumSeqs),
+		"--gpu-memory-utilization", strconv.FormatFloat(r.GPUMemoryUtilization, 'f', -1, 64))
+	if !hasHost {
+		argv = append(argv, "--host", host)
+	}
+	if !hasPort {
+		argv = append(argv, "--port", strconv.Itoa(port))
+	}
+	if ep.Host == "" || ep.Host == "0.0.0.0" || ep.Host == "::" {
+		ep.Host = "127.0.0.1"
+	}
+	return argv, ep
+}
+
+func isProfileFlag(name string) bool {
+	for _, f := range profileFlags {
+		if name == f || name == strings.ReplaceAll(f, "-", "_") {
+			return true
+		}
+	}
+	return false
+}
+
+// ChildEnv is the guard's environment plus [vllm] env, without the systemd
+// variables that belong to the guard alone: a child that saw NOTIFY_SOCKET
+// could claim readiness or feed the watchdog in the guard's name.
+func ChildEnv(base []string, extra map[string]string) []string {
+	out := make([]string, 0, len(base)+len(extra))
+	for _, kv := range base {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, over := extra[k]; over || guardOnlyEnv(k) {
+			continue
+		}
+		out = append(out, kv)
+	}
+	for k, v := range extra {
+		if !guardOnlyEnv(k) {
+			out = append(out, k+"="+v)
+		}
+	}
+	return out
+}
+
+func guardOnlyEnv(k string) bool {
+	return k == "NOTIFY_SOCKET" || strings.HasPrefix(k, "WATCHDOG_")
+}
+
+// lookupEnv finds k in an environment list.
+func lookupEnv(env []string, k string) (string, bool) {
+	for i := len(env) - 1; i >= 0; i-- {
+		if name, v, ok := strings.Cut(env[i], "="); ok && name == k {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+var _ = os.Getenv

@@ -1,0 +1,274 @@
+package supervisor
+
+import (
+	"bytes"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/policy"
+)
+
+// maxLine bounds one stored line: vLLM can print megabyte lines (a dumped
+// config, a flood); the rest of such a line is dropped.
+const maxLine = 16 << 10
+
+// emitQueue bounds the lines waiting for the log sink. When the sink (a slow
+// terminal, journald) falls behind, lines are dropped and counted: vLLM must
+// never block on its stdout.
+const emitQueue = 8192
+
+type emitted struct {
+	stream string
+	pid    int
+	text   string
+}
+
+// logSink re-emits vLLM's lines through zap from one goroutine, so a slow
+// sink costs dropped lines, never a blocked child.
+type logSink struct {
+	log     *zap.Logger
+	ch      chan emitted
+	dropped atomic.Uint64
+	done    chan struct{}
+}
+
+func newLogSink(log *zap.Logger) *logSink {
+	s := &logSink{log: log.Named("vllm"), ch: make(chan emitted, emitQueue), done: make(chan struct{})}
+	go s.run()
+	return s
+}
+
+func (s *logSink) run() {
+	defer close(s.done)
+	var reported uint64
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case e, ok := <-s.ch:
+			if !ok {
+				s.reportDrops(&reported)
+				return
+			}
+			fields := []zap.Field{zap.String("stream", e.stream), zap.Int("pid", e.pid)}
+			switch {
+			case strings.HasPrefix(e.text, "ERROR") || strings.HasPrefix(e.text, "CRITICAL"):
+				s.log.Error(e.text, fields...)
+			case strings.HasPrefix(e.text, "WARNING"):
+				s.log.Warn(e.text, fields...)
+			default:
+				s.log.Info(e.text, fields...)
+			}
+		case <-tick.C:
+			s.reportDrops(&reported)
+		}
+	}
+}
+
+func (s *logSink) reportDrops(reported *uint64) {
+	if d := s.dropped.Load(); d > *reported {
+		s.log.Warn("vLLM log lines dropped: the log sink is slower than vLLM writes; the child was not blocked",
+			zap.Uint64("dropped", d-*reported), zap.Uint64("dropped_total", d))
+		*reported = d
+	}
+}
+
+func (s *logSink) close() {
+	close(s.ch)
+	<-s.done
+}
+
+// lineRing keeps the last lines of one run of vLLM for the classifier and
+// incidents.
+type lineRing struct {
+	mu    sync.Mutex
+	lines []policy.Line
+	next  int
+	n     int // lines seen in total
+}
+
+func newLineRing(size int) *lineRing { return &lineRing{lines: make([]policy.Line, 0, size)} }
+
+func (r *lineRing) add(stream, text string) {
+	r.mu.Lock()
+	r.n++
+	l := policy.Line{N: r.n, Stream: stream, Text: text}
+	if len(r.lines) < cap(r.lines) {
+		r.lines = append(r.lines, l)
+	} else {
+		r.lines[r.next] = l
+		r.next = (r.next + 1) % len(r.lines)
+	}
+	r.mu.Unlock()
+}
+
+// snapshot returns the kept lines, oldest first.
+func (r *lineRing) snapshot() []policy.Line {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]policy.Line, 0, len(r.lines))
+	out = append(out, r.lines[r.next:]...)
+	return append(out, r.lines[:r.next]...)
+}
+
+// output is what one run of vLLM printed, as the supervisor needs it.
+type output struct {
+	sink       *logSink
+	ring       *lineRing
+	pid        atomic.Int64
+	lastLine   atomic.Int64 // unix nanoseconds of the last line: load progress
+	phase      atomic.Pointer[string]
+	progress   chan struct{} // a new load phase was recognised (coalesced)
+	startupEnd chan struct{} // "Application startup complete." seen (coalesced)
+}
+
+func newOutput(sink *logSink, ringSize int) *output {
+	o := &output{sink: sink, ring: newLineRing(ringSize),
+		progress: make(chan struct{}, 1), startupEnd: make(chan struct{}, 1)}
+	o.lastLine.Store(time.Now().UnixNano())
+	return o
+}
+
+// Phase is the load phase recognised last ("" before any).
+func (o *output) Phase() string {
+	if p := o.phase.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// streamWriter splits one stream of vLLM output into lines on \n and \r.
+// Its Write never blocks on anything but a short mutex.
+type streamWriter struct {
+	o       *output
+	name    string
+	partial []byte
+	skip    bool // inside an over-long line: drop until its end
+}
+
+func (o *output) writer(stream string) *streamWriter { return &streamWriter{o: o, name: stream} }
+
+func (w *streamWriter) Write(b []byte) (int, error) {
+	n := len(b)
+	for len(b) > 0 {
+		i := bytes.IndexAny(b, "\r\n")
+		if i < 0 {
+			w.keep(b)
+			break
+		}
+		w.keep(b[:i])
+		w.flush()
+		b = b[i+1:]
+	}
+	return n, nil
+}
+
+// Close emits a last line that had no newline.
+func (w *streamWriter) Close() error {
+	w.flush()
+	return nil
+}
+
+func (w *streamWriter) keep(b []byte) {
+	if w.skip {
+		return
+	}
+	if room := maxLine - len(w.partial); len(b) > room {
+		w.partial = append(w.partial, b[:room]...)
+		w.skip = true
+		return
+	}
+	w.partial = append(w.partial, b...)
+}
+
+func (w *streamWriter) flush() {
+	w.skip = false
+	if len(w.partial) == 0 {
+		return
+	}
+	text := StripANSI(w.partial)
+	w.partial = w.partial[:0]
+	if strings.TrimSpace(text) == "" {
+		return
+	}
+	o := w.o
+	o.lastLine.Store(time.Now().UnixNano())
+	o.ring.add(w.name, text)
+	if ph := loadPhase(text); ph != "" && ph != o.Phase() {
+		o.phase.Store(&ph)
+		select {
+		case o.progress <- struct{}{}:
+		default:
+		}
+	}
+	if strings.Contains(text, "Application startup complete") {
+		select {
+		case o.startupEnd <- struct{}{}:
+		default:
+		}
+	}
+	select {
+	case o.sink.ch <- emitted{stream: w.name, pid: int(o.pid.Load()), text: text}:
+	default:
+		o.sink.dropped.Add(1)
+	}
+}
+
+// StripANSI removes terminal escape sequences (vLLM colours its process
+// prefixes even when piped) and returns the text as a string.
+func StripANSI(b []byte) string {
+	if bytes.IndexByte(b, 0x1b) < 0 {
+		return string(b)
+	}
+	out := make([]byte, 0, len(b))
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if c != 0x1b {
+			out = append(out, c)
+			continue
+		}
+		if i+1 < len(b) && b[i+1] == '[' {
+			// CSI: parameters and intermediates, then one final byte 0x40–0x7e.
+			j := i + 2
+			for j < len(b) && (b[j] < 0x40 || b[j] > 0x7e) {
+				j++
+			}
+			i = j
+			continue
+		}
+		if i+1 < len(b) && strings.IndexByte("()*+", b[i+1]) >= 0 {
+			i += 2 // charset designation: ESC ( B
+			continue
+		}
+		i++ // a two-byte escape
+	}
+	return string(out)
+}
+
+// Load phases in the order vLLM goes through them, with the lines that
+// mark each (VLLM-FACTS.md "Startup, in order"). Phase names are what status shows.
+var phaseMarks = []struct {
+	phase string
+	marks []string
+}{
+	{"server", []string{"Starting vLLM API server", "Starting vLLM server", "Available routes are", "Started server process", "Waiting for application startup", "Application startup complete"}},
+	{"graphs", []string{"Capturing CUDA graphs", "Capturing cudagraphs", "Graph capturing finished", "init engine (profile"}},
+	{"kv_cache", []string{"Available KV cache memory", "GPU KV cache size", "# GPU blocks", "Maximum concurrency for", "memory profiling"}},
+	{"compile", []string{"Dynamo bytecode transform", "torch.compile", "Compiling a graph"}},
+	{"weights", []string{"Starting to load model", "Loading safetensors checkpoint shards", "Loading weights took", "Model loading took", "Loading model weights took", "Loading pt checkpoint shards"}},
+}
+
+func loadPhase(text string) string {
+	for _, p := range phaseMarks {
+		for _, m := range p.marks {
+			if strings.Contains(text, m) {
+				return p.phase
+			}
+		}
+	}
+	return ""
+}

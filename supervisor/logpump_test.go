@@ -1,0 +1,116 @@
+package supervisor
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+)
+
+func TestStripANSI(t *testing.T) {
+	in := "\x1b[1;36m(EngineCore_0 pid=42)\x1b[0;0m INFO 10-14 12:00:00 [core.py:1] hi\x1b(B"
+	if got, want := StripANSI([]byte(in)), "(EngineCore_0 pid=42) INFO 10-14 12:00:00 [core.py:1] hi"; got != want {
+		t.Fatalf("got %q want %q", got, want)
+	}
+}
+
+func newTestOutput(t *testing.T) *output {
+	sink := newLogSink(zap.NewNop())
+	t.Cleanup(sink.close)
+	return newOutput(sink, 4)
+}
+
+func TestStreamWriterSplitsOnNewlineAndCarriageReturn(t *testing.T) {
+	o := newTestOutput(t)
+	w := o.writer("stderr")
+	fmt.Fprint(w, "Loading safetensors checkpoint shards:   0% Completed\rLoading safetensors checkpoint shards: 50% Com")
+	fmt.Fprint(w, "pleted\r\nINFO:     Application startup complete.\npartial")
+	w.Close()
+	lines := o.ring.snapshot()
+	var got []string
+	for _, l := range lines {
+		got = append(got, fmt.Sprintf("%d:%s:%s", l.N, l.Stream, l.Text))
+	}
+	want := []string{
+		"1:stderr:Loading safetensors checkpoint shards:   0% Completed",
+		"2:stderr:Loading safetensors checkpoint shards: 50% Completed",
+		"3:stderr:INFO:     Application startup complete.",
+		"4:stderr:partial",
+	}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("lines\n got %q\nwant %q", got, want)
+	}
+	select {
+	case <-o.startupEnd:
+	default:
+		t.Fatal("Application startup complete. was not signalled")
+	}
+	if o.Phase() != "server" {
+		t.Fatalf("phase %q, want server", o.Phase())
+	}
+}
+
+func TestRingKeepsTheLastLines(t *testing.T) {
+	o := newTestOutput(t)
+	w := o.writer("stdout")
+	for i := 1; i <= 10; i++ {
+		fmt.Fprintf(w, "line %d\n", i)
+	}
+	lines := o.ring.snapshot()
+	if len(lines) != 4 || lines[0].N != 7 || lines[3].Text != "line 10" {
+		t.Fatalf("ring %+v", lines)
+	}
+}
+
+func TestOverlongLineIsTruncatedNotBuffered(t *testing.T) {
+	o := newTestOutput(t)
+	w := o.writer("stdout")
+	w.Write([]byte(strings.Repeat("x", 3*maxLine)))
+	w.Write([]byte("y\nnext\n"))
+	lines := o.ring.snapshot()
+	if len(lines) != 2 || len(lines[0].Text) != maxLine || lines[1].Text != "next" {
+		t.Fatalf("got %d lines, first %d bytes", len(lines), len(lines[0].Text))
+	}
+}
+
+func TestSlowSinkDropsInsteadOfBlocking(t *testing.T) {
+	// A sink whose queue is never drained: writes must still return.
+	sink := &logSink{log: zap.NewNop(), ch: make(chan emitted, 2), done: make(chan struct{})}
+	o := newOutput(sink, 8)
+	w := o.writer("stdout")
+	for i := 0; i < 100; i++ {
+		fmt.Fprintf(w, "line %d\n", i)
+	}
+	if d := sink.dropped.Load(); d != 98 {
+		t.Fatalf("dropped %d, want 98", d)
+	}
+}
+
+func TestLoadPhases(t *testing.T) {
+	for text, want := range map[string]string{
+		"(EngineCore_0 pid=1) INFO 10-14 12:00:00 [gpu_model_runner.py:1] Starting to load model Qwen/Qwen2.5-7B...": "weights",
+		"INFO 10-14 12:00:00 [backends.py:1] Dynamo bytecode transform time: 5.55 s":                                  "compile",
+		"INFO 10-14 12:00:00 [gpu_worker.py:1] Available KV cache memory: 16.23 GiB":                                  "kv_cache",
+		"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%":                                               "graphs",
+		"(APIServer pid=1) INFO 10-14 12:00:00 [api_server.py:1] Starting vLLM API server 0 on http://0.0.0.0:8000":   "server",
+		"INFO 10-14 12:00:00 [metrics.py:1] Avg prompt throughput: 0.0 tokens/s":                                      "",
+	} {
+		if got := loadPhase(text); got != want {
+			t.Errorf("%q: phase %q, want %q", text, got, want)
+		}
+	}
+}
+
+func BenchmarkLogPump(b *testing.B) {
+	sink := newLogSink(zap.NewNop())
+	defer sink.close()
+	o := newOutput(sink, 1000)
+	w := o.writer("stdout")
+	chunk := []byte(strings.Repeat("\x1b[36m(EngineCore_0 pid=42)\x1b[0m INFO 12-02 09:31:24 [core.py:123] Avg prompt throughput: 1234.5 tokens/s, Running: 12 reqs\n", 512))
+	b.SetBytes(int64(len(chunk)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		w.Write(chunk)
+	}
+}

@@ -1,0 +1,105 @@
+package supervisor
+
+import (
+	"bytes"
+	"os"
+	"strconv"
+	"syscall"
+)
+
+// procInfo is what /proc/PID/stat says about one process.
+type procInfo struct {
+	pid, ppid, pgid int
+	state           byte
+	start           uint64 // start time in clock ticks since boot: tells a reused PID apart
+}
+
+// readStat parses /proc/PID/stat. The command name may hold spaces and
+// parentheses, so fields are read after the last ')'.
+func readStat(pid int) (procInfo, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procInfo{}, false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return procInfo{}, false
+	}
+	f := bytes.Fields(b[i+2:])
+	// state(0) ppid(1) pgrp(2) ... starttime is field 22 of stat, index 19 here.
+	if len(f) < 20 {
+		return procInfo{}, false
+	}
+	p := procInfo{pid: pid, state: f[0][0]}
+	p.ppid, _ = strconv.Atoi(string(f[1]))
+	p.pgid, _ = strconv.Atoi(string(f[2]))
+	p.start, _ = strconv.ParseUint(string(f[19]), 10, 64)
+	return p, true
+}
+
+// allProcs lists every process visible in /proc.
+func allProcs() []procInfo {
+	d, err := os.Open("/proc")
+	if err != nil {
+		return nil
+	}
+	defer d.Close()
+	names, _ := d.Readdirnames(-1)
+	out := make([]procInfo, 0, len(names))
+	for _, n := range names {
+		pid, err := strconv.Atoi(n)
+		if err != nil {
+			continue
+		}
+		if p, ok := readStat(pid); ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Descendants returns the live processes below root (not root itself),
+// following parent links in /proc.
+func Descendants(root int) []int {
+	procs := allProcs()
+	children := map[int][]int{}
+	for _, p := range procs {
+		if p.state != 'Z' {
+			children[p.ppid] = append(children[p.ppid], p.pid)
+		}
+	}
+	var out []int
+	queue := []int{root}
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = queue[1:]
+		for _, c := range children[pid] {
+			out = append(out, c)
+			queue = append(queue, c)
+		}
+	}
+	return out
+}
+
+// groupMembers returns the live processes in process group pgid.
+func groupMembers(pgid int) []int {
+	var out []int
+	for _, p := range allProcs() {
+		if p.pgid == pgid && p.state != 'Z' {
+			out = append(out, p.pid)
+		}
+	}
+	return out
+}
+
+// alive reports whether pid exists and is not a zombie.
+func alive(pid int) bool {
+	p, ok := readStat(pid)
+	return ok && p.state != 'Z'
+}
+
+func signalAll(pids []int, sig syscall.Signal) {
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, sig)
+	}
+}

@@ -1,0 +1,254 @@
+package config
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"net/url"
+	"reflect"
+	"strconv"
+	"strings"
+)
+
+// Validate checks the ranges and relations of a Config built in code (tests,
+// Default() with changes). Load runs the same checks with line numbers.
+func (c *Config) Validate() error {
+	ch := &checker{file: c.Path}
+	ch.validate(c)
+	return ch.result()
+}
+
+// k is a key path: k("restart", "max_delay").
+func k(p ...string) []string { return p }
+
+// at returns the first of paths written in the file, so a clash between a
+// written value and a default points at the line the operator wrote.
+func (c *checker) at(paths ...[]string) []string {
+	for _, p := range paths {
+		if c.pos.has(p) {
+			return p
+		}
+	}
+	return paths[0]
+}
+
+func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
+
+// The predicates are written so that NaN fails them ("nan" is valid TOML).
+func (c *checker) fraction(p []string, v float64, lowOpen bool, hi float64, hiOpen bool, what string) bool {
+	ok := finite(v) && (v > 0 || !lowOpen && v >= 0) && (v < hi || !hiOpen && v <= hi)
+	if ok {
+		return true
+	}
+	lo := "0 or more"
+	if lowOpen {
+		lo = "more than 0"
+	}
+	up := fmt.Sprintf("at most %g", hi)
+	if hiOpen {
+		up = fmt.Sprintf("less than %g", hi)
+	}
+	c.add(p, "%g is out of range; allowed: %s and %s (%s)", v, lo, up, what)
+	return false
+}
+
+func (c *checker) positiveDuration(p []string, d Duration, example string) {
+	if d.Duration <= 0 {
+		c.add(p, "%s is not allowed; write a duration above 0, such as %s", tomlQuote(d.String()), tomlQuote(example))
+	}
+}
+
+func (c *checker) validate(cfg *Config) {
+	c.negativeDurations(nil, reflect.ValueOf(cfg).Elem())
+
+	v := cfg.VLLM
+	if len(v.Command) == 0 || strings.TrimSpace(v.Command[0]) == "" {
+		c.add(k("vllm", "command"), "is empty; write the argv that starts vLLM, such as [\"vllm\", \"serve\", \"Qwen/Qwen2.5-7B-Instruct\"]")
+	}
+	for _, a := range v.Command {
+		for _, flag := range []string{"--max-num-seqs", "--gpu-memory-utilization"} {
+			if a == flag || strings.HasPrefix(a, flag+"=") {
+				c.add(k("vllm", "command"), "contains %s; the guard sets it from [profile] and steps it down after an OOM: remove it from the command and set [profile] %s", flag, strings.ReplaceAll(strings.TrimPrefix(flag, "--"), "-", "_"))
+			}
+		}
+	}
+	if strings.TrimSpace(v.Host) == "" {
+		c.add(k("vllm", "host"), "is empty; write the address where the guard reaches vLLM, such as \"127.0.0.1\"")
+	}
+	if v.Port < 1 || v.Port > 65535 {
+		c.add(k("vllm", "port"), "%d is out of range; allowed: 1 to 65535", v.Port)
+	}
+	for name := range v.Env {
+		p := k("vllm", "env", name)
+		switch {
+		case name == "NOTIFY_SOCKET" || strings.HasPrefix(name, "WATCHDOG_"):
+			c.add(p, "is never passed on to vLLM: it belongs to the guard's own systemd notification; remove it")
+		case name == "" || strings.ContainsAny(name, "=\x00"):
+			c.add(p, "is not a valid environment variable name; names cannot be empty or contain '=' or NUL")
+		}
+		if strings.ContainsRune(v.Env[name], 0) {
+			c.add(p, "the value contains a NUL byte, which an environment variable cannot hold")
+		}
+	}
+	c.positiveDuration(k("vllm", "stop_timeout"), v.StopTimeout, "30s")
+
+	pr := cfg.Profile
+	if pr.MaxNumSeqs < 1 {
+		c.add(k("profile", "max_num_seqs"), "%d is out of range; allowed: 1 or more (the most sequences vLLM runs at once on rung 0)", pr.MaxNumSeqs)
+	}
+	okUtil := c.fraction(k("profile", "gpu_memory_utilization"), pr.GPUMemoryUtilization, true, 1, false, "the share of each GPU's memory vLLM may use, such as 0.85")
+	c.fraction(k("profile", "max_num_seqs_factor"), pr.MaxNumSeqsFactor, true, 1, true, "each OOM multiplies max_num_seqs by this, such as 0.5")
+	if pr.MinMaxNumSeqs < 1 {
+		c.add(k("profile", "min_max_num_seqs"), "%d is out of range; allowed: 1 or more, and at most max_num_seqs (%d)", pr.MinMaxNumSeqs, pr.MaxNumSeqs)
+	} else if pr.MaxNumSeqs >= 1 && pr.MinMaxNumSeqs > pr.MaxNumSeqs {
+		p := c.at(k("profile", "min_max_num_seqs"), k("profile", "max_num_seqs"))
+		c.add(p, "min_max_num_seqs (%d) is above max_num_seqs (%d); the floor of the ladder must be at most rung 0: lower min_max_num_seqs or raise max_num_seqs", pr.MinMaxNumSeqs, pr.MaxNumSeqs)
+	}
+	c.fraction(k("profile", "gpu_memory_utilization_step"), pr.GPUMemoryUtilizationStep, false, 1, true, "each OOM lowers gpu_memory_utilization by this, such as 0.05; 0 keeps it")
+	okMin := c.fraction(k("profile", "min_gpu_memory_utilization"), pr.MinGPUMemoryUtilization, true, 1, false, "the floor of gpu_memory_utilization, such as 0.70")
+	if okUtil && okMin && pr.MinGPUMemoryUtilization > pr.GPUMemoryUtilization {
+		p := c.at(k("profile", "min_gpu_memory_utilization"), k("profile", "gpu_memory_utilization"))
+		c.add(p, "min_gpu_memory_utilization (%g) is above gpu_memory_utilization (%g); the floor must be at most rung 0's value", pr.MinGPUMemoryUtilization, pr.GPUMemoryUtilization)
+	}
+	c.fraction(k("profile", "headroom"), pr.Headroom, false, 1, true, "the share of GPU memory computed rungs keep free, such as 0.15")
+
+	r := cfg.Readiness
+	switch r.Probe {
+	case "health", "models", "completion":
+	default:
+		c.add(k("readiness", "probe"), "%s is not a probe; allowed: \"health\", \"models\" or \"completion\"", tomlQuote(r.Probe))
+	}
+	c.positiveDuration(k("readiness", "poll_interval"), r.PollInterval, "250ms")
+	c.positiveDuration(k("readiness", "probe_timeout"), r.ProbeTimeout, "2s")
+	c.positiveDuration(k("readiness", "stall_timeout"), r.StallTimeout, "10m")
+
+	l := cfg.Liveness
+	c.positiveDuration(k("liveness", "interval"), l.Interval, "10s")
+	c.positiveDuration(k("liveness", "timeout"), l.Timeout, "5s")
+	if l.Failures < 1 {
+		c.add(k("liveness", "failures"), "%d is out of range; allowed: 1 or more (consecutive failed checks that mean a hang)", l.Failures)
+	}
+
+	g := cfg.GPU
+	for i, d := range g.Devices {
+		if strings.TrimSpace(d) == "" {
+			c.add(k("gpu", "devices"), "element %d is empty; write a GPU index such as \"0\" or a UUID such as \"GPU-…\"", i+1)
+		}
+	}
+	c.positiveDuration(k("gpu", "sample_interval"), g.SampleInterval, "1s")
+	okWarn := c.fraction(k("gpu", "warn_fraction"), g.WarnFraction, true, 1, true, "used/total that raises gpu_memory_warn, such as 0.90")
+	okCrit := c.fraction(k("gpu", "critical_fraction"), g.CriticalFraction, true, 1, false, "used/total that raises gpu_memory_critical, such as 0.97")
+	if okWarn && okCrit && g.WarnFraction >= g.CriticalFraction {
+		p := c.at(k("gpu", "warn_fraction"), k("gpu", "critical_fraction"))
+		c.add(p, "warn_fraction (%g) must be below critical_fraction (%g): the warning comes first", g.WarnFraction, g.CriticalFraction)
+	}
+	c.positiveDuration(k("gpu", "predict_horizon"), g.PredictHorizon, "10m")
+
+	rs := cfg.Restart
+	if rs.MaxDelay.Duration < rs.InitialDelay.Duration {
+		p := c.at(k("restart", "max_delay"), k("restart", "initial_delay"))
+		c.add(p, "max_delay (%s) is below initial_delay (%s); the backoff grows from initial_delay up to max_delay", rs.MaxDelay, rs.InitialDelay)
+	}
+	if !finite(rs.Multiplier) || rs.Multiplier < 1 {
+		c.add(k("restart", "multiplier"), "%g is out of range; allowed: 1 or more (each failed start multiplies the delay by this, such as 2.0)", rs.Multiplier)
+	}
+	c.fraction(k("restart", "jitter"), rs.Jitter, false, 1, true, "each delay varies randomly by up to this share, such as 0.2")
+	c.positiveDuration(k("restart", "reset_after"), rs.ResetAfter, "10m")
+	if rs.GiveUpAfter < 1 {
+		c.add(k("restart", "give_up_after"), "%d is out of range; allowed: 1 or more (failed starts within give_up_window before giving up)", rs.GiveUpAfter)
+	}
+	c.positiveDuration(k("restart", "give_up_window"), rs.GiveUpWindow, "1h")
+	switch rs.OnGiveUp {
+	case "exit", "stay":
+	default:
+		c.add(k("restart", "on_give_up"), "%s is not allowed; write \"exit\" (exit 1 and let systemd or Kubernetes decide) or \"stay\" (keep serving status, state failed)", tomlQuote(rs.OnGiveUp))
+	}
+
+	ct := cfg.Control
+	switch {
+	case strings.TrimSpace(ct.Socket) == "":
+		c.add(k("control", "socket"), "is empty; write the path of the control socket, such as \"/run/vllm-guard/guard.sock\"")
+	case len(ct.Socket) > 107:
+		c.add(k("control", "socket"), "is %d bytes long; a unix socket path holds at most 107: choose a shorter path", len(ct.Socket))
+	}
+	c.listenAddr(k("control", "http_listen"), ct.HTTPListen, "127.0.0.1:9461")
+	if strings.TrimSpace(ct.StateDir) == "" {
+		c.add(k("control", "state_dir"), "is empty; write a directory the guard can write, such as \"/var/lib/vllm-guard\"")
+	}
+
+	a := cfg.Alerts
+	if len(a.Command) > 0 && strings.TrimSpace(a.Command[0]) == "" {
+		c.add(k("alerts", "command"), "starts with an empty program name; write an argv such as [\"/usr/local/bin/page-oncall\"] or [] for none")
+	}
+	if a.Webhook != "" {
+		u, err := url.Parse(a.Webhook)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			c.add(k("alerts", "webhook"), "%s is not an http(s) URL; write one such as \"https://hooks.example.com/vllm\" or \"\" for none", tomlQuote(a.Webhook))
+		}
+	}
+
+	px := cfg.Proxy
+	c.listenAddr(k("proxy", "listen"), px.Listen, "0.0.0.0:8080")
+	if px.Listen != "" && px.Listen == ct.HTTPListen {
+		p := c.at(k("proxy", "listen"), k("control", "http_listen"))
+		c.add(p, "%s is used by both [proxy] listen and [control] http_listen; give them different ports", tomlQuote(px.Listen))
+	}
+	if !finite(px.InflightFactor) || px.InflightFactor <= 0 {
+		c.add(k("proxy", "inflight_factor"), "%g is out of range; allowed: more than 0 (requests in flight = max_num_seqs × this, such as 1.0)", px.InflightFactor)
+	}
+	if px.QueueSize < 0 {
+		c.add(k("proxy", "queue_size"), "%d is out of range; allowed: 0 or more (requests that may wait; 0 rejects at once)", px.QueueSize)
+	}
+	if px.MaxBodyBytes <= 0 {
+		c.add(k("proxy", "max_body_bytes"), "%d is out of range; allowed: more than 0 (the largest request body, such as 16777216)", px.MaxBodyBytes)
+	}
+
+	lg := cfg.Log
+	switch lg.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		c.add(k("log", "level"), "%s is not a level; allowed: \"debug\", \"info\", \"warn\" or \"error\"", tomlQuote(lg.Level))
+	}
+	switch lg.Format {
+	case "auto", "json", "console":
+	default:
+		c.add(k("log", "format"), "%s is not a format; allowed: \"auto\", \"json\" or \"console\"", tomlQuote(lg.Format))
+	}
+	if lg.ChildLines < 1 || lg.ChildLines > 100000 {
+		c.add(k("log", "child_lines"), "%d is out of range; allowed: 1 to 100000", lg.ChildLines)
+	}
+}
+
+// listenAddr accepts "" (disabled) or host:port with a numeric port.
+func (c *checker) listenAddr(p []string, addr, example string) {
+	if addr == "" {
+		return
+	}
+	_, port, err := net.SplitHostPort(addr)
+	n, perr := strconv.Atoi(port)
+	if err != nil || perr != nil || n < 0 || n > 65535 {
+		c.add(p, "%s is not host:port; write one such as %s, or \"\" to disable", tomlQuote(addr), tomlQuote(example))
+	}
+}
+
+// negativeDurations catches negative durations in a Config built in code
+// (Load refuses them while decoding, with the same message).
+func (c *checker) negativeDurations(path []string, v reflect.Value) {
+	t := v.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name := tomlName(f)
+		if name == "" {
+			continue
+		}
+		p := append(append([]string{}, path...), name)
+		switch {
+		case f.Type == durationType:
+			if d := v.Field(i).Interface().(Duration); d.Duration < 0 {
+				c.add(p, "%s is negative; write a duration of \"0s\" or more", tomlQuote(d.String()))
+			}
+		case f.Type.Kind() == reflect.Struct:
+			c.negativeDurations(p, v.Field(i))
+		}
+	}
+}

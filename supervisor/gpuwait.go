@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -15,9 +16,27 @@ import (
 // its memory. Survivors of the old tree found holding memory are killed.
 func (s *Supervisor) waitReleased(ctx context.Context, res outcome) bool {
 	s.transition(StateWaitingGPU, "waiting for the old vLLM's GPU memory to be released")
-	held := s.gpu.WaitReleased(ctx, res.tree, nil, s.cfg.GPU.ReleaseTimeout.Duration)
+	held := s.gpu.WaitReleased(ctx, res.tree, res.baseline, s.cfg.GPU.ReleaseTimeout.Duration)
 	if ctx.Err() != nil {
 		return false
+	}
+	// A survivor of the old tree still holding memory is killed: it would
+	// make the next start fail vLLM's free-memory check.
+	old := map[int]bool{}
+	for _, pid := range res.tree {
+		old[pid] = true
+	}
+	killed := false
+	for _, h := range held {
+		if old[h.PID] && alive(h.PID) {
+			s.log.Warn("killing a survivor of the old vLLM that still holds GPU memory",
+				zap.Int("pid", h.PID), zap.String("command", h.Command), zap.Uint64("bytes", h.Bytes))
+			_ = syscall.Kill(h.PID, syscall.SIGKILL)
+			killed = true
+		}
+	}
+	if killed {
+		held = s.gpu.WaitReleased(ctx, res.tree, res.baseline, s.cfg.GPU.ReleaseTimeout.Duration)
 	}
 	if len(held) > 0 {
 		s.log.Warn("GPU memory still held after release_timeout", zap.String("holders", holdersText(held)),

@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"os"
 	"strconv"
 	"strings"
 
@@ -116,4 +115,3 @@ func lookupEnv(env []string, k string) (string, bool) {
 	return "", false
 }
 
-var _ = os.Getenv

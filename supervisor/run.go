@@ -32,7 +32,8 @@ type outcome struct {
 	killedByGuard bool
 	hostOOM       bool
 	lines         []policy.Line
-	tree          []int // vLLM's PIDs seen last, for the memory-release wait
+	tree          []int    // vLLM's PIDs seen last, for the memory-release wait
+	baseline      []uint64 // GPU memory used per device before the launch
 	uptime        time.Duration
 }
 
@@ -45,6 +46,10 @@ func (s *Supervisor) runOnce(ctx context.Context, sink *logSink, rung policy.Run
 	out := newOutput(sink, ringSize)
 	stdout, stderr := out.writer("stdout"), out.writer("stderr")
 	oomBefore := hostOOMKills()
+	var baseline []uint64
+	if s.gpu != nil {
+		baseline = s.gpu.UsedBytes()
+	}
 
 	s.pol.OnStart(time.Now())
 	s.persist()
@@ -65,7 +70,9 @@ func (s *Supervisor) runOnce(ctx context.Context, sink *logSink, rung policy.Run
 	s.update(func(st *Status) { st.PID = c.pid })
 	if s.gpu != nil {
 		s.gpu.SetTree(c.tree)
+		s.gpu.SetLoading(true)
 		defer s.gpu.SetTree(nil)
+		defer s.gpu.SetLoading(false)
 	}
 
 	pr := newProber(ep, s.model)
@@ -74,6 +81,7 @@ func (s *Supervisor) runOnce(ctx context.Context, sink *logSink, rung policy.Run
 
 	// Whatever happened, nothing of this run may survive it.
 	res.tree = c.tree()
+	res.baseline = baseline
 	if res.kind != outcomeExited || res.hang != "" {
 		res.killedByGuard = true
 	}
@@ -243,6 +251,9 @@ func (s *Supervisor) watch(ctx context.Context, c *child, out *output, pr *probe
 				s.log.Info("vLLM ready", zap.Duration("load", ttr), zap.Int("rung", s.pol.Current().Index), zap.Int("pid", c.pid))
 				if s.hooks.OnReady != nil {
 					s.hooks.OnReady(first, ttr)
+				}
+				if s.gpu != nil {
+					s.gpu.SetLoading(false)
 				}
 				live = time.NewTicker(s.cfg.Liveness.Interval.Duration)
 				continue

@@ -23,6 +23,8 @@ import (
 type GPU interface {
 	// SetTree tells the monitor which PIDs are vLLM's (nil: none running).
 	SetTree(tree func() []int)
+	// SetLoading says whether vLLM is loading (memory climbs by design then).
+	SetLoading(loading bool)
 	// RecentFractions is used/total of the last n samples, oldest first.
 	RecentFractions(n int) []float64
 	// UsedBytes is the memory in use per chosen device now.
@@ -107,7 +109,7 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 		keeper = []string{exe, KeeperArg}
 	}
 	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, hooks: opts.Hooks,
-		keeper: keeper, extra: opts.ExtraArgs, model: servedModel(cfg), reqs: make(chan request)}
+		keeper: keeper, extra: opts.ExtraArgs, model: cfg.ServedModelName(), reqs: make(chan request)}
 	st := Status{State: StateStarting, Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[policy.Cause]int{}}
 	s.status.Store(&st)
 	s.lastTurn.Store(time.Now().UnixNano())
@@ -339,30 +341,3 @@ func (s *Supervisor) handleRequest(r request) bool {
 	return false
 }
 
-func servedModel(cfg *config.Config) string {
-	if cfg.VLLM.ServedModelName != "" {
-		return cfg.VLLM.ServedModelName
-	}
-	cmd := cfg.VLLM.Command
-	for i, a := range cmd {
-		if a == "--served-model-name" && i+1 < len(cmd) {
-			return cmd[i+1]
-		}
-		if v, ok := cutPrefix(a, "--served-model-name="); ok {
-			return v
-		}
-	}
-	for i, a := range cmd {
-		if a == "serve" && i+1 < len(cmd) {
-			return cmd[i+1]
-		}
-	}
-	return ""
-}
-
-func cutPrefix(s, p string) (string, bool) {
-	if len(s) >= len(p) && s[:len(p)] == p {
-		return s[len(p):], true
-	}
-	return "", false
-}

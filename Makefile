@@ -1,0 +1,45 @@
+# vllm-guard — `make demo` runs the guard over the built-in vLLM simulator,
+# `make test` runs every test. Both work on a fresh machine with Go and gcc.
+SHELL := /bin/bash
+export PATH := $(PATH):/usr/local/go/bin
+# go-nvml's cgo bindings use deprecated NVML declarations; the warnings are noise.
+export CGO_CFLAGS := -O2 -Wno-deprecated-declarations
+GO ?= go
+BIN := bin
+LIB := build/lib
+NVML_INC = $(shell $(GO) list -m -f '{{.Dir}}' github.com/NVIDIA/go-nvml)/pkg/nvml
+
+.PHONY: all build test unit lint demo bench fuzz soak clean
+
+all: build
+
+build: $(BIN)/vllm-guard $(BIN)/fakevllm $(LIB)/libnvidia-ml.so.1
+
+$(BIN)/vllm-guard: FORCE
+	$(GO) build -o $@ ./cmd/vllm-guard
+
+$(BIN)/fakevllm: FORCE
+	$(GO) build -o $@ ./integration/fakevllm
+
+$(LIB)/libnvidia-ml.so.1: integration/fakenvml/fakenvml.c
+	@mkdir -p $(LIB)
+	gcc -shared -fPIC -O2 -Wall -Wno-deprecated-declarations -I $(NVML_INC) -o $@ $<
+
+FORCE:
+
+lint:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	$(GO) vet ./...
+
+# Every test, race detector on: unit, integration (real processes), golden files.
+test: lint
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+demo: build
+	bash scripts/demo.sh
+
+bench: build
+	bash scripts/bench.sh
+
+clean:
+	rm -rf $(BIN) build

@@ -1,0 +1,294 @@
+// Package integration runs the real vllm-guard binary over the real vLLM
+// simulator and the stand-in NVML library, as processes.
+package integration
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/testbin"
+)
+
+var bins struct {
+	guard, fakevllm, nvmlDir string
+}
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		defer testbin.Cleanup()
+		var err error
+		if bins.guard, err = testbin.Guard(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		if bins.fakevllm, err = testbin.FakeVLLM(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		if bins.nvmlDir, err = testbin.FakeNVML(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// freePort returns a TCP port nobody listens on right now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// scene is one guard over one simulator, in its own scratch folder.
+type scene struct {
+	t       *testing.T
+	dir     string
+	port    int
+	gpuDir  string
+	testID  string
+	env     map[string]string // FAKEVLLM_* for the simulator
+	extra   string            // more TOML
+	command string            // TOML array for [vllm] command; default the simulator
+	cmd     *exec.Cmd
+
+	mu     sync.Mutex
+	logs   []map[string]any
+	raw    []string
+	notify chan struct{}
+	exited chan struct{}
+	code   int
+}
+
+func newScene(t *testing.T) *scene {
+	t.Helper()
+	dir := t.TempDir()
+	s := &scene{t: t, dir: dir, port: freePort(t), gpuDir: filepath.Join(dir, "gpu"),
+		testID: fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "_"), time.Now().UnixNano()),
+		env:    map[string]string{"FAKEVLLM_ERA": "v1-ansi"}, notify: make(chan struct{}, 1), exited: make(chan struct{})}
+	if err := os.MkdirAll(filepath.Join(s.gpuDir, "procs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s.writeDevices("GPU-5e1f0000-0000-4000-8000-000000000001 85899345920 536870912 NVIDIA H100 80GB HBM3")
+	return s
+}
+
+func (s *scene) writeDevices(lines ...string) {
+	if err := os.WriteFile(filepath.Join(s.gpuDir, "devices"), []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+func (s *scene) configText() string {
+	var b strings.Builder
+	command := s.command
+	if command == "" {
+		command = fmt.Sprintf("[%q, \"serve\", \"test-model\"]", bins.fakevllm)
+	}
+	fmt.Fprintf(&b, "[vllm]\ncommand = %s\nport = %d\nstop_timeout = \"3s\"\n\n[vllm.env]\nFAKEVLLM_TEST_ID = %q\n", command, s.port, s.testID)
+	for k, v := range s.env {
+		fmt.Fprintf(&b, "%s = %q\n", k, v)
+	}
+	fmt.Fprintf(&b, "\n[control]\nsocket = %q\nhttp_listen = \"\"\nstate_dir = %q\n\n[log]\nformat = \"json\"\nlevel = \"debug\"\n",
+		filepath.Join(s.dir, "guard.sock"), filepath.Join(s.dir, "state"))
+	b.WriteString(s.extra)
+	return b.String()
+}
+
+// start runs `vllm-guard run` and collects its JSON log.
+func (s *scene) start(args ...string) {
+	s.t.Helper()
+	cfg := filepath.Join(s.dir, "vllm-guard.toml")
+	if err := os.WriteFile(cfg, []byte(s.configText()), 0o644); err != nil {
+		s.t.Fatal(err)
+	}
+	s.cmd = exec.Command(bins.guard, append([]string{"run", "--config", cfg}, args...)...)
+	s.cmd.Env = append(os.Environ(), "FAKENVML_STATE="+s.gpuDir, "LD_LIBRARY_PATH="+bins.nvmlDir)
+	stderr, err := s.cmd.StderrPipe()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var m map[string]any
+			line := sc.Text()
+			_ = json.Unmarshal([]byte(line), &m)
+			s.mu.Lock()
+			s.raw = append(s.raw, line)
+			if m != nil {
+				s.logs = append(s.logs, m)
+			}
+			s.mu.Unlock()
+			select {
+			case s.notify <- struct{}{}:
+			default:
+			}
+		}
+		err := s.cmd.Wait()
+		s.code = s.cmd.ProcessState.ExitCode()
+		_ = err
+		close(s.exited)
+	}()
+	s.t.Cleanup(func() {
+		select {
+		case <-s.exited:
+		default:
+			s.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-s.exited:
+			case <-time.After(15 * time.Second):
+				s.cmd.Process.Kill()
+				<-s.exited
+			}
+		}
+		s.killLeftovers()
+		if s.t.Failed() {
+			s.mu.Lock()
+			n := len(s.raw)
+			from := max(0, n-80)
+			s.t.Logf("guard log (last %d lines):\n%s", n-from, strings.Join(s.raw[from:], "\n"))
+			s.mu.Unlock()
+		}
+	})
+}
+
+// count is how many guard log entries match.
+func (s *scene) count(match func(map[string]any) bool) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, m := range s.logs {
+		if match(m) {
+			n++
+		}
+	}
+	return n
+}
+
+// waitLog waits until n guard log entries match, and returns the last one.
+func (s *scene) waitLog(what string, n int, timeout time.Duration, match func(map[string]any) bool) map[string]any {
+	s.t.Helper()
+	deadline := time.After(timeout)
+	for {
+		s.mu.Lock()
+		var found []map[string]any
+		for _, m := range s.logs {
+			if match(m) {
+				found = append(found, m)
+			}
+		}
+		s.mu.Unlock()
+		if len(found) >= n {
+			return found[n-1]
+		}
+		select {
+		case <-s.notify:
+		case <-s.exited:
+			// drain what is left, then give up
+			s.mu.Lock()
+			done := len(s.logs)
+			s.mu.Unlock()
+			_ = done
+			if s.count(match) >= n {
+				continue
+			}
+			s.t.Fatalf("guard exited (code %d) before %s", s.code, what)
+		case <-deadline:
+			s.t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+	}
+}
+
+func msg(text string) func(map[string]any) bool {
+	return func(m map[string]any) bool { return m["msg"] == text }
+}
+
+func msgContains(text string) func(map[string]any) bool {
+	return func(m map[string]any) bool { s, _ := m["msg"].(string); return strings.Contains(s, text) }
+}
+
+// waitExit waits for the guard to exit and returns its code.
+func (s *scene) waitExit(timeout time.Duration) int {
+	s.t.Helper()
+	select {
+	case <-s.exited:
+		return s.code
+	case <-time.After(timeout):
+		s.t.Fatalf("guard did not exit within %s", timeout)
+		return -1
+	}
+}
+
+// ours lists live processes of this scene (they carry FAKEVLLM_TEST_ID).
+func (s *scene) ours() []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
+			continue
+		}
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err != nil || !strings.Contains(string(env), "FAKEVLLM_TEST_ID="+s.testID+"\x00") {
+			continue
+		}
+		if st, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil {
+			if i := strings.LastIndexByte(string(st), ')'); i > 0 && i+2 < len(st) && st[i+2] == 'Z' {
+				continue
+			}
+		}
+		out = append(out, pid)
+	}
+	return out
+}
+
+func (s *scene) killLeftovers() {
+	for _, pid := range s.ours() {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// waitNoProcesses waits until none of this scene's vLLM processes is alive.
+func (s *scene) waitNoProcesses(timeout time.Duration) {
+	s.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		left := s.ours()
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("vLLM processes left behind: %v", describe(left))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func describe(pids []int) []string {
+	var out []string
+	for _, p := range pids {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
+		out = append(out, fmt.Sprintf("%d:%s", p, strings.ReplaceAll(string(b), "\x00", " ")))
+	}
+	return out
+}

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# make demo: the guard supervises the vLLM simulator through one OOM.
+# launch → loading → ready → OOM → restart on rung 1 → ready, then a clean stop.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d /tmp/vllm-guard-demo.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+export PATH="$root/bin:$PATH"
+export FAKENVML_STATE="$work/gpu" LD_LIBRARY_PATH="$root/build/lib"
+mkdir -p "$FAKENVML_STATE/procs"
+echo "GPU-5e1f0000-0000-4000-8000-000000000001 85899345920 536870912 NVIDIA H100 80GB HBM3 (simulated)" > "$FAKENVML_STATE/devices"
+sed "s#@WORK@#$work#g" "$root/examples/demo.toml" > "$work/demo.toml"
+
+echo "== vllm-guard demo: config $root/examples/demo.toml, simulator on 127.0.0.1:18000"
+"$root/bin/vllm-guard" run --config "$work/demo.toml" 2> >(tee "$work/guard.log" >&2) &
+guard=$!
+start=$SECONDS
+while kill -0 "$guard" 2>/dev/null && [ $((SECONDS - start)) -lt 60 ]; do
+  [ "$(grep -c 'vLLM ready' "$work/guard.log")" -ge 2 ] && break
+  sleep 0.2
+done
+sleep 1
+kill -TERM "$guard" 2>/dev/null
+wait "$guard"
+code=$?
+sleep 0.2
+
+readies=$(grep -c 'vLLM ready' "$work/guard.log")
+ooms=$(grep 'vLLM failed' "$work/guard.log" | grep -c '"cause": "oom"\|cause.*oom')
+echo
+echo "== summary"
+echo "The guard launched the simulated vLLM on rung 0 (max_num_seqs 256, gpu_memory_utilization 0.85)," \
+  "said ready only after a 1-token completion answered, saw $ooms GPU OOM(s) when the background" \
+  "demand outgrew rung 0, cleaned up the process tree, backed off, and restarted on rung 1" \
+  "(max_num_seqs 128, gpu_memory_utilization 0.80), where vLLM became ready again and held" \
+  "($readies readiness events in all). On SIGTERM it stopped vLLM gracefully and exited $code" \
+  "in $((SECONDS - start)) s."
+if [ "$code" -ne 0 ] || [ "$readies" -lt 2 ] || [ "$ooms" -lt 1 ]; then
+  echo "demo FAILED: exit $code, $readies ready, $ooms OOM" >&2
+  exit 1
+fi

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs what the tests need beyond Go and gcc, from Debian's packages.
+# Safe to run again: it installs only what is missing.
+set -euo pipefail
+need=()
+command -v gcc >/dev/null || need+=(gcc)
+command -v setsid >/dev/null || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "setup: missing ${need[*]}: install them (apt-get install ${need[*]}) or run as root" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+go mod download

@@ -1,0 +1,50 @@
+package supervisor
+
+import (
+	"context"
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/gpumon"
+)
+
+// MonitorGPU adapts the NVML monitor to what the supervisor needs.
+func MonitorGPU(m *gpumon.Monitor) GPU { return monitorGPU{m} }
+
+type monitorGPU struct{ m *gpumon.Monitor }
+
+func (g monitorGPU) SetTree(tree func() []int)        { g.m.SetTree(tree) }
+func (g monitorGPU) SetLoading(loading bool)          { g.m.SetLoading(loading) }
+func (g monitorGPU) RecentFractions(n int) []float64 { return g.m.RecentFractions(n) }
+
+func (g monitorGPU) UsedBytes() []uint64 {
+	snap := g.m.Snapshot()
+	if !snap.Up {
+		return nil
+	}
+	out := make([]uint64, len(snap.Devices))
+	for i, d := range snap.Devices {
+		out[i] = d.Used
+	}
+	return out
+}
+
+func (g monitorGPU) WaitReleased(ctx context.Context, pids []int, baseline []uint64, timeout time.Duration) []Holder {
+	r := g.m.WaitReleased(ctx, pids, baseline, timeout)
+	if r.Released {
+		return nil
+	}
+	return holders(r.Held)
+}
+
+func (g monitorGPU) CheckFree(utilization float64) (bool, string, []Holder) {
+	fc := g.m.CheckFree(utilization)
+	return fc.OK, fc.Message, holders(fc.Holders)
+}
+
+func holders(ps []gpumon.Proc) []Holder {
+	out := make([]Holder, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, Holder{PID: p.PID, Bytes: p.Used, Command: p.Command})
+	}
+	return out
+}

@@ -56,6 +56,10 @@ type Exit struct {
 	MemFractions  []float64 // GPU used/total of the last samples before death, oldest first (max over devices)
 	Critical      float64   // [gpu] critical_fraction
 	StartFailure  string    // non-empty when the command could not be started at all (not found, not executable)
+	// Offline is set for a saved log (vllm-guard diagnose): the exit status is
+	// unknown, Phase is read from the log when empty, and a log with no
+	// failure in it yields Cause "" instead of crash.
+	Offline bool
 }
 
 // Verdict is the classifier's answer: one cause with its evidence.
@@ -79,9 +83,9 @@ const (
 type Decision struct {
 	Action   Action        `json:"action"`
 	Rung     Rung          `json:"rung"`
-	Delay    time.Duration `json:"delay"`            // backoff before the next start
-	WaitGPU  bool          `json:"wait_gpu"`         // wait for GPU memory before starting
-	ExitCode int           `json:"exit_code"`        // for ActionGiveUp: 78 config, 1 crash loop
-	Reason   string        `json:"reason"`           // operator's words: why this step
+	Delay    time.Duration `json:"delay"`             // backoff before the next start
+	WaitGPU  bool          `json:"wait_gpu"`          // wait for GPU memory before starting
+	ExitCode int           `json:"exit_code"`         // for ActionGiveUp: 78 config, 1 crash loop
+	Reason   string        `json:"reason"`            // operator's words: why this step
 	AtFloor  bool          `json:"at_floor,omitzero"` // the ladder's floor is reached
 }

@@ -12,8 +12,8 @@ func MonitorGPU(m *gpumon.Monitor) GPU { return monitorGPU{m} }
 
 type monitorGPU struct{ m *gpumon.Monitor }
 
-func (g monitorGPU) SetTree(tree func() []int)        { g.m.SetTree(tree) }
-func (g monitorGPU) SetLoading(loading bool)          { g.m.SetLoading(loading) }
+func (g monitorGPU) SetTree(tree func() []int)       { g.m.SetTree(tree) }
+func (g monitorGPU) SetLoading(loading bool)         { g.m.SetLoading(loading) }
 func (g monitorGPU) RecentFractions(n int) []float64 { return g.m.RecentFractions(n) }
 
 func (g monitorGPU) UsedBytes() []uint64 {

@@ -114,4 +114,3 @@ func lookupEnv(env []string, k string) (string, bool) {
 	}
 	return "", false
 }
-

@@ -90,11 +90,11 @@ func TestSlowSinkDropsInsteadOfBlocking(t *testing.T) {
 func TestLoadPhases(t *testing.T) {
 	for text, want := range map[string]string{
 		"(EngineCore_0 pid=1) INFO 10-14 12:00:00 [gpu_model_runner.py:1] Starting to load model Qwen/Qwen2.5-7B...": "weights",
-		"INFO 10-14 12:00:00 [backends.py:1] Dynamo bytecode transform time: 5.55 s":                                  "compile",
-		"INFO 10-14 12:00:00 [gpu_worker.py:1] Available KV cache memory: 16.23 GiB":                                  "kv_cache",
-		"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%":                                               "graphs",
-		"(APIServer pid=1) INFO 10-14 12:00:00 [api_server.py:1] Starting vLLM API server 0 on http://0.0.0.0:8000":   "server",
-		"INFO 10-14 12:00:00 [metrics.py:1] Avg prompt throughput: 0.0 tokens/s":                                      "",
+		"INFO 10-14 12:00:00 [backends.py:1] Dynamo bytecode transform time: 5.55 s":                                 "compile",
+		"INFO 10-14 12:00:00 [gpu_worker.py:1] Available KV cache memory: 16.23 GiB":                                 "kv_cache",
+		"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%":                                              "graphs",
+		"(APIServer pid=1) INFO 10-14 12:00:00 [api_server.py:1] Starting vLLM API server 0 on http://0.0.0.0:8000":  "server",
+		"INFO 10-14 12:00:00 [metrics.py:1] Avg prompt throughput: 0.0 tokens/s":                                     "",
 	} {
 		if got := loadPhase(text); got != want {
 			t.Errorf("%q: phase %q, want %q", text, got, want)

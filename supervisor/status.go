@@ -24,22 +24,22 @@ var States = []State{StateStarting, StateReady, StateStopping, StateWaitingGPU, 
 
 // Status is the supervisor's state as readers see it: a copy, never shared.
 type Status struct {
-	State       State     `json:"state"`
-	Since       time.Time `json:"since"`
-	Reason      string    `json:"reason"`
-	PID         int       `json:"pid,omitempty"`
-	StartedAt   time.Time `json:"started_at,omitzero"`
-	ReadySince  time.Time `json:"ready_since,omitzero"`
-	Phase       string    `json:"phase,omitempty"`      // load phase while starting
-	LastProbe   string    `json:"last_probe,omitempty"` // why the last readiness probe failed
-	Rung        policy.Rung `json:"rung"`
-	Starts      int       `json:"starts"`
+	State       State                `json:"state"`
+	Since       time.Time            `json:"since"`
+	Reason      string               `json:"reason"`
+	PID         int                  `json:"pid,omitempty"`
+	StartedAt   time.Time            `json:"started_at,omitzero"`
+	ReadySince  time.Time            `json:"ready_since,omitzero"`
+	Phase       string               `json:"phase,omitempty"`      // load phase while starting
+	LastProbe   string               `json:"last_probe,omitempty"` // why the last readiness probe failed
+	Rung        policy.Rung          `json:"rung"`
+	Starts      int                  `json:"starts"`
 	Restarts    map[policy.Cause]int `json:"restarts_by_cause"`
-	TimeToReady time.Duration `json:"last_time_to_ready_ns,omitempty"`
-	NextStartAt time.Time `json:"next_start_at,omitzero"`
-	LastFailure *Failure  `json:"last_failure,omitempty"`
-	ExitCode    int       `json:"exit_code,omitempty"` // when failed or stopped
-	LogDropped  uint64    `json:"log_lines_dropped"`
+	TimeToReady time.Duration        `json:"last_time_to_ready_ns,omitempty"`
+	NextStartAt time.Time            `json:"next_start_at,omitzero"`
+	LastFailure *Failure             `json:"last_failure,omitempty"`
+	ExitCode    int                  `json:"exit_code,omitempty"` // when failed or stopped
+	LogDropped  uint64               `json:"log_lines_dropped"`
 }
 
 // Failure is one death of vLLM with its cause and what the guard did about it.

@@ -48,12 +48,12 @@ type Holder struct {
 // Hooks are how the rest of the guard hears about the supervisor. Each is
 // optional and is called from the supervisor's goroutine: keep them quick.
 type Hooks struct {
-	OnState    func(Status)                     // every transition
-	OnProgress func(phase string)               // load progress while starting
+	OnState    func(Status)       // every transition
+	OnProgress func(phase string) // load progress while starting
 	OnReady    func(first bool, ttr time.Duration)
-	OnFailure  func(Failure)                    // classified, decided
-	OnPolicy   func(policy.State)               // persist: the rung or history changed
-	OnTick     func()                           // the loop turned (watchdog)
+	OnFailure  func(Failure)      // classified, decided
+	OnPolicy   func(policy.State) // persist: the rung or history changed
+	OnTick     func()             // the loop turned (watchdog)
 }
 
 // Options are the supervisor's collaborators.
@@ -80,9 +80,9 @@ type Supervisor struct {
 	extra  []string
 	model  string
 
-	status   atomic.Pointer[Status]
-	lastTurn atomic.Int64
-	reqs     chan request
+	status    atomic.Pointer[Status]
+	lastTurn  atomic.Int64
+	reqs      chan request
 	everReady bool
 }
 
@@ -223,7 +223,9 @@ func (s *Supervisor) Run(ctx context.Context) int {
 }
 
 func (s *Supervisor) stopped() int {
-	s.update(func(st *Status) { st.State, st.Reason, st.PID, st.ExitCode = StateStopped, "stopped on request", 0, ExitStopped })
+	s.update(func(st *Status) {
+		st.State, st.Reason, st.PID, st.ExitCode = StateStopped, "stopped on request", 0, ExitStopped
+	})
 	return ExitStopped
 }
 
@@ -340,4 +342,3 @@ func (s *Supervisor) handleRequest(r request) bool {
 	}
 	return false
 }
-

@@ -1,0 +1,286 @@
+package policy
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestMessageOf(t *testing.T) {
+	const msg = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 50.00 MiB."
+	for _, in := range []string{
+		msg,
+		"ERROR 10-14 12:00:00 model_runner.py:1703] " + msg,
+		"ERROR 10-14 12:00:00 [model_runner.py:1703] " + msg,
+		"(APIServer pid=1) ERROR 07-22 09:00:00 [core.py:700] " + msg,
+		"(EngineCore_0 pid=312) " + msg,
+		"(EngineCore_DP0 pid=301) " + msg,
+		"(EngineCore pid=298) " + msg,
+		"(VllmWorker rank=3 pid=403) " + msg,
+		"(VllmWorker TP0 pid=400) " + msg,
+		"(Worker_TP0 pid=400) " + msg,
+		"(VllmWorkerProcess pid=5101) ERROR 10-14 12:00:00 multiproc_worker_utils.py:116] " + msg,
+		StripANSI("\x1b[1;36m(EngineCore_0 pid=312)\x1b[0;0m " + msg),
+		"Dec 02 09:31:24 gpu-node-3 vllm[1234]: (EngineCore pid=298) " + msg,
+		"Dec  2 09:31:24 gpu-node-3 vllm[1234]: " + msg,
+		"2025-12-02T09:31:24+0000 gpu-node-3 vllm[1234]: " + msg,
+		"2025-11-04T02:00:00.241000000Z (EngineCore_DP0 pid=188) " + msg,
+		"2026-01-20T04:00:00.123456789Z stdout F (EngineCore pid=298) " + msg,
+		"2026-01-20T04:00:00.123456789Z stderr P " + msg,
+		msg + "\r",
+	} {
+		if got := messageOf(in); got != msg {
+			t.Errorf("messageOf(%q) = %q", in, got)
+		}
+	}
+	// Indentation of traceback source lines survives the prefix.
+	if got := messageOf("(EngineCore pid=298)     raise ValueError("); got != "    raise ValueError(" {
+		t.Errorf("source line: %q", got)
+	}
+	// Not prefixes: left alone.
+	for _, in := range []string{"(see above) something", "INFO:     Application startup complete.", "Decimal 12 value: 3"} {
+		if got := messageOf(in); got != in {
+			t.Errorf("messageOf(%q) = %q, want it unchanged", in, got)
+		}
+	}
+}
+
+func TestStripANSI(t *testing.T) {
+	for in, want := range map[string]string{
+		"\x1b[1;36m(APIServer pid=1)\x1b[0;0m INFO x": "(APIServer pid=1) INFO x",
+		"\x1b]0;title\x07text":                        "text",
+		"\x1b]8;;http://x\x1b\\link":                  "link",
+		"plain":                                       "plain",
+		"trailing \x1b":                               "trailing ",
+		"\x1b[":                                       "",
+		"a\x1b(Bb":                                    "aBb",
+	} {
+		if got := StripANSI(in); got != want {
+			t.Errorf("StripANSI(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func lines(texts ...string) []Line {
+	out := make([]Line, len(texts))
+	for i, s := range texts {
+		out[i] = Line{N: i + 1, Text: s}
+	}
+	return out
+}
+
+func TestClassifyCases(t *testing.T) {
+	const (
+		ready   = "(APIServer pid=1) INFO:     Application startup complete."
+		failed  = "(EngineCore_0 pid=312) ERROR 07-22 09:00:00 [core.py:700] EngineCore failed to start."
+		initErr = "(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+		dead    = "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause."
+	)
+	tests := []struct {
+		name     string
+		e        Exit
+		cause    Cause
+		conf     string
+		evidence []int  // line numbers
+		summary  string // substring
+	}{
+		{"start failure", Exit{StartFailure: `exec: "vllm": executable file not found in $PATH`, ExitCode: -1},
+			CauseConfigError, "high", nil, "could not be started"},
+		{"hang", Exit{Hang: "no load progress for 10m0s", Signal: "SIGKILL", SignalByGuard: true, Lines: lines("INFO 1", "INFO 2")},
+			CauseHang, "high", nil, "no load progress"},
+		{"hang with a dead engine that ran out of memory", Exit{Hang: "liveness: /health returned 503", Signal: "SIGKILL", SignalByGuard: true,
+			Lines: lines(ready, "torch.OutOfMemoryError: CUDA out of memory.", dead)}, CauseOOM, "high", []int{2}, "killed as hung"},
+		{"host oom kill", Exit{HostOOMKill: true, Signal: "SIGKILL", ExitCode: -1, Lines: lines(ready)},
+			CauseHostOOM, "high", nil, "OOM killer"},
+		{"SIGKILL by the guard is not host oom", Exit{HostOOMKill: true, Signal: "SIGKILL", SignalByGuard: true, ExitCode: -1, Lines: lines(ready)},
+			CauseCrash, "low", nil, "sent by the guard"},
+		{"SIGKILL by someone else", Exit{Signal: "SIGKILL", ExitCode: -1, Lines: lines(ready)},
+			CauseCrash, "low", nil, "not sent by the guard"},
+		{"exit 0 after ready", Exit{ExitCode: 0, Lines: lines(ready)}, CauseCrash, "low", nil, "code 0"},
+		{"wrappers only", Exit{ExitCode: 1, Lines: lines(failed, initErr)}, CauseCrash, "low", nil, "engine death at line 1"},
+		{"oom inside nccl beats the nccl error", Exit{ExitCode: 1, Lines: lines(
+			"(VllmWorker rank=0 pid=400) RuntimeError: NCCL error: unhandled cuda error",
+			"(VllmWorker rank=2 pid=402) ncclUnhandledCudaError: Call to CUDA function failed.",
+			"(VllmWorker rank=2 pid=402) Cuda failure 'out of memory'",
+			"(EngineCore_0 pid=290) ERROR 04-02 13:00:00 [multiproc_executor.py:140] Worker proc VllmWorker-2 died unexpectedly, shutting down executor.",
+			failed, initErr)}, CauseOOM, "high", []int{3}, "out of memory"},
+		{"CUDA driver error", Exit{ExitCode: 1, Lines: lines("RuntimeError: CUDA driver error: out of memory", initErr)}, CauseOOM, "high", []int{1}, ""},
+		{"CUDA error: out of memory", Exit{ExitCode: 1, Lines: lines("RuntimeError: CUDA error: out of memory", initErr)}, CauseOOM, "high", []int{1}, ""},
+		{"old torch OOM", Exit{ExitCode: 1, Lines: lines("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 23.69 GiB total capacity; 22.1 GiB already allocated)")}, CauseOOM, "high", []int{1}, ""},
+		{"gpu busy beats the kv error after it", Exit{ExitCode: 1, Lines: lines(
+			"ValueError: Free memory on device (31.44/47.38 GiB) on startup is less than desired GPU memory utilization (0.95, 45.01 GiB).",
+			"ValueError: No available memory for the cache blocks.")}, CauseGPUBusy, "high", []int{1}, ""},
+		{"kv beats the config-looking ValueError", Exit{ExitCode: 1, Lines: lines(
+			"INFO 06-01 11:00:11 [gpu_worker.py:276] Available KV cache memory: -2.14 GiB",
+			"ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.")},
+			CauseKVInsufficient, "high", []int{1, 2}, ""},
+		{"positive KV memory is not evidence", Exit{ExitCode: 1, Offline: true, Lines: lines("INFO 06-01 11:00:11 [gpu_worker.py:276] Available KV cache memory: 16.23 GiB")},
+			"", "", nil, "still starting"},
+		{"argparse", Exit{ExitCode: 2, Lines: lines("usage: vllm serve [model_tag] [options]", "vllm serve: error: argument --max-num-seqs: invalid int value: 'many'")},
+			CauseConfigError, "high", []int{2}, "invalid int value"},
+		{"config errors do not count once ready", Exit{ExitCode: 0, Lines: lines(ready, "ValueError: This model's maximum context length is 4096 tokens.", "Engine core proc EngineCore died unexpectedly, shutting down client.")},
+			CauseCrash, "high", []int{3}, "died unexpectedly"},
+		{"memory ValueError is not a config error", Exit{ExitCode: 1, Lines: lines("ValueError: Insufficient memory for the requested batch")},
+			CauseCrash, "low", []int{1}, "Insufficient memory"},
+		{"inferred oom from memory", Exit{ExitCode: 0, Critical: 0.97, MemFractions: []float64{0.9, 0.98, 0.95}, Lines: lines(ready, "Engine core proc EngineCore died unexpectedly, shutting down client.")},
+			CauseOOM, "low", []int{2}, "inferred from memory"},
+		{"memory below critical is not oom", Exit{ExitCode: 0, Critical: 0.97, MemFractions: []float64{0.9, 0.96}, Lines: lines(ready)},
+			CauseCrash, "low", nil, ""},
+		{"memory does not override a config error", Exit{ExitCode: 2, Critical: 0.97, MemFractions: []float64{0.99}, Lines: lines("vllm serve: error: unrecognized arguments: --swap-space 4")},
+			CauseConfigError, "high", []int{1}, ""},
+		{"nccl watchdog is a crash", Exit{ExitCode: 0, Lines: lines(ready, "[rank0]:[E909 19:41:02.123 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1)")},
+			CauseCrash, "high", []int{2}, "Watchdog"},
+		{"ANSI in the lines", Exit{ExitCode: 1, Lines: lines("\x1b[1;36m(EngineCore_0 pid=312)\x1b[0;0m torch.OutOfMemoryError: CUDA out of memory.")},
+			CauseOOM, "high", []int{1}, ""},
+		{"offline healthy", Exit{Offline: true, Lines: lines(ready)}, "", "", nil, "no failure found: vLLM became ready"},
+		{"offline traceback while starting", Exit{Offline: true, Lines: lines("Traceback (most recent call last):", "  File \"x.py\", line 1, in f", "KeyError: 'rope_scaling'")},
+			CauseCrash, "low", []int{3}, "KeyError"},
+		{"offline wrapper only", Exit{Offline: true, Lines: lines(ready, dead)}, CauseCrash, "low", nil, "no root-cause line"},
+		{"the last run of several is classified", Exit{Offline: true, Lines: lines(
+			"INFO 10-14 12:00:00 api_server.py:585] vLLM API server version 0.6.3", "torch.OutOfMemoryError: CUDA out of memory.",
+			"INFO 10-14 12:05:00 api_server.py:585] vLLM API server version 0.6.3", "INFO:     Application startup complete.")},
+			"", "", nil, "became ready"},
+		{"explicit phase overrides the log", Exit{ExitCode: 1, Phase: PhaseReady, Lines: lines("vllm serve: error: unrecognized arguments: --x")},
+			CauseCrash, "low", nil, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			v := Classify(tc.e)
+			if v.Cause != tc.cause || v.Confidence != tc.conf {
+				t.Fatalf("got %q/%q, want %q/%q (summary %q, evidence %v)", v.Cause, v.Confidence, tc.cause, tc.conf, v.Summary, v.Evidence)
+			}
+			var got []int
+			for _, l := range v.Evidence {
+				got = append(got, l.N)
+			}
+			if len(got) != len(tc.evidence) {
+				t.Fatalf("evidence lines %v, want %v", got, tc.evidence)
+			}
+			for i := range got {
+				if got[i] != tc.evidence[i] {
+					t.Fatalf("evidence lines %v, want %v", got, tc.evidence)
+				}
+			}
+			if !strings.Contains(v.Summary, tc.summary) {
+				t.Errorf("summary %q, want it to contain %q", v.Summary, tc.summary)
+			}
+			if (v.Cause == "") != (len(v.Advice) == 0) {
+				t.Errorf("advice %v for cause %q", v.Advice, v.Cause)
+			}
+			checkEvidence(t, tc.e.Lines, v)
+		})
+	}
+}
+
+// TestEvidenceDeduplicated: four workers printing the same OOM are one line.
+func TestEvidenceDeduplicated(t *testing.T) {
+	var ls []string
+	for i := 0; i < 4; i++ {
+		ls = append(ls, "(VllmWorker rank="+string(rune('0'+i))+" pid=40"+string(rune('0'+i))+") torch.OutOfMemoryError: CUDA out of memory.")
+	}
+	v := Classify(Exit{ExitCode: 1, Lines: lines(ls...)})
+	if v.Cause != CauseOOM || len(v.Evidence) != 1 || v.Evidence[0].N != 1 {
+		t.Fatalf("%+v", v)
+	}
+}
+
+func TestDiagnoseFacts(t *testing.T) {
+	f, err := os.Open(filepath.Join("testdata", "logs", "v1-2025-ansi-ready.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rep, err := Diagnose(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := rep.Facts
+	if x.VLLMVersion != "0.10.1.1" || x.Model != "Qwen/Qwen2.5-7B-Instruct" || x.GPUMemoryUtilization != 0.85 || x.MaxNumSeqs != 256 ||
+		x.MaxModelLen != 32768 || x.KVCacheTokens != 425424 || x.AvailableKVCacheGiB == nil || *x.AvailableKVCacheGiB != 16.23 ||
+		x.ModelLoadGiB != 15.2683 || x.ModelLoadSeconds != 5.012816 || x.InitEngineSeconds != 38.21 || !x.Ready || x.Runs != 1 ||
+		!strings.HasPrefix(x.MaxConcurrency, "32,768 tokens per request: 12.98x") || !strings.Contains(x.NonDefaultArgs, "'max_num_seqs': 256") {
+		t.Errorf("facts: %+v", x)
+	}
+
+	f0, err := os.ReadFile(filepath.Join("testdata", "logs", "v0-2024-kv-maxseqlen.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err = Diagnose(bytes.NewReader(f0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	x = rep.Facts
+	if x.VLLMVersion != "0.6.3.post1" || x.GPUMemoryUtilization != 0.9 || x.MaxNumSeqs != 256 || x.MaxModelLen != 131072 ||
+		x.KVCacheBlocks != 1478 || x.ModelLoadGiB != 14.9888 || x.Ready {
+		t.Errorf("V0 facts: %+v", x)
+	}
+
+	f2, err := os.ReadFile(filepath.Join("testdata", "logs", "2026-negative-kv.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err = Diagnose(bytes.NewReader(f2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Facts.AvailableKVCacheGiB == nil || *rep.Facts.AvailableKVCacheGiB != -2.14 {
+		t.Errorf("negative KV memory: %v", rep.Facts.AvailableKVCacheGiB)
+	}
+}
+
+// TestWriteTextOrder: next steps follow the postmortem's order.
+func TestWriteTextOrder(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("testdata", "logs", "2026-oom-runtime.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Diagnose(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := rep.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	last := -1
+	for _, s := range []string{"cause:      oom", "evidence:", "facts:", "advice:", "next steps:", "memory trend", "the log", "concurrency and utilization together", "probe alignment"} {
+		i := strings.Index(out, s)
+		if i < 0 || i < last {
+			t.Fatalf("%q missing or out of order in:\n%s", s, out)
+		}
+		last = i
+	}
+}
+
+func TestDiagnoseEmptyAndErrors(t *testing.T) {
+	rep, err := Diagnose(strings.NewReader(""))
+	if err != nil || rep.Cause != "" || rep.Lines != 0 {
+		t.Fatalf("empty log: %+v, %v", rep, err)
+	}
+	if _, err := Diagnose(errReader{}); err == nil || !strings.Contains(err.Error(), "reading the log") {
+		t.Fatalf("read error: %v", err)
+	}
+}
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) { return 0, os.ErrClosed }
+
+// TestPrefilterCoversRules: every needle passes the prefilter, or its rule
+// could never fire.
+func TestPrefilterCoversRules(t *testing.T) {
+	for _, r := range rules {
+		if !mayMatch(r.needle) {
+			t.Errorf("rule %q is hidden by the prefilter", r.needle)
+		}
+	}
+	for _, w := range wrappers {
+		if !mayMatch(w) {
+			t.Errorf("wrapper %q is hidden by the prefilter", w)
+		}
+	}
+}

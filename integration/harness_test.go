@@ -45,7 +45,7 @@ func TestMain(m *testing.M) {
 }
 
 // freePort returns a TCP port nobody listens on right now.
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -57,15 +57,17 @@ func freePort(t *testing.T) int {
 
 // scene is one guard over one simulator, in its own scratch folder.
 type scene struct {
-	t       *testing.T
-	dir     string
-	port    int
-	gpuDir  string
-	testID  string
-	env     map[string]string // FAKEVLLM_* for the simulator
-	extra   string            // more TOML
-	command string            // TOML array for [vllm] command; default the simulator
-	cmd     *exec.Cmd
+	t        testing.TB
+	guardBin string // default: the race-enabled build
+	logLevel string // default debug
+	dir      string
+	port     int
+	gpuDir   string
+	testID   string
+	env      map[string]string // FAKEVLLM_* for the simulator
+	extra    string            // more TOML
+	command  string            // TOML array for [vllm] command; default the simulator
+	cmd      *exec.Cmd
 
 	mu     sync.Mutex
 	logs   []map[string]any
@@ -75,12 +77,12 @@ type scene struct {
 	code   int
 }
 
-func newScene(t *testing.T) *scene {
+func newScene(t testing.TB) *scene {
 	t.Helper()
 	dir := t.TempDir()
 	s := &scene{t: t, dir: dir, port: freePort(t), gpuDir: filepath.Join(dir, "gpu"),
 		testID: fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "_"), time.Now().UnixNano()),
-		env:    map[string]string{"FAKEVLLM_ERA": "v1-ansi"}, notify: make(chan struct{}, 1), exited: make(chan struct{})}
+		env:    map[string]string{"FAKEVLLM_ERA": "v1-ansi"}, logLevel: "debug", notify: make(chan struct{}, 1), exited: make(chan struct{})}
 	if err := os.MkdirAll(filepath.Join(s.gpuDir, "procs"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -104,8 +106,8 @@ func (s *scene) configText() string {
 	for k, v := range s.env {
 		fmt.Fprintf(&b, "%s = %q\n", k, v)
 	}
-	fmt.Fprintf(&b, "\n[control]\nsocket = %q\nhttp_listen = \"\"\nstate_dir = %q\n\n[log]\nformat = \"json\"\nlevel = \"debug\"\n",
-		filepath.Join(s.dir, "guard.sock"), filepath.Join(s.dir, "state"))
+	fmt.Fprintf(&b, "\n[control]\nsocket = %q\nhttp_listen = \"\"\nstate_dir = %q\n\n[log]\nformat = \"json\"\nlevel = %q\n",
+		filepath.Join(s.dir, "guard.sock"), filepath.Join(s.dir, "state"), s.logLevel)
 	b.WriteString(s.extra)
 	return b.String()
 }
@@ -117,7 +119,11 @@ func (s *scene) start(args ...string) {
 	if err := os.WriteFile(cfg, []byte(s.configText()), 0o644); err != nil {
 		s.t.Fatal(err)
 	}
-	s.cmd = exec.Command(bins.guard, append([]string{"run", "--config", cfg}, args...)...)
+	bin := s.guardBin
+	if bin == "" {
+		bin = bins.guard
+	}
+	s.cmd = exec.Command(bin, append([]string{"run", "--config", cfg}, args...)...)
 	s.cmd.Env = append(os.Environ(), "FAKENVML_STATE="+s.gpuDir, "LD_LIBRARY_PATH="+bins.nvmlDir)
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {

@@ -94,6 +94,10 @@ func goBuild(name, pkg string, race bool) (string, error) {
 // Guard builds cmd/vllm-guard with the race detector on.
 func Guard() (string, error) { return goBuild("vllm-guard", "./cmd/vllm-guard", true) }
 
+// GuardPlain builds cmd/vllm-guard without the race detector, as shipped:
+// for benchmarks of its CPU and memory.
+func GuardPlain() (string, error) { return goBuild("vllm-guard", "./cmd/vllm-guard", false) }
+
 // FakeVLLM builds the vLLM simulator.
 func FakeVLLM() (string, error) { return goBuild("fakevllm", "./integration/fakevllm", false) }
 

@@ -1,0 +1,140 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/testbin"
+)
+
+// These benchmarks run the shipped guard (no race detector) over the
+// simulator; `make bench` runs each once (-benchtime 1x).
+
+func logTime(t testing.TB, m map[string]any) time.Time {
+	ts, _ := m["ts"].(string)
+	v, err := time.Parse("2006-01-02T15:04:05.000Z0700", ts)
+	if err != nil {
+		t.Fatalf("log time %q: %v", ts, err)
+	}
+	return v
+}
+
+func plainScene(b *testing.B) *scene {
+	guard, err := testbin.GuardPlain()
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := newScene(b)
+	s.logLevel = "info"
+	s.guardBin = guard
+	return s
+}
+
+// BenchmarkReadinessLatency: from the simulator's `Application startup
+// complete.` to the guard's "vLLM ready", over 10 starts (the simulator
+// crashes 300 ms after each ready). Goal: median ≤ 50 ms with the default
+// 250 ms poll.
+func BenchmarkReadinessLatency(b *testing.B) {
+	s := plainScene(b)
+	s.env["FAKEVLLM_FAULT"] = "crash_after=300ms"
+	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\nmax_delay = \"50ms\"\ngive_up_after = 100"
+	s.start()
+	const starts = 10
+	s.waitLog("10 readies", starts, 120*time.Second, msg("vLLM ready"))
+	s.mu.Lock()
+	var lat []float64
+	var complete time.Time
+	for _, m := range s.logs {
+		text, _ := m["msg"].(string)
+		switch {
+		case strings.Contains(text, "Application startup complete"):
+			complete = logTime(s.t, m)
+		case text == "vLLM ready" && !complete.IsZero():
+			lat = append(lat, float64(logTime(s.t, m).Sub(complete))/float64(time.Millisecond))
+			complete = time.Time{}
+		}
+	}
+	s.mu.Unlock()
+	slices.Sort(lat)
+	b.ReportMetric(lat[len(lat)/2], "ms-median")
+	b.ReportMetric(lat[len(lat)-1], "ms-max")
+}
+
+// BenchmarkIdleSupervision: the guard's resident memory and CPU while it
+// supervises a ready, idle vLLM for 10 s (liveness every 10 s, GPU sampling
+// every 1 s through the stand-in NVML). Goals: RSS ≤ 30 MB, CPU ≤ 0.5 % of a core.
+func BenchmarkIdleSupervision(b *testing.B) {
+	s := plainScene(b)
+	s.start()
+	s.waitLog("ready", 1, 60*time.Second, msg("vLLM ready"))
+	pid := s.cmd.Process.Pid
+	cpu0, t0 := cpuTicks(pid), time.Now()
+	time.Sleep(10 * time.Second) // the measured window itself, not a wait for an event
+	cpu1, t1 := cpuTicks(pid), time.Now()
+	const hz = 100 // USER_HZ
+	b.ReportMetric(float64(cpu1-cpu0)/hz/t1.Sub(t0).Seconds()*100, "%cpu")
+	b.ReportMetric(float64(rssKB(pid))/1024, "MB-rss")
+}
+
+// BenchmarkLogFlood: the simulator writes log lines as fast as it can for
+// 3 s; the guard pumps them. Reports the rate the guard absorbed and the
+// longest time one write of the child blocked. Goals: ≥ 100 MB/s, ≤ 100 ms.
+func BenchmarkLogFlood(b *testing.B) {
+	s := plainScene(b)
+	stats := filepath.Join(s.dir, "stats.json")
+	s.env["FAKEVLLM_FAULT"] = "log_flood=400"
+	s.env["FAKEVLLM_STATS_FILE"] = stats
+	s.start()
+	s.waitLog("ready", 1, 60*time.Second, msg("vLLM ready"))
+	time.Sleep(3 * time.Second) // the measured window
+	var st struct {
+		MaxWriteBlockMS float64 `json:"max_write_block_ms"`
+		BytesWritten    float64 `json:"bytes_written"`
+		Seconds         float64 `json:"seconds"`
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		raw, err := os.ReadFile(stats)
+		if err == nil && json.Unmarshal(raw, &st) == nil && st.BytesWritten > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("no flood statistics in %s", stats)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.waitExit(30 * time.Second)
+	b.ReportMetric(st.BytesWritten/3/1e6, "MB/s-flood")
+	b.ReportMetric(st.MaxWriteBlockMS, "ms-max-write-block")
+}
+
+func cpuTicks(pid int) int64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + s
+}
+
+func rssKB(pid int) int64 {
+	raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, l := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return n
+		}
+	}
+	return 0
+}

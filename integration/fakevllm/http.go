@@ -1,0 +1,451 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// OpenAI-compatible HTTP API, the shapes vLLM answers with.
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+type completionRequest struct {
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            []chatMessage   `json:"messages"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+// promptTokens estimates a prompt's tokens as vLLM's tokenizer roughly
+// would: a quarter of the characters (at least 1); token-id arrays count
+// their ids.
+func promptTokens(raw json.RawMessage) (int, error) {
+	raw = json.RawMessage(strings.TrimSpace(string(raw)))
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, errors.New("prompt is required")
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return textTokens(s), nil
+	}
+	var list []json.RawMessage
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return 0, errors.New("prompt must be a string, a list of strings or a list of token ids")
+	}
+	if len(list) == 0 {
+		return 0, errors.New("prompt must not be empty")
+	}
+	total := 0
+	for _, item := range list {
+		var n json.Number
+		var ids []int64
+		switch {
+		case json.Unmarshal(item, &s) == nil:
+			total += textTokens(s)
+		case json.Unmarshal(item, &n) == nil:
+			total++
+		case json.Unmarshal(item, &ids) == nil:
+			total += len(ids)
+		default:
+			return 0, errors.New("prompt must be a string, a list of strings or a list of token ids")
+		}
+	}
+	return max(total, 1), nil
+}
+
+// chatTokens counts the tokens of every message's content (a string or
+// a list of {"type":"text","text":...} parts).
+func chatTokens(msgs []chatMessage) (int, error) {
+	if len(msgs) == 0 {
+		return 0, errors.New("messages must not be empty")
+	}
+	chars := 0
+	for i, m := range msgs {
+		c := strings.TrimSpace(string(m.Content))
+		if c == "" || c == "null" {
+			continue
+		}
+		var s string
+		if err := json.Unmarshal([]byte(c), &s); err == nil {
+			chars += len(s)
+			continue
+		}
+		var parts []struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		}
+		if err := json.Unmarshal([]byte(c), &parts); err != nil {
+			return 0, fmt.Errorf("messages[%d].content must be a string or a list of content parts", i)
+		}
+		for _, p := range parts {
+			chars += len(p.Text)
+		}
+	}
+	return max(chars/4, 1), nil
+}
+
+func textTokens(s string) int { return max(len(s)/4, 1) }
+
+type apiError struct {
+	Object  string  `json:"object"`
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    int     `json:"code"`
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	b, _ := json.Marshal(v)
+	w.Write(b)
+}
+
+func writeError(w http.ResponseWriter, code int, typ, message string, param string) {
+	e := apiError{Object: "error", Message: message, Type: typ, Code: code}
+	if param != "" {
+		e.Param = &param
+	}
+	writeJSON(w, code, e)
+}
+
+const engineDeadMessage = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+func (a *apiServer) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", a.handleHealth)
+	mux.HandleFunc("/v1/models", a.handleModels)
+	mux.HandleFunc("/version", a.handleVersion)
+	mux.HandleFunc("/metrics", a.handleMetrics)
+	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { a.handleCompletion(w, r, false) })
+	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { a.handleCompletion(w, r, true) })
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.blockIfHung(r)
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// blockIfHung makes every request hang while the hang_after fault is on:
+// the process is alive, the port accepts, nothing answers.
+func (a *apiServer) blockIfHung(r *http.Request) {
+	if a.hung.Load() {
+		<-r.Context().Done()
+		select {} // the client left; never answer anyway
+	}
+}
+
+func allow(w http.ResponseWriter, r *http.Request, method string) bool {
+	if r.Method == method || (method == http.MethodGet && r.Method == http.MethodHead) {
+		return true
+	}
+	writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"detail": "Method Not Allowed"})
+	return false
+}
+
+func (a *apiServer) handleHealth(w http.ResponseWriter, r *http.Request) {
+	if !allow(w, r, http.MethodGet) {
+		return
+	}
+	if a.dead.Load() || a.health503.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+func (a *apiServer) handleVersion(w http.ResponseWriter, r *http.Request) {
+	if !allow(w, r, http.MethodGet) {
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"version": versionOf(a.env.Era)})
+}
+
+func (a *apiServer) handleModels(w http.ResponseWriter, r *http.Request) {
+	if !allow(w, r, http.MethodGet) {
+		return
+	}
+	data := []any{}
+	if !a.faults.has(fNeverReady) {
+		data = append(data, map[string]any{
+			"id": a.args.ServedName, "object": "model", "created": a.startedAt.Unix(), "owned_by": "vllm",
+			"root": a.args.Model, "parent": nil, "max_model_len": a.args.MaxModelLen,
+			"permission": []any{map[string]any{
+				"id": "modelperm-" + a.reqID(), "object": "model_permission", "created": a.startedAt.Unix(),
+				"allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true,
+				"allow_search_indices": false, "allow_view": true, "allow_fine_tuning": false,
+				"organization": "*", "group": nil, "is_blocking": false,
+			}},
+		})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+var reqCounter atomic.Int64
+
+func (a *apiServer) reqID() string {
+	return fmt.Sprintf("%016x%016x", a.startedAt.UnixNano(), reqCounter.Add(1))
+}
+
+var words = []string{" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", "."}
+
+func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, chat bool) {
+	if !allow(w, r, http.MethodPost) {
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "could not read the request body: "+err.Error(), "")
+		return
+	}
+	var req completionRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "invalid JSON body: "+err.Error(), "")
+		return
+	}
+	if a.faults.has(fNeverReady) {
+		writeError(w, http.StatusInternalServerError, "InternalServerError", "The model is not ready: no model is loaded.", "")
+		return
+	}
+	if req.Model != "" && req.Model != a.args.ServedName {
+		writeError(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model), "model")
+		return
+	}
+	if a.dead.Load() {
+		writeError(w, http.StatusInternalServerError, "InternalServerError", engineDeadMessage, "")
+		return
+	}
+	var prompt int
+	if chat {
+		prompt, err = chatTokens(req.Messages)
+	} else {
+		prompt, err = promptTokens(req.Prompt)
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", err.Error(), "")
+		return
+	}
+	maxTokens := 16
+	if req.MaxTokens != nil {
+		maxTokens = *req.MaxTokens
+	} else if req.MaxCompletionTokens != nil {
+		maxTokens = *req.MaxCompletionTokens
+	}
+	if maxTokens < 1 {
+		writeError(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf("max_tokens must be at least 1, got %d.", maxTokens), "max_tokens")
+		return
+	}
+	if prompt+maxTokens > a.args.MaxModelLen {
+		writeError(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.", a.args.MaxModelLen, prompt+maxTokens, prompt, maxTokens), "")
+		return
+	}
+
+	ctx := r.Context()
+	if err := a.sched.admit(ctx, prompt); err != nil {
+		return // the client went away while waiting
+	}
+	generated := 0
+	defer func() { a.sched.finish(prompt, generated) }()
+
+	g := &generation{a: a, chat: chat, id: a.reqID(), created: time.Now().Unix(), prompt: prompt}
+	if chat {
+		g.id = "chatcmpl-" + g.id
+	} else {
+		g.id = "cmpl-" + g.id
+	}
+	if req.Stream {
+		g.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+		generated = g.stream(w, r, maxTokens)
+		return
+	}
+	var text strings.Builder
+	for i := 0; i < maxTokens; i++ {
+		if !a.nextToken(r) {
+			if a.dead.Load() {
+				writeError(w, http.StatusInternalServerError, "InternalServerError", engineDeadMessage, "")
+			}
+			return
+		}
+		text.WriteString(words[i%len(words)])
+		generated++
+		a.sched.generated(1)
+	}
+	usage := map[string]int{"prompt_tokens": prompt, "total_tokens": prompt + generated, "completion_tokens": generated}
+	var choice map[string]any
+	object := "text_completion"
+	if chat {
+		object = "chat.completion"
+		choice = map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": text.String(), "tool_calls": []any{}}, "logprobs": nil, "finish_reason": "length", "stop_reason": nil}
+	} else {
+		choice = map[string]any{"index": 0, "text": text.String(), "logprobs": nil, "finish_reason": "length", "stop_reason": nil}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"id": g.id, "object": object, "created": g.created, "model": a.args.ServedName,
+		"choices": []any{choice}, "usage": usage,
+	})
+}
+
+// nextToken waits one token interval. It reports false when the request
+// must stop: the client left or the engine died. Under hang_after it never
+// returns.
+func (a *apiServer) nextToken(r *http.Request) bool {
+	if a.hung.Load() {
+		a.blockIfHung(r)
+	}
+	if a.env.TokenInterval > 0 {
+		t := time.NewTimer(a.env.TokenInterval)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			return false
+		case <-a.deadCh:
+			return false
+		}
+	}
+	select {
+	case <-r.Context().Done():
+		return false
+	case <-a.deadCh:
+		return false
+	default:
+	}
+	if a.hung.Load() {
+		a.blockIfHung(r)
+	}
+	return true
+}
+
+type generation struct {
+	a       *apiServer
+	chat    bool
+	id      string
+	created int64
+	prompt  int
+	usage   bool
+}
+
+func (g *generation) chunk(choice map[string]any, usage map[string]int) []byte {
+	object := "text_completion"
+	if g.chat {
+		object = "chat.completion.chunk"
+	}
+	m := map[string]any{"id": g.id, "object": object, "created": g.created, "model": g.a.args.ServedName}
+	if choice != nil {
+		m["choices"] = []any{choice}
+	} else {
+		m["choices"] = []any{}
+	}
+	if usage != nil {
+		m["usage"] = usage
+	}
+	b, _ := json.Marshal(m)
+	return []byte("data: " + string(b) + "\n\n")
+}
+
+// stream writes one SSE event per token, then "data: [DONE]". It returns
+// the tokens generated.
+func (g *generation) stream(w http.ResponseWriter, r *http.Request, maxTokens int) int {
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	fl, _ := w.(http.Flusher)
+	send := func(b []byte) bool {
+		if _, err := w.Write(b); err != nil {
+			return false
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+		return true
+	}
+	if g.chat {
+		if !send(g.chunk(map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}, nil)) {
+			return 0
+		}
+	}
+	n := 0
+	for i := 0; i < maxTokens; i++ {
+		if !g.a.nextToken(r) {
+			if g.a.dead.Load() {
+				b, _ := json.Marshal(apiError{Object: "error", Message: engineDeadMessage, Type: "InternalServerError", Code: 500})
+				send([]byte("data: " + string(b) + "\n\n"))
+				send([]byte("data: [DONE]\n\n"))
+			}
+			return n
+		}
+		var finish any
+		if i == maxTokens-1 {
+			finish = "length"
+		}
+		var choice map[string]any
+		if g.chat {
+			choice = map[string]any{"index": 0, "delta": map[string]any{"content": words[i%len(words)]}, "logprobs": nil, "finish_reason": finish}
+		} else {
+			choice = map[string]any{"index": 0, "text": words[i%len(words)], "logprobs": nil, "finish_reason": finish, "stop_reason": nil}
+		}
+		n++
+		g.a.sched.generated(1)
+		if !send(g.chunk(choice, nil)) {
+			return n
+		}
+	}
+	if g.usage {
+		send(g.chunk(nil, map[string]int{"prompt_tokens": g.prompt, "total_tokens": g.prompt + n, "completion_tokens": n}))
+	}
+	send([]byte("data: [DONE]\n\n"))
+	return n
+}
+
+// handleMetrics renders vLLM's Prometheus metrics plus the simulator's
+// ground truth (fakevllm_*), which tests compare the guard's estimates with.
+func (a *apiServer) handleMetrics(w http.ResponseWriter, r *http.Request) {
+	if !allow(w, r, http.MethodGet) {
+		return
+	}
+	s := a.sched.snapshot()
+	bg := a.background()
+	running := min(a.args.MaxNumSeqs, s.Running+bg)
+	waiting := s.Waiting + max(0, s.Running+bg-a.args.MaxNumSeqs)
+	kvUse := 0.0
+	if kv := a.kvTokens.Load(); kv > 0 {
+		kvUse = min(1, float64(s.KVInUse)/float64(kv))
+	}
+	labels := fmt.Sprintf(`{engine="0",model_name=%q}`, a.args.ServedName)
+	kvName := "vllm:kv_cache_usage_perc"
+	if a.env.Era == eraV0 {
+		labels = fmt.Sprintf(`{model_name=%q}`, a.args.ServedName)
+		kvName = "vllm:gpu_cache_usage_perc"
+	}
+	var b strings.Builder
+	metric := func(name, typ, help string, v float64) {
+		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n%s%s %s\n", name, help, name, typ, name, labels, pyFloat(v))
+	}
+	metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", float64(running))
+	metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", float64(waiting))
+	metric(kvName, "gauge", "KV-cache usage. 1 means 100 percent usage.", kvUse)
+	metric("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", 0)
+	metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", float64(s.PromptTotal))
+	metric("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", float64(s.GenTotal))
+	fmt.Fprintf(&b, "# HELP fakevllm_gpu_used_bytes Simulator truth: memory used on the device (reserved + every live process), as NVML reports it.\n# TYPE fakevllm_gpu_used_bytes gauge\nfakevllm_gpu_used_bytes %d\n", a.deviceUsed.Load())
+	fmt.Fprintf(&b, "# HELP fakevllm_true_seq_cost_bytes Simulator truth: activation memory of one running sequence.\n# TYPE fakevllm_true_seq_cost_bytes gauge\nfakevllm_true_seq_cost_bytes %d\n", a.env.SeqCost)
+	fmt.Fprintf(&b, "# HELP fakevllm_true_safe_max_num_seqs Simulator truth: the largest max_num_seqs whose full-batch peak fits the device now.\n# TYPE fakevllm_true_safe_max_num_seqs gauge\nfakevllm_true_safe_max_num_seqs %d\n", a.safeSeqs.Load())
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	io.WriteString(w, b.String())
+}

@@ -33,6 +33,11 @@ func (g monitorGPU) WaitReleased(ctx context.Context, pids []int, baseline []uin
 	if r.Released {
 		return nil
 	}
+	if len(r.Held) == 0 {
+		// Device totals: memory is still above the level before the launch,
+		// but NVML names no process.
+		return []Holder{{Bytes: r.HeldBytes, Command: r.Message}}
+	}
 	return holders(r.Held)
 }
 

@@ -15,6 +15,7 @@ answers, watches GPU memory, and restarts it after a failure on a lighter profil
 Usage:
   vllm-guard run [--config FILE] [--init] [-- EXTRA_VLLM_ARGS...]   supervise vLLM (the main job)
   vllm-guard check [--config FILE]            validate the config, print the settings and the ladder
+  vllm-guard gpus [--json]                    what NVML sees: devices, memory, processes (no guard needed)
   vllm-guard version                          version, commit, Go version
 
 Every command has --help. --config defaults to $VLLM_GUARD_CONFIG, then
@@ -47,6 +48,8 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 		return cmdRun(rest, stderr)
 	case "check":
 		return cmdCheck(rest, stdout, stderr)
+	case "gpus":
+		return cmdGPUs(rest, stdout, stderr)
 	case "version":
 		return cmdVersion(stdout)
 	case "-h", "--help", "help":

@@ -29,6 +29,15 @@
  * (clamped at 0; used is reported as is even above total). Memory v2:
  * used = sum(live procs), reserved as written, free = total - reserved - used
  * (clamped at 0).
+ *
+ * Symbols: nvmlInit/_v2, nvmlInitWithFlags, nvmlShutdown (reference counted),
+ * nvmlErrorString, nvmlSystemGet{DriverVersion,NVMLVersion,CudaDriverVersion},
+ * nvmlDeviceGetCount/_v2, nvmlDeviceGetHandleByIndex/_v2, ...ByUUID,
+ * nvmlDeviceGet{UUID,Name,Index,MinorNumber}, nvmlDeviceGetMemoryInfo/_v2,
+ * nvmlDeviceGetComputeRunningProcesses (v1, _v2, _v3; graphics and MPS _v3
+ * list nothing). Calls before nvmlInit return NVML_ERROR_UNINITIALIZED.
+ * Thread-safe: the global state sits behind one mutex; scans use the stack
+ * and the heap.
  */
 #define _GNU_SOURCE
 /* Declare the unversioned (v1) names too, so both v1 and the versioned

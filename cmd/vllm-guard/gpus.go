@@ -1,0 +1,39 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/config"
+	"github.com/vllm-guard/vllm-guard/gpumon"
+)
+
+// cmdGPUs prints what NVML sees; it needs no running guard.
+func cmdGPUs(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("gpus", "gpus [--json] [--config FILE]", stderr)
+	asJSON := fs.Bool("json", false, "print JSON")
+	cfgPath := fs.String("config", "", "config file, for [gpu] devices (optional)")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	opts := gpumon.Options{}
+	if cfg, err := config.Load(config.Resolve(*cfgPath)); err == nil {
+		opts.Devices = cfg.GPU.Devices
+	}
+	snap := gpumon.Open(opts, zap.NewNop()).Once()
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(snap)
+	} else if snap.Up {
+		gpumon.WriteTable(stdout, snap)
+	}
+	if !snap.Up {
+		fmt.Fprintf(stderr, "vllm-guard gpus: %s\n", snap.Reason)
+		return exitFailed
+	}
+	return exitOK
+}

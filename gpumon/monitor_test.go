@@ -1,0 +1,267 @@
+package gpumon
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// scripted is a source for unit tests of the monitor's own logic (the
+// go-nvml path is tested against the stand-in library in nvml_test.go).
+type scripted struct {
+	mu        sync.Mutex
+	openErrs  []error // returned by successive open calls, then success
+	opens     int
+	used      []uint64 // next reading of each device
+	total     uint64
+	readErr   error
+	closeCall int
+}
+
+func (s *scripted) open() (string, []deviceInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.opens++
+	if len(s.openErrs) > 0 {
+		err := s.openErrs[0]
+		s.openErrs = s.openErrs[1:]
+		return "", nil, err
+	}
+	devs := make([]deviceInfo, len(s.used))
+	for i := range devs {
+		devs[i] = deviceInfo{Index: i, UUID: "GPU-" + string(rune('a'+i)), Name: "Test GPU"}
+	}
+	return "999.1", devs, nil
+}
+
+func (s *scripted) read(idx []int) ([]reading, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.readErr != nil {
+		return nil, s.readErr
+	}
+	out := make([]reading, len(idx))
+	for k, i := range idx {
+		out[k] = reading{used: s.used[i], total: s.total, free: s.total - s.used[i]}
+	}
+	return out, nil
+}
+
+func (s *scripted) close() {
+	s.mu.Lock()
+	s.closeCall++
+	s.mu.Unlock()
+}
+
+func (s *scripted) set(i int, f float64) {
+	s.mu.Lock()
+	s.used[i] = uint64(f * float64(s.total))
+	s.mu.Unlock()
+}
+
+func observed() (*zap.Logger, *observer.ObservedLogs) {
+	core, logs := observer.New(zap.DebugLevel)
+	return zap.New(core), logs
+}
+
+func TestRunRetriesInitAndLogsOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := &scripted{
+			openErrs: []error{errors.New("driver busy"), errors.New("driver busy"), errors.New("driver busy")},
+			used:     []uint64{10 << 30}, total: 80 << 30,
+		}
+		log, logs := observed()
+		m := newMonitor(src, Options{SampleInterval: time.Second}, log)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { m.Run(ctx); close(done) }()
+
+		synctest.Wait()
+		if s := m.Snapshot(); s.Up || s.Reason != "GPU metrics unavailable: driver busy" {
+			t.Fatalf("after the first failed init: up=%v reason=%q", s.Up, s.Reason)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		s := m.Snapshot()
+		if !s.Up || s.Driver != "999.1" || len(s.Devices) != 1 || s.Devices[0].Used != 10<<30 {
+			t.Fatalf("after init succeeded: %+v", s)
+		}
+		if src.opens != 4 {
+			t.Fatalf("open called %d times, want 4 (3 failures, 1 success)", src.opens)
+		}
+		if n := logs.FilterMessage("GPU metrics unavailable").Len(); n != 1 {
+			t.Fatalf("logged 'GPU metrics unavailable' %d times across one outage, want 1", n)
+		}
+		if n := logs.FilterMessage("GPU metrics available").Len(); n != 1 {
+			t.Fatalf("logged 'GPU metrics available' %d times, want 1", n)
+		}
+		cancel()
+		<-done
+		if src.closeCall != 1 {
+			t.Fatalf("NVML shut down %d times at the end of Run, want 1", src.closeCall)
+		}
+	})
+}
+
+func TestRunSamplesAtInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := &scripted{used: []uint64{10 << 30, 20 << 30}, total: 80 << 30}
+		m := newMonitor(src, Options{SampleInterval: 2 * time.Second}, nil)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { m.Run(ctx); close(done) }()
+		time.Sleep(9 * time.Second) // samples at 0, 2, 4, 6, 8
+		synctest.Wait()
+		got := m.RecentFractions(100)
+		if len(got) != 5 {
+			t.Fatalf("%d samples in 9 s at a 2 s interval, want 5", len(got))
+		}
+		if got[0] != 0.25 {
+			t.Fatalf("RecentFractions = %v, want the max over devices (0.25)", got)
+		}
+		if h := m.Snapshot().Devices[0].History; len(h) != 5 || h[0] != 0.125 {
+			t.Fatalf("history %v", h)
+		}
+		if got := m.RecentFractions(2); len(got) != 2 {
+			t.Fatalf("RecentFractions(2) returned %d", len(got))
+		}
+		cancel()
+		<-done
+	})
+}
+
+func TestQueryErrorsCountedOncePerEpisode(t *testing.T) {
+	src := &scripted{used: []uint64{10 << 30}, total: 80 << 30}
+	log, logs := observed()
+	m := newMonitor(src, Options{}, log)
+	if err := m.open(); err != nil {
+		t.Fatal(err)
+	}
+	m.tick()
+	src.readErr = errors.New("GPU is lost")
+	m.tick()
+	m.tick()
+	s := m.Snapshot()
+	if s.Up || s.Errors != 2 || !strings.Contains(s.Reason, "GPU is lost") {
+		t.Fatalf("during the fault: up=%v errors=%d reason=%q", s.Up, s.Errors, s.Reason)
+	}
+	if s.Devices[0].Used != 10<<30 {
+		t.Fatalf("the last good reading is kept during a fault, got %d", s.Devices[0].Used)
+	}
+	src.readErr = nil
+	m.tick()
+	if s := m.Snapshot(); !s.Up || s.Errors != 2 {
+		t.Fatalf("after recovery: up=%v errors=%d", s.Up, s.Errors)
+	}
+	if n := logs.FilterMessage("NVML query failed; GPU readings paused until it recovers").Len(); n != 1 {
+		t.Fatalf("fault logged %d times, want once per episode", n)
+	}
+	if n := logs.FilterMessage("NVML queries recovered").Len(); n != 1 {
+		t.Fatalf("recovery logged %d times", n)
+	}
+}
+
+func TestSubscribeDropsWhenSlow(t *testing.T) {
+	src := &scripted{used: []uint64{0}, total: 80 << 30}
+	m := newMonitor(src, Options{}, nil)
+	if err := m.open(); err != nil {
+		t.Fatal(err)
+	}
+	slow, cancelSlow := m.Subscribe()
+	defer cancelSlow()
+	fast, cancelFast := m.Subscribe()
+	var got []Alert
+	for i := range 100 { // 100 events: warn raised and cleared 50 times each
+		if i%2 == 0 {
+			src.set(0, 0.95)
+		} else {
+			src.set(0, 0.50)
+		}
+		m.tick()
+		for len(fast) > 0 {
+			got = append(got, <-fast)
+		}
+	}
+	cancelFast()
+	if _, open := <-fast; open {
+		t.Fatal("cancelled subscription's channel still open")
+	}
+	cancelFast() // idempotent
+	if len(got) != 100 {
+		t.Fatalf("fast subscriber got %d events, want 100", len(got))
+	}
+	if got[0].Name != AlertWarn || !got[0].Active || got[1].Active {
+		t.Fatalf("events %+v", got[:2])
+	}
+	if len(slow) != subscriberBuffer {
+		t.Fatalf("slow subscriber holds %d events, want a full buffer (%d)", len(slow), subscriberBuffer)
+	}
+	if d := m.Snapshot().DroppedAlerts; d != 100-subscriberBuffer {
+		t.Fatalf("dropped %d events, want %d", d, 100-subscriberBuffer)
+	}
+}
+
+func TestDisabled(t *testing.T) {
+	m := Disabled("built without cgo", Options{}, nil)
+	s := m.Once()
+	if s.Up || s.Reason != "GPU metrics unavailable: built without cgo" {
+		t.Fatalf("snapshot %+v", s)
+	}
+	fc := m.CheckFree(0.9)
+	if !fc.OK || fc.Known || !strings.Contains(fc.Message, "not checked") {
+		t.Fatalf("CheckFree %+v", fc)
+	}
+	rel := m.WaitReleased(t.Context(), []int{1}, nil, time.Hour)
+	if !rel.Released || rel.Method != "unavailable" {
+		t.Fatalf("WaitReleased %+v", rel)
+	}
+	if h := m.Holders(); len(h) != 0 {
+		t.Fatalf("holders %+v", h)
+	}
+	// Run returns when the context ends, without retrying a permanent failure.
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	m.Run(ctx)
+}
+
+func TestWriteTable(t *testing.T) {
+	s := Snapshot{Up: true, Driver: "550.54.15", Attribution: "pid", Devices: []Device{
+		{Index: 0, Name: "NVIDIA H100 80GB HBM3", UUID: "GPU-aaaa", Used: 60 << 30, Total: 80 << 30, Fraction: 0.75,
+			Trend: TrendClimbing, SecondsToCritical: 125,
+			Processes: []Proc{{PID: 4242, Device: 0, Used: 59 << 30, Command: "python3 -m vllm.entrypoints.openai.api_server", Ours: true}}},
+		{Index: 1, Name: "NVIDIA H100 80GB HBM3", UUID: "GPU-bbbb", Used: 1 << 30, Total: 80 << 30, Fraction: 1.0 / 80,
+			Trend: TrendSteady, SecondsToCritical: -1,
+			Processes: []Proc{{PID: 77, Device: 1, Used: 512 << 20}}},
+	}}
+	var b strings.Builder
+	if err := WriteTable(&b, s); err != nil {
+		t.Fatal(err)
+	}
+	want := `driver 550.54.15
+GPU  NAME                   UUID      USED GiB  TOTAL GiB  USED %  TREND
+0    NVIDIA H100 80GB HBM3  GPU-aaaa  60.0      80.0       75.0    climbing, critical in 2m5s
+1    NVIDIA H100 80GB HBM3  GPU-bbbb  1.0       80.0       1.2     steady
+
+GPU  PID   USED GiB  COMMAND
+0    4242  59.0      python3 -m vllm.entrypoints.openai.api_server  [vllm-guard child]
+1    77    0.5       (not visible here)
+`
+	if b.String() != want {
+		t.Fatalf("table:\n%s\nwant:\n%s", b.String(), want)
+	}
+
+	b.Reset()
+	if err := WriteTable(&b, Snapshot{Reason: "GPU metrics unavailable: built without cgo"}); err != nil {
+		t.Fatal(err)
+	}
+	if b.String() != "GPU metrics unavailable: built without cgo\n" {
+		t.Fatalf("unavailable table: %q", b.String())
+	}
+}

@@ -12,6 +12,7 @@ echo "GPU-5e1f0000-0000-4000-8000-000000000001 85899345920 536870912 NVIDIA H100
 sed "s#@WORK@#$work#g" "$root/examples/demo.toml" > "$work/demo.toml"
 
 echo "== vllm-guard demo: config $root/examples/demo.toml, simulator on 127.0.0.1:18000"
+: > "$work/guard.log"
 "$root/bin/vllm-guard" run --config "$work/demo.toml" 2> >(tee "$work/guard.log" >&2) &
 guard=$!
 start=$SECONDS

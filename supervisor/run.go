@@ -77,18 +77,20 @@ func (s *Supervisor) runOnce(ctx context.Context, sink *logSink, rung policy.Run
 
 	pr := newProber(ep, s.model)
 	defer pr.close()
-	res := s.watch(ctx, c, out, pr, startedAt)
+	var seen treeSeen
+	res := s.watch(ctx, c, out, pr, startedAt, &seen)
 
 	// Whatever happened, nothing of this run may survive it.
-	res.tree = c.tree()
+	seen.add(c.tree())
+	res.tree = seen.pids()
 	res.baseline = baseline
 	if res.kind != outcomeExited || res.hang != "" {
 		res.killedByGuard = true
 	}
+	s.transition(StateStopping, stopReason(res))
 	select {
 	case <-c.done:
 	default:
-		s.transition(StateStopping, stopReason(res))
 		s.stopTree(c)
 	}
 	<-c.done
@@ -109,6 +111,8 @@ func stopReason(res outcome) string {
 		return "vLLM hung: " + res.hang
 	case res.kind == outcomeRestart:
 		return "restart requested"
+	case res.kind == outcomeExited:
+		return "vLLM exited: cleaning up its process tree"
 	default:
 		return "stop requested"
 	}
@@ -131,7 +135,7 @@ func (s *Supervisor) stopTree(c *child) {
 }
 
 // watch follows one run from launch through ready until it ends.
-func (s *Supervisor) watch(ctx context.Context, c *child, out *output, pr *prober, startedAt time.Time) outcome {
+func (s *Supervisor) watch(ctx context.Context, c *child, out *output, pr *prober, startedAt time.Time, seen *treeSeen) outcome {
 	probeCtx, cancel := context.WithCancel(ctx)
 	probes := make(chan probeResult, 1)
 	inflight := false
@@ -192,6 +196,7 @@ func (s *Supervisor) watch(ctx context.Context, c *child, out *output, pr *probe
 			}
 		case <-heartbeat.C:
 			s.beat()
+			seen.add(c.tree())
 		case <-out.startupEnd:
 			if !ready {
 				probe(func(ctx context.Context) probeResult { return pr.ready(ctx, rc.Probe, rc.ProbeTimeout.Duration) })
@@ -300,4 +305,26 @@ func hostOOMKills() int64 {
 		}
 	}
 	return -1
+}
+
+// treeSeen remembers every PID of vLLM's tree seen during a run: by the time
+// the API server has exited, EngineCore may be gone from /proc while the
+// driver still holds its memory, and the release wait must know its PID.
+type treeSeen map[int]bool
+
+func (t *treeSeen) add(pids []int) {
+	if *t == nil {
+		*t = treeSeen{}
+	}
+	for _, p := range pids {
+		(*t)[p] = true
+	}
+}
+
+func (t treeSeen) pids() []int {
+	out := make([]int, 0, len(t))
+	for p := range t {
+		out = append(out, p)
+	}
+	return out
 }

@@ -211,7 +211,7 @@ func (s *Supervisor) Run(ctx context.Context) int {
 		if f.Decision.Action == policy.ActionGiveUp {
 			return s.giveUp(ctx, f)
 		}
-		if s.gpu != nil && len(res.tree) > 0 {
+		if s.gpu != nil {
 			if !s.waitReleased(ctx, res) {
 				return s.stopped()
 			}

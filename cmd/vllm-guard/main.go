@@ -15,6 +15,7 @@ answers, watches GPU memory, and restarts it after a failure on a lighter profil
 Usage:
   vllm-guard run [--config FILE] [--init] [-- EXTRA_VLLM_ARGS...]   supervise vLLM (the main job)
   vllm-guard check [--config FILE]            validate the config, print the settings and the ladder
+  vllm-guard diagnose [--log FILE|-] [--json] classify a vLLM log offline: cause, evidence, facts, advice
   vllm-guard gpus [--json]                    what NVML sees: devices, memory, processes (no guard needed)
   vllm-guard version                          version, commit, Go version
 
@@ -48,6 +49,8 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 		return cmdRun(rest, stderr)
 	case "check":
 		return cmdCheck(rest, stdout, stderr)
+	case "diagnose":
+		return cmdDiagnose(rest, os.Stdin, stdout, stderr)
 	case "gpus":
 		return cmdGPUs(rest, stdout, stderr)
 	case "version":

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/config"
+	"github.com/vllm-guard/vllm-guard/policy"
+	"github.com/vllm-guard/vllm-guard/state"
+)
+
+// cmdDiagnose classifies a saved vLLM log (or the last incident) offline,
+// with the same classifier the guard uses live.
+func cmdDiagnose(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := newFlags("diagnose", "diagnose [--log FILE|-] [--json] [--config FILE]", stderr)
+	logPath := fs.String("log", "", "a saved vLLM log (journalctl output is fine); - reads standard input; default: the guard's last incident")
+	asJSON := fs.Bool("json", false, "print JSON")
+	cfgPath := fs.String("config", "", "config file, to find [control] state_dir when --log is not given")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	var in io.Reader
+	source := *logPath
+	switch *logPath {
+	case "-":
+		in, source = stdin, "standard input"
+	case "":
+		text, from, err := lastIncidentLog(*cfgPath)
+		if err != nil {
+			fmt.Fprintf(stderr, "vllm-guard diagnose: %v\n", err)
+			return exitFailed
+		}
+		in, source = strings.NewReader(text), from
+	default:
+		f, err := os.Open(*logPath)
+		if err != nil {
+			fmt.Fprintf(stderr, "vllm-guard diagnose: %v\n", err)
+			return exitFailed
+		}
+		defer f.Close()
+		in = f
+	}
+	rep, err := policy.Diagnose(in)
+	if err != nil {
+		fmt.Fprintf(stderr, "vllm-guard diagnose: reading %s: %v\n", source, err)
+		return exitFailed
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return exitFailed
+		}
+		return exitOK
+	}
+	fmt.Fprintf(stdout, "# %s\n", source)
+	if err := rep.WriteText(stdout); err != nil {
+		return exitFailed
+	}
+	return exitOK
+}
+
+// lastIncidentLog returns the vLLM output kept in the newest incident record.
+func lastIncidentLog(cfgPath string) (string, string, error) {
+	cfg, err := config.Load(config.Resolve(cfgPath))
+	if err != nil {
+		return "", "", fmt.Errorf("no --log given and the config does not load, so the incidents cannot be found: %w", err)
+	}
+	store, _, err := state.Open(cfg.Control.StateDir, zap.NewNop())
+	if err != nil {
+		return "", "", err
+	}
+	incs, err := store.Incidents(1)
+	if err != nil {
+		return "", "", err
+	}
+	if len(incs) == 0 {
+		return "", "", fmt.Errorf("no incident recorded in %s; give a log with --log FILE", cfg.Control.StateDir)
+	}
+	return strings.Join(incs[0].LastLines, "\n") + "\n", "incident " + incs[0].ID, nil
+}

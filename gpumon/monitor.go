@@ -278,6 +278,10 @@ func (m *Monitor) Run(ctx context.Context) {
 	}
 }
 
+// Open initialises NVML now, so that checks made before Run's first sample
+// (the pre-start free-memory check) already see the GPUs. Run logs failures.
+func (m *Monitor) Open() error { return m.open() }
+
 // Once opens NVML if needed, takes one sample and returns the snapshot; for
 // `vllm-guard gpus`, without Run. It shuts NVML down again if it opened it.
 func (m *Monitor) Once() Snapshot {

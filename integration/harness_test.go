@@ -60,6 +60,7 @@ type scene struct {
 	t        testing.TB
 	guardBin string // default: the race-enabled build
 	logLevel string // default debug
+	noNVML   bool   // run without any libnvidia-ml.so.1
 	dir      string
 	port     int
 	gpuDir   string
@@ -124,7 +125,11 @@ func (s *scene) start(args ...string) {
 		bin = bins.guard
 	}
 	s.cmd = exec.Command(bin, append([]string{"run", "--config", cfg}, args...)...)
-	s.cmd.Env = append(os.Environ(), "FAKENVML_STATE="+s.gpuDir, "LD_LIBRARY_PATH="+bins.nvmlDir)
+	lib := bins.nvmlDir
+	if s.noNVML {
+		lib = filepath.Join(s.dir, "no-nvml-here")
+	}
+	s.cmd.Env = append(os.Environ(), "FAKENVML_STATE="+s.gpuDir, "LD_LIBRARY_PATH="+lib)
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {
 		s.t.Fatal(err)

@@ -57,9 +57,6 @@ func (s *Supervisor) waitFreeGPU(ctx context.Context, rung policy.Rung) bool {
 			return true
 		}
 		reason := "not enough free GPU memory to start: " + why
-		if len(holders) > 0 {
-			reason += "; held by " + holdersText(holders)
-		}
 		if why != lastWhy {
 			s.log.Warn("waiting for GPU memory before starting vLLM", zap.String("why", why), zap.String("holders", holdersText(holders)))
 			lastWhy = why

@@ -121,6 +121,9 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 }
 
 func (g *guard) run(ctx context.Context) int {
+	// Before the first start, so the free-memory check sees the GPUs; Run
+	// reports a failure.
+	_ = g.gpu.Open()
 	var wg sync.WaitGroup
 	gctx, cancel := context.WithCancel(context.Background())
 	wg.Add(1)

@@ -1,0 +1,109 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// holdGPU starts a foreign process that holds bytes on device 0 in the
+// stand-in NVML state, as another tenant would.
+func holdGPU(t *testing.T, s *scene, bytes uint64) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sleep", "300")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	p := filepath.Join(s.gpuDir, "procs", fmt.Sprint(cmd.Process.Pid))
+	if err := os.WriteFile(p+".tmp", []byte(fmt.Sprintf("0 %d\n", bytes)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(p+".tmp", p); err != nil {
+		t.Fatal(err)
+	}
+	return cmd
+}
+
+// Memory held by someone else: the guard does not launch vLLM into it; it
+// waits (waiting_gpu, naming the holder), then starts once it is freed.
+func TestWaitsForFreeGPUMemoryBeforeStarting(t *testing.T) {
+	t.Parallel()
+	s := newScene(t)
+	holder := holdGPU(t, s, 40<<30)
+	s.extra = "\n[gpu]\nsample_interval = \"100ms\"\n"
+	s.start()
+	w := s.waitLog("waiting for GPU memory", 1, 30*time.Second, msg("waiting for GPU memory before starting vLLM"))
+	if !strings.Contains(fmt.Sprint(w["holders"]), fmt.Sprintf("pid %d", holder.Process.Pid)) {
+		t.Fatalf("the wait does not name the holder %d: %v", holder.Process.Pid, w)
+	}
+	if n := s.count(msg("launching vLLM")); n != 0 {
+		t.Fatalf("vLLM launched into held memory")
+	}
+	holder.Process.Kill()
+	holder.Wait()
+	s.waitLog("ready", 1, 30*time.Second, msg("vLLM ready"))
+	if n := s.count(msg("vLLM failed")); n != 0 {
+		t.Fatalf("%d failures: the start should have waited for the memory", n)
+	}
+}
+
+// The driver frees a dead process's memory with a delay: after an OOM the
+// guard waits for the release, so the next start does not fail vLLM's
+// free-memory check (gpu_busy).
+func TestWaitsForReleaseAfterExit(t *testing.T) {
+	t.Parallel()
+	s := newScene(t)
+	os.WriteFile(filepath.Join(s.gpuDir, "release_delay_ms"), []byte("1500\n"), 0o644)
+	s.env["FAKEVLLM_FAULT"] = "crash_after=300ms"
+	s.env["FAKEVLLM_FAULT_MARKER"] = filepath.Join(s.dir, "fault-fired")
+	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n[gpu]\nsample_interval = \"100ms\"\n"
+	s.start()
+	s.waitLog("ready again", 2, 60*time.Second, msg("vLLM ready"))
+	if n := s.count(field("cause", "gpu_busy")); n != 0 {
+		t.Fatal("the restart ran into the old run's memory (gpu_busy)")
+	}
+	if n := s.count(msg("state waiting_gpu")); n < 1 {
+		t.Fatal("no waiting_gpu state after the exit")
+	}
+}
+
+// NVML fails mid-run (GPU lost): the guard logs it, keeps vLLM serving, and
+// recovers when NVML answers again.
+func TestNVMLFailureMidRunIsSurvived(t *testing.T) {
+	t.Parallel()
+	s := newScene(t)
+	s.extra = "\n[gpu]\nsample_interval = \"100ms\"\n[liveness]\ninterval = \"200ms\"\n"
+	s.start()
+	s.waitLog("ready", 1, 30*time.Second, msg("vLLM ready"))
+	fault := filepath.Join(s.gpuDir, "fault")
+	os.WriteFile(fault, []byte("15\n"), 0o644) // NVML_ERROR_GPU_IS_LOST
+	s.waitLog("the NVML error", 1, 10*time.Second, func(m map[string]any) bool {
+		return m["logger"] == "gpu" && m["level"] == "warn"
+	})
+	os.Remove(fault)
+	s.waitLog("recovery", 1, 10*time.Second, func(m map[string]any) bool {
+		text, _ := m["msg"].(string)
+		return m["logger"] == "gpu" && strings.Contains(strings.ToLower(text), "recover")
+	})
+	if n := s.count(msg("vLLM failed")); n != 0 {
+		t.Fatalf("vLLM was restarted because NVML failed")
+	}
+}
+
+// No NVML library at all: the guard says so once and supervises anyway.
+func TestNoNVMLLibraryStillSupervises(t *testing.T) {
+	t.Parallel()
+	s := newScene(t)
+	s.noNVML = true
+	s.start()
+	s.waitLog("the unavailable notice", 1, 30*time.Second, msgContains("GPU metrics unavailable"))
+	s.waitLog("ready", 1, 30*time.Second, msg("vLLM ready"))
+	if n := s.count(msgContains("GPU metrics unavailable")); n != 1 {
+		t.Fatalf("said %d times that GPU metrics are unavailable, want once", n)
+	}
+}

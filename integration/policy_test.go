@@ -1,0 +1,108 @@
+package integration
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// Background demand that rung 0 cannot hold and rung 1 can: exactly one
+// OOM, one restart on rung 1, ready, and no further restarts.
+func TestOneOOMThenStableOnRungOne(t *testing.T) {
+	t.Parallel()
+	s := newScene(t)
+	s.env["FAKEVLLM_SEQ_COST_MIB"] = "64"
+	s.env["FAKEVLLM_BACKGROUND_SEQS"] = "200"
+	s.env["FAKEVLLM_BACKGROUND_AFTER"] = "200ms"
+	s.env["FAKEVLLM_BACKGROUND_RAMP"] = "500ms"
+	s.extra = "\n[restart]\ninitial_delay = \"200ms\"\n[gpu]\nsample_interval = \"100ms\"\n"
+	s.start()
+	f := s.waitLog("the OOM", 1, 60*time.Second, msg("vLLM failed"))
+	if f["cause"] != "oom" || f["next_rung"] != 1.0 {
+		t.Fatalf("failure %v: want cause oom and next rung 1", f)
+	}
+	s.waitLog("ready on rung 1", 2, 60*time.Second, msg("vLLM ready"))
+	ready := s.waitLog("ready on rung 1", 2, time.Second, msg("vLLM ready"))
+	if ready["rung"] != 1.0 {
+		t.Fatalf("second ready on rung %v, want 1", ready["rung"])
+	}
+	// The background demand reaches its full height 700 ms after ready;
+	// hold well past it (three times) and require no new failure.
+	deadline := time.Now().Add(2100 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if n := s.count(msg("vLLM failed")); n != 1 {
+			t.Fatalf("%d failures, want exactly 1", n)
+		}
+		select {
+		case <-s.notify:
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if n := s.count(msg("launching vLLM")); n != 2 {
+		t.Fatalf("%d launches, want 2", n)
+	}
+}
+
+// A typo in vLLM's flags: one start, exit 78, and a message naming the flag.
+func TestBadFlagStopsAtOnceWith78(t *testing.T) {
+	t.Parallel()
+	s := newScene(t)
+	s.command = `["` + bins.fakevllm + `", "serve", "test-model", "--max-model-lenn", "4096"]`
+	s.start()
+	if code := s.waitExit(30 * time.Second); code != 78 {
+		t.Fatalf("exit %d, want 78", code)
+	}
+	if n := s.count(msg("launching vLLM")); n != 1 {
+		t.Fatalf("%d launches, want 1", n)
+	}
+	f := s.waitLog("the failure", 1, time.Second, msg("vLLM failed"))
+	if f["cause"] != "config_error" || !strings.Contains(f["summary"].(string)+f["evidence"].(string), "--max-model-lenn") {
+		t.Fatalf("failure %v does not name the flag", f)
+	}
+}
+
+// The command does not exist: config_error, exit 78, one start.
+func TestMissingCommandIsAConfigError(t *testing.T) {
+	t.Parallel()
+	s := newScene(t)
+	s.command = `["/nonexistent/vllm", "serve", "m"]`
+	s.start()
+	if code := s.waitExit(30 * time.Second); code != 78 {
+		t.Fatalf("exit %d, want 78", code)
+	}
+	f := s.waitLog("the failure", 1, time.Second, msg("vLLM failed"))
+	if !strings.Contains(f["summary"].(string), "/nonexistent/vllm") {
+		t.Fatalf("summary %q does not name the command", f["summary"])
+	}
+}
+
+// A crash at every start: starts spaced by the backoff, then give-up after
+// give_up_after, exit 1.
+func TestCrashLoopGivesUp(t *testing.T) {
+	t.Parallel()
+	s := newScene(t)
+	s.env["FAKEVLLM_FAULT"] = "crash_on_start"
+	s.extra = "\n[restart]\ninitial_delay = \"200ms\"\nmultiplier = 2.0\njitter = 0.0\ngive_up_after = 4\n"
+	s.start()
+	if code := s.waitExit(60 * time.Second); code != 1 {
+		t.Fatalf("exit %d, want 1", code)
+	}
+	s.mu.Lock()
+	var launches []time.Time
+	for _, m := range s.logs {
+		if m["msg"] == "launching vLLM" {
+			launches = append(launches, logTime(t, m))
+		}
+	}
+	s.mu.Unlock()
+	if len(launches) != 4 {
+		t.Fatalf("%d starts, want 4 (give_up_after)", len(launches))
+	}
+	// Gaps grow with the backoff: 200 ms, 400 ms, 800 ms (plus load time).
+	for i, want := range []time.Duration{200 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond} {
+		if gap := launches[i+1].Sub(launches[i]); gap < want {
+			t.Errorf("gap %d is %s, want at least the backoff %s", i+1, gap, want)
+		}
+	}
+	s.waitLog("give up", 1, time.Second, msg("gave up on vLLM"))
+}

@@ -19,6 +19,7 @@ const (
 	outcomeExited  outcomeKind = iota // vLLM exited (or was killed as hung)
 	outcomeStop                       // the guard was asked to stop
 	outcomeRestart                    // an operator asked for a restart
+	outcomeRestore                    // a stable stretch: step one rung up
 )
 
 // outcome is how one run of vLLM ended.
@@ -111,6 +112,8 @@ func stopReason(res outcome) string {
 		return "vLLM hung: " + res.hang
 	case res.kind == outcomeRestart:
 		return "restart requested"
+	case res.kind == outcomeRestore:
+		return "restoring one rung up after a stable stretch"
 	case res.kind == outcomeExited:
 		return "vLLM exited: cleaning up its process tree"
 	default:
@@ -172,6 +175,7 @@ func (s *Supervisor) watch(ctx context.Context, c *child, out *output, pr *probe
 	}()
 	ready := false
 	failures := 0
+	peak := 0.0 // highest GPU fraction since ready, for restore
 	lastSeen := out.lastLine.Load()
 	phase := func() policy.Phase {
 		if ready {
@@ -197,6 +201,13 @@ func (s *Supervisor) watch(ctx context.Context, c *child, out *output, pr *probe
 		case <-heartbeat.C:
 			s.beat()
 			seen.add(c.tree())
+			if ready {
+				if r, ok := s.restoreDue(&peak); ok {
+					s.log.Info("stable on a lower rung: restarting one rung up", zap.Int("to_rung", r.Index),
+						zap.Int("max_num_seqs", r.MaxNumSeqs), zap.Float64("peak_gpu_fraction", peak))
+					return outcome{kind: outcomeRestore, phase: phase()}
+				}
+			}
 		case <-out.startupEnd:
 			if !ready {
 				probe(func(ctx context.Context) probeResult { return pr.ready(ctx, rc.Probe, rc.ProbeTimeout.Duration) })
@@ -327,4 +338,22 @@ func (t treeSeen) pids() []int {
 		out = append(out, p)
 	}
 	return out
+}
+
+// restoreDue tracks the peak GPU fraction since ready and asks the policy
+// whether to step one rung up (SPEC §7).
+func (s *Supervisor) restoreDue(peak *float64) (policy.Rung, bool) {
+	if s.cfg.Profile.RestoreAfter.Duration <= 0 {
+		return policy.Rung{}, false
+	}
+	if s.gpu != nil {
+		for _, f := range s.gpu.RecentFractions(1) {
+			*peak = max(*peak, f)
+		}
+	}
+	idle, known := false, false
+	if s.idle != nil {
+		idle, known = s.idle()
+	}
+	return s.pol.RestoreDue(time.Now(), *peak, idle && known)
 }

@@ -67,6 +67,10 @@ type Options struct {
 	Keeper []string
 	// ExtraArgs are appended to [vllm] command (after `--` on the command line).
 	ExtraArgs []string
+	// Idle reports whether vLLM has no running or waiting request (from its
+	// /metrics); known is false when that is not known. nil: never idle, so
+	// restore never interrupts traffic it cannot see.
+	Idle func() (idle, known bool)
 }
 
 // Supervisor runs vLLM until stopped. Make one with New, then Run it.
@@ -79,6 +83,7 @@ type Supervisor struct {
 	keeper []string
 	extra  []string
 	model  string
+	idle   func() (bool, bool)
 
 	status    atomic.Pointer[Status]
 	lastTurn  atomic.Int64
@@ -109,7 +114,7 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 		keeper = []string{exe, KeeperArg}
 	}
 	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, hooks: opts.Hooks,
-		keeper: keeper, extra: opts.ExtraArgs, model: cfg.ServedModelName(), reqs: make(chan request)}
+		keeper: keeper, extra: opts.ExtraArgs, idle: opts.Idle, model: cfg.ServedModelName(), reqs: make(chan request)}
 	st := Status{State: StateStarting, Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[policy.Cause]int{}}
 	s.status.Store(&st)
 	s.lastTurn.Store(time.Now().UnixNano())
@@ -205,6 +210,14 @@ func (s *Supervisor) Run(ctx context.Context) int {
 		}
 		if res.kind == outcomeRestart {
 			s.log.Info("restarting vLLM on request", zap.String("peer", res.peer))
+			continue
+		}
+		if res.kind == outcomeRestore {
+			s.pol.OnRestore(time.Now())
+			s.persist()
+			s.log.Info("stepped one rung up after a stable stretch", zap.Int("rung", s.pol.Current().Index),
+				zap.Int("max_num_seqs", s.pol.Current().MaxNumSeqs),
+				zap.Float64("gpu_memory_utilization", s.pol.Current().GPUMemoryUtilization))
 			continue
 		}
 		f := s.fail(res, rung)

@@ -5,12 +5,14 @@ set -euo pipefail
 need=()
 command -v gcc >/dev/null || need+=(gcc)
 command -v setsid >/dev/null || need+=(util-linux)
+command -v systemd-analyze >/dev/null || need+=(systemd)     # examples: verify the unit
+command -v promtool >/dev/null || need+=(prometheus)         # examples: check and test the alert rules
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "setup: missing ${need[*]}: install them (apt-get install ${need[*]}) or run as root" >&2
     exit 1
   fi
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 go mod download

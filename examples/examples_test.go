@@ -1,0 +1,366 @@
+package examples
+
+import (
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/vllm-guard/vllm-guard/config"
+	"github.com/vllm-guard/vllm-guard/gpumon"
+	"github.com/vllm-guard/vllm-guard/metrics"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func read(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// tool finds a program the test needs, or fails saying which Debian
+// package brings it (scripts/setup.sh installs them).
+func tool(t *testing.T, name, pkg string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		t.Fatalf("%s not found in PATH: install Debian's package %s (apt-get install %s), or run scripts/setup.sh", name, pkg, pkg)
+	}
+	return p
+}
+
+// run fails the test unless the command exits 0; quiet also requires it to
+// print nothing (systemd-analyze only warns about unknown keys).
+func run(t *testing.T, dir string, quiet bool, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil || (quiet && len(strings.TrimSpace(string(out))) > 0) {
+		t.Fatalf("%s %s: %v\n%s", filepath.Base(name), strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func TestSystemdUnitVerifies(t *testing.T) {
+	sa := tool(t, "systemd-analyze", "systemd")
+	unit := read(t, "vllm-guard.service")
+	// verify insists that ExecStart's program exists: point it at one that does.
+	exe := tool(t, "true", "coreutils")
+	re := regexp.MustCompile(`(?m)^ExecStart=\S+`)
+	if !re.MatchString(unit) {
+		t.Fatal("vllm-guard.service has no ExecStart=")
+	}
+	unit = re.ReplaceAllLiteralString(unit, "ExecStart="+exe)
+	path := filepath.Join(t.TempDir(), "vllm-guard.service")
+	if err := os.WriteFile(path, []byte(unit), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "", true, sa, "verify", path)
+}
+
+// unitKeys reads the [Service] section's key=value lines.
+func unitKeys(unit string) map[string]string {
+	keys := map[string]string{}
+	section := ""
+	for l := range strings.Lines(unit) {
+		l = strings.TrimSpace(l)
+		if strings.HasPrefix(l, "[") {
+			section = l
+			continue
+		}
+		if k, v, ok := strings.Cut(l, "="); ok && section == "[Service]" && !strings.HasPrefix(l, "#") {
+			keys[k] = v
+		}
+	}
+	return keys
+}
+
+// timespan parses the systemd time spans the unit uses ("90s", "5min", "2h").
+func timespan(t *testing.T, s string) time.Duration {
+	t.Helper()
+	m := regexp.MustCompile(`^(\d+)(ms|s|min|h)$`).FindStringSubmatch(s)
+	if m == nil {
+		t.Fatalf("time span %q: write it as <n>ms, <n>s, <n>min or <n>h", s)
+	}
+	n, _ := strconv.Atoi(m[1])
+	unit := map[string]time.Duration{"ms": time.Millisecond, "s": time.Second, "min": time.Minute, "h": time.Hour}[m[2]]
+	return time.Duration(n) * unit
+}
+
+func TestSystemdUnitSettings(t *testing.T) {
+	keys := unitKeys(read(t, "vllm-guard.service"))
+	for k, want := range map[string]string{"Type": "notify", "NotifyAccess": "main", "Restart": "on-failure",
+		"RestartPreventExitStatus": "78", "KillMode": "mixed", "OOMPolicy": "continue"} {
+		if keys[k] != want {
+			t.Errorf("%s=%q, want %q", k, keys[k], want)
+		}
+	}
+	if !strings.Contains(keys["ExecStart"], "vllm-guard run") {
+		t.Errorf("ExecStart=%q does not run the guard", keys["ExecStart"])
+	}
+	if timespan(t, keys["RestartSec"]) <= 0 {
+		t.Error("RestartSec must be set: restarting at once storms")
+	}
+	// The supervisor proves itself once a second; WatchdogSec/2 must leave room.
+	if w := timespan(t, keys["WatchdogSec"]); w < 4*time.Second {
+		t.Errorf("WatchdogSec=%s: under 4s a healthy guard may be killed", w)
+	}
+	if s := timespan(t, keys["TimeoutStartSec"]); s <= 0 {
+		t.Errorf("TimeoutStartSec=%s: EXTEND_TIMEOUT_USEC needs a finite start timeout", s)
+	}
+	cfg, err := config.Load(filepath.Join("..", "vllm-guard.toml"))
+	if err != nil {
+		t.Fatalf("the repository's vllm-guard.toml (the unit's config): %v", err)
+	}
+	if stop := timespan(t, keys["TimeoutStopSec"]); stop <= cfg.VLLM.StopTimeout.Duration+5*time.Second {
+		t.Errorf("TimeoutStopSec=%s is not above [vllm] stop_timeout %s with a margin", stop, cfg.VLLM.StopTimeout)
+	}
+}
+
+func TestPrometheusRules(t *testing.T) {
+	promtool := tool(t, "promtool", "prometheus")
+	out := run(t, "prometheus", false, promtool, "check", "rules", "vllm-guard-rules.yml")
+	if !strings.Contains(out, "SUCCESS") {
+		t.Errorf("promtool check rules:\n%s", out)
+	}
+	// The unit tests fire the memory alert (and every other one).
+	out = run(t, "prometheus", false, promtool, "test", "rules", "vllm-guard-rules.test.yml")
+	if !strings.Contains(out, "SUCCESS") {
+		t.Errorf("promtool test rules:\n%s", out)
+	}
+	tests := read(t, filepath.Join("prometheus", "vllm-guard-rules.test.yml"))
+	for _, alert := range regexp.MustCompile(`(?m)^\s+- alert: (\S+)`).FindAllStringSubmatch(read(t, filepath.Join("prometheus", "vllm-guard-rules.yml")), -1) {
+		if !strings.Contains(tests, "alertname: "+alert[1]+"\n") {
+			t.Errorf("alert %s has no unit test", alert[1])
+		}
+	}
+}
+
+// exported is every family metrics.New() serves, with a GPU sampled so the
+// labelled GPU series exist.
+func exported(t *testing.T) map[string]string {
+	t.Helper()
+	m := metrics.New()
+	m.SetGPU(gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{UUID: "GPU-x", Used: 1, Total: 2, Fraction: 0.5}}})
+	fams, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, f := range fams {
+		out[f.GetName()] = f.GetType().String()
+	}
+	return out
+}
+
+var seriesRe = regexp.MustCompile(`\bvllm_guard_[a-z0-9_]+`)
+
+// checkSeries fails for each vllm_guard_ name in text that the guard does
+// not export, and returns the families referenced.
+func checkSeries(t *testing.T, what, text string, fams map[string]string) map[string]bool {
+	t.Helper()
+	used := map[string]bool{}
+	for _, name := range seriesRe.FindAllString(text, -1) {
+		fam := name
+		if _, ok := fams[fam]; !ok {
+			for _, suf := range []string{"_bucket", "_sum", "_count"} {
+				if base, cut := strings.CutSuffix(name, suf); cut && fams[base] == "HISTOGRAM" {
+					fam = base
+				}
+			}
+		}
+		if _, ok := fams[fam]; !ok {
+			t.Errorf("%s uses %s, which the guard does not export", what, name)
+			continue
+		}
+		used[fam] = true
+	}
+	return used
+}
+
+func TestRulesUseExportedSeries(t *testing.T) {
+	fams := exported(t)
+	if len(checkSeries(t, "vllm-guard-rules.yml", read(t, filepath.Join("prometheus", "vllm-guard-rules.yml")), fams)) < 5 {
+		t.Error("the rules reference almost none of the guard's series")
+	}
+}
+
+type gridPos struct{ X, Y, W, H int }
+
+type dashPanel struct {
+	ID         int            `json:"id"`
+	Type       string         `json:"type"`
+	Title      string         `json:"title"`
+	GridPos    gridPos        `json:"gridPos"`
+	Datasource map[string]any `json:"datasource"`
+	Targets    []struct {
+		Expr string `json:"expr"`
+	} `json:"targets"`
+}
+
+func TestGrafanaDashboard(t *testing.T) {
+	raw := read(t, filepath.Join("grafana", "vllm-guard-dashboard.json"))
+	var dash struct {
+		UID, Title string
+		Panels     []dashPanel
+		Templating struct {
+			List []struct{ Name, Type string }
+		}
+	}
+	if err := json.Unmarshal([]byte(raw), &dash); err != nil {
+		t.Fatalf("vllm-guard-dashboard.json is not JSON: %v", err)
+	}
+	if dash.UID == "" || dash.Title == "" || len(dash.Panels) == 0 {
+		t.Fatalf("dashboard needs a uid, a title and panels: uid %q title %q, %d panels", dash.UID, dash.Title, len(dash.Panels))
+	}
+	if !slices.ContainsFunc(dash.Templating.List, func(v struct{ Name, Type string }) bool { return v.Name == "datasource" && v.Type == "datasource" }) {
+		t.Error("no datasource variable: the dashboard would be tied to one Prometheus")
+	}
+	ids := map[int]bool{}
+	var exprs strings.Builder
+	for i, p := range dash.Panels {
+		if ids[p.ID] {
+			t.Errorf("panel %q: id %d used twice", p.Title, p.ID)
+		}
+		ids[p.ID] = true
+		for _, q := range dash.Panels[:i] {
+			if overlap(p.GridPos, q.GridPos) {
+				t.Errorf("panels %q and %q overlap", p.Title, q.Title)
+			}
+		}
+		if p.Type == "row" {
+			continue
+		}
+		if p.Datasource["uid"] != "${datasource}" {
+			t.Errorf("panel %q: datasource %v, want the ${datasource} variable", p.Title, p.Datasource)
+		}
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, q := range p.Targets {
+			if strings.TrimSpace(q.Expr) == "" {
+				t.Errorf("panel %q has an empty query", p.Title)
+			}
+			exprs.WriteString(q.Expr + "\n")
+		}
+	}
+	fams := exported(t)
+	used := checkSeries(t, "the dashboard", raw, fams)
+	for name := range fams {
+		if strings.HasPrefix(name, metrics.Namespace+"_") && !used[name] {
+			t.Errorf("the dashboard shows nothing of %s", name)
+		}
+	}
+	if len(checkSeries(t, "the dashboard's panels", exprs.String(), fams)) == 0 {
+		t.Error("no panel queries a guard series")
+	}
+}
+
+func overlap(a, b gridPos) bool {
+	return a.X < b.X+b.W && b.X < a.X+a.W && a.Y < b.Y+b.H && b.Y < a.Y+a.H
+}
+
+// configMapTOML returns the block under "vllm-guard.toml: |", dedented.
+func configMapTOML(t *testing.T, manifest string) string {
+	t.Helper()
+	lines := strings.Split(manifest, "\n")
+	for i, l := range lines {
+		if strings.TrimSpace(l) != "vllm-guard.toml: |" {
+			continue
+		}
+		keyIndent := len(l) - len(strings.TrimLeft(l, " "))
+		indent := -1
+		var out strings.Builder
+		for _, b := range lines[i+1:] {
+			if strings.TrimSpace(b) == "" {
+				out.WriteString("\n")
+				continue
+			}
+			n := len(b) - len(strings.TrimLeft(b, " "))
+			if n <= keyIndent {
+				break
+			}
+			if indent < 0 {
+				indent = n
+			}
+			out.WriteString(b[min(indent, n):] + "\n")
+		}
+		return out.String()
+	}
+	t.Fatal("deployment.yaml has no ConfigMap key vllm-guard.toml")
+	return ""
+}
+
+func TestKubernetesManifests(t *testing.T) {
+	dep := read(t, filepath.Join("kubernetes", "deployment.yaml"))
+	path := filepath.Join(t.TempDir(), "vllm-guard.toml")
+	if err := os.WriteFile(path, []byte(configMapTOML(t, dep)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatalf("the ConfigMap's vllm-guard.toml: %v", err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*terminationGracePeriodSeconds:\s*(\d+)\s*$`).FindStringSubmatch(dep)
+	if m == nil {
+		t.Fatal("no terminationGracePeriodSeconds: Kubernetes' default 30s kills vLLM mid-shutdown")
+	}
+	grace, _ := strconv.Atoi(m[1])
+	if time.Duration(grace)*time.Second <= cfg.VLLM.StopTimeout.Duration {
+		t.Errorf("terminationGracePeriodSeconds %d is not above [vllm] stop_timeout %s", grace, cfg.VLLM.StopTimeout)
+	}
+	for _, want := range []string{"livenessProbe:", "path: /livez", "readinessProbe:", "path: /readyz", "nvidia.com/gpu:", "kind: Deployment", "kind: ConfigMap"} {
+		if !strings.Contains(dep, want) {
+			t.Errorf("deployment.yaml lacks %q", want)
+		}
+	}
+	// /livez answers while vLLM loads: no startup hacks.
+	var code strings.Builder // the manifest less its comments
+	for l := range strings.Lines(dep) {
+		if !strings.HasPrefix(strings.TrimSpace(l), "#") {
+			code.WriteString(l)
+		}
+	}
+	for _, banned := range []string{"startupProbe", "initialDelaySeconds"} {
+		if strings.Contains(code.String(), banned) {
+			t.Errorf("deployment.yaml uses %s; /livez is 200 while vLLM loads, so it is not needed", banned)
+		}
+	}
+	host, _, err := net.SplitHostPort(cfg.Control.HTTPListen)
+	if err != nil || (host != "" && host != "0.0.0.0" && host != "::") {
+		t.Errorf("[control] http_listen %q: the kubelet's probes and Prometheus need it on all interfaces", cfg.Control.HTTPListen)
+	}
+	svc := read(t, filepath.Join("kubernetes", "service.yaml"))
+	if !strings.Contains(svc, "kind: Service") {
+		t.Error("service.yaml has no Service")
+	}
+}
+
+func TestDockerfile(t *testing.T) {
+	df := read(t, "Dockerfile")
+	for _, re := range []string{
+		`(?m)^ARG VLLM_IMAGE=vllm/vllm-openai:v[0-9.]+$`,
+		`(?m)^FROM \$\{VLLM_IMAGE\}$`,
+		`(?m)^COPY --from=build /out/vllm-guard /usr/local/bin/vllm-guard$`,
+		`(?m)^ENTRYPOINT \["vllm-guard", "run"\]$`,
+		`(?m)^CMD \["--config", "/etc/vllm-guard/vllm-guard.toml"\]$`,
+	} {
+		if !regexp.MustCompile(re).MatchString(df) {
+			t.Errorf("Dockerfile does not match %s", re)
+		}
+	}
+}

@@ -61,6 +61,9 @@ func (s *Supervisor) runOnce(ctx context.Context, sink *logSink, rung policy.Run
 		st.Starts++
 	})
 	s.log.Info("launching vLLM", zap.Strings("argv", argv), zap.Int("rung", rung.Index))
+	if s.hooks.OnStart != nil {
+		s.hooks.OnStart(rung)
+	}
 	c, err := start(launchSpec{keeper: s.keeper, argv: argv, env: env, dir: s.cfg.VLLM.Workdir,
 		grace: s.cfg.VLLM.StopTimeout.Duration, stdout: stdout, stderr: stderr})
 	if err != nil {

@@ -48,6 +48,7 @@ type Holder struct {
 // Hooks are how the rest of the guard hears about the supervisor. Each is
 // optional and is called from the supervisor's goroutine: keep them quick.
 type Hooks struct {
+	OnStart    func(policy.Rung)  // each launch of vLLM
 	OnState    func(Status)       // every transition
 	OnProgress func(phase string) // load progress while starting
 	OnReady    func(first bool, ttr time.Duration)

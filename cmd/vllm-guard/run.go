@@ -13,8 +13,11 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/alerts"
 	"github.com/vllm-guard/vllm-guard/config"
 	"github.com/vllm-guard/vllm-guard/gpumon"
+	"github.com/vllm-guard/vllm-guard/metrics"
+	"github.com/vllm-guard/vllm-guard/notify"
 	"github.com/vllm-guard/vllm-guard/policy"
 	"github.com/vllm-guard/vllm-guard/state"
 	"github.com/vllm-guard/vllm-guard/supervisor"
@@ -70,13 +73,17 @@ type guard struct {
 	gpu   *gpumon.Monitor
 	pol   *policy.Policy
 	sup   *supervisor.Supervisor
+	met   *metrics.Metrics
+	sd    *notify.Notifier
+	alert *alerts.Dispatcher
 
 	mu           sync.Mutex
 	lastIncident *state.Incident
 }
 
 func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, error) {
-	g := &guard{cfg: cfg, log: log}
+	g := &guard{cfg: cfg, log: log, met: metrics.New(), sd: notify.New(log.Named("systemd")),
+		alert: alerts.New(cfg.Alerts, log.Named("alerts"))}
 	store, warnings, err := state.Open(cfg.Control.StateDir, log.Named("state"))
 	if err != nil {
 		return nil, err
@@ -109,8 +116,12 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 		GPU:       supervisor.MonitorGPU(g.gpu),
 		ExtraArgs: extra,
 		Hooks: supervisor.Hooks{
-			OnPolicy:  g.savePolicy,
-			OnFailure: g.recordIncident,
+			OnStart:    func(policy.Rung) { g.met.Started() },
+			OnState:    g.onState,
+			OnProgress: g.onProgress,
+			OnReady:    g.onReady,
+			OnPolicy:   g.savePolicy,
+			OnFailure:  g.onFailure,
 		},
 	})
 	if err != nil {
@@ -124,16 +135,97 @@ func (g *guard) run(ctx context.Context) int {
 	// Before the first start, so the free-memory check sees the GPUs; Run
 	// reports a failure.
 	_ = g.gpu.Open()
+	g.met.SetProfile(g.pol.Current())
 	var wg sync.WaitGroup
 	gctx, cancel := context.WithCancel(context.Background())
-	wg.Add(1)
-	go func() { defer wg.Done(); g.gpu.Run(gctx) }()
-	defer func() {
-		cancel()
-		wg.Wait()
-		g.gpu.Close()
+	background := func(f func(context.Context)) {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(gctx) }()
+	}
+	background(g.gpu.Run)
+	background(g.alert.Run)
+	background(func(ctx context.Context) { g.sd.RunWatchdog(ctx, g.sup.LastTurn) })
+	background(g.forwardGPUAlerts)
+	background(g.refreshMetrics)
+	go func() {
+		<-ctx.Done()
+		g.sd.Stopping()
 	}()
-	return g.sup.Run(ctx)
+
+	code := g.sup.Run(ctx)
+
+	// Deliver what is queued (gave_up above all) before going.
+	fctx, fcancel := context.WithTimeout(context.Background(), 15*time.Second)
+	if err := g.alert.Flush(fctx); err != nil {
+		g.log.Warn("alerts still queued at exit were not delivered", zap.Error(err))
+	}
+	fcancel()
+	cancel()
+	wg.Wait()
+	g.gpu.Close()
+	return code
+}
+
+func (g *guard) onState(st supervisor.Status) {
+	g.met.SetState(st.State)
+	g.met.SetProfile(st.Rung)
+	g.sd.Status(notify.StatusLine(st, g.gpu.Snapshot()))
+	// Starting again after a failure: systemd's start timeout must not
+	// run out while the guard backs off before the first ready.
+	if st.State == supervisor.StateBackoff || st.State == supervisor.StateWaitingGPU {
+		g.onProgress("")
+	}
+}
+
+// onProgress keeps systemd's start timeout ahead of the guard's own stall
+// detection while vLLM loads.
+func (g *guard) onProgress(string) {
+	g.sd.Extend(g.cfg.Readiness.StallTimeout.Duration + time.Minute)
+}
+
+func (g *guard) onReady(first bool, ttr time.Duration) {
+	g.sd.Ready()
+	g.met.Ready(ttr)
+	g.met.SetAlert(alerts.OOM, false)
+}
+
+func (g *guard) onFailure(f supervisor.Failure) {
+	g.met.Exited(f.Verdict.Cause)
+	for _, e := range alerts.FromFailure(f) {
+		g.alert.Send(e)
+		g.met.SetAlert(e.Alert, true)
+	}
+	g.recordIncident(f)
+}
+
+// forwardGPUAlerts sends the monitor's memory alerts to the dispatcher and
+// the metrics.
+func (g *guard) forwardGPUAlerts(ctx context.Context) {
+	ch, unsubscribe := g.gpu.Subscribe()
+	defer unsubscribe()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case a := <-ch:
+			g.alert.Send(alerts.FromGPU(a, g.sup.Status().Rung))
+			g.met.SetAlert(a.Name, a.Active)
+		}
+	}
+}
+
+// refreshMetrics copies the GPU monitor's view into the metrics each sample.
+func (g *guard) refreshMetrics(ctx context.Context) {
+	t := time.NewTicker(g.cfg.GPU.SampleInterval.Duration)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			g.met.SetGPU(g.gpu.Snapshot())
+		}
+	}
 }
 
 func (g *guard) savePolicy(st policy.State) {

@@ -1,0 +1,134 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/state"
+)
+
+// DefaultSocket is [control] socket's default.
+const DefaultSocket = "/run/vllm-guard/guard.sock"
+
+// ErrNoGuard means no guard answers on the socket: not running, or not
+// reachable by this user. The commands exit 2 on it.
+var ErrNoGuard = errors.New("no vllm-guard reachable")
+
+// noGuardError names the socket and why connecting failed.
+type noGuardError struct {
+	path string
+	err  error
+}
+
+func (e *noGuardError) Error() string {
+	if errors.Is(e.err, syscall.EACCES) || errors.Is(e.err, syscall.EPERM) {
+		return fmt.Sprintf("cannot connect to the vllm-guard socket %s: permission denied; run as root or as a member of the socket's group (connect: %v)", e.path, e.err)
+	}
+	return fmt.Sprintf("no vllm-guard answers on %s: is it running? (connect: %v)", e.path, e.err)
+}
+
+func (e *noGuardError) Is(target error) bool { return target == ErrNoGuard }
+func (e *noGuardError) Unwrap() error        { return e.err }
+
+// Client talks to a guard over its control socket.
+type Client struct {
+	path string
+	http *http.Client
+}
+
+// NewClient returns a client for the guard on socketPath.
+func NewClient(socketPath string) *Client {
+	var d net.Dialer
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, "unix", socketPath)
+		},
+		MaxIdleConns:          1,
+		IdleConnTimeout:       5 * time.Second,
+		ResponseHeaderTimeout: 30 * time.Second,
+	}
+	return &Client{path: socketPath, http: &http.Client{Transport: tr, Timeout: time.Minute}}
+}
+
+// Path is the socket the client talks to.
+func (c *Client) Path() string { return c.path }
+
+// CloseIdleConnections releases the kept connection, if any.
+func (c *Client) CloseIdleConnections() { c.http.CloseIdleConnections() }
+
+// Status returns the guard's status document.
+func (c *Client) Status(ctx context.Context) (Doc, error) {
+	var d Doc
+	err := c.do(ctx, http.MethodGet, "/status", func(r io.Reader) (err error) {
+		d, err = DecodeDoc(r)
+		return err
+	})
+	return d, err
+}
+
+// Incidents returns up to n incident records (all when n ≤ 0), newest
+// first.
+func (c *Client) Incidents(ctx context.Context, n int) ([]state.Incident, error) {
+	var incs []state.Incident
+	err := c.do(ctx, http.MethodGet, "/incidents?n="+strconv.Itoa(max(n, 0)), func(r io.Reader) error {
+		return json.NewDecoder(io.LimitReader(r, maxDoc)).Decode(&incs)
+	})
+	return incs, err
+}
+
+// Restart asks the guard to restart vLLM.
+func (c *Client) Restart(ctx context.Context) error {
+	return c.do(ctx, http.MethodPost, "/restart", nil)
+}
+
+// ResetProfile asks the guard to return to rung 0 at the next restart.
+func (c *Client) ResetProfile(ctx context.Context) error {
+	return c.do(ctx, http.MethodPost, "/profile/reset", nil)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, decode func(io.Reader) error) error {
+	// The host is a placeholder: the transport always dials the socket.
+	req, err := http.NewRequestWithContext(ctx, method, "http://vllm-guard"+path, nil)
+	if err != nil {
+		return fmt.Errorf("control: build request %s %s: %w", method, path, err)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" {
+			return &noGuardError{path: c.path, err: op.Err}
+		}
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // the URL is our placeholder, not worth showing
+		}
+		return fmt.Errorf("vllm-guard on %s: %s %s: %w", c.path, method, path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		var eb errorBody
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		msg := string(data)
+		if json.Unmarshal(data, &eb) == nil && eb.Error != "" {
+			msg = eb.Error
+		}
+		return fmt.Errorf("vllm-guard on %s: %s %s: %s (HTTP %d)", c.path, method, path, msg, resp.StatusCode)
+	}
+	if decode == nil {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return nil
+	}
+	if err := decode(resp.Body); err != nil {
+		return fmt.Errorf("vllm-guard on %s: %s %s: %w", c.path, method, path, err)
+	}
+	return nil
+}

@@ -1,0 +1,73 @@
+package integration
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/notify/notifytest"
+)
+
+// These tests read the guard's real sd_notify datagrams from a unixgram
+// socket given as NOTIFY_SOCKET (not parallel: NOTIFY_SOCKET is process-wide).
+
+func TestNoREADYBeforeACompletionSucceeds(t *testing.T) {
+	sock := notifytest.Listen(t)
+	s := newScene(t)
+	s.env["FAKEVLLM_FAULT"] = "never_ready"
+	s.start()
+	s.waitLog("startup complete", 1, 30*time.Second, msgContains("Application startup complete"))
+	// Several readiness polls (250 ms) after the port opened.
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if m, ok := sock.Read(100 * time.Millisecond); ok && strings.Contains(m, "READY=1") {
+			t.Fatalf("READY=1 sent although no completion succeeded: %q", m)
+		}
+	}
+}
+
+func TestREADYAfterReadyAndExtendDuringALongLoad(t *testing.T) {
+	sock := notifytest.Listen(t)
+	s := newScene(t)
+	s.env["FAKEVLLM_LOAD_WEIGHTS"] = "2s"
+	s.env["FAKEVLLM_PROGRESS_EVERY"] = "200ms"
+	s.start()
+	seen := sock.Await(t, "READY=1", func(m string) bool { return strings.Contains(m, "READY=1") }, 30*time.Second)
+	extends := 0
+	for _, m := range seen {
+		if strings.HasPrefix(m, "EXTEND_TIMEOUT_USEC=") {
+			extends++
+		}
+	}
+	if extends < 2 {
+		t.Fatalf("%d EXTEND_TIMEOUT_USEC during a 2 s load with progress, want at least 2; datagrams:\n%s", extends, strings.Join(seen, "\n"))
+	}
+	if s.count(msg("vLLM ready")) != 1 {
+		t.Fatal("READY=1 came but the guard has not logged vLLM ready")
+	}
+}
+
+func TestSTATUSChangesOnOOM(t *testing.T) {
+	sock := notifytest.Listen(t)
+	s := newScene(t)
+	s.env["FAKEVLLM_SEQ_COST_MIB"] = "64"
+	s.env["FAKEVLLM_BACKGROUND_SEQS"] = "200"
+	s.env["FAKEVLLM_BACKGROUND_AFTER"] = "200ms"
+	s.extra = "\n[restart]\ninitial_delay = \"200ms\"\n[gpu]\nsample_interval = \"100ms\"\n"
+	s.start()
+	seen := sock.Await(t, "a STATUS naming the OOM", func(m string) bool {
+		return strings.HasPrefix(m, "STATUS=") && strings.Contains(m, "oom")
+	}, 60*time.Second)
+	var before string
+	for _, m := range seen[:len(seen)-1] {
+		if strings.HasPrefix(m, "STATUS=ready") {
+			before = m
+		}
+	}
+	if before == "" {
+		t.Fatalf("no STATUS=ready before the OOM; datagrams:\n%s", strings.Join(seen, "\n"))
+	}
+	sock.Await(t, "STATUS ready on rung 1", func(m string) bool {
+		return strings.HasPrefix(m, "STATUS=ready") && strings.Contains(m, "rung 1")
+	}, 60*time.Second)
+}

@@ -57,18 +57,19 @@ func freePort(t testing.TB) int {
 
 // scene is one guard over one simulator, in its own scratch folder.
 type scene struct {
-	t        testing.TB
-	guardBin string // default: the race-enabled build
-	logLevel string // default debug
-	noNVML   bool   // run without any libnvidia-ml.so.1
-	dir      string
-	port     int
-	gpuDir   string
-	testID   string
-	env      map[string]string // FAKEVLLM_* for the simulator
-	extra    string            // more TOML
-	command  string            // TOML array for [vllm] command; default the simulator
-	cmd      *exec.Cmd
+	t          testing.TB
+	guardBin   string // default: the race-enabled build
+	logLevel   string // default debug
+	noNVML     bool   // run without any libnvidia-ml.so.1
+	httpListen string // [control] http_listen; default off
+	dir        string
+	port       int
+	gpuDir     string
+	testID     string
+	env        map[string]string // FAKEVLLM_* for the simulator
+	extra      string            // more TOML
+	command    string            // TOML array for [vllm] command; default the simulator
+	cmd        *exec.Cmd
 
 	mu     sync.Mutex
 	logs   []map[string]any
@@ -107,8 +108,8 @@ func (s *scene) configText() string {
 	for k, v := range s.env {
 		fmt.Fprintf(&b, "%s = %q\n", k, v)
 	}
-	fmt.Fprintf(&b, "\n[control]\nsocket = %q\nhttp_listen = \"\"\nstate_dir = %q\n\n[log]\nformat = \"json\"\nlevel = %q\n",
-		filepath.Join(s.dir, "guard.sock"), filepath.Join(s.dir, "state"), s.logLevel)
+	fmt.Fprintf(&b, "\n[control]\nsocket = %q\nhttp_listen = %q\nstate_dir = %q\n\n[log]\nformat = \"json\"\nlevel = %q\n",
+		filepath.Join(s.dir, "guard.sock"), s.httpListen, filepath.Join(s.dir, "state"), s.logLevel)
 	b.WriteString(s.extra)
 	return b.String()
 }

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"net"
 	"strconv"
 	"strings"
 
@@ -16,6 +17,9 @@ type Endpoint struct {
 	Host string
 	Port int
 }
+
+// URL is the endpoint's base URL, http://host:port.
+func (e Endpoint) URL() string { return "http://" + net.JoinHostPort(e.Host, strconv.Itoa(e.Port)) }
 
 // BuildArgv returns vLLM's argv for one start: the configured command and
 // the extra arguments with any profile flag removed, then the rung's profile

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"time"
 )
 
@@ -28,7 +27,7 @@ func newProber(ep Endpoint, model string) *prober {
 	}
 	return &prober{
 		client: &http.Client{Transport: tr},
-		base:   "http://" + net.JoinHostPort(ep.Host, strconv.Itoa(ep.Port)),
+		base:   ep.URL(),
 		model:  model,
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/vllm-guard/vllm-guard/control"
 	"github.com/vllm-guard/vllm-guard/supervisor"
 )
 
@@ -15,6 +16,10 @@ answers, watches GPU memory, and restarts it after a failure on a lighter profil
 Usage:
   vllm-guard run [--config FILE] [--init] [-- EXTRA_VLLM_ARGS...]   supervise vLLM (the main job)
   vllm-guard check [--config FILE]            validate the config, print the settings and the ladder
+  vllm-guard status [--socket PATH] [--json] [--watch]   state of a running guard (exit 0 ready, 1 not, 2 no guard)
+  vllm-guard incidents [--json] [-n N]         the incident records, newest first
+  vllm-guard restart                           restart vLLM now, on the current rung
+  vllm-guard profile reset                     back to rung 0 at the next start
   vllm-guard diagnose [--log FILE|-] [--json] classify a vLLM log offline: cause, evidence, facts, advice
   vllm-guard gpus [--json]                    what NVML sees: devices, memory, processes (no guard needed)
   vllm-guard version                          version, commit, Go version
@@ -49,6 +54,18 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 		return cmdRun(rest, stderr)
 	case "check":
 		return cmdCheck(rest, stdout, stderr)
+	case "status":
+		return control.StatusCommand(rest, stdout, stderr)
+	case "incidents":
+		return control.IncidentsCommand(rest, stdout, stderr)
+	case "restart":
+		return control.ActionCommand("restart", rest, stdout, stderr)
+	case "profile":
+		if len(rest) == 0 || rest[0] != "reset" {
+			fmt.Fprintln(stderr, "vllm-guard: usage: vllm-guard profile reset [--socket PATH]")
+			return exitUsage
+		}
+		return control.ActionCommand("profile reset", rest[1:], stdout, stderr)
 	case "diagnose":
 		return cmdDiagnose(rest, os.Stdin, stdout, stderr)
 	case "gpus":

@@ -15,12 +15,14 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/alerts"
 	"github.com/vllm-guard/vllm-guard/config"
+	"github.com/vllm-guard/vllm-guard/control"
 	"github.com/vllm-guard/vllm-guard/gpumon"
 	"github.com/vllm-guard/vllm-guard/metrics"
 	"github.com/vllm-guard/vllm-guard/notify"
 	"github.com/vllm-guard/vllm-guard/policy"
 	"github.com/vllm-guard/vllm-guard/state"
 	"github.com/vllm-guard/vllm-guard/supervisor"
+	"github.com/vllm-guard/vllm-guard/vllmstats"
 )
 
 func cmdRun(args []string, stderr io.Writer) int {
@@ -76,6 +78,8 @@ type guard struct {
 	met   *metrics.Metrics
 	sd    *notify.Notifier
 	alert *alerts.Dispatcher
+	stats *vllmstats.Scraper
+	extra []string
 
 	mu           sync.Mutex
 	lastIncident *state.Incident
@@ -83,7 +87,8 @@ type guard struct {
 
 func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, error) {
 	g := &guard{cfg: cfg, log: log, met: metrics.New(), sd: notify.New(log.Named("systemd")),
-		alert: alerts.New(cfg.Alerts, log.Named("alerts"))}
+		alert: alerts.New(cfg.Alerts, log.Named("alerts")),
+		stats: vllmstats.NewScraper(cfg.GPU.SampleInterval.Duration, log.Named("vllm-metrics")), extra: extra}
 	store, warnings, err := state.Open(cfg.Control.StateDir, log.Named("state"))
 	if err != nil {
 		return nil, err
@@ -115,6 +120,7 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 		Policy:    g.pol,
 		GPU:       supervisor.MonitorGPU(g.gpu),
 		ExtraArgs: extra,
+		Idle:      g.vllmIdle,
 		Hooks: supervisor.Hooks{
 			OnStart:    func(policy.Rung) { g.met.Started() },
 			OnState:    g.onState,
@@ -152,6 +158,28 @@ func (g *guard) run(ctx context.Context) int {
 		g.sd.Stopping()
 	}()
 
+	// The control socket and HTTP endpoints: a socket that cannot be made
+	// is a configuration problem an operator must fix (exit 78).
+	sock, err := control.ListenSocket(g.cfg.Control.Socket, g, g.log.Named("control"))
+	if err != nil {
+		g.log.Error("cannot serve the control socket: fix [control] socket", zap.Error(err))
+		cancel()
+		wg.Wait()
+		return exitConfig
+	}
+	defer sock.Close()
+	if addr := g.cfg.Control.HTTPListen; addr != "" {
+		hs, err := control.ListenHTTP(addr, control.NewHTTPHandler(g, g.met.Handler()), g.log.Named("http"))
+		if err != nil {
+			g.log.Error("cannot listen for HTTP: fix [control] http_listen", zap.Error(err))
+			cancel()
+			wg.Wait()
+			return exitConfig
+		}
+		defer hs.Close()
+	}
+	background(g.stats.Run)
+
 	code := g.sup.Run(ctx)
 
 	// Deliver what is queued (gave_up above all) before going.
@@ -167,6 +195,12 @@ func (g *guard) run(ctx context.Context) int {
 }
 
 func (g *guard) onState(st supervisor.Status) {
+	if st.State == supervisor.StateReady {
+		_, ep := supervisor.BuildArgv(g.cfg.VLLM.Command, g.extra, st.Rung, g.cfg.VLLM.Host, g.cfg.VLLM.Port)
+		g.stats.SetTarget(ep.URL())
+	} else {
+		g.stats.SetTarget("")
+	}
 	g.met.SetState(st.State)
 	g.met.SetProfile(st.Rung)
 	g.sd.Status(notify.StatusLine(st, g.gpu.Snapshot()))
@@ -224,6 +258,8 @@ func (g *guard) refreshMetrics(ctx context.Context) {
 			return
 		case <-t.C:
 			g.met.SetGPU(g.gpu.Snapshot())
+			v := g.stats.Latest()
+			g.met.SetVLLM(v.Running, v.Waiting, v.KVUsage, v.Up)
 		}
 	}
 }
@@ -283,3 +319,9 @@ func childEnvValue(cfg *config.Config, k string) (string, bool) {
 type realClock struct{}
 
 func (realClock) Now() time.Time { return time.Now() }
+
+// vllmIdle says whether vLLM runs and queues nothing (restore waits for it).
+func (g *guard) vllmIdle() (idle, known bool) {
+	v := g.stats.Latest()
+	return v.Running == 0 && v.Waiting == 0, v.Up
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"os"
@@ -36,6 +37,7 @@ type apiServer struct {
 	sockFD    int
 	boundPort int
 
+	engineMu   sync.Mutex // guards engine against a SIGTERM racing its start
 	engine     *exec.Cmd
 	engineInMu sync.Mutex
 	engineIn   io.WriteCloser
@@ -273,13 +275,24 @@ func (a *apiServer) startEngine() error {
 		w3.Close()
 		return err
 	}
-	if err := cmd.Start(); err != nil {
+	a.engineMu.Lock()
+	if a.exiting.Load() {
+		// A SIGTERM came first: do not leave an engine behind.
+		a.engineMu.Unlock()
 		r3.Close()
 		w3.Close()
+		select {} // terminate exits the process
+	}
+	err = cmd.Start()
+	if err == nil {
+		a.engine = cmd
+	}
+	a.engineMu.Unlock()
+	w3.Close() // the engine holds the only write end: EOF = engine gone
+	if err != nil {
+		r3.Close()
 		return err
 	}
-	w3.Close() // the engine holds the only write end: EOF = engine gone
-	a.engine = cmd
 	a.engineIn = in
 	fd3Done := make(chan struct{})
 	go a.readEngine(r3, fd3Done)
@@ -422,7 +435,8 @@ func (a *apiServer) listen() error {
 	if err != nil {
 		return fmt.Errorf("OSError: %v", err)
 	}
-	srv := &http.Server{Handler: a.handler(), ReadHeaderTimeout: 30 * time.Second}
+	// Go's own server errors must not appear among vLLM's log lines.
+	srv := &http.Server{Handler: a.handler(), ReadHeaderTimeout: 30 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
 	go srv.Serve(ln)
 	return nil
 }
@@ -466,11 +480,13 @@ func (a *apiServer) startReadyFaults() {
 	if d, ok := a.faults.after(fSegvAfter); ok {
 		time.AfterFunc(d, a.segv)
 	}
+	// The marker is created after the fault took effect, so that a test
+	// waiting for the marker sees the fault.
 	if d, ok := a.faults.after(fHangAfter); ok {
-		time.AfterFunc(d, func() { a.env.fired(); a.hung.Store(true) })
+		time.AfterFunc(d, func() { a.hung.Store(true); a.env.fired() })
 	}
 	if d, ok := a.faults.after(fHealth503); ok {
-		time.AfterFunc(d, func() { a.env.fired(); a.health503.Store(true) })
+		time.AfterFunc(d, func() { a.health503.Store(true); a.env.fired() })
 	}
 	if d, ok := a.faults.after(fOrphanAfter); ok {
 		time.AfterFunc(d, func() {
@@ -604,14 +620,17 @@ func (a *apiServer) terminate() {
 }
 
 func (a *apiServer) stopEngine() {
-	if a.engine == nil {
+	a.engineMu.Lock()
+	cmd := a.engine
+	a.engineMu.Unlock()
+	if cmd == nil {
 		return
 	}
-	a.engine.Process.Signal(syscall.SIGTERM)
+	cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-a.engineGone:
 	case <-time.After(5 * time.Second):
-		a.engine.Process.Kill()
+		cmd.Process.Kill()
 		<-a.engineGone
 	}
 }

@@ -155,5 +155,6 @@
 // true → SSE "data: {...}" per token then "data: [DONE]"; a wrong model →
 // 404 NotFoundError; prompt + max_tokens > max_model_len → 400), GET
 // /metrics. At most max_num_seqs requests run; the rest wait FIFO. Prompt
-// tokens ≈ characters / 4.
+// tokens ≈ characters / 4. Every response gets uvicorn's access line on
+// stdout when it starts: INFO:     127.0.0.1:PORT - "POST /v1/completions HTTP/1.1" 200 OK.
 package main

@@ -295,23 +295,23 @@ func (e *engine) captureGraphs() {
 }
 
 // runPhase spends d doing `steps` evenly spaced steps (f(1..steps)) and,
-// between them, calls f(-1) at least every `every`, as vLLM's tqdm bars and
-// periodic lines do. Only the simulator sleeps: a phase's length is the
-// thing being simulated.
+// between them, calls f(-1) whenever `every` passed without a call, as
+// vLLM's tqdm bars and periodic lines do. On a stalled machine the idle
+// call still comes before the phase ends. Only the simulator sleeps: a
+// phase's length is the thing being simulated.
 func runPhase(d time.Duration, steps int, every time.Duration, f func(step int)) {
 	start := time.Now()
 	last := start
 	next := 1
 	for {
 		now := time.Now()
-		el := now.Sub(start)
-		var stepAt time.Duration
-		if next <= steps {
-			stepAt = d * time.Duration(next) / time.Duration(steps)
-		} else {
-			stepAt = d
+		if now.Sub(last) >= every {
+			f(-1)
+			last = time.Now()
+			continue
 		}
-		if next <= steps && el >= stepAt {
+		el := now.Sub(start)
+		if next <= steps && el >= d*time.Duration(next)/time.Duration(steps) {
 			f(next)
 			next++
 			last = time.Now()
@@ -320,13 +320,11 @@ func runPhase(d time.Duration, steps int, every time.Duration, f func(step int))
 		if next > steps && el >= d {
 			return
 		}
-		wake := start.Add(stepAt)
+		wake := start.Add(d)
+		if next <= steps {
+			wake = start.Add(d * time.Duration(next) / time.Duration(steps))
+		}
 		if idle := last.Add(every); idle.Before(wake) {
-			if !now.Before(idle) {
-				f(-1)
-				last = time.Now()
-				continue
-			}
 			wake = idle
 		}
 		time.Sleep(time.Until(wake))

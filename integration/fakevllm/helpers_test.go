@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -66,8 +67,11 @@ type simProc struct {
 	lines   []outLine
 	wake    chan struct{}
 	readers sync.WaitGroup
-	exited  chan struct{}
-	state   *os.ProcessState
+	// outputDone closes when both pipes hit EOF: the API and the engine
+	// (which may outlive it as an orphan) are gone.
+	outputDone chan struct{}
+	exited     chan struct{}
+	state      *os.ProcessState
 }
 
 var ansiRE = regexp.MustCompile(`\x1b\[[0-9;]*m`)
@@ -112,10 +116,11 @@ func startSim(t *testing.T, env map[string]string, args ...string) *simProc {
 	}
 	outW.Close()
 	errW.Close()
-	p := &simProc{t: t, cmd: cmd, wake: make(chan struct{}), exited: make(chan struct{})}
+	p := &simProc{t: t, cmd: cmd, wake: make(chan struct{}), exited: make(chan struct{}), outputDone: make(chan struct{})}
 	p.readers.Add(2)
 	go p.read("stdout", outR)
 	go p.read("stderr", errR)
+	go func() { p.readers.Wait(); close(p.outputDone) }()
 	go func() {
 		cmd.Wait()
 		p.mu.Lock()
@@ -126,7 +131,7 @@ func startSim(t *testing.T, env map[string]string, args ...string) *simProc {
 	t.Cleanup(func() {
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-p.exited
-		p.readers.Wait()
+		<-p.outputDone
 		if t.Failed() {
 			t.Logf("simulator output:\n%s", p.dump())
 		}
@@ -183,19 +188,15 @@ func (p *simProc) waitLine(substr string, timeout time.Duration) (int, outLine) 
 		p.mu.Unlock()
 		select {
 		case <-wake:
-		case <-p.exited:
-			// Drain what the readers still have, then give up.
-			p.readers.Wait()
+		case <-p.outputDone:
+			// Every writer is gone: one last look, then give up.
 			p.mu.Lock()
-			for ; seen < len(p.lines); seen++ {
-				if strings.Contains(p.lines[seen].text, substr) {
-					l := p.lines[seen]
-					p.mu.Unlock()
-					return seen, l
-				}
-			}
+			n := len(p.lines)
 			p.mu.Unlock()
-			p.t.Fatalf("simulator exited (%v) without printing %q", p.exitState(), substr)
+			if seen < n {
+				continue
+			}
+			p.t.Fatalf("output ended (exit %v) without a line with %q", p.exitState(), substr)
 		case <-deadline.C:
 			p.t.Fatalf("no line with %q within %v", substr, timeout)
 		}
@@ -222,10 +223,8 @@ func (p *simProc) waitExit(timeout time.Duration) *os.ProcessState {
 // waitOutputEnd waits until every writer of the pipes (API, engine) is gone.
 func (p *simProc) waitOutputEnd(timeout time.Duration) {
 	p.t.Helper()
-	done := make(chan struct{})
-	go func() { p.readers.Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-p.outputDone:
 	case <-time.After(timeout):
 		p.t.Fatalf("output still open after %v", timeout)
 	}
@@ -256,6 +255,19 @@ func (p *simProc) has(substr string) bool {
 
 func (p *simProc) signal(sig syscall.Signal) {
 	p.cmd.Process.Signal(sig)
+}
+
+// startReady starts the simulator on a free port (--port 0, so no other
+// test can take the port first) and returns it once /health answers 200.
+func startReady(t *testing.T, env map[string]string, args ...string) (*simProc, string) {
+	t.Helper()
+	p := startSim(t, env, append(args, "--host", "127.0.0.1", "--port", "0")...)
+	_, l := p.waitLine(" on http://127.0.0.1:", 20*time.Second)
+	port, err := strconv.Atoi(l.text[strings.LastIndex(l.text, ":")+1:])
+	if err != nil {
+		t.Fatalf("no port in %q", l.text)
+	}
+	return p, p.readyURL(port)
 }
 
 // readyURL waits for "Application startup complete." and returns the

@@ -138,8 +138,41 @@ func (a *apiServer) handler() http.Handler {
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		a.blockIfHung(r)
-		mux.ServeHTTP(w, r)
+		mux.ServeHTTP(&accessLog{ResponseWriter: w, a: a, r: r}, r)
 	})
+}
+
+// accessLog prints uvicorn's access line on stdout when the response
+// starts, as uvicorn does (a stream is logged when its headers go out):
+//
+//	INFO:     127.0.0.1:53432 - "POST /v1/completions HTTP/1.1" 200 OK
+type accessLog struct {
+	http.ResponseWriter
+	a      *apiServer
+	r      *http.Request
+	logged bool
+}
+
+func (l *accessLog) WriteHeader(code int) {
+	if !l.logged {
+		l.logged = true
+		l.a.log.out.write([]byte(fmt.Sprintf("%sINFO:     %s - \"%s %s %s\" %d %s\n",
+			l.a.log.prefix, l.r.RemoteAddr, l.r.Method, l.r.URL.RequestURI(), l.r.Proto, code, http.StatusText(code))))
+	}
+	l.ResponseWriter.WriteHeader(code)
+}
+
+func (l *accessLog) Write(b []byte) (int, error) {
+	if !l.logged {
+		l.WriteHeader(http.StatusOK)
+	}
+	return l.ResponseWriter.Write(b)
+}
+
+func (l *accessLog) Flush() {
+	if f, ok := l.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
 }
 
 // blockIfHung makes every request hang while the hang_after fault is on:

@@ -52,10 +52,7 @@ func TestPortRefusedWhileLoading(t *testing.T) {
 
 func TestStartupSequenceAndReady(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
-	p := startSim(t, fast, "org/model", "--host=127.0.0.1", "--port", strconv.Itoa(port),
-		"--max-num-seqs", "32", "--gpu-memory-utilization=0.85")
-	url := p.readyURL(port)
+	p, url := startReady(t, fast, "org/model", "--max-num-seqs", "32", "--gpu-memory-utilization=0.85")
 
 	// In vLLM's order, each on its stream.
 	want := []struct{ stream, text string }{
@@ -72,7 +69,7 @@ func TestStartupSequenceAndReady(t *testing.T) {
 		{"stdout", "Maximum concurrency for 4,096 tokens per request"},
 		{"stderr", "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%"},
 		{"stdout", "init engine (profile, create kv cache, warmup model) took"},
-		{"stdout", fmt.Sprintf("Starting vLLM API server 0 on http://127.0.0.1:%d", port)},
+		{"stdout", "Starting vLLM API server 0 on http://127.0.0.1:"},
 		{"stdout", "Route: /health, Methods: GET"},
 		{"stderr", "INFO:     Started server process"},
 		{"stderr", "INFO:     Waiting for application startup."},
@@ -177,9 +174,7 @@ func sseEvents(t *testing.T, r io.Reader) (events []map[string]any, done bool) {
 
 func TestCompletionsAndStreaming(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
-	p := startSim(t, fast, "org/model", "--served-model-name", "served", "--host", "127.0.0.1", "--port", strconv.Itoa(port))
-	url := p.readyURL(port)
+	p, url := startReady(t, fast, "org/model", "--served-model-name", "served")
 
 	t.Run("completion", func(t *testing.T) {
 		resp := postJSON(t, url+"/v1/completions", map[string]any{"model": "served", "prompt": strings.Repeat("abcd", 10), "max_tokens": 5})
@@ -205,6 +200,11 @@ func TestCompletionsAndStreaming(t *testing.T) {
 		}
 		if out.Usage.Prompt != 10 || out.Usage.Completion != 5 || out.Usage.Total != 15 {
 			t.Errorf("usage %+v, want prompt 10 completion 5 total 15", out.Usage)
+		}
+		// uvicorn's access line, on stdout like uvicorn's access logger.
+		_, l := p.waitLine(`"POST /v1/completions HTTP/1.1" 200 OK`, 5*time.Second)
+		if l.stream != "stdout" || !strings.Contains(l.text, "(APIServer pid=") || !strings.Contains(l.text, "INFO:     127.0.0.1:") {
+			t.Errorf("access line %+v", l)
 		}
 	})
 	t.Run("completion stream", func(t *testing.T) {
@@ -315,10 +315,7 @@ func metricValue(t *testing.T, url, name string) float64 {
 
 func TestMaxNumSeqsQueuesFIFO(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
-	p := startSim(t, merge(fast, map[string]string{"FAKEVLLM_TOKEN_INTERVAL": "20ms"}),
-		"org/model", "--max-num-seqs", "1", "--host", "127.0.0.1", "--port", strconv.Itoa(port))
-	url := p.readyURL(port)
+	_, url := startReady(t, merge(fast, map[string]string{"FAKEVLLM_TOKEN_INTERVAL": "20ms"}), "org/model", "--max-num-seqs", "1")
 
 	// A long stream holds the only slot.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -335,7 +332,11 @@ func TestMaxNumSeqsQueuesFIFO(t *testing.T) {
 	}
 	second := make(chan int, 1)
 	go func() {
-		r := postJSON(t, url+"/v1/completions", map[string]any{"prompt": "y", "max_tokens": 2})
+		r, err := httpClient().Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"y","max_tokens":2}`))
+		if err != nil {
+			second <- 0
+			return
+		}
 		io.Copy(io.Discard, r.Body)
 		r.Body.Close()
 		second <- r.StatusCode
@@ -387,18 +388,16 @@ func TestRuntimeOOMWithBackgroundDemand(t *testing.T) {
 	// 0.85 GiB of room = 8 sequences of 100 MiB. Background holds 8; one
 	// more request is the 9th and does not fit.
 	dir := stateDir(t, 16*gib)
-	port := freePort(t)
-	p := startSim(t, merge(fast, map[string]string{
+	p, url := startReady(t, merge(fast, map[string]string{
 		"FAKENVML_STATE":           dir,
 		"FAKEVLLM_WEIGHTS_GIB":     "2",
 		"FAKEVLLM_SEQ_COST_MIB":    "100",
 		"FAKEVLLM_BACKGROUND_SEQS": "8",
 		"FAKEVLLM_TOKEN_INTERVAL":  "10ms",
-	}), "org/model", "--max-num-seqs", "64", "--host", "127.0.0.1", "--port", strconv.Itoa(port))
+	}), "org/model", "--max-num-seqs", "64")
 	_, l := p.waitLine("Model loading took", 10*time.Second)
 	engine := pidFromPrefix(t, l.text, "EngineCore_0")
 	api := p.cmd.Process.Pid
-	url := p.readyURL(port)
 
 	budget := memModel{Total: 16 * gib, Util: 0.9}.budget()
 	waitFor(t, 10*time.Second, "the engine to publish budget + 8 sequences", func() bool {
@@ -520,10 +519,7 @@ func TestFaultMarkerFiresOnce(t *testing.T) {
 		t.Fatalf("marker not created when the fault fired: %v", err)
 	}
 
-	second := startSim(t, env, "org/model", "--port", "0", "--host", "127.0.0.1")
-	_, l := second.waitLine("Starting vLLM API server 0 on http://127.0.0.1:", 10*time.Second)
-	port, _ := strconv.Atoi(l.text[strings.LastIndex(l.text, ":")+1:])
-	url := second.readyURL(port)
+	second, url := startReady(t, env, "org/model")
 	resp := postJSON(t, url+"/v1/completions", map[string]any{"prompt": "ok", "max_tokens": 2})
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
@@ -588,9 +584,7 @@ func TestStartupFailures(t *testing.T) {
 
 func TestEraV0(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
-	p := startSim(t, merge(fast, map[string]string{"FAKEVLLM_ERA": "v0"}), "org/model", "--host", "127.0.0.1", "--port", strconv.Itoa(port))
-	url := p.readyURL(port)
+	p, url := startReady(t, merge(fast, map[string]string{"FAKEVLLM_ERA": "v0"}), "org/model")
 	_, l := p.waitLine("# GPU blocks:", time.Second)
 	// V0: "INFO 10-14 12:00:00 executor_base.py:110] # GPU blocks: ..."
 	if !v0LineRE.MatchString(l.raw) {
@@ -643,4 +637,182 @@ func TestLogFloodWritesStats(t *testing.T) {
 	if !found {
 		t.Error("no invalid UTF-8 line")
 	}
+}
+
+// faultRun starts a simulator with one fault and a marker, so the test
+// can wait for the moment the fault fired. It returns once the server
+// line names the URL (listen follows shortly; faults after ready fire
+// after listen). With port 0 the simulator picks a free port.
+func faultRun(t *testing.T, fault string, extra map[string]string, port int) (p *simProc, url, marker string) {
+	t.Helper()
+	marker = filepath.Join(t.TempDir(), "fired")
+	p = startSim(t, merge(fast, map[string]string{"FAKEVLLM_FAULT": fault, "FAKEVLLM_FAULT_MARKER": marker}, extra),
+		"org/model", "--host", "127.0.0.1", "--port", strconv.Itoa(port))
+	if port == 0 {
+		_, l := p.waitLine(" on http://127.0.0.1:", 20*time.Second)
+		port, _ = strconv.Atoi(l.text[strings.LastIndex(l.text, ":")+1:])
+	}
+	return p, fmt.Sprintf("http://127.0.0.1:%d", port), marker
+}
+
+func waitMarker(t *testing.T, marker string) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "the fault to fire", func() bool {
+		_, err := os.Stat(marker)
+		return err == nil
+	})
+}
+
+func get(url string, timeout time.Duration) (int, string, error) {
+	c := httpClient()
+	c.Timeout = timeout
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), nil
+}
+
+func TestServingFaults(t *testing.T) {
+	t.Parallel()
+	t.Run("ignore_sigterm", func(t *testing.T) {
+		t.Parallel()
+		p, url, marker := faultRun(t, "ignore_sigterm", nil, 0)
+		p.signal(syscall.SIGTERM)
+		waitMarker(t, marker) // the signal arrived and was ignored
+		waitFor(t, 10*time.Second, "/health 200 after an ignored SIGTERM", func() bool { c, _, _ := get(url+"/health", time.Second); return c == 200 })
+		if p.has("Shutting down") {
+			t.Error("shutdown lines printed although SIGTERM is ignored")
+		}
+	})
+	t.Run("hang_after", func(t *testing.T) {
+		t.Parallel()
+		_, url, marker := faultRun(t, "hang_after=0s", nil, 0)
+		waitMarker(t, marker)
+		_, _, err := get(url+"/health", 300*time.Millisecond)
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			t.Errorf("/health while hung: %v, want a timeout", err)
+		}
+	})
+	t.Run("health503_after", func(t *testing.T) {
+		t.Parallel()
+		_, url, marker := faultRun(t, "health503_after=0s", nil, 0)
+		waitMarker(t, marker)
+		if code, _, err := get(url+"/health", 5*time.Second); err != nil || code != 503 {
+			t.Errorf("/health: %d %v, want 503", code, err)
+		}
+	})
+	t.Run("never_ready", func(t *testing.T) {
+		t.Parallel()
+		_, url, _ := faultRun(t, "never_ready", nil, 0)
+		waitFor(t, 10*time.Second, "/health 200", func() bool { c, _, _ := get(url+"/health", time.Second); return c == 200 })
+		if _, body, _ := get(url+"/v1/models", 5*time.Second); !strings.Contains(body, `"data":[]`) {
+			t.Errorf("/v1/models %s, want an empty list", body)
+		}
+		resp := postJSON(t, url+"/v1/completions", map[string]any{"prompt": "x", "max_tokens": 1})
+		resp.Body.Close()
+		if resp.StatusCode != 500 {
+			t.Errorf("completion status %d, want 500", resp.StatusCode)
+		}
+	})
+	t.Run("close_stdout", func(t *testing.T) {
+		t.Parallel()
+		// The URL line goes to the closed stdout: pick the port here.
+		p, url, _ := faultRun(t, "close_stdout", nil, freePort(t))
+		waitFor(t, 10*time.Second, "/health 200", func() bool { c, _, _ := get(url+"/health", time.Second); return c == 200 })
+		for _, l := range p.snapshot() {
+			if l.stream == "stdout" {
+				t.Fatalf("stdout line after close_stdout: %q", l.text)
+			}
+		}
+	})
+	t.Run("grandchild", func(t *testing.T) {
+		t.Parallel()
+		dir := stateDir(t, 80*gib)
+		p, _, _ := faultRun(t, "grandchild", map[string]string{"FAKENVML_STATE": dir}, 0)
+		_, l := p.waitLine("Model loading took", 5*time.Second)
+		engine := pidFromPrefix(t, l.text, "EngineCore_0")
+		var gc int
+		waitFor(t, 10*time.Second, "the grandchild's procs file", func() bool {
+			ents, _ := os.ReadDir(filepath.Join(dir, "procs"))
+			for _, e := range ents {
+				pid, err := strconv.Atoi(e.Name())
+				if err == nil && pid != engine && pid != p.cmd.Process.Pid {
+					gc = pid
+					return true
+				}
+			}
+			return false
+		})
+		t.Cleanup(func() { syscall.Kill(gc, syscall.SIGKILL) })
+		if m, ok := readProc(t, dir, gc); !ok || m[0] != gib {
+			t.Errorf("grandchild holds %v, want 1 GiB", m)
+		}
+		if sid := procSession(t, gc); sid != gc {
+			t.Errorf("grandchild session %d, want its own (%d)", sid, gc)
+		}
+		if pg, _ := syscall.Getpgid(gc); pg == p.cmd.Process.Pid {
+			t.Error("grandchild still in the simulator's process group")
+		}
+		syscall.Kill(gc, syscall.SIGTERM)
+		waitFor(t, 10*time.Second, "the grandchild to release its memory", func() bool { _, ok := readProc(t, dir, gc); return !ok })
+	})
+}
+
+func TestProgressLinesDuringLongPhases(t *testing.T) {
+	t.Parallel()
+	for _, silent := range []bool{false, true} {
+		t.Run(fmt.Sprintf("silent=%v", silent), func(t *testing.T) {
+			t.Parallel()
+			env := merge(fast, map[string]string{"FAKEVLLM_COMPILE": "300ms", "FAKEVLLM_PROGRESS_EVERY": "50ms"})
+			if silent {
+				env["FAKEVLLM_SILENT_COMPILE"] = "1"
+			}
+			p := startSim(t, env, "org/model", "--port", "0")
+			p.waitLine("torch.compile takes", 10*time.Second)
+			n := 0
+			for _, l := range p.snapshot() {
+				if strings.Contains(l.text, "Compiling a graph for dynamic shape") {
+					n++
+				}
+			}
+			if silent && n != 0 {
+				t.Errorf("%d progress lines with FAKEVLLM_SILENT_COMPILE=1", n)
+			}
+			// At least one; how many depends on how busy the machine is.
+			if !silent && n < 1 {
+				t.Errorf("no progress line in a 300ms compile at 50ms")
+			}
+		})
+	}
+}
+
+func TestEraV1Plain(t *testing.T) {
+	t.Parallel()
+	p := startSim(t, merge(fast, map[string]string{"FAKEVLLM_ERA": "v1"}), "org/model", "--port", "0", "--host", "127.0.0.1")
+	_, l := p.waitLine("vLLM server version 0.17.1, serving model org/model", 10*time.Second)
+	if !strings.HasPrefix(l.raw, "(APIServer pid=") {
+		t.Errorf("v1 line %q, want a plain prefix", l.raw)
+	}
+	p.waitLine("Starting vLLM server on http://127.0.0.1:", 10*time.Second)
+	for _, l := range p.snapshot() {
+		if strings.Contains(l.raw, "\x1b[") {
+			t.Fatalf("ANSI in the v1 era: %q", l.raw)
+		}
+	}
+}
+
+// procSession reads the session id (field 6) of /proc/PID/stat.
+func procSession(t *testing.T, pid int) int {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+	sid, _ := strconv.Atoi(f[3]) // state ppid pgrp session
+	return sid
 }

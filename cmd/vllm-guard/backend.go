@@ -1,0 +1,48 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/control"
+	"github.com/vllm-guard/vllm-guard/state"
+	"github.com/vllm-guard/vllm-guard/supervisor"
+)
+
+// The guard answers the control socket and the HTTP endpoints.
+var _ control.Backend = (*guard)(nil)
+
+// Doc builds the status document from the parts' snapshots.
+func (g *guard) Doc() control.Doc {
+	st := g.sup.Status()
+	gpu := g.gpu.Snapshot()
+	d := control.Doc{Version: version, Now: time.Now(), Guard: st, GPU: gpu, VLLM: g.stats.Latest(),
+		Alerts: control.CollectAlerts(st, gpu)}
+	g.mu.Lock()
+	d.LastIncident = g.lastIncident
+	g.mu.Unlock()
+	return d
+}
+
+func (g *guard) Restart(ctx context.Context, peer string) error { return g.sup.Restart(ctx, peer) }
+
+func (g *guard) ResetProfile(ctx context.Context, peer string) error {
+	return g.sup.ResetProfile(ctx, peer)
+}
+
+func (g *guard) Incidents(n int) ([]state.Incident, error) { return g.store.Incidents(n) }
+
+// wedgedAfter is how long the supervisor's loop may go without turning
+// before /livez calls the guard wedged (it turns at least every second).
+const wedgedAfter = 30 * time.Second
+
+func (g *guard) Alive() (bool, string) {
+	if st := g.sup.Status(); st.State == supervisor.StateFailed {
+		return false, "gave up: " + st.Reason
+	}
+	if since := time.Since(g.sup.LastTurn()); since > wedgedAfter {
+		return false, fmt.Sprintf("the supervisor's loop has not turned for %s", since.Round(time.Second))
+	}
+	return true, ""
+}

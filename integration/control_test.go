@@ -1,0 +1,162 @@
+package integration
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+// masks what differs from run to run (times, pids, byte counts, sparklines)
+// so a golden file holds the shape and the words.
+var (
+	durations    = regexp.MustCompile(`\b([0-9.]+(ns|µs|ms|s|m|h))+\b`)
+	digits       = regexp.MustCompile(`[0-9]+`)
+	sparkline    = regexp.MustCompile(`[▁▂▃▄▅▆▇█]+`)
+	trend        = regexp.MustCompile(`\b(steady|climbing|spike)\b`)
+	lastIncident = regexp.MustCompile(`(?m)^(Last incident: .*?LN:).*$`)
+)
+
+func mask(s string) string {
+	s = sparkline.ReplaceAllString(s, "~")
+	s = trend.ReplaceAllString(s, "TREND")
+	s = durations.ReplaceAllString(s, "D")
+	s = digits.ReplaceAllString(s, "N")
+	// The evidence line is cut to the terminal's width: its end moves with
+	// the length of the numbers before it.
+	return lastIncident.ReplaceAllString(s, "$1 …")
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		os.MkdirAll("testdata", 0o755)
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./integration -run %s -update to create it)", err, t.Name())
+	}
+	if string(want) != got {
+		t.Errorf("%s differs from the golden file (go test -update rewrites it):\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
+
+// After a scripted OOM and a restart on rung 1: the status view and the
+// metrics say so, in the shape the golden files hold, and promtool finds
+// nothing wrong with a real scrape.
+func TestStatusAndMetricsAfterOOMAndRestart(t *testing.T) {
+	t.Parallel()
+	s := newScene(t)
+	httpPort := freePort(t)
+	s.env["FAKEVLLM_SEQ_COST_MIB"] = "64"
+	s.env["FAKEVLLM_BACKGROUND_SEQS"] = "200"
+	s.env["FAKEVLLM_BACKGROUND_AFTER"] = "200ms"
+	s.env["FAKEVLLM_FAULT_MARKER"] = filepath.Join(s.dir, "unused")
+	s.httpListen = fmt.Sprintf("127.0.0.1:%d", httpPort)
+	// Rung 1 runs at 91 % of the GPU: keep it under warn so no alert
+	// flickers into the golden view.
+	s.extra = "\n[restart]\ninitial_delay = \"200ms\"\n[gpu]\nsample_interval = \"100ms\"\nwarn_fraction = 0.95\n"
+	s.start()
+	s.waitLog("ready on rung 1", 2, 60*time.Second, msg("vLLM ready"))
+	// The scraper and the metrics refresh run every sample (100 ms); wait
+	// for vLLM's own metrics to be in.
+	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
+	var scrape string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		scrape = get(t, base+"/metrics", 200)
+		if strings.Contains(scrape, "vllm_guard_vllm_metrics_up 1") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("vLLM's metrics never scraped:\n%s", scrape)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, want := range []string{
+		"vllm_guard_oom_total 1", "vllm_guard_profile_rung 1", "vllm_guard_profile_max_num_seqs 128",
+		"vllm_guard_starts_total 2", "vllm_guard_ready 1", `vllm_guard_exits_total{cause="oom"} 1`,
+		`vllm_guard_state{state="ready"} 1`, "vllm_guard_nvml_up 1",
+	} {
+		if !strings.Contains(scrape, want+"\n") {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	golden(t, "metrics-after-oom.golden", seriesShape(scrape))
+	lint := exec.Command("promtool", "check", "metrics")
+	lint.Stdin = strings.NewReader(scrape)
+	if out, err := lint.CombinedOutput(); err != nil || len(out) > 0 {
+		t.Errorf("promtool check metrics on the guard's scrape: %v\n%s", err, out)
+	}
+	get(t, base+"/readyz", 200)
+	get(t, base+"/livez", 200)
+
+	out, err := exec.Command(bins.guard, "status", "--socket", filepath.Join(s.dir, "guard.sock")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("vllm-guard status: %v\n%s", err, out)
+	}
+	view := string(out)
+	for _, want := range []string{"ready", "rung 1", "max_num_seqs 128", "oom"} {
+		if !strings.Contains(view, want) {
+			t.Errorf("status view lacks %q:\n%s", want, view)
+		}
+	}
+	golden(t, "status-after-oom.golden", mask(view))
+}
+
+// seriesShape lists the series of a scrape (name and labels, no values),
+// sorted: the golden file catches a series that disappears or is renamed.
+func seriesShape(scrape string) string {
+	var lines []string
+	for _, l := range strings.Split(scrape, "\n") {
+		if l == "" || strings.HasPrefix(l, "#") || !strings.HasPrefix(l, "vllm_guard_") {
+			continue
+		}
+		name := l[:strings.LastIndexByte(l, ' ')]
+		if strings.Contains(name, "_bucket{") {
+			continue
+		}
+		lines = append(lines, name)
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n") + "\n"
+}
+
+func get(t *testing.T, url string, want int) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != want {
+		t.Fatalf("GET %s: %d, want %d: %s", url, resp.StatusCode, want, b)
+	}
+	return string(b)
+}
+
+// `vllm-guard status` with no guard: exit 2 and the socket named.
+func TestStatusWithoutAGuard(t *testing.T) {
+	t.Parallel()
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	cmd := exec.Command(bins.guard, "status", "--socket", sock)
+	out, _ := cmd.CombinedOutput()
+	if cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), sock) {
+		t.Fatalf("exit %d, output %q: want 2 and the socket path", cmd.ProcessState.ExitCode(), out)
+	}
+}

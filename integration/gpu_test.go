@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -106,4 +107,65 @@ func TestNoNVMLLibraryStillSupervises(t *testing.T) {
 	if n := s.count(msgContains("GPU metrics unavailable")); n != 1 {
 		t.Fatalf("said %d times that GPU metrics are unavailable, want once", n)
 	}
+}
+
+// keeperOf finds the guard's keeper process (its child running __keeper).
+func keeperOf(t *testing.T, guardPID int) int {
+	t.Helper()
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		i := strings.LastIndexByte(string(stat), ')')
+		if i < 0 || !strings.Contains(string(cmdline), "__keeper") {
+			continue
+		}
+		var state string
+		var ppid int
+		fmt.Sscan(string(stat[i+2:]), &state, &ppid)
+		if ppid == guardPID {
+			return pid
+		}
+	}
+	t.Fatalf("no keeper under guard %d", guardPID)
+	return 0
+}
+
+// The keeper is killed out from under vLLM: the API server and EngineCore
+// survive it, holding GPU memory. The guard kills them, waits for the
+// memory, and starts again.
+func TestSurvivorsOfAKilledKeeperAreKilledBeforeTheNextStart(t *testing.T) {
+	t.Parallel()
+	s := newScene(t)
+	s.extra = "\n[restart]\ninitial_delay = \"100ms\"\n[gpu]\nsample_interval = \"100ms\"\n"
+	s.start()
+	s.waitLog("ready", 1, 30*time.Second, msg("vLLM ready"))
+	before := s.ours()
+	keeper := keeperOf(t, s.cmd.Process.Pid)
+	if err := syscall.Kill(keeper, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	s.waitLog("the survivors killed", 1, 10*time.Second, msg("vLLM processes outlived their keeper: killing them"))
+	s.waitLog("ready again", 2, 30*time.Second, msg("vLLM ready"))
+	for _, pid := range before {
+		if alive(pid) {
+			t.Errorf("old vLLM process %d still alive after the restart", pid)
+		}
+	}
+	if n := s.count(field("cause", "gpu_busy")); n != 0 {
+		t.Fatal("the restart ran into the survivors' memory (gpu_busy)")
+	}
+}
+
+func alive(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(stat), ')')
+	return i > 0 && i+2 < len(stat) && stat[i+2] != 'Z'
 }

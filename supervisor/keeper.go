@@ -46,6 +46,9 @@ func RunKeeper(args []string) int {
 		fmt.Fprintln(os.Stderr, "vllm-guard keeper: internal use only: __keeper --parent PID --grace D -- ARGV...")
 		return 2
 	}
+	// vLLM must not inherit the report pipe: the guard reads it to its end
+	// to learn that the keeper is gone.
+	syscall.CloseOnExec(3)
 	report := os.NewFile(3, "guard-report")
 	w := bufio.NewWriter(report)
 	say := func(format string, a ...any) {

@@ -69,6 +69,10 @@ func start(spec launchSpec) (*child, error) {
 	cmd.Stdout = spec.stdout
 	cmd.Stderr = spec.stderr
 	cmd.ExtraFiles = []*os.File{pw}
+	// The keeper exits only after the whole tree is gone, so the output
+	// pipes close with it. If the keeper itself is killed, survivors still
+	// hold them: do not wait for those beyond a second.
+	cmd.WaitDelay = time.Second
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: keeperDeathSignal}
 
 	c := &child{done: make(chan struct{})}

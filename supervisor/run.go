@@ -98,6 +98,12 @@ func (s *Supervisor) runOnce(ctx context.Context, sink *logSink, rung policy.Run
 		s.stopTree(c)
 	}
 	<-c.done
+	// The keeper kills the whole tree before it exits; if the keeper itself
+	// was killed, what it left is killed here.
+	if left := seen.survivors(); len(left) > 0 {
+		s.log.Warn("vLLM processes outlived their keeper: killing them", zap.Ints("pids", left))
+		signalAll(left, syscall.SIGKILL)
+	}
 	stdout.Close()
 	stderr.Close()
 	res.exit = c.exit
@@ -258,6 +264,7 @@ func (s *Supervisor) watch(ctx context.Context, c *child, out *output, pr *probe
 					continue
 				}
 				ready = true
+				seen.add(c.tree())
 				ttr := time.Since(startedAt)
 				s.pol.OnReady(time.Now())
 				s.persist()
@@ -321,28 +328,6 @@ func hostOOMKills() int64 {
 	return -1
 }
 
-// treeSeen remembers every PID of vLLM's tree seen during a run: by the time
-// the API server has exited, EngineCore may be gone from /proc while the
-// driver still holds its memory, and the release wait must know its PID.
-type treeSeen map[int]bool
-
-func (t *treeSeen) add(pids []int) {
-	if *t == nil {
-		*t = treeSeen{}
-	}
-	for _, p := range pids {
-		(*t)[p] = true
-	}
-}
-
-func (t treeSeen) pids() []int {
-	out := make([]int, 0, len(t))
-	for p := range t {
-		out = append(out, p)
-	}
-	return out
-}
-
 // restoreDue tracks the peak GPU fraction since ready and asks the policy
 // whether to step one rung up (SPEC §7).
 func (s *Supervisor) restoreDue(peak *float64) (policy.Rung, bool) {
@@ -359,4 +344,42 @@ func (s *Supervisor) restoreDue(peak *float64) (policy.Rung, bool) {
 		idle, known = s.idle()
 	}
 	return s.pol.RestoreDue(time.Now(), *peak, idle && known)
+}
+
+// treeSeen remembers every process of vLLM's tree seen during a run, with
+// its start time: by the time the API server has exited, EngineCore may be
+// gone from /proc while the driver still holds its memory, and the release
+// wait must know its PID; and if the keeper itself was killed, the tree's
+// survivors must be found and killed by the guard.
+type treeSeen map[int]uint64
+
+func (t *treeSeen) add(pids []int) {
+	if *t == nil {
+		*t = treeSeen{}
+	}
+	for _, p := range pids {
+		if info, ok := readStat(p); ok {
+			(*t)[p] = info.start
+		}
+	}
+}
+
+func (t treeSeen) pids() []int {
+	out := make([]int, 0, len(t))
+	for p := range t {
+		out = append(out, p)
+	}
+	return out
+}
+
+// survivors are the processes seen in the tree that are still alive (the
+// same process: same start time, not a reused PID).
+func (t treeSeen) survivors() []int {
+	var out []int
+	for p, start := range t {
+		if info, ok := readStat(p); ok && info.start == start && info.state != 'Z' {
+			out = append(out, p)
+		}
+	}
+	return out
 }

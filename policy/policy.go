@@ -58,6 +58,12 @@ type State struct {
 	RestoredAt time.Time `json:"restored_at,omitzero"`
 	// RestoreMultiplier scales restore_after; each relapse doubles it.
 	RestoreMultiplier int `json:"restore_multiplier,omitempty"`
+	// ComputedMaxNumSeqs, when > 0, is a max_num_seqs computed from the
+	// cost model that replaces the ladder's on rung Rung.
+	ComputedMaxNumSeqs int `json:"computed_max_num_seqs,omitempty"`
+	// CostSamples are the (running sequences, memory) observations the
+	// cost model is fitted on, newest last.
+	CostSamples []CostSample `json:"cost_samples,omitempty"`
 }
 
 // Policy holds the decision history of one guard. It is not safe for
@@ -80,6 +86,9 @@ type Policy struct {
 
 	restoredAt  time.Time
 	restoreMult int
+
+	computed    int          // > 0: max_num_seqs computed from the cost model, in place of the ladder's
+	costSamples []CostSample // newest last, at most maxCostSamples
 }
 
 // New returns a policy over cfg, resuming from st (the zero State is rung 0).
@@ -110,6 +119,13 @@ func New(cfg *config.Config, st State, clock Clock) *Policy {
 	p.loopSince = st.LoopSince
 	p.restoredAt = st.RestoredAt
 	p.restoreMult = min(max(st.RestoreMultiplier, 1), maxRestoreMultiplier)
+	if st.ComputedMaxNumSeqs > 0 {
+		p.computed = min(max(st.ComputedMaxNumSeqs, cfg.Profile.MinMaxNumSeqs), cfg.Profile.MaxNumSeqs)
+	}
+	if n := len(st.CostSamples); n > maxCostSamples {
+		st.CostSamples = st.CostSamples[n-maxCostSamples:]
+	}
+	p.costSamples = append([]CostSample(nil), st.CostSamples...)
 	return p
 }
 
@@ -138,11 +154,15 @@ func round2(f float64) float64 { return float64(int(f*100+0.5)) / 100 }
 // Current is the profile the next start uses. It is ladder rung Index unless a
 // kv_insufficient decision traded utilization steps for max_num_seqs steps.
 func (p *Policy) Current() Rung {
-	return Rung{
+	r := Rung{
 		Index:                p.seqStep,
 		MaxNumSeqs:           p.ladder[p.seqStep].MaxNumSeqs,
 		GPUMemoryUtilization: p.ladder[p.utilStep].GPUMemoryUtilization,
 	}
+	if p.computed > 0 {
+		r.MaxNumSeqs = p.computed
+	}
+	return r
 }
 
 // Rungs returns the whole precomputed ladder (a copy).
@@ -151,16 +171,35 @@ func (p *Policy) Rungs() []Rung { return append([]Rung(nil), p.ladder...) }
 // State returns what to persist.
 func (p *Policy) State() State {
 	return State{
-		Rung:              p.seqStep,
-		UtilStepsBack:     p.seqStep - p.utilStep,
-		Profile:           p.Current(),
-		Failures:          append([]Failure(nil), p.failures...),
-		LoopSince:         p.loopSince,
-		Attempts:          p.attempts,
-		RestoredAt:        p.restoredAt,
-		RestoreMultiplier: p.restoreMult,
+		Rung:               p.seqStep,
+		UtilStepsBack:      p.seqStep - p.utilStep,
+		Profile:            p.Current(),
+		Failures:           append([]Failure(nil), p.failures...),
+		LoopSince:          p.loopSince,
+		Attempts:           p.attempts,
+		RestoredAt:         p.restoredAt,
+		RestoreMultiplier:  p.restoreMult,
+		ComputedMaxNumSeqs: p.computed,
+		CostSamples:        append([]CostSample(nil), p.costSamples...),
 	}
 }
+
+// ObserveCost records one sample while vLLM serves on the profile in force:
+// running sequences and the GPU memory in use (the fullest device).
+func (p *Policy) ObserveCost(running float64, used, total uint64) {
+	if total == 0 || running < 0 {
+		return
+	}
+	util := p.Current().GPUMemoryUtilization
+	p.costSamples = append(p.costSamples, CostSample{Running: running,
+		Above: float64(used) - util*float64(total), Total: float64(total)})
+	if n := len(p.costSamples); n > maxCostSamples {
+		p.costSamples = append(p.costSamples[:0], p.costSamples[n-maxCostSamples:]...)
+	}
+}
+
+// Cost is the cost model fitted on the samples so far.
+func (p *Policy) Cost() CostModel { return FitCost(p.costSamples) }
 
 // OnStart records a launch of vLLM.
 func (p *Policy) OnStart(now time.Time) {
@@ -227,6 +266,7 @@ func (p *Policy) OnFailure(now time.Time, v Verdict) Decision {
 				"or lower --max-model-len (not retried)", p.Current().GPUMemoryUtilization, evidenceWords(v)))
 		}
 		from := p.Current()
+		p.computed = 0
 		p.utilStep = u
 		s := p.seqStep + 1
 		for s < len(p.ladder)-1 && p.ladder[s].MaxNumSeqs == from.MaxNumSeqs {
@@ -274,9 +314,11 @@ func (p *Policy) stepDown(d Decision, relapse bool) Decision {
 	from := p.Current()
 	p.seqStep = min(p.seqStep+1, len(p.ladder)-1)
 	p.utilStep = min(p.utilStep+1, len(p.ladder)-1)
+	p.computed = 0
+	how := p.computeDown(from)
 	to := p.Current()
-	d.Reason = fmt.Sprintf("GPU out of memory: rung %d→%d (max_num_seqs %d→%d, gpu_memory_utilization %.2f→%.2f)",
-		from.Index, to.Index, from.MaxNumSeqs, to.MaxNumSeqs, from.GPUMemoryUtilization, to.GPUMemoryUtilization)
+	d.Reason = fmt.Sprintf("GPU out of memory: rung %d→%d (max_num_seqs %d→%d, gpu_memory_utilization %.2f→%.2f); %s",
+		from.Index, to.Index, from.MaxNumSeqs, to.MaxNumSeqs, from.GPUMemoryUtilization, to.GPUMemoryUtilization, how)
 	if relapse {
 		d.Reason += fmt.Sprintf("; OOM soon after a restore, next restore waits %s", p.restoreWait())
 	}
@@ -346,7 +388,11 @@ func (p *Policy) RestoreDue(now time.Time, peakFraction float64, idle bool) (Run
 	if now.Sub(p.readyAt) < p.restoreWait() || peakFraction >= p.cfg.GPU.WarnFraction || !idle {
 		return Rung{}, false
 	}
-	return p.upOne(), true
+	up, cur := p.upOne(), p.Current()
+	if up.MaxNumSeqs <= cur.MaxNumSeqs && up.GPUMemoryUtilization <= cur.GPUMemoryUtilization {
+		return Rung{}, false // the cost model says nothing more fits
+	}
+	return up, true
 }
 
 // upOne is the profile one rung up: both steps back by one (utilization
@@ -355,7 +401,15 @@ func (p *Policy) RestoreDue(now time.Time, peakFraction float64, idle bool) (Run
 func (p *Policy) upOne() Rung {
 	s := p.seqStep - 1
 	u := min(p.utilStep, s)
-	return Rung{Index: s, MaxNumSeqs: p.ladder[s].MaxNumSeqs, GPUMemoryUtilization: p.ladder[u].GPUMemoryUtilization}
+	r := Rung{Index: s, MaxNumSeqs: p.ladder[s].MaxNumSeqs, GPUMemoryUtilization: p.ladder[u].GPUMemoryUtilization}
+	// With a confident cost model the step up goes to the computed safe
+	// value, not blindly to the rung above.
+	if m := p.Cost(); m.Confident {
+		if safe := m.SafeMaxNumSeqs(r.GPUMemoryUtilization, p.cfg.Profile.Headroom); safe < r.MaxNumSeqs {
+			r.MaxNumSeqs = max(safe, p.Current().MaxNumSeqs, p.cfg.Profile.MinMaxNumSeqs)
+		}
+	}
+	return r
 }
 
 // OnRestore records that the guard stepped one rung up at now (the caller
@@ -367,14 +421,37 @@ func (p *Policy) OnRestore(now time.Time) {
 	r := p.upOne()
 	p.seqStep = r.Index
 	p.utilStep = min(p.utilStep, r.Index)
+	p.computed = 0
+	if r.MaxNumSeqs != p.ladder[r.Index].MaxNumSeqs {
+		p.computed = r.MaxNumSeqs
+	}
 	p.restoredAt = now
 	p.readyAt = time.Time{}
+}
+
+// computeDown replaces the ladder's max_num_seqs of the new rung by the
+// largest one the cost model predicts safe, when it is confident; it says
+// which way the rung was chosen.
+func (p *Policy) computeDown(from Rung) string {
+	m := p.Cost()
+	if !m.Confident {
+		return "halving ladder (" + m.Why + ")"
+	}
+	util := p.ladder[p.utilStep].GPUMemoryUtilization
+	safe := m.SafeMaxNumSeqs(util, p.cfg.Profile.Headroom)
+	switch {
+	case safe >= from.MaxNumSeqs:
+		return fmt.Sprintf("halving ladder (the cost model predicts %d sequences fit, no fewer than before: this OOM is not explained by concurrency)", safe)
+	default:
+		p.computed = max(safe, p.cfg.Profile.MinMaxNumSeqs)
+		return fmt.Sprintf("computed from the cost model: %s", m.Describe(util, p.cfg.Profile.Headroom))
+	}
 }
 
 // ResetProfile returns to rung 0 at the next start (`vllm-guard profile reset`)
 // and forgets the restore history.
 func (p *Policy) ResetProfile() {
-	p.seqStep, p.utilStep = 0, 0
+	p.seqStep, p.utilStep, p.computed = 0, 0, 0
 	p.restoredAt = time.Time{}
 	p.restoreMult = 1
 }

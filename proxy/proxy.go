@@ -1,0 +1,489 @@
+// Package proxy owns the admission-control reverse proxy in front of vLLM
+// (SPEC §10): at most the rung's max_num_seqs × inflight_factor requests in
+// flight, a bounded FIFO queue with a timeout, a pause (not errors) while
+// vLLM restarts, half the admission under memory pressure, SSE passed
+// through unbuffered, a stream cut by a vLLM death ended with an error
+// event, and the proxy_* metrics. It decides nothing about vLLM itself: an
+// Upstream (the supervisor's wiring) says where vLLM is, whether it is
+// ready, the rung in force and whether a memory alert is active.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/config"
+)
+
+// Upstream is what the proxy asks the supervisor. Its methods are called
+// from request goroutines, concurrently, and must be cheap.
+type Upstream interface {
+	// Target is vLLM's base URL (http://host:port) and whether it is
+	// ready now.
+	Target() (baseURL string, ready bool)
+	// MaxNumSeqs is the max_num_seqs of the rung in force.
+	MaxNumSeqs() int
+	// Pressure reports whether gpu_memory_critical or oom_predicted is
+	// active: admission halves while it is.
+	Pressure() bool
+}
+
+// Stats is the proxy's admission state, for status and the drill.
+type Stats struct {
+	Ready      bool              `json:"ready"`
+	Limit      int               `json:"limit"`
+	Inflight   int               `json:"inflight"`
+	Queued     int               `json:"queued"`
+	QueueSize  int               `json:"queue_size"`
+	Admitted   uint64            `json:"admitted"`
+	Rejected   uint64            `json:"rejected"`
+	RejectedBy map[string]uint64 `json:"rejected_by_reason"` // queue_full, queue_timeout, not_ready, body_too_large
+	// Engaged: some request ever waited for a slot or was refused one
+	// (queue_full, queue_timeout). Waiting for vLLM to be ready is not
+	// admission control at work and does not count.
+	Engaged bool `json:"engaged"`
+	// UpstreamRetries counts connections vLLM refused that the proxy
+	// retried (vLLM restarting before the supervisor noticed).
+	UpstreamRetries uint64 `json:"upstream_retries"`
+}
+
+// QueueWaitHeader is set on responses to requests that waited in the
+// queue: the wait in milliseconds. The drill counts queueing with it.
+const QueueWaitHeader = "X-Vllm-Guard-Queue-Wait-Ms"
+
+// Bounds of the proxy's connections. Generation can take minutes before
+// the first byte of a non-streaming answer, so nothing bounds a response
+// in flight: vLLM's liveness is the supervisor's job.
+const (
+	readHeaderTimeout = 10 * time.Second  // a client's request headers
+	bodyReadTimeout   = 60 * time.Second  // a client's request body, once admitted
+	clientIdleTimeout = 120 * time.Second // a kept-alive client connection between requests
+	maxHeaderBytes    = 64 << 10
+	dialTimeout       = 5 * time.Second
+	upstreamIdle      = 90 * time.Second // a pooled connection to vLLM
+	drainTimeout      = 30 * time.Second // in-flight requests at shutdown
+	// retryPoll: after vLLM refused a connection while still said to be
+	// ready, try again this often until the supervisor says otherwise or
+	// the request's queue deadline passes.
+	retryPoll = 100 * time.Millisecond
+)
+
+// Retry-After values (seconds): a full queue drains in about a request's
+// time; a restart takes longer.
+const (
+	retryAfterBusy     = "1"
+	retryAfterNotReady = "5"
+)
+
+// Proxy is the admission-control reverse proxy. It is an http.Handler;
+// Serve runs it on a listener.
+type Proxy struct {
+	cfg     config.Proxy
+	up      Upstream
+	log     *zap.Logger
+	lim     *limiter
+	tr      *http.Transport
+	rp      *httputil.ReverseProxy
+	m       *metrics
+	target  atomic.Pointer[parsedTarget]
+	retries atomic.Uint64
+}
+
+type parsedTarget struct {
+	raw string
+	u   *url.URL
+	err error
+}
+
+// New builds a proxy over up. reg may be nil (metrics are then not
+// registered anywhere); log may be nil.
+func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logger) *Proxy {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if cfg.InflightFactor <= 0 {
+		cfg.InflightFactor = 1
+	}
+	p := &Proxy{cfg: cfg, up: up, log: log.Named("proxy"), lim: newLimiter(max(cfg.QueueSize, 0))}
+	p.tr = &http.Transport{
+		Proxy:                 nil, // never an environment proxy between the guard and its vLLM
+		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          0,
+		MaxIdleConnsPerHost:   4096,
+		IdleConnTimeout:       upstreamIdle,
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true, // pass encodings through as they are
+	}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite:        p.rewrite,
+		Transport:      &retryTransport{p: p},
+		FlushInterval:  -1, // every write reaches the client at once: SSE events are not held back
+		BufferPool:     bufferPool{},
+		ErrorHandler:   p.upstreamError,
+		ModifyResponse: p.modifyResponse,
+		// Its messages are per request (a client gone mid-copy): debug.
+		ErrorLog: newStdLog(p.log, zap.DebugLevel),
+	}
+	p.m = newMetrics(reg, p.lim)
+	p.refresh()
+	return p
+}
+
+// Notify tells the proxy that readiness, the rung or the alerts changed:
+// it recomputes the limit and wakes waiters. Call it on every change.
+func (p *Proxy) Notify() { p.refresh() }
+
+// Stats returns the admission state now.
+func (p *Proxy) Stats() Stats {
+	s := p.lim.stats()
+	s.UpstreamRetries = p.retries.Load()
+	return s
+}
+
+// limitFor is the admission limit for a rung and pressure.
+func limitFor(maxNumSeqs int, factor float64, pressure bool) int {
+	n := max(int(float64(maxNumSeqs)*factor), 1)
+	if pressure {
+		n = max(n/2, 1)
+	}
+	return n
+}
+
+func (p *Proxy) refresh() {
+	_, ready := p.up.Target()
+	limit := limitFor(p.up.MaxNumSeqs(), p.cfg.InflightFactor, p.up.Pressure())
+	if p.lim.set(limit, ready) {
+		// vLLM went away: its pooled connections are dead or about to be.
+		p.tr.CloseIdleConnections()
+	}
+}
+
+// Serve answers on l until ctx is done, then stops accepting, refuses the
+// queued requests (503) and lets those in flight finish (up to 30 s).
+func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
+	srv := &http.Server{
+		Handler:           p,
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       clientIdleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          newStdLog(p.log, zap.WarnLevel),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	p.log.Info("proxy listening", zap.String("addr", l.Addr().String()), zap.Int("limit", p.Stats().Limit),
+		zap.Int("queue_size", p.cfg.QueueSize), zap.Duration("queue_timeout", p.cfg.QueueTimeout.Duration))
+	select {
+	case err := <-errc:
+		p.lim.close()
+		p.tr.CloseIdleConnections()
+		return fmt.Errorf("proxy on %s: %w", l.Addr(), err)
+	case <-ctx.Done():
+	}
+	p.lim.close()
+	sctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	if err != nil {
+		p.log.Warn("proxy drain timed out; closing the remaining connections", zap.Duration("timeout", drainTimeout))
+		srv.Close()
+	}
+	<-errc
+	p.tr.CloseIdleConnections()
+	return nil
+}
+
+type ctxKey struct{}
+
+// reqState travels with a request through the ReverseProxy.
+type reqState struct {
+	deadline time.Time // the queue bound: also for waiting out a refused connection
+	body     *trackBody
+}
+
+// ServeHTTP admits, forwards and accounts for one request.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rec := &recorder{ResponseWriter: w}
+	defer func() {
+		code := rec.code
+		if code == 0 {
+			code = 499 // the client left before any answer (nginx's convention)
+		}
+		p.m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
+		p.m.duration.Observe(time.Since(start).Seconds())
+	}()
+
+	if limit := p.cfg.MaxBodyBytes; limit > 0 && r.ContentLength > limit {
+		p.tooLarge(rec, r.ContentLength)
+		return
+	}
+	deadline := start.Add(p.cfg.QueueTimeout.Duration)
+	p.refresh()
+	queued, err := p.lim.acquire(r.Context(), deadline)
+	if err != nil {
+		if rj, ok := isRejection(err); ok {
+			p.reject(rec, rj)
+		}
+		return // else the client left while waiting: nobody to answer
+	}
+	defer p.lim.release()
+	if queued {
+		rec.Header().Set(QueueWaitHeader, strconv.FormatFloat(float64(time.Since(start).Microseconds())/1000, 'f', 1, 64))
+	}
+
+	st := &reqState{deadline: deadline}
+	if r.Body != nil && r.Body != http.NoBody {
+		var body io.ReadCloser = r.Body
+		if p.cfg.MaxBodyBytes > 0 {
+			body = http.MaxBytesReader(w, body, p.cfg.MaxBodyBytes) // w: so the server closes the connection after a 413
+		}
+		st.body = &trackBody{rc: body, rc2: http.NewResponseController(w)}
+		// A slow body holds a slot: bound its reading. trackBody clears
+		// the deadline once the body is read, so a long answer is not cut.
+		_ = st.body.rc2.SetReadDeadline(time.Now().Add(bodyReadTimeout))
+		r.Body = st.body
+	}
+	p.rp.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), ctxKey{}, st)))
+}
+
+func (p *Proxy) tooLarge(w http.ResponseWriter, n int64) {
+	p.lim.reject(reasonBodyTooLarge)
+	p.m.rejected.WithLabelValues(reasonBodyTooLarge).Inc()
+	w.Header().Set("Connection", "close")
+	writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error",
+		fmt.Sprintf("request body of %d bytes is larger than the proxy's limit of %d bytes ([proxy] max_body_bytes)", n, p.cfg.MaxBodyBytes))
+}
+
+func (p *Proxy) reject(w http.ResponseWriter, rj *rejection) {
+	p.m.rejected.WithLabelValues(rj.reason).Inc()
+	switch {
+	case rj.shutdown:
+		w.Header().Set("Retry-After", retryAfterNotReady)
+		writeError(w, http.StatusServiceUnavailable, "server_error", "vllm-guard is shutting down; retry shortly")
+	case rj.reason == reasonNotReady:
+		w.Header().Set("Retry-After", retryAfterNotReady)
+		writeError(w, http.StatusServiceUnavailable, "server_error",
+			fmt.Sprintf("vLLM is not ready (restarting or loading) and did not come back within %s; retry shortly", p.cfg.QueueTimeout.Duration))
+	case rj.reason == reasonQueueFull:
+		w.Header().Set("Retry-After", retryAfterBusy)
+		writeError(w, http.StatusTooManyRequests, "rate_limit_error",
+			fmt.Sprintf("vllm-guard admission queue is full (%d waiting, %d in flight); retry shortly", p.cfg.QueueSize, p.Stats().Limit))
+	default:
+		w.Header().Set("Retry-After", retryAfterBusy)
+		writeError(w, http.StatusTooManyRequests, "rate_limit_error",
+			fmt.Sprintf("no free slot within %s (vllm-guard admission control); retry shortly", p.cfg.QueueTimeout.Duration))
+	}
+}
+
+// rewrite points the outgoing request at vLLM.
+func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
+	if u, err := p.targetURL(); err == nil {
+		pr.SetURL(u)
+	}
+	pr.SetXForwarded()
+}
+
+var errNoTarget = errors.New("vLLM's address is not known yet")
+
+// targetURL parses the Upstream's base URL, once per distinct value.
+func (p *Proxy) targetURL() (*url.URL, error) {
+	raw, _ := p.up.Target()
+	if t := p.target.Load(); t != nil && t.raw == raw {
+		return t.u, t.err
+	}
+	t := &parsedTarget{raw: raw}
+	if raw == "" {
+		t.err = errNoTarget
+	} else if t.u, t.err = url.Parse(raw); t.err == nil && (t.u.Scheme == "" || t.u.Host == "") {
+		t.err = fmt.Errorf("vLLM's address %q is not a base URL such as http://127.0.0.1:8000", raw)
+	}
+	p.target.Store(t)
+	return t.u, t.err
+}
+
+// errNotReady ends a request whose vLLM stayed unreachable until its
+// deadline.
+var errNotReady = errors.New("vLLM did not come back before the request's queue deadline")
+
+// retryTransport sends to vLLM; a refused connection (vLLM just died or
+// restarts, before the supervisor noticed) is retried until vLLM is back
+// or the request's queue deadline passes. Nothing was sent then, so a
+// retry is safe for any method.
+type retryTransport struct{ p *Proxy }
+
+func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	st, _ := req.Context().Value(ctxKey{}).(*reqState)
+	for {
+		if req.URL.Host == "" {
+			// The target was unknown at rewrite time.
+			if _, err := t.p.targetURL(); err != nil {
+				return nil, err
+			}
+		}
+		resp, err := t.p.tr.RoundTrip(req)
+		if err == nil || st == nil || !isDialError(err) || (st.body != nil && st.body.touched()) {
+			return resp, err
+		}
+		t.p.retries.Add(1)
+		t.p.log.Debug("vLLM refused a connection; waiting for it", zap.Error(err))
+		if err := t.waitReady(req.Context(), st.deadline); err != nil {
+			return nil, err
+		}
+		u, err := t.p.targetURL()
+		if err != nil {
+			return nil, err
+		}
+		req = req.Clone(req.Context())
+		req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
+		if st.body != nil {
+			// The transport closed the ReverseProxy's wrapper of the
+			// body; the body itself was not read.
+			req.Body = st.body
+		}
+	}
+}
+
+// waitReady waits for a change of readiness or a poll interval, and then
+// for vLLM to be ready, until deadline.
+func (t *retryTransport) waitReady(ctx context.Context, deadline time.Time) error {
+	timer := time.NewTimer(min(retryPoll, time.Until(deadline)))
+	defer timer.Stop()
+	for first := true; ; first = false {
+		if !first && t.p.lim.isReady() {
+			return nil
+		}
+		if !time.Now().Before(deadline) {
+			return errNotReady
+		}
+		changed := t.p.lim.wait()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		case <-timer.C:
+			timer.Reset(min(retryPoll, max(time.Until(deadline), time.Millisecond)))
+		}
+		t.p.refresh()
+	}
+}
+
+func isDialError(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// upstreamError answers a request that got no response from vLLM.
+func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		p.tooLarge(w, mbe.Limit+1)
+	case r.Context().Err() != nil:
+		// The client left: its upstream request is cancelled with it.
+	case errors.Is(err, errNotReady):
+		p.lim.reject(reasonNotReady)
+		p.reject(w, &rejection{reason: reasonNotReady})
+	case isVLLMGone(err):
+		p.log.Debug("vLLM went away during a request", zap.String("path", r.URL.Path), zap.Error(err))
+		w.Header().Set("Retry-After", retryAfterNotReady)
+		writeError(w, http.StatusServiceUnavailable, "server_error",
+			"vLLM went away before answering (it is restarting); retry shortly")
+	default:
+		p.log.Warn("vLLM request failed", zap.String("path", r.URL.Path), zap.Error(err))
+		writeError(w, http.StatusBadGateway, "server_error", "vLLM request failed: "+err.Error())
+	}
+}
+
+// isVLLMGone: the connection to vLLM failed or closed under the request.
+func isVLLMGone(err error) bool {
+	var ne net.Error
+	return isDialError(err) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, errNoTarget) ||
+		(errors.As(err, &ne) && !ne.Timeout())
+}
+
+// modifyResponse guards SSE streams against a cut.
+func (p *Proxy) modifyResponse(resp *http.Response) error {
+	if isEventStream(resp.Header.Get("Content-Type")) {
+		resp.Body = &sseBody{rc: resp.Body, ctx: resp.Request.Context(), log: p.log, path: resp.Request.URL.Path, lastNL: 2}
+	}
+	return nil
+}
+
+// recorder remembers the status code; Flush and Unwrap keep streaming
+// and http.ResponseController working through it.
+type recorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if r.code == 0 && code >= 200 {
+		r.code = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.code == 0 {
+		r.code = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *recorder) Flush() {
+	if f, ok := r.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// trackBody is the client's request body as sent upstream: it notes
+// whether anything was read (a refused connection may be retried only if
+// not), ignores the transport's Close (the server closes the real body)
+// so that a retry can send it, and lifts the body read deadline at its
+// end.
+type trackBody struct {
+	rc   io.ReadCloser
+	rc2  *http.ResponseController
+	read atomic.Bool
+	done atomic.Bool
+}
+
+func (b *trackBody) Read(p []byte) (int, error) {
+	b.read.Store(true)
+	n, err := b.rc.Read(p)
+	if err != nil && b.done.CompareAndSwap(false, true) {
+		_ = b.rc2.SetReadDeadline(time.Time{})
+	}
+	return n, err
+}
+
+func (b *trackBody) Close() error  { return nil }
+func (b *trackBody) touched() bool { return b.read.Load() }
+
+// bufferPool lends the ReverseProxy its copy buffers.
+type bufferPool struct{}
+
+var buffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *(buffers.Get().(*[]byte)) }
+func (bufferPool) Put(b []byte) { buffers.Put(&b) }

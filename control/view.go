@@ -72,6 +72,9 @@ func WriteStatus(w io.Writer, d Doc) {
 	row("time to ready", "%s (last start); %d %s", ttr, g.Starts, plural(g.Starts, "start", "starts"))
 	row("profile", "rung %d: max_num_seqs %d, gpu_memory_utilization %.2f",
 		g.Rung.Index, g.Rung.MaxNumSeqs, g.Rung.GPUMemoryUtilization)
+	if g.Cost != "" {
+		row("cost model", "%s", g.Cost)
+	}
 	row("restarts", "%s", restarts(g.Restarts))
 	row("requests", "%s", vllmLine(d))
 	tw.Flush()

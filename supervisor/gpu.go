@@ -28,6 +28,17 @@ func (g monitorGPU) UsedBytes() []uint64 {
 	return out
 }
 
+func (g monitorGPU) Fullest() (used, total uint64, ok bool) {
+	snap := g.m.Snapshot()
+	best := -1.0
+	for _, d := range snap.Devices {
+		if d.Total > 0 && d.Fraction > best {
+			best, used, total = d.Fraction, d.Used, d.Total
+		}
+	}
+	return used, total, snap.Up && best >= 0
+}
+
 func (g monitorGPU) WaitReleased(ctx context.Context, pids []int, baseline []uint64, timeout time.Duration) []Holder {
 	r := g.m.WaitReleased(ctx, pids, baseline, timeout)
 	if r.Released {

@@ -182,6 +182,9 @@ func (s *Supervisor) watch(ctx context.Context, c *child, out *output, pr *probe
 			live.Stop()
 		}
 	}()
+	// While ready, pair GPU memory with running sequences for the cost model.
+	costTick := time.NewTicker(s.cfg.GPU.SampleInterval.Duration)
+	defer costTick.Stop()
 	ready := false
 	failures := 0
 	peak := 0.0 // highest GPU fraction since ready, for restore
@@ -248,6 +251,10 @@ func (s *Supervisor) watch(ctx context.Context, c *child, out *output, pr *probe
 				return hang(fmt.Sprintf("not ready after max_start_time %s", m))
 			}
 			probe(func(ctx context.Context) probeResult { return pr.ready(ctx, rc.Probe, rc.ProbeTimeout.Duration) })
+		case <-costTick.C:
+			if ready {
+				s.observeCost()
+			}
 		case <-liveC():
 			lc := s.cfg.Liveness
 			probe(func(ctx context.Context) probeResult { return pr.health(ctx, lc.Timeout.Duration) })
@@ -339,11 +346,12 @@ func (s *Supervisor) restoreDue(peak *float64) (policy.Rung, bool) {
 			*peak = max(*peak, f)
 		}
 	}
-	idle, known := false, false
-	if s.idle != nil {
-		idle, known = s.idle()
+	idle := false
+	if s.load != nil {
+		running, waiting, ok := s.load()
+		idle = ok && running == 0 && waiting == 0
 	}
-	return s.pol.RestoreDue(time.Now(), *peak, idle && known)
+	return s.pol.RestoreDue(time.Now(), *peak, idle)
 }
 
 // treeSeen remembers every process of vLLM's tree seen during a run, with
@@ -382,4 +390,28 @@ func (t treeSeen) survivors() []int {
 		}
 	}
 	return out
+}
+
+// observeCost feeds the cost model one (running sequences, memory) pair.
+func (s *Supervisor) observeCost() {
+	if s.gpu == nil || s.load == nil {
+		return
+	}
+	running, _, ok := s.load()
+	used, total, gok := s.gpu.Fullest()
+	if !ok || !gok {
+		return
+	}
+	s.pol.ObserveCost(running, used, total)
+	s.costObs++
+	if s.costObs%10 == 1 {
+		s.describeCost()
+	}
+}
+
+// describeCost puts the cost model's one-line summary in the status.
+func (s *Supervisor) describeCost() {
+	r := s.pol.Current()
+	d := s.pol.Cost().Describe(r.GPUMemoryUtilization, s.cfg.Profile.Headroom)
+	s.update(func(st *Status) { st.Cost = d })
 }

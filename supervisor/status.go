@@ -40,6 +40,7 @@ type Status struct {
 	LastFailure *Failure             `json:"last_failure,omitempty"`
 	ExitCode    int                  `json:"exit_code,omitempty"` // when failed or stopped
 	LogDropped  uint64               `json:"log_lines_dropped"`
+	Cost        string               `json:"cost_model,omitempty"` // what a running sequence costs, and the safe max_num_seqs
 }
 
 // Failure is one death of vLLM with its cause and what the guard did about it.

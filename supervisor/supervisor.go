@@ -29,6 +29,9 @@ type GPU interface {
 	RecentFractions(n int) []float64
 	// UsedBytes is the memory in use per chosen device now.
 	UsedBytes() []uint64
+	// Fullest is the memory in use and the total of the fullest device at
+	// the last sample; ok is false when unknown.
+	Fullest() (used, total uint64, ok bool)
 	// WaitReleased blocks until NVML shows none of pids (or used back to
 	// baseline when PIDs are not visible), up to timeout; it returns
 	// the processes still holding memory, empty when released.
@@ -68,10 +71,11 @@ type Options struct {
 	Keeper []string
 	// ExtraArgs are appended to [vllm] command (after `--` on the command line).
 	ExtraArgs []string
-	// Idle reports whether vLLM has no running or waiting request (from its
-	// /metrics); known is false when that is not known. nil: never idle, so
-	// restore never interrupts traffic it cannot see.
-	Idle func() (idle, known bool)
+	// Load reports vLLM's running and waiting requests (from its /metrics);
+	// ok is false when not known. It feeds restore (which waits for idle)
+	// and the cost model. nil: never known, so restore never interrupts
+	// traffic it cannot see.
+	Load func() (running, waiting float64, ok bool)
 }
 
 // Supervisor runs vLLM until stopped. Make one with New, then Run it.
@@ -84,11 +88,12 @@ type Supervisor struct {
 	keeper []string
 	extra  []string
 	model  string
-	idle   func() (bool, bool)
+	load   func() (running, waiting float64, ok bool)
 
 	status    atomic.Pointer[Status]
 	lastTurn  atomic.Int64
 	reqs      chan request
+	costObs   int // cost samples taken (the summary is refreshed every 10)
 	everReady bool
 }
 
@@ -115,8 +120,9 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 		keeper = []string{exe, KeeperArg}
 	}
 	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, hooks: opts.Hooks,
-		keeper: keeper, extra: opts.ExtraArgs, idle: opts.Idle, model: cfg.ServedModelName(), reqs: make(chan request)}
-	st := Status{State: StateStarting, Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[policy.Cause]int{}}
+		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, model: cfg.ServedModelName(), reqs: make(chan request)}
+	st := Status{State: StateStarting, Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[policy.Cause]int{},
+		Cost: s.pol.Cost().Describe(s.pol.Current().GPUMemoryUtilization, cfg.Profile.Headroom)}
 	s.status.Store(&st)
 	s.lastTurn.Store(time.Now().UnixNano())
 	return s, nil
@@ -288,6 +294,7 @@ func (s *Supervisor) fail(res outcome, rung policy.Rung) Failure {
 	v := policy.Classify(exit)
 	d := s.pol.OnFailure(now, v)
 	s.persist()
+	s.describeCost()
 	f := Failure{Time: now, PID: res.pid, Exit: res.exit.String(), ExitCode: res.exit.Code, Signal: res.exit.Signal,
 		Phase: res.phase, Verdict: v, Decision: d, RungBefore: rung, Lines: res.lines, MemFractions: exit.MemFractions, Uptime: res.uptime}
 	fields := []zap.Field{zap.String("cause", string(v.Cause)), zap.String("confidence", v.Confidence),

@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/vllm-guard/vllm-guard/control"
+	"github.com/vllm-guard/vllm-guard/drill"
 	"github.com/vllm-guard/vllm-guard/supervisor"
 )
 
@@ -21,6 +22,7 @@ Usage:
   vllm-guard restart                           restart vLLM now, on the current rung
   vllm-guard profile reset                     back to rung 0 at the next start
   vllm-guard diagnose [--log FILE|-] [--json] classify a vLLM log offline: cause, evidence, facts, advice
+  vllm-guard drill --url URL --model NAME ...   the failure drill: a burst, alerts' lead time, verdict
   vllm-guard gpus [--json]                    what NVML sees: devices, memory, processes (no guard needed)
   vllm-guard version                          version, commit, Go version
 
@@ -68,6 +70,8 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 		return control.ActionCommand("profile reset", rest[1:], stdout, stderr)
 	case "diagnose":
 		return cmdDiagnose(rest, os.Stdin, stdout, stderr)
+	case "drill":
+		return drill.Command(rest, stdout, stderr)
 	case "gpus":
 		return cmdGPUs(rest, stdout, stderr)
 	case "version":

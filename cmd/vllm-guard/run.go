@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/metrics"
 	"github.com/vllm-guard/vllm-guard/notify"
 	"github.com/vllm-guard/vllm-guard/policy"
+	"github.com/vllm-guard/vllm-guard/proxy"
 	"github.com/vllm-guard/vllm-guard/state"
 	"github.com/vllm-guard/vllm-guard/supervisor"
 	"github.com/vllm-guard/vllm-guard/vllmstats"
@@ -79,6 +81,7 @@ type guard struct {
 	sd    *notify.Notifier
 	alert *alerts.Dispatcher
 	stats *vllmstats.Scraper
+	proxy *proxy.Proxy // nil unless [proxy] listen is set
 	extra []string
 
 	mu           sync.Mutex
@@ -120,7 +123,7 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 		Policy:    g.pol,
 		GPU:       supervisor.MonitorGPU(g.gpu),
 		ExtraArgs: extra,
-		Idle:      g.vllmIdle,
+		Load:      g.vllmLoad,
 		Hooks: supervisor.Hooks{
 			OnStart:    func(policy.Rung) { g.met.Started() },
 			OnState:    g.onState,
@@ -134,6 +137,9 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 		return nil, err
 	}
 	g.sup = sup
+	if cfg.Proxy.Listen != "" {
+		g.proxy = proxy.New(cfg.Proxy, g, g.met.Registry(), log.Named("proxy"))
+	}
 	return g, nil
 }
 
@@ -179,6 +185,23 @@ func (g *guard) run(ctx context.Context) int {
 		defer hs.Close()
 	}
 	background(g.stats.Run)
+	if addr := g.cfg.Proxy.Listen; addr != "" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			g.log.Error("cannot listen for the proxy: fix [proxy] listen", zap.Error(err))
+			cancel()
+			wg.Wait()
+			return exitConfig
+		}
+		g.log.Info("admission-control proxy listening", zap.String("listen", ln.Addr().String()))
+		// The proxy drains after the supervisor stops (Serve returns when
+		// its context ends), so it outlives vLLM only to answer 503s.
+		background(func(ctx context.Context) {
+			if err := g.proxy.Serve(ctx, ln); err != nil {
+				g.log.Warn("proxy stopped", zap.Error(err))
+			}
+		})
+	}
 
 	code := g.sup.Run(ctx)
 
@@ -195,6 +218,9 @@ func (g *guard) run(ctx context.Context) int {
 }
 
 func (g *guard) onState(st supervisor.Status) {
+	if g.proxy != nil {
+		g.proxy.Notify()
+	}
 	if st.State == supervisor.StateReady {
 		_, ep := supervisor.BuildArgv(g.cfg.VLLM.Command, g.extra, st.Rung, g.cfg.VLLM.Host, g.cfg.VLLM.Port)
 		g.stats.SetTarget(ep.URL())
@@ -244,6 +270,9 @@ func (g *guard) forwardGPUAlerts(ctx context.Context) {
 		case a := <-ch:
 			g.alert.Send(alerts.FromGPU(a, g.sup.Status().Rung))
 			g.met.SetAlert(a.Name, a.Active)
+			if g.proxy != nil {
+				g.proxy.Notify()
+			}
 		}
 	}
 }
@@ -320,8 +349,8 @@ type realClock struct{}
 
 func (realClock) Now() time.Time { return time.Now() }
 
-// vllmIdle says whether vLLM runs and queues nothing (restore waits for it).
-func (g *guard) vllmIdle() (idle, known bool) {
+// vllmLoad is vLLM's running and waiting requests from its last scrape.
+func (g *guard) vllmLoad() (running, waiting float64, ok bool) {
 	v := g.stats.Latest()
-	return v.Running == 0 && v.Waiting == 0, v.Up
+	return v.Running, v.Waiting, v.Up
 }

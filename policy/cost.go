@@ -30,9 +30,10 @@ const maxCostSamples = 600
 
 // Thresholds for a confident fit.
 const (
-	minDistinctRunning = 5    // distinct concurrency levels seen
-	minRunningSpread   = 8.0  // sequences between the lowest and the highest level
-	maxResidualOfTotal = 0.02 // median absolute residual, as a fraction of total
+	minDistinctRunning = 5     // distinct concurrency levels seen
+	minRunningSpread   = 8.0   // sequences between the lowest and the highest level
+	maxResidualOfTotal = 0.02  // median absolute residual, as a fraction of total
+	fitMarginOfTotal   = 0.005 // the least margin kept for the fit's error
 )
 
 // CostModel is a fit of memory against running sequences.
@@ -108,13 +109,15 @@ func FitCost(samples []CostSample) CostModel {
 }
 
 // SafeMaxNumSeqs is the largest max_num_seqs whose predicted peak (every
-// slot running, at utilization) stays under (1 − headroom) of total, less
-// twice the fit's residual; 0 when none fits or the model is not confident.
+// slot running, at utilization) stays under (1 − headroom) of total, less a
+// margin for the fit's own error (twice its residual, at least 0.5 % of
+// total); 0 when none fits or the model is not confident.
 func (m CostModel) SafeMaxNumSeqs(utilization, headroom float64) int {
 	if !m.Confident || m.PerSeq <= 0 || m.Total <= 0 {
 		return 0
 	}
-	room := (1-headroom)*m.Total - utilization*m.Total - m.Base - 2*m.Residual
+	margin := max(2*m.Residual, fitMarginOfTotal*m.Total)
+	room := (1-headroom)*m.Total - utilization*m.Total - m.Base - margin
 	if room <= 0 {
 		return 0
 	}

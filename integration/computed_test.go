@@ -1,0 +1,79 @@
+package integration
+
+import (
+	"math"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A true per-sequence cost the halving ladder handles badly: the safe
+// maximum is 75 % of rung 0. The guard learns the cost while vLLM serves,
+// and after exactly one OOM lands within 90–100 % of the true safe maximum,
+// where halving alone would give 50 % of rung 0.
+//
+// The arithmetic (80 GiB device, 0.5 GiB reserved, the API process 0.25 GiB,
+// utilization held at 0.85, headroom 2 %): room for sequences at the
+// headroom = 0.98·80 − 0.85·80 − 0.75 = 9.65 GiB; at 51.47 MiB a sequence
+// that is 192 sequences (75 % of 256). Rung 0 runs out of memory when the
+// background demand passes 11.25 GiB / 51.47 MiB ≈ 223 sequences.
+func TestComputedRungAfterOneOOM(t *testing.T) {
+	t.Parallel()
+	s := newScene(t)
+	const seqCostMiB = 51.47
+	s.env["FAKEVLLM_SEQ_COST_MIB"] = "51.47"
+	s.env["FAKEVLLM_BACKGROUND_SEQS"] = "256"
+	s.env["FAKEVLLM_BACKGROUND_RAMP"] = "4s"
+	s.extra = `
+[profile]
+max_num_seqs = 256
+gpu_memory_utilization = 0.85
+min_gpu_memory_utilization = 0.85
+headroom = 0.02
+[restart]
+initial_delay = "200ms"
+[gpu]
+sample_interval = "100ms"
+`
+	s.start()
+	f := s.waitLog("the OOM", 1, 60*time.Second, msg("vLLM failed"))
+	if f["cause"] != "oom" {
+		t.Fatalf("failure %v, want oom", f)
+	}
+	if reason, _ := f["reason"].(string); !strings.Contains(reason, "computed from the cost model") {
+		t.Fatalf("the next rung was not computed: %q", reason)
+	}
+	trueSafe := math.Floor((0.98*80 - 0.85*80 - 0.75) * 1024 / seqCostMiB)
+	got := f["next_max_num_seqs"].(float64)
+	if got < 0.9*trueSafe || got > trueSafe {
+		t.Fatalf("computed max_num_seqs %v, want within 90–100%% of the true safe maximum %v (halving would give 128)", got, trueSafe)
+	}
+	s.waitLog("ready on the computed rung", 2, 60*time.Second, msg("vLLM ready"))
+	launch := s.waitLog("the second launch", 2, time.Second, msg("launching vLLM"))
+	if argv := strings.Join(toStrings(launch["argv"]), " "); !strings.Contains(argv, "--max-num-seqs "+formatInt(got)) {
+		t.Fatalf("second launch %q does not use the computed max_num_seqs %v", argv, got)
+	}
+	// The background demand (256) now fills every slot: hold for twice the
+	// ramp and require no second OOM.
+	deadline := time.Now().Add(8 * time.Second)
+	for time.Now().Before(deadline) {
+		if n := s.count(msg("vLLM failed")); n != 1 {
+			t.Fatalf("%d failures, want exactly 1", n)
+		}
+		select {
+		case <-s.notify:
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func toStrings(v any) []string {
+	var out []string
+	for _, x := range v.([]any) {
+		out = append(out, x.(string))
+	}
+	return out
+}
+
+func formatInt(f float64) string { return strconv.Itoa(int(f)) }

@@ -184,6 +184,17 @@ func (s *scene) start(args ...string) {
 	})
 }
 
+// restart starts a second guard over the same scene (same config, state
+// and simulator settings), as systemd would after the first one exited.
+func (s *scene) restart() *scene {
+	s.t.Helper()
+	n := &scene{t: s.t, dir: s.dir, port: s.port, gpuDir: s.gpuDir, testID: s.testID, env: s.env, extra: s.extra,
+		command: s.command, guardBin: s.guardBin, logLevel: s.logLevel, noNVML: s.noNVML, httpListen: s.httpListen,
+		notify: make(chan struct{}, 1), exited: make(chan struct{})}
+	n.start()
+	return n
+}
+
 // count is how many guard log entries match.
 func (s *scene) count(match func(map[string]any) bool) int {
 	s.mu.Lock()

@@ -1,7 +1,10 @@
 package integration
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -105,4 +108,47 @@ func TestCrashLoopGivesUp(t *testing.T) {
 		}
 	}
 	s.waitLog("give up", 1, time.Second, msg("gave up on vLLM"))
+}
+
+// A guard restarted (by systemd) resumes on the rung it had reached.
+func TestRestartedGuardResumesOnItsRung(t *testing.T) {
+	t.Parallel()
+	s := newScene(t)
+	s.env["FAKEVLLM_SEQ_COST_MIB"] = "64"
+	s.env["FAKEVLLM_BACKGROUND_SEQS"] = "200"
+	s.env["FAKEVLLM_BACKGROUND_AFTER"] = "200ms"
+	s.extra = "\n[restart]\ninitial_delay = \"200ms\"\n[gpu]\nsample_interval = \"100ms\"\n"
+	s.start()
+	s.waitLog("ready on rung 1", 2, 60*time.Second, msg("vLLM ready"))
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	if code := s.waitExit(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	again := s.restart()
+	l := again.waitLog("the launch", 1, 30*time.Second, msg("launching vLLM"))
+	if l["rung"] != 1.0 {
+		t.Fatalf("restarted guard launched on rung %v, want 1", l["rung"])
+	}
+	again.waitLog("ready", 1, 30*time.Second, msg("vLLM ready"))
+}
+
+// A corrupt state.json is moved aside with a warning; the guard starts on
+// rung 0 and does not refuse to start.
+func TestCorruptStateFileIsMovedAside(t *testing.T) {
+	t.Parallel()
+	s := newScene(t)
+	stateDir := filepath.Join(s.dir, "state")
+	os.MkdirAll(stateDir, 0o750)
+	os.WriteFile(filepath.Join(stateDir, "state.json"), []byte(`{"rung": 2, "failures": [`), 0o640)
+	s.start()
+	s.waitLog("the warning", 1, 30*time.Second, msgContains("state.json.corrupt-"))
+	l := s.waitLog("the launch", 1, 30*time.Second, msg("launching vLLM"))
+	if l["rung"] != 0.0 {
+		t.Fatalf("launched on rung %v, want 0", l["rung"])
+	}
+	s.waitLog("ready", 1, 30*time.Second, msg("vLLM ready"))
+	aside, _ := filepath.Glob(filepath.Join(stateDir, "state.json.corrupt-*"))
+	if len(aside) != 1 {
+		t.Fatalf("moved-aside files: %v", aside)
+	}
 }

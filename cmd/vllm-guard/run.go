@@ -82,6 +82,7 @@ type guard struct {
 	alert *alerts.Dispatcher
 	stats *vllmstats.Scraper
 	proxy *proxy.Proxy // nil unless [proxy] listen is set
+	up    upstream     // what the proxy asks, kept ready
 	extra []string
 
 	mu           sync.Mutex
@@ -137,6 +138,7 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 		return nil, err
 	}
 	g.sup = sup
+	g.refreshUpstream(sup.Status())
 	if cfg.Proxy.Listen != "" {
 		g.proxy = proxy.New(cfg.Proxy, g, g.met.Registry(), log.Named("proxy"))
 	}
@@ -218,12 +220,12 @@ func (g *guard) run(ctx context.Context) int {
 }
 
 func (g *guard) onState(st supervisor.Status) {
+	g.refreshUpstream(st)
 	if g.proxy != nil {
 		g.proxy.Notify()
 	}
 	if st.State == supervisor.StateReady {
-		_, ep := supervisor.BuildArgv(g.cfg.VLLM.Command, g.extra, st.Rung, g.cfg.VLLM.Host, g.cfg.VLLM.Port)
-		g.stats.SetTarget(ep.URL())
+		g.stats.SetTarget(g.up.view.Load().url)
 	} else {
 		g.stats.SetTarget("")
 	}
@@ -270,6 +272,7 @@ func (g *guard) forwardGPUAlerts(ctx context.Context) {
 		case a := <-ch:
 			g.alert.Send(alerts.FromGPU(a, g.sup.Status().Rung))
 			g.met.SetAlert(a.Name, a.Active)
+			g.refreshPressure()
 			if g.proxy != nil {
 				g.proxy.Notify()
 			}

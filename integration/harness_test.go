@@ -62,6 +62,7 @@ type scene struct {
 	logLevel   string // default debug
 	noNVML     bool   // run without any libnvidia-ml.so.1
 	httpListen string // [control] http_listen; default off
+	skipVLLM   bool   // do not keep vLLM's own lines (benchmarks that flood)
 	dir        string
 	port       int
 	gpuDir     string
@@ -144,6 +145,9 @@ func (s *scene) start(args ...string) {
 		for sc.Scan() {
 			var m map[string]any
 			line := sc.Text()
+			if s.skipVLLM && strings.Contains(line, `"logger":"vllm"`) {
+				continue
+			}
 			_ = json.Unmarshal([]byte(line), &m)
 			s.mu.Lock()
 			s.raw = append(s.raw, line)
@@ -189,7 +193,7 @@ func (s *scene) start(args ...string) {
 func (s *scene) restart() *scene {
 	s.t.Helper()
 	n := &scene{t: s.t, dir: s.dir, port: s.port, gpuDir: s.gpuDir, testID: s.testID, env: s.env, extra: s.extra,
-		command: s.command, guardBin: s.guardBin, logLevel: s.logLevel, noNVML: s.noNVML, httpListen: s.httpListen,
+		command: s.command, guardBin: s.guardBin, logLevel: s.logLevel, noNVML: s.noNVML, httpListen: s.httpListen, skipVLLM: s.skipVLLM,
 		notify: make(chan struct{}, 1), exited: make(chan struct{})}
 	n.start()
 	return n

@@ -122,6 +122,7 @@ type output struct {
 	pid        atomic.Int64
 	lastLine   atomic.Int64 // unix nanoseconds of the last line: load progress
 	phase      atomic.Pointer[string]
+	loaded     atomic.Bool   // vLLM is ready: load phases are no longer looked for
 	progress   chan struct{} // a new load phase was recognised (coalesced)
 	startupEnd chan struct{} // "Application startup complete." seen (coalesced)
 }
@@ -198,17 +199,21 @@ func (w *streamWriter) flush() {
 	o := w.o
 	o.lastLine.Store(time.Now().UnixNano())
 	o.ring.add(w.name, text)
-	if ph := loadPhase(text); ph != "" && ph != o.Phase() {
-		o.phase.Store(&ph)
-		select {
-		case o.progress <- struct{}{}:
-		default:
+	// Load phases matter only while loading; a flood after ready skips the
+	// matching.
+	if !o.loaded.Load() {
+		if ph := loadPhase(text); ph != "" && ph != o.Phase() {
+			o.phase.Store(&ph)
+			select {
+			case o.progress <- struct{}{}:
+			default:
+			}
 		}
-	}
-	if strings.Contains(text, "Application startup complete") {
-		select {
-		case o.startupEnd <- struct{}{}:
-		default:
+		if strings.Contains(text, "Application startup complete") {
+			select {
+			case o.startupEnd <- struct{}{}:
+			default:
+			}
 		}
 	}
 	select {

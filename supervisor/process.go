@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -50,6 +51,7 @@ type child struct {
 	pid       int // vLLM's API server; 0 until the keeper reports it
 	done      chan struct{}
 	exit      exitInfo // valid after done
+	treeCache atomic.Pointer[[]int]
 }
 
 // start launches the keeper (which launches vLLM) from a goroutine that
@@ -174,3 +176,20 @@ func (c *child) kill() {
 
 // tree lists the live processes of this vLLM: the keeper's descendants.
 func (c *child) tree() []int { return Descendants(c.keeperPID) }
+
+// refreshTree reads the tree from /proc and keeps it for cachedTree: the
+// GPU monitor asks every sample, and one /proc walk a second is enough.
+func (c *child) refreshTree() []int {
+	t := c.tree()
+	c.treeCache.Store(&t)
+	return t
+}
+
+// cachedTree is the tree as last read (the keeper's pid first, so the
+// monitor always knows the group even before the first read).
+func (c *child) cachedTree() []int {
+	if t := c.treeCache.Load(); t != nil {
+		return append([]int{c.keeperPID}, (*t)...)
+	}
+	return []int{c.keeperPID, c.pid}
+}

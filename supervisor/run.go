@@ -73,7 +73,7 @@ func (s *Supervisor) runOnce(ctx context.Context, sink *logSink, rung policy.Run
 	out.pid.Store(int64(c.pid))
 	s.update(func(st *Status) { st.PID = c.pid })
 	if s.gpu != nil {
-		s.gpu.SetTree(c.tree)
+		s.gpu.SetTree(c.cachedTree)
 		s.gpu.SetLoading(true)
 		defer s.gpu.SetTree(nil)
 		defer s.gpu.SetLoading(false)
@@ -212,7 +212,7 @@ func (s *Supervisor) watch(ctx context.Context, c *child, out *output, pr *probe
 			}
 		case <-heartbeat.C:
 			s.beat()
-			seen.add(c.tree())
+			seen.add(c.refreshTree())
 			if ready {
 				if r, ok := s.restoreDue(&peak); ok {
 					s.log.Info("stable on a lower rung: restarting one rung up", zap.Int("to_rung", r.Index),
@@ -271,7 +271,8 @@ func (s *Supervisor) watch(ctx context.Context, c *child, out *output, pr *probe
 					continue
 				}
 				ready = true
-				seen.add(c.tree())
+				out.loaded.Store(true)
+				seen.add(c.refreshTree())
 				ttr := time.Since(startedAt)
 				s.pol.OnReady(time.Now())
 				s.persist()

@@ -230,7 +230,7 @@ func newMonitor(src source, opts Options, log *zap.Logger) *Monitor {
 		opts:        o,
 		log:         log,
 		src:         src,
-		trend:       trendConfig{window: trendWindow(o.SampleInterval), warn: o.WarnFraction, critical: o.CriticalFraction},
+		trend:       trendConfig{window: trendWindow(o.SampleInterval, o.PredictHorizon), warn: o.WarnFraction, critical: o.CriticalFraction},
 		alert:       alertConfig{warn: o.WarnFraction, critical: o.CriticalFraction, horizon: o.PredictHorizon},
 		histCap:     max(int(o.History/o.SampleInterval), 1),
 		cmdCache:    map[int]string{},

@@ -68,9 +68,15 @@ type trendConfig struct {
 	critical float64
 }
 
-// trendWindow is the fit window for a sample interval.
-func trendWindow(interval time.Duration) time.Duration {
-	return max(trendMinWindow, trendWindowSteps*interval)
+// trendWindow is the fit window: a minute with the defaults, shorter when
+// the predict horizon is short (a leak that must be called within a
+// 30 s horizon cannot wait for a minute of samples), never under ten samples.
+func trendWindow(interval, horizon time.Duration) time.Duration {
+	w := trendMinWindow
+	if horizon > 0 {
+		w = min(w, horizon/10)
+	}
+	return max(w, trendWindowSteps*interval)
 }
 
 // trendTracker reads one device's trend. It remembers where the current

@@ -23,7 +23,7 @@ func fracSeries(fs []float64) []point {
 // replay feeds the series one sample at a time, as the monitor does, and
 // returns every result.
 func replay(pts []point) []trendResult {
-	tr := trendTracker{cfg: trendConfig{window: trendWindow(time.Second), warn: 0.90, critical: 0.97}}
+	tr := trendTracker{cfg: trendConfig{window: trendWindow(time.Second, 10*time.Minute), warn: 0.90, critical: 0.97}}
 	out := make([]trendResult, len(pts))
 	for i := range pts {
 		out[i] = tr.update(pts[:i+1])
@@ -196,5 +196,18 @@ func TestFitLine(t *testing.T) {
 	slope, sigma := fitLine([]float64{0, 1, 2, 3}, []float64{1, 3, 5, 7})
 	if slope != 2 || sigma > 1e-9 {
 		t.Fatalf("fitLine = %v, %v; want 2, 0", slope, sigma)
+	}
+}
+
+func TestTrendWindowFollowsTheHorizon(t *testing.T) {
+	for _, c := range []struct{ interval, horizon, want time.Duration }{
+		{time.Second, 10 * time.Minute, time.Minute},               // the defaults
+		{50 * time.Millisecond, 30 * time.Second, 3 * time.Second}, // a time-scaled setup
+		{time.Second, 20 * time.Second, 10 * time.Second},          // never under ten samples
+		{10 * time.Second, 10 * time.Minute, 100 * time.Second},    // slow sampling: ten samples
+	} {
+		if got := trendWindow(c.interval, c.horizon); got != c.want {
+			t.Errorf("trendWindow(%s, %s) = %s, want %s", c.interval, c.horizon, got, c.want)
+		}
 	}
 }

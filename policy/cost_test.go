@@ -148,3 +148,34 @@ func TestRestoreGoesToTheComputedValue(t *testing.T) {
 		t.Fatalf("second restore to %+v (ok %v), want rung 0 capped at the computed ~190", r, ok)
 	}
 }
+
+// With the default profile (utilization 0.85, headroom 15 %) there is no
+// room left at the next rung's utilization: the computed rung gives up KV
+// cache (utilization) before concurrency, and never does worse than the
+// halving ladder while utilization can still go down.
+func TestComputedRungLowersUtilizationBeforeConcurrency(t *testing.T) {
+	cfg := testConfig() // 256, 0.85, step 0.05, floor 0.70, headroom 0.15
+	p := New(cfg, State{}, nil)
+	rng := rand.New(rand.NewPCG(11, 12))
+	const cost = 47 << 20
+	for _, s := range series(rng, 80, 0, 230, 0.75*gib, cost, 64<<20, 0.85) {
+		p.ObserveCost(s.Running, uint64(s.Above+0.85*s.Total), uint64(s.Total))
+	}
+	now := time.Unix(1e9, 0)
+	p.OnStart(now)
+	d := p.OnFailure(now, Verdict{Cause: CauseOOM})
+	r := d.Rung
+	if r.MaxNumSeqs < 128 || r.MaxNumSeqs >= 256 {
+		t.Fatalf("max_num_seqs %d: want at least the ladder's 128 and below 256 (%s)", r.MaxNumSeqs, d.Reason)
+	}
+	if r.GPUMemoryUtilization >= 0.80 || r.GPUMemoryUtilization < 0.70 {
+		t.Fatalf("utilization %.2f: want lowered below the ladder's 0.80, not under the floor 0.70", r.GPUMemoryUtilization)
+	}
+	peak := r.GPUMemoryUtilization*80*gib + 0.75*gib + float64(r.MaxNumSeqs)*cost
+	if peak > 0.85*80*gib {
+		t.Fatalf("true peak %.2f GiB is over (1 − headroom) of total (68 GiB)", peak/gib)
+	}
+	if q := New(cfg, p.State(), nil); q.Current() != r {
+		t.Fatalf("resumed on %+v, want %+v", q.Current(), r)
+	}
+}

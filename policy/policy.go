@@ -61,6 +61,9 @@ type State struct {
 	// ComputedMaxNumSeqs, when > 0, is a max_num_seqs computed from the
 	// cost model that replaces the ladder's on rung Rung.
 	ComputedMaxNumSeqs int `json:"computed_max_num_seqs,omitempty"`
+	// ComputedGPUMemoryUtilization, when > 0, replaces the ladder's
+	// utilization on rung Rung (lowered to make room for the computed rung).
+	ComputedGPUMemoryUtilization float64 `json:"computed_gpu_memory_utilization,omitempty"`
 	// CostSamples are the (running sequences, memory) observations the
 	// cost model is fitted on, newest last.
 	CostSamples []CostSample `json:"cost_samples,omitempty"`
@@ -87,8 +90,9 @@ type Policy struct {
 	restoredAt  time.Time
 	restoreMult int
 
-	computed    int          // > 0: max_num_seqs computed from the cost model, in place of the ladder's
-	costSamples []CostSample // newest last, at most maxCostSamples
+	computed     int          // > 0: max_num_seqs computed from the cost model, in place of the ladder's
+	computedUtil float64      // > 0: gpu_memory_utilization lowered further than the ladder's to make room
+	costSamples  []CostSample // newest last, at most maxCostSamples
 }
 
 // New returns a policy over cfg, resuming from st (the zero State is rung 0).
@@ -121,6 +125,9 @@ func New(cfg *config.Config, st State, clock Clock) *Policy {
 	p.restoreMult = min(max(st.RestoreMultiplier, 1), maxRestoreMultiplier)
 	if st.ComputedMaxNumSeqs > 0 {
 		p.computed = min(max(st.ComputedMaxNumSeqs, cfg.Profile.MinMaxNumSeqs), cfg.Profile.MaxNumSeqs)
+	}
+	if u := st.ComputedGPUMemoryUtilization; u > 0 {
+		p.computedUtil = min(max(u, cfg.Profile.MinGPUMemoryUtilization), cfg.Profile.GPUMemoryUtilization)
 	}
 	if n := len(st.CostSamples); n > maxCostSamples {
 		st.CostSamples = st.CostSamples[n-maxCostSamples:]
@@ -162,6 +169,9 @@ func (p *Policy) Current() Rung {
 	if p.computed > 0 {
 		r.MaxNumSeqs = p.computed
 	}
+	if p.computedUtil > 0 {
+		r.GPUMemoryUtilization = p.computedUtil
+	}
 	return r
 }
 
@@ -171,16 +181,17 @@ func (p *Policy) Rungs() []Rung { return append([]Rung(nil), p.ladder...) }
 // State returns what to persist.
 func (p *Policy) State() State {
 	return State{
-		Rung:               p.seqStep,
-		UtilStepsBack:      p.seqStep - p.utilStep,
-		Profile:            p.Current(),
-		Failures:           append([]Failure(nil), p.failures...),
-		LoopSince:          p.loopSince,
-		Attempts:           p.attempts,
-		RestoredAt:         p.restoredAt,
-		RestoreMultiplier:  p.restoreMult,
-		ComputedMaxNumSeqs: p.computed,
-		CostSamples:        append([]CostSample(nil), p.costSamples...),
+		Rung:                         p.seqStep,
+		UtilStepsBack:                p.seqStep - p.utilStep,
+		Profile:                      p.Current(),
+		Failures:                     append([]Failure(nil), p.failures...),
+		LoopSince:                    p.loopSince,
+		Attempts:                     p.attempts,
+		RestoredAt:                   p.restoredAt,
+		RestoreMultiplier:            p.restoreMult,
+		ComputedMaxNumSeqs:           p.computed,
+		ComputedGPUMemoryUtilization: p.computedUtil,
+		CostSamples:                  append([]CostSample(nil), p.costSamples...),
 	}
 }
 
@@ -266,7 +277,7 @@ func (p *Policy) OnFailure(now time.Time, v Verdict) Decision {
 				"or lower --max-model-len (not retried)", p.Current().GPUMemoryUtilization, evidenceWords(v)))
 		}
 		from := p.Current()
-		p.computed = 0
+		p.computed, p.computedUtil = 0, 0
 		p.utilStep = u
 		s := p.seqStep + 1
 		for s < len(p.ladder)-1 && p.ladder[s].MaxNumSeqs == from.MaxNumSeqs {
@@ -314,7 +325,7 @@ func (p *Policy) stepDown(d Decision, relapse bool) Decision {
 	from := p.Current()
 	p.seqStep = min(p.seqStep+1, len(p.ladder)-1)
 	p.utilStep = min(p.utilStep+1, len(p.ladder)-1)
-	p.computed = 0
+	p.computed, p.computedUtil = 0, 0
 	how := p.computeDown(from)
 	to := p.Current()
 	d.Reason = fmt.Sprintf("GPU out of memory: rung %d→%d (max_num_seqs %d→%d, gpu_memory_utilization %.2f→%.2f); %s",
@@ -421,7 +432,7 @@ func (p *Policy) OnRestore(now time.Time) {
 	r := p.upOne()
 	p.seqStep = r.Index
 	p.utilStep = min(p.utilStep, r.Index)
-	p.computed = 0
+	p.computed, p.computedUtil = 0, 0
 	if r.MaxNumSeqs != p.ladder[r.Index].MaxNumSeqs {
 		p.computed = r.MaxNumSeqs
 	}
@@ -431,27 +442,36 @@ func (p *Policy) OnRestore(now time.Time) {
 
 // computeDown replaces the ladder's max_num_seqs of the new rung by the
 // largest one the cost model predicts safe, when it is confident; it says
-// which way the rung was chosen.
+// which way the rung was chosen. When the rung's utilization leaves too
+// little room to beat the halving ladder, it gives up KV cache before
+// concurrency: utilization goes down (to its floor at most) until the
+// computed max_num_seqs is at least the ladder's.
 func (p *Policy) computeDown(from Rung) string {
 	m := p.Cost()
 	if !m.Confident {
 		return "halving ladder (" + m.Why + ")"
 	}
+	h, prof := p.cfg.Profile.Headroom, p.cfg.Profile
 	util := p.ladder[p.utilStep].GPUMemoryUtilization
-	safe := m.SafeMaxNumSeqs(util, p.cfg.Profile.Headroom)
-	switch {
-	case safe >= from.MaxNumSeqs:
+	safe := m.SafeMaxNumSeqs(util, h)
+	if safe >= from.MaxNumSeqs {
 		return fmt.Sprintf("halving ladder (the cost model predicts %d sequences fit, no fewer than before: this OOM is not explained by concurrency)", safe)
-	default:
-		p.computed = max(safe, p.cfg.Profile.MinMaxNumSeqs)
-		return fmt.Sprintf("computed from the cost model: %s", m.Describe(util, p.cfg.Profile.Headroom))
 	}
+	for safe < p.ladder[p.seqStep].MaxNumSeqs && util > prof.MinGPUMemoryUtilization {
+		util = max(round2(util-0.01), prof.MinGPUMemoryUtilization)
+		safe = m.SafeMaxNumSeqs(util, h)
+	}
+	p.computed = min(max(safe, prof.MinMaxNumSeqs), from.MaxNumSeqs)
+	if util != p.ladder[p.utilStep].GPUMemoryUtilization {
+		p.computedUtil = util
+	}
+	return "computed from the cost model: " + m.Describe(util, h)
 }
 
 // ResetProfile returns to rung 0 at the next start (`vllm-guard profile reset`)
 // and forgets the restore history.
 func (p *Policy) ResetProfile() {
-	p.seqStep, p.utilStep, p.computed = 0, 0, 0
+	p.seqStep, p.utilStep, p.computed, p.computedUtil = 0, 0, 0, 0
 	p.restoredAt = time.Time{}
 	p.restoreMult = 1
 }

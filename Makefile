@@ -9,7 +9,7 @@ BIN := bin
 LIB := build/lib
 NVML_INC = $(shell $(GO) list -m -f '{{.Dir}}' github.com/NVIDIA/go-nvml)/pkg/nvml
 
-.PHONY: all build test unit lint demo bench fuzz soak clean
+.PHONY: all build setup test lint demo bench bench-storm fuzz soak clean
 
 all: build
 
@@ -32,14 +32,23 @@ lint:
 	$(GO) vet ./...
 
 # Every test, race detector on: unit, integration (real processes), golden files.
-test: lint
+test: setup lint
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+# What the tests need beyond Go and gcc (systemd-analyze, promtool), from Debian.
+setup:
+	bash scripts/setup.sh
 
 demo: build
 	bash scripts/demo.sh
 
 bench: build
 	bash scripts/bench.sh
+
+# The same failing vLLM under vllm-guard and under systemd, kubelet and
+# supervisord re-creations, side by side (a few minutes).
+bench-storm: build
+	bash scripts/bench-storm.sh
 
 clean:
 	rm -rf $(BIN) build

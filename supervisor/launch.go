@@ -108,13 +108,3 @@ func ChildEnv(base []string, extra map[string]string) []string {
 func guardOnlyEnv(k string) bool {
 	return k == "NOTIFY_SOCKET" || strings.HasPrefix(k, "WATCHDOG_")
 }
-
-// lookupEnv finds k in an environment list.
-func lookupEnv(env []string, k string) (string, bool) {
-	for i := len(env) - 1; i >= 0; i-- {
-		if name, v, ok := strings.Cut(env[i], "="); ok && name == k {
-			return v, true
-		}
-	}
-	return "", false
-}

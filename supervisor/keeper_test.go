@@ -3,6 +3,7 @@ package supervisor
 import (
 	"bytes"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -106,5 +107,25 @@ func TestStopKillsGroupAfterTimeoutWhenTERMIsIgnored(t *testing.T) {
 		if alive(pid) {
 			t.Errorf("pid %d survived the kill", pid)
 		}
+	}
+}
+
+func TestDescendantsByChildrenFilesMatchesTheScan(t *testing.T) {
+	c, err := start(launchSpec{keeper: testKeeper(t), argv: []string{"sh", "-c", "sleep 300 & (sleep 300 & wait) & wait"}, env: os.Environ(),
+		grace: time.Second, stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { c.kill(); <-c.done }()
+	waitFor(t, "the tree", 5*time.Second, func() bool { return len(scanDescendants(c.keeperPID)) >= 4 })
+	fast, ok := childrenFiles(c.keeperPID)
+	if !ok {
+		t.Fatal("this kernel has no /proc/PID/task/TID/children")
+	}
+	slow := scanDescendants(c.keeperPID)
+	slices.Sort(fast)
+	slices.Sort(slow)
+	if !slices.Equal(fast, slow) {
+		t.Fatalf("children files %v, full scan %v", fast, slow)
 	}
 }

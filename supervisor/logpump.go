@@ -21,6 +21,13 @@ const maxLine = 16 << 10
 // never block on its stdout.
 const emitQueue = 8192
 
+// emitRate bounds the vLLM lines re-emitted per second (a burst of as many
+// is allowed). A vLLM flooding its log at 100 MB/s would otherwise have the
+// guard spend a core encoding lines nobody can read, and starve the pump
+// that keeps vLLM from blocking; the excess is dropped and counted. Every
+// line still reaches the ring kept for incidents and the classifier.
+const emitRate = 20000
+
 type emitted struct {
 	stream string
 	pid    int
@@ -34,6 +41,26 @@ type logSink struct {
 	ch      chan emitted
 	dropped atomic.Uint64
 	done    chan struct{}
+
+	// a token bucket of emitRate lines a second, refilled per second
+	mu       sync.Mutex
+	tokens   int
+	refilled time.Time
+}
+
+// admit takes one emission token; false means drop the line.
+func (s *logSink) admit() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tokens > 0 {
+		s.tokens--
+		return true
+	}
+	if now := time.Now(); now.Sub(s.refilled) >= time.Second {
+		s.refilled, s.tokens = now, emitRate-1
+		return true
+	}
+	return false
 }
 
 func newLogSink(log *zap.Logger) *logSink {
@@ -71,7 +98,7 @@ func (s *logSink) run() {
 
 func (s *logSink) reportDrops(reported *uint64) {
 	if d := s.dropped.Load(); d > *reported {
-		s.log.Warn("vLLM log lines dropped: the log sink is slower than vLLM writes; the child was not blocked",
+		s.log.Warn("vLLM log lines dropped: vLLM writes faster than the log sink takes (or over 20000 lines/s); vLLM was not blocked",
 			zap.Uint64("dropped", d-*reported), zap.Uint64("dropped_total", d))
 		*reported = d
 	}
@@ -215,6 +242,10 @@ func (w *streamWriter) flush() {
 			default:
 			}
 		}
+	}
+	if !o.sink.admit() {
+		o.sink.dropped.Add(1)
+		return
 	}
 	select {
 	case o.sink.ch <- emitted{stream: w.name, pid: int(o.pid.Load()), text: text}:

@@ -58,9 +58,57 @@ func allProcs() []procInfo {
 	return out
 }
 
-// Descendants returns the live processes below root (not root itself),
-// following parent links in /proc.
+// Descendants returns the live processes below root (not root itself).
+// It follows /proc/PID/task/TID/children from root down — a few small reads
+// for vLLM's handful of processes — and walks all of /proc only where the
+// kernel lacks those files.
 func Descendants(root int) []int {
+	if out, ok := childrenFiles(root); ok {
+		return out
+	}
+	return scanDescendants(root)
+}
+
+// childrenFiles lists root's descendants through the children files; ok is
+// false when the kernel does not provide them.
+func childrenFiles(root int) ([]int, bool) {
+	if _, err := os.Stat("/proc/" + strconv.Itoa(root) + "/task"); err != nil {
+		return nil, true // root is gone: no descendants to find this way
+	}
+	var out []int
+	queue := []int{root}
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = queue[1:]
+		tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+		if err != nil {
+			continue // exited meanwhile
+		}
+		for _, t := range tasks {
+			b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + t.Name() + "/children")
+			if err != nil {
+				if os.IsNotExist(err) && pid == root {
+					return nil, false
+				}
+				continue
+			}
+			for _, f := range bytes.Fields(b) {
+				c, err := strconv.Atoi(string(f))
+				if err != nil {
+					continue
+				}
+				if p, ok := readStat(c); ok && p.state != 'Z' {
+					out = append(out, c)
+				}
+				queue = append(queue, c)
+			}
+		}
+	}
+	return out, true
+}
+
+// scanDescendants walks every process in /proc, following parent links.
+func scanDescendants(root int) []int {
 	procs := allProcs()
 	children := map[int][]int{}
 	for _, p := range procs {

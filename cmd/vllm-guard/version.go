@@ -5,6 +5,10 @@ import (
 	"io"
 	"runtime"
 	"runtime/debug"
+
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/gpumon"
 )
 
 // version is set at build time: -ldflags "-X main.version=…".
@@ -20,5 +24,10 @@ func cmdVersion(stdout io.Writer) int {
 		}
 	}
 	fmt.Fprintf(stdout, "vllm-guard %s\ncommit %s\n%s\n", version, commit, runtime.Version())
+	if snap := gpumon.Open(gpumon.Options{}, zap.NewNop()).Once(); snap.Up {
+		fmt.Fprintf(stdout, "NVIDIA driver %s\n", snap.Driver)
+	} else {
+		fmt.Fprintf(stdout, "NVIDIA driver: not found (%s)\n", snap.Reason)
+	}
 	return exitOK
 }

@@ -15,8 +15,10 @@ all: build
 
 build: $(BIN)/vllm-guard $(BIN)/fakevllm $(LIB)/libnvidia-ml.so.1
 
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+
 $(BIN)/vllm-guard: FORCE
-	$(GO) build -o $@ ./cmd/vllm-guard
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $@ ./cmd/vllm-guard
 
 $(BIN)/fakevllm: FORCE
 	$(GO) build -o $@ ./integration/fakevllm

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,6 +23,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/vllm-guard/vllm-guard/control"
+	"github.com/vllm-guard/vllm-guard/internal/testbin"
 	"github.com/vllm-guard/vllm-guard/policy"
 )
 
@@ -165,6 +167,13 @@ func TestFaultIgnoredSIGTERMIsEscalated(t *testing.T) {
 func TestFaultLogFloodBlocksNothing(t *testing.T) {
 	t.Parallel()
 	s := quick(newScene(t))
+	// Throughput is measured on the shipped build: the race detector slows
+	// the guard's log pump several times over.
+	plain, err := testbin.GuardPlain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.guardBin = plain
 	stats := filepath.Join(s.dir, "stats.json")
 	s.logLevel = "warn"
 	s.env["FAKEVLLM_FAULT"] = "log_flood=50"
@@ -194,7 +203,8 @@ func TestFaultLogFloodBlocksNothing(t *testing.T) {
 		}
 		slowest = max(slowest, time.Since(t0))
 		if d.Guard.State != "ready" {
-			t.Fatalf("state %s during the flood, want ready", d.Guard.State)
+			raw, _ := os.ReadFile(stats)
+			t.Fatalf("state %s during the flood, want ready; simulator stats: %s", d.Guard.State, raw)
 		}
 		if raw, err := os.ReadFile(stats); err == nil {
 			_ = json.Unmarshal(raw, &st)
@@ -240,8 +250,9 @@ func TestFaultInvalidUTF8AndMegabyteLines(t *testing.T) {
 	}
 	s.waitLog("ready after the restart", 2, 30*time.Second, msg("vLLM ready"))
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, line := range s.raw {
+	raw := slices.Clone(s.raw)
+	s.mu.Unlock()
+	for _, line := range raw {
 		var m map[string]any
 		if !utf8.ValidString(line) || json.Unmarshal([]byte(line), &m) != nil {
 			t.Fatalf("guard log line is not valid UTF-8 JSON: %.200q", line)
@@ -646,4 +657,38 @@ func startEdited(s *scene, edit func(string) string) {
 		}
 		s.killLeftovers()
 	})
+}
+
+// apiServer finds the simulator's API server process of the scene (not the
+// guard's keeper, which carries the same environment and argv).
+func apiServer(t *testing.T, s *scene) int {
+	t.Helper()
+	for _, pid := range s.ours() {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		args := strings.Split(string(b), "\x00")
+		if len(args) > 1 && filepath.Base(args[0]) == "fakevllm" && args[1] == "serve" {
+			return pid
+		}
+	}
+	t.Fatalf("no API server among %v", describe(s.ours()))
+	return 0
+}
+
+// The API server is SIGKILLed from outside while liveness probes run
+// often: the guard reports the kill it saw (a crash, not a hang) and
+// restarts on the same rung.
+func TestFaultSIGKILLOfTheAPIServerIsACrash(t *testing.T) {
+	t.Parallel()
+	s := quick(newScene(t))
+	s.extra = "\n[liveness]\ninterval = \"200ms\"\ntimeout = \"300ms\"\nfailures = 2\n[restart]\ninitial_delay = \"50ms\"\n"
+	s.start()
+	s.waitLog("ready", 1, 30*time.Second, msg("vLLM ready"))
+	if err := syscall.Kill(apiServer(t, s), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	f := s.waitLog("the failure", 1, 10*time.Second, msg("vLLM failed"))
+	if f["exit"] != "killed by SIGKILL" || f["cause"] == "hang" {
+		t.Fatalf("exit %v, cause %v: want killed by SIGKILL, not a hang", f["exit"], f["cause"])
+	}
+	s.waitLog("ready again", 2, 30*time.Second, msg("vLLM ready"))
 }

@@ -52,5 +52,14 @@ bench: build
 bench-storm: build
 	bash scripts/bench-storm.sh
 
+# Every fuzz target for FUZZTIME each (default 2m), one after another.
+fuzz:
+	bash scripts/fuzz.sh
+
+# 200 scripted failures of mixed kinds under client load; prints the
+# end-of-run figures and fails when a goal is missed.
+soak: build
+	bash scripts/soak.sh
+
 clean:
 	rm -rf $(BIN) build

@@ -110,8 +110,9 @@ func TestFaultHangWhileReadyIsKilled(t *testing.T) {
 	}
 }
 
-// /health answers 503 while ready: a hang at once (no need to count
-// failures), restarted.
+// /health answers 503 while ready and vLLM stays up: after a grace of one
+// liveness interval (1 s at least) for vLLM to exit by itself, a hang (no
+// need to count failures), restarted.
 func TestFaultHealth503IsRestarted(t *testing.T) {
 	t.Parallel()
 	s := quick(newScene(t))

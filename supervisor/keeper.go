@@ -27,8 +27,9 @@ import (
 //	start-failed MESSAGE      the command could not be started
 //	exit code=N signal=NAME   vLLM's API server exited (signal "" if it exited)
 //
-// After the API server exits the keeper sends SIGTERM to what is left of the
-// tree, waits up to --grace, sends SIGKILL, reaps everything, and exits 0.
+// As soon as the API server exits the keeper reports it, then sends SIGTERM
+// to what is left of the tree, waits up to --grace, sends SIGKILL, reaps
+// everything, and exits 0.
 
 // KeeperArg is the hidden subcommand that runs the keeper.
 const KeeperArg = "__keeper"
@@ -134,7 +135,15 @@ func RunKeeper(args []string) int {
 		// handles them itself and we wait for it to exit.
 	}
 
-	// The API server is gone: clean up what it left behind.
+	// The API server is gone: say so at once (the guard must not take the
+	// time the cleanup needs for a hang), then clean up what it left behind.
+	code, sig := -1, ""
+	if mainStatus.Signaled() {
+		sig = unix.SignalName(mainStatus.Signal())
+	} else {
+		code = mainStatus.ExitStatus()
+	}
+	say("exit code=%d signal=%s", code, sig)
 	if rest := tree(); len(rest) > 0 {
 		signalAll(rest, syscall.SIGTERM)
 		deadline := time.Now().Add(*grace)
@@ -152,13 +161,6 @@ func RunKeeper(args []string) int {
 		killAll()
 	}
 	reap()
-	code, sig := -1, ""
-	if mainStatus.Signaled() {
-		sig = unix.SignalName(mainStatus.Signal())
-	} else {
-		code = mainStatus.ExitStatus()
-	}
-	say("exit code=%d signal=%s", code, sig)
 	return 0
 }
 

@@ -48,9 +48,10 @@ func (e exitInfo) String() string {
 // child is a running vLLM tree under its keeper.
 type child struct {
 	keeperPID int
-	pid       int // vLLM's API server; 0 until the keeper reports it
-	done      chan struct{}
-	exit      exitInfo // valid after done
+	pid       int           // vLLM's API server; 0 until the keeper reports it
+	apiGone   chan struct{} // closed when the API server exited (the keeper may still be cleaning up)
+	done      chan struct{} // closed when the keeper exited: the whole tree is gone
+	exit      exitInfo      // valid after done
 	treeCache atomic.Pointer[[]int]
 }
 
@@ -77,7 +78,7 @@ func start(spec launchSpec) (*child, error) {
 	cmd.WaitDelay = time.Second
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: keeperDeathSignal}
 
-	c := &child{done: make(chan struct{})}
+	c := &child{done: make(chan struct{}), apiGone: make(chan struct{})}
 	pidc := make(chan int, 1)
 	final := make(chan exitInfo, 1)
 	started := make(chan error, 1)
@@ -113,6 +114,7 @@ func start(spec launchSpec) (*child, error) {
 		defer pr.Close()
 		defer close(final)
 		defer close(pidc)
+		defer close(c.apiGone) // also when the keeper died without a word
 		r := bufio.NewReader(pr)
 		for {
 			line, err := r.ReadString('\n')

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -187,7 +188,8 @@ func (s *Supervisor) watch(ctx context.Context, c *child, out *output, pr *probe
 	defer costTick.Stop()
 	ready := false
 	failures := 0
-	peak := 0.0 // highest GPU fraction since ready, for restore
+	var dying <-chan time.Time // set when /health says the engine is dead
+	peak := 0.0                // highest GPU fraction since ready, for restore
 	lastSeen := out.lastLine.Load()
 	phase := func() policy.Phase {
 		if ready {
@@ -202,7 +204,7 @@ func (s *Supervisor) watch(ctx context.Context, c *child, out *output, pr *probe
 
 	for {
 		select {
-		case <-c.done:
+		case <-c.apiGone:
 			return outcome{kind: outcomeExited, phase: phase()}
 		case <-ctx.Done():
 			return outcome{kind: outcomeStop, phase: phase()}
@@ -255,6 +257,8 @@ func (s *Supervisor) watch(ctx context.Context, c *child, out *output, pr *probe
 			if ready {
 				s.observeCost()
 			}
+		case <-dying:
+			return hang(fmt.Sprintf("/health said vLLM's engine is dead and vLLM did not exit within %s", s.engineDeadGrace()))
 		case <-liveC():
 			lc := s.cfg.Liveness
 			probe(func(ctx context.Context) probeResult { return pr.health(ctx, lc.Timeout.Duration) })
@@ -296,7 +300,15 @@ func (s *Supervisor) watch(ctx context.Context, c *child, out *output, pr *probe
 			case r.ok:
 				failures = 0
 			case r.status == 503 || r.status == 500:
-				return hang(fmt.Sprintf("/health answered %d: vLLM's engine is dead", r.status))
+				// vLLM exits by itself after its engine dies (its watchdog
+				// runs every 5 s), printing why: wait for that, and kill
+				// only if it does not come.
+				if dying == nil {
+					grace := s.engineDeadGrace()
+					s.log.Warn("vLLM's engine is dead (/health answered "+strconv.Itoa(r.status)+"): waiting for vLLM to exit",
+						zap.Duration("grace", grace))
+					dying = time.After(grace)
+				}
 			default:
 				failures++
 				s.log.Warn("liveness probe failed", zap.String("error", r.err), zap.Int("consecutive", failures),
@@ -307,6 +319,14 @@ func (s *Supervisor) watch(ctx context.Context, c *child, out *output, pr *probe
 			}
 		}
 	}
+}
+
+// engineDeadGrace is how long the guard waits, after /health says vLLM's
+// engine is dead, for vLLM to exit by itself (its watchdog runs every 5 s,
+// and it prints the root cause) before it kills it as hung: one liveness
+// interval, between 1 and 10 seconds.
+func (s *Supervisor) engineDeadGrace() time.Duration {
+	return min(10*time.Second, max(time.Second, s.cfg.Liveness.Interval.Duration))
 }
 
 // hostOOMKills reads the oom_kill counter of the guard's cgroup (v2), which

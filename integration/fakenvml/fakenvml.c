@@ -325,10 +325,45 @@ static void forget_pidfds(void)
     g_npidfds = 0;
 }
 
+static long long now_ms(void);
+
+/*
+ * sweep_pidfds closes the pidfds of processes that exited (g_mu held). A
+ * pid whose state file went away with it is never asked about again, so
+ * without this its pidfd would stay open in the host process for good.
+ * At most once per 100 ms: one poll() over every remembered fd.
+ */
+static long long g_last_sweep; /* guarded by g_mu */
+
+static void sweep_pidfds(void)
+{
+    long long now = now_ms();
+    if (g_npidfds == 0 || now - g_last_sweep < 100) {
+        return;
+    }
+    g_last_sweep = now;
+    struct pollfd pfds[FAKE_MAX_PIDFDS];
+    for (int i = 0; i < g_npidfds; i++) {
+        pfds[i].fd = g_pidfds[i].fd;
+        pfds[i].events = POLLIN;
+        pfds[i].revents = 0;
+    }
+    if (poll(pfds, (nfds_t)g_npidfds, 0) <= 0) {
+        return;
+    }
+    for (int i = g_npidfds - 1; i >= 0; i--) {
+        if (pfds[i].revents != 0) {
+            close(g_pidfds[i].fd);
+            g_pidfds[i] = g_pidfds[--g_npidfds];
+        }
+    }
+}
+
 /* pid_alive reports whether pid is alive and not a zombie. */
 static int pid_alive(unsigned int pid)
 {
     pthread_mutex_lock(&g_mu);
+    sweep_pidfds();
     for (int i = 0; i < g_npidfds; i++) {
         if (g_pidfds[i].pid != pid) {
             continue;

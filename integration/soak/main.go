@@ -1,0 +1,585 @@
+// Command soak is `make soak`: the real guard (race build) supervises the
+// vLLM simulator through many scripted failures of mixed kinds while a
+// client load runs, then checks the guard for leaks and its records for
+// consistency. It owns nothing but this check; it prints the end-of-run
+// figures and exits 1 when a goal is missed (2 when it could not run).
+//
+// Failures are driven from here, one at a time, each once vLLM is ready:
+// SIGKILL or SIGSEGV of the API server, SIGKILL of EngineCore, an OOM
+// caused by one huge prompt, and SIGSTOP of the API server (a hang that
+// liveness must catch). Goals:
+//   - zero vLLM processes left after the guard's exit 0;
+//   - goroutines and open fds of the guard at the end ≤ at the start;
+//   - RSS growth ≤ 10 % (start: after -warmup failures, so the heap and
+//     the race detector's shadow memory have reached their working size);
+//   - one "vLLM failed" and one incident record per injected failure;
+//   - every launch after a failure on the rung that failure's decision chose.
+//
+// The goroutine, fd and RSS figures come from the guard's own /metrics
+// (the Prometheus Go and process collectors).
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/testbin"
+)
+
+func main() {
+	failures := flag.Int("failures", 200, "scripted failures to inject")
+	warmup := flag.Int("warmup", 10, "failures before the start figures are taken")
+	clients := flag.Int("clients", 4, "concurrent client load loops")
+	seed := flag.Uint64("seed", 1, "seed of the failure mix")
+	plain := flag.Bool("plain", false, "soak the shipped build instead of the race build")
+	limit := flag.Duration("timeout", 20*time.Minute, "give up after this long")
+	flag.Parse()
+	if *warmup >= *failures {
+		fmt.Fprintln(os.Stderr, "soak: -warmup must be below -failures")
+		os.Exit(2)
+	}
+	code := func() int {
+		defer testbin.Cleanup()
+		r, err := run(*failures, *warmup, *clients, *seed, *plain, *limit)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "soak:", err)
+			fmt.Fprintln(os.Stderr, "verdict: could not run")
+			return 2
+		}
+		return r.print(os.Stdout)
+	}()
+	os.Exit(code)
+}
+
+// guard is the running vllm-guard and its JSON log.
+type guard struct {
+	cmd    *exec.Cmd
+	mu     sync.Mutex
+	logs   []map[string]any
+	notify chan struct{}
+	exited chan struct{}
+	code   int
+}
+
+func (g *guard) count(msg string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, m := range g.logs {
+		if m["msg"] == msg {
+			n++
+		}
+	}
+	return n
+}
+
+// wait returns the n-th log entry with msg, or an error after timeout.
+func (g *guard) wait(msg string, n int, timeout time.Duration) (map[string]any, error) {
+	deadline := time.After(timeout)
+	for {
+		g.mu.Lock()
+		seen := 0
+		for _, m := range g.logs {
+			if m["msg"] == msg {
+				if seen++; seen == n {
+					g.mu.Unlock()
+					return m, nil
+				}
+			}
+		}
+		g.mu.Unlock()
+		select {
+		case <-g.notify:
+		case <-g.exited:
+			if g.count(msg) >= n {
+				continue
+			}
+			return nil, fmt.Errorf("the guard exited (code %d) before %q #%d", g.code, msg, n)
+		case <-deadline:
+			return nil, fmt.Errorf("no %q #%d within %s", msg, n, timeout)
+		}
+	}
+}
+
+type figures struct {
+	goroutines, fds, rss float64
+	fdKinds              map[string]int // what the guard's fds point at, by kind
+}
+
+type report struct {
+	failures, warmup      int
+	failed, incidents     int
+	incidentFiles         int
+	kinds, causes         map[string]int
+	rungMismatches        []string
+	orphans               []string
+	start, end            figures
+	exitCode              int
+	completions, clientEr int64
+	elapsed               time.Duration
+}
+
+func (r *report) print(w io.Writer) int {
+	growth := (r.end.rss - r.start.rss) / r.start.rss * 100
+	fmt.Fprintf(w, "soak: %d failures injected in %s (start figures after %d)\n", r.failures, r.elapsed.Round(time.Second), r.warmup)
+	fmt.Fprintf(w, "  kinds injected:    %v\n", r.kinds)
+	fmt.Fprintf(w, "  kind→cause:        %v\n", r.causes)
+	fmt.Fprintf(w, "  client load:       %d completions answered, %d refused or cut (restarts)\n", r.completions, r.clientEr)
+	fmt.Fprintf(w, "  vLLM failed logs:  %d\n", r.failed)
+	fmt.Fprintf(w, "  incidents:         %d recorded, %d files\n", r.incidents, r.incidentFiles)
+	fmt.Fprintf(w, "  rung mismatches:   %d\n", len(r.rungMismatches))
+	fmt.Fprintf(w, "  orphans:           %d\n", len(r.orphans))
+	fmt.Fprintf(w, "  goroutines:        %.0f → %.0f\n", r.start.goroutines, r.end.goroutines)
+	fmt.Fprintf(w, "  open fds:          %.0f → %.0f (%v → %v)\n", r.start.fds, r.end.fds, r.start.fdKinds, r.end.fdKinds)
+	fmt.Fprintf(w, "  RSS:               %.1f MB → %.1f MB (%+.1f %%)\n", r.start.rss/1e6, r.end.rss/1e6, growth)
+	fmt.Fprintf(w, "  guard exit code:   %d\n", r.exitCode)
+	var missed []string
+	check := func(ok bool, what string) {
+		if !ok {
+			missed = append(missed, what)
+		}
+	}
+	check(len(r.orphans) == 0, fmt.Sprintf("orphans left: %v", r.orphans))
+	check(r.end.goroutines <= r.start.goroutines, "goroutines grew")
+	check(r.end.fds <= r.start.fds, "open fds grew")
+	check(growth <= 10, "RSS grew more than 10 %")
+	check(r.failed == r.failures, fmt.Sprintf("%d failures logged for %d injected", r.failed, r.failures))
+	check(r.incidents == r.failures, fmt.Sprintf("%d incidents recorded for %d failures", r.incidents, r.failures))
+	check(r.incidentFiles == min(r.failures, 200), fmt.Sprintf("%d incident files (at most 200 are kept)", r.incidentFiles))
+	check(len(r.rungMismatches) == 0, "launches off the chosen rung: "+strings.Join(r.rungMismatches, "; "))
+	check(r.exitCode == 0, "the guard did not exit 0 on SIGTERM")
+	check(r.completions > 0, "the client load got no answer at all")
+	if len(missed) > 0 {
+		fmt.Fprintf(w, "verdict: FAIL\n  - %s\n", strings.Join(missed, "\n  - "))
+		return 1
+	}
+	fmt.Fprintln(w, "verdict: PASS")
+	return 0
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func run(failures, warmup, clients int, seed uint64, plain bool, limit time.Duration) (_ *report, err error) {
+	t0 := time.Now()
+	guardBin, err := testbin.Guard()
+	if plain {
+		guardBin, err = testbin.GuardPlain()
+	}
+	if err != nil {
+		return nil, err
+	}
+	fakevllm, err := testbin.FakeVLLM()
+	if err != nil {
+		return nil, err
+	}
+	nvmlDir, err := testbin.FakeNVML()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "vllm-guard-soak-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	gpuDir := filepath.Join(dir, "gpu")
+	if err := os.MkdirAll(filepath.Join(gpuDir, "procs"), 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(gpuDir, "devices"), []byte("GPU-5e1f0000-0000-4000-8000-000000000001 85899345920 536870912 NVIDIA H100 80GB HBM3\n"), 0o644); err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	httpPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	testID := fmt.Sprintf("soak-%d", time.Now().UnixNano())
+	stateDir := filepath.Join(dir, "state")
+	// A prompt token costs 1 MiB: one 30000-token prompt needs 30 GiB, more
+	// than any rung leaves free, while the load's short prompts cost little.
+	cfg := fmt.Sprintf(`[vllm]
+command = [%q, "serve", "soak-model", "--max-model-len", "32768"]
+port = %d
+stop_timeout = "1s"
+[vllm.env]
+FAKEVLLM_TEST_ID = %q
+FAKEVLLM_LOAD_WEIGHTS = "80ms"
+FAKEVLLM_COMPILE = "20ms"
+FAKEVLLM_KV_PROFILE = "10ms"
+FAKEVLLM_GRAPHS = "20ms"
+FAKEVLLM_SERVER = "10ms"
+FAKEVLLM_TOKEN_COST_KIB = "1024"
+FAKEVLLM_ORPHAN_TTL = "30s"
+[readiness]
+poll_interval = "50ms"
+stall_timeout = "20s"
+[liveness]
+interval = "200ms"
+timeout = "300ms"
+failures = 2
+[gpu]
+sample_interval = "100ms"
+release_timeout = "10s"
+[restart]
+initial_delay = "50ms"
+max_delay = "200ms"
+jitter = 0.0
+give_up_after = 1000000
+[control]
+socket = %q
+http_listen = "127.0.0.1:%d"
+state_dir = %q
+[log]
+format = "json"
+level = "info"
+`, fakevllm, port, testID, filepath.Join(dir, "guard.sock"), httpPort, stateDir)
+	cfgPath := filepath.Join(dir, "vllm-guard.toml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		return nil, err
+	}
+
+	g := &guard{notify: make(chan struct{}, 1), exited: make(chan struct{})}
+	g.cmd = exec.Command(guardBin, "run", "--config", cfgPath)
+	g.cmd.Env = append(os.Environ(), "FAKENVML_STATE="+gpuDir, "LD_LIBRARY_PATH="+nvmlDir)
+	stderr, err := g.cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := g.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var m map[string]any
+			if json.Unmarshal(sc.Bytes(), &m) != nil || m["logger"] == "vllm" {
+				continue // vLLM's own lines: not needed, and the bulk of the log
+			}
+			g.mu.Lock()
+			g.logs = append(g.logs, m)
+			g.mu.Unlock()
+			select {
+			case g.notify <- struct{}{}:
+			default:
+			}
+		}
+		g.cmd.Wait()
+		g.code = g.cmd.ProcessState.ExitCode()
+		close(g.exited)
+	}()
+	defer func() {
+		if err != nil { // what the guard said last, for the post-mortem
+			g.mu.Lock()
+			for _, m := range g.logs[max(0, len(g.logs)-30):] {
+				b, _ := json.Marshal(m)
+				fmt.Fprintf(os.Stderr, "  guard: %s\n", b)
+			}
+			g.mu.Unlock()
+		}
+		select {
+		case <-g.exited:
+		default:
+			g.cmd.Process.Kill()
+			<-g.exited
+		}
+		for _, p := range ours(testID) {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+	}()
+
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	stopLoad := make(chan struct{})
+	var completions, clientErrs atomic.Int64
+	var loadWG sync.WaitGroup
+	vllmURL := fmt.Sprintf("http://127.0.0.1:%d/v1/completions", port)
+	for range clients {
+		loadWG.Add(1)
+		go func() {
+			defer loadWG.Done()
+			hc := &http.Client{Timeout: 2 * time.Second}
+			body := `{"model":"soak-model","prompt":"soak load","max_tokens":4}`
+			for {
+				select {
+				case <-stopLoad:
+					return
+				default:
+				}
+				resp, err := hc.Post(vllmURL, "application/json", strings.NewReader(body))
+				if err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				if err == nil && resp.StatusCode == 200 {
+					completions.Add(1)
+					continue
+				}
+				clientErrs.Add(1)
+				select { // vLLM is restarting: do not spin
+				case <-stopLoad:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+		}()
+	}
+	defer func() { close(stopLoad); loadWG.Wait() }()
+
+	r := &report{failures: failures, warmup: warmup, kinds: map[string]int{}, causes: map[string]int{}}
+	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", httpPort)
+	rng := rand.New(rand.NewPCG(seed, 0x50a4))
+	kinds := []string{"sigkill", "sigkill", "segv", "segv", "engine_kill", "engine_kill", "oom", "sigstop"}
+	for i := 1; i <= failures; i++ {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("out of time after %d failures", i-1)
+		}
+		if _, err := g.wait("vLLM ready", i, 60*time.Second); err != nil {
+			return nil, fmt.Errorf("before failure %d: %w", i, err)
+		}
+		if i == warmup+1 {
+			if r.start, err = sample(metricsURL); err != nil {
+				return nil, err
+			}
+			r.start.fdKinds = fdKinds(g.cmd.Process.Pid)
+		}
+		kind := kinds[rng.IntN(len(kinds))]
+		r.kinds[kind]++
+		if err := inject(kind, testID, port); err != nil {
+			return nil, fmt.Errorf("failure %d (%s): %w", i, kind, err)
+		}
+		f, err := g.wait("vLLM failed", i, 30*time.Second)
+		if err != nil {
+			return nil, fmt.Errorf("failure %d (%s): %w", i, kind, err)
+		}
+		r.causes[kind+"→"+fmt.Sprint(f["cause"])]++
+		if i%20 == 0 {
+			fmt.Fprintf(os.Stderr, "soak: %d/%d failures (%s)\n", i, failures, time.Since(t0).Round(time.Second))
+		}
+	}
+	if _, err := g.wait("vLLM ready", failures+1, 60*time.Second); err != nil {
+		return nil, fmt.Errorf("after the last failure: %w", err)
+	}
+	if _, err := g.wait("incident recorded", failures, 10*time.Second); err != nil {
+		return nil, err
+	}
+	if r.end, err = sample(metricsURL); err != nil {
+		return nil, err
+	}
+	r.end.fdKinds = fdKinds(g.cmd.Process.Pid)
+	r.completions, r.clientEr = completions.Load(), clientErrs.Load()
+
+	g.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-g.exited:
+		r.exitCode = g.code
+	case <-time.After(30 * time.Second):
+		return nil, fmt.Errorf("the guard did not exit within 30 s of SIGTERM")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		left := ours(testID)
+		if len(left) == 0 || time.Now().After(deadline) {
+			for _, p := range left {
+				b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
+				r.orphans = append(r.orphans, fmt.Sprintf("%d:%s", p, bytes.ReplaceAll(b, []byte{0}, []byte{' '})))
+			}
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	r.failed = g.count("vLLM failed")
+	r.incidents = g.count("incident recorded")
+	files, _ := os.ReadDir(filepath.Join(stateDir, "incidents"))
+	for _, f := range files {
+		if strings.HasSuffix(f.Name(), ".json") {
+			r.incidentFiles++
+		}
+	}
+	r.rungMismatches = rungMismatches(g)
+	r.elapsed = time.Since(t0)
+	return r, nil
+}
+
+// rungMismatches pairs each "vLLM failed" with the next "launching vLLM".
+func rungMismatches(g *guard) []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []string
+	var want any
+	n := 0
+	for _, m := range g.logs {
+		switch m["msg"] {
+		case "vLLM failed":
+			n++
+			want = m["next_rung"]
+		case "launching vLLM":
+			if want != nil && m["rung"] != want {
+				out = append(out, fmt.Sprintf("failure %d chose rung %v, launched on %v", n, want, m["rung"]))
+			}
+			want = nil
+		}
+	}
+	return out
+}
+
+// sample reads goroutines, open fds and RSS from the guard's /metrics, the
+// least of five scrapes 100 ms apart (a scrape in flight adds goroutines).
+func sample(url string) (figures, error) {
+	best := figures{goroutines: -1}
+	for range 5 {
+		resp, err := http.Get(url)
+		if err != nil {
+			return best, fmt.Errorf("scrape %s: %w", url, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return best, err
+		}
+		f := figures{goroutines: metric(b, "go_goroutines"), fds: metric(b, "process_open_fds"), rss: metric(b, "process_resident_memory_bytes")}
+		if f.goroutines < 0 || f.fds < 0 || f.rss < 0 {
+			return best, fmt.Errorf("%s lacks go_goroutines, process_open_fds or process_resident_memory_bytes", url)
+		}
+		if best.goroutines < 0 {
+			best = f
+		}
+		best = figures{goroutines: min(best.goroutines, f.goroutines), fds: min(best.fds, f.fds), rss: min(best.rss, f.rss)}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return best, nil
+}
+
+// fdKinds counts the guard's open fds by what they point at ("socket",
+// "pipe", "anon_inode", a path's folder), to tell a leak's source.
+func fdKinds(pid int) map[string]int {
+	out := map[string]int{}
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		target, err := os.Readlink(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		kind, _, _ := strings.Cut(target, ":")
+		if kind == "anon_inode" {
+			kind = target
+		}
+		if strings.HasPrefix(target, "/") {
+			kind = filepath.Dir(target)
+		}
+		out[kind]++
+	}
+	return out
+}
+
+func metric(scrape []byte, name string) float64 {
+	for _, l := range strings.Split(string(scrape), "\n") {
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	return -1
+}
+
+// ours lists the live (not zombie) processes of this soak's vLLM trees.
+func ours(testID string) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err != nil || !bytes.Contains(env, []byte("FAKEVLLM_TEST_ID="+testID+"\x00")) {
+			continue
+		}
+		if st, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil {
+			if i := bytes.LastIndexByte(st, ')'); i > 0 && i+2 < len(st) && st[i+2] == 'Z' {
+				continue
+			}
+		}
+		out = append(out, pid)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// role finds the API server ("serve") or EngineCore of the running tree.
+func role(testID, which string) (int, error) {
+	for _, p := range ours(testID) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
+		args := strings.Split(string(b), "\x00")
+		engine := strings.HasPrefix(args[0], "VLLM::EngineCore")
+		// The guard's keeper carries vLLM's environment and argv too.
+		api := filepath.Base(args[0]) == "fakevllm" && len(args) > 1 && args[1] == "serve"
+		if (which == "engine" && engine) || (which == "api" && api) {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("no %s process among %v", which, ours(testID))
+}
+
+func inject(kind, testID string, port int) error {
+	switch kind {
+	case "sigkill", "segv", "sigstop":
+		pid, err := role(testID, "api")
+		if err != nil {
+			return err
+		}
+		sig := map[string]syscall.Signal{"sigkill": syscall.SIGKILL, "segv": syscall.SIGSEGV, "sigstop": syscall.SIGSTOP}[kind]
+		return syscall.Kill(pid, sig)
+	case "engine_kill":
+		pid, err := role(testID, "engine")
+		if err != nil {
+			return err
+		}
+		return syscall.Kill(pid, syscall.SIGKILL)
+	case "oom":
+		// One prompt of ~30000 tokens (4 characters each) admitted at once.
+		body := fmt.Sprintf(`{"model":"soak-model","prompt":%q,"max_tokens":1}`, strings.Repeat("abcd", 30000))
+		go func() {
+			hc := &http.Client{Timeout: 10 * time.Second}
+			resp, err := hc.Post(fmt.Sprintf("http://127.0.0.1:%d/v1/completions", port), "application/json", strings.NewReader(body))
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+		return nil
+	}
+	return fmt.Errorf("unknown failure kind %q", kind)
+}

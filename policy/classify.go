@@ -241,12 +241,17 @@ type scan struct {
 func text(l Line) string { return strings.TrimRight(StripANSI(l.Text), "\r\n ") }
 
 // runMarkers open a run of vLLM; a saved log may hold several runs and only
-// the last one is classified.
+// the last one is classified. The guard's own lines are always one run: its
+// stdout and stderr interleave, so a traceback on stderr can come before a
+// banner line on stdout of the same run, and must not be cut away.
 var runMarkers = []string{"vLLM API server version", "vLLM server version", "non-default args:"}
 
-func scanLines(lines []Line) *scan {
+func scanLines(lines []Line, severalRuns bool) *scan {
 	s := &scan{byCause: make(map[Cause]*hits, 4), wrapper: -1, readyLine: -1}
 	for i := range lines {
+		if !severalRuns {
+			break
+		}
 		t := lines[i].Text
 		if strings.Contains(t, "erver version") || strings.Contains(t, "non-default args:") {
 			for _, m := range runMarkers {
@@ -332,7 +337,7 @@ func (s *scan) evidence(lines []Line, h *hits) []Line {
 // Classify gives one cause, with its evidence, for one death of vLLM (or,
 // with e.Offline, for a saved log, where "" means no failure was found).
 // It is a pure function of e.
-func Classify(e Exit) Verdict { return verdictOf(e, scanLines(e.Lines)) }
+func Classify(e Exit) Verdict { return verdictOf(e, scanLines(e.Lines, e.Offline)) }
 
 func verdictOf(e Exit, s *scan) Verdict {
 	phase := e.Phase

@@ -284,3 +284,19 @@ func TestPrefilterCoversRules(t *testing.T) {
 		}
 	}
 }
+
+// Live, the guard's lines are one run: stderr and stdout interleave, so a
+// traceback can come before the banner of the same run on stdout.
+func TestLiveLinesAreOneRunWhateverTheOrder(t *testing.T) {
+	lines := []Line{
+		{N: 1, Stream: "stdout", Text: "(APIServer pid=1) INFO 12-02 10:56:33 [api_server.py:1805] vLLM API server version 0.11.0"},
+		{N: 2, Stream: "stderr", Text: "(APIServer pid=1) Traceback (most recent call last):"},
+		{N: 3, Stream: "stderr", Text: "(APIServer pid=1)     sock.bind(addr)"},
+		{N: 4, Stream: "stderr", Text: "(APIServer pid=1) OSError: [Errno 98] Address already in use"},
+		{N: 5, Stream: "stdout", Text: "(APIServer pid=1) INFO 12-02 10:56:33 [utils.py:233] non-default args: {'model_tag': 'm'}"},
+	}
+	v := Classify(Exit{Lines: lines, ExitCode: 1, Phase: PhaseStarting})
+	if v.Cause != CauseConfigError || len(v.Evidence) == 0 || v.Evidence[0].N != 4 {
+		t.Fatalf("verdict %+v: want config_error from line 4", v)
+	}
+}

@@ -55,7 +55,7 @@ func Diagnose(r io.Reader) (Report, error) {
 		return Report{}, fmt.Errorf("diagnose: the log is larger than %d MiB; pass its last part (e.g. tail -n 100000)", maxLogBytes>>20)
 	}
 	lines := SplitLines(string(data))
-	s := scanLines(lines)
+	s := scanLines(lines, true)
 	v := verdictOf(Exit{Lines: lines, Offline: true}, s)
 	rep := Report{Verdict: v, Phase: PhaseStarting, Lines: len(lines)}
 	rep.Facts = extractFacts(lines, s)

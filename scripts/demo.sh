@@ -27,15 +27,20 @@ code=$?
 sleep 0.2
 
 readies=$(grep -c 'vLLM ready' "$work/guard.log")
-ooms=$(grep 'vLLM failed' "$work/guard.log" | grep -c '"cause": "oom"\|cause.*oom')
+ooms=$(grep 'vLLM failed' "$work/guard.log" | grep -c '"cause": "oom"')
+# The profile of the last launch, and how the guard chose it.
+last=$(grep 'launching vLLM' "$work/guard.log" | tail -1)
+seqs=$(sed -n 's/.*"--max-num-seqs", "\([0-9]*\)".*/\1/p' <<<"$last")
+util=$(sed -n 's/.*"--gpu-memory-utilization", "\([0-9.]*\)".*/\1/p' <<<"$last")
+how=$(grep 'vLLM failed' "$work/guard.log" | tail -1 | sed -n 's/.*"reason": "\([^"]*\)".*/\1/p')
 echo
 echo "== summary"
 echo "The guard launched the simulated vLLM on rung 0 (max_num_seqs 256, gpu_memory_utilization 0.85)," \
   "said ready only after a 1-token completion answered, saw $ooms GPU OOM(s) when the background" \
-  "demand outgrew rung 0, cleaned up the process tree, backed off, and restarted on rung 1" \
-  "(max_num_seqs 128, gpu_memory_utilization 0.80), where vLLM became ready again and held" \
-  "($readies readiness events in all). On SIGTERM it stopped vLLM gracefully and exited $code" \
-  "in $((SECONDS - start)) s."
+  "demand outgrew rung 0, cleaned up the process tree, waited for the GPU memory, backed off, and" \
+  "restarted with max_num_seqs $seqs and gpu_memory_utilization $util ($how), where vLLM became" \
+  "ready again and held ($readies readiness events in all). On SIGTERM it stopped vLLM gracefully" \
+  "and exited $code in $((SECONDS - start)) s."
 if [ "$code" -ne 0 ] || [ "$readies" -lt 2 ] || [ "$ooms" -lt 1 ]; then
   echo "demo FAILED: exit $code, $readies ready, $ooms OOM" >&2
   exit 1

@@ -20,6 +20,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/gpumon"
 	"github.com/vllm-guard/vllm-guard/policy"
+	"github.com/vllm-guard/vllm-guard/proxy"
 	"github.com/vllm-guard/vllm-guard/state"
 	"github.com/vllm-guard/vllm-guard/supervisor"
 	"github.com/vllm-guard/vllm-guard/vllmstats"
@@ -35,6 +36,7 @@ type Doc struct {
 	VLLM         vllmstats.Stats   `json:"vllm"`
 	Alerts       []ActiveAlert     `json:"alerts"`
 	LastIncident *state.Incident   `json:"last_incident,omitempty"`
+	Proxy        *proxy.Stats      `json:"proxy,omitempty"` // nil when [proxy] listen is off
 }
 
 // ActiveAlert is one alert in force: the memory ones from gpumon, plus oom

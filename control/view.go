@@ -77,6 +77,10 @@ func WriteStatus(w io.Writer, d Doc) {
 	}
 	row("restarts", "%s", restarts(g.Restarts))
 	row("requests", "%s", vllmLine(d))
+	if p := d.Proxy; p != nil {
+		row("proxy", "%d in flight of %d, %d queued of %d; %d admitted, %d refused (429/503)",
+			p.Inflight, p.Limit, p.Queued, p.QueueSize, p.Admitted, p.Rejected)
+	}
 	tw.Flush()
 
 	writeGPUs(w, d)

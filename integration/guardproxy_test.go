@@ -69,6 +69,17 @@ queue_timeout = "20s"
 				if rep["admission_engaged"] != true {
 					t.Fatalf("admission did not engage: %s", raw)
 				}
+				// The status document carries the proxy's counters.
+				st, err := exec.Command(bins.guard, "status", "--json", "--socket", filepath.Join(s.dir, "guard.sock")).Output()
+				var doc struct {
+					Proxy *struct {
+						Admitted uint64 `json:"admitted"`
+						Engaged  bool   `json:"engaged"`
+					} `json:"proxy"`
+				}
+				if json.Unmarshal(st, &doc); doc.Proxy == nil || doc.Proxy.Admitted == 0 || !doc.Proxy.Engaged {
+					t.Fatalf("status lacks the proxy's counters (%v): %s", err, st)
+				}
 			case "direct":
 				if ooms == 0 {
 					t.Fatalf("the burst straight at vLLM did not run it out of memory\n%s", out)

@@ -22,6 +22,10 @@ func (g *guard) Doc() control.Doc {
 	g.mu.Lock()
 	d.LastIncident = g.lastIncident
 	g.mu.Unlock()
+	if g.proxy != nil {
+		st := g.proxy.Stats()
+		d.Proxy = &st
+	}
 	return d
 }
 

@@ -131,7 +131,9 @@ func (s *scene) start(args ...string) {
 	if s.noNVML {
 		lib = filepath.Join(s.dir, "no-nvml-here")
 	}
-	s.cmd.Env = append(os.Environ(), "FAKENVML_STATE="+s.gpuDir, "LD_LIBRARY_PATH="+lib)
+	// The race runtime sleeps a second at every exit by default; the keeper
+	// (the same race-built binary) exits at each stop of vLLM.
+	s.cmd.Env = append(os.Environ(), "FAKENVML_STATE="+s.gpuDir, "LD_LIBRARY_PATH="+lib, "GORACE=atexit_sleep_ms=0")
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {
 		s.t.Fatal(err)

@@ -75,6 +75,10 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 	case "gpus":
 		return cmdGPUs(rest, stdout, stderr)
 	case "version":
+		fs := newFlags("version", "version", stderr)
+		if code, ok := parse(fs, rest); !ok {
+			return code
+		}
 		return cmdVersion(stdout)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"unicode"
 )
 
 // The stand-in NVML state shared with integration/fakenvml:
@@ -54,11 +55,17 @@ func parseDevices(data []byte) ([]device, error) {
 		if err1 != nil || err2 != nil || total <= 0 || reserved < 0 || reserved > total {
 			return nil, fmt.Errorf("devices line %d: %q: total and reserved must be byte counts with 0 <= reserved <= total", lineNo, line)
 		}
-		// The name keeps its inner spaces: it is everything after the third field.
+		// The name keeps its inner spaces: it is everything after the third
+		// field, with fields split as strings.Fields splits them (any
+		// Unicode space, \v included).
 		rest := line
 		for i := 0; i < 3; i++ {
-			rest = strings.TrimLeft(rest, " \t")
-			rest = rest[strings.IndexAny(rest, " \t"):]
+			rest = strings.TrimLeftFunc(rest, unicode.IsSpace)
+			if j := strings.IndexFunc(rest, unicode.IsSpace); j >= 0 {
+				rest = rest[j:]
+			} else {
+				rest = ""
+			}
 		}
 		devs = append(devs, device{Index: len(devs), UUID: f[0], Total: total, Reserved: reserved, Name: strings.TrimSpace(rest)})
 	}

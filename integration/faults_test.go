@@ -7,7 +7,6 @@ package integration
 // guard, NVML missing or failing mid-run) are not repeated here.
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -511,7 +510,8 @@ func TestFaultSocketFolderMissingIsCreated(t *testing.T) {
 	t.Parallel()
 	s := quick(newScene(t))
 	sock := filepath.Join(s.dir, "missing", "deeper", "guard.sock")
-	startEdited(s, func(c string) string { return strings.Replace(c, s.socket(), sock, 1) })
+	s.editConfig = func(c string) string { return strings.Replace(c, s.socket(), sock, 1) }
+	s.start()
 	waitState(t, sock, "ready", 30*time.Second)
 	fi, err := os.Stat(filepath.Dir(sock))
 	if err != nil || fi.Mode().Perm() != 0o750 {
@@ -604,60 +604,6 @@ func TestFaultImpossibleNVMLNumbersAreSkipped(t *testing.T) {
 	if n := s.count(msg("vLLM failed")); n != 0 {
 		t.Fatalf("%d failures from an NVML reading", n)
 	}
-}
-
-// startEdited is scene.start with the config text edited first (for keys
-// the scene does not expose, such as [control] socket).
-func startEdited(s *scene, edit func(string) string) {
-	s.t.Helper()
-	cfg := filepath.Join(s.dir, "vllm-guard.toml")
-	if err := os.WriteFile(cfg, []byte(edit(s.configText())), 0o644); err != nil {
-		s.t.Fatal(err)
-	}
-	s.cmd = exec.Command(bins.guard, "run", "--config", cfg)
-	s.cmd.Env = append(os.Environ(), "FAKENVML_STATE="+s.gpuDir, "LD_LIBRARY_PATH="+bins.nvmlDir)
-	stderr, err := s.cmd.StderrPipe()
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			var m map[string]any
-			_ = json.Unmarshal(sc.Bytes(), &m)
-			s.mu.Lock()
-			s.raw = append(s.raw, sc.Text())
-			if m != nil {
-				s.logs = append(s.logs, m)
-			}
-			s.mu.Unlock()
-			select {
-			case s.notify <- struct{}{}:
-			default:
-			}
-		}
-		s.cmd.Wait()
-		s.code = s.cmd.ProcessState.ExitCode()
-		close(s.exited)
-	}()
-	s.t.Cleanup(func() {
-		select {
-		case <-s.exited:
-		default:
-			s.cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-s.exited:
-			case <-time.After(15 * time.Second):
-				s.cmd.Process.Kill()
-				<-s.exited
-			}
-		}
-		s.killLeftovers()
-	})
 }
 
 // apiServer finds the simulator's API server process of the scene (not the

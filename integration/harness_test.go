@@ -58,11 +58,12 @@ func freePort(t testing.TB) int {
 // scene is one guard over one simulator, in its own scratch folder.
 type scene struct {
 	t          testing.TB
-	guardBin   string // default: the race-enabled build
-	logLevel   string // default debug
-	noNVML     bool   // run without any libnvidia-ml.so.1
-	httpListen string // [control] http_listen; default off
-	skipVLLM   bool   // do not keep vLLM's own lines (benchmarks that flood)
+	guardBin   string              // default: the race-enabled build
+	logLevel   string              // default debug
+	noNVML     bool                // run without any libnvidia-ml.so.1
+	httpListen string              // [control] http_listen; default off
+	skipVLLM   bool                // do not keep vLLM's own lines (benchmarks that flood)
+	editConfig func(string) string // edits the config text before start (keys the scene does not expose)
 	dir        string
 	port       int
 	gpuDir     string
@@ -119,7 +120,11 @@ func (s *scene) configText() string {
 func (s *scene) start(args ...string) {
 	s.t.Helper()
 	cfg := filepath.Join(s.dir, "vllm-guard.toml")
-	if err := os.WriteFile(cfg, []byte(s.configText()), 0o644); err != nil {
+	text := s.configText()
+	if s.editConfig != nil {
+		text = s.editConfig(text)
+	}
+	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
 		s.t.Fatal(err)
 	}
 	bin := s.guardBin

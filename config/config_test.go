@@ -399,11 +399,8 @@ func TestScanPositions(t *testing.T) {
 }
 
 func FuzzLoad(f *testing.F) {
-	for _, p := range []string{filepath.Join("..", "vllm-guard.toml"), filepath.Join("testdata", "full.toml"), filepath.Join("testdata", "dotted.toml")} {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			f.Fatal(err)
-		}
+	// Seeds: every TOML the repository ships or tests with (tomlFixtures).
+	for _, b := range tomlFixtures(f) {
 		f.Add(b)
 	}
 	f.Add([]byte("[vllm]\nport = \"8000\"\nstop_timeout = 5\n[profile]\nMax_Num_Seqs = 4\n"))

@@ -1,8 +1,6 @@
 package config
 
 import (
-	"bytes"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -73,36 +71,6 @@ func embeddedTOML(yaml string) string {
 		return b.String()
 	}
 	return ""
-}
-
-// FuzzLoadFixtures is FuzzLoad's contract seeded with every TOML fixture
-// of the repository (FuzzLoad's own seeds miss the examples): a config
-// loads and validates, or fails with a located *Error.
-func FuzzLoadFixtures(f *testing.F) {
-	for _, b := range tomlFixtures(f) {
-		f.Add(b)
-	}
-	dir := f.TempDir()
-	f.Fuzz(func(t *testing.T, data []byte) {
-		p := filepath.Join(dir, "fuzz.toml")
-		if err := os.WriteFile(p, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		cfg, err := Load(p)
-		if err != nil {
-			var ce *Error
-			if !errors.As(err, &ce) || ce.Line < 0 || ce.File != p || ce.Msg == "" {
-				t.Fatalf("error %T %q is not a located *config.Error", err, err)
-			}
-			if ce.Line > bytes.Count(data, []byte("\n"))+1 {
-				t.Fatalf("line %d is past the end of the file: %v", ce.Line, err)
-			}
-			return
-		}
-		if err := cfg.Validate(); err != nil {
-			t.Fatalf("Load accepted a config that Validate refuses: %v", err)
-		}
-	})
 }
 
 // Every shipped example loads: a fixture that stops loading is a broken

@@ -222,11 +222,7 @@ func TestFaultLogFloodBlocksNothing(t *testing.T) {
 	if n := s.count(msg("vLLM failed")); n != 0 {
 		t.Fatalf("%d failures during the flood", n)
 	}
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	if code := s.waitExit(30 * time.Second); code != 0 {
-		t.Fatalf("exit code %d after the flood, want 0", code)
-	}
-	s.waitNoProcesses(5 * time.Second)
+	s.stopCleanly(30*time.Second, 5*time.Second)
 }
 
 // A line of invalid UTF-8 and a line over 1 MiB: the guard's own log stays
@@ -274,11 +270,7 @@ func TestFaultClosedStdoutIsSupervised(t *testing.T) {
 	if n := s.count(msg("vLLM failed")); n != 0 {
 		t.Fatalf("%d failures after stdout closed", n)
 	}
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	if code := s.waitExit(20 * time.Second); code != 0 {
-		t.Fatalf("exit code %d, want 0", code)
-	}
-	s.waitNoProcesses(5 * time.Second)
+	s.stopCleanly(20*time.Second, 5*time.Second)
 }
 
 // hasGrandchild waits until the setsid grandchild of the grandchild fault runs.
@@ -308,11 +300,7 @@ func TestFaultGrandchildIsStoppedWithTheGuard(t *testing.T) {
 	s.start()
 	s.waitLog("ready", 1, 30*time.Second, msg("vLLM ready"))
 	hasGrandchild(t, s)
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	if code := s.waitExit(20 * time.Second); code != 0 {
-		t.Fatalf("exit code %d, want 0", code)
-	}
-	s.waitNoProcesses(10 * time.Second)
+	s.stopCleanly(20*time.Second, 10*time.Second)
 }
 
 // The same descendant when the guard is SIGKILLed: parent-death reaches it

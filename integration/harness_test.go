@@ -302,6 +302,17 @@ func (s *scene) killLeftovers() {
 	}
 }
 
+// stopCleanly sends SIGTERM to the guard and requires exit 0 within exit,
+// then no vLLM process of the scene within gone.
+func (s *scene) stopCleanly(exit, gone time.Duration) {
+	s.t.Helper()
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	if code := s.waitExit(exit); code != 0 {
+		s.t.Fatalf("exit code %d after SIGTERM, want 0", code)
+	}
+	s.waitNoProcesses(gone)
+}
+
 // waitNoProcesses waits until none of this scene's vLLM processes is alive.
 func (s *scene) waitNoProcesses(timeout time.Duration) {
 	s.t.Helper()

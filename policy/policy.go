@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+
 	"github.com/vllm-guard/vllm-guard/config"
+	"github.com/vllm-guard/vllm-guard/exitcode"
 )
 
 // Clock is the only way the backoff learns the time: callers pass theirs in.
@@ -256,7 +258,7 @@ func (p *Policy) OnFailure(now time.Time, v Verdict) Decision {
 	}
 
 	if v.Cause == CauseConfigError {
-		return p.giveUp(78, fmt.Sprintf("configuration error: %s; fix the vLLM command or config and start again (not retried)", evidenceWords(v)))
+		return p.giveUp(exitcode.Config, fmt.Sprintf("configuration error: %s; fix the vLLM command or config and start again (not retried)", evidenceWords(v)))
 	}
 
 	d := Decision{Action: ActionRestart}
@@ -273,7 +275,7 @@ func (p *Policy) OnFailure(now time.Time, v Verdict) Decision {
 			u--
 		}
 		if u < 0 || p.ladder[u].GPUMemoryUtilization <= p.ladder[p.utilStep].GPUMemoryUtilization {
-			return p.giveUp(78, fmt.Sprintf("KV cache does not fit at gpu_memory_utilization %.2f (%s): raise [profile] gpu_memory_utilization "+
+			return p.giveUp(exitcode.Config, fmt.Sprintf("KV cache does not fit at gpu_memory_utilization %.2f (%s): raise [profile] gpu_memory_utilization "+
 				"or lower --max-model-len (not retried)", p.Current().GPUMemoryUtilization, evidenceWords(v)))
 		}
 		from := p.Current()
@@ -305,7 +307,7 @@ func (p *Policy) OnFailure(now time.Time, v Verdict) Decision {
 	// The crash-loop check comes after the rung change, so a guard that
 	// systemd starts again resumes on the lighter rung from state.json.
 	if n, window := p.countFailures(now); p.cfg.Restart.GiveUpAfter > 0 && n >= p.cfg.Restart.GiveUpAfter {
-		return p.giveUp(1, fmt.Sprintf("crash loop: %d failed starts within %s (last cause %s); giving up, fix the cause and restart the guard",
+		return p.giveUp(exitcode.Failed, fmt.Sprintf("crash loop: %d failed starts within %s (last cause %s); giving up, fix the cause and restart the guard",
 			n, window, causeWord(v.Cause)))
 	}
 	d.Rung = p.Current()

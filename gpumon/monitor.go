@@ -730,6 +730,19 @@ func (m *Monitor) WaitReleased(ctx context.Context, pids []int, baselineUsed []u
 	}
 }
 
+// CheckReleased is one reading of WaitReleased's test, without waiting:
+// Released says whether the memory of pids (or, where PIDs cannot be
+// matched, the devices' totals) is back.
+func (m *Monitor) CheckReleased(pids []int, baselineUsed []uint64) Release {
+	set := make(map[int]bool, len(pids))
+	for _, p := range pids {
+		set[p] = true
+	}
+	rel, done := m.releaseCheck(set, baselineUsed)
+	rel.Released = done
+	return rel
+}
+
 func (m *Monitor) releaseCheck(pids map[int]bool, baseline []uint64) (Release, bool) {
 	devs, rs, procs, err := m.readNow(pids)
 	if err != nil {

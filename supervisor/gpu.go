@@ -1,9 +1,6 @@
 package supervisor
 
 import (
-	"context"
-	"time"
-
 	"github.com/vllm-guard/vllm-guard/gpumon"
 )
 
@@ -39,17 +36,17 @@ func (g monitorGPU) Fullest() (used, total uint64, ok bool) {
 	return used, total, snap.Up && best >= 0
 }
 
-func (g monitorGPU) WaitReleased(ctx context.Context, pids []int, baseline []uint64, timeout time.Duration) []Holder {
-	r := g.m.WaitReleased(ctx, pids, baseline, timeout)
+func (g monitorGPU) Released(pids []int, baseline []uint64) (bool, []Holder) {
+	r := g.m.CheckReleased(pids, baseline)
 	if r.Released {
-		return nil
+		return true, nil
 	}
 	if len(r.Held) == 0 {
 		// Device totals: memory is still above the level before the launch,
 		// but NVML names no process.
-		return []Holder{{Bytes: r.HeldBytes, Command: r.Message}}
+		return false, []Holder{{Bytes: r.HeldBytes, Command: r.Message}}
 	}
-	return holders(r.Held)
+	return false, holders(r.Held)
 }
 
 func (g monitorGPU) CheckFree(utilization float64) (bool, string, []Holder) {

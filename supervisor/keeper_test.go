@@ -43,12 +43,12 @@ func TestKeeperReportsExitCodeAndCleansUpLeftovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-c.done:
+	case <-c.doneC:
 	case <-time.After(20 * time.Second):
 		t.Fatal("keeper did not finish")
 	}
-	if c.exit.Code != 3 || c.exit.Signal != "" {
-		t.Fatalf("exit %+v, want code 3", c.exit)
+	if c.exitInfo.Code != 3 || c.exitInfo.Signal != "" {
+		t.Fatalf("exit %+v, want code 3", c.exitInfo)
 	}
 	for _, f := range []string{"escaped", "stayed"} {
 		b, err := os.ReadFile(dir + "/" + f)
@@ -69,9 +69,9 @@ func TestKeeperReportsStartFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-c.done
-	if !strings.Contains(c.exit.StartFailure, "/nonexistent/vllm") {
-		t.Fatalf("start failure %q does not name the command", c.exit.StartFailure)
+	<-c.doneC
+	if !strings.Contains(c.exitInfo.StartFailure, "/nonexistent/vllm") {
+		t.Fatalf("start failure %q does not name the command", c.exitInfo.StartFailure)
 	}
 }
 
@@ -81,9 +81,9 @@ func TestKeeperReportsSignal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-c.done
-	if c.exit.Signal != "SIGSEGV" {
-		t.Fatalf("exit %+v, want SIGSEGV", c.exit)
+	<-c.doneC
+	if c.exitInfo.Signal != "SIGSEGV" {
+		t.Fatalf("exit %+v, want SIGSEGV", c.exitInfo)
 	}
 }
 
@@ -93,16 +93,16 @@ func TestStopKillsGroupAfterTimeoutWhenTERMIsIgnored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the script's child", 5*time.Second, func() bool { return len(c.tree()) >= 2 })
-	tree := c.tree()
+	waitFor(t, "the script's child", 5*time.Second, func() bool { return len(Descendants(c.keeperPID)) >= 2 })
+	tree := Descendants(c.keeperPID)
 	c.signalGroup(syscall.SIGTERM)
 	select {
-	case <-c.done:
+	case <-c.doneC:
 		t.Fatal("the tree ignored SIGTERM, the keeper must not have exited yet")
 	case <-time.After(300 * time.Millisecond):
 	}
 	c.kill()
-	<-c.done
+	<-c.doneC
 	for _, pid := range tree {
 		if alive(pid) {
 			t.Errorf("pid %d survived the kill", pid)
@@ -116,7 +116,7 @@ func TestDescendantsByChildrenFilesMatchesTheScan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { c.kill(); <-c.done }()
+	defer func() { c.kill(); <-c.doneC }()
 	waitFor(t, "the tree", 5*time.Second, func() bool { return len(scanDescendants(c.keeperPID)) >= 4 })
 	fast, ok := childrenFiles(c.keeperPID)
 	if !ok {

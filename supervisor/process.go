@@ -3,7 +3,6 @@ package supervisor
 import (
 	"bufio"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"runtime"
@@ -15,17 +14,6 @@ import (
 
 	"golang.org/x/sys/unix"
 )
-
-// launchSpec is one start of vLLM.
-type launchSpec struct {
-	keeper []string // the keeper's argv prefix: [exe, KeeperArg]
-	argv   []string
-	env    []string
-	dir    string
-	grace  time.Duration
-	stdout io.Writer
-	stderr io.Writer
-}
 
 // exitInfo is how vLLM's API server ended.
 type exitInfo struct {
@@ -48,11 +36,12 @@ func (e exitInfo) String() string {
 // child is a running vLLM tree under its keeper.
 type child struct {
 	keeperPID int
-	pid       int           // vLLM's API server; 0 until the keeper reports it
-	apiGone   chan struct{} // closed when the API server exited (the keeper may still be cleaning up)
-	done      chan struct{} // closed when the keeper exited: the whole tree is gone
-	exit      exitInfo      // valid after done
+	apiPID    int           // vLLM's API server; 0 until the keeper reports it
+	apiGoneC  chan struct{} // closed when the API server exited (the keeper may still be cleaning up)
+	doneC     chan struct{} // closed when the keeper exited: the whole tree is gone
+	exitInfo  exitInfo      // valid after doneC
 	treeCache atomic.Pointer[[]int]
+	seenPIDs  treeSeen // only the machine's goroutine touches it
 }
 
 // start launches the keeper (which launches vLLM) from a goroutine that
@@ -78,7 +67,7 @@ func start(spec launchSpec) (*child, error) {
 	cmd.WaitDelay = time.Second
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: keeperDeathSignal}
 
-	c := &child{done: make(chan struct{}), apiGone: make(chan struct{})}
+	c := &child{doneC: make(chan struct{}), apiGoneC: make(chan struct{})}
 	pidc := make(chan int, 1)
 	final := make(chan exitInfo, 1)
 	started := make(chan error, 1)
@@ -93,12 +82,12 @@ func start(spec launchSpec) (*child, error) {
 		waitErr := cmd.Wait()
 		reaperForget(cmd.Process.Pid)
 		if e, ok := <-final; ok {
-			c.exit = e
+			c.exitInfo = e
 		} else {
 			// The keeper died without reporting (killed): report its own end.
-			c.exit = keeperExit(cmd.ProcessState, waitErr)
+			c.exitInfo = keeperExit(cmd.ProcessState, waitErr)
 		}
-		close(c.done)
+		close(c.doneC)
 	}()
 	if err := <-started; err != nil {
 		pr.Close()
@@ -114,7 +103,7 @@ func start(spec launchSpec) (*child, error) {
 		defer pr.Close()
 		defer close(final)
 		defer close(pidc)
-		defer close(c.apiGone) // also when the keeper died without a word
+		defer close(c.apiGoneC) // also when the keeper died without a word
 		r := bufio.NewReader(pr)
 		for {
 			line, err := r.ReadString('\n')
@@ -134,7 +123,7 @@ func start(spec launchSpec) (*child, error) {
 			}
 		}
 	}()
-	c.pid = <-pidc // 0 when vLLM did not start
+	c.apiPID = <-pidc // 0 when vLLM did not start
 	return c, nil
 }
 
@@ -163,10 +152,18 @@ func keeperExit(ps *os.ProcessState, err error) exitInfo {
 	return exitInfo{Code: ws.ExitStatus()}
 }
 
+func (c *child) pid() int                 { return c.apiPID }
+func (c *child) apiGone() <-chan struct{} { return c.apiGoneC }
+func (c *child) done() <-chan struct{}    { return c.doneC }
+func (c *child) exit() exitInfo           { return c.exitInfo }
+
 // signalGroup sends sig to the whole vLLM process group (the keeper leads it).
 func (c *child) signalGroup(sig syscall.Signal) {
 	_ = syscall.Kill(-c.keeperPID, sig)
 }
+
+// stop asks vLLM to stop: SIGTERM to the group.
+func (c *child) stop() { c.signalGroup(syscall.SIGTERM) }
 
 // kill sends SIGKILL to the group and to every descendant of the keeper,
 // including those that left the group.
@@ -176,22 +173,84 @@ func (c *child) kill() {
 	signalAll(rest, syscall.SIGKILL)
 }
 
-// tree lists the live processes of this vLLM: the keeper's descendants.
-func (c *child) tree() []int { return Descendants(c.keeperPID) }
-
-// refreshTree reads the tree from /proc and keeps it for cachedTree: the
-// GPU monitor asks every sample, and one /proc walk a second is enough.
-func (c *child) refreshTree() []int {
-	t := c.tree()
+// refresh reads the tree from /proc, keeps it for tree(), and remembers
+// every process seen: by the time the API server has exited, EngineCore may
+// be gone from /proc while the driver still holds its memory, and the
+// release wait must know its PID.
+func (c *child) refresh() {
+	t := Descendants(c.keeperPID)
 	c.treeCache.Store(&t)
-	return t
+	c.seenPIDs.add(t)
 }
 
-// cachedTree is the tree as last read (the keeper's pid first, so the
-// monitor always knows the group even before the first read).
-func (c *child) cachedTree() []int {
+// tree is the tree as last read (the keeper's pid first, so the monitor
+// always knows the group even before the first read). Safe from any
+// goroutine: the GPU monitor asks every sample.
+func (c *child) tree() []int {
 	if t := c.treeCache.Load(); t != nil {
 		return append([]int{c.keeperPID}, (*t)...)
 	}
-	return []int{c.keeperPID, c.pid}
+	return []int{c.keeperPID, c.apiPID}
+}
+
+func (c *child) seen() []int { return c.seenPIDs.pids() }
+
+// killLeftovers: the keeper kills the whole tree before it exits; if the
+// keeper itself was killed, what it left is killed here.
+func (c *child) killLeftovers() []int {
+	left := c.seenPIDs.survivors()
+	signalAll(left, syscall.SIGKILL)
+	return left
+}
+
+func (c *child) killIfOurs(pid int) bool {
+	if !c.seenPIDs.same(pid) {
+		return false
+	}
+	return syscall.Kill(pid, syscall.SIGKILL) == nil
+}
+
+// treeSeen remembers every process of vLLM's tree seen during a run, with
+// its start time, so a PID reused by an unrelated process is never taken
+// for ours.
+type treeSeen map[int]uint64
+
+func (t *treeSeen) add(pids []int) {
+	if *t == nil {
+		*t = treeSeen{}
+	}
+	for _, p := range pids {
+		if info, ok := readStat(p); ok {
+			(*t)[p] = info.start
+		}
+	}
+}
+
+func (t treeSeen) pids() []int {
+	out := make([]int, 0, len(t))
+	for p := range t {
+		out = append(out, p)
+	}
+	return out
+}
+
+// same says whether pid is alive and the process seen (same start time).
+func (t treeSeen) same(pid int) bool {
+	start, ok := t[pid]
+	if !ok {
+		return false
+	}
+	info, ok := readStat(pid)
+	return ok && info.start == start && info.state != 'Z'
+}
+
+// survivors are the processes seen in the tree that are still alive.
+func (t treeSeen) survivors() []int {
+	var out []int
+	for p := range t {
+		if t.same(p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }

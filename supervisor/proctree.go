@@ -2,8 +2,10 @@ package supervisor
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -150,4 +152,31 @@ func signalAll(pids []int, sig syscall.Signal) {
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, sig)
 	}
+}
+
+// hostOOMKills reads the oom_kill counter of the guard's cgroup (v2), which
+// vLLM shares; -1 when unknown.
+func hostOOMKills() int64 {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return -1
+	}
+	var path string
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, "0::"); ok {
+			path = rest
+		}
+	}
+	ev, err := os.ReadFile("/sys/fs/cgroup" + path + "/memory.events")
+	if err != nil {
+		return -1
+	}
+	for _, l := range strings.Split(string(ev), "\n") {
+		if v, ok := strings.CutPrefix(l, "oom_kill "); ok {
+			var n int64
+			fmt.Sscan(v, &n)
+			return n
+		}
+	}
+	return -1
 }

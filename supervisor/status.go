@@ -3,6 +3,8 @@ package supervisor
 import (
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/events"
+
 	"github.com/vllm-guard/vllm-guard/policy"
 )
 
@@ -43,21 +45,9 @@ type Status struct {
 	Cost        string               `json:"cost_model,omitempty"` // what a running sequence costs, and the safe max_num_seqs
 }
 
-// Failure is one death of vLLM with its cause and what the guard did about it.
-type Failure struct {
-	Time         time.Time       `json:"time"`
-	PID          int             `json:"pid"`
-	Exit         string          `json:"exit"` // "exit code 0", "killed by SIGKILL", ...
-	ExitCode     int             `json:"exit_code"`
-	Signal       string          `json:"signal,omitempty"`
-	Phase        policy.Phase    `json:"phase"`
-	Verdict      policy.Verdict  `json:"verdict"`
-	Decision     policy.Decision `json:"decision"`
-	RungBefore   policy.Rung     `json:"rung_before"`
-	Lines        []policy.Line   `json:"-"` // the kept output, oldest first
-	MemFractions []float64       `json:"-"`
-	Uptime       time.Duration   `json:"uptime_ns"`
-}
+// Failure is one death of vLLM with its cause and what the guard did about
+// it; it travels on the event stream.
+type Failure = events.Failure
 
 func (s Status) clone() Status {
 	m := make(map[policy.Cause]int, len(s.Restarts))

@@ -1,7 +1,11 @@
 // Package supervisor owns the life of one vLLM: launch with the profile in
 // force, its process tree (through the keeper), the log pump, readiness,
-// liveness, stopping, reaping, and the state machine of SPEC §4. It asks
-// package policy what every failure means and what to do next.
+// liveness, stopping, reaping, and the state machine. The machine
+// (machine.go) is one goroutine that turns events — child output and exit,
+// probe answers, timers, operators' requests, the stop signal — into a new
+// state plus effects, and never blocks: every wait is a state with a timer.
+// It asks package policy what every failure means and what to do next, and
+// publishes what happens on the event stream (package events).
 package supervisor
 
 import (
@@ -15,11 +19,12 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/vllm-guard/vllm-guard/config"
+	"github.com/vllm-guard/vllm-guard/events"
 	"github.com/vllm-guard/vllm-guard/policy"
 )
 
 // GPU is what the supervisor needs of the GPU monitor. nil means no GPU
-// view: the guard supervises without it.
+// view: the guard supervises without it. Every method returns at once.
 type GPU interface {
 	// SetTree tells the monitor which PIDs are vLLM's (nil: none running).
 	SetTree(tree func() []int)
@@ -32,10 +37,10 @@ type GPU interface {
 	// Fullest is the memory in use and the total of the fullest device at
 	// the last sample; ok is false when unknown.
 	Fullest() (used, total uint64, ok bool)
-	// WaitReleased blocks until NVML shows none of pids (or used back to
-	// baseline when PIDs are not visible), up to timeout; it returns
-	// the processes still holding memory, empty when released.
-	WaitReleased(ctx context.Context, pids []int, baseline []uint64, timeout time.Duration) []Holder
+	// Released reports, from one reading, whether NVML shows none of pids
+	// (or used memory back to baseline where PIDs are not visible), and
+	// what still holds memory when not.
+	Released(pids []int, baseline []uint64) (released bool, held []Holder)
 	// CheckFree reports whether free memory on every device is at least
 	// utilization × total, and who holds it when not.
 	CheckFree(utilization float64) (ok bool, why string, holders []Holder)
@@ -48,24 +53,15 @@ type Holder struct {
 	Command string
 }
 
-// Hooks are how the rest of the guard hears about the supervisor. Each is
-// optional and is called from the supervisor's goroutine: keep them quick.
-type Hooks struct {
-	OnStart    func(policy.Rung)  // each launch of vLLM
-	OnState    func(Status)       // every transition
-	OnProgress func(phase string) // load progress while starting
-	OnReady    func(first bool, ttr time.Duration)
-	OnFailure  func(Failure)      // classified, decided
-	OnPolicy   func(policy.State) // persist: the rung or history changed
-	OnTick     func()             // the loop turned (watchdog)
-}
-
 // Options are the supervisor's collaborators.
 type Options struct {
 	Log    *zap.Logger
 	Policy *policy.Policy
 	GPU    GPU // may be nil
-	Hooks  Hooks
+	// Events receives everything that happens (may be nil).
+	Events *events.Bus
+	// Persist saves the policy's state (rung, history) after it changed.
+	Persist func(policy.State)
 	// Keeper is the argv prefix that runs the keeper: [exe, KeeperArg].
 	// Default: this executable.
 	Keeper []string
@@ -80,21 +76,25 @@ type Options struct {
 
 // Supervisor runs vLLM until stopped. Make one with New, then Run it.
 type Supervisor struct {
-	cfg    *config.Config
-	log    *zap.Logger
-	pol    *policy.Policy
-	gpu    GPU
-	hooks  Hooks
-	keeper []string
-	extra  []string
-	model  string
-	load   func() (running, waiting float64, ok bool)
+	cfg     *config.Config
+	log     *zap.Logger
+	pol     *policy.Policy
+	gpu     GPU
+	bus     *events.Bus
+	persist func(policy.State)
+	keeper  []string
+	extra   []string
+	model   string
+	load    func() (running, waiting float64, ok bool)
 
-	status    atomic.Pointer[Status]
-	lastTurn  atomic.Int64
-	reqs      chan request
-	costObs   int // cost samples taken (the summary is refreshed every 10)
-	everReady bool
+	// The machine's ports: real processes and HTTP unless a test sets them.
+	launcher  launcher
+	newProber func(Endpoint, string) checker
+	hostOOM   func() int64 // the cgroup's oom_kill counter, -1 when unknown
+
+	status   atomic.Pointer[Status]
+	lastTurn atomic.Int64
+	reqs     chan request
 }
 
 type request struct {
@@ -119,8 +119,14 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 		}
 		keeper = []string{exe, KeeperArg}
 	}
-	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, hooks: opts.Hooks,
-		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, model: cfg.ServedModelName(), reqs: make(chan request)}
+	persist := opts.Persist
+	if persist == nil {
+		persist = func(policy.State) {}
+	}
+	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, bus: opts.Events, persist: persist,
+		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, model: cfg.ServedModelName(), reqs: make(chan request),
+		launcher: processLauncher{}, newProber: func(ep Endpoint, model string) checker { return newProber(ep, model) },
+		hostOOM: hostOOMKills}
 	st := Status{State: StateStarting, Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[policy.Cause]int{},
 		Cost: s.pol.Cost().Describe(s.pol.Current().GPUMemoryUtilization, cfg.Profile.Headroom)}
 	s.status.Store(&st)
@@ -159,27 +165,24 @@ func (s *Supervisor) ask(ctx context.Context, r request) error {
 	}
 }
 
-func (s *Supervisor) beat() {
-	s.lastTurn.Store(time.Now().UnixNano())
-	if s.hooks.OnTick != nil {
-		s.hooks.OnTick()
-	}
-}
+func (s *Supervisor) beat() { s.lastTurn.Store(time.Now().UnixNano()) }
 
-// update changes the status; a change of state is logged once, with its reason.
+func (s *Supervisor) publish(e events.Event) { s.bus.Publish(e) }
+
+// update changes the status; a change of state is published once, with its
+// reason.
 func (s *Supervisor) update(f func(*Status)) {
 	old := s.status.Load()
 	st := old.clone()
 	f(&st)
-	if st.State != old.State {
+	changed := st.State != old.State
+	if changed {
 		st.Since = time.Now()
-		s.log.Info("state "+string(st.State), zap.String("from", string(old.State)), zap.String("reason", st.Reason),
-			zap.Int("rung", st.Rung.Index), zap.Int("max_num_seqs", st.Rung.MaxNumSeqs),
-			zap.Float64("gpu_memory_utilization", st.Rung.GPUMemoryUtilization))
 	}
 	s.status.Store(&st)
-	if st.State != old.State && s.hooks.OnState != nil {
-		s.hooks.OnState(st.clone())
+	if changed {
+		r := st.Rung
+		s.publish(events.Event{Kind: events.KindState, State: string(st.State), From: string(old.State), Reason: st.Reason, Rung: &r})
 	}
 }
 
@@ -187,179 +190,4 @@ func (s *Supervisor) transition(state State, reason string) {
 	s.update(func(st *Status) { st.State, st.Reason = state, reason })
 }
 
-func (s *Supervisor) persist() {
-	if s.hooks.OnPolicy != nil {
-		s.hooks.OnPolicy(s.pol.State())
-	}
-}
-
-// Exit codes of `vllm-guard run` (SPEC §2).
-const (
-	ExitStopped = 0
-	ExitGaveUp  = 1
-	ExitConfig  = 78
-)
-
-// Run supervises vLLM until ctx is cancelled (exit 0) or the policy gives
-// up (exit 1, or 78 for a configuration error).
-func (s *Supervisor) Run(ctx context.Context) int {
-	sink := newLogSink(s.log)
-	defer sink.close()
-	for {
-		rung := s.pol.Current()
-		s.update(func(st *Status) { st.Rung = rung })
-		if s.gpu != nil && !s.waitFreeGPU(ctx, rung) {
-			return s.stopped()
-		}
-		res := s.runOnce(ctx, sink, rung)
-		if res.kind == outcomeStop {
-			return s.stopped()
-		}
-		if res.kind == outcomeRestart {
-			s.log.Info("restarting vLLM on request", zap.String("peer", res.peer))
-			continue
-		}
-		if res.kind == outcomeRestore {
-			s.pol.OnRestore(time.Now())
-			s.persist()
-			s.log.Info("stepped one rung up after a stable stretch", zap.Int("rung", s.pol.Current().Index),
-				zap.Int("max_num_seqs", s.pol.Current().MaxNumSeqs),
-				zap.Float64("gpu_memory_utilization", s.pol.Current().GPUMemoryUtilization))
-			continue
-		}
-		f := s.fail(res, rung)
-		if f.Decision.Action == policy.ActionGiveUp {
-			return s.giveUp(ctx, f)
-		}
-		if s.gpu != nil {
-			if !s.waitReleased(ctx, res) {
-				return s.stopped()
-			}
-		}
-		if !s.backoff(ctx, f.Decision) {
-			return s.stopped()
-		}
-	}
-}
-
-func (s *Supervisor) stopped() int {
-	s.update(func(st *Status) {
-		st.State, st.Reason, st.PID, st.ExitCode = StateStopped, "stopped on request", 0, ExitStopped
-	})
-	return ExitStopped
-}
-
-func (s *Supervisor) giveUp(ctx context.Context, f Failure) int {
-	code := f.Decision.ExitCode
-	s.update(func(st *Status) {
-		st.State, st.Reason, st.PID, st.ExitCode = StateFailed, "gave up: "+f.Decision.Reason, 0, code
-	})
-	s.log.Error("gave up on vLLM", zap.String("cause", string(f.Verdict.Cause)), zap.String("reason", f.Decision.Reason),
-		zap.Int("exit_code", code))
-	if s.cfg.Restart.OnGiveUp != "stay" {
-		return code
-	}
-	// "stay": keep answering status until asked to stop.
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ExitStopped
-		case r := <-s.reqs:
-			r.reply <- errors.New("the guard gave up; restart the guard itself (systemctl restart) after fixing the cause")
-		case <-tick.C:
-			s.beat()
-		}
-	}
-}
-
-// fail classifies a death, asks the policy what next, and tells the hooks.
-func (s *Supervisor) fail(res outcome, rung policy.Rung) Failure {
-	now := time.Now()
-	exit := policy.Exit{
-		Lines:         res.lines,
-		ExitCode:      res.exit.Code,
-		Signal:        res.exit.Signal,
-		SignalByGuard: res.killedByGuard,
-		Hang:          res.hang,
-		HostOOMKill:   res.hostOOM,
-		Phase:         res.phase,
-		Critical:      s.cfg.GPU.CriticalFraction,
-		StartFailure:  res.exit.StartFailure,
-	}
-	if s.gpu != nil {
-		exit.MemFractions = s.gpu.RecentFractions(10)
-	}
-	v := policy.Classify(exit)
-	d := s.pol.OnFailure(now, v)
-	s.persist()
-	s.describeCost()
-	f := Failure{Time: now, PID: res.pid, Exit: res.exit.String(), ExitCode: res.exit.Code, Signal: res.exit.Signal,
-		Phase: res.phase, Verdict: v, Decision: d, RungBefore: rung, Lines: res.lines, MemFractions: exit.MemFractions, Uptime: res.uptime}
-	fields := []zap.Field{zap.String("cause", string(v.Cause)), zap.String("confidence", v.Confidence),
-		zap.String("summary", v.Summary), zap.String("exit", f.Exit), zap.String("phase", string(res.phase)),
-		zap.String("action", string(d.Action)), zap.Int("next_rung", d.Rung.Index), zap.Int("next_max_num_seqs", d.Rung.MaxNumSeqs),
-		zap.Float64("next_gpu_memory_utilization", d.Rung.GPUMemoryUtilization), zap.Duration("delay", d.Delay), zap.String("reason", d.Reason)}
-	if len(v.Evidence) > 0 {
-		fields = append(fields, zap.Int("evidence_line", v.Evidence[0].N), zap.String("evidence", v.Evidence[0].Text))
-	}
-	s.log.Warn("vLLM failed", fields...)
-	s.update(func(st *Status) {
-		st.Restarts[v.Cause]++
-		st.LastFailure = &f
-		st.PID = 0
-	})
-	if s.hooks.OnFailure != nil {
-		s.hooks.OnFailure(f)
-	}
-	return f
-}
-
-// backoff waits the decided delay; an operator's restart skips the wait.
-func (s *Supervisor) backoff(ctx context.Context, d policy.Decision) bool {
-	next := time.Now().Add(d.Delay)
-	s.update(func(st *Status) {
-		st.State, st.Reason, st.NextStartAt, st.Rung = StateBackoff,
-			fmt.Sprintf("restarting in %s on rung %d: %s", d.Delay.Round(time.Millisecond), d.Rung.Index, d.Reason), next, d.Rung
-	})
-	timer := time.NewTimer(d.Delay)
-	defer timer.Stop()
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-timer.C:
-			s.update(func(st *Status) { st.NextStartAt = time.Time{} })
-			return true
-		case r := <-s.reqs:
-			if s.handleRequest(r) {
-				return true
-			}
-		case <-tick.C:
-			s.beat()
-		}
-	}
-}
-
-// handleRequest answers an operator's request; it reports whether the
-// request asks to restart now.
-func (s *Supervisor) handleRequest(r request) bool {
-	switch r.kind {
-	case "restart":
-		s.log.Info("operator asked for a restart", zap.String("peer", r.peer))
-		r.reply <- nil
-		return true
-	case "reset_profile":
-		s.pol.ResetProfile()
-		s.persist()
-		s.log.Info("operator reset the profile: rung 0 at the next start", zap.String("peer", r.peer),
-			zap.Int("max_num_seqs", s.pol.Current().MaxNumSeqs))
-		r.reply <- nil
-	default:
-		r.reply <- fmt.Errorf("unknown request %q", r.kind)
-	}
-	return false
-}
+func (s *Supervisor) savePolicy() { s.persist(s.pol.State()) }

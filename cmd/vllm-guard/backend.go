@@ -19,9 +19,7 @@ func (g *guard) Doc() control.Doc {
 	gpu := g.gpu.Snapshot()
 	d := control.Doc{Version: version, Now: time.Now(), Guard: st, GPU: gpu, VLLM: g.stats.Latest(),
 		Alerts: control.CollectAlerts(st, gpu)}
-	g.mu.Lock()
-	d.LastIncident = g.lastIncident
-	g.mu.Unlock()
+	d.LastIncident = g.inc.Last()
 	if g.proxy != nil {
 		st := g.proxy.Stats()
 		d.Proxy = &st

@@ -16,6 +16,8 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/alerts"
 	"github.com/vllm-guard/vllm-guard/config"
+	"github.com/vllm-guard/vllm-guard/events"
+	"github.com/vllm-guard/vllm-guard/incident"
 	"github.com/vllm-guard/vllm-guard/control"
 	"github.com/vllm-guard/vllm-guard/gpumon"
 	"github.com/vllm-guard/vllm-guard/metrics"
@@ -31,6 +33,7 @@ func cmdRun(args []string, stderr io.Writer) int {
 	fs := newFlags("run", "run [--config FILE] [--init] [-- EXTRA_VLLM_ARGS...]", stderr)
 	cfgPath := fs.String("config", "", "config file (default $VLLM_GUARD_CONFIG, ./vllm-guard.toml, /etc/vllm-guard/vllm-guard.toml)")
 	initMode := fs.Bool("init", false, "act as an init: become a child subreaper and reap every orphan (automatic as PID 1)")
+	eventsPath := fs.String("events", "", "also write every event (state changes, starts, ready, exits with cause, decisions, alerts) as JSON lines to this file")
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
@@ -55,6 +58,9 @@ func cmdRun(args []string, stderr io.Writer) int {
 	}
 
 	g, err := newGuard(cfg, fs.Args(), log)
+	if err == nil && *eventsPath != "" {
+		err = g.writeEvents(*eventsPath)
+	}
 	if err != nil {
 		log.Error("vllm-guard cannot start", zap.Error(err))
 		var ce *config.Error
@@ -84,14 +90,14 @@ type guard struct {
 	proxy *proxy.Proxy // nil unless [proxy] listen is set
 	up    upstream     // what the proxy asks, kept ready
 	extra []string
-
-	mu           sync.Mutex
-	lastIncident *state.Incident
+	bus   *events.Bus
+	inc   *incident.Recorder
+	jsonl *events.JSONLines // --events, nil when not asked for
 }
 
 func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, error) {
 	g := &guard{cfg: cfg, log: log, met: metrics.New(), sd: notify.New(log.Named("systemd")),
-		alert: alerts.New(cfg.Alerts, log.Named("alerts")),
+		alert: alerts.New(cfg.Alerts, log.Named("alerts")), bus: events.NewBus(),
 		stats: vllmstats.NewScraper(cfg.GPU.SampleInterval.Duration, log.Named("vllm-metrics")), extra: extra}
 	store, warnings, err := state.Open(cfg.Control.StateDir, log.Named("state"))
 	if err != nil {
@@ -119,20 +125,19 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 		PredictHorizon:     cfg.GPU.PredictHorizon.Duration,
 	}, log.Named("gpu"))
 
+	g.inc = incident.New(store, g.gpu.Snapshot, cfg.Log.ChildLines, cfg.GPU.SampleInterval.Duration, log.Named("incidents"))
+	// The event stream's consumers, in order: the log, then what acts on it.
+	g.bus.Handle(events.Log(log))
+	g.bus.Handle(g.onEvent)
+	g.bus.Handle(g.inc.Handle)
 	sup, err := supervisor.New(cfg, supervisor.Options{
 		Log:       log,
 		Policy:    g.pol,
 		GPU:       supervisor.MonitorGPU(g.gpu),
+		Events:    g.bus,
+		Persist:   g.savePolicy,
 		ExtraArgs: extra,
 		Load:      g.vllmLoad,
-		Hooks: supervisor.Hooks{
-			OnStart:    func(policy.Rung) { g.met.Started() },
-			OnState:    g.onState,
-			OnProgress: g.onProgress,
-			OnReady:    g.onReady,
-			OnPolicy:   g.savePolicy,
-			OnFailure:  g.onFailure,
-		},
 	})
 	if err != nil {
 		return nil, err
@@ -206,6 +211,7 @@ func (g *guard) run(ctx context.Context) int {
 	}
 
 	code := g.sup.Run(ctx)
+	g.inc.Close()
 
 	// Deliver what is queued (gave_up above all) before going.
 	fctx, fcancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -216,7 +222,38 @@ func (g *guard) run(ctx context.Context) int {
 	cancel()
 	wg.Wait()
 	g.gpu.Close()
+	if g.jsonl != nil {
+		g.jsonl.Close()
+	}
 	return code
+}
+
+// writeEvents also writes the event stream as JSON lines to path (the test
+// tools, the soak, the storm benchmark and the demo read it).
+func (g *guard) writeEvents(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	if err != nil {
+		return fmt.Errorf("--events: %w", err)
+	}
+	g.jsonl = events.NewJSONLines(f)
+	g.bus.Handle(g.jsonl.Put)
+	return nil
+}
+
+// onEvent is how the guard's parts hear about vLLM.
+func (g *guard) onEvent(e events.Event) {
+	switch e.Kind {
+	case events.KindStarting:
+		g.met.Started()
+	case events.KindState:
+		g.onState(g.sup.Status())
+	case events.KindProgress:
+		g.onProgress(e.Phase)
+	case events.KindReady:
+		g.onReady(e.First, e.TimeToReady)
+	case events.KindExited:
+		g.onFailure(*e.Failure)
+	}
 }
 
 func (g *guard) onState(st supervisor.Status) {
@@ -257,7 +294,6 @@ func (g *guard) onFailure(f supervisor.Failure) {
 		g.alert.Send(e)
 		g.met.SetAlert(e.Alert, true)
 	}
-	g.recordIncident(f)
 }
 
 // forwardGPUAlerts sends the monitor's memory alerts to the dispatcher and
@@ -300,44 +336,6 @@ func (g *guard) savePolicy(st policy.State) {
 	if err := g.store.Save(st); err != nil {
 		g.log.Warn("could not save the guard's state: a restarted guard will start on rung 0", zap.Error(err))
 	}
-}
-
-// recordIncident writes one incident record per failure.
-func (g *guard) recordIncident(f supervisor.Failure) {
-	inc := state.Incident{
-		Time: f.Time, Cause: f.Verdict.Cause, Confidence: f.Verdict.Confidence, Summary: f.Verdict.Summary,
-		Evidence: f.Verdict.Evidence, ExitCode: f.ExitCode, Signal: f.Signal, Phase: f.Phase,
-		RungBefore: f.RungBefore, RungAfter: f.Decision.Rung, Action: f.Decision.Action, Reason: f.Decision.Reason,
-		Delay: f.Decision.Delay,
-	}
-	from := max(0, len(f.Lines)-g.cfg.Log.ChildLines)
-	for _, l := range f.Lines[from:] {
-		inc.LastLines = append(inc.LastLines, l.Text)
-	}
-	snap := g.gpu.Snapshot()
-	interval := g.cfg.GPU.SampleInterval.Duration
-	for _, d := range snap.Devices {
-		if inc.MemoryTrend == "" || d.Trend != "steady" {
-			inc.MemoryTrend = d.Trend
-		}
-		for i, fr := range d.History {
-			t := f.Time.Add(-time.Duration(len(d.History)-1-i) * interval)
-			if i < len(inc.Memory) {
-				inc.Memory[i].Fraction = max(inc.Memory[i].Fraction, fr)
-			} else {
-				inc.Memory = append(inc.Memory, state.MemSample{T: t, Fraction: fr})
-			}
-		}
-	}
-	path, err := g.store.AddIncident(inc)
-	if err != nil {
-		g.log.Warn("could not write the incident record", zap.Error(err))
-		return
-	}
-	g.log.Info("incident recorded", zap.String("path", path), zap.String("cause", string(inc.Cause)))
-	g.mu.Lock()
-	g.lastIncident = &inc
-	g.mu.Unlock()
 }
 
 // childEnvValue is what vLLM will see for k: [vllm] env first, then the guard's.

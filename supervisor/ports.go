@@ -1,0 +1,74 @@
+package supervisor
+
+import (
+	"context"
+	"io"
+	"time"
+)
+
+// The machine's collaborators sit behind these small interfaces, so the
+// step machine is tested without processes (machine_test.go) and runs real
+// ones in production (process.go, probe.go, gpu.go).
+
+// launcher starts one vLLM tree.
+type launcher interface {
+	launch(spec launchSpec) (proc, error)
+}
+
+// launchSpec is one start of vLLM.
+type launchSpec struct {
+	keeper []string // the keeper's argv prefix: [exe, KeeperArg]
+	argv   []string
+	env    []string
+	dir    string
+	grace  time.Duration
+	stdout io.Writer
+	stderr io.Writer
+}
+
+// proc is one running vLLM tree, as the machine sees it.
+type proc interface {
+	// pid is vLLM's API server (0 when it never started).
+	pid() int
+	// apiGone is closed when the API server exited; the rest of the tree
+	// may still be going.
+	apiGone() <-chan struct{}
+	// done is closed when the whole tree is gone.
+	done() <-chan struct{}
+	// exit is how the API server ended; valid after done.
+	exit() exitInfo
+	// stop asks vLLM to stop (SIGTERM to its process group).
+	stop()
+	// kill sends SIGKILL to the group and every descendant.
+	kill()
+	// refresh re-reads the tree from /proc and remembers every process seen.
+	refresh()
+	// tree is the tree as last read (for the GPU monitor's attribution).
+	tree() []int
+	// seen is every PID seen in this run's tree (for the release wait).
+	seen() []int
+	// killLeftovers kills what outlived the keeper (same processes only,
+	// never a reused PID) and returns their PIDs.
+	killLeftovers() []int
+	// killIfOurs kills pid if it is still the very process seen in the
+	// tree (never a reused PID) and says whether it did.
+	killIfOurs(pid int) bool
+}
+
+// checker asks vLLM whether it is ready or still alive.
+type checker interface {
+	ready(ctx context.Context, level string, timeout time.Duration) probeResult
+	health(ctx context.Context, timeout time.Duration) probeResult
+	close()
+}
+
+// processLauncher starts vLLM under the keeper, for real.
+type processLauncher struct{}
+
+func (processLauncher) launch(spec launchSpec) (proc, error) {
+	c, err := start(spec)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}

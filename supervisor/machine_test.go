@@ -131,9 +131,9 @@ func (l *fakeLauncher) last() *fakeVLLM {
 // fakeProber answers for the last launched fake: refused until it listens,
 // then what the scenario says.
 type fakeProber struct {
-	l      *fakeLauncher
-	mu     sync.Mutex
-	readyR func() probeResult // nil: ok
+	l       *fakeLauncher
+	mu      sync.Mutex
+	readyR  func() probeResult // nil: ok
 	healthR func() probeResult // nil: ok
 }
 

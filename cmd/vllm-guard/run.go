@@ -16,10 +16,10 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/alerts"
 	"github.com/vllm-guard/vllm-guard/config"
-	"github.com/vllm-guard/vllm-guard/events"
-	"github.com/vllm-guard/vllm-guard/incident"
 	"github.com/vllm-guard/vllm-guard/control"
+	"github.com/vllm-guard/vllm-guard/events"
 	"github.com/vllm-guard/vllm-guard/gpumon"
+	"github.com/vllm-guard/vllm-guard/incident"
 	"github.com/vllm-guard/vllm-guard/metrics"
 	"github.com/vllm-guard/vllm-guard/notify"
 	"github.com/vllm-guard/vllm-guard/policy"

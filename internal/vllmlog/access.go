@@ -38,7 +38,7 @@ func FormatAccess(client, method, path, proto string, status int, reason string)
 // prefixes Message strips.
 func ParseAccess(line string) (Access, bool) {
 	s := Message(line)
-	if !strings.HasPrefix(s, "INFO:") {
+	if !strings.HasPrefix(s, "INFO: ") {
 		return Access{}, false
 	}
 	s = strings.TrimLeft(s[len("INFO:"):], " ")
@@ -83,7 +83,7 @@ func ParseAccess(line string) (Access, bool) {
 			return Access{}, false
 		}
 	}
-	if len(tail) < 3 || !isDigit(tail[0]) || !isDigit(tail[1]) || !isDigit(tail[2]) || (len(tail) > 3 && tail[3] != ' ') {
+	if len(tail) < 3 || tail[0] < '1' || tail[0] > '9' || !isDigit(tail[1]) || !isDigit(tail[2]) || (len(tail) > 3 && tail[3] != ' ') {
 		return Access{}, false
 	}
 	a.Status = int(tail[0]-'0')*100 + int(tail[1]-'0')*10 + int(tail[2]-'0')

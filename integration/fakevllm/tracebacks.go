@@ -1,6 +1,10 @@
 package main
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
+)
 
 // Python tracebacks as vLLM prints them. They are what the guard's
 // classifier reads, so the last line (the exception) must be verbatim.
@@ -18,7 +22,7 @@ func traceback(header string, frames []frame, exc string) []string {
 	if header != "" {
 		out = append(out, header)
 	}
-	out = append(out, "Traceback (most recent call last):")
+	out = append(out, vllmlog.TracebackHeader)
 	for _, f := range frames {
 		out = append(out, "  "+f.file+", in "+f.fn, "    "+f.code)
 	}

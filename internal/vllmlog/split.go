@@ -70,3 +70,16 @@ func LastRewrite(line string) string {
 	}
 	return line
 }
+
+// ScanLines is a bufio.SplitFunc that cuts at "\n" and "\r", as Splitter
+// does, for readers that scan a whole stream. Unlike Splitter it returns the
+// empty lines too.
+func ScanLines(data []byte, atEOF bool) (advance int, token []byte, err error) {
+	if i := bytes.IndexAny(data, Breaks); i >= 0 {
+		return i + 1, data[:i], nil
+	}
+	if atEOF && len(data) > 0 {
+		return len(data), data, nil
+	}
+	return 0, nil, nil
+}

@@ -1,6 +1,7 @@
 package vllmlog
 
 import (
+	"bufio"
 	"strings"
 	"testing"
 )
@@ -47,5 +48,17 @@ func TestLastRewrite(t *testing.T) {
 		if got := LastRewrite(in); got != want {
 			t.Errorf("LastRewrite(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+func TestScanLines(t *testing.T) {
+	sc := bufio.NewScanner(strings.NewReader("a 0%\ra 50%\r\nb\nlast"))
+	sc.Split(ScanLines)
+	var got []string
+	for sc.Scan() {
+		got = append(got, sc.Text())
+	}
+	if want := []string{"a 0%", "a 50%", "", "b", "last"}; strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("got %q want %q", got, want)
 	}
 }

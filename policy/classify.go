@@ -237,7 +237,7 @@ func scanLines(lines []Line, severalRuns bool) *scan {
 	}
 	for i := s.start; i < len(lines); i++ {
 		msg := vllmlog.Message(lines[i].Text)
-		if strings.Contains(msg, "Application startup complete") {
+		if vllmlog.IsStartupComplete(msg) {
 			s.ready = true
 			s.readyLine = i
 			continue

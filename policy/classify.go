@@ -3,6 +3,8 @@ package policy
 import (
 	"fmt"
 	"strings"
+
+	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
 
 // Scores rank root causes when a log holds several: an OOM inside NCCL is an
@@ -111,34 +113,6 @@ func mayMatch(msg string) bool {
 	return false
 }
 
-// exceptionType returns the type of a Python exception line
-// ("torch.OutOfMemoryError: …" → "torch.OutOfMemoryError").
-func exceptionType(msg string) (string, bool) {
-	if msg == "" || !(msg[0] >= 'A' && msg[0] <= 'Z' || msg[0] >= 'a' && msg[0] <= 'z') {
-		return "", false
-	}
-	i := 0
-	for i < len(msg) && i < 120 {
-		c := msg[i]
-		if c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '.' {
-			i++
-			continue
-		}
-		break
-	}
-	if i < len(msg) && msg[i] != ':' {
-		return "", false
-	}
-	typ := msg[:i]
-	if i+1 < len(msg) && msg[i+1] != ' ' {
-		return "", false
-	}
-	if !strings.HasSuffix(typ, "Error") && !strings.HasSuffix(typ, "Exception") {
-		return "", false
-	}
-	return typ, true
-}
-
 // isArgparseError recognises "vllm serve: error: …" / "api_server.py: error: …".
 func isArgparseError(msg string) bool {
 	i := strings.Index(msg, ": error: ")
@@ -172,7 +146,7 @@ const (
 func matchLine(msg string) (lineKind, Cause, int) {
 	// Traceback source lines ("    raise ValueError(\"No available memory…")
 	// and frame lines repeat text of the exception below them: skip them.
-	if strings.HasPrefix(msg, "    ") || strings.HasPrefix(strings.TrimLeft(msg, " "), "File \"") {
+	if vllmlog.IsTracebackBody(msg) {
 		return kindNone, "", 0
 	}
 	if !mayMatch(msg) {
@@ -191,7 +165,7 @@ func matchLine(msg string) (lineKind, Cause, int) {
 	if isArgparseError(msg) {
 		return kindRoot, CauseConfigError, scoreConfig
 	}
-	typ, isExc := exceptionType(msg)
+	typ, isExc := vllmlog.ExceptionType(msg)
 	if (isExc && (strings.HasSuffix(typ, "ValueError") || strings.HasSuffix(typ, "ValidationError"))) ||
 		strings.HasPrefix(strings.TrimLeft(msg, " "), "Value error, ") {
 		if !memoryish(msg) {
@@ -238,7 +212,7 @@ type scan struct {
 }
 
 // text is line l as evidence shows it: ANSI stripped, no trailing CR/space.
-func text(l Line) string { return strings.TrimRight(StripANSI(l.Text), "\r\n ") }
+func text(l Line) string { return strings.TrimRight(vllmlog.StripANSI(l.Text), "\r\n ") }
 
 // runMarkers open a run of vLLM; a saved log may hold several runs and only
 // the last one is classified. The guard's own lines are always one run: its
@@ -262,8 +236,8 @@ func scanLines(lines []Line, severalRuns bool) *scan {
 		}
 	}
 	for i := s.start; i < len(lines); i++ {
-		msg := messageOf(lines[i].Text)
-		if strings.Contains(msg, "Application startup complete") {
+		msg := vllmlog.Message(lines[i].Text)
+		if vllmlog.IsStartupComplete(msg) {
 			s.ready = true
 			s.readyLine = i
 			continue
@@ -272,7 +246,7 @@ func scanLines(lines []Line, severalRuns bool) *scan {
 			s.waiting++
 			continue
 		}
-		if strings.HasPrefix(msg, "Traceback (most recent call last)") {
+		if vllmlog.IsTracebackHeader(msg) {
 			s.traceback = true
 			continue
 		}
@@ -321,7 +295,7 @@ func (s *scan) evidence(lines []Line, h *hits) []Line {
 	out := make([]Line, 0, 4)
 	seen := make(map[string]bool, 4)
 	for _, i := range h.idx {
-		m := messageOf(lines[i].Text)
+		m := vllmlog.Message(lines[i].Text)
 		if seen[m] {
 			continue
 		}
@@ -417,7 +391,7 @@ func classifyOffline(e Exit, s *scan, phase Phase) Verdict {
 	if s.wrapper >= 0 {
 		return Verdict{Cause: CauseCrash, Confidence: "low", Evidence: excs,
 			Summary: fmt.Sprintf("vLLM's engine died (line %d: %s) and the log holds no root-cause line above it",
-				e.Lines[s.wrapper].N, clip(messageOf(e.Lines[s.wrapper].Text), 120))}
+				e.Lines[s.wrapper].N, clip(vllmlog.Message(e.Lines[s.wrapper].Text), 120))}
 	}
 	if phase == PhaseStarting && s.waiting >= 3 && !s.traceback {
 		return Verdict{Cause: CauseHang, Confidence: "low",
@@ -445,7 +419,7 @@ func exitWords(e Exit, s *scan, ev []Line) string {
 		what = fmt.Sprintf("vLLM exited with code %d", e.ExitCode)
 	}
 	if len(ev) > 0 {
-		what += "; last error: " + clip(messageOf(ev[len(ev)-1].Text), 160)
+		what += "; last error: " + clip(vllmlog.Message(ev[len(ev)-1].Text), 160)
 	} else if s.wrapper >= 0 {
 		what += fmt.Sprintf("; engine death at line %d, no root-cause line in the log", e.Lines[s.wrapper].N)
 	}
@@ -467,7 +441,7 @@ func summaryFor(c Cause, ev []Line) string {
 	if len(ev) == 0 {
 		return t
 	}
-	return fmt.Sprintf("%s: line %d: %s", t, ev[0].N, clip(messageOf(ev[0].Text), 200))
+	return fmt.Sprintf("%s: line %d: %s", t, ev[0].N, clip(vllmlog.Message(ev[0].Text), 200))
 }
 
 // adviceFor gives the operator's next steps for a verdict, most specific first.

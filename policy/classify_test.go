@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
 
 func TestMessageOf(t *testing.T) {
@@ -22,7 +24,7 @@ func TestMessageOf(t *testing.T) {
 		"(VllmWorker TP0 pid=400) " + msg,
 		"(Worker_TP0 pid=400) " + msg,
 		"(VllmWorkerProcess pid=5101) ERROR 10-14 12:00:00 multiproc_worker_utils.py:116] " + msg,
-		StripANSI("\x1b[1;36m(EngineCore_0 pid=312)\x1b[0;0m " + msg),
+		vllmlog.StripANSI("\x1b[1;36m(EngineCore_0 pid=312)\x1b[0;0m " + msg),
 		"Dec 02 09:31:24 gpu-node-3 vllm[1234]: (EngineCore pid=298) " + msg,
 		"Dec  2 09:31:24 gpu-node-3 vllm[1234]: " + msg,
 		"2025-12-02T09:31:24+0000 gpu-node-3 vllm[1234]: " + msg,
@@ -31,34 +33,18 @@ func TestMessageOf(t *testing.T) {
 		"2026-01-20T04:00:00.123456789Z stderr P " + msg,
 		msg + "\r",
 	} {
-		if got := messageOf(in); got != msg {
-			t.Errorf("messageOf(%q) = %q", in, got)
+		if got := vllmlog.Message(in); got != msg {
+			t.Errorf("vllmlog.Message(%q) = %q", in, got)
 		}
 	}
 	// Indentation of traceback source lines survives the prefix.
-	if got := messageOf("(EngineCore pid=298)     raise ValueError("); got != "    raise ValueError(" {
+	if got := vllmlog.Message("(EngineCore pid=298)     raise ValueError("); got != "    raise ValueError(" {
 		t.Errorf("source line: %q", got)
 	}
 	// Not prefixes: left alone.
 	for _, in := range []string{"(see above) something", "INFO:     Application startup complete.", "Decimal 12 value: 3"} {
-		if got := messageOf(in); got != in {
-			t.Errorf("messageOf(%q) = %q, want it unchanged", in, got)
-		}
-	}
-}
-
-func TestStripANSI(t *testing.T) {
-	for in, want := range map[string]string{
-		"\x1b[1;36m(APIServer pid=1)\x1b[0;0m INFO x": "(APIServer pid=1) INFO x",
-		"\x1b]0;title\x07text":                        "text",
-		"\x1b]8;;http://x\x1b\\link":                  "link",
-		"plain":                                       "plain",
-		"trailing \x1b":                               "trailing ",
-		"\x1b[":                                       "",
-		"a\x1b(Bb":                                    "aBb",
-	} {
-		if got := StripANSI(in); got != want {
-			t.Errorf("StripANSI(%q) = %q, want %q", in, got, want)
+		if got := vllmlog.Message(in); got != in {
+			t.Errorf("vllmlog.Message(%q) = %q, want it unchanged", in, got)
 		}
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
 
 // corpusCase is one line of testdata/expect.txt.
@@ -106,7 +108,7 @@ func checkEvidence(t *testing.T, lines []Line, v Verdict) {
 		if ev.N < 1 || ev.N > len(lines) {
 			t.Fatalf("evidence line %d outside 1..%d", ev.N, len(lines))
 		}
-		if !strings.Contains(StripANSI(lines[ev.N-1].Text), ev.Text) {
+		if !strings.Contains(vllmlog.StripANSI(lines[ev.N-1].Text), ev.Text) {
 			t.Errorf("evidence %d: %q is not on that line: %q", ev.N, ev.Text, lines[ev.N-1].Text)
 		}
 		for _, w := range wrapperTexts {

@@ -5,6 +5,8 @@ import (
 	"io"
 	"strconv"
 	"strings"
+
+	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
 
 // Facts are what a vLLM log says about the run it records (the last run
@@ -99,7 +101,7 @@ func extractFacts(lines []Line, s *scan) Facts {
 		f.ReadyLine = lines[s.readyLine].N
 	}
 	for i := s.start; i < len(lines); i++ {
-		m := messageOf(lines[i].Text)
+		m := vllmlog.Message(lines[i].Text)
 		switch {
 		case strings.Contains(m, "server version "):
 			rest := after(m, "server version ")

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
 
 // FuzzClassify feeds arbitrary logs to Classify (online and offline) and
@@ -74,7 +76,7 @@ func checkFuzzEvidence(t *testing.T, ls []Line, v Verdict) {
 		if ev.N < 1 || ev.N > len(ls) {
 			t.Fatalf("evidence line %d outside 1..%d", ev.N, len(ls))
 		}
-		if !strings.Contains(StripANSI(ls[ev.N-1].Text), ev.Text) {
+		if !strings.Contains(vllmlog.StripANSI(ls[ev.N-1].Text), ev.Text) {
 			t.Fatalf("evidence %d %q not in line %q", ev.N, ev.Text, ls[ev.N-1].Text)
 		}
 	}

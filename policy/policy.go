@@ -8,6 +8,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/config"
 	"github.com/vllm-guard/vllm-guard/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
 
 // Clock is the only way the backoff learns the time: callers pass theirs in.
@@ -488,7 +489,7 @@ func causeWord(c Cause) string {
 // evidenceWords names the evidence of a verdict in one short phrase.
 func evidenceWords(v Verdict) string {
 	if len(v.Evidence) > 0 {
-		return fmt.Sprintf("line %d: %s", v.Evidence[0].N, clip(messageOf(v.Evidence[0].Text), 160))
+		return fmt.Sprintf("line %d: %s", v.Evidence[0].N, clip(vllmlog.Message(v.Evidence[0].Text), 160))
 	}
 	if v.Summary != "" {
 		return clip(v.Summary, 160)

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 	"github.com/vllm-guard/vllm-guard/policy"
 )
 
@@ -172,71 +173,47 @@ func (o *output) Phase() string {
 // streamWriter splits one stream of vLLM output into lines on \n and \r.
 // Its Write never blocks on anything but a short mutex.
 type streamWriter struct {
-	o       *output
-	name    string
-	partial []byte
-	skip    bool // inside an over-long line: drop until its end
+	o     *output
+	name  string
+	split vllmlog.Splitter
+	clean []byte // the line without its escapes, reused
 }
 
-func (o *output) writer(stream string) *streamWriter { return &streamWriter{o: o, name: stream} }
+func (o *output) writer(stream string) *streamWriter {
+	return &streamWriter{o: o, name: stream, split: vllmlog.Splitter{Max: maxLine}}
+}
 
 func (w *streamWriter) Write(b []byte) (int, error) {
-	n := len(b)
-	for len(b) > 0 {
-		i := bytes.IndexAny(b, "\r\n")
-		if i < 0 {
-			w.keep(b)
-			break
-		}
-		w.keep(b[:i])
-		w.flush()
-		b = b[i+1:]
-	}
-	return n, nil
+	w.split.Write(b, w.line)
+	return len(b), nil
 }
 
 // Close emits a last line that had no newline.
 func (w *streamWriter) Close() error {
-	w.flush()
+	w.split.Flush(w.line)
 	return nil
 }
 
-func (w *streamWriter) keep(b []byte) {
-	if w.skip {
+func (w *streamWriter) line(b []byte) {
+	w.clean = vllmlog.AppendStripANSI(w.clean[:0], b)
+	if len(bytes.TrimSpace(w.clean)) == 0 {
 		return
 	}
-	if room := maxLine - len(w.partial); len(b) > room {
-		w.partial = append(w.partial, b[:room]...)
-		w.skip = true
-		return
-	}
-	w.partial = append(w.partial, b...)
-}
-
-func (w *streamWriter) flush() {
-	w.skip = false
-	if len(w.partial) == 0 {
-		return
-	}
-	text := StripANSI(w.partial)
-	w.partial = w.partial[:0]
-	if strings.TrimSpace(text) == "" {
-		return
-	}
+	text := string(w.clean)
 	o := w.o
 	o.lastLine.Store(time.Now().UnixNano())
 	o.ring.add(w.name, text)
 	// Load phases matter only while loading; a flood after ready skips the
 	// matching.
 	if !o.loaded.Load() {
-		if ph := loadPhase(text); ph != "" && ph != o.Phase() {
+		if ph := vllmlog.LoadPhase(text); ph != "" && ph != o.Phase() {
 			o.phase.Store(&ph)
 			select {
 			case o.progress <- struct{}{}:
 			default:
 			}
 		}
-		if strings.Contains(text, "Application startup complete") {
+		if vllmlog.IsStartupComplete(text) {
 			select {
 			case o.startupEnd <- struct{}{}:
 			default:
@@ -252,59 +229,4 @@ func (w *streamWriter) flush() {
 	default:
 		o.sink.dropped.Add(1)
 	}
-}
-
-// StripANSI removes terminal escape sequences (vLLM colours its process
-// prefixes even when piped) and returns the text as a string.
-func StripANSI(b []byte) string {
-	if bytes.IndexByte(b, 0x1b) < 0 {
-		return string(b)
-	}
-	out := make([]byte, 0, len(b))
-	for i := 0; i < len(b); i++ {
-		c := b[i]
-		if c != 0x1b {
-			out = append(out, c)
-			continue
-		}
-		if i+1 < len(b) && b[i+1] == '[' {
-			// CSI: parameters and intermediates, then one final byte 0x40–0x7e.
-			j := i + 2
-			for j < len(b) && (b[j] < 0x40 || b[j] > 0x7e) {
-				j++
-			}
-			i = j
-			continue
-		}
-		if i+1 < len(b) && strings.IndexByte("()*+", b[i+1]) >= 0 {
-			i += 2 // charset designation: ESC ( B
-			continue
-		}
-		i++ // a two-byte escape
-	}
-	return string(out)
-}
-
-// Load phases in the order vLLM goes through them, with the lines that
-// mark each (VLLM-FACTS.md "Startup, in order"). Phase names are what status shows.
-var phaseMarks = []struct {
-	phase string
-	marks []string
-}{
-	{"server", []string{"Starting vLLM API server", "Starting vLLM server", "Available routes are", "Started server process", "Waiting for application startup", "Application startup complete"}},
-	{"graphs", []string{"Capturing CUDA graphs", "Capturing cudagraphs", "Graph capturing finished", "init engine (profile"}},
-	{"kv_cache", []string{"Available KV cache memory", "GPU KV cache size", "# GPU blocks", "Maximum concurrency for", "memory profiling"}},
-	{"compile", []string{"Dynamo bytecode transform", "torch.compile", "Compiling a graph"}},
-	{"weights", []string{"Starting to load model", "Loading safetensors checkpoint shards", "Loading weights took", "Model loading took", "Loading model weights took", "Loading pt checkpoint shards"}},
-}
-
-func loadPhase(text string) string {
-	for _, p := range phaseMarks {
-		for _, m := range p.marks {
-			if strings.Contains(text, m) {
-				return p.phase
-			}
-		}
-	}
-	return ""
 }

@@ -8,13 +8,6 @@ import (
 	"go.uber.org/zap"
 )
 
-func TestStripANSI(t *testing.T) {
-	in := "\x1b[1;36m(EngineCore_0 pid=42)\x1b[0;0m INFO 10-14 12:00:00 [core.py:1] hi\x1b(B"
-	if got, want := StripANSI([]byte(in)), "(EngineCore_0 pid=42) INFO 10-14 12:00:00 [core.py:1] hi"; got != want {
-		t.Fatalf("got %q want %q", got, want)
-	}
-}
-
 func newTestOutput(t *testing.T) *output {
 	sink := newLogSink(zap.NewNop())
 	t.Cleanup(sink.close)
@@ -51,6 +44,17 @@ func TestStreamWriterSplitsOnNewlineAndCarriageReturn(t *testing.T) {
 	}
 }
 
+func TestStreamWriterStripsEscapes(t *testing.T) {
+	o := newTestOutput(t)
+	w := o.writer("stdout")
+	fmt.Fprint(w, "\x1b[1;36m(EngineCore_0 pid=42)\x1b[0;0m INFO 10-14 12:00:00 [core.py:1] hi\x1b(B\n")
+	fmt.Fprint(w, "\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\\n\x1b[0m\n")
+	lines := o.ring.snapshot()
+	if len(lines) != 2 || lines[0].Text != "(EngineCore_0 pid=42) INFO 10-14 12:00:00 [core.py:1] hi" || lines[1].Text != "link" {
+		t.Fatalf("ring %+v", lines)
+	}
+}
+
 func TestRingKeepsTheLastLines(t *testing.T) {
 	o := newTestOutput(t)
 	w := o.writer("stdout")
@@ -84,21 +88,6 @@ func TestSlowSinkDropsInsteadOfBlocking(t *testing.T) {
 	}
 	if d := sink.dropped.Load(); d != 98 {
 		t.Fatalf("dropped %d, want 98", d)
-	}
-}
-
-func TestLoadPhases(t *testing.T) {
-	for text, want := range map[string]string{
-		"(EngineCore_0 pid=1) INFO 10-14 12:00:00 [gpu_model_runner.py:1] Starting to load model Qwen/Qwen2.5-7B...": "weights",
-		"INFO 10-14 12:00:00 [backends.py:1] Dynamo bytecode transform time: 5.55 s":                                 "compile",
-		"INFO 10-14 12:00:00 [gpu_worker.py:1] Available KV cache memory: 16.23 GiB":                                 "kv_cache",
-		"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%":                                              "graphs",
-		"(APIServer pid=1) INFO 10-14 12:00:00 [api_server.py:1] Starting vLLM API server 0 on http://0.0.0.0:8000":  "server",
-		"INFO 10-14 12:00:00 [metrics.py:1] Avg prompt throughput: 0.0 tokens/s":                                     "",
-	} {
-		if got := loadPhase(text); got != want {
-			t.Errorf("%q: phase %q, want %q", text, got, want)
-		}
 	}
 }
 

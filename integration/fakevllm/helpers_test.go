@@ -2,14 +2,12 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +16,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/testbin"
+	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 	"go.uber.org/goleak"
 )
 
@@ -73,8 +72,6 @@ type simProc struct {
 	exited     chan struct{}
 	state      *os.ProcessState
 }
-
-var ansiRE = regexp.MustCompile(`\x1b\[[0-9;]*m`)
 
 func merge(ms ...map[string]string) map[string]string {
 	out := map[string]string{}
@@ -139,29 +136,19 @@ func startSim(t *testing.T, env map[string]string, args ...string) *simProc {
 	return p
 }
 
-func splitLinesCR(data []byte, atEOF bool) (int, []byte, error) {
-	if i := bytes.IndexAny(data, "\r\n"); i >= 0 {
-		return i + 1, data[:i], nil
-	}
-	if atEOF && len(data) > 0 {
-		return len(data), data, nil
-	}
-	return 0, nil, nil
-}
-
 func (p *simProc) read(stream string, r io.ReadCloser) {
 	defer p.readers.Done()
 	defer r.Close()
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 4<<20)
-	sc.Split(splitLinesCR)
+	sc.Split(vllmlog.ScanLines)
 	for sc.Scan() {
 		raw := sc.Text()
 		if raw == "" {
 			continue
 		}
 		p.mu.Lock()
-		p.lines = append(p.lines, outLine{stream: stream, raw: raw, text: ansiRE.ReplaceAllString(raw, "")})
+		p.lines = append(p.lines, outLine{stream: stream, raw: raw, text: vllmlog.StripANSI(raw)})
 		close(p.wake)
 		p.wake = make(chan struct{})
 		p.mu.Unlock()

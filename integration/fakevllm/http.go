@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
 
 // OpenAI-compatible HTTP API, the shapes vLLM answers with.
@@ -156,8 +158,8 @@ type accessLog struct {
 func (l *accessLog) WriteHeader(code int) {
 	if !l.logged {
 		l.logged = true
-		l.a.log.out.write([]byte(fmt.Sprintf("%sINFO:     %s - \"%s %s %s\" %d %s\n",
-			l.a.log.prefix, l.r.RemoteAddr, l.r.Method, l.r.URL.RequestURI(), l.r.Proto, code, http.StatusText(code))))
+		l.a.log.out.write([]byte(l.a.log.prefix +
+			vllmlog.FormatAccess(l.r.RemoteAddr, l.r.Method, l.r.URL.RequestURI(), l.r.Proto, code, http.StatusText(code)) + "\n"))
 	}
 	l.ResponseWriter.WriteHeader(code)
 }

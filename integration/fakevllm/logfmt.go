@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
 
 // streamWriter serialises writes to one stream and measures them: how long
@@ -64,36 +66,42 @@ func (w *streamWriter) disable() {
 	w.mu.Unlock()
 }
 
-// logger prints in the format of one vLLM era. vLLM's logger writes to
-// stdout; uvicorn, tqdm bars and Python tracebacks go to stderr. In V1
-// every line a process writes, on either stream, carries its prefix
-// ("(APIServer pid=N) "), ANSI-coloured until early 2026.
+// logger prints in the format of one vLLM era (vllmlog writes it). vLLM's
+// logger writes to stdout; uvicorn, tqdm bars and Python tracebacks go to
+// stderr. In V1 every line a process writes, on either stream, carries its
+// prefix ("(APIServer pid=N) "), ANSI-coloured until early 2026.
 type logger struct {
-	era    era
+	era    vllmlog.Era
+	proc   string // "" in V0: no process prefix
 	prefix string
 	out    *streamWriter
 	err    *streamWriter
 	now    func() time.Time
 }
 
-func newLogger(e era, proc string, pid int, out, errw *streamWriter) *logger {
-	l := &logger{era: e, out: out, err: errw, now: time.Now}
+// logEra is the log format of the simulated era.
+func (e era) logEra() vllmlog.Era {
 	switch e {
-	case eraV1ANSI:
-		l.prefix = fmt.Sprintf("\x1b[1;36m(%s pid=%d)\x1b[0;0m ", proc, pid)
+	case eraV0:
+		return vllmlog.EraV0
 	case eraV1Plain:
-		l.prefix = fmt.Sprintf("(%s pid=%d) ", proc, pid)
+		return vllmlog.EraV1Plain
 	}
+	return vllmlog.EraV1ANSI
+}
+
+func newLogger(e era, proc string, pid int, out, errw *streamWriter) *logger {
+	l := &logger{era: e.logEra(), out: out, err: errw, now: time.Now}
+	if e != eraV0 {
+		l.proc = vllmlog.Proc(proc, pid)
+	}
+	l.prefix = vllmlog.ProcessPrefix(l.era, l.proc)
 	return l
 }
 
 // format renders one logger line without the newline.
 func (l *logger) format(level, src, msg string) string {
-	stamp := l.now().Format("01-02 15:04:05")
-	if l.era == eraV0 {
-		return fmt.Sprintf("%s %s %s] %s", level, stamp, src, msg)
-	}
-	return fmt.Sprintf("%s%s %s [%s] %s", l.prefix, level, stamp, src, msg)
+	return vllmlog.FormatLine(l.era, l.proc, level, l.now(), src, msg)
 }
 
 func (l *logger) log(level, src, format string, args ...any) {
@@ -126,7 +134,7 @@ func (l *logger) stderrLines(lines ...string) {
 }
 
 // uvicorn prints one of uvicorn's own lines ("INFO:     Started ...").
-func (l *logger) uvicorn(msg string) { l.stderrLines("INFO:     " + msg) }
+func (l *logger) uvicorn(msg string) { l.stderrLines(vllmlog.Uvicorn(msg)) }
 
 // bar prints a tqdm progress bar state: tqdm rewrites the line with '\r'
 // and ends it with '\n' when done.

@@ -1,16 +1,20 @@
 package main
 
-import "fmt"
+import "github.com/vllm-guard/vllm-guard/internal/vllmlog"
 
 // Python tracebacks as vLLM prints them. They are what the guard's
 // classifier reads, so the last line (the exception) must be verbatim.
 
 const pyLib = "/usr/local/lib/python3.12/dist-packages"
 
-type frame struct{ file, fn, code string }
+type frame struct {
+	file     string
+	line     int
+	fn, code string
+}
 
 func vf(rel string, line int, fn, code string) frame {
-	return frame{file: fmt.Sprintf(`File "%s/%s", line %d`, pyLib, rel, line), fn: fn, code: code}
+	return frame{file: pyLib + "/" + rel, line: line, fn: fn, code: code}
 }
 
 func traceback(header string, frames []frame, exc string) []string {
@@ -18,16 +22,16 @@ func traceback(header string, frames []frame, exc string) []string {
 	if header != "" {
 		out = append(out, header)
 	}
-	out = append(out, "Traceback (most recent call last):")
+	out = append(out, vllmlog.TracebackHeader)
 	for _, f := range frames {
-		out = append(out, "  "+f.file+", in "+f.fn, "    "+f.code)
+		out = append(out, vllmlog.FormatFrame(f.file, f.line, f.fn, f.code)...)
 	}
 	return append(out, exc)
 }
 
 var engineProcFrames = []frame{
-	{file: `File "/usr/lib/python3.12/multiprocessing/process.py", line 314`, fn: "_bootstrap", code: "self.run()"},
-	{file: `File "/usr/lib/python3.12/multiprocessing/process.py", line 108`, fn: "run", code: "self._target(*self._args, **self._kwargs)"},
+	{file: "/usr/lib/python3.12/multiprocessing/process.py", line: 314, fn: "_bootstrap", code: "self.run()"},
+	{file: "/usr/lib/python3.12/multiprocessing/process.py", line: 108, fn: "run", code: "self._target(*self._args, **self._kwargs)"},
 }
 
 // engineStartupTrace is an EngineCore dying while it starts.
@@ -99,7 +103,7 @@ func engineRuntimeTrace(e era, exc string) []string {
 // apiInitFailedTrace is the API server giving up when the engine failed to start.
 func apiInitFailedTrace(e era) []string {
 	head := []frame{
-		{file: `File "/usr/local/bin/vllm", line 10`, fn: "<module>", code: "sys.exit(main())"},
+		{file: "/usr/local/bin/vllm", line: 10, fn: "<module>", code: "sys.exit(main())"},
 		vf("vllm/entrypoints/cli/main.py", 54, "main", "args.dispatch_function(args)"),
 		vf("vllm/entrypoints/cli/serve.py", 57, "cmd", "uvloop.run(run_server(args))"),
 	}
@@ -125,7 +129,7 @@ func apiEngineDeadTrace() []string {
 // apiStartupTrace is an exception in the API process before any engine.
 func apiStartupTrace(tail []frame, exc string) []string {
 	return traceback("", append([]frame{
-		{file: `File "/usr/local/bin/vllm", line 10`, fn: "<module>", code: "sys.exit(main())"},
+		{file: "/usr/local/bin/vllm", line: 10, fn: "<module>", code: "sys.exit(main())"},
 		vf("vllm/entrypoints/cli/main.py", 54, "main", "args.dispatch_function(args)"),
 		vf("vllm/entrypoints/cli/serve.py", 57, "cmd", "uvloop.run(run_server(args))"),
 	}, tail...), exc)

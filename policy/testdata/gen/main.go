@@ -13,16 +13,20 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
 
-type era int
+// The eras of vLLM's log format; vllmlog writes them.
+type era = vllmlog.Era
 
 const (
-	v0     era = iota // 2024: "INFO 10-14 12:00:00 api_server.py:527] msg"
-	v1ansi            // 2025: ANSI-wrapped "(APIServer pid=1)" + "[file.py:123]"
-	y2026             // 2026: same without ANSI
+	v0     = vllmlog.EraV0      // 2024: "INFO 10-14 12:00:00 api_server.py:527] msg"
+	v1ansi = vllmlog.EraV1ANSI  // 2025: ANSI-wrapped "(APIServer pid=1)" + "[file.py:123]"
+	y2026  = vllmlog.EraV1Plain // 2026: same without ANSI
 )
 
 type wrap int
@@ -65,11 +69,11 @@ func (l *logw) tick(ms int) { l.t = l.t.Add(time.Duration(ms) * time.Millisecond
 func (l *logw) emit(s string) {
 	switch l.wrap {
 	case journal:
-		l.b.WriteString(l.t.Format("Jan 02 15:04:05") + " gpu-node-3 vllm[4121]: ")
+		l.b.WriteString(vllmlog.Journal(l.t, "gpu-node-3", "vllm[4121]"))
 	case docker:
-		l.b.WriteString(l.t.UTC().Format("2006-01-02T15:04:05.000000000Z") + " ")
+		l.b.WriteString(vllmlog.Docker(l.t))
 	case cri:
-		l.b.WriteString(l.t.UTC().Format("2006-01-02T15:04:05.000000000Z") + " stdout F ")
+		l.b.WriteString(vllmlog.CRI(l.t, "stdout", false))
 	}
 	l.b.WriteString(s)
 	l.b.WriteByte('\n')
@@ -77,25 +81,13 @@ func (l *logw) emit(s string) {
 
 // sys writes a line from another journal identity (systemd, kernel).
 func (l *logw) sys(ident, msg string) {
-	l.b.WriteString(l.t.Format("Jan 02 15:04:05") + " gpu-node-3 " + ident + ": " + msg + "\n")
+	l.b.WriteString(vllmlog.Journal(l.t, "gpu-node-3", ident) + msg + "\n")
 }
 
-func (l *logw) prefix(proc string) string {
-	if proc == "" {
-		return ""
-	}
-	if l.era == v1ansi {
-		return "\x1b[1;36m(" + proc + ")\x1b[0;0m "
-	}
-	return "(" + proc + ") "
-}
+func (l *logw) prefix(proc string) string { return vllmlog.ProcessPrefix(l.era, proc) }
 
 func (l *logw) line(proc, level, file string, n int, msg string) string {
-	stamp := l.t.Format("01-02 15:04:05")
-	if l.era == v0 {
-		return fmt.Sprintf("%s%s %s %s:%d] %s", l.prefix(proc), level, stamp, file, n, msg)
-	}
-	return fmt.Sprintf("%s%s %s [%s:%d] %s", l.prefix(proc), level, stamp, file, n, msg)
+	return vllmlog.FormatLine(l.era, proc, level, l.t, file+":"+strconv.Itoa(n), msg)
 }
 
 func (l *logw) log(proc, level, file string, n int, msg string) {
@@ -121,11 +113,11 @@ func (l *logw) String() string { return l.b.String() }
 const site = "/usr/local/lib/python3.12/dist-packages/"
 
 func frame(file string, n int, fn, code string) []string {
-	return []string{fmt.Sprintf("  File \"%s%s\", line %d, in %s", site, file, n, fn), "    " + code}
+	return vllmlog.FormatFrame(site+file, n, fn, code)
 }
 
 func traceback(frames [][]string, exc ...string) []string {
-	out := []string{"Traceback (most recent call last):"}
+	out := []string{vllmlog.TracebackHeader}
 	for _, f := range frames {
 		out = append(out, f...)
 	}
@@ -295,9 +287,9 @@ func (l *logw) serverStart(ready bool) {
 			l.info(l.api, "launcher.py", 37, "Route: "+r+", Methods: POST")
 		}
 	}
-	l.raw(l.api, "INFO:     Started server process [1]", "INFO:     Waiting for application startup.")
+	l.raw(l.api, vllmlog.Uvicorn("Started server process [1]"), vllmlog.Uvicorn("Waiting for application startup."))
 	if ready {
-		l.raw(l.api, "INFO:     Application startup complete.")
+		l.raw(l.api, vllmlog.Uvicorn("Application startup complete."))
 	}
 }
 
@@ -319,13 +311,13 @@ func (l *logw) serve(n int) {
 			}
 			fallthrough
 		default:
-			l.raw(l.api, fmt.Sprintf("INFO:     10.0.3.%d:%d - \"POST /v1/chat/completions HTTP/1.1\" 200 OK", 2+l.r.IntN(200), 40000+l.r.IntN(20000)))
+			l.raw(l.api, vllmlog.FormatAccess(fmt.Sprintf("10.0.3.%d:%d", 2+l.r.IntN(200), 40000+l.r.IntN(20000)), "POST", "/v1/chat/completions", "HTTP/1.1", 200, "OK"))
 		}
 	}
 }
 
 func (l *logw) shutdownTail() {
-	l.raw(l.api, "INFO:     Shutting down", "INFO:     Waiting for application shutdown.", "INFO:     Application shutdown complete.", "INFO:     Finished server process [1]")
+	l.raw(l.api, vllmlog.Uvicorn("Shutting down"), vllmlog.Uvicorn("Waiting for application shutdown."), vllmlog.Uvicorn("Application shutdown complete."), vllmlog.Uvicorn("Finished server process [1]"))
 }
 
 // interleave merges per-process line lists the way concurrent writers mix.
@@ -390,7 +382,7 @@ func (l *logw) engineRuntimeDeath(root []string) {
 		frame("vllm/v1/engine/core_client.py", 790, "get_output_async", "raise self._format_exception(outputs) from None"),
 	}, "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.")...)
 	for i := 0; i < 3; i++ {
-		l.raw(l.api, fmt.Sprintf("INFO:     10.0.3.%d:%d - \"POST /v1/chat/completions HTTP/1.1\" 500 Internal Server Error", 10+i, 51000+i))
+		l.raw(l.api, vllmlog.FormatAccess(fmt.Sprintf("10.0.3.%d:%d", 10+i, 51000+i), "POST", "/v1/chat/completions", "HTTP/1.1", 500, "Internal Server Error"))
 	}
 	l.tick(5000)
 	l.shutdownTail()
@@ -484,7 +476,7 @@ func scenarios() map[string]string {
 		}, "vllm.engine.async_llm_engine.AsyncEngineDeadError: Task finished unexpectedly. This should never happen! Please open an issue on Github. See stack trace above for the actual cause.")...)
 		l.err("", "client.py", 250, "RuntimeError('Engine loop has died')")
 		l.err("", "launcher.py", 88, "MQLLMEngine is already dead, terminating server process")
-		l.raw("", "INFO:     10.0.3.7:41512 - \"POST /v1/chat/completions HTTP/1.1\" 500 Internal Server Error")
+		l.raw("", vllmlog.FormatAccess("10.0.3.7:41512", "POST", "/v1/chat/completions", "HTTP/1.1", 500, "Internal Server Error"))
 		l.shutdownTail()
 		l.noiseAfter()
 		out["v0-2024-oom-runtime.log"] = l.String()
@@ -563,7 +555,7 @@ func scenarios() map[string]string {
 				frame("vllm/entrypoints/openai/serving_chat.py", 205, "create_chat_completion", ") = await self._preprocess_chat("),
 				frame("vllm/entrypoints/openai/serving_engine.py", 411, "_validate_input", "raise ValueError("),
 			}, "ValueError: This model's maximum context length is 32768 tokens. However, you requested 40211 tokens (39187 in the messages, 1024 in the completion). Please reduce the length of the messages or completion.")...)
-			l.raw(l.api, "INFO:     10.0.3.9:50122 - \"POST /v1/chat/completions HTTP/1.1\" 400 Bad Request")
+			l.raw(l.api, vllmlog.FormatAccess("10.0.3.9:50122", "POST", "/v1/chat/completions", "HTTP/1.1", 400, "Bad Request"))
 			l.serve(20)
 		}
 		out["v1-2025-ready-request-errors.log"] = l.String()

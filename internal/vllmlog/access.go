@@ -1,0 +1,94 @@
+package vllmlog
+
+import (
+	"strconv"
+	"strings"
+)
+
+// UvicornPrefix starts uvicorn's own lines on stderr ("INFO:     Started
+// server process [1951]"), after the process prefix in V1.
+const UvicornPrefix = "INFO:     "
+
+// Uvicorn renders one of uvicorn's INFO lines.
+func Uvicorn(msg string) string { return UvicornPrefix + msg }
+
+// Access is one line of uvicorn's access log:
+// `INFO:     127.0.0.1:54321 - "GET /health HTTP/1.1" 200 OK`.
+type Access struct {
+	Client string // host, without brackets for IPv6
+	Port   int
+	Method string
+	Path   string // as requested, query included
+	Proto  string // "HTTP/1.1"
+	Status int
+	Reason string // "OK"; "" when uvicorn printed none
+}
+
+// FormatAccess renders an access-log line (without the process prefix).
+// client is "host:port".
+func FormatAccess(client, method, path, proto string, status int, reason string) string {
+	s := UvicornPrefix + client + ` - "` + method + " " + path + " " + proto + `" ` + strconv.Itoa(status)
+	if reason != "" {
+		s += " " + reason
+	}
+	return s
+}
+
+// ParseAccess parses an access-log line. line may carry the wrappers and
+// prefixes Message strips.
+func ParseAccess(line string) (Access, bool) {
+	s := Message(line)
+	if !strings.HasPrefix(s, "INFO: ") {
+		return Access{}, false
+	}
+	s = strings.TrimLeft(s[len("INFO:"):], " ")
+	dash := strings.Index(s, ` - "`)
+	if dash <= 0 {
+		return Access{}, false
+	}
+	var a Access
+	addr := s[:dash]
+	colon := strings.LastIndexByte(addr, ':')
+	if colon <= 0 {
+		return Access{}, false
+	}
+	port, err := strconv.Atoi(addr[colon+1:])
+	if err != nil || port < 0 || port > 65535 || addr[colon+1] == '+' || addr[colon+1] == '-' {
+		return Access{}, false
+	}
+	a.Client, a.Port = addr[:colon], port
+	if len(a.Client) > 2 && a.Client[0] == '[' && a.Client[len(a.Client)-1] == ']' {
+		a.Client = a.Client[1 : len(a.Client)-1]
+	}
+	if strings.ContainsAny(a.Client, " \"") {
+		return Access{}, false
+	}
+	s = s[dash+len(` - "`):]
+	end := strings.LastIndex(s, `" `)
+	if end < 0 {
+		return Access{}, false
+	}
+	req, tail := s[:end], s[end+2:]
+	sp := strings.IndexByte(req, ' ')
+	last := strings.LastIndexByte(req, ' ')
+	if sp <= 0 || last <= sp {
+		return Access{}, false
+	}
+	a.Method, a.Path, a.Proto = req[:sp], req[sp+1:last], req[last+1:]
+	if !strings.HasPrefix(a.Proto, "HTTP/") || a.Path == "" {
+		return Access{}, false
+	}
+	for i := 0; i < len(a.Method); i++ {
+		if c := a.Method[i]; c < 'A' || c > 'Z' {
+			return Access{}, false
+		}
+	}
+	if len(tail) < 3 || tail[0] < '1' || tail[0] > '9' || !isDigit(tail[1]) || !isDigit(tail[2]) || (len(tail) > 3 && tail[3] != ' ') {
+		return Access{}, false
+	}
+	a.Status = int(tail[0]-'0')*100 + int(tail[1]-'0')*10 + int(tail[2]-'0')
+	if len(tail) > 3 {
+		a.Reason = tail[4:]
+	}
+	return a, true
+}

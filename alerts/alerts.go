@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/vllm-guard/vllm-guard/config"
+	"github.com/vllm-guard/vllm-guard/events"
 	"github.com/vllm-guard/vllm-guard/gpumon"
 	"github.com/vllm-guard/vllm-guard/policy"
 )
@@ -107,8 +108,11 @@ type Dispatcher struct {
 	webhookTries   int
 	retryInitial   time.Duration
 
+	publish func(events.Event) // the guard's event stream; nil: none
+
 	mu       sync.Mutex
 	active   map[key]Event
+	inForce  map[key]Event // active episodes, plus oom until vLLM is ready again and gave_up
 	dropped  uint64
 	dropping bool // inside a burst of drops (logged at its start and end)
 	burst    uint64
@@ -130,7 +134,7 @@ func New(cfg config.Alerts, log *zap.Logger) *Dispatcher {
 		queue: make(chan Event, QueueSize), tr: tr, client: &http.Client{Transport: tr},
 		commandTimeout: CommandTimeout, webhookTimeout: WebhookTimeout,
 		webhookTries: WebhookTries, retryInitial: time.Second,
-		active: map[key]Event{},
+		active: map[key]Event{}, inForce: map[key]Event{},
 	}
 	if cfg.Webhook != "" {
 		u, err := url.Parse(cfg.Webhook)
@@ -164,7 +168,13 @@ func (d *Dispatcher) Send(e Event) {
 			delete(d.active, k)
 		}
 	}
+	if e.Active {
+		d.inForce[k] = e
+	} else {
+		delete(d.inForce, k)
+	}
 	d.mu.Unlock()
+	d.announce(e)
 
 	d.logEvent(e)
 	if len(d.command) == 0 && d.webhook == "" {
@@ -188,6 +198,53 @@ func (d *Dispatcher) Send(e Event) {
 				zap.String("alert", e.Alert), zap.Int("queue_size", cap(d.queue)))
 		}
 	}
+}
+
+// Publish makes the dispatcher announce every alert raised and cleared on
+// the guard's event stream (metrics and the tools read it there). Set it
+// before the first Send.
+func (d *Dispatcher) Publish(publish func(events.Event)) { d.publish = publish }
+
+func (d *Dispatcher) announce(e Event) {
+	if d.publish == nil {
+		return
+	}
+	d.publish(events.Event{Kind: events.KindAlert, Time: e.Time,
+		Alert: &events.Alert{Name: e.Alert, Active: e.Active, Severity: e.Severity, Message: e.Message, GPU: e.GPU}})
+}
+
+// Clear ends an alert that is in force without being an episode of its own
+// (oom, once vLLM is ready again). Nothing is delivered: the raise was.
+func (d *Dispatcher) Clear(alert string) {
+	d.mu.Lock()
+	var cleared []Event
+	for k, e := range d.inForce {
+		if k.alert == alert {
+			delete(d.inForce, k)
+			e.Active, e.Time = false, time.Now()
+			cleared = append(cleared, e)
+		}
+	}
+	d.mu.Unlock()
+	for _, e := range cleared {
+		d.announce(e)
+	}
+}
+
+// InForce lists the alerts in force, oldest first: the active memory
+// episodes, oom from a death by GPU out of memory until vLLM is ready again,
+// and gave_up once the guard gave up. This is the one place alert state lives.
+func (d *Dispatcher) InForce() []Event {
+	d.mu.Lock()
+	out := make([]Event, 0, len(d.inForce))
+	for _, e := range d.inForce {
+		out = append(out, e)
+	}
+	d.mu.Unlock()
+	slices.SortStableFunc(out, func(a, b Event) int {
+		return cmp.Or(a.Time.Compare(b.Time), cmp.Compare(a.Alert, b.Alert), cmp.Compare(a.GPU, b.GPU))
+	})
+	return out
 }
 
 // complete fills what the caller may leave out and makes the numbers

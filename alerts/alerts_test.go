@@ -3,6 +3,7 @@ package alerts
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -20,6 +21,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/vllm-guard/vllm-guard/config"
+	"github.com/vllm-guard/vllm-guard/events"
 	"github.com/vllm-guard/vllm-guard/gpumon"
 	"github.com/vllm-guard/vllm-guard/policy"
 	"github.com/vllm-guard/vllm-guard/supervisor"
@@ -417,5 +419,40 @@ func TestFromGPUAndFailure(t *testing.T) {
 	f.Decision.Action = policy.ActionRestart
 	if evs := FromFailure(f); len(evs) != 0 {
 		t.Errorf("FromFailure(crash, restart) = %+v, want none", evs)
+	}
+}
+
+func TestTheDispatcherOwnsWhatIsInForce(t *testing.T) {
+	d := New(config.Alerts{}, nil)
+	var published []events.Event
+	d.Publish(func(e events.Event) { published = append(published, e) })
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	d.Send(Event{Alert: GPUMemoryWarn, Active: true, GPU: 0, Time: t0, Message: "warn"})
+	d.Send(Event{Alert: GPUMemoryWarn, Active: true, GPU: 0, Time: t0.Add(time.Second)}) // the same episode
+	d.Send(Event{Alert: OOM, Active: true, GPU: -1, Time: t0.Add(2 * time.Second), Message: "oom"})
+	got := d.InForce()
+	if len(got) != 2 || got[0].Alert != GPUMemoryWarn || got[1].Alert != OOM {
+		t.Fatalf("in force %+v: want warn then oom", got)
+	}
+	// vLLM ready again: oom ends; the memory episode stays until cleared.
+	d.Clear(OOM)
+	d.Send(Event{Alert: GPUMemoryWarn, Active: false, GPU: 0, Time: t0.Add(3 * time.Second)})
+	if got := d.InForce(); len(got) != 0 {
+		t.Fatalf("in force after the clears: %+v", got)
+	}
+	d.Send(Event{Alert: GaveUp, Active: true, GPU: -1, Time: t0.Add(4 * time.Second)})
+	if got := d.InForce(); len(got) != 1 || got[0].Alert != GaveUp {
+		t.Fatalf("after giving up: %+v", got)
+	}
+	var kinds []string
+	for _, e := range published {
+		if e.Kind != events.KindAlert {
+			t.Fatalf("published %+v", e)
+		}
+		kinds = append(kinds, fmt.Sprintf("%s:%v", e.Alert.Name, e.Alert.Active))
+	}
+	want := "[gpu_memory_warn:true oom:true oom:false gpu_memory_warn:false gave_up:true]"
+	if fmt.Sprint(kinds) != want {
+		t.Fatalf("published %v, want %s", kinds, want)
 	}
 }

@@ -10,16 +10,14 @@
 package control
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"slices"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/alerts"
 	"github.com/vllm-guard/vllm-guard/gpumon"
-	"github.com/vllm-guard/vllm-guard/policy"
 	"github.com/vllm-guard/vllm-guard/proxy"
 	"github.com/vllm-guard/vllm-guard/state"
 	"github.com/vllm-guard/vllm-guard/supervisor"
@@ -39,20 +37,13 @@ type Doc struct {
 	Proxy        *proxy.Stats      `json:"proxy,omitempty"` // nil when [proxy] listen is off
 }
 
-// ActiveAlert is one alert in force: the memory ones from gpumon, plus oom
-// and gave_up from the supervisor.
+// ActiveAlert is one alert in force, as package alerts (their one owner)
+// keeps it.
 type ActiveAlert struct {
 	Name    string    `json:"name"` // gpu_memory_warn | gpu_memory_critical | oom_predicted | oom | gave_up
 	Since   time.Time `json:"since"`
 	Message string    `json:"message"`
 }
-
-// Alert names raised from the supervisor's state (the memory ones are
-// gpumon's).
-const (
-	AlertOOM    = "oom"
-	AlertGaveUp = "gave_up"
-)
 
 // Backend is what the control socket and the HTTP endpoints ask. Its
 // methods are called from request goroutines, concurrently.
@@ -70,30 +61,13 @@ type Backend interface {
 	Alive() (ok bool, why string)
 }
 
-// CollectAlerts lists the alerts in force, oldest first: every active
-// memory alert, oom from the last failure until vLLM is ready again, and
-// gave_up while the guard has given up.
-func CollectAlerts(g supervisor.Status, gpu gpumon.Snapshot) []ActiveAlert {
-	out := []ActiveAlert{}
-	for _, a := range gpu.Active {
-		out = append(out, ActiveAlert{Name: a.Name, Since: a.At, Message: a.Message})
+// AlertsInForce is the alerts in force as the status document shows them,
+// oldest first (the order alerts.Dispatcher.InForce gives).
+func AlertsInForce(in []alerts.Event) []ActiveAlert {
+	out := make([]ActiveAlert, 0, len(in))
+	for _, e := range in {
+		out = append(out, ActiveAlert{Name: e.Alert, Since: e.Time, Message: e.Message})
 	}
-	if f := g.LastFailure; f != nil && f.Verdict.Cause == policy.CauseOOM && !g.ReadySince.After(f.Time) {
-		msg := "vLLM ran out of GPU memory"
-		if f.Verdict.Summary != "" {
-			msg += ": " + f.Verdict.Summary
-		}
-		if f.Decision.Reason != "" {
-			msg += "; " + f.Decision.Reason
-		}
-		out = append(out, ActiveAlert{Name: AlertOOM, Since: f.Time, Message: msg})
-	}
-	if g.State == supervisor.StateFailed {
-		out = append(out, ActiveAlert{Name: AlertGaveUp, Since: g.Since, Message: "the guard gave up: " + g.Reason})
-	}
-	slices.SortStableFunc(out, func(a, b ActiveAlert) int {
-		return cmp.Or(a.Since.Compare(b.Since), cmp.Compare(a.Name, b.Name))
-	})
 	return out
 }
 

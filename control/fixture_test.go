@@ -1,6 +1,7 @@
 package control
 
 import (
+	"github.com/vllm-guard/vllm-guard/alerts"
 	"math"
 	"time"
 
@@ -72,7 +73,7 @@ func fixtureDoc() Doc {
 		GPU:     gpu,
 		VLLM: vllmstats.Stats{Up: true, Running: 12, Waiting: 3, KVUsage: 0.452, Preemptions: 8,
 			PromptTokens: 1.2e6, GenerationTokens: 6.5e5, ScrapedAt: fixtureNow.Add(-time.Second), Scrapes: 355},
-		Alerts: CollectAlerts(guard, gpu),
+		Alerts: fixtureAlerts(gpu),
 		LastIncident: &state.Incident{
 			ID: "20260301T120319.000000Z-oom", Time: oomAt, Cause: policy.CauseOOM, Confidence: "high",
 			Summary: "GPU out of memory while serving", Evidence: evidence, ExitCode: 1, Phase: policy.PhaseReady,
@@ -80,4 +81,14 @@ func fixtureDoc() Doc {
 			MemoryTrend: "climbing",
 		},
 	}
+}
+
+// fixtureAlerts are the alerts in force in the fixture: its memory alerts,
+// as the alert owner keeps them.
+func fixtureAlerts(gpu gpumon.Snapshot) []ActiveAlert {
+	var in []alerts.Event
+	for _, a := range gpu.Active {
+		in = append(in, alerts.FromGPU(a, policy.Rung{}))
+	}
+	return AlertsInForce(in)
 }

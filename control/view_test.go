@@ -3,6 +3,7 @@ package control
 import (
 	"bytes"
 	"flag"
+	"github.com/vllm-guard/vllm-guard/alerts"
 	"math"
 	"os"
 	"path/filepath"
@@ -65,7 +66,7 @@ func TestWriteStatusNotReady(t *testing.T) {
 		}, []string{"STARTING since", "phase weights", "last probe     GET /health: connection refused"}},
 		{"failed", func(d *Doc) {
 			d.Guard.State, d.Guard.Reason, d.Guard.ExitCode, d.Guard.PID = supervisor.StateFailed, "config_error: unrecognized arguments", 78, 0
-			d.Alerts = CollectAlerts(d.Guard, d.GPU)
+			d.Alerts = append(d.Alerts, ActiveAlert{Name: alerts.GaveUp, Since: d.Guard.Since, Message: "the guard gave up: " + d.Guard.Reason})
 		}, []string{"FAILED since", "exit code      78", "gave_up", "the guard gave up: config_error"}},
 		{"gpu down, scrape failing", func(d *Doc) {
 			d.GPU.Up, d.GPU.Reason = false, "GPU metrics unavailable: built without cgo"
@@ -138,17 +139,9 @@ func TestSparkScale(t *testing.T) {
 	}
 }
 
-func TestCollectAlerts(t *testing.T) {
+func TestAlertsInForceKeepTheOwnersOrder(t *testing.T) {
 	d := fixtureDoc()
-	got := CollectAlerts(d.Guard, d.GPU)
-	if len(got) != 2 || got[0].Name != "gpu_memory_warn" || got[1].Name != "oom_predicted" {
-		t.Fatalf("ready after the OOM: %+v; want the two memory alerts, oldest first", got)
-	}
-	// Not ready again since the OOM: the oom alert is in force.
-	g := d.Guard
-	g.State, g.ReadySince = supervisor.StateBackoff, g.LastFailure.Time.Add(-time.Hour)
-	got = CollectAlerts(g, d.GPU)
-	if len(got) != 3 || got[0].Name != AlertOOM || !strings.Contains(got[0].Message, "OOM: one rung down") {
-		t.Fatalf("in backoff after an OOM: %+v", got)
+	if len(d.Alerts) != 2 || d.Alerts[0].Name != "gpu_memory_warn" || d.Alerts[1].Name != "oom_predicted" {
+		t.Fatalf("%+v; want the two memory alerts, oldest first", d.Alerts)
 	}
 }

@@ -9,13 +9,17 @@ import (
 	"time"
 )
 
-// Bus delivers every published event to every handler, in order, on the
-// publisher's goroutine: handlers must be quick (set a gauge, send a
-// datagram, queue work). A slow consumer subscribes through a Queue instead.
+// Bus delivers every published event to every handler, in order, one event
+// at a time: handlers must be quick (set a gauge, send a datagram, queue
+// work). A handler may publish in turn (an OOM raises an alert): the new
+// event is delivered after the current one, never re-entrantly. A slow
+// consumer goes through a Queue instead.
 type Bus struct {
-	mu       sync.Mutex
-	seq      uint64
-	handlers []func(Event)
+	mu         sync.Mutex
+	seq        uint64
+	handlers   []func(Event)
+	pending    []Event
+	delivering bool
 }
 
 // NewBus makes an empty bus.
@@ -30,21 +34,35 @@ func (b *Bus) Handle(h func(Event)) {
 
 // Publish stamps e (sequence number, and the time when unset) and hands it
 // to every consumer. Publishers may be on several goroutines: events are
-// delivered one at a time, in sequence order.
+// delivered in sequence order, by whichever publisher is delivering.
 func (b *Bus) Publish(e Event) {
 	if b == nil {
 		return
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	b.seq++
 	e.Seq = b.seq
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
-	for _, h := range b.handlers {
-		h(e)
+	b.pending = append(b.pending, e)
+	if b.delivering {
+		b.mu.Unlock()
+		return
 	}
+	b.delivering = true
+	for len(b.pending) > 0 {
+		next := b.pending[0]
+		b.pending = b.pending[1:]
+		hs := b.handlers
+		b.mu.Unlock()
+		for _, h := range hs {
+			h(next)
+		}
+		b.mu.Lock()
+	}
+	b.delivering = false
+	b.mu.Unlock()
 }
 
 // Queue hands events to a slow consumer on its own goroutine, through a

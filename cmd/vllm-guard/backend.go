@@ -18,7 +18,7 @@ func (g *guard) Doc() control.Doc {
 	st := g.sup.Status()
 	gpu := g.gpu.Snapshot()
 	d := control.Doc{Version: version, Now: time.Now(), Guard: st, GPU: gpu, VLLM: g.stats.Latest(),
-		Alerts: control.CollectAlerts(st, gpu)}
+		Alerts: control.AlertsInForce(g.alert.InForce())}
 	d.LastIncident = g.inc.Last()
 	if g.proxy != nil {
 		st := g.proxy.Stats()

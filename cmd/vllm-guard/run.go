@@ -130,6 +130,7 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 	g.bus.Handle(events.Log(log))
 	g.bus.Handle(g.onEvent)
 	g.bus.Handle(g.inc.Handle)
+	g.alert.Publish(g.bus.Publish)
 	sup, err := supervisor.New(cfg, supervisor.Options{
 		Log:       log,
 		Policy:    g.pol,
@@ -253,6 +254,12 @@ func (g *guard) onEvent(e events.Event) {
 		g.onReady(e.First, e.TimeToReady)
 	case events.KindExited:
 		g.onFailure(*e.Failure)
+	case events.KindAlert:
+		g.met.SetAlert(e.Alert.Name, e.Alert.Active)
+		g.refreshPressure()
+		if g.proxy != nil {
+			g.proxy.Notify()
+		}
 	}
 }
 
@@ -285,14 +292,13 @@ func (g *guard) onProgress(string) {
 func (g *guard) onReady(first bool, ttr time.Duration) {
 	g.sd.Ready()
 	g.met.Ready(ttr)
-	g.met.SetAlert(alerts.OOM, false)
+	g.alert.Clear(alerts.OOM)
 }
 
 func (g *guard) onFailure(f supervisor.Failure) {
 	g.met.Exited(f.Verdict.Cause)
 	for _, e := range alerts.FromFailure(f) {
 		g.alert.Send(e)
-		g.met.SetAlert(e.Alert, true)
 	}
 }
 
@@ -307,11 +313,6 @@ func (g *guard) forwardGPUAlerts(ctx context.Context) {
 			return
 		case a := <-ch:
 			g.alert.Send(alerts.FromGPU(a, g.sup.Status().Rung))
-			g.met.SetAlert(a.Name, a.Active)
-			g.refreshPressure()
-			if g.proxy != nil {
-				g.proxy.Notify()
-			}
 		}
 	}
 }

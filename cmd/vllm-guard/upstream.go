@@ -4,7 +4,7 @@ import (
 	"slices"
 	"sync/atomic"
 
-	"github.com/vllm-guard/vllm-guard/gpumon"
+	"github.com/vllm-guard/vllm-guard/alerts"
 	"github.com/vllm-guard/vllm-guard/proxy"
 	"github.com/vllm-guard/vllm-guard/supervisor"
 )
@@ -33,8 +33,8 @@ func (g *guard) refreshUpstream(st supervisor.Status) {
 
 // refreshPressure: memory critical or an OOM predicted halves admission.
 func (g *guard) refreshPressure() {
-	g.up.pressure.Store(slices.ContainsFunc(g.gpu.Snapshot().Active, func(a gpumon.Alert) bool {
-		return a.Name == gpumon.AlertCritical || a.Name == gpumon.AlertPredicted
+	g.up.pressure.Store(slices.ContainsFunc(g.alert.InForce(), func(a alerts.Event) bool {
+		return a.Alert == alerts.GPUMemoryCritical || a.Alert == alerts.OOMPredicted
 	}))
 }
 

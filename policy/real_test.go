@@ -145,6 +145,9 @@ func confusion(t *testing.T, title string, res []scored) (map[Cause]float64, flo
 			fmt.Fprintf(&b, "  %s (%s): want %s, got %s: %s\n", r.file, r.source, causeName(r.want), causeName(r.got), clip(r.summary, 160))
 		}
 	}
+	if misses == 0 {
+		b.WriteString("\nmisses: none\n")
+	}
 	t.Log(b.String())
 	return recall, acc
 }
@@ -210,6 +213,9 @@ func TestRealCorpusCoverage(t *testing.T) {
 		if n[c] == 0 {
 			t.Errorf("real corpus has no log for %s", causeName(c))
 		}
+	}
+	if len(cases) < 80 {
+		t.Errorf("real corpus has %d logs, want ≥ 80", len(cases))
 	}
 	if n[""] < 10 {
 		t.Errorf("real corpus has %d healthy logs, want ≥ 10", n[""])

@@ -9,7 +9,7 @@ BIN := bin
 LIB := build/lib
 NVML_INC = $(shell $(GO) list -m -f '{{.Dir}}' github.com/NVIDIA/go-nvml)/pkg/nvml
 
-.PHONY: all build setup test lint demo bench bench-storm fuzz soak clean
+.PHONY: all build setup test lint demo bench bench-storm fuzz soak diagnose-report clean
 
 all: build
 
@@ -60,6 +60,12 @@ fuzz:
 # end-of-run figures and fails when a goal is missed.
 soak: build
 	bash scripts/soak.sh
+
+# The classifier on real vLLM logs from public issues (policy/testdata/real)
+# and on the synthetic corpus: confusion tables, per-cause precision and
+# recall, every miss with its source.
+diagnose-report:
+	$(GO) test -count=1 -run 'TestDiagnoseReport$$' -v ./policy
 
 clean:
 	rm -rf $(BIN) build

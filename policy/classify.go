@@ -16,9 +16,11 @@ const (
 	scoreGPUBusy   = 80
 	scoreKV        = 70
 	scoreConfig    = 55 // argparse, model not found, port in use
-	scoreValueErr  = 50 // other startup ValueErrors unrelated to memory
+	scoreValueErr  = 50 // other startup ValueErrors unrelated to memory, a broken install
+	scoreTimeout   = 35 // a collective or a Ray channel timed out: the engine was stuck
 	scoreCrash     = 30 // NCCL errors, segfaults, CUDA errors
 	scoreDied      = 20 // "died unexpectedly"
+	scoreStuck     = 15 // vLLM's own "stuck" warning: a hang only when nothing else explains the log
 	scoreException = 10 // any other exception line: evidence, never proof of a failure
 )
 
@@ -31,15 +33,26 @@ type rule struct {
 // rules are tried in order; the first that matches decides a line. Needles
 // are literal (strings.Contains, no regexp) to keep Classify fast.
 var rules = []rule{
+	// Ray's OutOfMemoryError is its memory monitor killing a worker for host
+	// memory; it must come before the GPU rule below.
+	{"ray.exceptions.OutOfMemoryError", CauseHostOOM, scoreHostOOM},
+	{"Task was killed due to the node running low on memory", CauseHostOOM, scoreHostOOM},
+	{"killed due to memory pressure", CauseHostOOM, scoreHostOOM}, // raylet
+	{"Ray killed this worker", CauseHostOOM, scoreHostOOM},
+
 	{"OutOfMemoryError", CauseOOM, scoreOOM},
 	{"CUDA out of memory", CauseOOM, scoreOOM},
 	{"CUDA driver error: out of memory", CauseOOM, scoreOOM},
 	{"CUDA error: out of memory", CauseOOM, scoreOOM},
-	{"Cuda failure 'out of memory'", CauseOOM, scoreOOM},
+	{"'out of memory'", CauseOOM, scoreOOM},               // NCCL: "Cuda failure 'out of memory'", "Cuda failure 2 'out of memory'"
+	{"Cannot auto-fit max_model_len", CauseOOM, scoreOOM}, // --max-model-len auto: not enough GPU memory
 	{"CUBLAS_STATUS_ALLOC_FAILED", CauseOOM, scoreOOM},
 	{"HIP out of memory", CauseOOM, scoreOOM},
 
-	{"killed by the OOM killer", CauseHostOOM, scoreHostOOM},
+	{"has been killed by the OOM killer", CauseHostOOM, scoreHostOOM}, // systemd; Ray's "killed by the OOM killer" is a guess in a list
+	{"Cannot allocate memory", CauseHostOOM, scoreHostOOM},            // ENOMEM: mmap of the weights, fork
+	{"exited with code 137", CauseHostOOM, scoreHostOOM},              // docker compose: SIGKILL, the container's memory limit
+	{"exit code 137", CauseHostOOM, scoreHostOOM},
 	{"Out of memory: Killed process", CauseHostOOM, scoreHostOOM},
 	{"Memory cgroup out of memory", CauseHostOOM, scoreHostOOM},
 	{"oom-kill:", CauseHostOOM, scoreHostOOM},
@@ -52,6 +65,7 @@ var rules = []rule{
 	{"larger than the available KV cache memory", CauseKVInsufficient, scoreKV},
 	{"larger than the maximum number of tokens that can be stored in KV cache", CauseKVInsufficient, scoreKV},
 	{"Available KV cache memory: -", CauseKVInsufficient, scoreKV},
+	{"# GPU blocks: 0,", CauseKVInsufficient, scoreKV}, // V0: no block left for the KV cache
 
 	{"unrecognized arguments", CauseConfigError, scoreConfig},
 	{"ddress already in use", CauseConfigError, scoreConfig},
@@ -67,7 +81,11 @@ var rules = []rule{
 	{"does not appear to have a file named", CauseConfigError, scoreConfig},
 	{"FileNotFoundError", CauseConfigError, scoreConfig},
 
-	{"Watchdog caught collective operation timeout", CauseCrash, scoreCrash},
+	{"Watchdog caught collective operation timeout", CauseHang, scoreTimeout},
+	{"RayChannelTimeoutError", CauseHang, scoreTimeout},
+	{"Timed out waiting for object available to read", CauseHang, scoreTimeout},
+	{"No available shared memory broadcast block found", CauseHang, scoreStuck},
+
 	{"NCCL error", CauseCrash, scoreCrash},
 	{"ncclSystemError", CauseCrash, scoreCrash},
 	{"ncclInternalError", CauseCrash, scoreCrash},
@@ -81,6 +99,21 @@ var rules = []rule{
 	{"Fatal Python error", CauseCrash, scoreCrash},
 	{"core dumped", CauseCrash, scoreCrash},
 	{"died unexpectedly", CauseCrash, scoreDied},
+	{"exited with exit code", CauseCrash, scoreDied}, // a platform's word for a worker's death
+}
+
+// frameRules name functions of vLLM whose "raise" (the source line Python
+// prints under the frame) says what failed, for excerpts cut before the
+// exception line. The raise must start with raise.
+var frameRules = []struct {
+	fn, raise string
+	cause     Cause
+	score     int
+}{
+	{"in check_enough_kv_cache_memory", "raise ValueError(", CauseKVInsufficient, scoreKV},  // V1 KV check
+	{"in _check_enough_kv_cache_memory", "raise ValueError(", CauseKVInsufficient, scoreKV}, // V1 KV check, later name
+	{"in raise_if_cache_size_invalid", "raise ValueError(", CauseKVInsufficient, scoreKV},   // V0 KV check
+	{"in _dummy_sampler_run", "raise RuntimeError(", CauseOOM, scoreOOM},                    // the sampler warm-up OOM
 }
 
 // wrappers only say that the engine died; the root cause is above them.
@@ -90,6 +123,7 @@ var wrappers = []string{
 	"EngineCore encountered a fatal error",
 	"EngineCore encountered an issue",
 	"AsyncLLM output_handler failed",
+	"Got fatal signal from worker processes",
 	"EngineDeadError",
 	"MQLLMEngine is already dead",
 	"Engine loop has died",
@@ -102,7 +136,8 @@ var wrappers = []string{
 // (TestPrefilterCoversRules).
 var prefilter = []string{"rror", "emory", "died", "NCCL", "nccl", "fault", "Fatal", "ound", "in use",
 	"unrecognized", "OOM", "oom-kill", "dumped", "illegal", "assert", "xception", "ngine", "_FAILED", "Value error",
-	"stored in KV", "model identifier", "path_or_model_id", "repository ID", "gated repo", "file named", "Watchdog", "SIGSEGV", "output_handler"}
+	"stored in KV", "model identifier", "path_or_model_id", "repository ID", "gated repo", "file named", "Watchdog", "SIGSEGV", "output_handler",
+	"Timed out", "auto-fit", "exit code", "exited with code", "killed", "fatal signal", "blocks: 0,"}
 
 func mayMatch(msg string) bool {
 	for _, p := range prefilter {
@@ -145,11 +180,16 @@ const (
 // matchLine classifies one message (prefixes already stripped).
 func matchLine(msg string) (lineKind, Cause, int) {
 	// Traceback source lines ("    raise ValueError(\"No available memory…")
-	// and frame lines repeat text of the exception below them: skip them.
-	if vllmlog.IsTracebackBody(msg) {
-		return kindNone, "", 0
+	// and frame lines repeat text of the exception below them: they are
+	// matched against the rules only (an excerpt may end before the
+	// exception), never read as an exception or a wrapper themselves.
+	if strings.HasPrefix(msg, "    ") {
+		if !mayMatch(msg) {
+			return kindNone, "", 0
+		}
+		return matchRules(msg)
 	}
-	if !mayMatch(msg) {
+	if isFrame(msg) || !mayMatch(msg) {
 		return kindNone, "", 0
 	}
 	for _, w := range wrappers {
@@ -157,10 +197,8 @@ func matchLine(msg string) (lineKind, Cause, int) {
 			return kindWrapper, "", 0
 		}
 	}
-	for i := range rules {
-		if strings.Contains(msg, rules[i].needle) {
-			return kindRoot, rules[i].cause, rules[i].score
-		}
+	if k, c, sc := matchRules(msg); k != kindNone {
+		return k, c, sc
 	}
 	if isArgparseError(msg) {
 		return kindRoot, CauseConfigError, scoreConfig
@@ -172,10 +210,53 @@ func matchLine(msg string) (lineKind, Cause, int) {
 			return kindRoot, CauseConfigError, scoreValueErr
 		}
 	}
+	// A broken install (vllm or one of its modules cannot be imported) does
+	// not heal on a restart.
+	if typ == "ModuleNotFoundError" || typ == "ImportError" {
+		return kindRoot, CauseConfigError, scoreValueErr
+	}
 	if isExc {
 		return kindRoot, CauseCrash, scoreException
 	}
 	return kindNone, "", 0
+}
+
+func matchRules(msg string) (lineKind, Cause, int) {
+	for i := range rules {
+		if strings.Contains(msg, rules[i].needle) {
+			return kindRoot, rules[i].cause, rules[i].score
+		}
+	}
+	return kindNone, "", 0
+}
+
+// isFrame recognises a traceback frame line, `File "x.py", line 12, in f`
+// (or faulthandler's `File "x.py", line 12 in f`), however indented.
+func isFrame(msg string) bool {
+	t := strings.TrimLeft(msg, " ")
+	return strings.HasPrefix(t, `File "`) && strings.Contains(t, `", line `)
+}
+
+// holdsFrame recognises a frame behind a prefix the guard does not strip
+// (CI timestamps, compose service names, "[rank0]:") or inside a paste
+// that lost its newlines: the line is a traceback, and may hold more.
+func holdsFrame(msg string) bool {
+	i := strings.Index(msg, `  File "`)
+	return i > 0 && strings.Contains(msg[i:], `", line `)
+}
+
+// frameCause is what the raise printed under the frame fn says, if anything.
+func frameCause(frame, src string) (Cause, int, bool) {
+	src = strings.TrimLeft(src, " ")
+	if !strings.HasPrefix(src, "raise ") {
+		return "", 0, false
+	}
+	for _, r := range frameRules {
+		if strings.HasPrefix(src, r.raise) && strings.Contains(frame, r.fn) {
+			return r.cause, r.score, true
+		}
+	}
+	return "", 0, false
 }
 
 const maxHits = 16
@@ -207,6 +288,7 @@ type scan struct {
 	readyLine int
 	wrapper   int // index of the first wrapper line, -1 if none
 	traceback bool
+	lastFrame int // index of the last traceback frame line, -1 if none
 	waiting   int // "Waiting for … core engine proc(s) to start." lines
 	start     int // index of the first line of the last run
 }
@@ -221,7 +303,7 @@ func text(l Line) string { return strings.TrimRight(vllmlog.StripANSI(l.Text), "
 var runMarkers = []string{"vLLM API server version", "vLLM server version", "non-default args:"}
 
 func scanLines(lines []Line, severalRuns bool) *scan {
-	s := &scan{byCause: make(map[Cause]*hits, 4), wrapper: -1, readyLine: -1}
+	s := &scan{byCause: make(map[Cause]*hits, 4), wrapper: -1, readyLine: -1, lastFrame: -1}
 	for i := range lines {
 		if !severalRuns {
 			break
@@ -250,7 +332,24 @@ func scanLines(lines []Line, severalRuns bool) *scan {
 			s.traceback = true
 			continue
 		}
+		if isFrame(msg) {
+			// Excerpts often start inside a traceback: frames are a
+			// traceback even without its first line.
+			s.traceback = true
+			s.lastFrame = i
+			continue
+		}
+		if holdsFrame(msg) {
+			s.traceback = true
+			s.lastFrame = i
+		}
 		kind, cause, score := matchLine(msg)
+		if kind == kindNone && s.lastFrame >= 0 && s.lastFrame == i-1 {
+			// The source line under a frame: a raise in a known check.
+			if c, sc, ok := frameCause(vllmlog.Message(lines[i-1].Text), msg); ok {
+				kind, cause, score = kindRoot, c, sc
+			}
+		}
 		switch kind {
 		case kindWrapper:
 			if s.wrapper < 0 {
@@ -393,12 +492,32 @@ func classifyOffline(e Exit, s *scan, phase Phase) Verdict {
 			Summary: fmt.Sprintf("vLLM's engine died (line %d: %s) and the log holds no root-cause line above it",
 				e.Lines[s.wrapper].N, clip(vllmlog.Message(e.Lines[s.wrapper].Text), 120))}
 	}
+	if h := s.byCause[CauseHang]; h != nil && !s.traceback {
+		// Only vLLM's own "stuck" warning: no exception, no death.
+		ev := s.evidence(e.Lines, h)
+		return Verdict{Cause: CauseHang, Confidence: "low", Evidence: ev,
+			Summary: fmt.Sprintf("vLLM reported a stuck worker or collective %d time(s) and the log shows no other failure: line %d: %s",
+				len(h.idx), ev[0].N, clip(vllmlog.Message(ev[0].Text), 160))}
+	}
 	if phase == PhaseStarting && s.waiting >= 3 && !s.traceback {
 		return Verdict{Cause: CauseHang, Confidence: "low",
 			Summary: fmt.Sprintf("vLLM stalled while starting: the engine core never came up (%d \"Waiting for … core engine proc(s) to start\" lines)", s.waiting)}
 	}
-	if phase == PhaseStarting && s.traceback && len(excs) > 0 {
-		return Verdict{Cause: CauseCrash, Confidence: "low", Evidence: excs, Summary: summaryFor(CauseCrash, excs)}
+	if phase == PhaseStarting && s.traceback {
+		if len(excs) > 0 {
+			return Verdict{Cause: CauseCrash, Confidence: "low", Evidence: excs, Summary: summaryFor(CauseCrash, excs)}
+		}
+		// The excerpt ends inside a traceback: still a failure.
+		var ev []Line
+		if s.lastFrame >= 0 {
+			l := e.Lines[s.lastFrame]
+			ev = []Line{{N: l.N, Stream: l.Stream, Text: text(l)}}
+		}
+		sum := "vLLM crashed: the log holds a traceback but no exception line"
+		if len(ev) > 0 {
+			sum += fmt.Sprintf(" (its last frame, line %d: %s)", ev[0].N, clip(strings.TrimSpace(vllmlog.Message(ev[0].Text)), 160))
+		}
+		return Verdict{Cause: CauseCrash, Confidence: "low", Evidence: ev, Summary: sum}
 	}
 	if phase == PhaseReady {
 		return Verdict{Summary: "no failure found: vLLM became ready"}

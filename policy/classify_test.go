@@ -116,8 +116,8 @@ func TestClassifyCases(t *testing.T) {
 			CauseCrash, "low", nil, ""},
 		{"memory does not override a config error", Exit{ExitCode: 2, Critical: 0.97, MemFractions: []float64{0.99}, Lines: lines("vllm serve: error: unrecognized arguments: --swap-space 4")},
 			CauseConfigError, "high", []int{1}, ""},
-		{"nccl watchdog is a crash", Exit{ExitCode: 0, Lines: lines(ready, "[rank0]:[E909 19:41:02.123 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1)")},
-			CauseCrash, "high", []int{2}, "Watchdog"},
+		{"nccl watchdog timeout is a hang", Exit{ExitCode: 0, Lines: lines(ready, "[rank0]:[E909 19:41:02.123 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1)")},
+			CauseHang, "high", []int{2}, "Watchdog"},
 		{"ANSI in the lines", Exit{ExitCode: 1, Lines: lines("\x1b[1;36m(EngineCore_0 pid=312)\x1b[0;0m torch.OutOfMemoryError: CUDA out of memory.")},
 			CauseOOM, "high", []int{1}, ""},
 		{"offline healthy", Exit{Offline: true, Lines: lines(ready)}, "", "", nil, "no failure found: vLLM became ready"},
@@ -130,6 +130,67 @@ func TestClassifyCases(t *testing.T) {
 			"", "", nil, "became ready"},
 		{"explicit phase overrides the log", Exit{ExitCode: 1, Phase: PhaseReady, Lines: lines("vllm serve: error: unrecognized arguments: --x")},
 			CauseCrash, "low", nil, ""},
+
+		// Issue 13: more OOM strings.
+		{"nccl driver path with the error number", Exit{ExitCode: 1, Lines: lines(
+			"(VllmWorker rank=3 pid=15164) ERROR 06-19 07:06:13 [multiproc_executor.py:527] torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.26.2",
+			"(VllmWorker rank=3 pid=15164) ERROR 06-19 07:06:13 [multiproc_executor.py:527] ncclUnhandledCudaError: Call to CUDA function failed.",
+			"(VllmWorker rank=3 pid=15164) ERROR 06-19 07:06:13 [multiproc_executor.py:527] Cuda failure 2 'out of memory'", failed)},
+			CauseOOM, "high", []int{3}, "Cuda failure 2"},
+		{"auto-fit max model len", Exit{ExitCode: 1, Lines: lines(
+			"(EngineCore_DP0 pid=301) ValueError: Cannot auto-fit max_model_len: not enough GPU memory", failed)},
+			CauseOOM, "high", []int{1}, "auto-fit"},
+		{"accelerator error out of memory", Exit{ExitCode: 1, Lines: lines("torch.AcceleratorError: CUDA error: out of memory", initErr)},
+			CauseOOM, "high", []int{1}, ""},
+		// Issue 16: what the real corpus teaches.
+		{"ray's OutOfMemoryError is host memory", Exit{ExitCode: 1, Lines: lines(
+			"ERROR 03-21 17:27:44 [core.py:340] ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.")},
+			CauseHostOOM, "high", []int{1}, "host memory"},
+		{"raylet memory-pressure kill", Exit{Offline: true, Lines: lines(
+			"(raylet) [2025-04-02 15:02:00,117 E 135782 135782] (raylet) node_manager.cc:3069: 1 Workers (tasks / actors) killed due to memory pressure (OOM), 0 Workers crashed due to other reasons")},
+			CauseHostOOM, "high", []int{1}, ""},
+		{"a list of possible causes is not an OOM kill", Exit{Offline: true, Lines: lines(
+			"ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.",
+			"The actor is dead because its worker process has died. Some common causes include: (1) the process was killed by the OOM killer due to high memory usage, (2) ray stop --force was called")},
+			CauseCrash, "high", []int{1}, ""},
+		{"exit 137 in a container", Exit{Offline: true, Lines: lines("vllm-1 exited with code 137")},
+			CauseHostOOM, "high", []int{1}, ""},
+		{"frames without the exception line are a crash", Exit{Offline: true, Lines: lines(
+			`ERROR 01-20 18:39:37 engine.py:135]   File "/usr/local/lib/python3.12/dist-packages/vllm/engine/llm_engine.py", line 1390, in step`,
+			"ERROR 01-20 18:39:37 engine.py:135]     outputs = self.model_executor.execute_model(")},
+			CauseCrash, "low", []int{1}, "no exception line"},
+		{"the KV check's raise without the exception line", Exit{Offline: true, Lines: lines(
+			`  File "/x/vllm/v1/core/kv_cache_utils.py", line 588, in check_enough_kv_cache_memory`,
+			"    raise ValueError(")},
+			CauseKVInsufficient, "high", []int{2}, ""},
+		{"the sampler warm-up's raise without the exception line", Exit{Offline: true, Lines: lines(
+			`  File "/x/vllm/v1/worker/gpu_model_runner.py", line 3221, in _dummy_sampler_run`,
+			"    raise RuntimeError(", "RuntimeError: CUDA out of")},
+			CauseOOM, "high", []int{2}, ""},
+		{"the sampler warm-up re-raising something else is no OOM", Exit{Offline: true, Lines: lines(
+			`  File "/x/vllm/v1/worker/gpu_model_runner.py", line 3221, in _dummy_sampler_run`,
+			"    raise e", "RuntimeError: something else")},
+			CauseCrash, "low", []int{3}, ""},
+		{"shm broadcast warnings alone are a hang", Exit{Offline: true, Lines: lines(
+			"(EngineCore pid=2025) INFO 08-13 11:27:02 [shm_broadcast.py:802] No available shared memory broadcast block found in 60 seconds.",
+			"(EngineCore pid=2025) INFO 08-13 11:28:02 [shm_broadcast.py:802] No available shared memory broadcast block found in 60 seconds.")},
+			CauseHang, "low", []int{1}, "2 time(s)"},
+		{"a dead worker beats the shm warnings", Exit{Offline: true, Lines: lines(
+			"DEBUG 07-04 17:35:10 [shm_broadcast.py:456] No available shared memory broadcast block found in 60 second.",
+			"ERROR 07-04 17:35:16 [multiproc_executor.py:140] Worker proc VllmWorker-1 died unexpectedly, shutting down executor.")},
+			CauseCrash, "high", []int{2}, ""},
+		{"ray channel timeout is a hang", Exit{ExitCode: 0, Lines: lines(
+			"ERROR 06-16 10:59:13 [core.py:505] ray.exceptions.RayChannelTimeoutError: System error: Timed out waiting for object available to read.", dead)},
+			CauseHang, "high", []int{1}, ""},
+		{"a broken install is a config error", Exit{ExitCode: 1, Lines: lines("ModuleNotFoundError: No module named 'vllm.entrypoints'")},
+			CauseConfigError, "high", []int{1}, ""},
+		{"V0 zero GPU blocks", Exit{ExitCode: 1, Lines: lines("INFO 04-27 10:13:05 llm_engine.py:275] # GPU blocks: 0, # CPU blocks: 256")},
+			CauseKVInsufficient, "high", []int{1}, ""},
+		{"V0 some GPU blocks are no evidence", Exit{Offline: true, Lines: lines("INFO 11-07 17:53:33 gpu_executor.py:122] # GPU blocks: 4025, # CPU blocks: 4681")},
+			"", "", nil, "no failure found"},
+		{"host ENOMEM mapping the weights", Exit{ExitCode: 1, Lines: lines(
+			"ERROR 06-02 09:39:03 [core.py:396] RuntimeError: unable to mmap 16933256392 bytes from file <model.safetensors>: Cannot allocate memory (12)")},
+			CauseHostOOM, "high", []int{1}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -23,6 +23,9 @@ func FuzzClassify(f *testing.F) {
 	for _, l := range logs {
 		f.Add(readLog(f, filepath.Base(l)), byte(0))
 	}
+	for _, c := range loadReal(f) {
+		f.Add(c.body, byte(0))
+	}
 	f.Add([]byte("\x1b[1;36m(APIServer pid=1)\x1b[0;0m INFO:     Application startup complete.\n\x1b["), byte(3))
 	f.Add([]byte("Dec 02 09:31:24 h vllm[1]: (EngineCore pid=2) ERROR 01-01 00:00:00 [x.py:1] "), byte(5))
 

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/vllm-guard/vllm-guard/exitcode"
 	"io"
 	"os"
 	"path/filepath"
@@ -21,12 +22,12 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 	cfg, err := config.Load(path)
 	if err != nil {
 		fmt.Fprintf(stderr, "%v\n", err)
-		return exitConfig
+		return exitcode.Config
 	}
 	fmt.Fprintf(stdout, "# %s: OK\n# effective settings (defaults included)\n\n", path)
 	if err := cfg.WriteEffective(stdout); err != nil {
 		fmt.Fprintf(stderr, "vllm-guard: %v\n", err)
-		return exitFailed
+		return exitcode.Failed
 	}
 	fmt.Fprintf(stdout, "\n# degrade ladder: each OOM steps one rung down\n")
 	fmt.Fprintf(stdout, "%-5s %-13s %s\n", "rung", "max_num_seqs", "gpu_memory_utilization")
@@ -34,7 +35,7 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%-5d %-13d %.2f\n", r.Index, r.MaxNumSeqs, r.GPUMemoryUtilization)
 	}
 	writeLearned(stdout, cfg)
-	return exitOK
+	return exitcode.OK
 }
 
 // writeLearned prints what a guard that ran with this config saved: the

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/vllm-guard/vllm-guard/exitcode"
 	"io"
 	"os"
 	"strings"
@@ -33,14 +34,14 @@ func cmdDiagnose(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		text, from, err := lastIncidentLog(*cfgPath)
 		if err != nil {
 			fmt.Fprintf(stderr, "vllm-guard diagnose: %v\n", err)
-			return exitFailed
+			return exitcode.Failed
 		}
 		in, source = strings.NewReader(text), from
 	default:
 		f, err := os.Open(*logPath)
 		if err != nil {
 			fmt.Fprintf(stderr, "vllm-guard diagnose: %v\n", err)
-			return exitFailed
+			return exitcode.Failed
 		}
 		defer f.Close()
 		in = f
@@ -48,21 +49,21 @@ func cmdDiagnose(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	rep, err := policy.Diagnose(in)
 	if err != nil {
 		fmt.Fprintf(stderr, "vllm-guard diagnose: reading %s: %v\n", source, err)
-		return exitFailed
+		return exitcode.Failed
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(rep); err != nil {
-			return exitFailed
+			return exitcode.Failed
 		}
-		return exitOK
+		return exitcode.OK
 	}
 	fmt.Fprintf(stdout, "# %s\n", source)
 	if err := rep.WriteText(stdout); err != nil {
-		return exitFailed
+		return exitcode.Failed
 	}
-	return exitOK
+	return exitcode.OK
 }
 
 // lastIncidentLog returns the vLLM output kept in the newest incident record.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/vllm-guard/vllm-guard/exitcode"
 	"io"
 )
 
@@ -23,9 +24,9 @@ func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 func parse(fs *flag.FlagSet, args []string) (int, bool) {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return exitOK, false
+			return exitcode.OK, false
 		}
-		return exitUsage, false
+		return exitcode.Usage, false
 	}
 	return 0, true
 }

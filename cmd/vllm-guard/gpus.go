@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/vllm-guard/vllm-guard/exitcode"
 	"io"
 
 	"go.uber.org/zap"
@@ -33,7 +34,7 @@ func cmdGPUs(args []string, stdout, stderr io.Writer) int {
 	}
 	if !snap.Up {
 		fmt.Fprintf(stderr, "vllm-guard gpus: %s\n", snap.Reason)
-		return exitFailed
+		return exitcode.Failed
 	}
-	return exitOK
+	return exitcode.OK
 }

@@ -3,6 +3,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/vllm-guard/vllm-guard/exitcode"
 	"io"
 	"os"
 
@@ -30,14 +31,6 @@ Every command has --help. --config defaults to $VLLM_GUARD_CONFIG, then
 ./vllm-guard.toml, then /etc/vllm-guard/vllm-guard.toml.
 `
 
-// Exit codes shared by the commands (SPEC §2).
-const (
-	exitOK     = 0
-	exitFailed = 1
-	exitUsage  = 2
-	exitConfig = 78
-)
-
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == supervisor.KeeperArg {
 		os.Exit(supervisor.RunKeeper(os.Args[2:]))
@@ -48,7 +41,7 @@ func main() {
 func dispatch(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return exitUsage
+		return exitcode.Usage
 	}
 	cmd, rest := args[0], args[1:]
 	switch cmd {
@@ -65,7 +58,7 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 	case "profile":
 		if len(rest) == 0 || rest[0] != "reset" {
 			fmt.Fprintln(stderr, "vllm-guard: usage: vllm-guard profile reset [--socket PATH]")
-			return exitUsage
+			return exitcode.Usage
 		}
 		return control.ActionCommand("profile reset", rest[1:], stdout, stderr)
 	case "diagnose":
@@ -82,9 +75,9 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 		return cmdVersion(stdout)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
-		return exitOK
+		return exitcode.OK
 	default:
 		fmt.Fprintf(stderr, "vllm-guard: unknown command %q\n\n%s", cmd, usage)
-		return exitUsage
+		return exitcode.Usage
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/vllm-guard/vllm-guard/exitcode"
 	"io"
 	"net"
 	"os"
@@ -40,12 +41,12 @@ func cmdRun(args []string, stderr io.Writer) int {
 	cfg, err := config.Load(config.Resolve(*cfgPath))
 	if err != nil {
 		fmt.Fprintf(stderr, "vllm-guard: %v\n", err)
-		return exitConfig
+		return exitcode.Config
 	}
 	log, err := newLogger(cfg.Log.Level, cfg.Log.Format)
 	if err != nil {
 		fmt.Fprintf(stderr, "vllm-guard: %v\n", err)
-		return exitConfig
+		return exitcode.Config
 	}
 	defer log.Sync()
 
@@ -65,9 +66,9 @@ func cmdRun(args []string, stderr io.Writer) int {
 		log.Error("vllm-guard cannot start", zap.Error(err))
 		var ce *config.Error
 		if errors.As(err, &ce) {
-			return exitConfig
+			return exitcode.Config
 		}
-		return exitFailed
+		return exitcode.Failed
 	}
 	code := g.run(ctx)
 	log.Info("vllm-guard exiting", zap.Int("exit_code", code))
@@ -179,7 +180,7 @@ func (g *guard) run(ctx context.Context) int {
 		g.log.Error("cannot serve the control socket: fix [control] socket", zap.Error(err))
 		cancel()
 		wg.Wait()
-		return exitConfig
+		return exitcode.Config
 	}
 	defer sock.Close()
 	if addr := g.cfg.Control.HTTPListen; addr != "" {
@@ -188,7 +189,7 @@ func (g *guard) run(ctx context.Context) int {
 			g.log.Error("cannot listen for HTTP: fix [control] http_listen", zap.Error(err))
 			cancel()
 			wg.Wait()
-			return exitConfig
+			return exitcode.Config
 		}
 		defer hs.Close()
 	}
@@ -199,7 +200,7 @@ func (g *guard) run(ctx context.Context) int {
 			g.log.Error("cannot listen for the proxy: fix [proxy] listen", zap.Error(err))
 			cancel()
 			wg.Wait()
-			return exitConfig
+			return exitcode.Config
 		}
 		g.log.Info("admission-control proxy listening", zap.String("listen", ln.Addr().String()))
 		// The proxy drains after the supervisor stops (Serve returns when

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/vllm-guard/vllm-guard/exitcode"
 	"io"
 	"runtime"
 	"runtime/debug"
@@ -29,5 +30,5 @@ func cmdVersion(stdout io.Writer) int {
 	} else {
 		fmt.Fprintf(stdout, "NVIDIA driver: not found (%s)\n", snap.Reason)
 	}
-	return exitOK
+	return exitcode.OK
 }

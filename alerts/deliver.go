@@ -22,8 +22,9 @@ import (
 )
 
 // runCommand runs the [alerts] command with the event on stdin. The command
-// runs in its own process group so that a timeout kills whatever it started
-// too (a shell script's curl), not just the shell.
+// runs in its own process group, and a timeout (or the guard's shutdown)
+// kills its whole tree (killTree): whatever it started too (a shell script's
+// curl), descendants that left the group with setsid included.
 func (d *Dispatcher) runCommand(ctx context.Context, e Event, body []byte) {
 	ctx, cancel := context.WithTimeout(ctx, d.commandTimeout)
 	defer cancel()
@@ -34,7 +35,13 @@ func (d *Dispatcher) runCommand(ctx context.Context, e Event, body []byte) {
 	cmd.Env = append(childEnv(), "VLLM_GUARD_ALERT="+e.Alert, "VLLM_GUARD_ALERT_ACTIVE="+strconv.FormatBool(e.Active),
 		"VLLM_GUARD_ALERT_SEVERITY="+e.Severity)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.Cancel = func() error {
+		if left := killTree(cmd.Process.Pid); len(left) > 0 {
+			d.log.Error("alert command: processes of its tree survived SIGKILL; kill them by hand",
+				zap.String("alert", e.Alert), zap.Ints("pids", left))
+		}
+		return nil
+	}
 	cmd.WaitDelay = time.Second // a grandchild that escaped the group may hold stderr open
 	start := time.Now()
 	// StartCommand registers the pid with the guard's reaper, which would

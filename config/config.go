@@ -98,6 +98,12 @@ type Proxy struct {
 	QueueSize      int      `toml:"queue_size"`
 	QueueTimeout   Duration `toml:"queue_timeout"`
 	MaxBodyBytes   int64    `toml:"max_body_bytes"`
+	// WriteTimeout: a client that accepts none of its answer for this long
+	// (a write to it makes no progress) loses its request and its slot.
+	WriteTimeout Duration `toml:"write_timeout"`
+	// MaxConnections caps the proxy's open client connections; those over
+	// it are closed at accept.
+	MaxConnections int `toml:"max_connections"`
 }
 
 type Log struct {
@@ -172,6 +178,8 @@ func Default() *Config {
 			QueueSize:      512,
 			QueueTimeout:   d("30s"),
 			MaxBodyBytes:   16 << 20,
+			WriteTimeout:   d("30s"),
+			MaxConnections: 1024,
 		},
 		Log: Log{Level: "info", Format: "auto", ChildLines: 200},
 	}

@@ -6,8 +6,10 @@ import (
 	"net"
 	"net/url"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Validate checks the ranges and relations of a Config built in code (tests,
@@ -52,14 +54,93 @@ func (c *checker) fraction(p []string, v float64, lowOpen bool, hi float64, hiOp
 	return false
 }
 
-func (c *checker) positiveDuration(p []string, d Duration, example string) {
-	if d.Duration <= 0 {
-		c.add(p, "%s is not allowed; write a duration above 0, such as %s", tomlQuote(d.String()), tomlQuote(example))
+// durationRange bounds one duration key. Every duration has a floor (a
+// "1ns" interval made the guard spin at 87 % of a core) and a ceiling (no
+// wait worth configuring is longer, and the guard adds and multiplies these
+// values: a ceiling keeps that arithmetic far from overflow).
+type durationRange struct {
+	min, max time.Duration
+	off      bool   // "0s" is allowed and turns the feature off
+	what     string // what the key does, in the operator's words
+	example  string
+}
+
+// durationRanges is every duration key's bounds; TestEveryDurationIsBounded
+// checks that none is missing.
+var durationRanges = map[string]durationRange{
+	"vllm.stop_timeout":        {100 * time.Millisecond, time.Hour, false, "the wait between SIGTERM and SIGKILL when vLLM stops", "30s"},
+	"profile.restore_after":    {10 * time.Second, 30 * 24 * time.Hour, true, "ready this long on a lower rung before trying one rung up", "2h"},
+	"readiness.poll_interval":  {10 * time.Millisecond, time.Minute, false, "how often the guard probes vLLM while it loads", "250ms"},
+	"readiness.probe_timeout":  {10 * time.Millisecond, 10 * time.Minute, false, "the bound of one readiness probe", "2s"},
+	"readiness.stall_timeout":  {time.Second, 24 * time.Hour, false, "no load progress this long while starting is a hang", "10m"},
+	"readiness.max_start_time": {time.Second, 7 * 24 * time.Hour, true, "the hard cap on a start", "1h"},
+	"liveness.interval":        {100 * time.Millisecond, time.Hour, false, "how often the guard checks /health while vLLM is ready", "10s"},
+	"liveness.timeout":         {10 * time.Millisecond, 10 * time.Minute, false, "the bound of one /health check", "5s"},
+	"gpu.sample_interval":      {10 * time.Millisecond, 15 * time.Second, false, "how often GPU memory is sampled; the trend fits the last minute of samples and needs several", "1s"},
+	"gpu.predict_horizon":      {time.Second, 24 * time.Hour, false, "alert when the trend reaches critical within this", "10m"},
+	"gpu.release_timeout":      {0, time.Hour, false, "the wait for an exited vLLM's GPU memory to come back", "60s"},
+	"restart.initial_delay":    {10 * time.Millisecond, time.Hour, false, "the first backoff delay", "5s"},
+	"restart.max_delay":        {10 * time.Millisecond, 24 * time.Hour, false, "the longest backoff delay", "5m"},
+	"restart.reset_after":      {time.Second, 30 * 24 * time.Hour, false, "ready this long resets the backoff and crash-loop counts", "10m"},
+	"restart.give_up_window":   {time.Second, 30 * 24 * time.Hour, false, "the window in which give_up_after failed starts give up", "1h"},
+	"proxy.queue_timeout":      {0, time.Hour, false, "how long a request may wait for a slot; 0 answers at once", "30s"},
+	"proxy.write_timeout":      {time.Second, time.Hour, false, "a client that reads none of its answer this long loses its request and slot", "30s"},
+}
+
+// checkDurations applies durationRanges to every duration of cfg.
+func (c *checker) checkDurations(path []string, v reflect.Value) {
+	t := v.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name := tomlName(f)
+		if name == "" {
+			continue
+		}
+		p := append(slices.Clip(path), name)
+		switch {
+		case f.Type == durationType:
+			d := v.Field(i).Interface().(Duration)
+			if d.Duration < 0 {
+				c.add(p, "%s is negative; write a duration of \"0s\" or more", tomlQuote(d.String()))
+				continue
+			}
+			r, ok := durationRanges[strings.Join(p, ".")]
+			if !ok {
+				c.add(p, "has no allowed range; this is a bug, please report it")
+				continue
+			}
+			if (r.off && d.Duration == 0) || (d.Duration >= r.min && d.Duration <= r.max) {
+				continue
+			}
+			allowed := fmt.Sprintf("%s to %s", formatDuration(r.min), formatDuration(r.max))
+			if r.off {
+				allowed = fmt.Sprintf("\"0s\" (off) or %s", allowed)
+			}
+			c.add(p, "%s is out of range; allowed: %s (%s), such as %s", tomlQuote(d.String()), allowed, r.what, tomlQuote(r.example))
+		case f.Type.Kind() == reflect.Struct:
+			c.checkDurations(p, v.Field(i))
+		}
 	}
 }
 
+// Size limits.
+const (
+	// MaxChildLines caps [log] child_lines: the ring of vLLM's last lines
+	// holds lines of up to 16 KiB (longer ones are cut), so 4096 lines
+	// bound it, and the tail of an incident record, at 64 MiB. 100 000
+	// lines allowed a 1.6 GB ring.
+	MaxChildLines = 4096
+	// MaxMaxNumSeqs is far above any vLLM deployment, and keeps
+	// max_num_seqs × inflight_factor a small integer.
+	MaxMaxNumSeqs     = 1 << 20
+	MaxInflightFactor = 64
+	MaxQueueSize      = 1 << 20
+	MaxBodyBytes      = 1 << 30
+	MaxConnections    = 1 << 20
+)
+
 func (c *checker) validate(cfg *Config) {
-	c.negativeDurations(nil, reflect.ValueOf(cfg).Elem())
+	c.checkDurations(nil, reflect.ValueOf(cfg).Elem())
 
 	v := cfg.VLLM
 	if len(v.Command) == 0 || strings.TrimSpace(v.Command[0]) == "" {
@@ -90,11 +171,10 @@ func (c *checker) validate(cfg *Config) {
 			c.add(p, "the value contains a NUL byte, which an environment variable cannot hold")
 		}
 	}
-	c.positiveDuration(k("vllm", "stop_timeout"), v.StopTimeout, "30s")
 
 	pr := cfg.Profile
-	if pr.MaxNumSeqs < 1 {
-		c.add(k("profile", "max_num_seqs"), "%d is out of range; allowed: 1 or more (the most sequences vLLM runs at once on rung 0)", pr.MaxNumSeqs)
+	if pr.MaxNumSeqs < 1 || pr.MaxNumSeqs > MaxMaxNumSeqs {
+		c.add(k("profile", "max_num_seqs"), "%d is out of range; allowed: 1 to %d (the most sequences vLLM runs at once on rung 0)", pr.MaxNumSeqs, MaxMaxNumSeqs)
 	}
 	okUtil := c.fraction(k("profile", "gpu_memory_utilization"), pr.GPUMemoryUtilization, true, 1, false, "the share of each GPU's memory vLLM may use, such as 0.85")
 	c.fraction(k("profile", "max_num_seqs_factor"), pr.MaxNumSeqsFactor, true, 1, true, "each OOM multiplies max_num_seqs by this, such as 0.5")
@@ -118,13 +198,8 @@ func (c *checker) validate(cfg *Config) {
 	default:
 		c.add(k("readiness", "probe"), "%s is not a probe; allowed: \"health\", \"models\" or \"completion\"", tomlQuote(r.Probe))
 	}
-	c.positiveDuration(k("readiness", "poll_interval"), r.PollInterval, "250ms")
-	c.positiveDuration(k("readiness", "probe_timeout"), r.ProbeTimeout, "2s")
-	c.positiveDuration(k("readiness", "stall_timeout"), r.StallTimeout, "10m")
 
 	l := cfg.Liveness
-	c.positiveDuration(k("liveness", "interval"), l.Interval, "10s")
-	c.positiveDuration(k("liveness", "timeout"), l.Timeout, "5s")
 	if l.Failures < 1 {
 		c.add(k("liveness", "failures"), "%d is out of range; allowed: 1 or more (consecutive failed checks that mean a hang)", l.Failures)
 	}
@@ -135,14 +210,12 @@ func (c *checker) validate(cfg *Config) {
 			c.add(k("gpu", "devices"), "element %d is empty; write a GPU index such as \"0\" or a UUID such as \"GPU-…\"", i+1)
 		}
 	}
-	c.positiveDuration(k("gpu", "sample_interval"), g.SampleInterval, "1s")
 	okWarn := c.fraction(k("gpu", "warn_fraction"), g.WarnFraction, true, 1, true, "used/total that raises gpu_memory_warn, such as 0.90")
 	okCrit := c.fraction(k("gpu", "critical_fraction"), g.CriticalFraction, true, 1, false, "used/total that raises gpu_memory_critical, such as 0.97")
 	if okWarn && okCrit && g.WarnFraction >= g.CriticalFraction {
 		p := c.at(k("gpu", "warn_fraction"), k("gpu", "critical_fraction"))
 		c.add(p, "warn_fraction (%g) must be below critical_fraction (%g): the warning comes first", g.WarnFraction, g.CriticalFraction)
 	}
-	c.positiveDuration(k("gpu", "predict_horizon"), g.PredictHorizon, "10m")
 
 	rs := cfg.Restart
 	if rs.MaxDelay.Duration < rs.InitialDelay.Duration {
@@ -153,11 +226,9 @@ func (c *checker) validate(cfg *Config) {
 		c.add(k("restart", "multiplier"), "%g is out of range; allowed: 1 or more (each failed start multiplies the delay by this, such as 2.0)", rs.Multiplier)
 	}
 	c.fraction(k("restart", "jitter"), rs.Jitter, false, 1, true, "each delay varies randomly by up to this share, such as 0.2")
-	c.positiveDuration(k("restart", "reset_after"), rs.ResetAfter, "10m")
 	if rs.GiveUpAfter < 1 {
 		c.add(k("restart", "give_up_after"), "%d is out of range; allowed: 1 or more (failed starts within give_up_window before giving up)", rs.GiveUpAfter)
 	}
-	c.positiveDuration(k("restart", "give_up_window"), rs.GiveUpWindow, "1h")
 	switch rs.OnGiveUp {
 	case "exit", "stay":
 	default:
@@ -193,14 +264,17 @@ func (c *checker) validate(cfg *Config) {
 		p := c.at(k("proxy", "listen"), k("control", "http_listen"))
 		c.add(p, "%s is used by both [proxy] listen and [control] http_listen; give them different ports", tomlQuote(px.Listen))
 	}
-	if !finite(px.InflightFactor) || px.InflightFactor <= 0 {
-		c.add(k("proxy", "inflight_factor"), "%g is out of range; allowed: more than 0 (requests in flight = max_num_seqs × this, such as 1.0)", px.InflightFactor)
+	if !finite(px.InflightFactor) || px.InflightFactor <= 0 || px.InflightFactor > MaxInflightFactor {
+		c.add(k("proxy", "inflight_factor"), "%g is out of range; allowed: more than 0 and at most %d (requests in flight = max_num_seqs × this, such as 1.0)", px.InflightFactor, MaxInflightFactor)
 	}
-	if px.QueueSize < 0 {
-		c.add(k("proxy", "queue_size"), "%d is out of range; allowed: 0 or more (requests that may wait; 0 rejects at once)", px.QueueSize)
+	if px.QueueSize < 0 || px.QueueSize > MaxQueueSize {
+		c.add(k("proxy", "queue_size"), "%d is out of range; allowed: 0 to %d (requests that may wait; 0 rejects at once)", px.QueueSize, MaxQueueSize)
 	}
-	if px.MaxBodyBytes <= 0 {
-		c.add(k("proxy", "max_body_bytes"), "%d is out of range; allowed: more than 0 (the largest request body, such as 16777216)", px.MaxBodyBytes)
+	if px.MaxBodyBytes <= 0 || px.MaxBodyBytes > MaxBodyBytes {
+		c.add(k("proxy", "max_body_bytes"), "%d is out of range; allowed: 1 to %d (1 GiB; the largest request body, such as 16777216)", px.MaxBodyBytes, MaxBodyBytes)
+	}
+	if px.MaxConnections < 1 || px.MaxConnections > MaxConnections {
+		c.add(k("proxy", "max_connections"), "%d is out of range; allowed: 1 to %d (open client connections; more are closed at accept, such as 1024)", px.MaxConnections, MaxConnections)
 	}
 
 	lg := cfg.Log
@@ -214,8 +288,8 @@ func (c *checker) validate(cfg *Config) {
 	default:
 		c.add(k("log", "format"), "%s is not a format; allowed: \"auto\", \"json\" or \"console\"", tomlQuote(lg.Format))
 	}
-	if lg.ChildLines < 1 || lg.ChildLines > 100000 {
-		c.add(k("log", "child_lines"), "%d is out of range; allowed: 1 to 100000", lg.ChildLines)
+	if lg.ChildLines < 1 || lg.ChildLines > MaxChildLines {
+		c.add(k("log", "child_lines"), "%d is out of range; allowed: 1 to %d (lines of up to 16 KiB each: at most 64 MiB of vLLM output kept)", lg.ChildLines, MaxChildLines)
 	}
 }
 
@@ -228,27 +302,5 @@ func (c *checker) listenAddr(p []string, addr, example string) {
 	n, perr := strconv.Atoi(port)
 	if err != nil || perr != nil || n < 0 || n > 65535 {
 		c.add(p, "%s is not host:port; write one such as %s, or \"\" to disable", tomlQuote(addr), tomlQuote(example))
-	}
-}
-
-// negativeDurations catches negative durations in a Config built in code
-// (Load refuses them while decoding, with the same message).
-func (c *checker) negativeDurations(path []string, v reflect.Value) {
-	t := v.Type()
-	for i := range t.NumField() {
-		f := t.Field(i)
-		name := tomlName(f)
-		if name == "" {
-			continue
-		}
-		p := append(append([]string{}, path...), name)
-		switch {
-		case f.Type == durationType:
-			if d := v.Field(i).Interface().(Duration); d.Duration < 0 {
-				c.add(p, "%s is negative; write a duration of \"0s\" or more", tomlQuote(d.String()))
-			}
-		case f.Type.Kind() == reflect.Struct:
-			c.negativeDurations(p, v.Field(i))
-		}
 	}
 }

@@ -10,6 +10,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/connlimit"
+
 	"github.com/vllm-guard/vllm-guard/supervisor"
 )
 
@@ -81,6 +83,11 @@ func ListenHTTP(addr string, h http.Handler, log *zap.Logger) (*HTTPServer, erro
 	if err != nil {
 		return nil, fmt.Errorf("control: listen on %s ([control] http_listen): %w; free the port or choose another address (\"\" disables HTTP)", addr, err)
 	}
+	// Probes and scrapes are few: past connlimit.Caps' small share
+	// connections are refused at accept, never taking the descriptors that
+	// supervising vLLM needs.
+	_, capN := connlimit.Caps(connlimit.NoFile(), 0)
+	ln = connlimit.New(ln, capN)
 	s := &HTTPServer{
 		ln:   ln,
 		done: make(chan struct{}),

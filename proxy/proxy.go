@@ -9,6 +9,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -27,6 +29,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/vllm-guard/vllm-guard/config"
+	"github.com/vllm-guard/vllm-guard/internal/connlimit"
 )
 
 // Upstream is what the proxy asks the supervisor. Its methods are called
@@ -118,6 +121,12 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 	if cfg.InflightFactor <= 0 {
 		cfg.InflightFactor = 1
 	}
+	if cfg.WriteTimeout.Duration <= 0 {
+		cfg.WriteTimeout = config.Default().Proxy.WriteTimeout
+	}
+	if cfg.MaxConnections <= 0 {
+		cfg.MaxConnections = config.Default().Proxy.MaxConnections
+	}
 	p := &Proxy{cfg: cfg, up: up, log: log.Named("proxy"), lim: newLimiter(max(cfg.QueueSize, 0))}
 	p.tr = &http.Transport{
 		Proxy:                 nil, // never an environment proxy between the guard and its vLLM
@@ -173,8 +182,19 @@ func (p *Proxy) refresh() {
 }
 
 // Serve answers on l until ctx is done, then stops accepting, refuses the
-// queued requests (503) and lets those in flight finish (up to 30 s).
+// queued requests (503) and lets those in flight finish (up to 30 s). At
+// most [proxy] max_connections client connections are open at once, fewer
+// if the descriptor limit leaves less after the supervision reserve
+// (connlimit.Caps); more are answered 503 and closed at accept.
 func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
+	nofile := connlimit.NoFile()
+	capN, _ := connlimit.Caps(nofile, p.cfg.MaxConnections)
+	if capN < p.cfg.MaxConnections {
+		p.log.Warn("proxy connections capped below [proxy] max_connections by the file-descriptor limit; raise LimitNOFILE to allow more",
+			zap.Int("max_connections", p.cfg.MaxConnections), zap.Int("cap", capN), zap.Uint64("nofile", nofile),
+			zap.Int("reserved_for_supervision", connlimit.Reserve))
+	}
+	l = connlimit.New(l, capN)
 	srv := &http.Server{
 		Handler:           p,
 		ReadHeaderTimeout: readHeaderTimeout,
@@ -184,7 +204,7 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
-	p.log.Info("proxy listening", zap.String("addr", l.Addr().String()), zap.Int("limit", p.Stats().Limit),
+	p.log.Info("proxy listening", zap.String("addr", l.Addr().String()), zap.Int("limit", p.Stats().Limit), zap.Int("max_connections", capN),
 		zap.Int("queue_size", p.cfg.QueueSize), zap.Duration("queue_timeout", p.cfg.QueueTimeout.Duration))
 	select {
 	case err := <-errc:
@@ -217,8 +237,12 @@ type reqState struct {
 // ServeHTTP admits, forwards and accounts for one request.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	rec := &recorder{ResponseWriter: w}
+	rec := &recorder{ResponseWriter: w, rc: http.NewResponseController(w), writeTimeout: p.cfg.WriteTimeout.Duration}
 	defer func() {
+		if rec.stalled {
+			p.log.Info("client read none of its answer within write_timeout; request ended, cancelled at vLLM, slot freed",
+				zap.String("path", r.URL.Path), zap.String("client", r.RemoteAddr), zap.Duration("write_timeout", p.cfg.WriteTimeout.Duration))
+		}
 		code := rec.code
 		if code == 0 {
 			code = 499 // the client left before any answer (nginx's convention)
@@ -241,6 +265,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return // else the client left while waiting: nobody to answer
 	}
 	defer p.lim.release()
+	// A deadline left by an earlier request on this kept-alive connection
+	// may have passed: renew it before anything (a 100 Continue) is written.
+	rec.renew()
 	if queued {
 		rec.Header().Set(QueueWaitHeader, strconv.FormatFloat(float64(time.Since(start).Microseconds())/1000, 'f', 1, 64))
 	}
@@ -427,17 +454,40 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	return nil
 }
 
-// recorder remembers the status code; Flush and Unwrap keep streaming
-// and http.ResponseController working through it.
+// recorder remembers the status code and bounds every write to the client:
+// before each write or flush the connection's write deadline is set
+// writeTimeout ahead, so a client that reads nothing for that long makes
+// the write fail. The ReverseProxy then aborts the request, which cancels
+// it at vLLM and frees its slot (issue 15: two clients that never read
+// held both slots of a limit of 2 for as long as they liked). A client that
+// reads, however slowly, renews the deadline with each write that gets
+// through. Flush, FlushError and Unwrap keep streaming and
+// http.ResponseController working through it.
 type recorder struct {
 	http.ResponseWriter
-	code int
+	rc           *http.ResponseController // of the server's ResponseWriter
+	writeTimeout time.Duration
+	code         int
+	stalled      bool // a write failed on the deadline
+}
+
+func (r *recorder) renew() {
+	if r.writeTimeout > 0 {
+		_ = r.rc.SetWriteDeadline(time.Now().Add(r.writeTimeout))
+	}
+}
+
+func (r *recorder) noteErr(err error) {
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		r.stalled = true
+	}
 }
 
 func (r *recorder) WriteHeader(code int) {
 	if r.code == 0 && code >= 200 {
 		r.code = code
 	}
+	r.renew()
 	r.ResponseWriter.WriteHeader(code)
 }
 
@@ -445,13 +495,26 @@ func (r *recorder) Write(b []byte) (int, error) {
 	if r.code == 0 {
 		r.code = http.StatusOK
 	}
-	return r.ResponseWriter.Write(b)
+	r.renew()
+	n, err := r.ResponseWriter.Write(b)
+	r.noteErr(err)
+	return n, err
 }
 
-func (r *recorder) Flush() {
-	if f, ok := r.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
+func (r *recorder) Flush() { _ = r.FlushError() }
+
+func (r *recorder) FlushError() error {
+	r.renew()
+	err := r.rc.Flush()
+	r.noteErr(err)
+	return err
+}
+
+// Hijack (a protocol upgrade) hands the connection over without the
+// write deadline: the upgraded stream is no longer an HTTP answer.
+func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	_ = r.rc.SetWriteDeadline(time.Time{})
+	return r.rc.Hijack()
 }
 
 func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }

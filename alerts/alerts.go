@@ -1,4 +1,4 @@
-// Package alerts owns the delivery of the guard's alerts (SPEC §9):
+// Package alerts owns the delivery of the guard's alerts:
 // gpu_memory_warn, gpu_memory_critical, oom_predicted, oom and gave_up.
 // Each goes once per episode to the log and, when configured, to the
 // [alerts] command (the event as JSON on stdin, bounded in time) and the
@@ -77,7 +77,7 @@ type Event struct {
 	Details           map[string]any `json:"details,omitempty"`
 }
 
-// Defaults of delivery (SPEC: bounded, never blocking the guard).
+// Defaults of delivery (bounded, never blocking the guard).
 const (
 	CommandTimeout = 10 * time.Second
 	WebhookTimeout = 5 * time.Second // per try

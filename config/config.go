@@ -1,4 +1,4 @@
-// Package config owns vllm-guard.toml: the schema of SPEC §3, its defaults,
+// Package config owns vllm-guard.toml: its schema, its defaults,
 // strict decoding (file:line:key errors) and validation.
 package config
 
@@ -120,7 +120,7 @@ func d(s string) Duration {
 	return Duration{v}
 }
 
-// Default returns the configuration of SPEC §3 with every default filled in.
+// Default returns the configuration with every default filled in.
 func Default() *Config {
 	return &Config{
 		VLLM: VLLM{

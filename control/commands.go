@@ -22,7 +22,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/supervisor"
 )
 
-// Exit codes of the socket commands (SPEC §2).
+// Exit codes of the socket commands.
 const (
 	ExitReady    = 0 // status: vLLM ready; other commands: done
 	ExitNotReady = 1 // status: a guard answers, vLLM is not ready; other commands: failed

@@ -1,4 +1,4 @@
-// Package drill owns `vllm-guard drill` (SPEC §11): an OpenAI-compatible
+// Package drill owns `vllm-guard drill`: an OpenAI-compatible
 // load generator that sends a long-context burst at vLLM (directly or
 // through the guard's proxy), samples the guard's status every second over
 // its control socket, and reports requests by outcome, latency and time to

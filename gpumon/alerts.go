@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Alert names (SPEC §9).
+// Alert names.
 const (
 	AlertWarn      = "gpu_memory_warn"
 	AlertCritical  = "gpu_memory_critical"

@@ -1,4 +1,4 @@
-// Package metrics owns the guard's Prometheus series (SPEC §9): a private
+// Package metrics owns the guard's Prometheus series: a private
 // registry, prefix vllm_guard_, with the supervisor's state, starts and exits
 // by cause, time to ready, the profile rung in force, GPU memory from the
 // monitor, vLLM's own queue and KV cache gauges, and the alerts. Other
@@ -28,7 +28,7 @@ import (
 // Namespace is the prefix of every series the guard exports.
 const Namespace = "vllm_guard"
 
-// AlertNames are the alerts of SPEC §9, in the order the series are created.
+// AlertNames are every alert, in the order the series are created.
 var AlertNames = []string{"gpu_memory_warn", "gpu_memory_critical", "oom_predicted", "oom", "gave_up"}
 
 // TimeToReadyBuckets span a small model on a fast disk (1 s) to a large one
@@ -80,7 +80,7 @@ func New() *Metrics {
 	}
 	m := &Metrics{
 		reg:   reg,
-		state: gv("state", "1 for the supervisor's current state (SPEC §4), 0 for the others.", "state"),
+		state: gv("state", "1 for the supervisor's current state, 0 for the others.", "state"),
 		ready: g("ready", "1 while vLLM is ready (loaded and answering), else 0."),
 		starts: prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Name: "starts_total",
 			Help: "Launches of vLLM."}),

@@ -8,7 +8,7 @@ import (
 
 // The cost model learns what one running sequence costs in GPU memory, so
 // that after an OOM the next profile can be the largest max_num_seqs whose
-// predicted peak fits, instead of a blind halving (SPEC §7, computed rungs).
+// predicted peak fits, instead of a blind halving.
 //
 // Each sample pairs vLLM's num_requests_running with the GPU memory in use at
 // that moment. vLLM preallocates utilization × total for weights and KV cache,

@@ -386,7 +386,7 @@ func (p *Policy) restoreWait() time.Duration {
 	return p.cfg.Profile.RestoreAfter.Duration * time.Duration(p.restoreMult)
 }
 
-// RestoreDue says whether to step one rung up now (SPEC §7): restore_after > 0,
+// RestoreDue says whether to step one rung up now: restore_after > 0,
 // on rung k > 0, ready for restore_after (times the relapse multiplier), the
 // peak GPU fraction since ready below warn_fraction, and vLLM idle. It returns
 // the rung to restart on; the caller restarts vLLM and calls OnRestore.

@@ -6,7 +6,7 @@ package policy
 
 import "time"
 
-// Cause is one of SPEC §6.
+// Cause is one of the causes the README lists.
 type Cause string
 
 const (
@@ -19,7 +19,7 @@ const (
 	CauseHostOOM        Cause = "host_oom"
 )
 
-// Causes lists every cause, in SPEC order (metrics pre-create one series each).
+// Causes lists every cause, in the README's order (metrics pre-create one series each).
 var Causes = []Cause{CauseOOM, CauseKVInsufficient, CauseGPUBusy, CauseConfigError, CauseHang, CauseCrash, CauseHostOOM}
 
 // Rung is one step of the degrade ladder. Rung 0 is [profile] as written.

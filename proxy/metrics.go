@@ -5,7 +5,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
-// metrics are the proxy_* series of SPEC §10.
+// metrics are the proxy_* series of section 10.
 type metrics struct {
 	requests *prometheus.CounterVec
 	rejected *prometheus.CounterVec

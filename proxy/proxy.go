@@ -1,5 +1,5 @@
-// Package proxy owns the admission-control reverse proxy in front of vLLM
-// (SPEC §10): at most the rung's max_num_seqs × inflight_factor requests in
+// Package proxy owns the admission-control reverse proxy in front of vLLM:
+// at most the rung's max_num_seqs × inflight_factor requests in
 // flight, a bounded FIFO queue with a timeout, a pause (not errors) while
 // vLLM restarts, half the admission under memory pressure, SSE passed
 // through unbuffered, a stream cut by a vLLM death ended with an error

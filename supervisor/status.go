@@ -8,7 +8,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/policy"
 )
 
-// State is one of SPEC §4.
+// State is one of the supervisor's states (docs/design.md).
 type State string
 
 const (

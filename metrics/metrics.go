@@ -102,7 +102,7 @@ func New() *Metrics {
 		vllmRunning: g("vllm_requests_running", "Requests vLLM is running (vllm:num_requests_running)."),
 		vllmWaiting: g("vllm_requests_waiting", "Requests waiting in vLLM's queue (vllm:num_requests_waiting)."),
 		vllmKV:      g("vllm_kv_cache_usage_ratio", "vLLM's KV cache usage, 0..1 (vllm:kv_cache_usage_perc, formerly gpu_cache_usage_perc)."),
-		alertActive: gv("alert_active", "1 while the alert's episode is active; oom and gave_up are events and stay 0 unless the guard sets them.", "alert"),
+		alertActive: gv("alert_active", "1 while the alert is in force: a memory episode until it clears, oom until vLLM is ready again, gave_up once the guard gave up.", "alert"),
 		gpuSeen:     map[[2]string]bool{},
 	}
 	reg.MustRegister(

@@ -26,6 +26,13 @@ import (
 //	   backoff ← waiting_gpu (release) ← stopping
 //	failed (gave up)   stopped (asked to)
 
+// After "Application startup complete." a refused readiness probe is tried
+// again every fastRetryEvery, for fastRetryFor.
+const (
+	fastRetryEvery = 5 * time.Millisecond
+	fastRetryFor   = 2 * time.Second
+)
+
 // timerKind names what a timer is for; each kind has at most one armed.
 type timerKind int
 
@@ -38,6 +45,7 @@ const (
 	tRelease                     // read NVML again while waiting for the release
 	tBackoff                     // the decided delay before the next start
 	tFreeMemory                  // read NVML again while waiting for free memory
+	tFastRetry                   // a refused probe right after the startup line, tried again
 	timerKinds
 )
 
@@ -114,9 +122,10 @@ type machine struct {
 	probing   bool
 	startedAt time.Time
 	ready     bool
-	failures  int     // consecutive liveness failures
-	peak      float64 // highest GPU fraction since ready (restore)
-	lastLine  int64   // the last output line's time seen by the stall check
+	failures  int       // consecutive liveness failures
+	peak      float64   // highest GPU fraction since ready (restore)
+	lastLine  int64     // the last output line's time seen by the stall check
+	fastUntil time.Time // refused probes retry fast until then (uvicorn listens just after its line)
 	baseline  []uint64
 	oomBefore int64
 	end       ending
@@ -222,6 +231,10 @@ func (m *machine) handle(e event, sink *logSink) {
 		}
 	case evStartupComplete:
 		if m.phase == phRunning && !m.ready {
+			// uvicorn logs the line, then starts listening: the first probe
+			// is usually refused, so refused probes retry at a short, bounded
+			// cadence instead of waiting for the next poll.
+			m.fastUntil = time.Now().Add(fastRetryFor)
 			m.probeReady()
 		}
 	case evProgress:
@@ -262,6 +275,10 @@ func (m *machine) onTimer(k timerKind, sink *logSink) {
 		m.next(sink)
 	case tFreeMemory:
 		m.next(sink)
+	case tFastRetry:
+		if m.phase == phRunning && !m.ready {
+			m.probeReady()
+		}
 	}
 }
 
@@ -418,6 +435,9 @@ func (m *machine) onProbe(r probeResult) {
 	s := m.s
 	if !m.ready {
 		if !r.ok {
+			if r.refused && time.Now().Before(m.fastUntil) {
+				m.arm(tFastRetry, fastRetryEvery)
+			}
 			if !r.refused {
 				s.update(func(st *Status) { st.LastProbe = r.step + ": " + r.err })
 				s.publish(events.Event{Kind: events.KindProbeFailed, Probe: &events.Probe{Step: r.step, Status: r.status, Error: r.err}, PID: m.child.pid()})
@@ -494,7 +514,7 @@ func (m *machine) onHeartbeat() {
 
 // endProbing stops what watches a run: its timers and in-flight probes.
 func (m *machine) endProbing() {
-	for _, k := range []timerKind{tPoll, tLive, tCost, tDying} {
+	for _, k := range []timerKind{tPoll, tLive, tCost, tDying, tFastRetry} {
 		m.disarm(k)
 	}
 	if m.runCancel != nil {

@@ -75,6 +75,8 @@ func (p *fakeVLLM) kill() {
 
 // end: the API server exits, then the keeper cleans up and exits.
 func (p *fakeVLLM) end(e exitInfo) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.gone.Do(func() {
 		p.exitv = e
 		close(p.apiGoneC)
@@ -82,8 +84,16 @@ func (p *fakeVLLM) end(e exitInfo) {
 	})
 }
 
-// print writes lines to the fake's stdout (or stderr with "stderr:").
+// print writes lines to the fake's stdout (or stderr with "stderr:"); a
+// tree that is gone prints nothing (as a real one: its pipes are closed).
 func (p *fakeVLLM) print(lines ...string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.doneC:
+		return
+	default:
+	}
 	for _, l := range lines {
 		if rest, ok := strings.CutPrefix(l, "stderr:"); ok {
 			fmt.Fprintln(p.spec.stderr, rest)
@@ -135,9 +145,11 @@ type fakeProber struct {
 	mu      sync.Mutex
 	readyR  func() probeResult // nil: ok
 	healthR func() probeResult // nil: ok
+	calls   atomic.Int64       // readiness probes asked
 }
 
 func (f *fakeProber) ready(ctx context.Context, level string, timeout time.Duration) probeResult {
+	f.calls.Add(1)
 	if !f.l.last().listening.Load() {
 		return probeResult{step: "health", refused: true, err: "connection refused"}
 	}
@@ -1019,5 +1031,46 @@ func TestMachinePublishesEveryTransitionOnce(t *testing.T) {
 		if n := len(s.kinds(events.KindStarting)); n != 2 {
 			t.Fatalf("%d starting events", n)
 		}
+	})
+}
+
+func TestMachineRetriesFastWhileUvicornStartsListening(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Minute} })
+		s.start()
+		p := s.l.last()
+		// uvicorn's order: the line first, the socket listens a moment later.
+		p.print("stderr:INFO:     Application startup complete.")
+		synctest.Wait()
+		s.advance(40 * time.Millisecond)
+		s.wantState(StateStarting)
+		p.listening.Store(true)
+		s.advance(fastRetryEvery)
+		s.wantState(StateReady)
+		if ttr := s.sup.Status().TimeToReady; ttr > 50*time.Millisecond {
+			t.Fatalf("ready %s after the line; want within one retry of listening", ttr)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineFastRetryIsBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Minute} })
+		s.start()
+		p := s.l.last()
+		p.print("stderr:INFO:     Application startup complete.")
+		s.advance(5 * time.Second)
+		// Never listening: refused probes stop after fastRetryFor, until the next poll.
+		after := s.pr.calls.Load()
+		s.advance(5 * time.Second)
+		s.wantState(StateStarting)
+		if want := int64(fastRetryFor / fastRetryEvery); after < want/2 || after > want+10 || s.pr.calls.Load() != after {
+			t.Fatalf("%d probes in the first 5 s, %d after 10 s; want about %d, then none until the poll", after, s.pr.calls.Load(), want)
+		}
+		if n := s.sup.Status().Starts; n != 1 {
+			t.Fatalf("%d starts", n)
+		}
+		s.stop()
 	})
 }

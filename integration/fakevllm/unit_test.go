@@ -295,10 +295,17 @@ func TestSchedulerFIFO(t *testing.T) {
 	if err := s.admit(ctx, 10); err != nil {
 		t.Fatal(err)
 	}
+	// Prompt tokens count once the prefill ran, not at admission (a
+	// wedged engine admits but never prefills).
+	if s.snapshot().PromptTotal != 0 {
+		t.Errorf("prompt tokens counted at admission")
+	}
+	s.prefilled(10)
 	order := make(chan int, 2)
 	for i := 1; i <= 2; i++ {
 		go func() {
 			if err := s.admit(ctx, 5); err == nil {
+				s.prefilled(5)
 				order <- i
 				s.finish(5, 0)
 			}

@@ -186,6 +186,22 @@ func parseServeArgs(argv []string) (*serveArgs, error) {
 		TensorParallel: 1,
 		set:            map[string]bool{},
 	}
+	// Repeated flags on the command line warn (last wins); a config key
+	// overridden by a flag does not.
+	seen := map[string]int{}
+	for _, tok := range argv {
+		if tok == "--" {
+			break
+		}
+		if strings.HasPrefix(tok, "--") {
+			name, _, _ := strings.Cut(normalizeFlag(tok), "=")
+			if _, ok := knownFlags[name]; ok {
+				seen[name]++
+			}
+		} else if long, ok := shortFlags[tok]; ok {
+			seen[long]++
+		}
+	}
 	argv, err := a.expandConfig(argv)
 	if err != nil {
 		return nil, err
@@ -193,7 +209,6 @@ func parseServeArgs(argv []string) (*serveArgs, error) {
 	var unknown []string
 	positional := 0
 	modelFromConfig := false
-	seen := map[string]int{}
 	for i := 0; i < len(argv); i++ {
 		tok := argv[i]
 		if tok == "-h" || tok == "--help" {
@@ -230,9 +245,6 @@ func parseServeArgs(argv []string) (*serveArgs, error) {
 		if !ok {
 			unknown = append(unknown, argv[i])
 			continue
-		}
-		if !modelFromConfig || name != "--model" {
-			seen[name]++
 		}
 		switch kind {
 		case kindBool:

@@ -48,6 +48,29 @@ type apiServer struct {
 	deviceUsed atomic.Int64
 	safeSeqs   atomic.Int64
 
+	task        string   // "generate" or a pooling task
+	apiKeys     []string // --api-key, else VLLM_API_KEY
+	maxModelLen atomic.Int64
+	deathReason atomic.Value // string: the engine's last "dead reason=..."
+
+	// Stopping. exiting: a shutdown or an engine death is being handled;
+	// stoppingEngine: the API itself signalled the engine; draining:
+	// --shutdown-timeout is draining (new requests get 503); abortCh
+	// closes when in-flight requests must stop at once (cut, no [DONE]);
+	// forceCh closes on a second signal during the drain.
+	stoppingEngine atomic.Bool
+	draining       atomic.Bool
+	cut            atomic.Bool
+	abortOnce      sync.Once
+	abortCh        chan struct{}
+	forceOnce      sync.Once
+	forceCh        chan struct{}
+	inflight       atomic.Int64
+
+	// The wedge fault: generation stops, /health stays 200.
+	wedged    atomic.Bool
+	completed atomic.Int64
+
 	sched     *scheduler
 	readyMu   sync.Mutex
 	readyAt   time.Time
@@ -86,8 +109,21 @@ func runServe(argv []string) int {
 		pid: os.Getpid(), startedAt: time.Now(),
 		engineGone: make(chan struct{}), loadedCh: make(chan struct{}), deadCh: make(chan struct{}),
 		sched: newScheduler(args.MaxNumSeqs), sockFD: -1,
+		abortCh: make(chan struct{}), forceCh: make(chan struct{}),
+		task: args.poolingTask(), apiKeys: args.APIKeys,
 	}
+	if len(a.apiKeys) == 0 && env.APIKeyEnv != "" {
+		a.apiKeys = []string{env.APIKeyEnv}
+	}
+	a.maxModelLen.Store(int64(args.MaxModelLen))
+	a.deathReason.Store("")
 	a.log = newLogger(env.Era, "APIServer", a.pid, out, errw)
+	// vLLM's argument warnings come before its logger has the process prefix.
+	bare := newLogger(env.Era, "", a.pid, out, errw)
+	bare.prefix = ""
+	for _, w := range args.Warnings {
+		bare.warn(a.src("argparse_utils.py:257", "arg_utils.py:1184"), "%s", w)
+	}
 	return a.run()
 }
 
@@ -103,7 +139,8 @@ func (a *apiServer) run() int {
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
 		for range sig {
-			a.terminate()
+			// A second signal must reach a drain in progress.
+			go a.terminate()
 		}
 	}()
 	if a.faults.has(fCloseStdout) {
@@ -318,9 +355,14 @@ func (a *apiServer) readEngine(r io.ReadCloser, done chan<- struct{}) {
 			if n, err := m.int("kv_tokens"); err == nil {
 				a.kvTokens.Store(n)
 			}
+			if n, err := m.int("max_model_len"); err == nil {
+				a.maxModelLen.Store(n)
+			}
 			if a.loaded.CompareAndSwap(false, true) {
 				close(a.loadedCh)
 			}
+		case "dead":
+			a.deathReason.Store(m.Fields["reason"])
 		case "mem":
 			if n, err := m.int("device_used"); err == nil {
 				a.deviceUsed.Store(n)
@@ -342,8 +384,23 @@ func (a *apiServer) sendEngine(line string) {
 // behaviour: exit 1 while starting, EngineDeadError + exit 0 while serving.
 func (a *apiServer) watchEngine() {
 	<-a.engineGone
+	if a.stoppingEngine.Load() {
+		return // the API stopped it and waits for it itself
+	}
+	if a.loaded.Load() {
+		// Streams in flight end: with an error event and [DONE] when the
+		// engine failed on its own (vLLM's stream generators catch
+		// EngineDeadError); cut without [DONE] when it was killed by a
+		// signal (it, or a worker, got SIGTERM) or while shutting down.
+		switch r, _ := a.deathReason.Load().(string); {
+		case r == "sigterm" || r == "worker" || r == "" || a.exiting.Load():
+			a.cut.Store(true)
+		}
+		a.dead.Store(true)
+		close(a.deadCh)
+	}
 	if !a.exiting.CompareAndSwap(false, true) {
-		return // a shutdown is in progress and waits for the engine itself
+		return // a shutdown (a drain) is in progress; it sees the dead engine
 	}
 	if !a.loaded.Load() {
 		if a.env.Era != eraV0 {
@@ -352,8 +409,6 @@ func (a *apiServer) watchEngine() {
 		a.log.stderrLines(apiInitFailedTrace(a.env.Era)...)
 		a.exit(1)
 	}
-	a.dead.Store(true)
-	close(a.deadCh)
 	if a.env.Era == eraV0 {
 		a.log.error("client.py:282", "RuntimeError('Engine loop has died')")
 		a.log.error("launcher.py:88", "MQLLMEngine is already dead, terminating server process")
@@ -367,19 +422,42 @@ func (a *apiServer) watchEngine() {
 	// shut the server down.
 	time.Sleep(100 * time.Millisecond)
 	if a.serving.Load() {
-		a.log.uvicorn("Shutting down")
-		a.log.uvicorn("Waiting for application shutdown.")
-		a.log.uvicorn("Application shutdown complete.")
-		a.log.uvicorn(fmt.Sprintf("Finished server process [%d]", a.pid))
+		a.uvicornInfo("Shutting down")
+		a.uvicornInfo("Waiting for application shutdown.")
+		a.uvicornInfo("Application shutdown complete.")
+		a.uvicornInfo(fmt.Sprintf("Finished server process [%d]", a.pid))
 	}
 	a.exit(0)
+}
+
+// uvicornInfo prints one of uvicorn's INFO lines unless
+// --uvicorn-log-level is warning or above.
+func (a *apiServer) uvicornInfo(msg string) {
+	switch a.args.UvicornLogLevel {
+	case "warning", "error", "critical":
+		return
+	}
+	a.log.uvicorn(msg)
+}
+
+// accessLogOn: uvicorn's access logger is on (the default).
+func (a *apiServer) accessLogOn() bool {
+	switch a.args.UvicornLogLevel {
+	case "warning", "error", "critical":
+		return false
+	}
+	return !a.args.DisableAccessLog
 }
 
 // serverPhase is what the API server does after the engine loaded: set
 // up the app, print the routes and uvicorn's lines, then listen.
 func (a *apiServer) serverPhase() {
 	if a.env.Era != eraV0 {
-		a.log.info("api_server.py:1611", "Supported_tasks: ['generate']")
+		q := []string{}
+		for _, t := range supportedTasks(a.task) {
+			q = append(q, pyStr(t))
+		}
+		a.log.info("api_server.py:1611", "Supported_tasks: [%s]", strings.Join(q, ", "))
 	}
 	start := time.Now()
 	runPhase(a.env.Server, 0, a.env.ProgressEvery, func(step int) {
@@ -401,16 +479,23 @@ func (a *apiServer) serverPhase() {
 		a.log.info("api_server.py:1880", "Starting vLLM API server 0 on %s", url)
 	}
 	a.log.info(a.src("launcher.py:29", "launcher.py:19"), "Available routes are:")
-	for _, r := range []string{
-		"/openapi.json, Methods: GET, HEAD", "/docs, Methods: GET, HEAD", "/health, Methods: GET",
-		"/metrics, Methods: GET", "/version, Methods: GET", "/v1/models, Methods: GET",
-		"/v1/chat/completions, Methods: POST", "/v1/completions, Methods: POST",
-	} {
-		a.log.info(a.src("launcher.py:37", "launcher.py:27"), "Route: %s", r)
+	for _, r := range a.routes() {
+		a.log.info(a.src("launcher.py:37", "launcher.py:27"), "Route: %s, Methods: %s", r.path, r.methods)
 	}
-	a.log.uvicorn(fmt.Sprintf("Started server process [%d]", a.pid))
-	a.log.uvicorn("Waiting for application startup.")
-	a.log.uvicorn("Application startup complete.")
+	a.uvicornInfo(fmt.Sprintf("Started server process [%d]", a.pid))
+	a.uvicornInfo("Waiting for application startup.")
+	a.uvicornInfo("Application startup complete.")
+	// uvicorn creates the server (listen) after its lifespan startup; the
+	// knobs widen that gap for tests and benchmarks.
+	if a.env.ListenDelay > 0 {
+		time.Sleep(a.env.ListenDelay)
+	}
+	for a.env.ListenGate != "" {
+		if _, err := os.Stat(a.env.ListenGate); err == nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	if err := a.listen(); err != nil {
 		a.log.stderrLines(apiStartupTrace(framesBind, err.Error())...)
 		a.stopEngine()
@@ -484,6 +569,9 @@ func (a *apiServer) startReadyFaults() {
 	// waiting for the marker sees the fault.
 	if d, ok := a.faults.after(fHangAfter); ok {
 		time.AfterFunc(d, func() { a.hung.Store(true); a.env.fired() })
+	}
+	if d, ok := a.faults.after(fWedgeAfter); ok {
+		time.AfterFunc(d, a.wedge)
 	}
 	if d, ok := a.faults.after(fHealth503); ok {
 		time.AfterFunc(d, func() { a.health503.Store(true); a.env.fired() })
@@ -595,26 +683,57 @@ func (a *apiServer) startGrandchild() {
 	}
 }
 
-// terminate is SIGTERM/SIGINT: vLLM's graceful shutdown. The engine gets
-// SIGTERM, then SIGKILL after 5 s.
+// terminate is SIGTERM/SIGINT to the API process: vLLM's shutdown. With
+// --shutdown-timeout S > 0 while serving it drains: new requests get 503,
+// in-flight ones may finish for up to S seconds (a second signal ends the
+// wait), then the rest are aborted. With S = 0 (the default) in-flight
+// requests are aborted at once. Then the engine gets SIGTERM (SIGKILL
+// after 5 s) and the process exits 0.
 func (a *apiServer) terminate() {
 	if a.faults.has(fIgnoreSIGTERM) {
 		a.env.fired()
+		return
+	}
+	if a.draining.Load() {
+		a.forceOnce.Do(func() {
+			a.log.warn(a.src("launcher.py:118", "launcher.py:90"), "Received second signal, forcing immediate shutdown")
+			close(a.forceCh)
+		})
 		return
 	}
 	if !a.exiting.CompareAndSwap(false, true) {
 		return
 	}
 	serving := a.serving.Load()
+	if serving && a.args.ShutdownTimeout > 0 && !a.dead.Load() {
+		a.draining.Store(true)
+		a.log.info(a.src("launcher.py:112", "launcher.py:88"), "Graceful shutdown: draining in-flight requests for up to %s seconds; new requests are rejected with 503", pyNum(a.args.ShutdownTimeout))
+		deadline := time.NewTimer(time.Duration(a.args.ShutdownTimeout * float64(time.Second)))
+		tick := time.NewTicker(5 * time.Millisecond)
+	drain:
+		for a.inflight.Load() > 0 {
+			select {
+			case <-deadline.C:
+				a.log.warn(a.src("launcher.py:126", "launcher.py:96"), "Shutdown timeout of %s seconds reached with %d request(s) in flight; aborting them", pyNum(a.args.ShutdownTimeout), a.inflight.Load())
+				break drain
+			case <-a.forceCh:
+				break drain
+			case <-tick.C:
+			}
+		}
+		deadline.Stop()
+		tick.Stop()
+	}
+	a.abortOnce.Do(func() { close(a.abortCh) })
 	if serving {
 		a.log.info(a.src("launcher.py:99", "launcher.py:80"), "Shutting down FastAPI HTTP server.")
-		a.log.uvicorn("Shutting down")
-		a.log.uvicorn("Waiting for application shutdown.")
-		a.log.uvicorn("Application shutdown complete.")
+		a.uvicornInfo("Shutting down")
+		a.uvicornInfo("Waiting for application shutdown.")
+		a.uvicornInfo("Application shutdown complete.")
 	}
 	a.stopEngine()
 	if serving {
-		a.log.uvicorn(fmt.Sprintf("Finished server process [%d]", a.pid))
+		a.uvicornInfo(fmt.Sprintf("Finished server process [%d]", a.pid))
 	}
 	a.exit(0)
 }
@@ -626,6 +745,7 @@ func (a *apiServer) stopEngine() {
 	if cmd == nil {
 		return
 	}
+	a.stoppingEngine.Store(true)
 	cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-a.engineGone:

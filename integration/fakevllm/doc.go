@@ -10,30 +10,102 @@
 //
 // # Command line
 //
-//	fakevllm serve MODEL [--host H] [--port P] [--gpu-memory-utilization F]
-//	    [--max-num-seqs N] [--max-model-len N] [--served-model-name NAME]
+//	fakevllm serve MODEL [--config FILE.yaml] [--host H] [--port P]
+//	    [--api-key K [K ...]] [--gpu-memory-utilization F] [--max-num-seqs N]
+//	    [--max-model-len N|auto] [--served-model-name NAME [NAME ...]]
+//	    [--model M] [--task T] [--runner R] [-tp N | --tensor-parallel-size N]
 //	    [--enforce-eager] [--max-num-batched-tokens N] [--kv-cache-memory-bytes N]
+//	    [--shutdown-timeout S] [--disable-uvicorn-access-log]
+//	    [--uvicorn-log-level L] [--disable-log-stats]
 //
-// Both "--flag value" and "--flag=value" work; no abbreviations. An unknown
+// Both "--flag value" and "--flag=value" work, underscores in flag names
+// are dashes (vLLM's FlexibleArgumentParser); no abbreviations. The
+// model is the positional argument anywhere after serve; --model M still
+// works but prints vLLM's deprecation warning (unprefixed, before the
+// banner; wording from vLLM logs, argparse_utils.py). A flag given twice
+// on the command line: the last wins, with a "Found duplicate keys ..."
+// WARNING (wording approximate). --api-key and --served-model-name take
+// one or more values (vLLM's list[str] fields are nargs="+": "--api-key a
+// b"; "--api-key a --api-key b" keeps only b, with the warning).
+// --max-model-len, --max-num-batched-tokens and --kv-cache-memory-bytes
+// take vLLM's human_readable_int (arg_utils.py): 25.6k = 25600, 2G =
+// 2 GiB, no decimals with K/M/G/T. --max-model-len auto (or -1) fits the
+// context to the KV cache (kv_cache_utils.py auto-fit).
+//
+// --config FILE reads a YAML file (a subset: flat "key: value", "key:
+// [a, b]", block lists, quotes, comments) and inserts its keys as flags
+// right after the model (the first token when it is not a flag), so that
+// every command-line flag overrides them, as FlexibleArgumentParser does;
+// a "model" key is used when the command line has no positional model;
+// "key: false" is dropped. An unknown
+// key is an unrecognized argument.
+//
+// An unknown
 // flag prints argparse's usage and "vllm serve: error: unrecognized
 // arguments: ..." on stderr and exits 2. Defaults: host 0.0.0.0, port 8000
 // (port 0 binds a free port, printed in "Starting vLLM API server 0 on
 // http://H:P"), utilization 0.9, max-num-seqs 256, max-model-len 4096,
-// served name = MODEL. A utilization outside (0, 1] or other invalid values
+// served names = [MODEL], shutdown timeout 0, tensor parallel 1. (vLLM's
+// own default utilization is 0.92 since ~v0.21; the simulator's eras are
+// older, 0.9.) A utilization outside (0, 1] or other invalid values
 // fail as a ValueError traceback, exit 1. A MODEL starting with "missing/"
 // fails like a repository that does not exist (OSError in v0, ValueError
 // later), exit 1. --enforce-eager skips the compile and graph phases.
+//
+// # Tasks (pooling models)
+//
+// vLLM learns the task from the model's architecture; the simulator has
+// no config.json, so: --task generate|embed|embedding|classify|score|reward
+// (older vLLM) or --runner generate|pooling decide, else the model's name
+// (last path element, lower case): "rerank", "classif", "cross-encoder" →
+// classify; "reward" → reward; "embed", "bge", "e5-", "gte-", "minilm" →
+// embed; anything else generates. --runner pooling with another name
+// embeds (vLLM's default convert). The API logs "Supported_tasks: [...]"
+// (['generate'], ['encode', 'embed'], ['encode', 'classify', 'score'],
+// ['encode', 'reward']) and registers only the task's routes: a pooling
+// model has no /v1/completions or /v1/chat/completions (404); embed
+// serves /v1/embeddings, /pooling, /score, /v1/score; classify serves
+// /classify, /pooling, /score, /v1/score, /rerank, /v1/rerank; reward
+// /pooling. A pooling request takes one engine step (running count and
+// prompt tokens move, no generation tokens).
 //
 // # Processes
 //
 // The API process re-executes this binary as "VLLM::EngineCore __engine
 // ARGS" (so /proc/PID/cmdline shows VLLM::EngineCore). API → engine lines
 // go on the engine's stdin ("load running=N prompt_tokens=T", "ready");
-// engine → API lines on fd 3 ("loaded kv_tokens=N", "mem ...", "dead
-// reason=..."). SIGTERM or SIGINT to the API: shutdown lines, SIGTERM to the
-// engine, SIGKILL after 5 s, exit 0. A runtime engine death: vLLM's
-// EngineDeadError wrappers, /health 503 for ~100 ms, uvicorn's shutdown
-// lines, exit 0. An engine that fails to start: "Engine core
+// engine → API lines on fd 3 ("loaded kv_tokens=N max_model_len=N", "mem
+// ...", "dead reason=..."). A runtime engine death: vLLM's EngineDeadError
+// wrappers, /health 503 for ~100 ms, uvicorn's shutdown lines, exit 0.
+// Streams in flight end with an error event and "data: [DONE]" when the
+// engine failed on its own (crash, OOM: vLLM's stream generators catch
+// EngineDeadError), and are cut (connection closed, no [DONE]) when the
+// engine was killed by a signal: SIGTERM to the EngineCore (which, like
+// vLLM's, shuts down at once) or to a worker, or any engine death while
+// the API is shutting down.
+//
+// Stopping (RFC #24885, --shutdown-timeout from vLLM ~March 2026):
+// SIGTERM or SIGINT to the API process with --shutdown-timeout S > 0
+// while serving drains: a "Graceful shutdown: draining ..." line (wording
+// approximate), every new request answers 503, in-flight requests and
+// streams finish for up to S seconds (a second signal ends the wait:
+// "Received second signal, forcing immediate shutdown", as in vLLM's
+// graceful-shutdown test), then the rest are cut, uvicorn's shutdown
+// lines, SIGTERM to the engine (SIGKILL after 5 s), exit 0. With S = 0
+// (the default) in-flight requests are cut at once.
+//
+// Tensor parallel (-tp N, N > 1; vLLM's multiproc executor): the engine
+// starts N workers, re-executions titled VLLM::Worker_TP{n} (argv[0]),
+// each on device n of CUDA_VISIBLE_DEVICES (index n when unset), each
+// printing "(Worker_TP{n} pid=P) ... rank n in world size N ..." and
+// publishing its share (weights/N + the per-device budget) in the NVML
+// state under its own pid; the EngineCore publishes nothing itself. The
+// engine → worker pipe (stdin, "mem used=B") is the death pipe: when the
+// EngineCore dies, however it dies, its workers free their memory and
+// exit. SIGTERM to a worker: it exits at once (SystemExit), the engine
+// logs "Worker proc VllmWorker-n died unexpectedly" and dies, the API
+// exits 0. More ranks than devices: vLLM's "World size (N) is larger than
+// the number of available GPUs (M) in this node" ValueError, exit 1. An engine that fails to start: "Engine core
 // initialization failed" traceback, exit 1. When the engine's stdin closes
 // (the API process died) it lives on as an orphan, holding its memory,
 // for FAKEVLLM_ORPHAN_TTL, then exits.
@@ -83,6 +155,21 @@
 //	                          "lines_written","bytes_written"} (its stdout+stderr
 //	                          writes) atomically every second and on exit
 //	FAKEVLLM_ENGINE_FAULTS    internal: the live faults, from the API to the engine
+//	FAKEVLLM_WORLD_SIZE       internal: the world size, from the engine to its workers
+//	FAKEVLLM_DOWNLOAD         a silent first download before the weights load
+//	                          (default 0: none): after "Loading model from
+//	                          scratch..." the engine prints nothing for this
+//	                          long while it writes to FAKEVLLM_DOWNLOAD_DIR
+//	                          (required with it) under models--ORG--NAME/blobs/
+//	                          at FAKEVLLM_DOWNLOAD_MIBPS (default 64; the file
+//	                          wraps at 256 MiB), so /proc/PID/io wchar and
+//	                          write_bytes grow (vLLM downloads from the hub
+//	                          with progress bars disabled)
+//	FAKEVLLM_LISTEN_DELAY     extra time between "Application startup complete."
+//	                          and listen(2) (default 0; uvicorn's own gap)
+//	FAKEVLLM_LISTEN_GATE      PATH: listen only once PATH exists (tests of the
+//	                          refused window)
+//	VLLM_API_KEY              the API key when --api-key is not given (vLLM's)
 //
 // A malformed value exits 2 with a message naming the variable.
 //
@@ -146,15 +233,77 @@
 //	                  publishes 1 GiB and sleeps until FAKEVLLM_ORPHAN_TTL
 //	oom_on_start      during graph capture: "CUDA out of memory occurred when
 //	                  warming up sampler with N dummy requests" traceback, exit 1
+//	nccl_oom_on_start while loading: NCCL's own "HOST:PID:TID [0] include/alloc.h:103
+//	                  NCCL WARN Cuda failure 2 'out of memory'" line on stdout
+//	                  (C code: no vLLM prefix), then torch's DistBackendError
+//	                  block ("ncclUnhandledCudaError: Call to CUDA function
+//	                  failed." / "Last error:" / "Cuda failure 2 'out of memory'")
+//	                  in the engine's startup traceback, exit 1
+//	nccl_oom_after=DUR  the same at runtime, DUR after ready: the engine dies,
+//	                  the API exits 0 after the wrappers
+//	wedge_after=DUR   DUR after ready the engine wedges (a stuck collective or
+//	wedge_after_requests=N  kernel), or once N requests finished: no token
+//	                  ever comes again; /health, /metrics, /v1/models still
+//	                  answer 200; in-flight and new requests hang (never
+//	                  answer) while counted in vllm:num_requests_running; the
+//	                  token counters stop (prompt tokens count at prefill)
 //
 // # HTTP
 //
-// GET /health (200; 503 once the engine is dead), GET /v1/models, GET
+// With an API key (--api-key, else VLLM_API_KEY) every path under /v1
+// (prefix match, any method but OPTIONS) answers 401 {"error":
+// "Unauthorized"} without "Authorization: Bearer K" for one of the keys
+// (scheme case-insensitive, constant-time compare: vLLM's
+// AuthenticationMiddleware, server_utils.py); /health, /metrics,
+// /version, /pooling, /classify stay open. vLLM prints the keys in its
+// non-default args ('api_key': ['K']): its logs carry secrets.
+//
+// uvicorn's order (uvicorn config/server, vLLM launcher.serve_http): the
+// port is bound early without listen(2), so every connection is refused
+// while loading, and the socket listens only after "INFO:     Application
+// startup complete." is printed. (No knob restores the old order.)
+//
+// GET /health (200; 503 once the engine is dead), GET /v1/models (every
+// served name), GET
 // /version, POST /v1/completions and /v1/chat/completions (OpenAI shapes;
 // max_tokens default 16, one token per FAKEVLLM_TOKEN_INTERVAL; "stream":
 // true → SSE "data: {...}" per token then "data: [DONE]"; a wrong model →
 // 404 NotFoundError; prompt + max_tokens > max_model_len → 400), GET
 // /metrics. At most max_num_seqs requests run; the rest wait FIFO. Prompt
-// tokens ≈ characters / 4. Every response gets uvicorn's access line on
-// stdout when it starts: INFO:     127.0.0.1:PORT - "POST /v1/completions HTTP/1.1" 200 OK.
+// tokens ≈ characters / 4.
+//
+// Every response gets uvicorn's access line when it starts (uvicorn logs
+// at http.response.start), on stdout, as uvicorn's LOGGING_CONFIG routes
+// its access logger (its other lines go to stderr): INFO:     CLIENT_HOST:
+// CLIENT_PORT - "METHOD PATH?QUERY HTTP/1.1" 200 OK (the client's address
+// as the server sees it, the status and its reason phrase).
+// --disable-uvicorn-access-log removes them; --uvicorn-log-level warning
+// (or error, critical) removes them and uvicorn's INFO lines too
+// ("Started server process", "Application startup complete.", the
+// shutdown lines).
+//
+// /metrics: vllm:num_requests_running, vllm:num_requests_waiting,
+// vllm:kv_cache_usage_perc (v0: vllm:gpu_cache_usage_perc),
+// vllm:num_preemptions_total, vllm:prompt_tokens_total (at prefill),
+// vllm:generation_tokens_total (per token), labels model_name (the first
+// served name) and engine; --disable-log-stats removes every vllm: series
+// (the fakevllm_* truth stays).
+//
+// --max-model-len auto: after profiling, "Auto-fit max_model_len: full
+// model context length N fits in available GPU memory" or "... reduced
+// from N to M to fit in available GPU memory (X GiB available for KV
+// cache)" (the API then serves M), or, when not one token fits, "ValueError:
+// Cannot auto-fit max_model_len: not enough GPU memory available to serve
+// even a single token. Try increasing `gpu_memory_utilization`.", exit 1
+// (kv_cache_utils.py).
+//
+// Sources checked (vLLM main and history through the search tools):
+// cli_args.py (api_key list[str], uvicorn_log_level, disable_uvicorn_access_log),
+// server_utils.py (AuthenticationMiddleware), arg_utils.py
+// (human_readable_int for max_model_len, max_num_batched_tokens,
+// kv_cache_memory_bytes), config/cache.py (kv_cache_memory_bytes ignores
+// gpu_memory_utilization), kv_cache_utils.py (auto-fit), launcher.py
+// (serve_http), tests/entrypoints/openai/test_graceful_shutdown.py (503
+// while draining, second signal), uvicorn config.py (access log on
+// stdout). vLLM logs posted by users (argparse_utils.py --model warning).
 package main

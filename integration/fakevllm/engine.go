@@ -5,10 +5,21 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
+
+// rank is one holder of the model's memory: the engine itself (TP=1) or
+// a tensor-parallel worker on its own device.
+type rank struct {
+	gpu     *gpuView
+	pid     int
+	publish func(int64) error
+}
 
 // engine is the EngineCore process: it loads the model, holds the GPU
 // memory and dies of the memory failures. It has no parent-death signal:
@@ -26,11 +37,17 @@ type engine struct {
 	toAPIMu sync.Mutex
 	toAPI   *os.File
 
-	exitMu  sync.Mutex
-	usedMu  sync.Mutex
-	used    int64
-	lastMem string
-	started time.Time
+	exitMu    sync.Mutex
+	exiting   atomic.Bool
+	loaded    atomic.Bool
+	workersMu sync.Mutex
+	workers   []*tpWorker
+	ranks     []rank
+	maxLen    int // max_model_len after auto-fit
+	usedMu    sync.Mutex
+	used      int64
+	lastMem   string
+	started   time.Time
 }
 
 func runEngine(argv []string) int {
@@ -75,6 +92,9 @@ func (e *engine) run() int {
 				e.env.fired()
 				continue
 			}
+			// The EngineCore handles SIGTERM by shutting down at once; the
+			// API process, if it did not send it, sees an engine death.
+			e.send(formatMsg("dead", "reason", "sigterm"))
 			e.exit(0)
 		}
 	}()
@@ -87,9 +107,24 @@ func (e *engine) run() int {
 		e.startupFailure(engineStartupTrace(e.env.Era, framesInitDevice, "RuntimeError: "+err.Error()))
 	}
 	e.gpu = gpu
+	e.maxLen = e.args.MaxModelLen
+	if tp := e.args.TensorParallel; tp > 1 {
+		if err := e.startWorkers(); err != nil {
+			e.startupFailure(engineStartupTrace(e.env.Era, framesInitDevice, err.Error()))
+		}
+		for _, w := range e.workers { // startWorkers returned: the list no longer changes
+			w := w
+			e.ranks = append(e.ranks, rank{gpu: w.gpu, pid: w.pid(), publish: func(b int64) error {
+				w.send(formatMsg("mem", "used", b))
+				return nil
+			}})
+		}
+	} else {
+		e.ranks = []rank{{gpu: gpu, pid: e.pid, publish: func(b int64) error { return gpu.setUsage(e.pid, b) }}}
+	}
 	e.mm = memModel{
 		Total: gpu.dev.Total, Reserved: gpu.dev.Reserved, Util: e.args.GPUMemUtil,
-		KVBytes: e.args.KVCacheMemoryBytes, Weights: e.env.Weights, SeqCost: e.env.SeqCost,
+		KVBytes: e.args.KVCacheMemoryBytes, Weights: e.env.Weights / int64(e.args.TensorParallel), SeqCost: e.env.SeqCost,
 		TokenCost: e.env.TokenCost, LeakPerSec: e.env.LeakPerSec, MaxNumSeqs: e.args.MaxNumSeqs,
 		BytesPerKV: e.env.KVBytesPerTok,
 	}
@@ -106,7 +141,8 @@ func (e *engine) run() int {
 	kvTokens := e.profileKV()
 	e.captureGraphs()
 	e.log.info(e.src("core.py:214", "llm_engine.py:459"), "init engine (profile, create kv cache, warmup model) took %.2f seconds", time.Since(e.started).Seconds())
-	e.send(formatMsg("loaded", "kv_tokens", kvTokens))
+	e.send(formatMsg("loaded", "kv_tokens", kvTokens, "max_model_len", e.maxLen))
+	e.loaded.Store(true)
 	e.serve(fromAPI)
 	return 0
 }
@@ -122,12 +158,12 @@ func (e *engine) src(v1, v0 string) string {
 func (e *engine) startupLines() {
 	a := e.args
 	if e.env.Era == eraV0 {
-		e.log.info("llm_engine.py:237", "Initializing an LLM engine (v%s) with config: model=%s, speculative_config=None, tokenizer=%s, skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, override_neuron_config=None, rope_scaling=None, rope_theta=None, tokenizer_revision=None, trust_remote_code=False, dtype=torch.bfloat16, max_seq_len=%d, download_dir=None, load_format=LoadFormat.AUTO, tensor_parallel_size=1, pipeline_parallel_size=1, disable_custom_all_reduce=False, quantization=None, enforce_eager=%s, kv_cache_dtype=auto, device_config=cuda, seed=0, served_model_name=%s, num_scheduler_steps=1, enable_prefix_caching=False, use_async_output_proc=True",
-			versionOf(e.env.Era), pyStr(a.Model), pyStr(a.Model), a.MaxModelLen, pyBool(a.EnforceEager), a.ServedName)
+		e.log.info("llm_engine.py:237", "Initializing an LLM engine (v%s) with config: model=%s, speculative_config=None, tokenizer=%s, skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, override_neuron_config=None, rope_scaling=None, rope_theta=None, tokenizer_revision=None, trust_remote_code=False, dtype=torch.bfloat16, max_seq_len=%d, download_dir=None, load_format=LoadFormat.AUTO, tensor_parallel_size=%d, pipeline_parallel_size=1, disable_custom_all_reduce=False, quantization=None, enforce_eager=%s, kv_cache_dtype=auto, device_config=cuda, seed=0, served_model_name=%s, num_scheduler_steps=1, enable_prefix_caching=False, use_async_output_proc=True",
+			versionOf(e.env.Era), pyStr(a.Model), pyStr(a.Model), a.MaxModelLen, a.TensorParallel, pyBool(a.EnforceEager), a.ServedName)
 		return
 	}
-	e.log.info("core.py:74", "Initializing a V1 LLM engine (v%s) with config: model=%s, speculative_config=None, tokenizer=%s, skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, trust_remote_code=False, dtype=torch.bfloat16, max_seq_len=%d, download_dir=None, load_format=auto, tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1, disable_custom_all_reduce=False, quantization=None, enforce_eager=%s, kv_cache_dtype=auto, device_config=cuda, seed=0, served_model_name=%s, enable_prefix_caching=True, chunked_prefill_enabled=True, max_num_seqs=%d",
-		versionOf(e.env.Era), pyStr(a.Model), pyStr(a.Model), a.MaxModelLen, pyBool(a.EnforceEager), a.ServedName, a.MaxNumSeqs)
+	e.log.info("core.py:74", "Initializing a V1 LLM engine (v%s) with config: model=%s, speculative_config=None, tokenizer=%s, skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, trust_remote_code=False, dtype=torch.bfloat16, max_seq_len=%d, download_dir=None, load_format=auto, tensor_parallel_size=%d, pipeline_parallel_size=1, data_parallel_size=1, disable_custom_all_reduce=False, quantization=None, enforce_eager=%s, kv_cache_dtype=auto, device_config=cuda, seed=0, served_model_name=%s, enable_prefix_caching=True, chunked_prefill_enabled=True, max_num_seqs=%d",
+		versionOf(e.env.Era), pyStr(a.Model), pyStr(a.Model), a.MaxModelLen, a.TensorParallel, pyBool(a.EnforceEager), a.ServedName, a.MaxNumSeqs)
 }
 
 func pyBool(b bool) string {
@@ -141,30 +177,50 @@ func pyBool(b bool) string {
 // utilization × total, else another process (often an orphan of the last
 // run) holds the GPU.
 func (e *engine) checkFreeMemory() {
-	others := e.othersUsed()
-	free := e.mm.Total - e.mm.Reserved - others
-	want := e.mm.requested()
+	for _, r := range e.ranks {
+		e.checkFreeMemoryOn(r)
+	}
+}
+
+func (e *engine) checkFreeMemoryOn(r rank) {
+	others := e.othersUsedOn(r)
+	free := r.gpu.dev.Total - r.gpu.dev.Reserved - others
+	want := int64(e.args.GPUMemUtil * float64(r.gpu.dev.Total))
 	if free >= want {
 		return
 	}
 	exc := fmt.Sprintf("ValueError: Free memory on device (%s/%s GiB) on startup is less than desired GPU memory utilization (%s, %s GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
-		gibStr(free), gibStr(e.mm.Total), pyFloat(e.args.GPUMemUtil), gibStr(want))
+		gibStr(free), gibStr(r.gpu.dev.Total), pyFloat(e.args.GPUMemUtil), gibStr(want))
 	e.startupFailure(engineStartupTrace(e.env.Era, framesInitDevice, exc))
 }
 
 // othersUsed is the memory of every other process on the device. Without
 // shared state only the sibling API process is known.
-func (e *engine) othersUsed() int64 {
-	if e.gpu.dir == "" {
-		return e.env.APIMem
+func (e *engine) othersUsed() int64 { return e.othersUsedOn(e.ranks[0]) }
+
+// othersUsedOn is the memory of every process on r's device but r's.
+func (e *engine) othersUsedOn(r rank) int64 {
+	if r.gpu.dir == "" {
+		if r.gpu == e.ranks[0].gpu {
+			return e.env.APIMem
+		}
+		return 0
 	}
-	return e.gpu.othersUsed(e.pid)
+	return r.gpu.othersUsed(r.pid)
 }
 
 func (e *engine) loadWeights() {
 	e.log.info(e.src("gpu_model_runner.py:1953", "model_runner.py:1056"), "Starting to load model %s...", e.args.Model)
 	if e.env.Era != eraV0 {
 		e.log.info("gpu_model_runner.py:1985", "Loading model from scratch...")
+	}
+	if e.env.DownloadFor > 0 {
+		e.download()
+	}
+	if e.faults.has(fNCCLOOMStart) {
+		e.env.fired()
+		e.ncclWarn()
+		e.startupFailure(engineStartupTrace(e.env.Era, framesNCCLInit, ncclOOMException))
 	}
 	e.allocStartup(e.mm.Weights)
 	shards := int((e.mm.Weights + 5*gib - 1) / (5 * gib))
@@ -223,6 +279,9 @@ func (e *engine) profileKV() int64 {
 		}
 	})
 	avail := e.mm.kvAvailable()
+	if e.args.MaxModelLenAuto {
+		e.autoFit(avail)
+	}
 	if e.env.Era == eraV0 {
 		e.log.info("worker.py:232", "Memory profiling takes %.2f seconds\nthe current vLLM instance can use total_gpu_memory (%sGiB) x gpu_memory_utilization (%.2f) = %sGiB\nmodel weights take %sGiB; non_torch_memory takes 0.19GiB; PyTorch activation peak memory takes %sGiB; the rest of the memory reserved for KV Cache is %sGiB.",
 			time.Since(start).Seconds(), gibStr(e.mm.Total), e.args.GPUMemUtil, gibStr(e.mm.requested()), gibStr(e.mm.Weights),
@@ -234,7 +293,7 @@ func (e *engine) profileKV() int64 {
 		e.startupFailure(engineStartupTrace(e.env.Era, framesKVCache, "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine."))
 	}
 	tokens := e.mm.kvTokens()
-	if tokens < int64(e.args.MaxModelLen) {
+	if tokens < int64(e.maxLen) {
 		var exc string
 		if e.env.Era == eraV0 {
 			exc = fmt.Sprintf("ValueError: The model's max seq len (%d) is larger than the maximum number of tokens that can be stored in KV cache (%d). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.", e.args.MaxModelLen, tokens)
@@ -248,10 +307,10 @@ func (e *engine) profileKV() int64 {
 	e.allocStartup(e.mm.budget())
 	if e.env.Era == eraV0 {
 		e.log.info("executor_base.py:110", "# GPU blocks: %d, # CPU blocks: %d", tokens/16, 4*gib/(16*e.mm.BytesPerKV))
-		e.log.info("executor_base.py:115", "Maximum concurrency for %d tokens per request: %.2fx", e.args.MaxModelLen, float64(tokens)/float64(e.args.MaxModelLen))
+		e.log.info("executor_base.py:115", "Maximum concurrency for %d tokens per request: %.2fx", e.maxLen, float64(tokens)/float64(e.maxLen))
 	} else {
 		e.log.info("kv_cache_utils.py:864", "GPU KV cache size: %s tokens", withThousands(tokens))
-		e.log.info("kv_cache_utils.py:868", "Maximum concurrency for %s tokens per request: %.2fx", withThousands(int64(e.args.MaxModelLen)), float64(tokens)/float64(e.args.MaxModelLen))
+		e.log.info("kv_cache_utils.py:868", "Maximum concurrency for %s tokens per request: %.2fx", withThousands(int64(e.maxLen)), float64(tokens)/float64(e.maxLen))
 	}
 	return tokens
 }
@@ -353,7 +412,7 @@ func (e *engine) serve(fromAPI <-chan msg) {
 	tick := time.NewTicker(e.env.Tick)
 	defer tick.Stop()
 	var readyAt time.Time
-	var crash <-chan time.Time
+	var crash, ncclOOM <-chan time.Time
 	running, prompt := 0, 0
 	for {
 		select {
@@ -368,6 +427,9 @@ func (e *engine) serve(fromAPI <-chan msg) {
 				if d, ok := e.faults.after(fCrashAfter); ok {
 					crash = time.After(d)
 				}
+				if d, ok := e.faults.after(fNCCLOOMAfter); ok {
+					ncclOOM = time.After(d)
+				}
 			case "load":
 				r, err1 := m.int("running")
 				p, err2 := m.int("prompt_tokens")
@@ -376,6 +438,12 @@ func (e *engine) serve(fromAPI <-chan msg) {
 				}
 			}
 		case <-tick.C:
+		case <-ncclOOM:
+			e.env.fired()
+			e.ncclWarn()
+			e.log.stderrLines(engineRuntimeTrace(e.env.Era, ncclOOMException)...)
+			e.send(formatMsg("dead", "reason", "oom"))
+			e.exit(1)
 		case <-crash:
 			e.env.fired()
 			e.log.error(e.src("multiproc_executor.py:153", "multiproc_worker_utils.py:123"), "Worker proc VllmWorker-0 died unexpectedly, shutting down executor.")
@@ -395,13 +463,15 @@ func (e *engine) serve(fromAPI <-chan msg) {
 // the device would exceed its total.
 func (e *engine) step(running, prompt int, since time.Duration) {
 	want := e.mm.serving(running, prompt, since)
-	others := e.othersUsed()
 	e.usedMu.Lock()
 	cur := e.used
 	e.usedMu.Unlock()
-	if e.mm.Reserved+others+want > e.mm.Total {
-		e.oom(want, cur, others)
+	for _, r := range e.ranks {
+		if o := e.othersUsedOn(r); r.gpu.dev.Reserved+o+want > r.gpu.dev.Total {
+			e.oom(want, cur, o)
+		}
 	}
+	others := e.othersUsed()
 	e.setUsed(want)
 	device := e.mm.Reserved + others + want
 	safe := e.mm.safeMaxNumSeqs(others, prompt, since)
@@ -428,15 +498,21 @@ func (e *engine) oom(want, cur, others int64) {
 // allocStartup takes memory during loading; when it does not fit, torch
 // fails the allocation and the engine fails to start.
 func (e *engine) allocStartup(want int64) {
-	others := e.othersUsed()
-	if e.mm.Reserved+others+want > e.mm.Total {
+	for _, r := range e.ranks {
+		e.allocStartupOn(r, want)
+	}
+	e.setUsed(want)
+}
+
+func (e *engine) allocStartupOn(r rank, want int64) {
+	others := e.othersUsedOn(r)
+	if r.gpu.dev.Reserved+others+want > r.gpu.dev.Total {
 		cur := e.used
 		free := max(0, e.mm.Total-e.mm.Reserved-others-cur)
 		exc := fmt.Sprintf("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate %s. GPU 0 has a total capacity of %s of which %s is free. Including non-PyTorch memory, this process has %s memory in use.",
 			torchSize(want-cur), torchSize(e.mm.Total), torchSize(free), torchSize(cur))
 		e.startupFailure(engineStartupTrace(e.env.Era, framesKVCache, exc))
 	}
-	e.setUsed(want)
 }
 
 func (e *engine) setUsed(b int64) {
@@ -446,8 +522,10 @@ func (e *engine) setUsed(b int64) {
 		return
 	}
 	e.used = b
-	if err := e.gpu.setUsage(e.pid, b); err != nil {
-		e.log.warn("gpu_worker.py:1", "fakevllm: cannot publish GPU usage in %s: %v", e.gpu.dir, err)
+	for _, r := range e.ranks {
+		if err := r.publish(b); err != nil {
+			e.log.warn("gpu_worker.py:1", "fakevllm: cannot publish GPU usage in %s: %v", r.gpu.dir, err)
+		}
 	}
 }
 
@@ -475,10 +553,86 @@ func (e *engine) send(line string) {
 // first caller proceeds; the others block until the process is gone.
 func (e *engine) exit(code int) {
 	e.exitMu.Lock()
+	e.exiting.Store(true)
+	e.stopWorkers()
 	if e.gpu != nil {
 		e.gpu.clearUsage(e.pid)
 	}
 	os.Exit(code)
+}
+
+// download is the silent first download of the weights from the hub:
+// vLLM disables its progress bars, so nothing is printed while the
+// process writes to the cache folder at FAKEVLLM_DOWNLOAD_MIBPS for
+// FAKEVLLM_DOWNLOAD. The file wraps at 256 MiB (truncated, so that every
+// write dirties new pages and /proc/PID/io write_bytes keeps growing).
+func (e *engine) download() {
+	dir := filepath.Join(e.env.DownloadDir, "models--"+strings.ReplaceAll(e.args.Model, "/", "--"), "blobs")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		e.startupFailure(engineStartupTrace(e.env.Era, framesLoadModel, fmt.Sprintf("OSError: [Errno 13] cannot create %s: %v", dir, err)))
+	}
+	f, err := os.Create(filepath.Join(dir, "model-00001-of-00004.safetensors.incomplete"))
+	if err != nil {
+		e.startupFailure(engineStartupTrace(e.env.Era, framesLoadModel, fmt.Sprintf("OSError: %v", err)))
+	}
+	defer f.Close()
+	chunk := make([]byte, 256*kib)
+	for i := range chunk {
+		chunk[i] = byte(i * 7)
+	}
+	start := time.Now()
+	var written, inFile int64
+	for time.Since(start) < e.env.DownloadFor {
+		due := int64(float64(e.env.DownloadRate) * time.Since(start).Seconds())
+		for written < due {
+			if inFile >= 256*mib {
+				f.Truncate(0)
+				f.Seek(0, 0)
+				inFile = 0
+			}
+			n, err := f.Write(chunk)
+			if err != nil {
+				break
+			}
+			written += int64(n)
+			inFile += int64(n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// ncclOOMException is torch's NCCL error when a CUDA allocation inside
+// NCCL fails ("Cuda failure 2 'out of memory'": cudaErrorMemoryAllocation).
+const ncclOOMException = "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.26.2\nncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\nCuda failure 2 'out of memory'"
+
+// ncclWarn is NCCL's own warning line: written by C code straight to
+// stdout, so without vLLM's process prefix.
+func (e *engine) ncclWarn() {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "localhost"
+	}
+	line := fmt.Sprintf("%s:%d:%d [0] include/alloc.h:103 NCCL WARN Cuda failure 2 'out of memory'\n", host, e.pid, e.pid+7)
+	os.Stdout.WriteString(line)
+}
+
+// autoFit is --max-model-len auto: the longest context the KV cache
+// holds, up to the model's own; none at all is vLLM's auto-fit error.
+func (e *engine) autoFit(avail int64) {
+	tokens := int64(0)
+	if avail > 0 {
+		tokens = avail / e.mm.BytesPerKV
+	}
+	derived := int64(e.args.MaxModelLen)
+	switch {
+	case tokens <= 0:
+		e.startupFailure(engineStartupTrace(e.env.Era, framesKVCache, "ValueError: Cannot auto-fit max_model_len: not enough GPU memory available to serve even a single token. Try increasing `gpu_memory_utilization`."))
+	case tokens >= derived:
+		e.log.info("kv_cache_utils.py:1187", "Auto-fit max_model_len: full model context length %d fits in available GPU memory", derived)
+	default:
+		e.maxLen = int(tokens)
+		e.log.info("kv_cache_utils.py:1196", "Auto-fit max_model_len: reduced from %d to %d to fit in available GPU memory (%s GiB available for KV cache)", derived, tokens, gibStr(avail))
+	}
 }
 
 // runGrandchild is the grandchild fault: a descendant that left the

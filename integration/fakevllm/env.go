@@ -53,12 +53,20 @@ type simEnv struct {
 	BackgroundAt   time.Duration
 	BackgroundRamp time.Duration
 
-	Faults     faults
-	FaultSpec  string // FAKEVLLM_FAULT as given
-	Marker     string
-	StatsFile  string
-	VisibleDev string // first entry of CUDA_VISIBLE_DEVICES
-	VisibleSet bool
+	Faults      faults
+	FaultSpec   string // FAKEVLLM_FAULT as given
+	Marker      string
+	StatsFile   string
+	VisibleDev  string   // first entry of CUDA_VISIBLE_DEVICES
+	VisibleDevs []string // every entry (tensor parallel rank i uses entry i)
+	VisibleSet  bool
+
+	DownloadFor  time.Duration // FAKEVLLM_DOWNLOAD: silent download phase
+	DownloadDir  string        // FAKEVLLM_DOWNLOAD_DIR: where it writes
+	DownloadRate int64         // FAKEVLLM_DOWNLOAD_MIBPS, bytes per second
+	ListenDelay  time.Duration // FAKEVLLM_LISTEN_DELAY: "Application startup complete." → listen
+	ListenGate   string        // FAKEVLLM_LISTEN_GATE: listen only once this file exists
+	APIKeyEnv    string        // VLLM_API_KEY
 }
 
 // loadEnv reads the environment through lookup (os.LookupEnv in the
@@ -162,7 +170,24 @@ func loadEnv(lookup func(string) (string, bool)) (*simEnv, error) {
 		e.VisibleSet = true
 		first, _, _ := strings.Cut(v, ",")
 		e.VisibleDev = strings.TrimSpace(first)
+		for _, d := range strings.Split(v, ",") {
+			if d = strings.TrimSpace(d); d != "" {
+				e.VisibleDevs = append(e.VisibleDevs, d)
+			}
+		}
 	}
+	e.DownloadFor = dur("FAKEVLLM_DOWNLOAD", 0)
+	e.DownloadDir = get("FAKEVLLM_DOWNLOAD_DIR")
+	if e.DownloadFor > 0 && e.DownloadDir == "" {
+		errs = append(errs, "FAKEVLLM_DOWNLOAD is set but FAKEVLLM_DOWNLOAD_DIR (the folder it writes to) is not")
+	}
+	e.DownloadRate = size("FAKEVLLM_DOWNLOAD_MIBPS", 64, mib)
+	if e.DownloadRate <= 0 {
+		e.DownloadRate = 64 * mib
+	}
+	e.ListenDelay = dur("FAKEVLLM_LISTEN_DELAY", 0)
+	e.ListenGate = get("FAKEVLLM_LISTEN_GATE")
+	e.APIKeyEnv = get("VLLM_API_KEY")
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("fakevllm: bad environment: %s; fix the variable or unset it to use the default", strings.Join(errs, "; "))
 	}
@@ -201,15 +226,24 @@ const (
 	fOrphanAfter   = "orphan_after"
 	fGrandchild    = "grandchild"
 	fOOMOnStart    = "oom_on_start"
+	fNCCLOOMStart  = "nccl_oom_on_start"
+	fNCCLOOMAfter  = "nccl_oom_after"
+	fWedgeAfter    = "wedge_after"
+	fWedgeAfterReq = "wedge_after_requests"
 )
 
 var faultTakesDuration = map[string]bool{
 	fCrashAfter: true, fSegvAfter: true, fHangAfter: true, fHealth503: true, fOrphanAfter: true,
+	fNCCLOOMAfter: true, fWedgeAfter: true,
 }
+
+// faultTakesCount: faults whose value is a count of requests.
+var faultTakesCount = map[string]bool{fWedgeAfterReq: true}
 
 var faultPlain = map[string]bool{
 	fCrashOnStart: true, fHangLoading: true, fNeverReady: true, fIgnoreSIGTERM: true,
 	fInvalidUTF8: true, fLongLine: true, fCloseStdout: true, fGrandchild: true, fOOMOnStart: true,
+	fNCCLOOMStart: true,
 }
 
 // parseFaults parses "crash_after=2s,ignore_sigterm,log_flood=5".
@@ -235,6 +269,12 @@ func parseFaults(spec string) (faults, error) {
 				return faults{}, fmt.Errorf("fault %q needs a duration after ready, such as %s=2s (got %q)", name, name, val)
 			}
 			f.set[name] = d
+		case faultTakesCount[name]:
+			n, err := strconv.Atoi(val)
+			if !hasVal || err != nil || n < 1 || n > 1<<30 {
+				return faults{}, fmt.Errorf("fault %q needs a count of requests, such as %s=3 (got %q)", name, name, val)
+			}
+			f.set[name] = time.Duration(n)
 		case name == fLogFlood:
 			r, err := strconv.ParseFloat(val, 64)
 			if !hasVal || err != nil || r <= 0 || r > 10000 {
@@ -257,12 +297,21 @@ func allFaultNames() []string {
 	for k := range faultTakesDuration {
 		n = append(n, k)
 	}
+	for k := range faultTakesCount {
+		n = append(n, k)
+	}
 	n = append(n, fLogFlood)
 	sort.Strings(n)
 	return n
 }
 
 func (f faults) has(name string) bool { _, ok := f.set[name]; return ok }
+
+// count is a count fault's value.
+func (f faults) count(name string) (int, bool) {
+	d, ok := f.set[name]
+	return int(d), ok
+}
 
 func (f faults) after(name string) (time.Duration, bool) {
 	d, ok := f.set[name]
@@ -276,6 +325,8 @@ func (f faults) String() string {
 		switch {
 		case faultTakesDuration[k]:
 			parts = append(parts, k+"="+d.String())
+		case faultTakesCount[k]:
+			parts = append(parts, k+"="+strconv.FormatInt(int64(d), 10))
 		case k == fLogFlood:
 			parts = append(parts, k+"="+strconv.FormatFloat(f.FloodMBps, 'g', -1, 64))
 		default:

@@ -110,10 +110,16 @@ type gpuView struct {
 // CUDA_VISIBLE_DEVICES (an index or a UUID), default 0. With a state dir
 // it creates DIR/devices when missing and DIR/procs.
 func openGPU(e *simEnv) (*gpuView, error) {
-	v := &gpuView{dir: e.StateDir, isAlive: pidAlive}
 	if e.VisibleSet && e.VisibleDev == "" {
 		return nil, errNoGPU
 	}
+	return openGPUDevice(e, e.VisibleDev)
+}
+
+// openGPUDevice opens the device named by one CUDA_VISIBLE_DEVICES entry
+// (an index or a UUID; "" is 0).
+func openGPUDevice(e *simEnv, want string) (*gpuView, error) {
+	v := &gpuView{dir: e.StateDir, isAlive: pidAlive}
 	if v.dir == "" {
 		v.dev = device{Index: 0, UUID: defaultUUID, Total: e.GPUTotal, Reserved: defaultReserved, Name: defaultDeviceName}
 		return v, nil
@@ -137,7 +143,7 @@ func openGPU(e *simEnv) (*gpuView, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	d, ok := pickDevice(devs, e.VisibleDev)
+	d, ok := pickDevice(devs, want)
 	if !ok {
 		return nil, errNoGPU
 	}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -127,21 +129,122 @@ func writeError(w http.ResponseWriter, code int, typ, message string, param stri
 
 const engineDeadMessage = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
+type route struct{ path, methods string }
+
+// routes are the routes the app registers for the model's task, in the
+// order vLLM prints them ("Route: /health, Methods: GET").
+func (a *apiServer) routes() []route {
+	rs := []route{
+		{"/openapi.json", "GET, HEAD"}, {"/docs", "GET, HEAD"}, {"/health", "GET"},
+		{"/metrics", "GET"}, {"/version", "GET"}, {"/v1/models", "GET"},
+	}
+	switch a.task {
+	case "generate":
+		rs = append(rs, route{"/v1/chat/completions", "POST"}, route{"/v1/completions", "POST"})
+	case "embed":
+		rs = append(rs, route{"/v1/embeddings", "POST"}, route{"/pooling", "POST"}, route{"/score", "POST"}, route{"/v1/score", "POST"})
+	case "classify":
+		rs = append(rs, route{"/classify", "POST"}, route{"/pooling", "POST"}, route{"/score", "POST"}, route{"/v1/score", "POST"}, route{"/rerank", "POST"}, route{"/v1/rerank", "POST"})
+	default:
+		rs = append(rs, route{"/pooling", "POST"})
+	}
+	return rs
+}
+
 func (a *apiServer) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/health", a.handleHealth)
 	mux.HandleFunc("/v1/models", a.handleModels)
 	mux.HandleFunc("/version", a.handleVersion)
 	mux.HandleFunc("/metrics", a.handleMetrics)
-	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { a.handleCompletion(w, r, false) })
-	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { a.handleCompletion(w, r, true) })
+	for _, r := range a.routes() {
+		switch r.path {
+		case "/v1/completions":
+			mux.HandleFunc(r.path, func(w http.ResponseWriter, r *http.Request) { a.handleCompletion(w, r, false) })
+		case "/v1/chat/completions":
+			mux.HandleFunc(r.path, func(w http.ResponseWriter, r *http.Request) { a.handleCompletion(w, r, true) })
+		case "/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank":
+			kind := strings.TrimPrefix(r.path, "/v1/")
+			kind = strings.TrimPrefix(kind, "/")
+			mux.HandleFunc(r.path, func(w http.ResponseWriter, r *http.Request) { a.handlePooling(w, r, kind) })
+		}
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		a.blockIfHung(r)
-		mux.ServeHTTP(&accessLog{ResponseWriter: w, a: a, r: r}, r)
+		var rw http.ResponseWriter = w
+		if a.accessLogOn() {
+			rw = &accessLog{ResponseWriter: w, a: a, r: r}
+		}
+		if a.draining.Load() {
+			// vLLM's drain: new requests are refused while in-flight ones finish.
+			writeError(rw, http.StatusServiceUnavailable, "ServiceUnavailableError", "The server is shutting down.", "")
+			return
+		}
+		// vLLM's AuthenticationMiddleware: every path under /v1 needs
+		// "Authorization: Bearer K" (any of the keys); OPTIONS passes.
+		if len(a.apiKeys) > 0 && r.Method != http.MethodOptions && strings.HasPrefix(r.URL.Path, "/v1") && !a.authorized(r) {
+			writeJSON(rw, http.StatusUnauthorized, map[string]string{"error": "Unauthorized"})
+			return
+		}
+		a.inflight.Add(1)
+		defer a.inflight.Add(-1)
+		mux.ServeHTTP(rw, r)
 	})
+}
+
+// authorized compares the bearer token with every key in constant time,
+// as vLLM does (sha256 of each, compare_digest).
+func (a *apiServer) authorized(r *http.Request) bool {
+	scheme, param, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !strings.EqualFold(scheme, "bearer") {
+		return false
+	}
+	got := sha256.Sum256([]byte(param))
+	ok := 0
+	for _, k := range a.apiKeys {
+		want := sha256.Sum256([]byte(k))
+		ok |= subtle.ConstantTimeCompare(got[:], want[:])
+	}
+	return ok == 1
+}
+
+// servesModel: the request names one of the served names (or none).
+func (a *apiServer) servesModel(name string) bool {
+	if name == "" {
+		return true
+	}
+	for _, n := range a.args.ServedNames {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// respModel is the name a response carries: the one requested, else the first.
+func (a *apiServer) respModel(name string) string {
+	if name != "" {
+		return name
+	}
+	return a.args.ServedName
+}
+
+// stopped ends a request whose generation was interrupted: the client
+// left (nothing to do), the engine died on its own (an error, then
+// [DONE] for streams), or the request was aborted or the engine killed
+// (the connection is cut: no [DONE], as a killed vLLM does).
+func (a *apiServer) cutIfAborted() {
+	select {
+	case <-a.abortCh:
+		panic(http.ErrAbortHandler)
+	default:
+	}
+	if a.cut.Load() {
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // accessLog prints uvicorn's access line on stdout when the response
@@ -217,10 +320,13 @@ func (a *apiServer) handleModels(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data := []any{}
-	if !a.faults.has(fNeverReady) {
+	for _, name := range a.args.ServedNames {
+		if a.faults.has(fNeverReady) {
+			break
+		}
 		data = append(data, map[string]any{
-			"id": a.args.ServedName, "object": "model", "created": a.startedAt.Unix(), "owned_by": "vllm",
-			"root": a.args.Model, "parent": nil, "max_model_len": a.args.MaxModelLen,
+			"id": name, "object": "model", "created": a.startedAt.Unix(), "owned_by": "vllm",
+			"root": a.args.Model, "parent": nil, "max_model_len": a.maxModelLen.Load(),
 			"permission": []any{map[string]any{
 				"id": "modelperm-" + a.reqID(), "object": "model_permission", "created": a.startedAt.Unix(),
 				"allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true,
@@ -258,7 +364,7 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 		writeError(w, http.StatusInternalServerError, "InternalServerError", "The model is not ready: no model is loaded.", "")
 		return
 	}
-	if req.Model != "" && req.Model != a.args.ServedName {
+	if !a.servesModel(req.Model) {
 		writeError(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model), "model")
 		return
 	}
@@ -286,8 +392,8 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 		writeError(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf("max_tokens must be at least 1, got %d.", maxTokens), "max_tokens")
 		return
 	}
-	if prompt+maxTokens > a.args.MaxModelLen {
-		writeError(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.", a.args.MaxModelLen, prompt+maxTokens, prompt, maxTokens), "")
+	if mml := int(a.maxModelLen.Load()); prompt+maxTokens > mml {
+		writeError(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.", mml, prompt+maxTokens, prompt, maxTokens), "")
 		return
 	}
 
@@ -298,7 +404,8 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 	generated := 0
 	defer func() { a.sched.finish(prompt, generated) }()
 
-	g := &generation{a: a, chat: chat, id: a.reqID(), created: time.Now().Unix(), prompt: prompt}
+	defer a.requestDone()
+	g := &generation{a: a, chat: chat, id: a.reqID(), created: time.Now().Unix(), prompt: prompt, model: a.respModel(req.Model)}
 	if chat {
 		g.id = "chatcmpl-" + g.id
 	} else {
@@ -312,10 +419,14 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 	var text strings.Builder
 	for i := 0; i < maxTokens; i++ {
 		if !a.nextToken(r) {
+			a.cutIfAborted()
 			if a.dead.Load() {
 				writeError(w, http.StatusInternalServerError, "InternalServerError", engineDeadMessage, "")
 			}
 			return
+		}
+		if i == 0 {
+			a.sched.prefilled(prompt)
 		}
 		text.WriteString(words[i%len(words)])
 		generated++
@@ -331,7 +442,7 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 		choice = map[string]any{"index": 0, "text": text.String(), "logprobs": nil, "finish_reason": "length", "stop_reason": nil}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
-		"id": g.id, "object": object, "created": g.created, "model": a.args.ServedName,
+		"id": g.id, "object": object, "created": g.created, "model": g.model,
 		"choices": []any{choice}, "usage": usage,
 	})
 }
@@ -343,6 +454,17 @@ func (a *apiServer) nextToken(r *http.Request) bool {
 	if a.hung.Load() {
 		a.blockIfHung(r)
 	}
+	if a.wedged.Load() {
+		// A wedged engine (stuck collective, hung kernel): no token ever
+		// comes; the request ends only when the client leaves or the
+		// process is stopped.
+		select {
+		case <-r.Context().Done():
+		case <-a.deadCh:
+		case <-a.abortCh:
+		}
+		return false
+	}
 	if a.env.TokenInterval > 0 {
 		t := time.NewTimer(a.env.TokenInterval)
 		defer t.Stop()
@@ -352,6 +474,8 @@ func (a *apiServer) nextToken(r *http.Request) bool {
 			return false
 		case <-a.deadCh:
 			return false
+		case <-a.abortCh:
+			return false
 		}
 	}
 	select {
@@ -359,7 +483,12 @@ func (a *apiServer) nextToken(r *http.Request) bool {
 		return false
 	case <-a.deadCh:
 		return false
+	case <-a.abortCh:
+		return false
 	default:
+	}
+	if a.wedged.Load() {
+		return a.nextToken(r)
 	}
 	if a.hung.Load() {
 		a.blockIfHung(r)
@@ -374,6 +503,7 @@ type generation struct {
 	created int64
 	prompt  int
 	usage   bool
+	model   string
 }
 
 func (g *generation) chunk(choice map[string]any, usage map[string]int) []byte {
@@ -381,7 +511,7 @@ func (g *generation) chunk(choice map[string]any, usage map[string]int) []byte {
 	if g.chat {
 		object = "chat.completion.chunk"
 	}
-	m := map[string]any{"id": g.id, "object": object, "created": g.created, "model": g.a.args.ServedName}
+	m := map[string]any{"id": g.id, "object": object, "created": g.created, "model": g.model}
 	if choice != nil {
 		m["choices"] = []any{choice}
 	} else {
@@ -418,6 +548,7 @@ func (g *generation) stream(w http.ResponseWriter, r *http.Request, maxTokens in
 	n := 0
 	for i := 0; i < maxTokens; i++ {
 		if !g.a.nextToken(r) {
+			g.a.cutIfAborted()
 			if g.a.dead.Load() {
 				b, _ := json.Marshal(apiError{Object: "error", Message: engineDeadMessage, Type: "InternalServerError", Code: 500})
 				send([]byte("data: " + string(b) + "\n\n"))
@@ -434,6 +565,9 @@ func (g *generation) stream(w http.ResponseWriter, r *http.Request, maxTokens in
 			choice = map[string]any{"index": 0, "delta": map[string]any{"content": words[i%len(words)]}, "logprobs": nil, "finish_reason": finish}
 		} else {
 			choice = map[string]any{"index": 0, "text": words[i%len(words)], "logprobs": nil, "finish_reason": finish, "stop_reason": nil}
+		}
+		if i == 0 {
+			g.a.sched.prefilled(g.prompt)
 		}
 		n++
 		g.a.sched.generated(1)
@@ -470,6 +604,9 @@ func (a *apiServer) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	}
 	var b strings.Builder
 	metric := func(name, typ, help string, v float64) {
+		if a.args.DisableLogStats {
+			return // --disable-log-stats: no vllm: series at all
+		}
 		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n%s%s %s\n", name, help, name, typ, name, labels, pyFloat(v))
 	}
 	metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", float64(running))
@@ -483,4 +620,126 @@ func (a *apiServer) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(&b, "# HELP fakevllm_true_safe_max_num_seqs Simulator truth: the largest max_num_seqs whose full-batch peak fits the device now.\n# TYPE fakevllm_true_safe_max_num_seqs gauge\nfakevllm_true_safe_max_num_seqs %d\n", a.safeSeqs.Load())
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	io.WriteString(w, b.String())
+}
+
+// requestDone counts finished generation requests, for the
+// wedge_after_requests fault.
+func (a *apiServer) requestDone() {
+	n, ok := a.faults.count(fWedgeAfterReq)
+	if ok && a.completed.Add(1) == int64(n) {
+		a.wedge()
+	}
+}
+
+func (a *apiServer) wedge() {
+	if a.wedged.CompareAndSwap(false, true) {
+		a.env.fired()
+	}
+}
+
+// poolingRequest is the union of the pooling endpoints' inputs.
+type poolingRequest struct {
+	Model     string          `json:"model"`
+	Input     json.RawMessage `json:"input"`
+	Text1     json.RawMessage `json:"text_1"`
+	Text2     json.RawMessage `json:"text_2"`
+	Query     json.RawMessage `json:"query"`
+	Documents json.RawMessage `json:"documents"`
+}
+
+// handlePooling serves a pooling model's endpoints (embeddings, pooling,
+// classify, score, rerank): one engine step per request, through the
+// same scheduler as generation, so the running count and the prompt
+// token counter move; no generation tokens.
+func (a *apiServer) handlePooling(w http.ResponseWriter, r *http.Request, kind string) {
+	if !allow(w, r, http.MethodPost) {
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "could not read the request body: "+err.Error(), "")
+		return
+	}
+	var req poolingRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "invalid JSON body: "+err.Error(), "")
+		return
+	}
+	if !a.servesModel(req.Model) {
+		writeError(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model), "model")
+		return
+	}
+	if a.dead.Load() {
+		writeError(w, http.StatusInternalServerError, "InternalServerError", engineDeadMessage, "")
+		return
+	}
+	inputs := 0
+	prompt := 0
+	for _, raw := range []json.RawMessage{req.Input, req.Text1, req.Text2, req.Query, req.Documents} {
+		if len(raw) == 0 || string(raw) == "null" {
+			continue
+		}
+		n, err := promptTokens(raw)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "BadRequestError", err.Error(), "input")
+			return
+		}
+		prompt += n
+		var list []json.RawMessage
+		if json.Unmarshal(raw, &list) == nil {
+			inputs = max(inputs, len(list))
+		} else {
+			inputs = max(inputs, 1)
+		}
+	}
+	if inputs == 0 {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "input is required", "input")
+		return
+	}
+	if err := a.sched.admit(r.Context(), prompt); err != nil {
+		return
+	}
+	defer a.sched.finish(prompt, 0)
+	defer a.requestDone()
+	if !a.nextToken(r) {
+		a.cutIfAborted()
+		if a.dead.Load() {
+			writeError(w, http.StatusInternalServerError, "InternalServerError", engineDeadMessage, "")
+		}
+		return
+	}
+	a.sched.prefilled(prompt)
+	vec := func(i int) []float64 {
+		v := make([]float64, 8)
+		for j := range v {
+			v[j] = float64((i+1)*(j+3)%17)/17 - 0.5
+		}
+		return v
+	}
+	var data []any
+	object := "list"
+	for i := 0; i < inputs; i++ {
+		switch kind {
+		case "embeddings":
+			data = append(data, map[string]any{"index": i, "object": "embedding", "embedding": vec(i)})
+		case "pooling":
+			data = append(data, map[string]any{"index": i, "object": "pooling", "data": vec(i)})
+		case "classify":
+			data = append(data, map[string]any{"index": i, "label": "LABEL_0", "probs": []float64{0.75, 0.25}, "num_classes": 2})
+		case "score":
+			data = append(data, map[string]any{"index": i, "object": "score", "score": 0.5})
+		case "rerank":
+			data = append(data, map[string]any{"index": i, "relevance_score": 0.5})
+		}
+	}
+	id := kind + "-" + a.reqID()
+	out := map[string]any{
+		"id": id, "object": object, "created": time.Now().Unix(), "model": a.respModel(req.Model),
+		"data": data, "usage": map[string]int{"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0},
+	}
+	if kind == "rerank" {
+		out["results"] = data
+		delete(out, "data")
+	}
+	writeJSON(w, http.StatusOK, out)
 }

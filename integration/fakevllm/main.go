@@ -25,6 +25,8 @@ func run(argv []string) int {
 		return runServe(argv[2:])
 	case engineArg:
 		return runEngine(argv[2:])
+	case workerArg:
+		return runWorker(argv[2:])
 	case grandchildArg:
 		return runGrandchild(argv[2:])
 	case "--version", "-v":

@@ -82,7 +82,15 @@ func (s *scheduler) admit(ctx context.Context, prompt int) error {
 func (s *scheduler) startLocked(prompt int) {
 	s.running++
 	s.kvInUse += int64(prompt)
+}
+
+// prefilled counts a running request's prompt as processed (vLLM counts
+// prompt tokens when the engine has run the prefill: a wedged engine
+// admits requests but never advances the counter).
+func (s *scheduler) prefilled(prompt int) {
+	s.mu.Lock()
 	s.prompts += int64(prompt)
+	s.mu.Unlock()
 }
 
 // finish releases a running request's slot and starts the next waiter.

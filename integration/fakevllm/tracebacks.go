@@ -67,6 +67,13 @@ var framesLoadModel = []frame{
 	vf("vllm/distributed/device_communicators/pynccl_wrapper.py", 277, "NCCL_CHECK", "raise RuntimeError(f\"NCCL error: {error_str}\")"),
 }
 
+var framesNCCLInit = []frame{
+	vf("vllm/v1/engine/core.py", 82, "__init__", "self.model_executor = executor_class(vllm_config)"),
+	vf("vllm/v1/worker/gpu_worker.py", 201, "init_device", "init_worker_distributed_environment(self.vllm_config, self.rank,"),
+	vf("vllm/distributed/parallel_state.py", 1082, "init_distributed_environment", "torch.distributed.all_reduce(dummy, group=_WORLD.device_group)"),
+	vf("torch/distributed/distributed_c10d.py", 2806, "all_reduce", "work = group.allreduce([tensor], opts)"),
+}
+
 var framesKVCache = []frame{
 	vf("vllm/v1/engine/core.py", 91, "__init__", "self._initialize_kv_caches(vllm_config)"),
 	vf("vllm/v1/engine/core.py", 190, "_initialize_kv_caches", "get_kv_cache_config(vllm_config, kv_cache_spec_one_worker,"),

@@ -295,10 +295,17 @@ func TestSchedulerFIFO(t *testing.T) {
 	if err := s.admit(ctx, 10); err != nil {
 		t.Fatal(err)
 	}
+	// Prompt tokens count once the prefill ran, not at admission (a
+	// wedged engine admits but never prefills).
+	if s.snapshot().PromptTotal != 0 {
+		t.Errorf("prompt tokens counted at admission")
+	}
+	s.prefilled(10)
 	order := make(chan int, 2)
 	for i := 1; i <= 2; i++ {
 		go func() {
 			if err := s.admit(ctx, 5); err == nil {
+				s.prefilled(5)
 				order <- i
 				s.finish(5, 0)
 			}
@@ -485,4 +492,95 @@ func FuzzPromptTokens(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestParseServeArgsProduction(t *testing.T) {
+	a, err := parseServeArgs([]string{"--port", "1", "org/m", "--max_num_seqs=4", "-tp", "2", "--api-key", "k1", "k2", "--served-model-name", "a", "b", "--kv-cache-memory-bytes", "1.5g", "--max-model-len", "32K"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Model != "org/m" || a.MaxNumSeqs != 4 || a.TensorParallel != 2 || strings.Join(a.APIKeys, ",") != "k1,k2" ||
+		strings.Join(a.ServedNames, ",") != "a,b" || a.ServedName != "a" || a.KVCacheMemoryBytes != 1500000000 || a.MaxModelLen != 32768 {
+		t.Errorf("parsed %+v", a)
+	}
+	if len(a.Warnings) != 0 {
+		t.Errorf("warnings %q", a.Warnings)
+	}
+	// The engine's copy parses back the same, without the keys.
+	b, err := parseServeArgs(a.argv())
+	if err != nil || strings.Join(b.ServedNames, ",") != "a,b" || b.TensorParallel != 2 || len(b.APIKeys) != 0 || b.KVCacheMemoryBytes != a.KVCacheMemoryBytes {
+		t.Errorf("round trip %+v %v", b, err)
+	}
+	a, _ = parseServeArgs([]string{"m", "--max-num-seqs", "1", "--max-num-seqs", "2", "--model", "other"})
+	if a.MaxNumSeqs != 2 || a.Model != "m" || len(a.Warnings) != 2 || !strings.Contains(a.Warnings[1], "Found duplicate keys --max-num-seqs") {
+		t.Errorf("last wins, positional over --model, two warnings: %+v %q", a, a.Warnings)
+	}
+	a, _ = parseServeArgs([]string{"m", "--max-model-len", "auto"})
+	if !a.MaxModelLenAuto || !strings.Contains(a.nonDefaultArgs(), "'max_model_len': -1") {
+		t.Errorf("auto: %+v", a)
+	}
+	for _, c := range []struct {
+		argv []string
+		want string
+	}{
+		{[]string{"m", "--kv-cache-memory-bytes", "1.5G"}, "argument --kv-cache-memory-bytes: Decimals are not allowed with binary suffixes like G. Did you mean to use 1.5g instead?"},
+		{[]string{"m", "--max-model-len", "lots"}, "argument --max-model-len: invalid human_readable_int value: 'lots'"},
+		{[]string{"m", "--api-key"}, "argument --api-key: expected at least one argument"},
+		{[]string{"m", "--runner", "fast"}, "argument --runner: invalid choice: 'fast' (choose from 'auto', 'generate', 'pooling')"},
+	} {
+		_, err := parseServeArgs(c.argv)
+		var ae *argError
+		if !errors.As(err, &ae) || ae.msg != c.want {
+			t.Errorf("%q: got %v, want %q", c.argv, err, c.want)
+		}
+	}
+}
+
+func TestHumanReadableInt(t *testing.T) {
+	for in, want := range map[string]int64{"1k": 1000, "1K": 1024, "25.6k": 25600, "2G": 2 << 30, "3m": 3000000, "7": 7, " 8 ": 8, "1T": 1 << 40} {
+		if got, err := humanReadableInt(in); err != nil || got != want {
+			t.Errorf("%q: %d %v, want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "k", "1.5K", "1x", "-k"} {
+		if _, err := humanReadableInt(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestConfigFileGoesRightAfterTheModel(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(cfg, []byte("max-num-seqs: 5   # comment\nport: 9\nserved_model_name:\n  - n1\n  - 'n2'\nenforce-eager: false\n"), 0o644)
+	// Flags before --config on the command line still come after the
+	// config's keys (they are inserted right after the model).
+	a, err := parseServeArgs([]string{"org/m", "--max-num-seqs", "6", "--config", cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.MaxNumSeqs != 6 || a.Port != 9 || strings.Join(a.ServedNames, ",") != "n1,n2" || a.EnforceEager || a.ConfigFile != cfg {
+		t.Errorf("parsed %+v", a)
+	}
+	if len(a.Warnings) != 0 {
+		t.Errorf("a config key overridden by a flag warned: %q", a.Warnings)
+	}
+	if _, err := parseServeArgs([]string{"--config", filepath.Join(t.TempDir(), "absent.yaml")}); err == nil {
+		t.Error("a missing config file was accepted")
+	}
+	for _, bad := range []string{"nested:\n  key: 1\n", "- item\n", "noval:\n"} {
+		if _, err := parseYAMLSubset([]byte(bad)); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestTaskFromName(t *testing.T) {
+	for model, want := range map[string]string{
+		"meta-llama/Llama-3.1-8B": "generate", "BAAI/bge-m3": "embed", "intfloat/e5-mistral-7b-instruct": "embed",
+		"BAAI/bge-reranker-large": "classify", "Skywork/Skywork-Reward-V2": "reward", "nomic-ai/nomic-embed-text-v1": "embed",
+	} {
+		if got := taskFromName(model); got != want {
+			t.Errorf("%s: %s, want %s", model, got, want)
+		}
+	}
 }

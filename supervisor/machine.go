@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -160,6 +162,8 @@ func (s *Supervisor) Run(ctx context.Context) int {
 		case <-stop:
 			stop = nil
 			m.onStop()
+		case <-s.kill:
+			m.onKill()
 		case e := <-m.ev:
 			m.handle(e, sink)
 		case r := <-s.reqs:
@@ -265,8 +269,8 @@ func (m *machine) onTimer(k timerKind, sink *logSink) {
 	case tDying:
 		m.hung(fmt.Sprintf("/health said vLLM's engine is dead and vLLM did not exit within %s", m.s.engineDeadGrace()))
 	case tStopKill:
-		m.s.log.Warn("vLLM did not stop within stop_timeout: killing its process group",
-			zap.Duration("stop_timeout", m.s.cfg.VLLM.StopTimeout.Duration))
+		m.s.log.Warn("vLLM did not stop within its stop timeout: killing its process tree",
+			zap.Duration("stop_timeout", m.s.stopTimeout()))
 		m.child.kill()
 	case tRelease:
 		m.checkReleased()
@@ -543,8 +547,22 @@ func (m *machine) endRun(why ending) {
 		return // evTreeGone is on its way
 	default:
 	}
+	if m.hang != "" {
+		// vLLM is wedged: a drain would only wait on requests that never end.
+		m.s.log.Warn("vLLM hung: killing its process tree", zap.String("reason", m.hang))
+		m.child.kill()
+		return
+	}
+	select {
+	case <-m.child.apiGone():
+		// The API server is gone (the keeper cleans up the rest): nothing
+		// drains any more; give the keeper its grace, then kill.
+		m.arm(tStopKill, m.s.cfg.VLLM.StopTimeout.Duration)
+		return
+	default:
+	}
 	m.child.stop()
-	m.arm(tStopKill, m.s.cfg.VLLM.StopTimeout.Duration)
+	m.arm(tStopKill, m.s.stopTimeout())
 }
 
 func (m *machine) stopReason() string {
@@ -764,6 +782,15 @@ func (m *machine) finish(code int, state State, reason string) {
 	m.phase, m.code = phDone, code
 }
 
+// onKill: a second SIGTERM or SIGINT while stopping: no more waiting.
+func (m *machine) onKill() {
+	if m.phase == phStopping && m.child != nil {
+		m.s.log.Warn("asked to stop again: killing vLLM's process tree now")
+		m.disarm(tStopKill)
+		m.child.kill()
+	}
+}
+
 // onStop: the guard was asked to stop (SIGTERM, SIGINT).
 func (m *machine) onStop() {
 	m.stopAsked = true
@@ -816,6 +843,47 @@ func (m *machine) onRequest(r request, sink *logSink) {
 	default:
 		r.reply <- fmt.Errorf("unknown request %q", r.kind)
 	}
+}
+
+// stopTimeout is how long a graceful stop may take before the tree is
+// killed: stop_timeout, or vLLM's own --shutdown-timeout (its drain) plus
+// 10 s for it to stop its engine, whichever is longer.
+func (s *Supervisor) stopTimeout() time.Duration {
+	return EffectiveStopTimeout(s.cfg.VLLM.StopTimeout.Duration, s.shutdownTimeout())
+}
+
+// EffectiveStopTimeout is max(stop_timeout, --shutdown-timeout + 10 s)
+// when vLLM is given a shutdown timeout (0 when not).
+func EffectiveStopTimeout(stopTimeout, vllmShutdown time.Duration) time.Duration {
+	if vllmShutdown <= 0 {
+		return stopTimeout
+	}
+	return max(stopTimeout, vllmShutdown+10*time.Second)
+}
+
+// shutdownTimeout is vLLM's --shutdown-timeout from the command line in
+// force (the last one given wins, as in vLLM's parser), 0 when absent.
+func (s *Supervisor) shutdownTimeout() time.Duration {
+	return ShutdownTimeout(append(slices.Clone(s.cfg.VLLM.Command), s.extra...))
+}
+
+// ShutdownTimeout reads --shutdown-timeout (seconds) from vLLM's argv.
+func ShutdownTimeout(argv []string) time.Duration {
+	var d time.Duration
+	for i, a := range argv {
+		v, ok := strings.CutPrefix(a, "--shutdown-timeout=")
+		if !ok && (a == "--shutdown-timeout" || a == "--shutdown_timeout") && i+1 < len(argv) {
+			v, ok = argv[i+1], true
+		}
+		if ok {
+			if f, err := strconv.ParseFloat(v, 64); err == nil && f > 0 {
+				d = time.Duration(f * float64(time.Second))
+			} else {
+				d = 0
+			}
+		}
+	}
+	return d
 }
 
 // engineDeadGrace is how long the guard waits, after /health says vLLM's

@@ -645,8 +645,8 @@ func TestMachineFaultStallWhileLoadingIsAHang(t *testing.T) {
 		s.wantState(StateStarting)
 		// Then silence.
 		s.advance(9 * time.Second)
-		if p.stops.Load() != 1 {
-			t.Fatalf("%d SIGTERMs after the stall", p.stops.Load())
+		if p.stops.Load() != 0 || p.kills.Load() != 1 {
+			t.Fatalf("after the stall: %d SIGTERM, %d SIGKILL; a hung vLLM is killed without a drain", p.stops.Load(), p.kills.Load())
 		}
 		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
 			t.Fatalf("failure %+v", f)
@@ -1073,4 +1073,90 @@ func TestMachineFastRetryIsBounded(t *testing.T) {
 		}
 		s.stop()
 	})
+}
+
+func TestMachineStopWaitsForVLLMsOwnDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) {
+			c.VLLM.Command = []string{"vllm", "serve", "m", "--shutdown-timeout", "45"}
+			c.VLLM.StopTimeout = config.Duration{Duration: 30 * time.Second}
+		})
+		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true } // draining: it takes its time
+		s.start()
+		s.ready()
+		p := s.l.last()
+		s.cancel()
+		synctest.Wait()
+		if p.stops.Load() != 1 {
+			t.Fatal("no SIGTERM to the API server")
+		}
+		// stop_timeout alone would kill at 30 s: the drain of 45 s + 10 s wins.
+		s.advance(54 * time.Second)
+		if p.kills.Load() != 0 {
+			t.Fatal("killed in the middle of vLLM's drain")
+		}
+		s.advance(time.Second)
+		if p.kills.Load() != 1 {
+			t.Fatal("no SIGKILL after the drain's bound")
+		}
+		if code := s.exited(); code != exitcode.OK {
+			t.Fatalf("exit %d", code)
+		}
+	})
+}
+
+func TestMachineASecondStopKillsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true }
+		s.start()
+		s.ready()
+		s.cancel()
+		s.advance(time.Second)
+		s.wantState(StateStopping)
+		s.sup.Kill()
+		synctest.Wait()
+		if s.l.last().kills.Load() != 1 {
+			t.Fatal("the second signal did not kill the tree")
+		}
+		if code := s.exited(); code != exitcode.OK {
+			t.Fatalf("exit %d", code)
+		}
+	})
+}
+
+func TestMachineDrainingVLLMThatExitsIsNoFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = p.apiPID == 1000 } // the first run drains slowly
+		s.start()
+		s.ready()
+		if err := s.sup.Restart(context.Background(), "uid 0"); err != nil {
+			t.Fatal(err)
+		}
+		s.advance(3 * time.Second)
+		s.l.last().end(exitInfo{Code: 0}) // the drain ended; vLLM exits by itself
+		synctest.Wait()
+		if len(s.kinds(events.KindExited)) != 0 || s.l.n() != 2 {
+			t.Fatalf("a drain that ended by itself: %d failures, %d launches", len(s.kinds(events.KindExited)), s.l.n())
+		}
+		s.stop()
+	})
+}
+
+func TestEffectiveStopTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		argv []string
+		want time.Duration
+	}{
+		{[]string{"vllm", "serve", "m"}, 30 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown-timeout", "5"}, 30 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown-timeout=60"}, 70 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown_timeout", "90", "--shutdown-timeout", "100"}, 110 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown-timeout", "0"}, 30 * time.Second},
+	} {
+		if got := EffectiveStopTimeout(30*time.Second, ShutdownTimeout(tc.argv)); got != tc.want {
+			t.Errorf("%v: %s, want %s", tc.argv, got, tc.want)
+		}
+	}
 }

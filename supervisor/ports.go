@@ -37,7 +37,7 @@ type proc interface {
 	done() <-chan struct{}
 	// exit is how the API server ended; valid after done.
 	exit() exitInfo
-	// stop asks vLLM to stop (SIGTERM to its process group).
+	// stop asks vLLM to stop gracefully (SIGTERM to its API server).
 	stop()
 	// kill sends SIGKILL to the group and every descendant.
 	kill()

@@ -162,8 +162,18 @@ func (c *child) signalGroup(sig syscall.Signal) {
 	_ = syscall.Kill(-c.keeperPID, sig)
 }
 
-// stop asks vLLM to stop: SIGTERM to the group.
-func (c *child) stop() { c.signalGroup(syscall.SIGTERM) }
+// stop asks vLLM to stop the way it expects: SIGTERM to the API server
+// alone, which drains (with --shutdown-timeout) and then stops its own
+// engine and workers. A signal to the whole group would reach the
+// EngineCore and the workers directly and cut every request in flight.
+func (c *child) stop() {
+	if c.apiPID > 0 && c.seenPIDs.same(c.apiPID) {
+		_ = syscall.Kill(c.apiPID, syscall.SIGTERM)
+		return
+	}
+	// The API server is not known (yet) or gone: what is left is the group's.
+	c.signalGroup(syscall.SIGTERM)
+}
 
 // kill sends SIGKILL to the group and to every descendant of the keeper,
 // including those that left the group.

@@ -95,6 +95,7 @@ type Supervisor struct {
 	status   atomic.Pointer[Status]
 	lastTurn atomic.Int64
 	reqs     chan request
+	kill     chan struct{}
 }
 
 type request struct {
@@ -124,7 +125,7 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 		persist = func(policy.State) {}
 	}
 	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, bus: opts.Events, persist: persist,
-		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, model: cfg.ServedModelName(), reqs: make(chan request),
+		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, model: cfg.ServedModelName(), reqs: make(chan request), kill: make(chan struct{}, 1),
 		launcher: processLauncher{}, newProber: func(ep Endpoint, model string) checker { return newProber(ep, model) },
 		hostOOM: hostOOMKills}
 	st := Status{State: StateStarting, Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[policy.Cause]int{},
@@ -139,6 +140,15 @@ func (s *Supervisor) Status() Status { return s.status.Load().clone() }
 
 // LastTurn is when the supervisor's loop last proved it is turning.
 func (s *Supervisor) LastTurn() time.Time { return time.Unix(0, s.lastTurn.Load()) }
+
+// Kill asks a stopping supervisor to stop waiting: SIGKILL of vLLM's whole
+// tree now (a second SIGTERM or SIGINT). Safe from any goroutine.
+func (s *Supervisor) Kill() {
+	select {
+	case s.kill <- struct{}{}:
+	default:
+	}
+}
 
 // Restart asks for a graceful restart on the current rung (not a failure).
 func (s *Supervisor) Restart(ctx context.Context, peer string) error {

@@ -329,15 +329,16 @@ func (g *guard) recordIncident(f supervisor.Failure) {
 			}
 		}
 	}
-	path, err := g.store.AddIncident(inc)
-	if err != nil {
-		g.log.Warn("could not write the incident record", zap.Error(err))
-		return
-	}
-	g.log.Info("incident recorded", zap.String("path", path), zap.String("cause", string(inc.Cause)))
+	// Status shows the failure whether or not its record reached the disk.
 	g.mu.Lock()
 	g.lastIncident = &inc
 	g.mu.Unlock()
+	path, err := g.store.AddIncident(inc)
+	if err != nil {
+		g.log.Warn("could not write the incident record; status still shows it as the last incident", zap.Error(err))
+		return
+	}
+	g.log.Info("incident recorded", zap.String("path", path), zap.String("cause", string(inc.Cause)))
 }
 
 // childEnvValue is what vLLM will see for k: [vllm] env first, then the guard's.

@@ -89,7 +89,7 @@ func (e cleanEncoder) EncodeEntry(ent zapcore.Entry, fields []zapcore.Field) (*b
 }
 
 // The fields of logger.With(...) are added to the encoder itself.
-func (e cleanEncoder) AddString(k, v string)           { e.Encoder.AddString(k, clean(v)) }
+func (e cleanEncoder) AddString(k, v string)            { e.Encoder.AddString(k, clean(v)) }
 func (e cleanEncoder) AddByteString(k string, v []byte) { e.Encoder.AddString(k, clean(string(v))) }
 func (e cleanEncoder) AddArray(k string, a zapcore.ArrayMarshaler) error {
 	return e.Encoder.AddArray(k, cleanArray{a})
@@ -180,8 +180,10 @@ func (o cleanObject) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 
 type cleanObjectEncoder struct{ zapcore.ObjectEncoder }
 
-func (e cleanObjectEncoder) AddString(k, v string)           { e.ObjectEncoder.AddString(k, clean(v)) }
-func (e cleanObjectEncoder) AddByteString(k string, v []byte) { e.ObjectEncoder.AddString(k, clean(string(v))) }
+func (e cleanObjectEncoder) AddString(k, v string) { e.ObjectEncoder.AddString(k, clean(v)) }
+func (e cleanObjectEncoder) AddByteString(k string, v []byte) {
+	e.ObjectEncoder.AddString(k, clean(string(v)))
+}
 func (e cleanObjectEncoder) AddArray(k string, a zapcore.ArrayMarshaler) error {
 	return e.ObjectEncoder.AddArray(k, cleanArray{a})
 }

@@ -30,8 +30,8 @@ var (
 	// 'api_key': ['X'], VLLM_API_KEY=X, HF_TOKEN: X.
 	assignRE = regexp.MustCompile(`(?i)(\b[\w.-]*?` + secretName + `["']?\s*[:=]\s*)(\[[^\]]*\]|"[^"]*"|'[^']*'|[^\s"',;\]\})&-][^\s"',;\]\})&]*)`)
 	// Authorization: Bearer X, Authorization: Basic X, and a bare Bearer X.
-	authRE   = regexp.MustCompile(`(?i)(\bauthorization["']?\s*[:=]\s*["']?(?:(?:bearer|basic|token|digest)\s+)?)([^\s"',;]+)`)
-	bearerRE = regexp.MustCompile(`(?i)(\bbearer\s+)([A-Za-z0-9\-._~+/]+=*)`)
+	authRE   = regexp.MustCompile(`(?i)(\bauthorization["']?\s*[:=]\s*["']?(?:(?:bearer|basic|token|digest)\s+)?)([^\s"',;-][^\s"',;]*)`)
+	bearerRE = regexp.MustCompile(`(?i)(\bbearer\s+)([A-Za-z0-9._~+/][A-Za-z0-9\-._~+/]*=*)`)
 	// Tokens recognisable by their shape: Hugging Face and OpenAI-style keys.
 	tokenRE = regexp.MustCompile(`hf_[A-Za-z0-9]{16,}|\bsk-[A-Za-z0-9_-]{16,}`)
 	// The user information of a URL: scheme://user:pass@host. Greedy up to
@@ -41,7 +41,13 @@ var (
 
 // triggers are lower-case fragments without which no pattern can match: a
 // line without any of them (most of vLLM's) skips the regular expressions.
-var triggers = []string{"key", "token", "secret", "passw", "bearer", "authorization", "hf_", "sk-", "@"}
+// The names (key, token, secret) count only followed by what a pattern
+// needs after them (a quote, = or :, a space): vLLM's stats lines say
+// "tokens/s" many times a second, and must stay cheap.
+var (
+	triggers     = []string{"passw", "bearer", "authorization", "hf_", "sk-", "@"}
+	nameTriggers = []string{"key", "token", "secret"}
+)
 
 // String returns s with every secret it recognises replaced by Mask.
 func String(s string) string {
@@ -49,20 +55,57 @@ func String(s string) string {
 		return s
 	}
 	s = userinfoRE.ReplaceAllString(s, "${1}"+Mask+"@")
-	s = authRE.ReplaceAllString(s, "${1}"+Mask)
-	s = bearerRE.ReplaceAllString(s, "${1}"+Mask)
-	// Assignments first: a flag's value may be the name of one (--api-key
-	// 'api_key': 'X'), and masking it first would hide X's name.
-	s = assignRE.ReplaceAllStringFunc(s, func(m string) string {
-		sub := assignRE.FindStringSubmatch(m)
-		return sub[1] + maskValue(sub[2])
-	})
+	// Named secrets first, assignments before flags: a value masked first
+	// may be the name of the next secret (--api-key 'api_key': 'X'), and
+	// masking it would hide X's name.
+	s = maskAssignments(s)
 	s = flagRE.ReplaceAllStringFunc(s, func(m string) string {
 		sub := flagRE.FindStringSubmatch(m)
 		return sub[1] + sub[2] + maskValue(sub[3])
 	})
+	s = authRE.ReplaceAllString(s, "${1}"+Mask)
+	s = bearerRE.ReplaceAllString(s, "${1}"+Mask)
 	s = tokenRE.ReplaceAllString(s, Mask)
 	return s
+}
+
+// maskAssignments masks the value of each assignment. A "value" that is a
+// secret's name followed by = or : is the next assignment (api_key=
+// 'api_key': 'X'): it is left, and the search goes on from it.
+func maskAssignments(s string) string {
+	var b strings.Builder
+	done, from := 0, 0
+	for from < len(s) {
+		loc := assignRE.FindStringSubmatchIndex(s[from:])
+		if loc == nil {
+			break
+		}
+		nameEnd, valStart, valEnd := from+loc[3], from+loc[4], from+loc[5]
+		if nameRE.MatchString(strings.Trim(s[valStart:valEnd], `'"`)) && nextIsAssignment(s[valEnd:]) {
+			from = valStart
+			continue
+		}
+		b.WriteString(s[done:nameEnd])
+		b.WriteString(maskValue(s[valStart:valEnd]))
+		done, from = valEnd, valEnd
+	}
+	if done == 0 {
+		return s
+	}
+	b.WriteString(s[done:])
+	return b.String()
+}
+
+var nameRE = regexp.MustCompile(`(?i)` + secretName + `$`)
+
+// nextIsAssignment: rest starts with = or : (after an optional quote and
+// blanks).
+func nextIsAssignment(rest string) bool {
+	rest = strings.TrimLeft(rest, " \t")
+	if rest != "" && (rest[0] == '\'' || rest[0] == '"') {
+		rest = strings.TrimLeft(rest[1:], " \t")
+	}
+	return rest != "" && (rest[0] == ':' || rest[0] == '=')
 }
 
 // maskValue keeps the quotes or brackets around a value, so a redacted
@@ -108,23 +151,31 @@ func IsSecretFlag(arg string) bool {
 
 func mayHoldSecret(s string) bool {
 	for _, t := range triggers {
-		if containsFold(s, t) {
+		if indexFold(s, t, 0) >= 0 {
 			return true
+		}
+	}
+	for _, t := range nameTriggers {
+		for i := indexFold(s, t, 0); i >= 0; i = indexFold(s, t, i+1) {
+			if end := i + len(t); end == len(s) || strings.IndexByte("=:'\" \t\n\v\f\r", s[end]) >= 0 {
+				return true
+			}
 		}
 	}
 	return false
 }
 
-// containsFold is strings.Contains ignoring ASCII case; needle is lower
-// case. It does not allocate, unlike lower-casing every log line.
-func containsFold(s, needle string) bool {
+// indexFold is the index of needle in s at or after from, ignoring ASCII
+// case (needle is lower case), or -1. It does not allocate, unlike
+// lower-casing every log line.
+func indexFold(s, needle string, from int) int {
 	n := len(needle)
 	first := needle[0]
 	upper := first
 	if first >= 'a' && first <= 'z' {
 		upper = first - 'a' + 'A'
 	}
-	for i := 0; i+n <= len(s); i++ {
+	for i := from; i+n <= len(s); i++ {
 		if c := s[i]; c != first && c != upper {
 			continue
 		}
@@ -140,8 +191,8 @@ func containsFold(s, needle string) bool {
 			}
 		}
 		if match {
-			return true
+			return i
 		}
 	}
-	return false
+	return -1
 }

@@ -20,6 +20,7 @@ type serveArgs struct {
 	EnforceEager        bool
 	MaxNumBatchedTokens int
 	KVCacheMemoryBytes  int64
+	APIKey              string // listed in `non-default args`; not enforced (the guard's probes send none)
 
 	set map[string]bool
 }
@@ -39,6 +40,7 @@ const usageText = `usage: vllm serve [-h] [--host HOST] [--port PORT]
                   [--enforce-eager]
                   [--max-num-batched-tokens MAX_NUM_BATCHED_TOKENS]
                   [--kv-cache-memory-bytes KV_CACHE_MEMORY_BYTES]
+                  [--api-key API_KEY]
                   [model_tag]
 `
 
@@ -65,6 +67,7 @@ options:
                         Maximum number of batched tokens per iteration. (default: None)
   --kv-cache-memory-bytes KV_CACHE_MEMORY_BYTES
                         Size of KV Cache per GPU in bytes; overrides gpu_memory_utilization. (default: None)
+  --api-key API_KEY     If provided, the server will require this key to be presented in the header. (default: None)
 `
 
 // flagKind says how a flag takes its value.
@@ -87,6 +90,7 @@ var knownFlags = map[string]flagKind{
 	"--enforce-eager":          kindBool,
 	"--max-num-batched-tokens": kindInt,
 	"--kv-cache-memory-bytes":  kindInt,
+	"--api-key":                kindString,
 }
 
 // parseServeArgs parses the arguments after `serve` the way vLLM's
@@ -197,6 +201,8 @@ func (a *serveArgs) setFlag(name string, kind flagKind, value string) error {
 		switch name {
 		case "--host":
 			a.Host = value
+		case "--api-key":
+			a.APIKey = value
 		case "--served-model-name":
 			a.ServedName = value
 		}
@@ -255,6 +261,9 @@ func (a *serveArgs) nonDefaultArgs() string {
 	if a.set["--served-model-name"] {
 		add("served_model_name", "["+pyStr(a.ServedName)+"]")
 	}
+	if a.set["--api-key"] {
+		add("api_key", pyStr(a.APIKey))
+	}
 	add("gpu_memory_utilization", pyFloat(a.GPUMemUtil))
 	if a.set["--kv-cache-memory-bytes"] {
 		add("kv_cache_memory_bytes", strconv.FormatInt(a.KVCacheMemoryBytes, 10))
@@ -284,6 +293,9 @@ func (a *serveArgs) argv() []string {
 	}
 	if a.set["--kv-cache-memory-bytes"] {
 		out = append(out, "--kv-cache-memory-bytes="+strconv.FormatInt(a.KVCacheMemoryBytes, 10))
+	}
+	if a.set["--api-key"] {
+		out = append(out, "--api-key", a.APIKey)
 	}
 	return out
 }

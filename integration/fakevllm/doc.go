@@ -13,13 +13,16 @@
 //	fakevllm serve MODEL [--host H] [--port P] [--gpu-memory-utilization F]
 //	    [--max-num-seqs N] [--max-model-len N] [--served-model-name NAME]
 //	    [--enforce-eager] [--max-num-batched-tokens N] [--kv-cache-memory-bytes N]
+//	    [--api-key KEY]
 //
 // Both "--flag value" and "--flag=value" work; no abbreviations. An unknown
 // flag prints argparse's usage and "vllm serve: error: unrecognized
 // arguments: ..." on stderr and exits 2. Defaults: host 0.0.0.0, port 8000
 // (port 0 binds a free port, printed in "Starting vLLM API server 0 on
 // http://H:P"), utilization 0.9, max-num-seqs 256, max-model-len 4096,
-// served name = MODEL. A utilization outside (0, 1] or other invalid values
+// served name = MODEL. --api-key is listed in `non-default args` (as vLLM
+// does, which is why the guard masks it) but not enforced: the guard's
+// probes send no key. A utilization outside (0, 1] or other invalid values
 // fail as a ValueError traceback, exit 1. A MODEL starting with "missing/"
 // fails like a repository that does not exist (OSError in v0, ValueError
 // later), exit 1. --enforce-eager skips the compile and graph phases.
@@ -137,6 +140,8 @@
 //	log_flood=MBPS    after ready, stats lines on stdout at MBPS × 10^6 bytes/s
 //	invalid_utf8      after ready, one log line with invalid UTF-8
 //	long_line         after ready, one log line longer than 1 MiB
+//	control_bytes     after ready, one log line with NUL, BEL, an OSC escape, DEL and
+//	                  C1 controls, followed by text shaped like the guard's own log line
 //	close_stdout      early in startup, the API's fd 1 stops reaching the reader
 //	                  (it is pointed at /dev/null, so no later descriptor reuses 1);
 //	                  the engine inherits that; everything goes on

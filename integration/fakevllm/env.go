@@ -197,6 +197,7 @@ const (
 	fLogFlood      = "log_flood"
 	fInvalidUTF8   = "invalid_utf8"
 	fLongLine      = "long_line"
+	fControlBytes  = "control_bytes"
 	fCloseStdout   = "close_stdout"
 	fOrphanAfter   = "orphan_after"
 	fGrandchild    = "grandchild"
@@ -209,7 +210,7 @@ var faultTakesDuration = map[string]bool{
 
 var faultPlain = map[string]bool{
 	fCrashOnStart: true, fHangLoading: true, fNeverReady: true, fIgnoreSIGTERM: true,
-	fInvalidUTF8: true, fLongLine: true, fCloseStdout: true, fGrandchild: true, fOOMOnStart: true,
+	fInvalidUTF8: true, fLongLine: true, fControlBytes: true, fCloseStdout: true, fGrandchild: true, fOOMOnStart: true,
 }
 
 // parseFaults parses "crash_after=2s,ignore_sigterm,log_flood=5".

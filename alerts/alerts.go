@@ -131,7 +131,7 @@ func New(cfg config.Alerts, log *zap.Logger) *Dispatcher {
 	tr.DisableKeepAlives = true // alerts are rare; no idle connections to leak
 	d := &Dispatcher{
 		log: log, command: slices.Clone(cfg.Command), host: host,
-		queue: make(chan Event, QueueSize), tr: tr, client: &http.Client{Transport: tr},
+		queue: make(chan Event, QueueSize), tr: tr, client: &http.Client{Transport: tr, CheckRedirect: refuseRedirect},
 		commandTimeout: CommandTimeout, webhookTimeout: WebhookTimeout,
 		webhookTries: WebhookTries, retryInitial: time.Second,
 		active: map[key]Event{}, inForce: map[key]Event{},
@@ -140,7 +140,7 @@ func New(cfg config.Alerts, log *zap.Logger) *Dispatcher {
 		u, err := url.Parse(cfg.Webhook)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			log.Error("[alerts] webhook is not an http(s) URL; alerts will not be posted (fix it in the config)",
-				zap.String("webhook", redact(cfg.Webhook)))
+				zap.String("webhook", redactURL(cfg.Webhook)))
 		} else {
 			d.webhook = cfg.Webhook
 		}

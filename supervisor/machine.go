@@ -338,7 +338,8 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 			StateStarting, "launching vLLM", "", "", 0, m.startedAt, time.Time{}, rung
 		st.Starts++
 	})
-	c, err := s.launcher.launch(launchSpec{keeper: s.keeper, argv: argv, env: ChildEnv(os.Environ(), cfg.VLLM.Env),
+	env := ChildEnv(os.Environ(), cfg.VLLM.Env)
+	c, err := s.launcher.launch(launchSpec{keeper: s.keeper, argv: argv, env: env,
 		dir: cfg.VLLM.Workdir, grace: cfg.VLLM.StopTimeout.Duration, stdout: m.stdout, stderr: m.stderr})
 	r := rung
 	s.publish(events.Event{Kind: events.KindStarting, Rung: &r, Argv: argv, PID: pidOf(c)})
@@ -357,7 +358,7 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 		s.gpu.SetTree(c.tree)
 		s.gpu.SetLoading(true)
 	}
-	m.prober = s.newProber(ep, s.model)
+	m.prober = s.newProber(ep, s.model, APIKey(argv, env))
 	m.runCtx, m.runCancel = context.WithCancel(context.Background())
 	m.forward(c)
 	m.arm(tPoll, cfg.Readiness.PollInterval.Duration)

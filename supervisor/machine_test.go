@@ -273,7 +273,7 @@ func (s *scenario) start() {
 		s.t.Fatal(err)
 	}
 	sup.launcher = s.l
-	sup.newProber = func(Endpoint, string) checker { return s.pr }
+	sup.newProber = func(Endpoint, string, string) checker { return s.pr }
 	sup.hostOOM = s.oom.Load
 	s.sup = sup
 	ctx, cancel := context.WithCancel(context.Background())

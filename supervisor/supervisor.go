@@ -89,7 +89,7 @@ type Supervisor struct {
 
 	// The machine's ports: real processes and HTTP unless a test sets them.
 	launcher  launcher
-	newProber func(Endpoint, string) checker
+	newProber func(ep Endpoint, model, apiKey string) checker
 	hostOOM   func() int64 // the cgroup's oom_kill counter, -1 when unknown
 
 	status   atomic.Pointer[Status]
@@ -126,7 +126,11 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 	}
 	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, bus: opts.Events, persist: persist,
 		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, model: cfg.ServedModelName(), reqs: make(chan request), kill: make(chan struct{}, 1),
-		launcher: processLauncher{}, newProber: func(ep Endpoint, model string) checker { return newProber(ep, model) },
+		launcher: processLauncher{}, newProber: func(ep Endpoint, model, apiKey string) checker {
+			p := newProber(ep, model)
+			p.apiKey = apiKey
+			return p
+		},
 		hostOOM: hostOOMKills}
 	st := Status{State: StateStarting, Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[policy.Cause]int{},
 		Cost: s.pol.Cost().Describe(s.pol.Current().GPUMemoryUtilization, cfg.Profile.Headroom)}

@@ -111,29 +111,37 @@ type machine struct {
 	code      int  // the exit code once phDone
 
 	// The run in progress.
-	runN      int
-	rung      policy.Rung
-	child     proc
-	lastChild proc // the run that ended, for the release wait
-	out       *output
-	stdout    *streamWriter
-	stderr    *streamWriter
-	prober    checker
-	runCtx    context.Context // cancelled when the run ends: in-flight probes stop
-	runCancel context.CancelFunc
-	probing   bool
-	startedAt time.Time
-	ready     bool
-	failures  int       // consecutive liveness failures
-	peak      float64   // highest GPU fraction since ready (restore)
-	lastLine  int64     // the last output line's time seen by the stall check
-	fastUntil time.Time // refused probes retry fast until then (uvicorn listens just after its line)
-	baseline  []uint64
-	oomBefore int64
-	end       ending
-	hang      string
-	peer      string
-	costObs   int
+	runN        int
+	rung        policy.Rung
+	child       proc
+	lastChild   proc // the run that ended, for the release wait
+	out         *output
+	stdout      *streamWriter
+	stderr      *streamWriter
+	prober      checker
+	runCtx      context.Context // cancelled when the run ends: in-flight probes stop
+	runCancel   context.CancelFunc
+	probing     bool
+	startedAt   time.Time
+	ready       bool
+	failures    int       // consecutive liveness failures
+	peak        float64   // highest GPU fraction since ready (restore)
+	lastLine    int64     // the last output line's time seen by the stall check
+	fastUntil   time.Time // refused probes retry fast until then (uvicorn listens just after its line)
+	baseline    []uint64
+	oomBefore   int64
+	end         ending
+	hang        string
+	peer        string
+	costObs     int
+	ioSeen      map[int]uint64 // per process: storage I/O at the last poll
+	ioBytes     uint64         // storage I/O of the tree since launch
+	lastIO      time.Time      // when the tree's I/O last grew
+	ioAnnounced time.Time      // when I/O progress was last published
+	stuckTokens float64        // the token counters' sum seen last while ready
+	stuckSince  time.Time      // since when they stand still with requests running
+	stuckProbe  bool           // the probe in flight is the stuck check's request
+	stuckAsked  time.Time      // when that request was last sent
 
 	// After a failure.
 	decision       policy.Decision
@@ -322,6 +330,7 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 	m.rung = rung
 	m.ready, m.failures, m.peak, m.end, m.hang, m.peer, m.probing = false, 0, 0, endNone, "", "", false
 	m.lastChild = nil
+	m.ioSeen, m.ioBytes, m.lastIO, m.stuckProbe = map[int]uint64{}, 0, time.Time{}, false
 	m.out = newOutput(sink, max(cfg.Log.ChildLines, 1000))
 	m.lastLine = m.out.lastLine.Load()
 	m.stdout, m.stderr = m.out.writer("stdout"), m.out.writer("stderr")
@@ -411,6 +420,26 @@ func (m *machine) probeReady() {
 	})
 }
 
+// ioGrew reads the tree's storage I/O and says whether any process did
+// more since the last poll. CPU time is not progress (NCCL hangs spin).
+func (m *machine) ioGrew() bool {
+	grew := false
+	now := m.child.io()
+	for pid, n := range now {
+		if before, ok := m.ioSeen[pid]; ok && n > before {
+			m.ioBytes += n - before
+			grew = true
+		} else if !ok && n > 0 && len(m.ioSeen) > 0 {
+			m.ioBytes += n
+			grew = true
+		}
+	}
+	m.ioSeen = now
+	return grew
+}
+
+func gibText(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+
 // onPoll: while starting, look for load progress, a stall, the start-time
 // cap, and probe readiness.
 func (m *machine) onPoll() {
@@ -423,8 +452,25 @@ func (m *machine) onPoll() {
 		m.lastLine = seen
 		m.s.publish(events.Event{Kind: events.KindProgress, Phase: m.out.Phase(), PID: m.child.pid()})
 	}
-	if silent := now.Sub(time.Unix(0, m.lastLine)); silent > rc.StallTimeout.Duration {
-		m.hung(fmt.Sprintf("no load progress for %s while starting (stall_timeout %s), last phase %q",
+	lastLine := time.Unix(0, m.lastLine)
+	if m.ioGrew() {
+		m.lastIO = now
+		// A silent download or load: say it, as progress.
+		if quiet := now.Sub(lastLine); quiet >= time.Second {
+			reason := fmt.Sprintf("downloading or loading: %s read/written, no log output for %s", gibText(m.ioBytes), quiet.Round(time.Second))
+			m.s.update(func(st *Status) { st.Reason = reason })
+			if now.Sub(m.ioAnnounced) >= 10*time.Second {
+				m.ioAnnounced = now
+				m.s.publish(events.Event{Kind: events.KindProgress, Phase: "io", Reason: reason, PID: m.child.pid()})
+			}
+		}
+	}
+	last := lastLine
+	if m.lastIO.After(last) {
+		last = m.lastIO
+	}
+	if silent := now.Sub(last); silent > rc.StallTimeout.Duration {
+		m.hung(fmt.Sprintf("no load progress (no output, no disk I/O) for %s while starting (stall_timeout %s), last phase %q",
 			silent.Round(time.Second), rc.StallTimeout.Duration, m.out.Phase()))
 		return
 	}
@@ -450,6 +496,13 @@ func (m *machine) onProbe(r probeResult) {
 			return
 		}
 		m.becomeReady()
+		return
+	}
+	if m.stuckProbe {
+		m.stuckProbe = false
+		if !r.ok && r.status == 0 && !r.refused {
+			m.hung(fmt.Sprintf("stuck: a 1-token request did not answer within stuck_timeout %s (%s)", s.cfg.Liveness.StuckTimeout.Duration, r.err))
+		}
 		return
 	}
 	switch {
@@ -496,6 +549,7 @@ func (m *machine) becomeReady() {
 	if s.gpu != nil {
 		s.gpu.SetLoading(false)
 	}
+	m.stuckSince, m.stuckAsked = time.Time{}, time.Now()
 	m.arm(tLive, s.cfg.Liveness.Interval.Duration)
 	m.arm(tCost, s.cfg.GPU.SampleInterval.Duration)
 }
@@ -508,6 +562,9 @@ func (m *machine) onHeartbeat() {
 	}
 	m.child.refresh()
 	if !m.ready {
+		return
+	}
+	if m.checkStuck() {
 		return
 	}
 	if r, ok := m.restoreDue(); ok {
@@ -525,6 +582,39 @@ func (m *machine) endProbing() {
 	if m.runCancel != nil {
 		m.runCancel()
 	}
+}
+
+// checkStuck: /health only checks an error flag, so a wedged engine still
+// answers 200. vLLM is stuck when it reports running requests and none of
+// its token counters advances for stuck_timeout; without its metrics, a
+// 1-token request bounded by stuck_timeout is sent every stuck_timeout.
+// A busy vLLM that makes progress, or an idle one, is never stuck.
+func (m *machine) checkStuck() bool {
+	s := m.s
+	limit := s.cfg.Liveness.StuckTimeout.Duration
+	if limit <= 0 || s.tokens == nil {
+		return false
+	}
+	now := time.Now()
+	running, tokens, ok := s.tokens()
+	if !ok {
+		if !m.probing && now.Sub(m.stuckAsked) >= limit {
+			m.stuckAsked, m.stuckProbe = now, true
+			level := s.cfg.Readiness.Probe
+			m.probe(func(ctx context.Context, p checker) probeResult { return p.ready(ctx, level, limit) })
+		}
+		return false
+	}
+	if running <= 0 || tokens != m.stuckTokens || m.stuckSince.IsZero() {
+		m.stuckTokens, m.stuckSince = tokens, now
+		return false
+	}
+	if still := now.Sub(m.stuckSince); still >= limit {
+		m.hung(fmt.Sprintf("stuck: %g requests running and no token counter advanced for %s (prompt+generation tokens at %g; stuck_timeout %s)",
+			running, still.Round(time.Second), tokens, limit))
+		return true
+	}
+	return false
 }
 
 // hung ends the run as a hang.

@@ -33,6 +33,7 @@ type fakeVLLM struct {
 	gone     sync.Once
 
 	listening  atomic.Bool  // the fake prober answers only when set
+	ioBytes    atomic.Int64 // storage I/O so far
 	stops      atomic.Int32 // SIGTERMs received
 	kills      atomic.Int32 // SIGKILLs received
 	ignoreTERM bool         // a vLLM that ignores SIGTERM
@@ -50,6 +51,9 @@ func (p *fakeVLLM) refresh()                 {}
 func (p *fakeVLLM) tree() []int              { return []int{p.apiPID} }
 func (p *fakeVLLM) seen() []int              { return []int{p.apiPID, p.apiPID + 1} }
 func (p *fakeVLLM) killLeftovers() []int     { return p.survivors }
+
+// io is the tree's storage I/O: ioBytes grows while the fake "downloads".
+func (p *fakeVLLM) io() map[int]uint64 { return map[int]uint64{p.apiPID: uint64(p.ioBytes.Load())} }
 
 func (p *fakeVLLM) killIfOurs(pid int) bool {
 	p.mu.Lock()
@@ -222,16 +226,17 @@ func (g *fakeGPU) set(f func(g *fakeGPU)) { g.mu.Lock(); f(g); g.mu.Unlock() }
 
 // scenario is one supervisor over fakes, running in a synctest bubble.
 type scenario struct {
-	t      *testing.T
-	cfg    *config.Config
-	sup    *Supervisor
-	l      *fakeLauncher
-	pr     *fakeProber
-	gpu    *fakeGPU
-	noGPU  bool
-	load   func() (float64, float64, bool)
-	pstate policy.State
-	oom    atomic.Int64
+	t        *testing.T
+	cfg      *config.Config
+	sup      *Supervisor
+	l        *fakeLauncher
+	pr       *fakeProber
+	gpu      *fakeGPU
+	noGPU    bool
+	load     func() (float64, float64, bool)
+	progress func() (float64, float64, bool)
+	pstate   policy.State
+	oom      atomic.Int64
 
 	mu     sync.Mutex
 	events []events.Event
@@ -264,7 +269,7 @@ func (s *scenario) start() {
 		s.mu.Unlock()
 	})
 	opts := Options{Policy: policy.New(s.cfg, s.pstate, realClockForTest{}), Events: bus, Keeper: []string{"keeper"},
-		Persist: func(policy.State) { s.mu.Lock(); s.saved++; s.mu.Unlock() }, Load: s.load}
+		Persist: func(policy.State) { s.mu.Lock(); s.saved++; s.mu.Unlock() }, Load: s.load, Progress: s.progress}
 	if !s.noGPU {
 		opts.GPU = s.gpu
 	}
@@ -653,7 +658,7 @@ func TestMachineFaultStallWhileLoadingIsAHang(t *testing.T) {
 		}
 		stopping := false
 		for _, e := range s.kinds(events.KindState) {
-			stopping = stopping || e.State == "stopping" && strings.Contains(e.Reason, "no load progress for 8s while starting (stall_timeout 8s)")
+			stopping = stopping || e.State == "stopping" && strings.Contains(e.Reason, "no load progress (no output, no disk I/O) for 8s while starting (stall_timeout 8s)")
 		}
 		if !stopping {
 			t.Fatalf("no stopping state naming the stall: %v", s.kinds(events.KindState))
@@ -1159,4 +1164,84 @@ func TestEffectiveStopTimeout(t *testing.T) {
 			t.Errorf("%v: %s, want %s", tc.argv, got, tc.want)
 		}
 	}
+}
+
+func TestMachineSilentDownloadIsProgressButASilentIdleTreeIsAHang(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Readiness.StallTimeout = config.Duration{Duration: 8 * time.Second} })
+		s.start()
+		p := s.l.last()
+		// 30 s without a line, writing weights to the cache all the while.
+		for range 60 {
+			p.ioBytes.Add(200 << 20)
+			s.advance(500 * time.Millisecond)
+		}
+		st := s.sup.Status()
+		if st.State != StateStarting || !strings.Contains(st.Reason, "downloading or loading:") || !strings.Contains(st.Reason, "no log output for") {
+			t.Fatalf("during a silent download: %+v", st)
+		}
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("a silent download was killed")
+		}
+		// Then neither output nor I/O: still a hang.
+		s.advance(9 * time.Second)
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineStuckEngineIsAHang(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} })
+		var running, tokens atomic.Int64
+		s.progress = func() (float64, float64, bool) { return float64(running.Load()), float64(tokens.Load()), true }
+		s.start()
+		s.ready()
+		// Busy and progressing for 10 × stuck_timeout: never stuck.
+		running.Store(40)
+		for range 600 {
+			tokens.Add(7)
+			s.advance(time.Second)
+		}
+		// Idle with counters still: never stuck.
+		running.Store(0)
+		s.advance(5 * time.Minute)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("a progressing or idle vLLM was called stuck")
+		}
+		// Wedged: requests running, no counter moves (/health still 200).
+		running.Store(12)
+		s.advance(59 * time.Second)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("stuck before stuck_timeout")
+		}
+		s.advance(2 * time.Second)
+		f := s.failure(1)
+		if f.Verdict.Cause != policy.CauseHang || s.l.last().kills.Load() != 1 {
+			t.Fatalf("failure %+v, kills %d", f, s.l.last().kills.Load())
+		}
+		s.stop()
+	})
+}
+
+func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 30 * time.Second} })
+		s.progress = func() (float64, float64, bool) { return 0, 0, false } // --disable-log-stats
+		s.start()
+		s.ready()
+		s.advance(2 * time.Minute)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("answering requests, yet called stuck")
+		}
+		// The engine wedges: the 1-token request never answers within its bound.
+		s.pr.setReady(func() probeResult { return probeResult{step: "completion", err: "context deadline exceeded"} })
+		s.advance(time.Minute)
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
 }

@@ -50,6 +50,9 @@ type proc interface {
 	// killLeftovers kills what outlived the keeper (same processes only,
 	// never a reused PID) and returns their PIDs.
 	killLeftovers() []int
+	// io is the storage I/O (bytes read plus written) of each live process
+	// of the tree: its growth is load progress (a silent download).
+	io() map[int]uint64
 	// killIfOurs kills pid if it is still the very process seen in the
 	// tree (never a reused PID) and says whether it did.
 	killIfOurs(pid int) bool

@@ -205,6 +205,18 @@ func (c *child) tree() []int {
 
 func (c *child) seen() []int { return c.seenPIDs.pids() }
 
+// io reads read_bytes + write_bytes from /proc/PID/io for the tree as last
+// read. Processes it cannot read (gone, or not ours to read) are left out.
+func (c *child) io() map[int]uint64 {
+	out := map[int]uint64{}
+	for _, pid := range c.tree() {
+		if n, ok := readIO(pid); ok {
+			out[pid] = n
+		}
+	}
+	return out
+}
+
 // killLeftovers: the keeper kills the whole tree before it exits; if the
 // keeper itself was killed, what it left is killed here.
 func (c *child) killLeftovers() []int {

@@ -72,6 +72,11 @@ type Options struct {
 	// and the cost model. nil: never known, so restore never interrupts
 	// traffic it cannot see.
 	Load func() (running, waiting float64, ok bool)
+	// Progress reports vLLM's running requests and the sum of its token
+	// counters (prompt and generation tokens) from its /metrics; ok is
+	// false when they are not known (metrics off with --disable-log-stats,
+	// or not scraped yet). It feeds stuck detection while ready.
+	Progress func() (running, tokens float64, ok bool)
 }
 
 // Supervisor runs vLLM until stopped. Make one with New, then Run it.
@@ -86,6 +91,7 @@ type Supervisor struct {
 	extra   []string
 	model   string
 	load    func() (running, waiting float64, ok bool)
+	tokens  func() (running, tokens float64, ok bool)
 
 	// The machine's ports: real processes and HTTP unless a test sets them.
 	launcher  launcher
@@ -125,7 +131,7 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 		persist = func(policy.State) {}
 	}
 	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, bus: opts.Events, persist: persist,
-		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, model: cfg.ServedModelName(), reqs: make(chan request), kill: make(chan struct{}, 1),
+		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, tokens: opts.Progress, model: cfg.ServedModelName(), reqs: make(chan request), kill: make(chan struct{}, 1),
 		launcher: processLauncher{}, newProber: func(ep Endpoint, model, apiKey string) checker {
 			p := newProber(ep, model)
 			p.apiKey = apiKey

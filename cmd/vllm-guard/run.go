@@ -140,6 +140,7 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 		Persist:   g.savePolicy,
 		ExtraArgs: extra,
 		Load:      g.vllmLoad,
+		Progress:  g.vllmProgress,
 	})
 	if err != nil {
 		return nil, err
@@ -351,6 +352,13 @@ func childEnvValue(cfg *config.Config, k string) (string, bool) {
 type realClock struct{}
 
 func (realClock) Now() time.Time { return time.Now() }
+
+// vllmProgress is vLLM's running requests and token counters from its
+// last scrape, for stuck detection.
+func (g *guard) vllmProgress() (running, tokens float64, ok bool) {
+	v := g.stats.Latest()
+	return v.Running, v.PromptTokens + v.GenerationTokens, v.Up && v.TokensKnown
+}
 
 // vllmLoad is vLLM's running and waiting requests from its last scrape.
 func (g *guard) vllmLoad() (running, waiting float64, ok bool) {

@@ -26,10 +26,10 @@ import (
 // runs in its own process group, and a timeout (or the guard's shutdown)
 // kills its whole tree (killTree): whatever it started too (a shell script's
 // curl), descendants that left the group with setsid included.
-func (d *Dispatcher) runCommand(ctx context.Context, e Event, body []byte) {
+func (d *Dispatcher) runCommand(ctx context.Context, e Event, body []byte, command []string) {
 	ctx, cancel := context.WithTimeout(ctx, d.commandTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, d.command[0], d.command[1:]...)
+	cmd := exec.CommandContext(ctx, command[0], command[1:]...)
 	cmd.Stdin = bytes.NewReader(body)
 	stderr := &tail{n: tailBytes}
 	cmd.Stderr = stderr
@@ -49,7 +49,7 @@ func (d *Dispatcher) runCommand(ctx context.Context, e Event, body []byte) {
 	// otherwise take the exit status Wait needs when the guard is PID 1.
 	if err := supervisor.StartCommand(cmd); err != nil {
 		d.log.Error("alert command could not start; check [alerts] command", zap.String("alert", e.Alert),
-			zap.Strings("command", d.command), zap.Error(err))
+			zap.Strings("command", command), zap.Error(err))
 		return
 	}
 	err := cmd.Wait()
@@ -58,12 +58,12 @@ func (d *Dispatcher) runCommand(ctx context.Context, e Event, body []byte) {
 	switch {
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		d.log.Error("alert command timed out and was killed; make it finish within the limit (run slow work in the background)",
-			zap.String("alert", e.Alert), zap.Strings("command", d.command), zap.Duration("limit", d.commandTimeout),
+			zap.String("alert", e.Alert), zap.Strings("command", command), zap.Duration("limit", d.commandTimeout),
 			zap.String("stderr", stderr.String()))
 	case ctx.Err() != nil:
-		d.log.Warn("alert command stopped: the guard is shutting down", zap.String("alert", e.Alert), zap.Strings("command", d.command))
+		d.log.Warn("alert command stopped: the guard is shutting down", zap.String("alert", e.Alert), zap.Strings("command", command))
 	case err != nil:
-		d.log.Error("alert command failed", zap.String("alert", e.Alert), zap.Strings("command", d.command),
+		d.log.Error("alert command failed", zap.String("alert", e.Alert), zap.Strings("command", command),
 			zap.String("exit", exitText(err)), zap.Duration("took", took), zap.String("stderr", stderr.String()))
 	default:
 		d.log.Debug("alert command ran", zap.String("alert", e.Alert), zap.Duration("took", took))
@@ -98,13 +98,13 @@ func exitText(err error) string {
 
 // postWebhook POSTs the event, retrying network errors, timeouts, 429 and
 // 5xx answers with exponential backoff; other 4xx answers are final.
-func (d *Dispatcher) postWebhook(ctx context.Context, e Event, body []byte) {
+func (d *Dispatcher) postWebhook(ctx context.Context, e Event, body []byte, webhook string) {
 	tries := 0
 	op := func() error {
 		tries++
 		tctx, cancel := context.WithTimeout(ctx, d.webhookTimeout)
 		defer cancel()
-		req, err := http.NewRequestWithContext(tctx, http.MethodPost, d.webhook, bytes.NewReader(body))
+		req, err := http.NewRequestWithContext(tctx, http.MethodPost, webhook, bytes.NewReader(body))
 		if err != nil {
 			return backoff.Permanent(err)
 		}
@@ -114,7 +114,7 @@ func (d *Dispatcher) postWebhook(ctx context.Context, e Event, body []byte) {
 		if err != nil {
 			var ue *url.Error // its text holds the whole URL, token included
 			if errors.As(err, &ue) {
-				err = fmt.Errorf("%s %s: %w", ue.Op, redactURL(d.webhook), ue.Err)
+				err = fmt.Errorf("%s %s: %w", ue.Op, redactURL(webhook), ue.Err)
 			}
 			return err
 		}
@@ -137,12 +137,12 @@ func (d *Dispatcher) postWebhook(ctx context.Context, e Event, body []byte) {
 	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(d.retryInitial), backoff.WithMaxElapsedTime(0))
 	retry := backoff.WithContext(backoff.WithMaxRetries(b, uint64(max(d.webhookTries-1, 0))), ctx)
 	err := backoff.RetryNotify(op, retry, func(err error, next time.Duration) {
-		d.log.Warn("alert webhook try failed; retrying", zap.String("alert", e.Alert), zap.String("webhook", redactURL(d.webhook)),
+		d.log.Warn("alert webhook try failed; retrying", zap.String("alert", e.Alert), zap.String("webhook", redactURL(webhook)),
 			zap.Int("try", tries), zap.Duration("retry_in", next), zap.Error(err))
 	})
 	if err != nil {
 		d.log.Error("alert webhook failed; alert not delivered there", zap.String("alert", e.Alert),
-			zap.String("webhook", redactURL(d.webhook)), zap.Int("tries", tries), zap.Error(err))
+			zap.String("webhook", redactURL(webhook)), zap.Int("tries", tries), zap.Error(err))
 		return
 	}
 	d.log.Debug("alert posted", zap.String("alert", e.Alert), zap.Int("tries", tries))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/config"
 	"github.com/vllm-guard/vllm-guard/events"
 	"github.com/vllm-guard/vllm-guard/exitcode"
 	"github.com/vllm-guard/vllm-guard/policy"
@@ -152,6 +154,8 @@ type machine struct {
 	releaseStarted time.Time
 
 	everReady bool
+
+	pending *config.Config // a reloaded config for vLLM's next start
 }
 
 // Run supervises vLLM until ctx is cancelled (exit 0) or the policy gives
@@ -302,6 +306,7 @@ func (m *machine) next(sink *logSink) {
 		m.finish(exitcode.OK, StateStopped, "stopped on request")
 		return
 	}
+	m.applyPending()
 	rung := m.s.pol.Current()
 	m.s.update(func(st *Status) { st.Rung = rung })
 	if m.s.gpu != nil {
@@ -873,6 +878,36 @@ func (m *machine) finish(code int, state State, reason string) {
 	m.phase, m.code = phDone, code
 }
 
+// reload: what does not touch the running vLLM applies now; the rest
+// (command, env, host, port, workdir, profile, restart policy) waits for
+// its next start.
+func (m *machine) reload(cfg *config.Config) {
+	s := m.s
+	live := *cfg
+	live.VLLM, live.Profile, live.Restart = s.cfg.VLLM, s.cfg.Profile, s.cfg.Restart
+	vllmSame := reflect.DeepEqual(cfg.VLLM, s.cfg.VLLM) && cfg.Profile == s.cfg.Profile && cfg.Restart == s.cfg.Restart
+	s.cfg = &live
+	if vllmSame {
+		m.pending = nil
+	} else {
+		m.pending = cfg
+	}
+	s.pendingReload.Store(m.pending != nil)
+}
+
+// applyPending: vLLM starts now, on the reloaded config if there is one.
+func (m *machine) applyPending() {
+	if m.pending == nil {
+		return
+	}
+	s := m.s
+	s.cfg, m.pending = m.pending, nil
+	s.pendingReload.Store(false)
+	s.pol.Reconfigure(s.cfg)
+	s.model = s.cfg.ServedModelName()
+	s.log.Info("vLLM starts on the reloaded configuration")
+}
+
 // onKill: a second SIGTERM or SIGINT while stopping: no more waiting.
 func (m *machine) onKill() {
 	if m.phase == phStopping && m.child != nil {
@@ -924,6 +959,9 @@ func (m *machine) onRequest(r request, sink *logSink) {
 			m.next(sink)
 		}
 		// Stopping or waiting for the release: a restart is under way.
+	case "reload":
+		m.reload(r.cfg)
+		r.reply <- nil
 	case "reset_profile":
 		s.pol.ResetProfile()
 		s.savePolicy()

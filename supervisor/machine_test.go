@@ -1245,3 +1245,54 @@ func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
 		s.stop()
 	})
 }
+
+func TestMachineReloadAppliesLiveSettingsNowAndVLLMsAtTheNextStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: time.Minute} })
+		var healthChecks atomic.Int64
+		s.start()
+		s.ready()
+		s.pr.setHealth(func() probeResult { healthChecks.Add(1); return probeResult{ok: true, step: "health", status: 200} })
+
+		next := *s.cfg
+		next.Liveness.Interval = config.Duration{Duration: 5 * time.Second}
+		next.VLLM.Command = []string{"vllm", "serve", "m", "--max-model-len", "8192"}
+		pending, err := s.sup.Reload(context.Background(), &next)
+		if err != nil || !pending {
+			t.Fatalf("reload: pending %v, %v; want the command pending", pending, err)
+		}
+		synctest.Wait()
+		if s.l.n() != 1 {
+			t.Fatal("a reload restarted vLLM")
+		}
+		// The liveness interval applies from the next check on: 1 minute,
+		// then every 5 s.
+		s.advance(time.Minute + 20*time.Second)
+		if n := healthChecks.Load(); n < 4 {
+			t.Fatalf("%d health checks in 80 s; the reloaded 5 s interval is not in force", n)
+		}
+		// The command applies at the next start.
+		if err := s.sup.Restart(context.Background(), "uid 0"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if !argvHas(s.l.last().spec.argv, "--max-model-len", "8192") {
+			t.Fatalf("the reloaded command is not in force after the restart: %v", s.l.last().spec.argv)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineReloadWithoutVLLMChangesIsNotPending(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		s.ready()
+		next := *s.cfg
+		next.GPU.WarnFraction = 0.5
+		if pending, err := s.sup.Reload(context.Background(), &next); err != nil || pending {
+			t.Fatalf("pending %v, %v", pending, err)
+		}
+		s.stop()
+	})
+}

@@ -102,11 +102,14 @@ type Supervisor struct {
 	lastTurn atomic.Int64
 	reqs     chan request
 	kill     chan struct{}
+
+	pendingReload atomic.Bool // a reloaded config waits for vLLM's next start
 }
 
 type request struct {
-	kind  string // "restart" | "reset_profile"
+	kind  string // "restart" | "reset_profile" | "reload"
 	peer  string
+	cfg   *config.Config // reload: the new configuration
 	reply chan error
 }
 
@@ -168,6 +171,15 @@ func (s *Supervisor) Restart(ctx context.Context, peer string) error {
 // ResetProfile returns to rung 0 at the next start.
 func (s *Supervisor) ResetProfile(ctx context.Context, peer string) error {
 	return s.ask(ctx, request{kind: "reset_profile", peer: peer})
+}
+
+// Reload takes a new configuration: what the running vLLM does not depend
+// on (intervals, timeouts, liveness, stuck detection) applies at once;
+// vLLM's command, environment and profile at its next start. It says which.
+func (s *Supervisor) Reload(ctx context.Context, cfg *config.Config) (pending bool, err error) {
+	r := request{kind: "reload", cfg: cfg}
+	err = s.ask(ctx, r)
+	return s.pendingReload.Load(), err
 }
 
 func (s *Supervisor) ask(ctx context.Context, r request) error {

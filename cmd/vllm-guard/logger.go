@@ -19,6 +19,9 @@ import (
 // newLogger builds the guard's logger: console on a terminal, JSON
 // otherwise; under journald no timestamps of our own (the journal stamps
 // every line already).
+// logLevel is the guard's log level; a config reload changes it.
+var logLevel = zap.NewAtomicLevel()
+
 func newLogger(level, format string) (*zap.Logger, error) {
 	journald, _ := journal.StderrIsJournalStream()
 	return newLoggerTo(zapcore.Lock(os.Stderr), level, format, isTerminal(os.Stderr), journald)
@@ -58,7 +61,8 @@ func newLoggerTo(w zapcore.WriteSyncer, level, format string, terminal, journald
 		}
 		encoder = zapcore.NewJSONEncoder(enc)
 	}
-	core := zapcore.NewCore(cleanEncoder{encoder}, w, lvl)
+	logLevel.SetLevel(lvl)
+	core := zapcore.NewCore(cleanEncoder{encoder}, w, logLevel)
 	return zap.New(core), nil
 }
 

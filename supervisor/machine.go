@@ -343,7 +343,7 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 		m.child = nil
 		m.stdout.Close()
 		m.stderr.Close()
-		m.fail(outcome{exit: exitInfo{Code: -1, StartFailure: err.Error()}, phase: policy.PhaseStarting, lines: m.out.ring.snapshot()})
+		m.fail(outcome{exit: exitInfo{Code: -1, GuardFailure: err.Error()}, phase: policy.PhaseStarting, lines: m.out.ring.snapshot()})
 		return
 	}
 	m.child = c
@@ -640,6 +640,7 @@ func (m *machine) fail(res outcome) {
 		Phase:         res.phase,
 		Critical:      s.cfg.GPU.CriticalFraction,
 		StartFailure:  res.exit.StartFailure,
+		GuardFailure:  res.exit.GuardFailure,
 	}
 	if s.gpu != nil {
 		exit.MemFractions = s.gpu.RecentFractions(10)

@@ -331,7 +331,7 @@ func (c *child) seen() []int { return c.seenPIDs.pids() }
 func (c *child) killLeftovers() []int {
 	left := c.seenPIDs.survivors()
 	for _, p := range c.exitInfo.Survivors {
-		if !slices.Contains(left, p) {
+		if info, ok := readStat(p.pid); ok && info.start == p.start && info.state != 'Z' && !slices.Contains(left, p) {
 			left = append(left, p)
 		}
 	}
@@ -376,6 +376,7 @@ type treeSeen struct {
 	start   map[int]uint64
 	order   []int // PIDs, oldest first
 	dropped int   // processes not remembered because of the cap
+	limit   int   // the cap; 0 means seenCap
 }
 
 func (t *treeSeen) add(pids []int) {
@@ -386,9 +387,13 @@ func (t *treeSeen) add(pids []int) {
 		if s, ok := t.start[p.pid]; ok && s == p.start {
 			continue
 		}
-		if _, ok := t.start[p.pid]; !ok && len(t.start) >= seenCap {
+		limit := t.limit
+		if limit == 0 {
+			limit = seenCap
+		}
+		if _, ok := t.start[p.pid]; !ok && len(t.start) >= limit {
 			t.pruneDead()
-			if len(t.start) >= seenCap {
+			if len(t.start) >= limit {
 				t.dropped++
 				continue
 			}

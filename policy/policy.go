@@ -310,6 +310,9 @@ func (p *Policy) OnFailure(now time.Time, v Verdict) Decision {
 		d.Reason = "host memory ran out (kernel OOM killer, not the GPU): restarting on the same rung; raise the host/cgroup memory limit"
 	default:
 		d.Reason = fmt.Sprintf("vLLM died (%s): restarting on the same rung", causeWord(v.Cause))
+		if v.guardStart {
+			d.Reason = v.Summary + ": retrying on the same rung"
+		}
 	}
 	// The crash-loop check comes after the rung change, so a guard that
 	// systemd starts again resumes on the lighter rung from state.json.

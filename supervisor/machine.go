@@ -281,7 +281,7 @@ func (m *machine) onTimer(k timerKind, sink *logSink) {
 	case tDying:
 		m.hung(fmt.Sprintf("/health said vLLM's engine is dead and vLLM did not exit within %s", m.s.engineDeadGrace()))
 	case tStopKill:
-		m.s.log.Warn("vLLM did not stop within its stop timeout: killing its process tree",
+		m.s.log.Warn("vLLM did not stop within its stop timeout: the keeper kills its whole tree",
 			zap.Duration("stop_timeout", m.s.stopTimeout()))
 		m.child.kill()
 	case tRelease:
@@ -362,10 +362,11 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 		m.child = nil
 		m.stdout.Close()
 		m.stderr.Close()
-		m.fail(outcome{exit: exitInfo{Code: -1, StartFailure: err.Error()}, phase: policy.PhaseStarting, lines: m.out.ring.snapshot()})
+		m.fail(outcome{exit: exitInfo{Code: -1, GuardFailure: err.Error()}, phase: policy.PhaseStarting, lines: m.out.ring.snapshot()})
 		return
 	}
 	m.child = c
+	c.refresh() // the API server is known (with its start time) from the first moment
 	m.out.pid.Store(int64(c.pid()))
 	s.update(func(st *Status) { st.PID = c.pid() })
 	if s.gpu != nil {
@@ -754,6 +755,7 @@ func (m *machine) fail(res outcome) {
 		Phase:         res.phase,
 		Critical:      s.cfg.GPU.CriticalFraction,
 		StartFailure:  res.exit.StartFailure,
+		GuardFailure:  res.exit.GuardFailure,
 	}
 	if s.gpu != nil {
 		exit.MemFractions = s.gpu.RecentFractions(10)

@@ -34,6 +34,7 @@ const (
 	DecisionRestore      = "restore"       // a stable stretch on a lower rung: one rung up
 	DecisionProfileReset = "profile_reset" // back to rung 0 at the next start
 	DecisionStop         = "stop"          // the guard was asked to stop
+	DecisionKill         = "kill"          // vLLM did not stop in time (or a second stop signal): SIGKILL of its tree
 )
 
 // Event is one thing that happened. Only the fields of its Kind are set.

@@ -155,7 +155,7 @@ func TestFaultIgnoredSIGTERMIsEscalated(t *testing.T) {
 	if code := s.waitExit(20 * time.Second); code != 0 {
 		t.Fatalf("exit code %d, want 0", code)
 	}
-	if n := s.count(msg("vLLM did not stop within stop_timeout: killing its process group")); n != 1 {
+	if n := s.count(and(msg("decision: kill"), field("reason", "vLLM did not stop within 3s"))); n != 1 {
 		t.Fatalf("%d escalations to SIGKILL logged, want 1", n)
 	}
 	s.waitNoProcesses(5 * time.Second)

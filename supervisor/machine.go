@@ -283,6 +283,8 @@ func (m *machine) onTimer(k timerKind, sink *logSink) {
 	case tStopKill:
 		m.s.log.Warn("vLLM did not stop within its stop timeout: the keeper kills its whole tree",
 			zap.Duration("stop_timeout", m.s.stopTimeout()))
+		m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.child.pid(),
+			Reason: fmt.Sprintf("vLLM did not stop within %s", m.s.stopTimeout())})
 		m.child.kill()
 	case tRelease:
 		m.checkReleased()
@@ -913,8 +915,9 @@ func (m *machine) applyPending() {
 // onKill: a second SIGTERM or SIGINT while stopping: no more waiting.
 func (m *machine) onKill() {
 	if m.phase == phStopping && m.child != nil {
-		m.s.log.Warn("asked to stop again: killing vLLM's process tree now")
 		m.disarm(tStopKill)
+		m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.child.pid(),
+			Reason: "asked to stop again"})
 		m.child.kill()
 	}
 }

@@ -38,7 +38,7 @@ type Options struct {
 	// holds by design is what can run out.
 	Thresholds     func(budget float64) (warn, critical float64)
 	PredictHorizon time.Duration
-	History            time.Duration // ring length, default 15m
+	History        time.Duration // ring length, default 15m
 }
 
 func (o Options) withDefaults() Options {

@@ -3,6 +3,8 @@ package gpumon
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -328,5 +330,19 @@ func TestBudgetLearnedAtReady(t *testing.T) {
 	}
 	if c := m.CriticalFraction(); c != 0.995 {
 		t.Fatalf("CriticalFraction %g", c)
+	}
+}
+
+// A process's command line never shows vLLM's API key (status, `gpus`,
+// the holders named while waiting for memory).
+func TestCommandOfMasksAPIKey(t *testing.T) {
+	root := t.TempDir()
+	old := procRoot
+	procRoot = root
+	defer func() { procRoot = old }()
+	os.MkdirAll(filepath.Join(root, "42"), 0o755)
+	os.WriteFile(filepath.Join(root, "42", "cmdline"), []byte("vllm\x00serve\x00m\x00--api-key\x00sk-a\x00sk-b\x00--port\x008000\x00"), 0o644)
+	if got := commandOf(42); got != "vllm serve m --api-key *** *** --port 8000" {
+		t.Fatalf("commandOf = %q", got)
 	}
 }

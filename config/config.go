@@ -48,7 +48,7 @@ type Profile struct {
 }
 
 type Readiness struct {
-	Probe        string   `toml:"probe"` // "health" | "models" | "completion"
+	Probe        string   `toml:"probe"` // "auto" | "completion" | "models" | "health"
 	PollInterval Duration `toml:"poll_interval"`
 	ProbeTimeout Duration `toml:"probe_timeout"`
 	StallTimeout Duration `toml:"stall_timeout"`
@@ -65,8 +65,15 @@ type Liveness struct {
 }
 
 type GPU struct {
-	Devices          []string `toml:"devices"`
-	SampleInterval   Duration `toml:"sample_interval"`
+	Devices        []string `toml:"devices"`
+	SampleInterval Duration `toml:"sample_interval"`
+	// WarnOverBudget and CriticalOverBudget: memory beyond vLLM's own
+	// budget (utilization × total, or what it held once loaded), as a
+	// fraction of total, that raises gpu_memory_warn and gpu_memory_critical.
+	WarnOverBudget     float64 `toml:"warn_over_budget"`
+	CriticalOverBudget float64 `toml:"critical_over_budget"`
+	// WarnFraction and CriticalFraction are fixed used/total thresholds
+	// (the keys before the budget-relative ones); 0 = follow the budget.
 	WarnFraction     float64  `toml:"warn_fraction"`
 	CriticalFraction float64  `toml:"critical_fraction"`
 	PredictHorizon   Duration `toml:"predict_horizon"`
@@ -144,7 +151,7 @@ func Default() *Config {
 			Headroom:                 0.15,
 		},
 		Readiness: Readiness{
-			Probe:        "completion",
+			Probe:        "auto",
 			PollInterval: d("250ms"),
 			ProbeTimeout: d("2s"),
 			StallTimeout: d("10m"),
@@ -152,12 +159,12 @@ func Default() *Config {
 		},
 		Liveness: Liveness{Interval: d("10s"), Timeout: d("5s"), Failures: 3, StuckTimeout: d("60s")},
 		GPU: GPU{
-			Devices:          []string{},
-			SampleInterval:   d("1s"),
-			WarnFraction:     0.90,
-			CriticalFraction: 0.97,
-			PredictHorizon:   d("10m"),
-			ReleaseTimeout:   d("60s"),
+			Devices:            []string{},
+			SampleInterval:     d("1s"),
+			WarnOverBudget:     0.03,
+			CriticalOverBudget: 0.05,
+			PredictHorizon:     d("10m"),
+			ReleaseTimeout:     d("60s"),
 		},
 		Restart: Restart{
 			InitialDelay: d("5s"),

@@ -176,9 +176,13 @@ func TestLoadErrors(t *testing.T) {
 		{"max seqs zero", "[profile]\nmax_num_seqs = 0\n", 2, "[profile] max_num_seqs", "allowed: 1 to 1048576"},
 		{"step negative", "[profile]\ngpu_memory_utilization_step = -0.05\n", 2, "[profile] gpu_memory_utilization_step", "0 or more"},
 		{"headroom 1", "[profile]\nheadroom = 1.0\n", 2, "[profile] headroom", "less than 1"},
-		{"probe", "[readiness]\nprobe = \"ping\"\n", 2, "[readiness] probe", `allowed: "health", "models" or "completion"`},
+		{"probe", "[readiness]\nprobe = \"ping\"\n", 2, "[readiness] probe", `allowed: "auto" (the deepest request the model serves), "completion", "models" or "health"`},
 		{"failures", "[liveness]\nfailures = 0\n", 2, "[liveness] failures", "1 or more"},
-		{"warn above critical", "[gpu]\nwarn_fraction = 0.98\n", 2, "[gpu] warn_fraction", "below critical_fraction"},
+		{"warn above critical", "[gpu]\nwarn_fraction = 0.98\ncritical_fraction = 0.97\n", 2, "[gpu] warn_fraction", "below critical_fraction"},
+		{"warn would always fire", "[profile]\ngpu_memory_utilization = 0.9\n[gpu]\nwarn_fraction = 0.90\n", 4, "[gpu] warn_fraction", "would always fire"},
+		{"critical would always fire", "[profile]\ngpu_memory_utilization = 0.95\n[gpu]\ncritical_fraction = 0.9\n", 4, "[gpu] critical_fraction", "critical_over_budget"},
+		{"over budget zero", "[gpu]\nwarn_over_budget = 0.0\n", 2, "[gpu] warn_over_budget", "more than 0"},
+		{"warn over above critical over", "[gpu]\nwarn_over_budget = 0.06\n", 2, "[gpu] warn_over_budget", "below critical_over_budget"},
 		{"critical above 1", "[gpu]\ncritical_fraction = 1.5\n", 2, "[gpu] critical_fraction", "at most 1"},
 		{"device empty", "[gpu]\ndevices = [\"0\", \"\"]\n", 2, "[gpu] devices", "element 2 is empty"},
 		{"multiplier", "[restart]\nmultiplier = 0.5\n", 2, "[restart] multiplier", "1 or more"},
@@ -301,7 +305,7 @@ func TestWriteEffectiveFormat(t *testing.T) {
 		`max_delay      = "5m"`,
 		"multiplier     = 2.0",
 		`env               = { A = "quote\"d\u0001", B = "2" }`,
-		`devices           = []`,
+		`devices              = []`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
@@ -318,6 +322,7 @@ func TestServedModelName(t *testing.T) {
 	}{
 		{"explicit", "api-name", []string{"vllm", "serve", "m"}, "api-name"},
 		{"positional", "", []string{"vllm", "serve", "Qwen/Qwen2.5-7B-Instruct", "--port", "1"}, "Qwen/Qwen2.5-7B-Instruct"},
+		{"positional after flags", "", []string{"vllm", "serve", "--enforce-eager", "--port", "1", "org/m"}, "org/m"},
 		{"flag", "", []string{"vllm", "serve", "m", "--served-model-name", "a", "b"}, "a"},
 		{"flag equals", "", []string{"vllm", "serve", "m", "--served-model-name=a"}, "a"},
 		{"--model", "", []string{"python", "-m", "vllm.entrypoints.openai.api_server", "--model", "x/y"}, "x/y"},
@@ -331,6 +336,64 @@ func TestServedModelName(t *testing.T) {
 		if got := c.ServedModelName(); got != tc.want {
 			t.Errorf("%s: ServedModelName() = %q, want %q", tc.name, got, tc.want)
 		}
+	}
+	// Several names, the extra arguments and the --config file all count.
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "v.yaml"), []byte("served-model-name: [y1, y2]\n"), 0o644)
+	c := Default()
+	c.VLLM.Workdir = dir
+	c.VLLM.Command = []string{"vllm", "serve", "m", "--config", "v.yaml"}
+	a, err := c.VLLMArgs(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.ServedModelNames(a); !reflect.DeepEqual(got, []string{"y1", "y2"}) {
+		t.Errorf("from YAML: %q", got)
+	}
+	a, _ = c.VLLMArgs([]string{"--served-model-name", "x"})
+	if got := c.ServedModelNames(a); !reflect.DeepEqual(got, []string{"x"}) {
+		t.Errorf("extra args override the file: %q", got)
+	}
+	c.VLLM.Command = []string{"vllm", "serve", "m", "--config", "nope.yaml"}
+	var ce *Error
+	if _, err := c.VLLMArgs(nil); !errors.As(err, &ce) || !strings.Contains(err.Error(), "nope.yaml") {
+		t.Errorf("missing YAML: %v", err)
+	}
+}
+
+func TestThresholdsFollowTheBudget(t *testing.T) {
+	g := Default().GPU
+	for _, budget := range []float64{0.9, 0.95} {
+		warn, crit := g.Thresholds(budget)
+		if warn <= budget || crit <= warn {
+			t.Errorf("budget %g: warn %g critical %g: each must be above the budget, warn first", budget, warn, crit)
+		}
+	}
+	if w, c := g.Thresholds(0.99); w != 0.995 || c != 0.995 {
+		t.Errorf("near-full budget: %g %g, want both capped at 0.995", w, c)
+	}
+	g.WarnFraction, g.CriticalFraction = 0.93, 0.98
+	if w, c := g.Thresholds(0.5); w != 0.93 || c != 0.98 {
+		t.Errorf("fixed keys: %g %g", w, c)
+	}
+}
+
+func TestCheckMasksSecrets(t *testing.T) {
+	c := Default()
+	c.VLLM.Command = []string{"vllm", "serve", "m", "--api-key", "sk-top", "--api-key=sk-two"}
+	c.VLLM.Env = map[string]string{"VLLM_API_KEY": "sk-env", "HF_HOME": "/models"}
+	var b strings.Builder
+	if err := c.WriteEffective(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, s := range []string{"sk-top", "sk-two", "sk-env"} {
+		if strings.Contains(out, s) {
+			t.Errorf("secret %q printed:\n%s", s, out)
+		}
+	}
+	if !strings.Contains(out, `"--api-key", "***"`) || !strings.Contains(out, `VLLM_API_KEY = "***"`) || !strings.Contains(out, "/models") {
+		t.Errorf("masking went too far or not far enough:\n%s", out)
 	}
 }
 

@@ -12,37 +12,62 @@ import (
 	"unicode/utf8"
 
 	"github.com/vllm-guard/vllm-guard/internal/redact"
+	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 )
 
-// ServedModelName is the name /v1/models must list: served_model_name, else
-// the first value of --served-model-name in the command, else the model
-// (the argument after "serve", or --model).
-func (c *Config) ServedModelName() string {
-	if c.VLLM.ServedModelName != "" {
-		return c.VLLM.ServedModelName
+// VLLMArgs reads vLLM's effective command line: [vllm] command, then extra
+// (the arguments after `--`), a --config file relative to [vllm] workdir,
+// and the environment vLLM will see ([vllm] env over the guard's own). A
+// command line the guard cannot read is a configuration error.
+func (c *Config) VLLMArgs(extra []string) (*vllmargs.Args, error) {
+	a, err := vllmargs.Parse(c.VLLM.Command, extra, c.VLLM.Workdir, vllmargs.EnvOf(c.VLLM.Env, vllmargs.OSEnv))
+	if err != nil {
+		return nil, &Error{File: c.Path, Key: "[vllm] command", Msg: err.Error(), Err: err}
 	}
-	args := c.VLLM.Command
-	if v := flagValue(args, "--served-model-name"); v != "" {
-		return v
-	}
-	for i := 1; i < len(args)-1; i++ {
-		if args[i] == "serve" && !strings.HasPrefix(args[i+1], "-") {
-			return args[i+1]
-		}
-	}
-	return flagValue(args, "--model")
+	return a, nil
 }
 
-func flagValue(args []string, flag string) string {
-	for i, a := range args {
-		if a == flag && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
-			return args[i+1]
-		}
-		if v, ok := strings.CutPrefix(a, flag+"="); ok {
-			return v
-		}
+// ServedModelNames are the names /v1/models must list (any one of them
+// will do): [vllm] served_model_name when set, else what vLLM's command
+// line says (every --served-model-name, else the model).
+func (c *Config) ServedModelNames(a *vllmargs.Args) []string {
+	if c.VLLM.ServedModelName != "" {
+		return []string{c.VLLM.ServedModelName}
+	}
+	if a == nil {
+		return nil
+	}
+	return append([]string(nil), a.ServedNames...)
+}
+
+// ServedModelName is the first of ServedModelNames for the command alone
+// ("" when the command line cannot be read).
+func (c *Config) ServedModelName() string {
+	a, _ := c.VLLMArgs(nil)
+	if names := c.ServedModelNames(a); len(names) > 0 {
+		return names[0]
 	}
 	return ""
+}
+
+// maxThreshold caps a budget-relative threshold: a budget near the whole
+// device must still leave an alert that can fire.
+const maxThreshold = 0.995
+
+// Thresholds are the used/total fractions that raise gpu_memory_warn and
+// gpu_memory_critical for a vLLM whose budget is budget (a fraction of
+// total): the fixed warn_fraction/critical_fraction when set, else the
+// budget plus warn_over_budget/critical_over_budget, at most 0.995.
+func (g GPU) Thresholds(budget float64) (warn, critical float64) {
+	critical = g.CriticalFraction
+	if critical <= 0 {
+		critical = min(budget+g.CriticalOverBudget, maxThreshold)
+	}
+	warn = g.WarnFraction
+	if warn <= 0 {
+		warn = min(budget+g.WarnOverBudget, maxThreshold)
+	}
+	return min(warn, critical), critical
 }
 
 // WriteEffective writes every setting, defaults included, as TOML that Load
@@ -78,7 +103,7 @@ func (c *Config) WriteEffective(w io.Writer) error {
 			if key == "" {
 				continue
 			}
-			fmt.Fprintf(&b, "%-*s = %s\n", width, key, tomlValue(redacted(sv.Field(j))))
+			fmt.Fprintf(&b, "%-*s = %s\n", width, key, tomlValue(redacted(masked(name+"."+key, sv.Field(j)))))
 		}
 	}
 	_, err := io.WriteString(w, b.String())
@@ -108,6 +133,28 @@ func redacted(v reflect.Value) reflect.Value {
 			out.SetMapIndex(k, reflect.ValueOf(val))
 		}
 		return out
+	}
+	return v
+}
+
+// masked hides secrets where check prints the settings: the values of
+// --api-key (and other secret flags) in [vllm] command, and the secret
+// variables of [vllm] env (VLLM_API_KEY, tokens, passwords) as ***.
+func masked(key string, v reflect.Value) reflect.Value {
+	switch key {
+	case "vllm.command":
+		argv := v.Interface().([]string)
+		return reflect.ValueOf(vllmargs.MaskArgv(argv, nil))
+	case "vllm.env":
+		env := v.Interface().(map[string]string)
+		out := make(map[string]string, len(env))
+		for k, val := range env {
+			if vllmargs.SecretEnvName(k) {
+				val = vllmargs.Mask
+			}
+			out[k] = val
+		}
+		return reflect.ValueOf(out)
 	}
 	return v
 }

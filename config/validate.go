@@ -195,9 +195,9 @@ func (c *checker) validate(cfg *Config) {
 
 	r := cfg.Readiness
 	switch r.Probe {
-	case "health", "models", "completion":
+	case "auto", "health", "models", "completion":
 	default:
-		c.add(k("readiness", "probe"), "%s is not a probe; allowed: \"health\", \"models\" or \"completion\"", tomlQuote(r.Probe))
+		c.add(k("readiness", "probe"), "%s is not a probe; allowed: \"auto\" (the deepest request the model serves), \"completion\", \"models\" or \"health\"", tomlQuote(r.Probe))
 	}
 
 	l := cfg.Liveness
@@ -211,9 +211,29 @@ func (c *checker) validate(cfg *Config) {
 			c.add(k("gpu", "devices"), "element %d is empty; write a GPU index such as \"0\" or a UUID such as \"GPU-…\"", i+1)
 		}
 	}
-	okWarn := c.fraction(k("gpu", "warn_fraction"), g.WarnFraction, true, 1, true, "used/total that raises gpu_memory_warn, such as 0.90")
-	okCrit := c.fraction(k("gpu", "critical_fraction"), g.CriticalFraction, true, 1, false, "used/total that raises gpu_memory_critical, such as 0.97")
-	if okWarn && okCrit && g.WarnFraction >= g.CriticalFraction {
+	okWO := c.fraction(k("gpu", "warn_over_budget"), g.WarnOverBudget, true, 0.5, false, "memory beyond vLLM's budget, as a share of total, that raises gpu_memory_warn, such as 0.03")
+	okCO := c.fraction(k("gpu", "critical_over_budget"), g.CriticalOverBudget, true, 0.5, false, "memory beyond vLLM's budget, as a share of total, that raises gpu_memory_critical, such as 0.05")
+	if okWO && okCO && g.WarnOverBudget >= g.CriticalOverBudget {
+		p := c.at(k("gpu", "warn_over_budget"), k("gpu", "critical_over_budget"))
+		c.add(p, "warn_over_budget (%g) must be below critical_over_budget (%g): the warning comes first", g.WarnOverBudget, g.CriticalOverBudget)
+	}
+	// The fixed thresholds of older configs still work, but one at or below
+	// vLLM's budget would fire for the whole run: vLLM holds utilization ×
+	// total from the end of its load on.
+	okWarn := g.WarnFraction == 0 || c.fraction(k("gpu", "warn_fraction"), g.WarnFraction, true, 1, true, "fixed used/total that raises gpu_memory_warn; 0 (the default) follows warn_over_budget")
+	okCrit := g.CriticalFraction == 0 || c.fraction(k("gpu", "critical_fraction"), g.CriticalFraction, true, 1, false, "fixed used/total that raises gpu_memory_critical; 0 (the default) follows critical_over_budget")
+	for _, t := range []struct {
+		key, instead string
+		v            float64
+		ok           bool
+	}{{"warn_fraction", "warn_over_budget", g.WarnFraction, okWarn}, {"critical_fraction", "critical_over_budget", g.CriticalFraction, okCrit}} {
+		if t.v > 0 && t.ok && okUtil && t.v <= pr.GPUMemoryUtilization {
+			p := c.at(k("gpu", t.key), k("profile", "gpu_memory_utilization"))
+			c.add(p, "%s (%g) is at or below gpu_memory_utilization (%g): vLLM holds that share of the GPU for its whole run, so the alert would always fire; "+
+				"remove %s and set %s (memory beyond vLLM's budget, such as 0.03)", t.key, t.v, pr.GPUMemoryUtilization, t.key, t.instead)
+		}
+	}
+	if g.WarnFraction > 0 && g.CriticalFraction > 0 && okWarn && okCrit && g.WarnFraction >= g.CriticalFraction {
 		p := c.at(k("gpu", "warn_fraction"), k("gpu", "critical_fraction"))
 		c.add(p, "warn_fraction (%g) must be below critical_fraction (%g): the warning comes first", g.WarnFraction, g.CriticalFraction)
 	}

@@ -71,8 +71,16 @@ func WriteStatus(w io.Writer, d Doc) {
 		ttr = g.TimeToReady.Round(100 * time.Millisecond).String()
 	}
 	row("time to ready", "%s (last start); %d %s", ttr, g.Starts, plural(g.Starts, "start", "starts"))
-	row("profile", "rung %d: max_num_seqs %d, gpu_memory_utilization %.2f",
-		g.Rung.Index, g.Rung.MaxNumSeqs, g.Rung.GPUMemoryUtilization)
+	if g.Rung.KVCacheMemoryBytes > 0 {
+		row("profile", "rung %d: max_num_seqs %d, kv_cache_memory_bytes %d (%s)",
+			g.Rung.Index, g.Rung.MaxNumSeqs, g.Rung.KVCacheMemoryBytes, gib(g.Rung.KVCacheMemoryBytes))
+	} else {
+		row("profile", "rung %d: max_num_seqs %d, gpu_memory_utilization %.2f",
+			g.Rung.Index, g.Rung.MaxNumSeqs, g.Rung.GPUMemoryUtilization)
+	}
+	if g.Probe != "" {
+		row("probe", "%s", g.Probe)
+	}
 	if g.Cost != "" {
 		row("cost model", "%s", g.Cost)
 	}
@@ -121,6 +129,13 @@ func writeGPUs(w io.Writer, d Doc) {
 	for _, dev := range gpu.Devices {
 		fmt.Fprintf(w, "  %d  %s  %s / %s  %.0f%%  %s\n",
 			dev.Index, clean(dev.Name), gib(dev.Used), gib(dev.Total), dev.Fraction*100, trend(dev))
+		if dev.WarnAt > 0 {
+			budget := "not known yet"
+			if dev.Budget > 0 {
+				budget = fmt.Sprintf("%.1f%%", dev.Budget*100)
+			}
+			fmt.Fprintf(w, "     vLLM's budget %s; warn at %.1f%%, critical at %.1f%%\n", budget, dev.WarnAt*100, dev.CriticalAt*100)
+		}
 		if len(dev.History) > 0 {
 			lo, hi := SparkScale(dev.History)
 			fmt.Fprintf(w, "     %s  %.0f%%–%.0f%%\n", Sparkline(dev.History, sparkWidth, lo, hi), lo*100, hi*100)

@@ -35,17 +35,23 @@ type Options struct {
 	Socket       string        // the guard's control socket; "" = plain vLLM, no guard side
 	Timeout      time.Duration // one request's limit
 	Interval     time.Duration // guard status sampling period (1 s)
+	// APIKey is sent as "Authorization: Bearer <key>" when set (vLLM's
+	// --api-key); it is never printed.
+	APIKey string `json:"-"`
 }
 
 const usage = `usage: vllm-guard drill --url URL --model NAME [--concurrency N] [--prompt-tokens T]
        [--max-tokens M] [--duration D] [--ramp D] [--chat] [--stream] [--socket PATH]
-       [--timeout D] [--json FILE]
+       [--timeout D] [--json FILE] [--api-key-file FILE]
 
 Sends an OpenAI-compatible long-context burst at URL (vLLM, or the guard's
 proxy), samples the guard's status every second over --socket, prints a
 report and a verdict: PASS when no OOM happened or every OOM was preceded by
 an alert (without --socket: when no request failed with a 5xx, a connection
 error or a cut stream). Exit 0 on PASS, 1 on FAIL, 2 on a usage error.
+When vLLM needs an API key, the drill sends $VLLM_API_KEY, or the first line
+of --api-key-file, as a Bearer token (never on the command line, where ps
+would show it).
 `
 
 // Command implements `vllm-guard drill`.
@@ -93,6 +99,7 @@ func parseArgs(args []string, stdout, stderr io.Writer) (o Options, jsonPath str
 	fs.StringVar(&o.Socket, "socket", "", "the guard's control socket (without it: plain vLLM, no guard side)")
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "one request's time limit")
 	fs.StringVar(&jsonPath, "json", "", "also write the report as JSON to this file")
+	keyFile := fs.String("api-key-file", "", "a file whose first line is vLLM's API key (default: $VLLM_API_KEY)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, usage)
@@ -102,6 +109,15 @@ func parseArgs(args []string, stdout, stderr io.Writer) (o Options, jsonPath str
 		return o, "", 2, false
 	}
 	o.Interval = time.Second
+	o.APIKey = os.Getenv("VLLM_API_KEY")
+	if *keyFile != "" {
+		raw, err := os.ReadFile(*keyFile)
+		if err != nil {
+			fmt.Fprintf(stderr, "vllm-guard drill: --api-key-file: %v\n", err)
+			return o, "", 2, false
+		}
+		o.APIKey = strings.TrimSpace(strings.SplitN(string(raw), "\n", 2)[0])
+	}
 	if err := o.validate(); err != nil || fs.NArg() > 0 {
 		if err == nil {
 			err = fmt.Errorf("unexpected argument %q", fs.Arg(0))

@@ -390,3 +390,19 @@ func TestDrillWithoutReachableGuard(t *testing.T) {
 		t.Fatalf("reasons %v: want the unreadable status named", rep.Reasons)
 	}
 }
+
+// With an API key every request carries it as a Bearer token.
+func TestDrillSendsAPIKey(t *testing.T) {
+	var got atomic.Pointer[string]
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := r.Header.Get("Authorization")
+		got.Store(&h)
+		w.Write([]byte(`{"choices":[{"text":"x"}]}`))
+	}))
+	defer srv.Close()
+	o := Options{URL: srv.URL, Model: "m", Timeout: 5 * time.Second, APIKey: "sk-drill"}
+	r, _ := doRequest(context.Background(), srv.Client(), srv.URL+"/v1/completions", []byte(`{}`), o)
+	if g := got.Load(); g == nil || *g != "Bearer sk-drill" || r.outcome != OutcomeOK {
+		t.Fatalf("Authorization %v, outcome %v", g, r.outcome)
+	}
+}

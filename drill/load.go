@@ -162,6 +162,9 @@ func doRequest(parent context.Context, client *http.Client, endpoint string, bod
 		return fail(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if o.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+o.APIKey)
+	}
 	if o.Stream {
 		req.Header.Set("Accept", "text/event-stream")
 	}

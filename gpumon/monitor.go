@@ -31,10 +31,14 @@ type Options struct {
 	Devices            []string // [gpu] devices (indices or UUIDs); empty → CUDAVisibleDevices → all
 	CUDAVisibleDevices string   // the child's CUDA_VISIBLE_DEVICES (indices or UUIDs, as CUDA reads them; "" = unset)
 	SampleInterval     time.Duration
-	WarnFraction       float64
+	WarnFraction       float64 // fixed thresholds, used when Thresholds is nil
 	CriticalFraction   float64
-	PredictHorizon     time.Duration
-	History            time.Duration // ring length, default 15m
+	// Thresholds, when set, gives the warn and critical fractions for vLLM's
+	// budget (a fraction of total; see SetBudget): memory beyond what vLLM
+	// holds by design is what can run out.
+	Thresholds     func(budget float64) (warn, critical float64)
+	PredictHorizon time.Duration
+	History        time.Duration // ring length, default 15m
 }
 
 func (o Options) withDefaults() Options {
@@ -80,6 +84,9 @@ type Device struct {
 	SlopeBytesPerSec  float64   `json:"slope_bytes_per_sec"`
 	SecondsToCritical float64   `json:"seconds_to_critical"` // < 0 when not climbing
 	History           []float64 `json:"history"`             // fractions, last 10 min, 1 per sample, oldest first
+	Budget            float64   `json:"budget_fraction"`     // what vLLM holds by design (0: not known yet)
+	WarnAt            float64   `json:"warn_fraction"`       // gpu_memory_warn is raised at this fraction
+	CriticalAt        float64   `json:"critical_fraction"`   // gpu_memory_critical is raised at this fraction
 	Processes         []Proc    `json:"processes"`
 }
 
@@ -217,6 +224,9 @@ type Monitor struct {
 	pidWorks    bool // a tree pid was seen in NVML's lists: pid attribution works here
 	attribution string
 	loading     bool
+	budget      float64   // SetBudget's: utilization, or 0 (learned at ready)
+	loadPeak    []float64 // per device, the highest fraction while loading
+	learned     []float64 // per device, what vLLM held when it became ready
 	subs        map[chan Alert]struct{}
 	dropped     uint64
 }
@@ -338,6 +348,8 @@ func (m *Monitor) open() error {
 		m.trackers[i].cfg = m.trend
 	}
 	m.alerts = make([]alertState, len(chosen))
+	m.loadPeak = make([]float64, len(chosen))
+	m.learned = make([]float64, len(chosen))
 	m.trends = make([]trendResult, len(chosen))
 	m.procs = make([][]Proc, len(chosen))
 	m.hist = nil
@@ -387,6 +399,73 @@ func (m *Monitor) SetLoading(loading bool) {
 	for i := range m.trackers {
 		m.trackers[i].restart(now)
 	}
+	for i := range m.loadPeak {
+		if loading {
+			m.loadPeak[i], m.learned[i] = 0, 0
+		} else {
+			// Loaded: what vLLM holds now it holds for the whole run.
+			m.learned[i] = m.loadPeak[i]
+		}
+	}
+}
+
+// SetThresholds replaces how warn and critical follow the budget (a config
+// reload); the next sample uses them.
+func (m *Monitor) SetThresholds(f func(budget float64) (warn, critical float64)) {
+	m.mu.Lock()
+	m.opts.Thresholds = f
+	m.mu.Unlock()
+}
+
+// SetBudget tells the monitor vLLM's budget for the next run, as a
+// fraction of each device's total: its gpu_memory_utilization, or 0 when
+// vLLM sizes its KV cache in bytes (--kv-cache-memory-bytes) and the budget
+// is learned. Either way, once vLLM is ready the budget is at least what it
+// held then (its non-torch memory, CUDA graphs and context come on top of
+// the utilization share). Alerts mean memory beyond the budget.
+func (m *Monitor) SetBudget(fraction float64) {
+	m.mu.Lock()
+	m.budget = fraction
+	m.mu.Unlock()
+}
+
+// budgetOf is device i's budget (mu held); 0 when not known yet.
+func (m *Monitor) budgetOf(i int) float64 {
+	b := m.budget
+	if i >= 0 && i < len(m.learned) {
+		b = max(b, m.learned[i])
+	}
+	return b
+}
+
+// thresholdsOf are device i's warn and critical fractions (mu held). An
+// unknown budget (bytes-sized KV cache, still loading) alerts only near a
+// full device.
+func (m *Monitor) thresholdsOf(i int) (warn, critical float64) {
+	if m.opts.Thresholds == nil {
+		return m.opts.WarnFraction, m.opts.CriticalFraction
+	}
+	b := m.budgetOf(i)
+	if b <= 0 {
+		b = 1
+	}
+	return m.opts.Thresholds(b)
+}
+
+// CriticalFraction is the lowest critical threshold of the watched devices
+// now (the classifier's "memory was critical before the death").
+func (m *Monitor) CriticalFraction() float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := 1.0
+	for i := range m.devs {
+		_, ci := m.thresholdsOf(i)
+		c = min(c, ci)
+	}
+	if len(m.devs) == 0 {
+		_, c = m.thresholdsOf(-1)
+	}
+	return c
 }
 
 // Subscribe returns alert events (raised and cleared) and a function that
@@ -542,10 +621,17 @@ func (m *Monitor) tick() {
 
 	var events []Alert
 	for i, d := range devs {
+		f := float64(s.used[i]) / float64(s.total[i])
+		if m.loading {
+			m.loadPeak[i] = max(m.loadPeak[i], f)
+		}
+		warn, crit := m.thresholdsOf(i)
+		m.trackers[i].cfg.warn, m.trackers[i].cfg.critical = warn, crit
 		tr := m.trackers[i].update(m.points(i))
 		m.trends[i] = tr
-		f := float64(s.used[i]) / float64(s.total[i])
-		events = append(events, m.alerts[i].update(m.alert, d.Index, f, tr, m.loading, at)...)
+		ac := m.alert
+		ac.warn, ac.critical = warn, crit
+		events = append(events, m.alerts[i].update(ac, d.Index, f, tr, m.loading, at)...)
 	}
 	for _, a := range events {
 		log := m.log.Info
@@ -624,6 +710,8 @@ func (m *Monitor) Snapshot() Snapshot {
 		for _, h := range m.hist[from:] {
 			dev.History = append(dev.History, float64(h.used[i])/float64(h.total[i]))
 		}
+		dev.Budget = m.budgetOf(i)
+		dev.WarnAt, dev.CriticalAt = m.thresholdsOf(i)
 		s.Devices = append(s.Devices, dev)
 		s.Active = append(s.Active, m.alerts[i].active()...)
 	}
@@ -665,9 +753,11 @@ func (m *Monitor) Holders() []Proc {
 }
 
 // CheckFree reports whether every watched device has at least
-// utilization × total free, as vLLM requires at startup, naming the holders
-// of memory on the devices that do not.
-func (m *Monitor) CheckFree(utilization float64) FreeCheck {
+// utilization × total free, as vLLM requires at startup — or, when vLLM
+// sizes its KV cache in bytes (kvBytes > 0, --kv-cache-memory-bytes), at
+// least those bytes free — naming the holders of memory on the devices that
+// do not.
+func (m *Monitor) CheckFree(utilization float64, kvBytes uint64) FreeCheck {
 	devs, rs, procs, err := m.readNow(m.treePids())
 	if err != nil {
 		return FreeCheck{OK: true, Known: false, Message: err.Error() + "; free memory not checked"}
@@ -676,6 +766,9 @@ func (m *Monitor) CheckFree(utilization float64) FreeCheck {
 	var short []string
 	for i, r := range rs {
 		need := uint64(utilization * float64(r.total))
+		if kvBytes > 0 {
+			need = kvBytes
+		}
 		df := DeviceFree{Index: devs[i].Index, UUID: devs[i].UUID, Free: r.free, Needed: need, Total: r.total, OK: r.free >= need}
 		fc.Devices = append(fc.Devices, df)
 		if df.OK {
@@ -683,11 +776,11 @@ func (m *Monitor) CheckFree(utilization float64) FreeCheck {
 		}
 		fc.OK = false
 		fc.Holders = append(fc.Holders, procs[i]...)
-		short = append(short, fmt.Sprintf("GPU %d: %s free of %s, %s needed (utilization %.2f); held by %s",
-			df.Index, gibU(df.Free), gibU(df.Total), gibU(df.Needed), utilization, describe(procs[i])))
+		short = append(short, fmt.Sprintf("GPU %d: %s free of %s, %s needed (%s); held by %s",
+			df.Index, gibU(df.Free), gibU(df.Total), gibU(df.Needed), needFor(utilization, kvBytes), describe(procs[i])))
 	}
 	if fc.OK {
-		fc.Message = fmt.Sprintf("enough free GPU memory for utilization %.2f", utilization)
+		fc.Message = "enough free GPU memory for " + needFor(utilization, kvBytes)
 	} else {
 		fc.Message = strings.Join(short, "; ")
 	}
@@ -790,6 +883,13 @@ func (m *Monitor) releaseCheck(pids map[int]bool, baseline []uint64) (Release, b
 		return Release{Method: "device totals", Held: held, HeldBytes: bytes, Message: strings.Join(over, "; ")}, false
 	}
 	return Release{Released: true, Method: "device totals", Message: "GPU memory back to its level before launch"}, true
+}
+
+func needFor(utilization float64, kvBytes uint64) string {
+	if kvBytes > 0 {
+		return fmt.Sprintf("--kv-cache-memory-bytes %d", kvBytes)
+	}
+	return fmt.Sprintf("utilization %.2f", utilization)
 }
 
 func describe(ps []Proc) string {

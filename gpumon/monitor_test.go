@@ -3,6 +3,8 @@ package gpumon
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -214,7 +216,7 @@ func TestDisabled(t *testing.T) {
 	if s.Up || s.Reason != "GPU metrics unavailable: built without cgo" {
 		t.Fatalf("snapshot %+v", s)
 	}
-	fc := m.CheckFree(0.9)
+	fc := m.CheckFree(0.9, 0)
 	if !fc.OK || fc.Known || !strings.Contains(fc.Message, "not checked") {
 		t.Fatalf("CheckFree %+v", fc)
 	}
@@ -263,5 +265,84 @@ GPU  PID   USED GiB  COMMAND
 	}
 	if b.String() != "GPU metrics unavailable: built without cgo\n" {
 		t.Fatalf("unavailable table: %q", b.String())
+	}
+}
+
+// budgetThresholds is the guard's rule: budget + 3 %, budget + 5 %, capped.
+func budgetThresholds(b float64) (float64, float64) { return min(b+0.03, 0.995), min(b+0.05, 0.995) }
+
+// A healthy vLLM holds its budget for the whole run: at 0.9 and 0.95
+// utilization (plus a little non-torch memory) nothing is raised; memory
+// beyond the budget is.
+func TestAlertsRelativeToBudget(t *testing.T) {
+	for _, util := range []float64{0.90, 0.95} {
+		src := &scripted{used: []uint64{0}, total: 80 << 30}
+		m := newMonitor(src, Options{Thresholds: budgetThresholds}, nil)
+		if err := m.open(); err != nil {
+			t.Fatal(err)
+		}
+		events, stop := m.Subscribe()
+		m.SetBudget(util)
+		m.SetLoading(true)
+		for _, f := range []float64{0.1, 0.3, util, util + 0.008} { // the load, then the budget and the CUDA context
+			src.set(0, f)
+			m.tick()
+		}
+		m.SetLoading(false)
+		for range 60 {
+			m.tick()
+		}
+		if d := m.Snapshot().Devices[0]; d.Budget < util || d.WarnAt <= d.Budget || d.CriticalAt <= d.WarnAt {
+			t.Fatalf("util %g: budget %g warn %g critical %g", util, d.Budget, d.WarnAt, d.CriticalAt)
+		}
+		select {
+		case a := <-events:
+			t.Fatalf("util %g: healthy vLLM raised %+v", util, a)
+		default:
+		}
+		src.set(0, util+0.04) // beyond the budget
+		m.tick()
+		if a := <-events; a.Name != AlertWarn || !a.Active {
+			t.Fatalf("util %g: want the warning, got %+v", util, a)
+		}
+		stop()
+	}
+}
+
+// With --kv-cache-memory-bytes the budget is what vLLM held once loaded.
+func TestBudgetLearnedAtReady(t *testing.T) {
+	src := &scripted{used: []uint64{0}, total: 80 << 30}
+	m := newMonitor(src, Options{Thresholds: budgetThresholds}, nil)
+	if err := m.open(); err != nil {
+		t.Fatal(err)
+	}
+	m.SetBudget(0)
+	m.SetLoading(true)
+	src.set(0, 0.97)
+	m.tick()
+	if d := m.Snapshot().Devices[0]; d.Budget != 0 || d.WarnAt != 0.995 {
+		t.Fatalf("unknown budget while loading: %+v", d)
+	}
+	m.SetLoading(false)
+	m.tick()
+	if d := m.Snapshot().Devices[0]; d.Budget < 0.969 || d.CriticalAt != 0.995 || len(m.Snapshot().Active) != 0 {
+		t.Fatalf("learned budget: %+v active %v", d, m.Snapshot().Active)
+	}
+	if c := m.CriticalFraction(); c != 0.995 {
+		t.Fatalf("CriticalFraction %g", c)
+	}
+}
+
+// A process's command line never shows vLLM's API key (status, `gpus`,
+// the holders named while waiting for memory).
+func TestCommandOfMasksAPIKey(t *testing.T) {
+	root := t.TempDir()
+	old := procRoot
+	procRoot = root
+	defer func() { procRoot = old }()
+	os.MkdirAll(filepath.Join(root, "42"), 0o755)
+	os.WriteFile(filepath.Join(root, "42", "cmdline"), []byte("vllm\x00serve\x00m\x00--api-key\x00sk-a\x00sk-b\x00--port\x008000\x00"), 0o644)
+	if got := commandOf(42); got != "vllm serve m --api-key *** *** --port 8000" {
+		t.Fatalf("commandOf = %q", got)
 	}
 }

@@ -401,7 +401,7 @@ func TestNoLibrary(t *testing.T) {
 	if s.Up || !strings.Contains(s.Reason, "GPU metrics unavailable: libnvidia-ml.so.1 not found") {
 		t.Fatalf("missing library: up=%v reason=%q", s.Up, s.Reason)
 	}
-	if fc := m.CheckFree(0.9); !fc.OK || fc.Known {
+	if fc := m.CheckFree(0.9, 0); !fc.OK || fc.Known {
 		t.Fatalf("CheckFree without NVML: %+v", fc)
 	}
 	if rel := m.WaitReleased(t.Context(), []int{1}, nil, time.Minute); !rel.Released || rel.Method != "unavailable" {
@@ -525,7 +525,7 @@ func TestCheckFreeAndWaitReleased(t *testing.T) {
 	m := New(f.nvml(), Options{SampleInterval: 20 * time.Millisecond, Devices: []string{"0"}}, nil)
 	mustOpen(t, m)
 
-	fc := m.CheckFree(0.85)
+	fc := m.CheckFree(0.85, 0)
 	if fc.OK || !fc.Known || len(fc.Devices) != 1 || fc.Devices[0].OK {
 		t.Fatalf("60 GiB held of 80: %+v", fc)
 	}
@@ -556,7 +556,7 @@ func TestCheckFreeAndWaitReleased(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(f.dir, "procs", strconv.Itoa(sl.Process.Pid))); !os.IsNotExist(err) {
 		t.Fatalf("the dead pid's state file was not removed after the delay: %v", err)
 	}
-	if fc := m.CheckFree(0.85); !fc.OK || !strings.Contains(fc.Message, "enough free GPU memory") {
+	if fc := m.CheckFree(0.85, 0); !fc.OK || !strings.Contains(fc.Message, "enough free GPU memory") {
 		t.Fatalf("after release: %+v", fc)
 	}
 

@@ -4,6 +4,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 )
 
 // procRoot is where process information is read from (a variable so a test
@@ -16,14 +18,16 @@ func pidVisible(pid int) bool {
 	return err == nil
 }
 
-// commandOf is the process's command line with NULs as spaces, cut to a
-// length a table can show; "" when the process is not visible.
+// commandOf is the process's command line with NULs as spaces, secret
+// flags' values (vLLM's --api-key) masked, cut to a length a table can
+// show; "" when the process is not visible.
 func commandOf(pid int) string {
 	b, err := os.ReadFile(procRoot + "/" + strconv.Itoa(pid) + "/cmdline")
 	if err != nil || len(b) == 0 {
 		return ""
 	}
-	s := strings.TrimRight(strings.ReplaceAll(string(b), "\x00", " "), " ")
+	argv := vllmargs.MaskArgv(strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"), nil)
+	s := strings.TrimRight(strings.Join(argv, " "), " ")
 	const maxLen = 200
 	if len(s) > maxLen {
 		s = strings.ToValidUTF8(s[:maxLen], "") + "…"

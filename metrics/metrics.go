@@ -55,6 +55,10 @@ type Metrics struct {
 	gpuTotal    *prometheus.GaugeVec
 	gpuRatio    *prometheus.GaugeVec
 	gpuCritical *prometheus.GaugeVec
+	gpuBudget   *prometheus.GaugeVec
+	gpuWarnAt   *prometheus.GaugeVec
+	gpuCritAt   *prometheus.GaugeVec
+	kvBytes     prometheus.Gauge
 
 	vllmUp      prometheus.Gauge
 	vllmRunning prometheus.Gauge
@@ -97,7 +101,11 @@ func New() *Metrics {
 		gpuUsed:     gv("gpu_memory_used_bytes", "GPU memory in use (everything not free), per watched GPU.", "gpu", "uuid"),
 		gpuTotal:    gv("gpu_memory_total_bytes", "GPU memory in total, per watched GPU.", "gpu", "uuid"),
 		gpuRatio:    gv("gpu_memory_used_ratio", "GPU memory used / total, per watched GPU.", "gpu"),
-		gpuCritical: gv("gpu_seconds_to_critical", "Seconds until the memory trend reaches critical_fraction; -1 when memory is not climbing.", "gpu"),
+		gpuCritical: gv("gpu_seconds_to_critical", "Seconds until the memory trend reaches the critical threshold; -1 when memory is not climbing.", "gpu"),
+		gpuBudget:   gv("gpu_memory_budget_ratio", "What vLLM holds by design, as used/total: its gpu_memory_utilization, or what it held once loaded when that is more (0 until known).", "gpu"),
+		gpuWarnAt:   gv("gpu_memory_warn_threshold_ratio", "used/total at which gpu_memory_warn is raised: the budget plus [gpu] warn_over_budget (or the fixed warn_fraction).", "gpu"),
+		gpuCritAt:   gv("gpu_memory_critical_threshold_ratio", "used/total at which gpu_memory_critical is raised: the budget plus [gpu] critical_over_budget (or the fixed critical_fraction).", "gpu"),
+		kvBytes:     g("profile_kv_cache_memory_bytes", "--kv-cache-memory-bytes of the rung in force; 0 when vLLM sizes its KV cache from gpu_memory_utilization."),
 		vllmUp:      g("vllm_metrics_up", "1 when the last scrape of vLLM's /metrics succeeded, else 0 (the vllm_* series then read 0)."),
 		vllmRunning: g("vllm_requests_running", "Requests vLLM is running (vllm:num_requests_running)."),
 		vllmWaiting: g("vllm_requests_waiting", "Requests waiting in vLLM's queue (vllm:num_requests_waiting)."),
@@ -110,7 +118,7 @@ func New() *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.state, m.ready, m.starts, m.exits, m.ooms, m.timeToReady,
 		m.rung, m.maxNumSeqs, m.utilization,
-		m.nvmlUp, m.gpuUsed, m.gpuTotal, m.gpuRatio, m.gpuCritical,
+		m.nvmlUp, m.gpuUsed, m.gpuTotal, m.gpuRatio, m.gpuCritical, m.gpuBudget, m.gpuWarnAt, m.gpuCritAt, m.kvBytes,
 		m.vllmUp, m.vllmRunning, m.vllmWaiting, m.vllmKV,
 		m.alertActive,
 	)
@@ -162,6 +170,7 @@ func (m *Metrics) SetProfile(r policy.Rung) {
 	m.rung.Set(float64(r.Index))
 	m.maxNumSeqs.Set(float64(r.MaxNumSeqs))
 	m.utilization.Set(r.GPUMemoryUtilization)
+	m.kvBytes.Set(float64(r.KVCacheMemoryBytes))
 }
 
 // SetGPU exports the monitor's snapshot. A device that left the snapshot
@@ -184,6 +193,9 @@ func (m *Metrics) SetGPU(s gpumon.Snapshot) {
 				stc = -1
 			}
 			m.gpuCritical.WithLabelValues(gpu).Set(stc)
+			m.gpuBudget.WithLabelValues(gpu).Set(finite(d.Budget, 0))
+			m.gpuWarnAt.WithLabelValues(gpu).Set(finite(d.WarnAt, 0))
+			m.gpuCritAt.WithLabelValues(gpu).Set(finite(d.CriticalAt, 0))
 		}
 	}
 	for k := range m.gpuSeen {
@@ -195,6 +207,9 @@ func (m *Metrics) SetGPU(s gpumon.Snapshot) {
 		if !gpuIndexIn(seen, k[0]) {
 			m.gpuRatio.DeleteLabelValues(k[0])
 			m.gpuCritical.DeleteLabelValues(k[0])
+			m.gpuBudget.DeleteLabelValues(k[0])
+			m.gpuWarnAt.DeleteLabelValues(k[0])
+			m.gpuCritAt.DeleteLabelValues(k[0])
 		}
 	}
 	m.gpuSeen = seen

@@ -97,6 +97,7 @@ type Policy struct {
 	computed     int          // > 0: max_num_seqs computed from the cost model, in place of the ladder's
 	computedUtil float64      // > 0: gpu_memory_utilization lowered further than the ladder's to make room
 	costSamples  []CostSample // newest last, at most maxCostSamples
+	kvBase       uint64       // rung 0's --kv-cache-memory-bytes (0: none)
 }
 
 // Reconfigure takes a reloaded configuration ([profile], [restart]): the
@@ -167,6 +168,35 @@ func Ladder(p config.Profile) []Rung {
 
 func round2(f float64) float64 { return float64(int(f*100+0.5)) / 100 }
 
+// KVBytesFor is the KV cache size of a rung when the operator sized it in
+// bytes (--kv-cache-memory-bytes base at rung 0's utilization util0): vLLM
+// then ignores utilization for the KV cache, so stepping utilization down
+// after an OOM would change nothing. The bytes step instead, by the same
+// ratio the utilization step gives (util / util0), floored to a whole MiB.
+// 0 when base is 0.
+func KVBytesFor(base uint64, util0, util float64) uint64 {
+	if base == 0 || util0 <= 0 || util >= util0 {
+		return base
+	}
+	b := uint64(float64(base) * util / util0)
+	return b &^ (1<<20 - 1)
+}
+
+// LadderKV is Ladder with each rung's KV cache bytes for a rung 0 of
+// kvBytes (0: none).
+func LadderKV(p config.Profile, kvBytes uint64) []Rung {
+	out := Ladder(p)
+	for i := range out {
+		out[i].KVCacheMemoryBytes = KVBytesFor(kvBytes, p.GPUMemoryUtilization, out[i].GPUMemoryUtilization)
+	}
+	return out
+}
+
+// SetKVCacheBytes says that the operator sizes vLLM's KV cache in bytes
+// (--kv-cache-memory-bytes, rung 0's value): every rung then carries its
+// bytes (KVBytesFor). 0: vLLM sizes it from the utilization.
+func (p *Policy) SetKVCacheBytes(b uint64) { p.kvBase = b }
+
 // Current is the profile the next start uses. It is ladder rung Index unless a
 // kv_insufficient decision traded utilization steps for max_num_seqs steps.
 func (p *Policy) Current() Rung {
@@ -181,11 +211,18 @@ func (p *Policy) Current() Rung {
 	if p.computedUtil > 0 {
 		r.GPUMemoryUtilization = p.computedUtil
 	}
+	r.KVCacheMemoryBytes = KVBytesFor(p.kvBase, p.cfg.Profile.GPUMemoryUtilization, r.GPUMemoryUtilization)
 	return r
 }
 
 // Rungs returns the whole precomputed ladder (a copy).
-func (p *Policy) Rungs() []Rung { return append([]Rung(nil), p.ladder...) }
+func (p *Policy) Rungs() []Rung {
+	out := append([]Rung(nil), p.ladder...)
+	for i := range out {
+		out[i].KVCacheMemoryBytes = KVBytesFor(p.kvBase, p.cfg.Profile.GPUMemoryUtilization, out[i].GPUMemoryUtilization)
+	}
+	return out
+}
 
 // State returns what to persist.
 func (p *Policy) State() State {
@@ -342,6 +379,10 @@ func (p *Policy) stepDown(d Decision, relapse bool) Decision {
 	to := p.Current()
 	d.Reason = fmt.Sprintf("GPU out of memory: rung %d→%d (max_num_seqs %d→%d, gpu_memory_utilization %.2f→%.2f); %s",
 		from.Index, to.Index, from.MaxNumSeqs, to.MaxNumSeqs, from.GPUMemoryUtilization, to.GPUMemoryUtilization, how)
+	if to.KVCacheMemoryBytes > 0 {
+		d.Reason = fmt.Sprintf("GPU out of memory: rung %d→%d (max_num_seqs %d→%d, kv_cache_memory_bytes %d→%d); %s",
+			from.Index, to.Index, from.MaxNumSeqs, to.MaxNumSeqs, from.KVCacheMemoryBytes, to.KVCacheMemoryBytes, how)
+	}
 	if relapse {
 		d.Reason += fmt.Sprintf("; OOM soon after a restore, next restore waits %s", p.restoreWait())
 	}
@@ -397,7 +438,8 @@ func (p *Policy) restoreWait() time.Duration {
 
 // RestoreDue says whether to step one rung up now: restore_after > 0,
 // on rung k > 0, ready for restore_after (times the relapse multiplier), the
-// peak GPU fraction since ready below warn_fraction, and vLLM idle. It returns
+// peak GPU fraction since ready below the warning threshold (of the rung's
+// budget), and vLLM idle. It returns
 // the rung to restart on; the caller restarts vLLM and calls OnRestore.
 func (p *Policy) RestoreDue(now time.Time, peakFraction float64, idle bool) (Rung, bool) {
 	if p.cfg.Profile.RestoreAfter.Duration <= 0 || p.seqStep == 0 || p.readyAt.IsZero() {
@@ -408,7 +450,8 @@ func (p *Policy) RestoreDue(now time.Time, peakFraction float64, idle bool) (Run
 		p.restoredAt = time.Time{}
 		p.restoreMult = 1
 	}
-	if now.Sub(p.readyAt) < p.restoreWait() || peakFraction >= p.cfg.GPU.WarnFraction || !idle {
+	warn, _ := p.cfg.GPU.Thresholds(p.Current().GPUMemoryUtilization)
+	if now.Sub(p.readyAt) < p.restoreWait() || peakFraction >= warn || !idle {
 		return Rung{}, false
 	}
 	up, cur := p.upOne(), p.Current()

@@ -33,7 +33,7 @@ func testConfig() *config.Config {
 
 func TestLadder(t *testing.T) {
 	got := Ladder(config.Default().Profile)
-	want := []Rung{{0, 256, 0.85}, {1, 128, 0.80}, {2, 64, 0.75}, {3, 32, 0.70}, {4, 16, 0.70}}
+	want := []Rung{{0, 256, 0.85, 0}, {1, 128, 0.80, 0}, {2, 64, 0.75, 0}, {3, 32, 0.70, 0}, {4, 16, 0.70, 0}}
 	if len(got) != len(want) {
 		t.Fatalf("ladder %v, want %v", got, want)
 	}
@@ -381,3 +381,33 @@ func TestBackoffFakeTime(t *testing.T) {
 type clockFunc func() time.Time
 
 func (f clockFunc) Now() time.Time { return f() }
+
+// With --kv-cache-memory-bytes the ladder steps the bytes by the ratio the
+// utilization step gives, floored to a MiB; an OOM moves them down.
+func TestKVBytesStepWithTheLadder(t *testing.T) {
+	cfg := config.Default()
+	cfg.Profile.GPUMemoryUtilization, cfg.Profile.GPUMemoryUtilizationStep, cfg.Profile.MinGPUMemoryUtilization = 0.9, 0.1, 0.7
+	base := uint64(20 << 30)
+	rungs := LadderKV(cfg.Profile, base)
+	want := []uint64{base, KVBytesFor(base, 0.9, 0.8), KVBytesFor(base, 0.9, 0.7)}
+	for i, w := range want {
+		if i >= len(rungs) || rungs[i].KVCacheMemoryBytes != w {
+			t.Fatalf("rung %d: %+v, want %d bytes", i, rungs, w)
+		}
+	}
+	if got := KVBytesFor(base, 0.9, 0.8); got != 18204<<20 { // 20 GiB × 0.8/0.9 = 18204.4 MiB, floored
+		t.Fatalf("KVBytesFor = %d", got)
+	}
+	p := New(cfg, State{}, nil)
+	p.SetKVCacheBytes(base)
+	if r := p.Current(); r.KVCacheMemoryBytes != base {
+		t.Fatalf("rung 0: %+v", r)
+	}
+	d := p.OnFailure(time.Now(), Verdict{Cause: CauseOOM})
+	if d.Rung.KVCacheMemoryBytes != want[1] || !strings.Contains(d.Reason, "kv_cache_memory_bytes") {
+		t.Fatalf("after an OOM: %+v", d)
+	}
+	if KVBytesFor(0, 0.9, 0.8) != 0 {
+		t.Fatal("no bytes without a base")
+	}
+}

@@ -27,6 +27,10 @@ type Rung struct {
 	Index                int     `json:"index"`
 	MaxNumSeqs           int     `json:"max_num_seqs"`
 	GPUMemoryUtilization float64 `json:"gpu_memory_utilization"`
+	// KVCacheMemoryBytes is --kv-cache-memory-bytes for this rung when the
+	// operator sizes vLLM's KV cache in bytes (0: vLLM sizes it from the
+	// utilization). See KVBytesFor.
+	KVCacheMemoryBytes uint64 `json:"kv_cache_memory_bytes,omitempty"`
 }
 
 // Line is one line of vLLM output as the guard saw it; N counts from 1.

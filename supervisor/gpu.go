@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"github.com/vllm-guard/vllm-guard/gpumon"
+	"github.com/vllm-guard/vllm-guard/policy"
 )
 
 // MonitorGPU adapts the NVML monitor to what the supervisor needs.
@@ -49,10 +50,22 @@ func (g monitorGPU) Released(pids []int, baseline []uint64) (bool, []Holder) {
 	return false, holders(r.Held)
 }
 
-func (g monitorGPU) CheckFree(utilization float64) (bool, string, []Holder) {
-	fc := g.m.CheckFree(utilization)
+func (g monitorGPU) CheckFree(r policy.Rung) (bool, string, []Holder) {
+	fc := g.m.CheckFree(r.GPUMemoryUtilization, r.KVCacheMemoryBytes)
 	return fc.OK, fc.Message, holders(fc.Holders)
 }
+
+// SetBudget: with --kv-cache-memory-bytes vLLM ignores the utilization for
+// its KV cache, so its budget is learned when it is ready.
+func (g monitorGPU) SetBudget(r policy.Rung) {
+	if r.KVCacheMemoryBytes > 0 {
+		g.m.SetBudget(0)
+		return
+	}
+	g.m.SetBudget(r.GPUMemoryUtilization)
+}
+
+func (g monitorGPU) CriticalFraction() float64 { return g.m.CriticalFraction() }
 
 func holders(ps []gpumon.Proc) []Holder {
 	out := make([]Holder, 0, len(ps))

@@ -9,8 +9,11 @@ import (
 )
 
 // profileFlags are the flags the guard owns: whatever the operator wrote for
-// them is replaced by the rung in force.
+// them is replaced by the rung in force. --kv-cache-memory-bytes is one of
+// them when the rung carries bytes (the operator's value is rung 0's).
 var profileFlags = []string{"--max-num-seqs", "--gpu-memory-utilization"}
+
+const kvFlag = "--kv-cache-memory-bytes"
 
 // Endpoint is where the guard reaches vLLM.
 type Endpoint struct {
@@ -23,8 +26,10 @@ func (e Endpoint) URL() string { return "http://" + net.JoinHostPort(e.Host, str
 
 // BuildArgv returns vLLM's argv for one start: the configured command and
 // the extra arguments with any profile flag removed, then the rung's profile
-// flags, then --host/--port unless the operator already set them. It also
-// returns where vLLM will listen, as the guard must probe it.
+// flags (--kv-cache-memory-bytes too when the rung sizes the KV cache in
+// bytes), then --host/--port unless the operator already set them. It also
+// returns where vLLM will listen, as the guard must probe it. The rung's
+// flags come on the command line, so they override a --config file's.
 func BuildArgv(command, extra []string, r policy.Rung, host string, port int) ([]string, Endpoint) {
 	ep := Endpoint{Host: host, Port: port}
 	var argv []string
@@ -42,7 +47,7 @@ func BuildArgv(command, extra []string, r policy.Rung, host string, port int) ([
 				val = part[i+1]
 			}
 			switch {
-			case isProfileFlag(name):
+			case isProfileFlag(name) || (r.KVCacheMemoryBytes > 0 && isFlagName(name, kvFlag)):
 				if takesValue {
 					i++
 				}
@@ -64,6 +69,9 @@ func BuildArgv(command, extra []string, r policy.Rung, host string, port int) ([
 	argv = append(argv,
 		"--max-num-seqs", strconv.Itoa(r.MaxNumSeqs),
 		"--gpu-memory-utilization", strconv.FormatFloat(r.GPUMemoryUtilization, 'f', -1, 64))
+	if r.KVCacheMemoryBytes > 0 {
+		argv = append(argv, kvFlag, strconv.FormatUint(r.KVCacheMemoryBytes, 10))
+	}
 	if !hasHost {
 		argv = append(argv, "--host", host)
 	}
@@ -78,11 +86,16 @@ func BuildArgv(command, extra []string, r policy.Rung, host string, port int) ([
 
 func isProfileFlag(name string) bool {
 	for _, f := range profileFlags {
-		if name == f || name == strings.ReplaceAll(f, "-", "_") {
+		if isFlagName(name, f) {
 			return true
 		}
 	}
 	return false
+}
+
+// isFlagName: name is flag, with any of its dashes written as underscores.
+func isFlagName(name, flag string) bool {
+	return strings.HasPrefix(name, "--") && strings.ReplaceAll(name[2:], "_", "-") == flag[2:]
 }
 
 // ChildEnv is the guard's environment plus [vllm] env, without the systemd

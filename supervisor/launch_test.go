@@ -39,6 +39,23 @@ func TestBuildArgvReplacesProfileFlags(t *testing.T) {
 	}
 }
 
+// With --kv-cache-memory-bytes the rung's bytes replace the operator's
+// (in the command or after --, either spelling); without bytes on the rung
+// the operator's flag stays as written.
+func TestBuildArgvOwnsKVCacheBytes(t *testing.T) {
+	r := policy.Rung{MaxNumSeqs: 128, GPUMemoryUtilization: 0.8, KVCacheMemoryBytes: 18 << 30}
+	argv, _ := BuildArgv([]string{"vllm", "serve", "m", "--kv-cache-memory-bytes", "20G"}, []string{"--kv_cache_memory_bytes=21G"}, r, "127.0.0.1", 8000)
+	want := "vllm serve m --max-num-seqs 128 --gpu-memory-utilization 0.8 --kv-cache-memory-bytes 19327352832 --host 127.0.0.1 --port 8000"
+	if got := strings.Join(argv, " "); got != want {
+		t.Errorf("argv\n got %s\nwant %s", got, want)
+	}
+	r.KVCacheMemoryBytes = 0
+	argv, _ = BuildArgv([]string{"vllm", "serve", "m", "--kv-cache-memory-bytes", "20G"}, nil, r, "127.0.0.1", 8000)
+	if !slices.Contains(argv, "20G") {
+		t.Errorf("operator's flag dropped with no bytes on the rung: %q", argv)
+	}
+}
+
 func TestChildEnvDropsGuardOnlyVariables(t *testing.T) {
 	env := ChildEnv([]string{"PATH=/bin", "NOTIFY_SOCKET=/run/x", "WATCHDOG_USEC=1000", "WATCHDOG_PID=1", "HF_HOME=/a"},
 		map[string]string{"HF_HOME": "/b", "CUDA_VISIBLE_DEVICES": "1", "NOTIFY_SOCKET": "/evil"})

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 	"github.com/vllm-guard/vllm-guard/policy"
 )
@@ -38,6 +39,7 @@ type emitted struct {
 // logSink re-emits vLLM's lines through zap from one goroutine, so a slow
 // sink costs dropped lines, never a blocked child.
 type logSink struct {
+	filter  *lineFilter // nil: every line as printed
 	log     *zap.Logger
 	ch      chan emitted
 	dropped atomic.Uint64
@@ -194,6 +196,56 @@ func (w *streamWriter) Close() error {
 	return nil
 }
 
+// lineFilter is how the pump treats vLLM's lines for one guard.
+type lineFilter struct {
+	// secrets (API keys) are masked in every line before it is kept or
+	// logged: vLLM prints its non-default arguments, the key included.
+	secrets []string
+	// own says whether a client address is one of the guard's own
+	// connections: uvicorn's access lines for them are dropped (neither
+	// logged, kept nor counted as load progress).
+	own func(host string, port int) bool
+	// tasks receives vLLM's "Supported_tasks: [...]".
+	tasks *atomic.Pointer[[]string]
+}
+
+// apply masks secrets, notes the tasks line, and says whether to drop the
+// line as the guard's own request.
+func (f *lineFilter) apply(text string) (string, bool) {
+	text = vllmargs.MaskText(text, f.secrets)
+	if f.own != nil && strings.Contains(text, "HTTP/") {
+		if a, ok := vllmlog.ParseAccess(text); ok && f.own(a.Client, a.Port) {
+			return text, true
+		}
+	}
+	if f.tasks != nil && strings.Contains(text, "Supported_tasks") {
+		if ts := SupportedTasks(text); len(ts) > 0 {
+			f.tasks.Store(&ts)
+		}
+	}
+	return text, false
+}
+
+// SupportedTasks reads vLLM's startup line "Supported_tasks: ['encode',
+// 'embed']" (nil when the line is not one).
+func SupportedTasks(line string) []string {
+	_, rest, ok := strings.Cut(line, "Supported_tasks:")
+	if !ok {
+		return nil
+	}
+	open, end := strings.IndexByte(rest, '['), strings.IndexByte(rest, ']')
+	if open < 0 || end < open {
+		return nil
+	}
+	var out []string
+	for _, part := range strings.Split(rest[open+1:end], ",") {
+		if t := strings.Trim(strings.TrimSpace(part), `'"`); t != "" {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
 func (w *streamWriter) line(b []byte) {
 	w.clean = vllmlog.AppendStripANSI(w.clean[:0], b)
 	if len(bytes.TrimSpace(w.clean)) == 0 {
@@ -201,6 +253,12 @@ func (w *streamWriter) line(b []byte) {
 	}
 	text := string(w.clean)
 	o := w.o
+	if f := o.sink.filter; f != nil {
+		var own bool
+		if text, own = f.apply(text); own {
+			return
+		}
+	}
 	o.lastLine.Store(time.Now().UnixNano())
 	o.ring.add(w.name, text)
 	// Load phases matter only while loading; a flood after ready skips the

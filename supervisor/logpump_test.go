@@ -3,6 +3,7 @@ package supervisor
 import (
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"go.uber.org/zap"
@@ -101,5 +102,26 @@ func BenchmarkLogPump(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		w.Write(chunk)
+	}
+}
+
+// The pump masks API keys, drops the access lines of the guard's own
+// connections (not as progress either), keeps a client's, and notes the
+// tasks line.
+func TestLineFilter(t *testing.T) {
+	var tasks atomic.Pointer[[]string]
+	f := &lineFilter{secrets: []string{"sk-9"}, own: func(host string, port int) bool { return port == 5555 }, tasks: &tasks}
+	if text, drop := f.apply("(APIServer pid=1) INFO 01-01 [utils.py:1] non-default args: {'api_key': ['sk-9']}"); drop || strings.Contains(text, "sk-9") {
+		t.Fatalf("masking: %q %v", text, drop)
+	}
+	if _, drop := f.apply(`(APIServer pid=1) INFO:     127.0.0.1:5555 - "GET /metrics HTTP/1.1" 200 OK`); !drop {
+		t.Fatal("own access line kept")
+	}
+	if _, drop := f.apply(`(APIServer pid=1) INFO:     127.0.0.1:6666 - "POST /v1/completions HTTP/1.1" 200 OK`); drop {
+		t.Fatal("a client's access line dropped")
+	}
+	f.apply("(APIServer pid=1) INFO 01-01 [api_server.py:1] Supported_tasks: ['encode', 'embed']")
+	if got := tasks.Load(); got == nil || strings.Join(*got, ",") != "encode,embed" {
+		t.Fatalf("tasks %v", got)
 	}
 }

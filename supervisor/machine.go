@@ -162,6 +162,7 @@ type machine struct {
 // up (exit 1, or 78 for a configuration error).
 func (s *Supervisor) Run(ctx context.Context) int {
 	sink := newLogSink(s.log)
+	sink.filter = s.pumpFilter()
 	defer sink.close()
 	m := &machine{s: s, ev: make(chan event, 64), quit: make(chan struct{})}
 	defer m.shutdown()
@@ -312,7 +313,7 @@ func (m *machine) next(sink *logSink) {
 	rung := m.s.pol.Current()
 	m.s.update(func(st *Status) { st.Rung = rung })
 	if m.s.gpu != nil {
-		ok, why, holders := m.s.gpu.CheckFree(rung.GPUMemoryUtilization)
+		ok, why, holders := m.s.gpu.CheckFree(rung)
 		if !ok {
 			reason := "not enough free GPU memory to start: " + why
 			if m.phase != phFree || m.s.Status().Reason != reason {
@@ -358,7 +359,7 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 	c, err := s.launcher.launch(launchSpec{keeper: s.keeper, argv: argv, env: env,
 		dir: cfg.VLLM.Workdir, grace: cfg.VLLM.StopTimeout.Duration, stdout: m.stdout, stderr: m.stderr})
 	r := rung
-	s.publish(events.Event{Kind: events.KindStarting, Rung: &r, Argv: argv, PID: pidOf(c)})
+	s.publish(events.Event{Kind: events.KindStarting, Rung: &r, Argv: s.MaskedArgv(argv), PID: pidOf(c)})
 	if err != nil {
 		// The guard could not even run its keeper.
 		m.child = nil
@@ -372,10 +373,11 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 	m.out.pid.Store(int64(c.pid()))
 	s.update(func(st *Status) { st.PID = c.pid() })
 	if s.gpu != nil {
+		s.gpu.SetBudget(rung)
 		s.gpu.SetTree(c.tree)
 		s.gpu.SetLoading(true)
 	}
-	m.prober = s.newProber(ep, s.model, APIKey(argv, env))
+	m.prober = s.newProber(ep, s.model)
 	m.runCtx, m.runCancel = context.WithCancel(context.Background())
 	m.forward(c)
 	m.arm(tPoll, cfg.Readiness.PollInterval.Duration)
@@ -498,12 +500,17 @@ func (m *machine) onProbe(r probeResult) {
 				m.arm(tFastRetry, fastRetryEvery)
 			}
 			if !r.refused {
-				s.update(func(st *Status) { st.LastProbe = r.step + ": " + r.err })
+				s.update(func(st *Status) {
+					st.LastProbe = r.step + ": " + r.err
+					if r.explains { // an API key or a name the operator must fix
+						st.Reason = r.err
+					}
+				})
 				s.publish(events.Event{Kind: events.KindProbeFailed, Probe: &events.Probe{Step: r.step, Status: r.status, Error: r.err}, PID: m.child.pid()})
 			}
 			return
 		}
-		m.becomeReady()
+		m.becomeReady(r)
 		return
 	}
 	if m.stuckProbe {
@@ -537,7 +544,7 @@ func (m *machine) onProbe(r probeResult) {
 	}
 }
 
-func (m *machine) becomeReady() {
+func (m *machine) becomeReady(r probeResult) {
 	s := m.s
 	m.ready = true
 	m.out.loaded.Store(true)
@@ -549,11 +556,11 @@ func (m *machine) becomeReady() {
 	m.everReady = true
 	m.disarm(tPoll)
 	s.update(func(st *Status) {
-		st.State, st.Reason, st.ReadySince, st.TimeToReady, st.Phase, st.LastProbe =
-			StateReady, "vLLM answered the "+s.cfg.Readiness.Probe+" probe", time.Now(), ttr, "", ""
+		st.State, st.Reason, st.ReadySince, st.TimeToReady, st.Phase, st.LastProbe, st.Probe =
+			StateReady, "vLLM answered the "+s.cfg.Readiness.Probe+" probe", time.Now(), ttr, "", "", r.probe
 	})
-	r := s.pol.Current()
-	s.publish(events.Event{Kind: events.KindReady, TimeToReady: ttr, First: first, PID: m.child.pid(), Rung: &r})
+	rung := s.pol.Current()
+	s.publish(events.Event{Kind: events.KindReady, TimeToReady: ttr, First: first, PID: m.child.pid(), Rung: &rung})
 	if s.gpu != nil {
 		s.gpu.SetLoading(false)
 	}
@@ -755,7 +762,7 @@ func (m *machine) fail(res outcome) {
 		Hang:          res.hang,
 		HostOOMKill:   res.hostOOM,
 		Phase:         res.phase,
-		Critical:      s.cfg.GPU.CriticalFraction,
+		Critical:      s.criticalFraction(),
 		StartFailure:  res.exit.StartFailure,
 		GuardFailure:  res.exit.GuardFailure,
 	}
@@ -908,7 +915,14 @@ func (m *machine) applyPending() {
 	s.cfg, m.pending = m.pending, nil
 	s.pendingReload.Store(false)
 	s.pol.Reconfigure(s.cfg)
-	s.model = s.cfg.ServedModelName()
+	if args, err := s.cfg.VLLMArgs(s.extra); err == nil {
+		s.args = args
+	} else {
+		s.log.Warn("the reloaded vLLM command line cannot be read; probes keep the old names and keys", zap.Error(err))
+	}
+	if names := s.cfg.ServedModelNames(s.args); len(names) > 0 {
+		s.model = names[0]
+	}
 	s.log.Info("vLLM starts on the reloaded configuration")
 }
 

@@ -213,7 +213,10 @@ func (g *fakeGPU) Released([]int, []uint64) (bool, []Holder) {
 	g.relChecks++
 	return g.released, g.held
 }
-func (g *fakeGPU) CheckFree(u float64) (bool, string, []Holder) {
+func (g *fakeGPU) SetBudget(policy.Rung)     {}
+func (g *fakeGPU) CriticalFraction() float64 { return 0.97 }
+func (g *fakeGPU) CheckFree(r policy.Rung) (bool, string, []Holder) {
+	u := r.GPUMemoryUtilization
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.freeChecks++
@@ -278,7 +281,7 @@ func (s *scenario) start() {
 		s.t.Fatal(err)
 	}
 	sup.launcher = s.l
-	sup.newProber = func(Endpoint, string, string) checker { return s.pr }
+	sup.newProber = func(Endpoint, string) checker { return s.pr }
 	sup.hostOOM = s.oom.Load
 	s.sup = sup
 	ctx, cancel := context.WithCancel(context.Background())

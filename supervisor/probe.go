@@ -8,30 +8,49 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/ownconns"
+	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 )
+
+// probeSpec is what a prober must know of the vLLM it asks.
+type probeSpec struct {
+	names []string // the served names; /v1/models must list one of them
+	key   string   // an API key vLLM accepts ("" when it needs none)
+	// taskHint is --task or --runner from the command line ("" when not given).
+	taskHint string
+	// tasks returns vLLM's "Supported_tasks: [...]" as its log printed them
+	// (nil before the line).
+	tasks func() []string
+	conns *ownconns.Set // records the prober's connections (nil: not recorded)
+}
 
 // prober asks vLLM whether it is ready or still alive, over plain HTTP.
 type prober struct {
 	client *http.Client
 	base   string
-	model  string
-	apiKey string // sent as a bearer token when vLLM requires one
+	spec   probeSpec
+	// pooling is learned from a 404 on /v1/completions when neither the log
+	// nor the command line said the task.
+	pooling bool
 }
 
-func newProber(ep Endpoint, model string) *prober {
+func newProber(ep Endpoint, spec probeSpec) *prober {
+	d := &net.Dialer{Timeout: 2 * time.Second}
+	dial := d.DialContext
+	if spec.conns != nil {
+		dial = spec.conns.Dial(d)
+	}
 	tr := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+		DialContext:         dial,
 		MaxIdleConnsPerHost: 2,
 		IdleConnTimeout:     30 * time.Second,
 		DisableCompression:  true,
 	}
-	return &prober{
-		client: &http.Client{Transport: tr},
-		base:   ep.URL(),
-		model:  model,
-	}
+	return &prober{client: &http.Client{Transport: tr}, base: ep.URL(), spec: spec}
 }
 
 func (p *prober) close() { p.client.CloseIdleConnections() }
@@ -40,21 +59,95 @@ func (p *prober) close() { p.client.CloseIdleConnections() }
 type probeResult struct {
 	ok      bool
 	status  int    // HTTP status; 0 when no answer
-	step    string // health | models | completion
+	step    string // health | models | completion | embeddings | classify | pooling
 	err     string // why not ok
 	refused bool   // connection refused: vLLM is still loading (or gone)
+	// explains: err is worth the status reason (a missing API key, a served
+	// name /v1/models does not list): the operator must act.
+	explains bool
+	probe    string // ok: the request that answered, e.g. "auto: POST /v1/embeddings (task embed)"
 }
 
-// ready runs the readiness chain up to level: health → models → a
-// 1-token completion, each bounded by timeout.
+// ready runs the readiness chain up to level: health → models → the
+// deepest request ("completion", or for "auto" the request the model
+// serves), each bounded by timeout.
 func (p *prober) ready(ctx context.Context, level string, timeout time.Duration) probeResult {
-	if r := p.health(ctx, timeout); !r.ok || level == "health" {
+	r := p.health(ctx, timeout)
+	if !r.ok || level == "health" {
+		r.probe = "health: GET /health"
 		return r
 	}
-	if r := p.models(ctx, timeout); !r.ok || level == "models" {
+	model, r := p.models(ctx, timeout)
+	if !r.ok || level == "models" {
+		r.probe = "models: GET /v1/models lists " + fmt.Sprintf("%q", model)
 		return r
 	}
-	return p.completion(ctx, timeout)
+	if level == "completion" {
+		r = p.completion(ctx, model, timeout)
+		r.probe = "completion: POST /v1/completions"
+		return r
+	}
+	return p.auto(ctx, model, timeout)
+}
+
+// auto is the deepest real request the model serves: a 1-token completion
+// for a generating model, a 1-input request to the pooling endpoint of its
+// task for a pooling model. The task comes from vLLM's Supported_tasks
+// line, else --task/--runner, else a 404 on /v1/completions.
+func (p *prober) auto(ctx context.Context, model string, timeout time.Duration) probeResult {
+	task, from := p.task()
+	if task == "" || task == "generate" {
+		r := p.completion(ctx, model, timeout)
+		if r.status != http.StatusNotFound || task == "generate" {
+			r.probe = "auto: POST /v1/completions (" + cmpOr(from, "generating model assumed") + ")"
+			return r
+		}
+		// No completions: a pooling model whose task nothing said.
+		p.pooling = true
+		task, from = "pooling", "/v1/completions answered 404"
+	}
+	step, path, body := poolingRequest(task, model)
+	r, _ := p.do(ctx, step, http.MethodPost, path, body, timeout)
+	r.probe = fmt.Sprintf("auto: POST %s (task %s, %s)", path, task, from)
+	return r
+}
+
+// task is the model's task and where it was learned.
+func (p *prober) task() (task, from string) {
+	if p.spec.tasks != nil {
+		if ts := p.spec.tasks(); len(ts) > 0 {
+			for _, t := range []string{"generate", "embed", "classify", "score", "reward", "encode"} {
+				if slices.Contains(ts, t) {
+					return t, "vLLM's Supported_tasks line"
+				}
+			}
+			return ts[0], "vLLM's Supported_tasks line"
+		}
+	}
+	switch h := p.spec.taskHint; {
+	case h == "embedding":
+		return "embed", "--task"
+	case h == "generate" || vllmargs.Pooling(h):
+		return h, "--task/--runner"
+	}
+	if p.pooling {
+		return "pooling", "/v1/completions answered 404"
+	}
+	return "", ""
+}
+
+// poolingRequest is the 1-input request of a pooling task.
+func poolingRequest(task, model string) (step, path string, body []byte) {
+	switch task {
+	case "embed":
+		step, path = "embeddings", "/v1/embeddings"
+	case "classify", "score":
+		step, path = "classify", "/classify"
+	default: // reward, encode, pooling (the runner), or one not known
+		step, path = "pooling", "/pooling"
+	}
+	body, _ = json.Marshal(map[string]any{"model": model, "input": "ping"})
+	return step, path, body
 }
 
 func (p *prober) health(ctx context.Context, timeout time.Duration) probeResult {
@@ -62,10 +155,12 @@ func (p *prober) health(ctx context.Context, timeout time.Duration) probeResult 
 	return r
 }
 
-func (p *prober) models(ctx context.Context, timeout time.Duration) probeResult {
+// models checks that /v1/models lists one of the served names and returns
+// the first it lists.
+func (p *prober) models(ctx context.Context, timeout time.Duration) (string, probeResult) {
 	r, body := p.do(ctx, "models", http.MethodGet, "/v1/models", nil, timeout)
 	if !r.ok {
-		return r
+		return "", r
 	}
 	var list struct {
 		Data []struct {
@@ -73,20 +168,33 @@ func (p *prober) models(ctx context.Context, timeout time.Duration) probeResult 
 		} `json:"data"`
 	}
 	if err := json.Unmarshal(body, &list); err != nil {
-		return probeResult{step: "models", status: r.status, err: "/v1/models answered something that is not a model list: " + err.Error()}
+		return "", probeResult{step: "models", status: r.status, err: "/v1/models answered something that is not a model list: " + err.Error()}
 	}
-	var ids []string
+	ids := []string{}
 	for _, m := range list.Data {
-		if m.ID == p.model {
-			return r
+		if slices.Contains(p.spec.names, m.ID) {
+			return m.ID, r
 		}
 		ids = append(ids, m.ID)
 	}
-	return probeResult{step: "models", status: r.status, err: fmt.Sprintf("/v1/models does not list %q (it lists %q): set [vllm] served_model_name", p.model, ids)}
+	return "", probeResult{step: "models", status: r.status, explains: true,
+		err: fmt.Sprintf("/v1/models lists %q, not the served name %s: set --served-model-name in the vLLM command or [vllm] served_model_name to one it lists",
+			ids, quoteAll(p.spec.names))}
 }
 
-func (p *prober) completion(ctx context.Context, timeout time.Duration) probeResult {
-	body, _ := json.Marshal(map[string]any{"model": p.model, "prompt": "ping", "max_tokens": 1, "temperature": 0})
+func quoteAll(names []string) string {
+	if len(names) == 0 {
+		return "(none: the command names no model)"
+	}
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = fmt.Sprintf("%q", n)
+	}
+	return strings.Join(q, " or ")
+}
+
+func (p *prober) completion(ctx context.Context, model string, timeout time.Duration) probeResult {
+	body, _ := json.Marshal(map[string]any{"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0})
 	r, _ := p.do(ctx, "completion", http.MethodPost, "/v1/completions", body, timeout)
 	return r
 }
@@ -105,8 +213,8 @@ func (p *prober) do(ctx context.Context, step, method, path string, body []byte,
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	if p.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+p.apiKey)
+	if p.spec.key != "" {
+		req.Header.Set("Authorization", "Bearer "+p.spec.key)
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {
@@ -117,10 +225,29 @@ func (p *prober) do(ctx context.Context, step, method, path string, body []byte,
 	if err != nil {
 		return probeResult{step: step, status: resp.StatusCode, err: "reading the answer: " + err.Error()}, nil
 	}
-	if resp.StatusCode != http.StatusOK {
-		return probeResult{step: step, status: resp.StatusCode, err: fmt.Sprintf("%s %s answered %d", method, path, resp.StatusCode)}, b
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return probeResult{ok: true, step: step, status: resp.StatusCode}, b
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return probeResult{step: step, status: resp.StatusCode, explains: true, err: authReason(resp.StatusCode, p.spec.key != "")}, b
 	}
-	return probeResult{ok: true, step: step, status: resp.StatusCode}, b
+	return probeResult{step: step, status: resp.StatusCode, err: fmt.Sprintf("%s %s answered %d", method, path, resp.StatusCode)}, b
+}
+
+// authReason says why vLLM refused the guard's request, and what to do.
+func authReason(status int, sent bool) string {
+	what := "the guard has no valid API key"
+	if sent {
+		what = "the guard has no valid API key (vLLM refused the key it sent)"
+	}
+	return fmt.Sprintf("vLLM answers %d: %s; give vLLM its key with --api-key in [vllm] command or the extra arguments, or VLLM_API_KEY in [vllm] env", status, what)
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
 }
 
 func isRefused(err error) bool {
@@ -137,27 +264,4 @@ func isRefused(err error) bool {
 		e = u.Unwrap()
 	}
 	return op != nil && op.Op == "dial"
-}
-
-// APIKey is a key vLLM accepts, from where vLLM takes it: the last
-// --api-key in its argv (the first of its values), else VLLM_API_KEY in
-// its environment. "" when vLLM requires none.
-func APIKey(argv, env []string) string {
-	key := ""
-	for i, a := range argv {
-		if v, ok := strings.CutPrefix(a, "--api-key="); ok {
-			key = v
-		} else if (a == "--api-key" || a == "--api_key") && i+1 < len(argv) && !strings.HasPrefix(argv[i+1], "--") {
-			key = argv[i+1]
-		}
-	}
-	if key != "" {
-		return key
-	}
-	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, "VLLM_API_KEY="); ok {
-			key = v
-		}
-	}
-	return key
 }

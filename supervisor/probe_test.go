@@ -8,78 +8,127 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/ownconns"
 )
 
-// fakeAPI answers like vLLM's API server: /health, /v1/models listing
-// names, /v1/completions with the given status.
-func fakeAPI(t *testing.T, health, completion int, names ...string) Endpoint {
+// fakeAPI is a small vLLM API: an optional key, the names it lists, and
+// whether it generates or pools.
+type fakeAPI struct {
+	key     string
+	names   []string
+	pooling bool
+	seen    atomic.Pointer[string] // the last path asked
+}
+
+func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Path
+	f.seen.Store(&p)
+	if strings.HasPrefix(p, "/v1") && f.key != "" && r.Header.Get("Authorization") != "Bearer "+f.key {
+		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
+	switch {
+	case p == "/health":
+	case p == "/v1/models":
+		var data []map[string]string
+		for _, n := range f.names {
+			data = append(data, map[string]string{"id": n})
+		}
+		json.NewEncoder(w).Encode(map[string]any{"data": data})
+	case p == "/v1/completions" && !f.pooling:
+	case (p == "/v1/embeddings" || p == "/pooling" || p == "/classify") && f.pooling:
+	default:
+		w.WriteHeader(http.StatusNotFound)
+	}
+}
+
+func endpointOf(t *testing.T, url string) Endpoint {
 	t.Helper()
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(health) })
-	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
-		var list struct {
-			Data []map[string]string `json:"data"`
-		}
-		for _, n := range names {
-			list.Data = append(list.Data, map[string]string{"id": n})
-		}
-		_ = json.NewEncoder(w).Encode(list)
-	})
-	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) {
-		var body map[string]any
-		if err := json.NewDecoder(r.Body).Decode(&body); err != nil || body["max_tokens"] != float64(1) {
-			w.WriteHeader(http.StatusBadRequest)
-			return
-		}
-		w.WriteHeader(completion)
-	})
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	host, port, _ := net.SplitHostPort(strings.TrimPrefix(srv.URL, "http://"))
-	p, _ := strconv.Atoi(port)
-	return Endpoint{Host: host, Port: p}
+	host, port, _ := net.SplitHostPort(strings.TrimPrefix(url, "http://"))
+	n, _ := strconv.Atoi(port)
+	return Endpoint{Host: host, Port: n}
 }
 
-func TestProberReadinessChain(t *testing.T) {
-	ctx := context.Background()
-	for _, tc := range []struct {
-		name               string
-		health, completion int
-		names              []string
-		level              string
-		ok                 bool
-		step, errHas       string
-	}{
-		{"ready", 200, 200, []string{"m"}, "completion", true, "completion", ""},
-		{"health only", 200, 500, nil, "health", true, "health", ""},
-		{"models only", 200, 500, []string{"m"}, "models", true, "models", ""},
-		{"engine dead", 503, 200, []string{"m"}, "completion", false, "health", "answered 503"},
-		{"name not listed", 200, 200, []string{"other-a", "other-b"}, "completion", false, "models", `it lists ["other-a" "other-b"]`},
-		{"completion fails", 200, 500, []string{"m"}, "completion", false, "completion", "answered 500"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			p := newProber(fakeAPI(t, tc.health, tc.completion, tc.names...), "m")
-			defer p.close()
-			r := p.ready(ctx, tc.level, 2*time.Second)
-			if r.ok != tc.ok || r.step != tc.step || !strings.Contains(r.err, tc.errHas) || r.refused {
-				t.Fatalf("%+v", r)
-			}
-		})
-	}
-}
-
-func TestProberSaysRefusedWhileNothingListens(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	p := newProber(Endpoint{Host: "127.0.0.1", Port: port}, "m")
+func probeOnce(t *testing.T, api *fakeAPI, spec probeSpec, level string) probeResult {
+	t.Helper()
+	srv := httptest.NewServer(api)
+	defer srv.Close()
+	p := newProber(endpointOf(t, srv.URL), spec)
 	defer p.close()
-	if r := p.health(context.Background(), time.Second); r.ok || !r.refused {
-		t.Fatalf("%+v", r)
+	return p.ready(context.Background(), level, 2*time.Second)
+}
+
+func TestProbeAPIKey(t *testing.T) {
+	api := &fakeAPI{key: "sk-1", names: []string{"m"}}
+	r := probeOnce(t, api, probeSpec{names: []string{"m"}}, "auto")
+	if r.ok || r.status != 401 || !r.explains || !strings.HasPrefix(r.err, "vLLM answers 401: the guard has no valid API key") {
+		t.Fatalf("no key: %+v", r)
+	}
+	if r := probeOnce(t, api, probeSpec{names: []string{"m"}, key: "sk-1"}, "auto"); !r.ok || !strings.Contains(r.probe, "/v1/completions") {
+		t.Fatalf("with the key: %+v", r)
+	}
+	if r := probeOnce(t, api, probeSpec{names: []string{"m"}, key: "wrong"}, "models"); r.ok || !strings.Contains(r.err, "refused the key") || strings.Contains(r.err, "wrong") {
+		t.Fatalf("wrong key: %+v", r)
+	}
+}
+
+func TestProbeNames(t *testing.T) {
+	api := &fakeAPI{names: []string{"a", "b"}}
+	if r := probeOnce(t, api, probeSpec{names: []string{"x", "b"}}, "completion"); !r.ok {
+		t.Fatalf("one of several names listed: %+v", r)
+	}
+	r := probeOnce(t, api, probeSpec{names: []string{"x"}}, "completion")
+	if r.ok || !r.explains || !strings.Contains(r.err, `/v1/models lists ["a" "b"], not the served name "x"`) {
+		t.Fatalf("name not listed: %+v", r)
+	}
+}
+
+func TestProbeAutoPooling(t *testing.T) {
+	api := &fakeAPI{names: []string{"e"}, pooling: true}
+	// The task from vLLM's Supported_tasks line.
+	tasks := func() []string { return []string{"encode", "embed"} }
+	r := probeOnce(t, api, probeSpec{names: []string{"e"}, tasks: tasks}, "auto")
+	if !r.ok || *api.seen.Load() != "/v1/embeddings" || !strings.Contains(r.probe, "task embed, vLLM's Supported_tasks line") {
+		t.Fatalf("embed from the log: %+v (last %s)", r, *api.seen.Load())
+	}
+	// From --task.
+	r = probeOnce(t, api, probeSpec{names: []string{"e"}, taskHint: "classify"}, "auto")
+	if !r.ok || *api.seen.Load() != "/classify" {
+		t.Fatalf("classify from --task: %+v", r)
+	}
+	// Nothing said it: the 404 on completions teaches it.
+	r = probeOnce(t, api, probeSpec{names: []string{"e"}}, "auto")
+	if !r.ok || *api.seen.Load() != "/pooling" || !strings.Contains(r.probe, "404") {
+		t.Fatalf("pooling learned from a 404: %+v", r)
+	}
+	// An explicit completion probe stays a completion probe.
+	if r := probeOnce(t, api, probeSpec{names: []string{"e"}}, "completion"); r.ok || r.status != 404 {
+		t.Fatalf("explicit completion on a pooling model: %+v", r)
+	}
+}
+
+func TestProbeConnectionsAreRecorded(t *testing.T) {
+	api := &fakeAPI{names: []string{"m"}}
+	srv := httptest.NewUnstartedServer(api)
+	conns := ownconns.New()
+	var port atomic.Int64
+	srv.Config.ConnState = func(c net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			port.Store(int64(c.RemoteAddr().(*net.TCPAddr).Port))
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	p := newProber(endpointOf(t, srv.URL), probeSpec{names: []string{"m"}, conns: conns})
+	defer p.close()
+	if r := p.ready(context.Background(), "health", time.Second); !r.ok {
+		t.Fatal(r)
+	}
+	if !conns.Has("127.0.0.1", int(port.Load())) {
+		t.Fatal("the prober's connection is not recorded")
 	}
 }

@@ -34,6 +34,7 @@ type Status struct {
 	ReadySince  time.Time            `json:"ready_since,omitzero"`
 	Phase       string               `json:"phase,omitempty"`      // load phase while starting
 	LastProbe   string               `json:"last_probe,omitempty"` // why the last readiness probe failed
+	Probe       string               `json:"probe,omitempty"`      // the readiness probe in use, as it last answered
 	Rung        policy.Rung          `json:"rung"`
 	Starts      int                  `json:"starts"`
 	Restarts    map[policy.Cause]int `json:"restarts_by_cause"`

@@ -20,6 +20,8 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/config"
 	"github.com/vllm-guard/vllm-guard/events"
+	"github.com/vllm-guard/vllm-guard/internal/ownconns"
+	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 	"github.com/vllm-guard/vllm-guard/policy"
 )
 
@@ -41,9 +43,15 @@ type GPU interface {
 	// (or used memory back to baseline where PIDs are not visible), and
 	// what still holds memory when not.
 	Released(pids []int, baseline []uint64) (released bool, held []Holder)
-	// CheckFree reports whether free memory on every device is at least
-	// utilization × total, and who holds it when not.
-	CheckFree(utilization float64) (ok bool, why string, holders []Holder)
+	// CheckFree reports whether free memory on every device is enough for
+	// the rung (utilization × total, or its --kv-cache-memory-bytes), and
+	// who holds it when not.
+	CheckFree(r policy.Rung) (ok bool, why string, holders []Holder)
+	// SetBudget tells the monitor what vLLM will hold by design on rung r,
+	// so that memory alerts mean memory beyond it.
+	SetBudget(r policy.Rung)
+	// CriticalFraction is the used/total at which memory is critical now.
+	CriticalFraction() float64
 }
 
 // Holder is a process holding GPU memory.
@@ -77,6 +85,12 @@ type Options struct {
 	// false when they are not known (metrics off with --disable-log-stats,
 	// or not scraped yet). It feeds stuck detection while ready.
 	Progress func() (running, tokens float64, ok bool)
+	// Args is vLLM's effective command line; nil: read from the config and
+	// ExtraArgs.
+	Args *vllmargs.Args
+	// Conns records the guard's own connections to vLLM, whose access-log
+	// lines are dropped (nil: a new set).
+	Conns *ownconns.Set
 }
 
 // Supervisor runs vLLM until stopped. Make one with New, then Run it.
@@ -92,10 +106,13 @@ type Supervisor struct {
 	model   string
 	load    func() (running, waiting float64, ok bool)
 	tokens  func() (running, tokens float64, ok bool)
+	args    *vllmargs.Args
+	conns   *ownconns.Set
+	tasks   atomic.Pointer[[]string] // vLLM's Supported_tasks, from its log
 
 	// The machine's ports: real processes and HTTP unless a test sets them.
 	launcher  launcher
-	newProber func(ep Endpoint, model, apiKey string) checker
+	newProber func(ep Endpoint, model string) checker
 	hostOOM   func() int64 // the cgroup's oom_kill counter, -1 when unknown
 
 	status   atomic.Pointer[Status]
@@ -133,14 +150,24 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 	if persist == nil {
 		persist = func(policy.State) {}
 	}
+	args := opts.Args
+	if args == nil {
+		var err error
+		if args, err = cfg.VLLMArgs(opts.ExtraArgs); err != nil {
+			return nil, err
+		}
+	}
+	conns := opts.Conns
+	if conns == nil {
+		conns = ownconns.New()
+	}
 	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, bus: opts.Events, persist: persist,
-		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, tokens: opts.Progress, model: cfg.ServedModelName(), reqs: make(chan request), kill: make(chan struct{}, 1),
-		launcher: processLauncher{}, newProber: func(ep Endpoint, model, apiKey string) checker {
-			p := newProber(ep, model)
-			p.apiKey = apiKey
-			return p
-		},
-		hostOOM: hostOOMKills}
+		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, tokens: opts.Progress, reqs: make(chan request), kill: make(chan struct{}, 1),
+		launcher: processLauncher{}, hostOOM: hostOOMKills, args: args, conns: conns}
+	if names := cfg.ServedModelNames(args); len(names) > 0 {
+		s.model = names[0]
+	}
+	s.newProber = func(ep Endpoint, model string) checker { return newProber(ep, s.probeSpec()) }
 	st := Status{State: StateStarting, Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[policy.Cause]int{},
 		Cost: s.pol.Cost().Describe(s.pol.Current().GPUMemoryUtilization, cfg.Profile.Headroom)}
 	s.status.Store(&st)
@@ -198,6 +225,45 @@ func (s *Supervisor) ask(ctx context.Context, r request) error {
 }
 
 func (s *Supervisor) beat() { s.lastTurn.Store(time.Now().UnixNano()) }
+
+// probeSpec is what the prober must know of vLLM's command line.
+func (s *Supervisor) probeSpec() probeSpec {
+	sp := probeSpec{names: s.cfg.ServedModelNames(s.args), taskHint: cmpOr(s.args.Task, s.args.Runner), conns: s.conns,
+		tasks: func() []string {
+			if t := s.tasks.Load(); t != nil {
+				return *t
+			}
+			return nil
+		}}
+	if len(s.args.APIKeys) > 0 {
+		sp.key = s.args.APIKeys[0]
+	}
+	return sp
+}
+
+// pumpFilter is how the log pump treats vLLM's lines for this guard: its
+// secrets masked, its own requests' access lines dropped, the tasks line
+// noted.
+func (s *Supervisor) pumpFilter() *lineFilter {
+	return &lineFilter{secrets: s.args.Secrets(), own: s.conns.Has, tasks: &s.tasks}
+}
+
+// criticalFraction is the used/total that counts as critical for the
+// classifier's memory evidence.
+func (s *Supervisor) criticalFraction() float64 {
+	if s.gpu != nil {
+		return s.gpu.CriticalFraction()
+	}
+	_, c := s.cfg.GPU.Thresholds(s.pol.Current().GPUMemoryUtilization)
+	return c
+}
+
+// Conns records the guard's own connections to vLLM: the metrics scraper
+// dials through it too, so that its access lines are dropped.
+func (s *Supervisor) Conns() *ownconns.Set { return s.conns }
+
+// MaskedArgv is argv with vLLM's secrets (API keys) replaced by ***.
+func (s *Supervisor) MaskedArgv(argv []string) []string { return s.args.Masked(argv) }
 
 func (s *Supervisor) publish(e events.Event) { s.bus.Publish(e) }
 

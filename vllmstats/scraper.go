@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -42,6 +43,14 @@ func NewScraper(interval time.Duration, log *zap.Logger) *Scraper {
 		log:      log,
 		client:   &http.Client{Timeout: timeout, Transport: &http.Transport{MaxIdleConns: 1, IdleConnTimeout: 30 * time.Second}},
 		wake:     make(chan struct{}, 1),
+	}
+}
+
+// Dial makes the scraper connect through dial (the guard records its own
+// connections to vLLM with it). Call it before Run.
+func (s *Scraper) Dial(dial func(ctx context.Context, network, addr string) (net.Conn, error)) {
+	if tr, ok := s.client.Transport.(*http.Transport); ok {
+		tr.DialContext = dial
 	}
 }
 

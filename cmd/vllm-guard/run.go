@@ -21,6 +21,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/events"
 	"github.com/vllm-guard/vllm-guard/gpumon"
 	"github.com/vllm-guard/vllm-guard/incident"
+	"github.com/vllm-guard/vllm-guard/internal/ownconns"
 	"github.com/vllm-guard/vllm-guard/metrics"
 	"github.com/vllm-guard/vllm-guard/notify"
 	"github.com/vllm-guard/vllm-guard/policy"
@@ -108,9 +109,16 @@ type guard struct {
 }
 
 func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, error) {
+	// vLLM's effective command line, read once: names, keys, KV bytes.
+	args, err := cfg.VLLMArgs(extra)
+	if err != nil {
+		return nil, err
+	}
+	conns := ownconns.New() // the guard's own connections to vLLM: their access lines are dropped
 	g := &guard{cfg: cfg, log: log, met: metrics.New(), sd: notify.New(log.Named("systemd")),
 		alert: alerts.New(cfg.Alerts, log.Named("alerts")), bus: events.NewBus(),
 		stats: vllmstats.NewScraper(cfg.GPU.SampleInterval.Duration, log.Named("vllm-metrics")), extra: extra}
+	g.stats.Dial(conns.Dial(&net.Dialer{Timeout: 5 * time.Second}))
 	store, warnings, err := state.Open(cfg.Control.StateDir, log.Named("state"))
 	if err != nil {
 		return nil, err
@@ -126,14 +134,14 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 		log.Info("resuming from the saved state", zap.String("path", store.StatePath()), zap.Int("rung", pst.Rung))
 	}
 	g.pol = policy.New(cfg, pst, realClock{})
+	g.pol.SetKVCacheBytes(args.KVCacheMemoryBytes)
 
 	cuda, _ := childEnvValue(cfg, "CUDA_VISIBLE_DEVICES")
 	g.gpu = gpumon.Open(gpumon.Options{
 		Devices:            cfg.GPU.Devices,
 		CUDAVisibleDevices: cuda,
 		SampleInterval:     cfg.GPU.SampleInterval.Duration,
-		WarnFraction:       cfg.GPU.WarnFraction,
-		CriticalFraction:   cfg.GPU.CriticalFraction,
+		Thresholds:         cfg.GPU.Thresholds,
 		PredictHorizon:     cfg.GPU.PredictHorizon.Duration,
 	}, log.Named("gpu"))
 
@@ -152,6 +160,8 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 		ExtraArgs: extra,
 		Load:      g.vllmLoad,
 		Progress:  g.vllmProgress,
+		Args:      args,
+		Conns:     conns,
 	})
 	if err != nil {
 		return nil, err
@@ -284,10 +294,16 @@ func (g *guard) reload(path string) {
 			zap.String("config", path), zap.Error(err))
 		return
 	}
+	if _, err := cfg.VLLMArgs(g.extra); err != nil {
+		g.log.Error("config reload failed: vLLM's command line cannot be read; the running configuration stays in force",
+			zap.String("config", path), zap.Error(err))
+		return
+	}
 	if err := logLevel.UnmarshalText([]byte(cfg.Log.Level)); err != nil {
 		g.log.Error("config reload: [log] level not applied", zap.Error(err))
 	}
 	g.alert.Configure(cfg.Alerts)
+	g.gpu.SetThresholds(cfg.GPU.Thresholds)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pending, err := g.sup.Reload(ctx, cfg)

@@ -48,7 +48,7 @@ func BenchmarkReadinessLatency(b *testing.B) {
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\nmax_delay = \"50ms\"\ngive_up_after = 100"
 	s.start()
 	const starts = 10
-	s.waitLog("10 readies", starts, 120*time.Second, msg("vLLM ready"))
+	s.waitEvent("10 readies", starts, 120*time.Second, isReady)
 	s.mu.Lock()
 	var lat []float64
 	var complete time.Time
@@ -74,7 +74,7 @@ func BenchmarkReadinessLatency(b *testing.B) {
 func BenchmarkIdleSupervision(b *testing.B) {
 	s := plainScene(b)
 	s.start()
-	s.waitLog("ready", 1, 60*time.Second, msg("vLLM ready"))
+	s.waitEvent("ready", 1, 60*time.Second, isReady)
 	pid := s.cmd.Process.Pid
 	cpu0, t0 := cpuTicks(pid), time.Now()
 	time.Sleep(10 * time.Second) // the measured window itself, not a wait for an event
@@ -96,7 +96,7 @@ func BenchmarkLogFlood(b *testing.B) {
 	s.env["FAKEVLLM_FAULT"] = "log_flood=100"
 	s.env["FAKEVLLM_STATS_FILE"] = stats
 	s.start()
-	s.waitLog("ready", 1, 60*time.Second, msg("vLLM ready"))
+	s.waitEvent("ready", 1, 60*time.Second, isReady)
 	type snap struct {
 		MaxWriteBlockMS float64 `json:"max_write_block_ms"`
 		BytesWritten    float64 `json:"bytes_written"`

@@ -16,11 +16,12 @@ func TestNoREADYBeforeACompletionSucceeds(t *testing.T) {
 	s := newScene(t)
 	s.env["FAKEVLLM_FAULT"] = "never_ready"
 	s.start()
-	s.waitLog("startup complete", 1, 30*time.Second, msgContains("Application startup complete"))
-	// Several readiness polls (250 ms) after the port opened.
-	deadline := time.Now().Add(1500 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		if m, ok := sock.Read(100 * time.Millisecond); ok && strings.Contains(m, "READY=1") {
+	// Several readiness probes answered and failed: each a chance to send
+	// READY=1, counted, not timed. A datagram sent before the event was
+	// published is queued on the socket by then.
+	s.waitEvent("three answered readiness probes", 3, 30*time.Second, answeredProbeFailure)
+	for _, m := range sock.Drain() {
+		if strings.Contains(m, "READY=1") {
 			t.Fatalf("READY=1 sent although no completion succeeded: %q", m)
 		}
 	}
@@ -42,8 +43,8 @@ func TestREADYAfterReadyAndExtendDuringALongLoad(t *testing.T) {
 	if extends < 2 {
 		t.Fatalf("%d EXTEND_TIMEOUT_USEC during a 2 s load with progress, want at least 2; datagrams:\n%s", extends, strings.Join(seen, "\n"))
 	}
-	// The log line and the datagram travel separately: the log may lag.
-	s.waitLog("vLLM ready to match READY=1", 1, 5*time.Second, msg("vLLM ready"))
+	// The event and the datagram travel separately: the event may lag.
+	s.waitEvent("vLLM ready to match READY=1", 1, 30*time.Second, isReady)
 }
 
 func TestSTATUSChangesOnOOM(t *testing.T) {

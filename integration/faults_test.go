@@ -346,7 +346,9 @@ func TestFaultSIGTERMWhileWaiting(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(s.gpuDir, "release_delay_ms"), []byte("60000\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			oneShot(s, "crash_after=200ms")
+			// A SIGSEGV leaves the dead processes' memory to the driver (a
+			// clean exit frees it at once, and the delay would not apply).
+			oneShot(s, "segv_after=200ms")
 			s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n[gpu]\nsample_interval = \"100ms\"\nrelease_timeout = \"60s\"\n"
 		}, func(s *scene) {
 			s.waitEvent("the crash", 1, 30*time.Second, isExited)

@@ -60,10 +60,11 @@ func TestNotReadyUntilACompletionSucceeds(t *testing.T) {
 	}
 }
 
-// answeredProbeFailure matches a readiness probe that vLLM answered with an
-// error status (the port open, the server up).
+// answeredProbeFailure matches a readiness probe that vLLM answered (the
+// port open, the server up) with something that is not ready: an error
+// status, or /v1/models without the model.
 func answeredProbeFailure(e events.Event) bool {
-	return e.Kind == events.KindProbeFailed && e.Probe != nil && e.Probe.Status >= 400
+	return e.Kind == events.KindProbeFailed && e.Probe != nil && e.Probe.Status != 0
 }
 
 // A healthy start: vLLM answered a completion with 200 and the guard says

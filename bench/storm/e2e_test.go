@@ -61,7 +61,8 @@ func TestEndToEndBadFlag(t *testing.T) {
 	if g.Starts != 1 || g.FinalState != "gave up (exit 78)" {
 		t.Errorf("guard: %d starts, %q; want 1 start and exit 78", g.Starts, g.FinalState)
 	}
-	// The simulator fails in milliseconds, inside the scaled startsecs.
+	// The simulator's argparse error comes within supervisord's startsecs,
+	// which is its real 1 s at every scale (not 50 ms of scenario time).
 	if sv.Starts != 4 || sv.FinalState != "gave up (FATAL)" {
 		t.Errorf("supervisord: %d starts, %q; want 4 starts and FATAL", sv.Starts, sv.FinalState)
 	}

@@ -467,6 +467,7 @@ func TestFaultUnwritableStateDirRunsOn(t *testing.T) {
 
 // runConfigOnly runs `vllm-guard run` with the scene's config edited and
 // returns its exit code and output: for faults that stop the guard at once.
+// Its events go to s.dir/events.jsonl (see fileEvents).
 func runConfigOnly(t *testing.T, s *scene, edit func(string) string) (int, string) {
 	t.Helper()
 	cfg := filepath.Join(s.dir, "edited.toml")
@@ -475,11 +476,36 @@ func runConfigOnly(t *testing.T, s *scene, edit func(string) string) (int, strin
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bins.guard, "run", "--config", cfg)
+	cmd := exec.CommandContext(ctx, bins.guard, "run", "--config", cfg, "--events", filepath.Join(s.dir, "events.jsonl"))
 	cmd.Env = append(os.Environ(), "FAKENVML_STATE="+s.gpuDir, "LD_LIBRARY_PATH="+bins.nvmlDir)
 	out, _ := cmd.CombinedOutput()
 	t.Cleanup(s.killLeftovers)
 	return cmd.ProcessState.ExitCode(), string(out)
+}
+
+// fileEvents reads the events runConfigOnly's guard wrote (none when it
+// stopped before it opened the file).
+func fileEvents(t *testing.T, s *scene) []events.Event {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(s.dir, "events.jsonl"))
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []events.Event
+	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		if line == "" {
+			continue
+		}
+		var e events.Event
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("event line %q: %v", line, err)
+		}
+		out = append(out, e)
+	}
+	return out
 }
 
 // The control socket's folder is a file: exit 78 naming the path and the
@@ -497,8 +523,10 @@ func TestFaultSocketFolderIsAFile(t *testing.T) {
 	if !strings.Contains(out, blocker) || !strings.Contains(out, "[control] socket") {
 		t.Fatalf("the error does not name the path and [control] socket:\n%s", out)
 	}
-	if strings.Contains(out, "launching vLLM") {
-		t.Fatal("vLLM was launched although the guard cannot serve its socket")
+	for _, e := range fileEvents(t, s) {
+		if isStarting(e) {
+			t.Fatal("vLLM was launched although the guard cannot serve its socket")
+		}
 	}
 }
 

@@ -21,7 +21,7 @@ func TestSlowLoadIsNotKilled(t *testing.T) {
 	s.env["FAKEVLLM_PROGRESS_EVERY"] = "300ms"
 	s.extra = "\n[readiness]\nstall_timeout = \"1500ms\"\npoll_interval = \"250ms\"\n"
 	s.start()
-	s.waitEvent("vLLM ready", 1, 60*time.Second, isReady)
+	s.waitEvent("ready", 1, 60*time.Second, isReady)
 	if n := s.countEvents(isStarting); n != 1 {
 		t.Fatalf("%d launches, want 1: the slow load was killed", n)
 	}
@@ -77,7 +77,7 @@ func TestReadyAfterTheCompletionProbe(t *testing.T) {
 	t.Parallel()
 	s := newScene(t)
 	s.start()
-	ready := s.waitEvent("vLLM ready", 1, 30*time.Second, isReady)
+	ready := s.waitEvent("ready", 1, 30*time.Second, isReady)
 	s.waitLog("vLLM's access line of the completion", 1, 10*time.Second, func(m map[string]any) bool {
 		text, _ := m["msg"].(string)
 		return m["logger"] == "vllm" && strings.Contains(text, "POST /v1/completions") && strings.Contains(text, "200")
@@ -133,7 +133,7 @@ func TestKillNineOfTheGuardLeavesNoVLLM(t *testing.T) {
 	t.Parallel()
 	s := newScene(t)
 	s.start()
-	s.waitEvent("vLLM ready", 1, 30*time.Second, isReady)
+	s.waitEvent("ready", 1, 30*time.Second, isReady)
 	if len(s.ours()) < 2 {
 		t.Fatalf("expected the API server and EngineCore running, found %v", describe(s.ours()))
 	}
@@ -147,7 +147,7 @@ func TestSIGTERMStopsCleanly(t *testing.T) {
 	t.Parallel()
 	s := newScene(t)
 	s.start()
-	s.waitEvent("vLLM ready", 1, 30*time.Second, isReady)
+	s.waitEvent("ready", 1, 30*time.Second, isReady)
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	if code := s.waitExit(20 * time.Second); code != 0 {
 		t.Fatalf("exit code %d, want 0", code)

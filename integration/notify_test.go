@@ -44,7 +44,7 @@ func TestREADYAfterReadyAndExtendDuringALongLoad(t *testing.T) {
 		t.Fatalf("%d EXTEND_TIMEOUT_USEC during a 2 s load with progress, want at least 2; datagrams:\n%s", extends, strings.Join(seen, "\n"))
 	}
 	// The event and the datagram travel separately: the event may lag.
-	s.waitEvent("vLLM ready to match READY=1", 1, 30*time.Second, isReady)
+	s.waitEvent("the ready event to match READY=1", 1, 30*time.Second, isReady)
 }
 
 func TestSTATUSChangesOnOOM(t *testing.T) {

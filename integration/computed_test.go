@@ -54,17 +54,14 @@ sample_interval = "100ms"
 	if argv := strings.Join(launch.Argv, " "); !strings.Contains(argv, "--max-num-seqs "+formatInt(got)) {
 		t.Fatalf("second launch %q does not use the computed max_num_seqs %v", argv, got)
 	}
-	// The background demand (256) now fills every slot: hold for twice the
-	// ramp and require no second OOM.
-	deadline := time.Now().Add(8 * time.Second)
-	for time.Now().Before(deadline) {
-		if n := s.countEvents(isExited); n != 1 {
-			t.Fatalf("%d failures, want exactly 1", n)
-		}
-		select {
-		case <-s.notify:
-		case <-time.After(200 * time.Millisecond):
-		}
+	// The background demand (256) fills every slot of the computed rung:
+	// once that full batch runs, the simulator's truth says it holds.
+	m := s.waitFullBatch(int(got), 60*time.Second)
+	if safe := m["fakevllm_true_safe_max_num_seqs"]; safe < got {
+		t.Fatalf("the computed max_num_seqs %v does not hold a full batch: the simulator's safe maximum is %v", got, safe)
+	}
+	if n := s.countEvents(isExited); n != 1 {
+		t.Fatalf("%d failures, want exactly 1", n)
 	}
 }
 

@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -478,4 +480,59 @@ func verdictText(e events.Event) string {
 		b.WriteString("\n" + l.Text)
 	}
 	return b.String()
+}
+
+// simMetrics scrapes the simulator's /metrics on port: each series' name
+// (labels dropped) to its value.
+func simMetrics(port int) (map[string]float64, error) {
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		name := line[:i]
+		if j := strings.IndexByte(name, '{'); j >= 0 {
+			name = name[:j]
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[name] = v
+		}
+	}
+	return out, sc.Err()
+}
+
+// waitFullBatch waits until the simulator runs a full batch of maxNumSeqs
+// sequences (the background demand at its height) and returns its metrics
+// then. With that batch running, fakevllm_true_safe_max_num_seqs at or
+// above maxNumSeqs is the simulator's own truth that the rung holds: its
+// memory model cannot run out later. This replaces holding a wall-clock
+// window open, which a loaded machine could end before the demand peaked.
+func (s *scene) waitFullBatch(maxNumSeqs int, timeout time.Duration) map[string]float64 {
+	s.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		m, err := simMetrics(s.port)
+		if err == nil && int(m["vllm:num_requests_running"]) >= maxNumSeqs && m["fakevllm_true_safe_max_num_seqs"] > 0 {
+			return m
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("the simulator did not run a full batch of %d within %s (last %v, %v)", maxNumSeqs, timeout, m, err)
+		}
+		select {
+		case <-s.exited:
+			s.t.Fatalf("guard exited (code %d) before a full batch ran", s.code)
+		case <-time.After(50 * time.Millisecond): // the pace of the scrapes
+		}
+	}
 }

@@ -29,17 +29,15 @@ func TestOneOOMThenStableOnRungOne(t *testing.T) {
 	if rungOf(ready) != 1 {
 		t.Fatalf("second ready on rung %d, want 1", rungOf(ready))
 	}
-	// The background demand reaches its full height 700 ms after ready;
-	// hold well past it (three times) and require no new failure.
-	deadline := time.Now().Add(2100 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		if n := s.countEvents(isExited); n != 1 {
-			t.Fatalf("%d failures, want exactly 1", n)
-		}
-		select {
-		case <-s.notify:
-		case <-time.After(100 * time.Millisecond):
-		}
+	// The background demand (200) fills rung 1's batch: once it runs, the
+	// simulator's truth says whether rung 1 holds, at any speed.
+	seqs := ready.Rung.MaxNumSeqs
+	m := s.waitFullBatch(seqs, 30*time.Second)
+	if safe := m["fakevllm_true_safe_max_num_seqs"]; safe < float64(seqs) {
+		t.Fatalf("rung 1 (max_num_seqs %d) does not hold a full batch: the simulator's safe maximum is %v", seqs, safe)
+	}
+	if n := s.countEvents(isExited); n != 1 {
+		t.Fatalf("%d failures, want exactly 1", n)
 	}
 	if n := s.countEvents(isStarting); n != 2 {
 		t.Fatalf("%d launches, want 2", n)

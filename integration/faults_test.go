@@ -653,7 +653,10 @@ func apiServer(t *testing.T, s *scene) int {
 func TestFaultSIGKILLOfTheAPIServerIsACrash(t *testing.T) {
 	t.Parallel()
 	s := quick(newScene(t))
-	s.extra = "\n[liveness]\ninterval = \"200ms\"\ntimeout = \"300ms\"\nfailures = 2\n[restart]\ninitial_delay = \"50ms\"\n"
+	// Probes often, but with a timeout no loaded machine runs out of: a
+	// 300 ms timeout could call a slow answer a hang before the kill. The
+	// dead server refuses at once, so the timeout does not matter to it.
+	s.extra = "\n[liveness]\ninterval = \"200ms\"\ntimeout = \"5s\"\nfailures = 2\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
 	s.waitEvent("ready", 1, 30*time.Second, isReady)
 	if err := syscall.Kill(apiServer(t, s), syscall.SIGKILL); err != nil {

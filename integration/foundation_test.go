@@ -17,9 +17,12 @@ import (
 func TestSlowLoadIsNotKilled(t *testing.T) {
 	t.Parallel()
 	s := newScene(t)
-	s.env["FAKEVLLM_LOAD_WEIGHTS"] = "4s"
-	s.env["FAKEVLLM_PROGRESS_EVERY"] = "300ms"
-	s.extra = "\n[readiness]\nstall_timeout = \"1500ms\"\npoll_interval = \"250ms\"\n"
+	// Progress every 200 ms against a 3 s stall_timeout: the guard would
+	// have to stand still for 2.8 s to miss it (a 1.5 s timeout left a
+	// loaded machine 1.2 s). The load is still over twice the timeout.
+	s.env["FAKEVLLM_LOAD_WEIGHTS"] = "7s"
+	s.env["FAKEVLLM_PROGRESS_EVERY"] = "200ms"
+	s.extra = "\n[readiness]\nstall_timeout = \"3s\"\npoll_interval = \"250ms\"\n"
 	s.start()
 	s.waitEvent("ready", 1, 60*time.Second, isReady)
 	if n := s.countEvents(isStarting); n != 1 {

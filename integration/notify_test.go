@@ -30,7 +30,9 @@ func TestNoREADYBeforeACompletionSucceeds(t *testing.T) {
 func TestREADYAfterReadyAndExtendDuringALongLoad(t *testing.T) {
 	sock := notifytest.Listen(t)
 	s := newScene(t)
-	s.env["FAKEVLLM_LOAD_WEIGHTS"] = "2s"
+	// 4 s of load for two EXTENDs a second apart: only a guard stalled for
+	// 3 s would send fewer (and its watchdog would fail first).
+	s.env["FAKEVLLM_LOAD_WEIGHTS"] = "4s"
 	s.env["FAKEVLLM_PROGRESS_EVERY"] = "200ms"
 	s.start()
 	seen := sock.Await(t, "READY=1", func(m string) bool { return strings.Contains(m, "READY=1") }, 30*time.Second)
@@ -41,7 +43,7 @@ func TestREADYAfterReadyAndExtendDuringALongLoad(t *testing.T) {
 		}
 	}
 	if extends < 2 {
-		t.Fatalf("%d EXTEND_TIMEOUT_USEC during a 2 s load with progress, want at least 2; datagrams:\n%s", extends, strings.Join(seen, "\n"))
+		t.Fatalf("%d EXTEND_TIMEOUT_USEC during a 4 s load with progress, want at least 2; datagrams:\n%s", extends, strings.Join(seen, "\n"))
 	}
 	// The event and the datagram travel separately: the event may lag.
 	s.waitEvent("the ready event to match READY=1", 1, 30*time.Second, isReady)

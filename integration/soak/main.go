@@ -285,7 +285,7 @@ poll_interval = "50ms"
 stall_timeout = "20s"
 [liveness]
 interval = "200ms"
-timeout = "300ms"
+timeout = "1s"
 failures = 2
 [gpu]
 sample_interval = "100ms"

@@ -182,7 +182,10 @@ func TestFaultLogFloodBlocksNothing(t *testing.T) {
 	s.logLevel = "warn"
 	s.env["FAKEVLLM_FAULT"] = "log_flood=50"
 	s.env["FAKEVLLM_STATS_FILE"] = stats
-	s.extra = "\n[liveness]\ninterval = \"200ms\"\ntimeout = \"1s\"\nfailures = 2\n"
+	// Liveness every 200 ms, with the shipped timeout (5 s): a simulator
+	// flooding on a loaded machine answered /health in over 1 s, which is
+	// the machine's speed, not a blocked pump (that would block for good).
+	s.extra = "\n[liveness]\ninterval = \"200ms\"\ntimeout = \"5s\"\nfailures = 2\n"
 	s.start()
 	waitState(t, s.socket(), "ready", 30*time.Second)
 	// Wait for 75 MB written (1.5 s of flood) rather than for a fixed time.

@@ -17,12 +17,14 @@ import (
 func TestSlowLoadIsNotKilled(t *testing.T) {
 	t.Parallel()
 	s := newScene(t)
-	// Progress every 200 ms against a 3 s stall_timeout: the guard would
-	// have to stand still for 2.8 s to miss it (a 1.5 s timeout left a
-	// loaded machine 1.2 s). The load is still over twice the timeout.
-	s.env["FAKEVLLM_LOAD_WEIGHTS"] = "7s"
+	// Progress every 200 ms against a 5 s stall_timeout. The stall clock
+	// runs from the change to starting, before the keeper has even started
+	// vLLM: on a loaded machine that start alone took 1.4 s, and a 1.5 s
+	// timeout killed loads that were printing progress. The load is still
+	// over twice the timeout.
+	s.env["FAKEVLLM_LOAD_WEIGHTS"] = "11s"
 	s.env["FAKEVLLM_PROGRESS_EVERY"] = "200ms"
-	s.extra = "\n[readiness]\nstall_timeout = \"3s\"\npoll_interval = \"250ms\"\n"
+	s.extra = "\n[readiness]\nstall_timeout = \"5s\"\npoll_interval = \"250ms\"\n"
 	s.start()
 	s.waitEvent("ready", 1, 60*time.Second, isReady)
 	if n := s.countEvents(isStarting); n != 1 {
@@ -39,7 +41,9 @@ func TestStallWhileLoadingIsAHang(t *testing.T) {
 	s := newScene(t)
 	s.env["FAKEVLLM_FAULT"] = "hang_loading"
 	s.env["FAKEVLLM_FAULT_MARKER"] = filepath.Join(s.dir, "fault-fired")
-	s.extra = "\n[readiness]\nstall_timeout = \"1s\"\n[restart]\ninitial_delay = \"100ms\"\n"
+	// 3 s, not 1 s: the stall clock starts before vLLM does, and the run
+	// after the hang must get its first line out within it.
+	s.extra = "\n[readiness]\nstall_timeout = \"3s\"\n[restart]\ninitial_delay = \"100ms\"\n"
 	s.start()
 	f := s.waitEvent("a hang", 1, 30*time.Second, exitedWith("hang"))
 	if !strings.Contains(f.Failure.Verdict.Summary, "no load progress") {

@@ -101,8 +101,15 @@ func newScene(t testing.TB) *scene {
 	return s
 }
 
+// writeDevices replaces the stand-in's devices file atomically: the
+// library re-reads it at every query, and a truncated file read midway
+// looks like a lost GPU.
 func (s *scene) writeDevices(lines ...string) {
-	if err := os.WriteFile(filepath.Join(s.gpuDir, "devices"), []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+	p := filepath.Join(s.gpuDir, "devices")
+	if err := os.WriteFile(p+".tmp", []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := os.Rename(p+".tmp", p); err != nil {
 		s.t.Fatal(err)
 	}
 }

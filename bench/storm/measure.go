@@ -49,7 +49,11 @@ func (r *run) drive(ctx context.Context) {
 		// fast a process fails at startup (an exec, an argparse error), which
 		// takes real time, not scenario time; scaled to 50 ms it measured
 		// the machine's load instead of the failure.
-		r.supervisordBaseline(ctx, supervisordProgram{startsecs: max(s.D(time.Second), time.Second), startretries: 3,
+		startsecs := max(s.D(time.Second), time.Second)
+		if r.startsecs > 0 {
+			startsecs = r.startsecs
+		}
+		r.supervisordBaseline(ctx, supervisordProgram{startsecs: startsecs, startretries: 3,
 			exitcodes: []int{0}, second: s.D(time.Second)})
 	}
 }

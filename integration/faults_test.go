@@ -146,21 +146,22 @@ func TestFaultNeverReadyHitsMaxStartTime(t *testing.T) {
 }
 
 // vLLM ignores SIGTERM: the guard's stop escalates to SIGKILL of the group
-// after stop_timeout (3 s in the scene) and still exits 0.
+// after stop_timeout (3 s in the scene) and still exits 0. The simulator
+// leaves its marker when it ignores a SIGTERM; a process that ignores
+// SIGTERM and is gone afterwards was killed: the escalation, shown without
+// reading the guard's words for it.
 func TestFaultIgnoredSIGTERMIsEscalated(t *testing.T) {
 	t.Parallel()
 	s := quick(newScene(t))
-	s.env["FAKEVLLM_FAULT"] = "ignore_sigterm"
+	oneShot(s, "ignore_sigterm")
 	s.start()
 	s.waitEvent("ready", 1, 30*time.Second, isReady)
 	s.cmd.Process.Signal(syscall.SIGTERM)
-	if code := s.waitExit(20 * time.Second); code != 0 {
+	if code := s.waitExit(30 * time.Second); code != 0 {
 		t.Fatalf("exit code %d, want 0", code)
 	}
-	// No event says "escalated to SIGKILL" yet: the guard's warning is the
-	// only sign of it.
-	if n := s.count(msg("vLLM did not stop within stop_timeout: killing its process group")); n != 1 {
-		t.Fatalf("%d escalations to SIGKILL logged, want 1", n)
+	if _, err := os.Stat(s.env["FAKEVLLM_FAULT_MARKER"]); err != nil {
+		t.Fatalf("vLLM never ignored a SIGTERM (no marker): %v", err)
 	}
 	s.waitNoProcesses(5 * time.Second)
 }

@@ -87,7 +87,10 @@ func TestEndToEndOrphanKillSemantics(t *testing.T) {
 	if sd.OrphansAtEnd != 0 || sd.HeldAtStartGiB != 0 || sd.Starts != 2 {
 		t.Errorf("systemd: %d starts, %d orphans, %.1f GiB held at a start; want 2 starts and none", sd.Starts, sd.OrphansAtEnd, sd.HeldAtStartGiB)
 	}
-	if sv.OrphansAtEnd != 1 || sv.OrphanGiBAtEnd < 60 || sv.HeldAtStartGiB < 60 {
+	// At least the EngineCore, holding its ~68 GiB. How many more tagged
+	// processes of the failed restarts are still on their way out when the
+	// scenario ends depends on the machine's speed; they hold nothing.
+	if sv.OrphansAtEnd < 1 || sv.OrphanGiBAtEnd < 60 || sv.HeldAtStartGiB < 60 {
 		t.Errorf("supervisord: %d orphans holding %.1f GiB, %.1f GiB held at a start; want the EngineCore's ~68 GiB",
 			sv.OrphansAtEnd, sv.OrphanGiBAtEnd, sv.HeldAtStartGiB)
 	}

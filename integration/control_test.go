@@ -76,7 +76,7 @@ func TestStatusAndMetricsAfterOOMAndRestart(t *testing.T) {
 	// flickering into the golden view.
 	s.extra = "\n[restart]\ninitial_delay = \"200ms\"\n[gpu]\nsample_interval = \"100ms\"\nwarn_fraction = 0.95\ncritical_fraction = 0.97\n"
 	s.start()
-	s.waitLog("ready on rung 1", 2, 60*time.Second, msg("vLLM ready"))
+	s.waitEvent("ready on rung 1", 2, 60*time.Second, isReady)
 	// The scraper and the metrics refresh run every sample (100 ms); wait
 	// for vLLM's own metrics to be in.
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)

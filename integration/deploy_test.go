@@ -81,7 +81,7 @@ func TestAPIKeyReadyAndNeverShown(t *testing.T) {
 			oneShot(s, "crash_after=200ms")
 			evPath := filepath.Join(s.dir, "events.jsonl")
 			s.start("--events", evPath)
-			s.waitLog("ready twice (before and after the crash)", 2, 60*time.Second, msg("vLLM ready"))
+			s.waitEvent("ready twice (before and after the crash)", 2, 60*time.Second, isReady)
 
 			// The key works: vLLM refuses a request without it, takes one with it.
 			url := fmt.Sprintf("http://127.0.0.1:%d/v1/models", s.port)
@@ -137,9 +137,8 @@ func TestMissingAPIKeyIsTheReason(t *testing.T) {
 	os.WriteFile(wrapper, []byte("#!/bin/sh\nVLLM_API_KEY=sk-only-vllm-knows exec "+bins.fakevllm+" \"$@\"\n"), 0o755)
 	s.command = fmt.Sprintf("[%q, \"serve\", \"test-model\"]", wrapper)
 	s.start()
-	s.waitLog("a 401 probe", 1, 60*time.Second, func(m map[string]any) bool {
-		e, _ := m["error"].(string)
-		return m["msg"] == "probe failed" && strings.HasPrefix(e, "vLLM answers 401: the guard has no valid API key")
+	s.waitEvent("a 401 probe", 1, 60*time.Second, func(e events.Event) bool {
+		return e.Kind == events.KindProbeFailed && strings.HasPrefix(e.Probe.Error, "vLLM answers 401: the guard has no valid API key")
 	})
 	d := statusDoc(t, s)
 	if d.Guard.State != "starting" || !strings.HasPrefix(d.Guard.Reason, "vLLM answers 401: the guard has no valid API key") {
@@ -156,7 +155,7 @@ func TestEmbeddingModelReadyViaAuto(t *testing.T) {
 	s := quick(newScene(t))
 	s.command = fmt.Sprintf("[%q, \"serve\", \"BAAI/bge-small-en\"]", bins.fakevllm)
 	s.start()
-	s.waitLog("ready", 1, 60*time.Second, msg("vLLM ready"))
+	s.waitEvent("ready", 1, 60*time.Second, isReady)
 	d := statusDoc(t, s)
 	if !strings.Contains(d.Guard.Probe, "/v1/embeddings") || !strings.Contains(d.Guard.Probe, "embed") {
 		t.Fatalf("probe in use: %q", d.Guard.Probe)
@@ -170,7 +169,7 @@ func TestServedNamesFromEverySource(t *testing.T) {
 		s := quick(newScene(t))
 		s.command = fmt.Sprintf("[%q, \"serve\", \"org/model\", \"--served-model-name\", \"alpha\", \"beta\"]", bins.fakevllm)
 		s.start()
-		s.waitLog("ready", 1, 60*time.Second, msg("vLLM ready"))
+		s.waitEvent("ready", 1, 60*time.Second, isReady)
 	})
 	t.Run("yaml in workdir", func(t *testing.T) {
 		s := quick(newScene(t))
@@ -182,7 +181,7 @@ func TestServedNamesFromEverySource(t *testing.T) {
 			return strings.Replace(text, "[vllm]\n", fmt.Sprintf("[vllm]\nworkdir = %q\n", work), 1)
 		}
 		s.start()
-		s.waitLog("ready", 1, 60*time.Second, msg("vLLM ready"))
+		s.waitEvent("ready", 1, 60*time.Second, isReady)
 		out := guardCLI(t, "check", "--config", filepath.Join(s.dir, "vllm-guard.toml"))
 		if !strings.Contains(out, `served names:   "yaml-a", "yaml-b"`) {
 			t.Fatalf("check:\n%s", out)
@@ -195,9 +194,8 @@ func TestServedNamesFromEverySource(t *testing.T) {
 			return strings.Replace(text, "[vllm]\n", "[vllm]\nserved_model_name = \"not-served\"\n", 1)
 		}
 		s.start()
-		s.waitLog("the names probe failing", 1, 60*time.Second, func(m map[string]any) bool {
-			e, _ := m["error"].(string)
-			return m["msg"] == "probe failed" && strings.Contains(e, "not the served name")
+		s.waitEvent("the names probe failing", 1, 60*time.Second, func(e events.Event) bool {
+			return e.Kind == events.KindProbeFailed && strings.Contains(e.Probe.Error, "not the served name")
 		})
 		d := statusDoc(t, s)
 		if !strings.Contains(d.Guard.Reason, `/v1/models lists ["test-model"], not the served name "not-served"`) {
@@ -216,7 +214,7 @@ func TestKVCacheBytesSteppedDownAfterOOM(t *testing.T) {
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
 	evPath := filepath.Join(s.dir, "events.jsonl")
 	s.start("--events", evPath)
-	s.waitLog("ready after the OOM", 1, 90*time.Second, msg("vLLM ready"))
+	s.waitEvent("ready after the OOM", 1, 90*time.Second, isReady)
 	var argvs [][]string
 	var cause string
 	for _, e := range readEvents(t, evPath) {
@@ -254,7 +252,7 @@ func TestNCCLOOMClassified(t *testing.T) {
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
 	evPath := filepath.Join(s.dir, "events.jsonl")
 	s.start("--events", evPath)
-	s.waitLog("ready after the OOM", 1, 90*time.Second, msg("vLLM ready"))
+	s.waitEvent("ready after the OOM", 1, 90*time.Second, isReady)
 	for _, e := range readEvents(t, evPath) {
 		if e.Kind == events.KindExited {
 			if c := e.Failure.Verdict.Cause; c != "oom" {
@@ -279,7 +277,7 @@ func TestHealthyVLLMRaisesNoMemoryAlert(t *testing.T) {
 			s := quick(newScene(t))
 			s.extra = fmt.Sprintf("\n[profile]\ngpu_memory_utilization = %s\n[gpu]\nsample_interval = \"20ms\"\n", util)
 			s.start()
-			s.waitLog("ready", 1, 60*time.Second, msg("vLLM ready"))
+			s.waitEvent("ready", 1, 60*time.Second, isReady)
 			d := statusDoc(t, s)
 			base := len(d.GPU.Devices[0].History)
 			deadline := time.Now().Add(60 * time.Second)
@@ -294,7 +292,7 @@ func TestHealthyVLLMRaisesNoMemoryAlert(t *testing.T) {
 			if dev.Fraction < dev.Budget-0.05 || dev.Budget < 0.89 {
 				t.Fatalf("vLLM does not hold its budget: %+v", dev)
 			}
-			if len(d.Alerts) != 0 || s.count(msg("GPU memory alert")) != 0 {
+			if len(d.Alerts) != 0 || s.countEvents(kind(events.KindAlert)) != 0 {
 				t.Fatalf("healthy vLLM at %s raised %+v (used %.3f, budget %.3f, warn at %.3f)", util, d.Alerts, dev.Fraction, dev.Budget, dev.WarnAt)
 			}
 		})
@@ -307,7 +305,7 @@ func TestOwnAccessLinesDropped(t *testing.T) {
 	s := quick(newScene(t))
 	s.extra = "\n[gpu]\nsample_interval = \"50ms\"\n[liveness]\ninterval = \"100ms\"\n"
 	s.start()
-	s.waitLog("ready", 1, 60*time.Second, msg("vLLM ready"))
+	s.waitEvent("ready", 1, 60*time.Second, isReady)
 	for d := statusDoc(t, s); d.VLLM.Scrapes < 10; d = statusDoc(t, s) {
 		time.Sleep(50 * time.Millisecond) // polling status for the scrape count
 	}

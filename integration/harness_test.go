@@ -7,15 +7,19 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/events"
 	"github.com/vllm-guard/vllm-guard/internal/testbin"
 )
 
@@ -65,6 +69,7 @@ type scene struct {
 	logLevel   string              // default debug
 	noNVML     bool                // run without any libnvidia-ml.so.1
 	httpListen string              // [control] http_listen; default off
+	guardEnv   map[string]string   // more environment for the guard itself (NOTIFY_SOCKET, WATCHDOG_USEC)
 	skipVLLM   bool                // do not keep vLLM's own lines (benchmarks that flood)
 	editConfig func(string) string // edits the config text before start (keys the scene does not expose)
 	dir        string
@@ -79,8 +84,10 @@ type scene struct {
 	mu     sync.Mutex
 	logs   []map[string]any
 	raw    []string
-	notify chan struct{}
-	exited chan struct{}
+	evs    []events.Event // the guard's event stream (run --events), in order
+	notify chan struct{}  // a log line or an event arrived
+	evDone chan struct{}  // the event stream ended (the guard closed it at exit)
+	exited chan struct{}  // the guard exited and both streams were read to the end
 	code   int
 }
 
@@ -89,7 +96,7 @@ func newScene(t testing.TB) *scene {
 	dir := t.TempDir()
 	s := &scene{t: t, dir: dir, port: freePort(t), gpuDir: filepath.Join(dir, "gpu"),
 		testID: fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "_"), time.Now().UnixNano()),
-		env:    map[string]string{"FAKEVLLM_ERA": "v1-ansi"}, logLevel: "debug", notify: make(chan struct{}, 1), exited: make(chan struct{})}
+		env:    map[string]string{"FAKEVLLM_ERA": "v1-ansi"}, logLevel: "debug"}
 	if err := os.MkdirAll(filepath.Join(s.gpuDir, "procs"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -97,8 +104,15 @@ func newScene(t testing.TB) *scene {
 	return s
 }
 
+// writeDevices replaces the stand-in's devices file atomically: the
+// library re-reads it at every query, and a truncated file read midway
+// looks like a lost GPU.
 func (s *scene) writeDevices(lines ...string) {
-	if err := os.WriteFile(filepath.Join(s.gpuDir, "devices"), []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+	p := filepath.Join(s.gpuDir, "devices")
+	if err := os.WriteFile(p+".tmp", []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := os.Rename(p+".tmp", p); err != nil {
 		s.t.Fatal(err)
 	}
 }
@@ -119,9 +133,11 @@ func (s *scene) configText() string {
 	return b.String()
 }
 
-// start runs `vllm-guard run` and collects its JSON log.
+// start runs `vllm-guard run` and collects its JSON log and its event
+// stream (`--events /dev/fd/3`, a pipe).
 func (s *scene) start(args ...string) {
 	s.t.Helper()
+	s.notify, s.evDone, s.exited = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
 	cfg := filepath.Join(s.dir, "vllm-guard.toml")
 	text := s.configText()
 	if s.editConfig != nil {
@@ -134,7 +150,12 @@ func (s *scene) start(args ...string) {
 	if bin == "" {
 		bin = bins.guard
 	}
-	s.cmd = exec.Command(bin, append([]string{"run", "--config", cfg}, args...)...)
+	s.cmd = exec.Command(bin, append([]string{"run", "--config", cfg, "--events", "/dev/fd/3"}, args...)...)
+	evr, evw, err := os.Pipe()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.cmd.ExtraFiles = []*os.File{evw}
 	lib := bins.nvmlDir
 	if s.noNVML {
 		lib = filepath.Join(s.dir, "no-nvml-here")
@@ -142,6 +163,9 @@ func (s *scene) start(args ...string) {
 	// The race runtime sleeps a second at every exit by default; the keeper
 	// (the same race-built binary) exits at each stop of vLLM.
 	s.cmd.Env = append(os.Environ(), "FAKENVML_STATE="+s.gpuDir, "LD_LIBRARY_PATH="+lib, "GORACE=atexit_sleep_ms=0")
+	for k, v := range s.guardEnv {
+		s.cmd.Env = append(s.cmd.Env, k+"="+v)
+	}
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {
 		s.t.Fatal(err)
@@ -149,6 +173,8 @@ func (s *scene) start(args ...string) {
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
+	evw.Close() // the guard holds the writing end now
+	go s.readEvents(evr)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -173,6 +199,9 @@ func (s *scene) start(args ...string) {
 		err := s.cmd.Wait()
 		s.code = s.cmd.ProcessState.ExitCode()
 		_ = err
+		// The guard flushed and closed its event stream before it exited;
+		// what it wrote is read before anyone hears of the exit.
+		<-s.evDone
 		close(s.exited)
 	}()
 	s.t.Cleanup(func() {
@@ -193,6 +222,12 @@ func (s *scene) start(args ...string) {
 			n := len(s.raw)
 			from := max(0, n-80)
 			s.t.Logf("guard log (last %d lines):\n%s", n-from, strings.Join(s.raw[from:], "\n"))
+			var evs []string
+			for _, e := range s.evs[max(0, len(s.evs)-40):] {
+				b, _ := json.Marshal(e)
+				evs = append(evs, string(b))
+			}
+			s.t.Logf("guard events (last %d):\n%s", len(evs), strings.Join(evs, "\n"))
 			s.mu.Unlock()
 		}
 	})
@@ -204,9 +239,117 @@ func (s *scene) restart() *scene {
 	s.t.Helper()
 	n := &scene{t: s.t, dir: s.dir, port: s.port, gpuDir: s.gpuDir, testID: s.testID, env: s.env, extra: s.extra,
 		command: s.command, guardBin: s.guardBin, logLevel: s.logLevel, noNVML: s.noNVML, httpListen: s.httpListen, skipVLLM: s.skipVLLM,
-		notify: make(chan struct{}, 1), exited: make(chan struct{})}
+		guardEnv: s.guardEnv}
 	n.start()
 	return n
+}
+
+// readEvents decodes the guard's event stream until the guard closes it.
+func (s *scene) readEvents(r *os.File) {
+	defer close(s.evDone)
+	defer r.Close()
+	dec := json.NewDecoder(r)
+	for {
+		var e events.Event
+		if err := dec.Decode(&e); err != nil {
+			return
+		}
+		s.mu.Lock()
+		s.evs = append(s.evs, e)
+		s.mu.Unlock()
+		select {
+		case s.notify <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// events is a copy of the events so far.
+func (s *scene) events() []events.Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.evs)
+}
+
+// countEvents is how many events so far match.
+func (s *scene) countEvents(match func(events.Event) bool) int {
+	n := 0
+	for _, e := range s.events() {
+		if match(e) {
+			n++
+		}
+	}
+	return n
+}
+
+// waitEvent waits until n events match, and returns the n-th. It fails the
+// test when the guard exits first or timeout passes (a bound, not a
+// measurement: the test is correct at any speed below it).
+func (s *scene) waitEvent(what string, n int, timeout time.Duration, match func(events.Event) bool) events.Event {
+	s.t.Helper()
+	deadline := time.After(timeout)
+	for {
+		found := 0
+		for _, e := range s.events() {
+			if match(e) {
+				if found++; found == n {
+					return e
+				}
+			}
+		}
+		select {
+		case <-s.notify:
+		case <-s.exited:
+			if s.countEvents(match) >= n {
+				continue
+			}
+			s.t.Fatalf("guard exited (code %d) before %s", s.code, what)
+		case <-deadline:
+			s.t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+	}
+}
+
+// Event matchers.
+
+func kind(k events.Kind) func(events.Event) bool {
+	return func(e events.Event) bool { return e.Kind == k }
+}
+
+var (
+	isStarting = kind(events.KindStarting)
+	isReady    = kind(events.KindReady)
+	isExited   = kind(events.KindExited)
+)
+
+// inState matches the change into state st.
+func inState(st string) func(events.Event) bool {
+	return func(e events.Event) bool { return e.Kind == events.KindState && e.State == st }
+}
+
+// exitedWith matches an exit whose verdict is cause.
+func exitedWith(cause string) func(events.Event) bool {
+	return func(e events.Event) bool {
+		return e.Kind == events.KindExited && e.Failure != nil && string(e.Failure.Verdict.Cause) == cause
+	}
+}
+
+// decided matches a decision event naming d.
+func decided(d string) func(events.Event) bool {
+	return func(e events.Event) bool { return e.Kind == events.KindDecision && e.Decision == d }
+}
+
+// after matches what match matches, later in the stream than e.
+func after(e events.Event, match func(events.Event) bool) func(events.Event) bool {
+	return func(x events.Event) bool { return x.Seq > e.Seq && match(x) }
+}
+
+// rungOf is the rung an event names (-1 when it names none).
+func rungOf(e events.Event) int {
+	if e.Rung == nil {
+		return -1
+	}
+	return e.Rung.Index
 }
 
 // count is how many guard log entries match.
@@ -241,11 +384,6 @@ func (s *scene) waitLog(what string, n int, timeout time.Duration, match func(ma
 		select {
 		case <-s.notify:
 		case <-s.exited:
-			// drain what is left, then give up
-			s.mu.Lock()
-			done := len(s.logs)
-			s.mu.Unlock()
-			_ = done
 			if s.count(match) >= n {
 				continue
 			}
@@ -339,4 +477,72 @@ func describe(pids []int) []string {
 		out = append(out, fmt.Sprintf("%d:%s", p, strings.ReplaceAll(string(b), "\x00", " ")))
 	}
 	return out
+}
+
+// verdictText is an exit's summary and evidence, for "does it name X".
+func verdictText(e events.Event) string {
+	if e.Failure == nil {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString(e.Failure.Verdict.Summary)
+	for _, l := range e.Failure.Verdict.Evidence {
+		b.WriteString("\n" + l.Text)
+	}
+	return b.String()
+}
+
+// simMetrics scrapes the simulator's /metrics on port: each series' name
+// (labels dropped) to its value.
+func simMetrics(port int) (map[string]float64, error) {
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		name := line[:i]
+		if j := strings.IndexByte(name, '{'); j >= 0 {
+			name = name[:j]
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[name] = v
+		}
+	}
+	return out, sc.Err()
+}
+
+// waitFullBatch waits until the simulator runs a full batch of maxNumSeqs
+// sequences (the background demand at its height) and returns its metrics
+// then. With that batch running, fakevllm_true_safe_max_num_seqs at or
+// above maxNumSeqs is the simulator's own truth that the rung holds: its
+// memory model cannot run out later. This replaces holding a wall-clock
+// window open, which a loaded machine could end before the demand peaked.
+func (s *scene) waitFullBatch(maxNumSeqs int, timeout time.Duration) map[string]float64 {
+	s.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		m, err := simMetrics(s.port)
+		if err == nil && int(m["vllm:num_requests_running"]) >= maxNumSeqs && m["fakevllm_true_safe_max_num_seqs"] > 0 {
+			return m
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("the simulator did not run a full batch of %d within %s (last %v, %v)", maxNumSeqs, timeout, m, err)
+		}
+		select {
+		case <-s.exited:
+			s.t.Fatalf("guard exited (code %d) before a full batch ran", s.code)
+		case <-time.After(50 * time.Millisecond): // the pace of the scrapes
+		}
+	}
 }

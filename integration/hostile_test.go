@@ -40,8 +40,8 @@ func TestHostileTCPStatusIsARedactedSummary(t *testing.T) {
 	oneShot(s, "crash_on_start")
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
-	s.waitLog("the crash", 1, 30*time.Second, msg("vLLM failed"))
-	s.waitLog("ready after it", 1, 30*time.Second, msg("vLLM ready"))
+	s.waitEvent("the crash", 1, 30*time.Second, isExited)
+	s.waitEvent("ready after it", 1, 30*time.Second, isReady)
 
 	get := func(host string) (int, string) {
 		req, _ := http.NewRequest("GET", "http://"+addr+"/status", nil)
@@ -143,7 +143,7 @@ func TestHostileSocketFolderOpenToOthersIsRefused(t *testing.T) {
 	if errText, _ := e["error"].(string); !strings.Contains(errText, filepath.Dir(path)) || !strings.Contains(errText, "mode 0777") {
 		t.Errorf("the error does not name the folder and its mode: %q", errText)
 	}
-	if n := s.count(msg("launching vLLM")); n != 0 {
+	if n := s.countEvents(isStarting); n != 0 {
 		t.Errorf("vLLM launched %d times", n)
 	}
 	if _, err := os.Lstat(path); !os.IsNotExist(err) {
@@ -228,7 +228,7 @@ func TestHostileSecondGuardCannotTakeTheSocket(t *testing.T) {
 	t.Parallel()
 	a := quick(newScene(t))
 	a.start()
-	a.waitLog("the first guard ready", 1, 30*time.Second, msg("vLLM ready"))
+	a.waitEvent("the first guard ready", 1, 30*time.Second, isReady)
 	if err := os.Remove(a.socket()); err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +245,7 @@ func TestHostileSecondGuardCannotTakeTheSocket(t *testing.T) {
 	if errText, _ := e["error"].(string); !strings.Contains(errText, want) {
 		t.Errorf("the second guard's error %q does not name the holder: want %q", errText, want)
 	}
-	if n := b.count(msg("launching vLLM")); n != 0 {
+	if n := b.countEvents(isStarting); n != 0 {
 		t.Errorf("the second guard launched vLLM %d times", n)
 	}
 	a.stopCleanly(30*time.Second, 5*time.Second)
@@ -275,7 +275,7 @@ func TestHostileIncidentsSymlinkIsNotFollowed(t *testing.T) {
 	s.start()
 	s.waitLog("the warning", 1, 30*time.Second, msgContains("is a symlink"))
 	s.waitLog("the incident", 1, 30*time.Second, msg("incident recorded"))
-	s.waitLog("ready", 1, 30*time.Second, msg("vLLM ready"))
+	s.waitEvent("ready", 1, 30*time.Second, isReady)
 	ents, _ := os.ReadDir(other)
 	if len(ents) != 200 || ents[0].Name() != "20000101T000000.000000Z-crash.json" {
 		t.Errorf("the symlink's target changed: %d files, first %q", len(ents), ents[0].Name())
@@ -303,7 +303,7 @@ func TestHostileStateFIFODoesNotHang(t *testing.T) {
 	if text, _ := w["msg"].(string); !strings.Contains(text, "moved it aside") {
 		t.Errorf("warning %q does not say the FIFO was moved aside", text)
 	}
-	s.waitLog("ready", 1, 30*time.Second, msg("vLLM ready"))
+	s.waitEvent("ready", 1, 30*time.Second, isReady)
 	aside, _ := filepath.Glob(filepath.Join(s.dir, "state", "state.json.corrupt-*"))
 	if len(aside) != 1 {
 		t.Fatalf("moved-aside copies: %v", aside)
@@ -322,7 +322,7 @@ func TestHostileFailedIncidentWriteStillShowsInStatus(t *testing.T) {
 	s := quick(newScene(t))
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
-	s.waitLog("ready", 1, 30*time.Second, msg("vLLM ready"))
+	s.waitEvent("ready", 1, 30*time.Second, isReady)
 	inc := filepath.Join(s.dir, "state", "incidents")
 	if err := os.RemoveAll(inc); err != nil {
 		t.Fatal(err)
@@ -379,7 +379,7 @@ func TestHostileControlBytesNeverReachTheLogRaw(t *testing.T) {
 	s.env["FAKEVLLM_FAULT"] = "control_bytes"
 	s.editConfig = func(text string) string { return strings.Replace(text, `format = "json"`, `format = "console"`, 1) }
 	s.start()
-	s.waitRaw("ready", "vLLM ready", 30*time.Second)
+	s.waitEvent("ready", 1, 30*time.Second, isReady)
 	line := s.waitRaw("the line with control bytes", "cmpl-ctlbytes", 10*time.Second)
 	// The OSC title sequence (ESC ] 0;pwned BEL) is stripped whole by the
 	// pump; every other control is escaped where it stood.

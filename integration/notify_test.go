@@ -16,11 +16,12 @@ func TestNoREADYBeforeACompletionSucceeds(t *testing.T) {
 	s := newScene(t)
 	s.env["FAKEVLLM_FAULT"] = "never_ready"
 	s.start()
-	s.waitLog("startup complete", 1, 30*time.Second, msgContains("Application startup complete"))
-	// Several readiness polls (250 ms) after the port opened.
-	deadline := time.Now().Add(1500 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		if m, ok := sock.Read(100 * time.Millisecond); ok && strings.Contains(m, "READY=1") {
+	// Several readiness probes answered and failed: each a chance to send
+	// READY=1, counted, not timed. A datagram sent before the event was
+	// published is queued on the socket by then.
+	s.waitEvent("three answered readiness probes", 3, 30*time.Second, answeredProbeFailure)
+	for _, m := range sock.Drain() {
+		if strings.Contains(m, "READY=1") {
 			t.Fatalf("READY=1 sent although no completion succeeded: %q", m)
 		}
 	}
@@ -29,7 +30,9 @@ func TestNoREADYBeforeACompletionSucceeds(t *testing.T) {
 func TestREADYAfterReadyAndExtendDuringALongLoad(t *testing.T) {
 	sock := notifytest.Listen(t)
 	s := newScene(t)
-	s.env["FAKEVLLM_LOAD_WEIGHTS"] = "2s"
+	// 4 s of load for two EXTENDs a second apart: only a guard stalled for
+	// 3 s would send fewer (and its watchdog would fail first).
+	s.env["FAKEVLLM_LOAD_WEIGHTS"] = "4s"
 	s.env["FAKEVLLM_PROGRESS_EVERY"] = "200ms"
 	s.start()
 	seen := sock.Await(t, "READY=1", func(m string) bool { return strings.Contains(m, "READY=1") }, 30*time.Second)
@@ -40,10 +43,10 @@ func TestREADYAfterReadyAndExtendDuringALongLoad(t *testing.T) {
 		}
 	}
 	if extends < 2 {
-		t.Fatalf("%d EXTEND_TIMEOUT_USEC during a 2 s load with progress, want at least 2; datagrams:\n%s", extends, strings.Join(seen, "\n"))
+		t.Fatalf("%d EXTEND_TIMEOUT_USEC during a 4 s load with progress, want at least 2; datagrams:\n%s", extends, strings.Join(seen, "\n"))
 	}
-	// The log line and the datagram travel separately: the log may lag.
-	s.waitLog("vLLM ready to match READY=1", 1, 5*time.Second, msg("vLLM ready"))
+	// The event and the datagram travel separately: the event may lag.
+	s.waitEvent("the ready event to match READY=1", 1, 30*time.Second, isReady)
 }
 
 func TestSTATUSChangesOnOOM(t *testing.T) {

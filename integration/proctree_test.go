@@ -6,6 +6,7 @@ package integration
 import (
 	"errors"
 	"fmt"
+	"github.com/vllm-guard/vllm-guard/events"
 	"os"
 	"strconv"
 	"strings"
@@ -30,8 +31,8 @@ func TestGuardsOwnStartFailureIsRetriedNotAConfigError(t *testing.T) {
 	s.noNVML = true // the release wait would read NVML; this test is about the start
 	s.extra = "\n[restart]\ninitial_delay = \"100ms\"\nmax_delay = \"200ms\"\ngive_up_after = 1000\n"
 	s.start()
-	ready := s.waitLog("vLLM ready", 1, 30*time.Second, msg("vLLM ready"))
-	api := int(ready["pid"].(float64))
+	ready := s.waitEvent("ready", 1, 30*time.Second, isReady)
+	api := ready.PID
 
 	guard := s.cmd.Process.Pid
 	var old unix.Rlimit
@@ -44,23 +45,23 @@ func TestGuardsOwnStartFailureIsRetriedNotAConfigError(t *testing.T) {
 	if err := syscall.Kill(api, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	f := s.waitLog("the guard's own start failure", 1, 30*time.Second, func(m map[string]any) bool {
-		e, _ := m["exit"].(string)
-		return m["msg"] == "vLLM failed" && strings.HasPrefix(e, "the guard could not start vLLM")
+	e := s.waitEvent("the guard's own start failure", 1, 30*time.Second, func(e events.Event) bool {
+		return e.Kind == events.KindExited && strings.HasPrefix(e.Failure.Exit, "the guard could not start vLLM")
 	})
 	if err := unix.Prlimit(guard, unix.RLIMIT_NOFILE, &old, nil); err != nil {
 		t.Fatal(err)
 	}
-	if f["cause"] != "crash" || f["action"] != "restart" {
-		t.Fatalf("cause %v action %v, want crash and restart", f["cause"], f["action"])
+	f := e.Failure
+	if f.Verdict.Cause != "crash" || f.Decision.Action != "restart" {
+		t.Fatalf("cause %v action %v, want crash and restart", f.Verdict.Cause, f.Decision.Action)
 	}
-	reason, _ := f["reason"].(string)
+	reason := f.Decision.Reason
 	for _, want := range []string{"too many open files", "(its own error, not vLLM's configuration): retrying"} {
 		if !strings.Contains(reason, want) {
 			t.Fatalf("reason %q does not say %q", reason, want)
 		}
 	}
-	s.waitLog("vLLM ready after the retry", 2, 60*time.Second, msg("vLLM ready"))
+	s.waitEvent("ready after the retry", 2, 60*time.Second, isReady)
 	s.stopCleanly(20*time.Second, 5*time.Second)
 }
 

@@ -12,27 +12,29 @@ echo "GPU-5e1f0000-0000-4000-8000-000000000001 85899345920 536870912 NVIDIA H100
 sed "s#@WORK@#$work#g" "$root/examples/demo.toml" > "$work/demo.toml"
 
 echo "== vllm-guard demo: config $root/examples/demo.toml, simulator on 127.0.0.1:18000"
-: > "$work/guard.log"
-"$root/bin/vllm-guard" run --config "$work/demo.toml" 2> >(tee "$work/guard.log" >&2) &
+# The guard logs for the reader; the script reads its event stream (one
+# JSON object a line: "kind" says what happened), never the log's wording.
+events="$work/events.jsonl"
+: > "$events"
+"$root/bin/vllm-guard" run --config "$work/demo.toml" --events "$events" &
 guard=$!
 start=$SECONDS
 while kill -0 "$guard" 2>/dev/null && [ $((SECONDS - start)) -lt 60 ]; do
-  [ "$(grep -c 'vLLM ready' "$work/guard.log")" -ge 2 ] && break
+  [ "$(grep -c '"kind":"ready"' "$events")" -ge 2 ] && break
   sleep 0.2
 done
-sleep 1
+sleep 1 # let the reader see it hold
 kill -TERM "$guard" 2>/dev/null
-wait "$guard"
+wait "$guard" # the guard writes out its events before it exits
 code=$?
-sleep 0.2
 
-readies=$(grep -c 'vLLM ready' "$work/guard.log")
-ooms=$(grep 'vLLM failed' "$work/guard.log" | grep -c '"cause": "oom"')
+readies=$(grep -c '"kind":"ready"' "$events")
+ooms=$(grep '"kind":"exited"' "$events" | grep -c '"cause":"oom"')
 # The profile of the last launch, and how the guard chose it.
-last=$(grep 'launching vLLM' "$work/guard.log" | tail -1)
-seqs=$(sed -n 's/.*"--max-num-seqs", "\([0-9]*\)".*/\1/p' <<<"$last")
-util=$(sed -n 's/.*"--gpu-memory-utilization", "\([0-9.]*\)".*/\1/p' <<<"$last")
-how=$(grep 'vLLM failed' "$work/guard.log" | tail -1 | sed -n 's/.*"reason": "\([^"]*\)".*/\1/p')
+last=$(grep '"kind":"starting"' "$events" | tail -1)
+seqs=$(sed -n 's/.*"rung":{[^}]*"max_num_seqs":\([0-9]*\).*/\1/p' <<<"$last")
+util=$(sed -n 's/.*"rung":{[^}]*"gpu_memory_utilization":\([0-9.]*\).*/\1/p' <<<"$last")
+how=$(grep '"kind":"exited"' "$events" | tail -1 | sed -n 's/.*"decision":{.*"reason":"\([^"]*\)".*/\1/p')
 echo
 echo "== summary"
 echo "The guard launched the simulated vLLM on rung 0 (max_num_seqs 256, gpu_memory_utilization 0.85)," \

@@ -23,7 +23,7 @@ var realBins = sync.OnceValues(func() (bins, error) {
 	return bins{guard: g, fakevllm: s, nvmlDir: l}, err
 })
 
-func runOne(t *testing.T, sc Scenario, sup string, s Scale) Result {
+func runOne(t *testing.T, sc Scenario, sup string, s Scale, tweak ...func(*run)) Result {
 	t.Helper()
 	b, err := realBins()
 	if err != nil {
@@ -32,6 +32,9 @@ func runOne(t *testing.T, sc Scenario, sup string, s Scale) Result {
 	r, err := newRun(sc, sup, s, b, newScanner(), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, f := range tweak {
+		f(r)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -56,12 +59,15 @@ func TestEndToEndBadFlag(t *testing.T) {
 	var wg sync.WaitGroup
 	var g, sv Result
 	wg.Go(func() { g = runOne(t, sc, supGuard, 0.05) })
-	wg.Go(func() { sv = runOne(t, sc, supSupervisord, 0.05) })
+	// startsecs 10 s: the argparse error is a failed start to supervisord
+	// however loaded the machine (a loaded one took over the scaled 50 ms,
+	// and supervisord counted a run instead; its default 1 s leaves little
+	// to spare on a shared machine either).
+	wg.Go(func() { sv = runOne(t, sc, supSupervisord, 0.05, func(r *run) { r.startsecs = 10 * time.Second }) })
 	wg.Wait()
 	if g.Starts != 1 || g.FinalState != "gave up (exit 78)" {
 		t.Errorf("guard: %d starts, %q; want 1 start and exit 78", g.Starts, g.FinalState)
 	}
-	// The simulator fails in milliseconds, inside the scaled startsecs.
 	if sv.Starts != 4 || sv.FinalState != "gave up (FATAL)" {
 		t.Errorf("supervisord: %d starts, %q; want 4 starts and FATAL", sv.Starts, sv.FinalState)
 	}
@@ -81,7 +87,10 @@ func TestEndToEndOrphanKillSemantics(t *testing.T) {
 	if sd.OrphansAtEnd != 0 || sd.HeldAtStartGiB != 0 || sd.Starts != 2 {
 		t.Errorf("systemd: %d starts, %d orphans, %.1f GiB held at a start; want 2 starts and none", sd.Starts, sd.OrphansAtEnd, sd.HeldAtStartGiB)
 	}
-	if sv.OrphansAtEnd != 1 || sv.OrphanGiBAtEnd < 60 || sv.HeldAtStartGiB < 60 {
+	// At least the EngineCore, holding its ~68 GiB. How many more tagged
+	// processes of the failed restarts are still on their way out when the
+	// scenario ends depends on the machine's speed; they hold nothing.
+	if sv.OrphansAtEnd < 1 || sv.OrphanGiBAtEnd < 60 || sv.HeldAtStartGiB < 60 {
 		t.Errorf("supervisord: %d orphans holding %.1f GiB, %.1f GiB held at a start; want the EngineCore's ~68 GiB",
 			sv.OrphansAtEnd, sv.OrphanGiBAtEnd, sv.HeldAtStartGiB)
 	}

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/events"
 )
 
 // guardConfig is the guard's vllm-guard.toml for one run: defaults, with
@@ -60,7 +62,9 @@ func (r *run) guardRun(ctx context.Context) {
 		r.setTerminal("gave up (" + err.Error() + ")")
 		return
 	}
-	cmd := exec.Command(r.bins.guard, "run", "--config", cfg)
+	// The guard's events (starts, exits with their cause) come as JSON
+	// lines on fd 3; its log only for the alerts, which are not events yet.
+	cmd := exec.Command(r.bins.guard, "run", "--config", cfg, "--events", "/dev/fd/3")
 	cmd.Env = append(os.Environ(), "FAKENVML_STATE="+r.gpuDir, "LD_LIBRARY_PATH="+r.bins.nvmlDir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	pr, pw, err := os.Pipe()
@@ -68,20 +72,38 @@ func (r *run) guardRun(ctx context.Context) {
 		r.setTerminal("gave up (" + err.Error() + ")")
 		return
 	}
+	er, ew, err := os.Pipe()
+	if err != nil {
+		pr.Close()
+		pw.Close()
+		r.setTerminal("gave up (" + err.Error() + ")")
+		return
+	}
 	cmd.Stdout, cmd.Stderr = pw, pw
+	cmd.ExtraFiles = []*os.File{ew}
 	if err := cmd.Start(); err != nil {
 		pw.Close()
 		pr.Close()
+		ew.Close()
+		er.Close()
 		r.setTerminal("gave up (start the guard: " + err.Error() + ")")
 		return
 	}
 	pw.Close()
+	ew.Close()
 	r.guardPID.Store(int64(cmd.Process.Pid))
 	logf, _ := os.Create(filepath.Join(r.dir, "guard.log"))
+	evf, _ := os.Create(filepath.Join(r.dir, "events.jsonl"))
 	read := make(chan struct{})
 	go func() {
 		defer close(read)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			r.readGuardEvents(er, evf)
+		}()
 		r.readGuardLog(pr, logf)
+		<-done
 	}()
 	exited := make(chan struct{})
 	go func() {
@@ -91,7 +113,7 @@ func (r *run) guardRun(ctx context.Context) {
 	}()
 	select {
 	case <-exited:
-		<-read // the log says why before the exit code does
+		<-read // the events say why before the exit code does
 		r.setTerminal(fmt.Sprintf("gave up (exit %d)", cmd.ProcessState.ExitCode()))
 		return
 	case <-ctx.Done():
@@ -106,70 +128,87 @@ func (r *run) guardRun(ctx context.Context) {
 	}
 }
 
-// guardEvent is one line of the guard's JSON log that the benchmark counts.
+// guardEvent is one thing the guard did that the benchmark counts.
 type guardEvent struct {
-	kind       string // launch, ready, failed, hung, alert, gave_up
+	kind       string // launch, ready, failed, gave_up (events); alert (log)
 	maxNumSeqs int    // launch: the --max-num-seqs it passed
-	cause      string // failed
+	cause      string // failed: the verdict's cause ("hang": the guard killed a live vLLM)
 	alert      string // alert: its name, when raised
 }
 
-// parseGuardLine reads one line of the guard's JSON log.
-func parseGuardLine(line []byte) (guardEvent, bool) {
-	var m struct {
-		Msg    string   `json:"msg"`
-		Argv   []string `json:"argv"`
-		Cause  string   `json:"cause"`
-		Alert  string   `json:"alert"`
-		Active *bool    `json:"active"`
-	}
-	if len(line) == 0 || line[0] != '{' || json.Unmarshal(line, &m) != nil {
+// parseGuardEvent reads one line of the guard's event stream (run --events).
+func parseGuardEvent(line []byte) (guardEvent, bool) {
+	var e events.Event
+	if len(line) == 0 || line[0] != '{' || json.Unmarshal(line, &e) != nil {
 		return guardEvent{}, false
 	}
-	switch m.Msg {
-	case "launching vLLM":
+	switch e.Kind {
+	case events.KindStarting:
 		ev := guardEvent{kind: "launch"}
-		for i, a := range m.Argv {
+		for i, a := range e.Argv {
 			v, ok := strings.CutPrefix(a, "--max-num-seqs=")
-			if !ok && a == "--max-num-seqs" && i+1 < len(m.Argv) {
-				v, ok = m.Argv[i+1], true
+			if !ok && a == "--max-num-seqs" && i+1 < len(e.Argv) {
+				v, ok = e.Argv[i+1], true
 			}
 			if n, err := strconv.Atoi(v); ok && err == nil && n > 0 {
 				ev.maxNumSeqs = n
 			}
 		}
 		return ev, true
-	case "vLLM ready":
+	case events.KindReady:
 		return guardEvent{kind: "ready"}, true
-	case "vLLM failed":
-		return guardEvent{kind: "failed", cause: m.Cause}, true
-	case "vLLM hung: killing its process group":
-		return guardEvent{kind: "hung"}, true
-	case "gave up on vLLM":
-		return guardEvent{kind: "gave_up", cause: m.Cause}, true
-	case "GPU memory alert":
-		if m.Active != nil && *m.Active {
-			return guardEvent{kind: "alert", alert: m.Alert}, true
+	case events.KindExited:
+		if e.Failure == nil {
+			return guardEvent{}, false
+		}
+		return guardEvent{kind: "failed", cause: string(e.Failure.Verdict.Cause)}, true
+	case events.KindState:
+		if e.State == "failed" { // the guard gave up
+			return guardEvent{kind: "gave_up"}, true
 		}
 	}
 	return guardEvent{}, false
 }
 
-// readGuardLog turns the guard's log into the run's record.
-func (r *run) readGuardLog(pr, logf *os.File) {
+// parseGuardLine reads one line of the guard's JSON log: only the GPU
+// memory alerts, which the guard does not publish as events yet.
+func parseGuardLine(line []byte) (guardEvent, bool) {
+	var m struct {
+		Msg    string `json:"msg"`
+		Alert  string `json:"alert"`
+		Active *bool  `json:"active"`
+	}
+	if len(line) == 0 || line[0] != '{' || json.Unmarshal(line, &m) != nil {
+		return guardEvent{}, false
+	}
+	if m.Msg == "GPU memory alert" && m.Active != nil && *m.Active {
+		return guardEvent{kind: "alert", alert: m.Alert}, true
+	}
+	return guardEvent{}, false
+}
+
+// readGuardLog keeps the guard's log and records its alerts.
+func (r *run) readGuardLog(pr, logf *os.File) { r.readGuard(pr, logf, parseGuardLine) }
+
+// readGuardEvents keeps the guard's event stream and records what it says.
+func (r *run) readGuardEvents(pr, evf *os.File) { r.readGuard(pr, evf, parseGuardEvent) }
+
+// readGuard turns lines from the guard into the run's record, keeping a
+// copy of each line in keep.
+func (r *run) readGuard(pr, keep *os.File, parse func([]byte) (guardEvent, bool)) {
 	defer pr.Close()
-	if logf != nil {
-		defer logf.Close()
+	if keep != nil {
+		defer keep.Close()
 	}
 	sc := bufio.NewScanner(pr)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	for sc.Scan() {
 		line := sc.Bytes()
-		if logf != nil {
-			logf.Write(line)
-			logf.Write([]byte{'\n'})
+		if keep != nil {
+			keep.Write(line)
+			keep.Write([]byte{'\n'})
 		}
-		ev, ok := parseGuardLine(line)
+		ev, ok := parse(line)
 		if !ok {
 			continue
 		}
@@ -182,11 +221,12 @@ func (r *run) readGuardLog(pr, logf *os.File) {
 					rec.maxNumSeqs = ev.maxNumSeqs
 				}
 			case "failed":
-				if ev.cause == "oom" {
+				switch ev.cause {
+				case "oom":
 					rec.ooms = append(rec.ooms, at)
+				case "hang": // the guard killed a live vLLM that hung
+					rec.kills++
 				}
-			case "hung":
-				rec.kills++
 			case "alert":
 				if ev.alert == "oom_predicted" {
 					rec.alerts = append(rec.alerts, at)

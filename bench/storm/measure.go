@@ -45,7 +45,15 @@ func (r *run) drive(ctx context.Context) {
 			threshold: 3, probeTimeout: max(s.D(time.Second), time.Second), grace: s.D(30 * time.Second),
 			backoffInitial: s.D(10 * time.Second), backoffMax: s.D(300 * time.Second)})
 	case supSupervisord:
-		r.supervisordBaseline(ctx, supervisordProgram{startsecs: s.D(time.Second), startretries: 3,
+		// startsecs stays supervisord's real 1 s at any scale: it judges how
+		// fast a process fails at startup (an exec, an argparse error), which
+		// takes real time, not scenario time; scaled to 50 ms it measured
+		// the machine's load instead of the failure.
+		startsecs := max(s.D(time.Second), time.Second)
+		if r.startsecs > 0 {
+			startsecs = r.startsecs
+		}
+		r.supervisordBaseline(ctx, supervisordProgram{startsecs: startsecs, startretries: 3,
 			exitcodes: []int{0}, second: s.D(time.Second)})
 	}
 }

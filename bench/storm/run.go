@@ -39,6 +39,11 @@ type run struct {
 	root     atomic.Int64 // baselines: the pid of the running main process, 0 when none
 	guardPID atomic.Int64 // guard: its pid while it lives
 
+	// startsecs overrides supervisord's startsecs (zero: its default 1 s,
+	// never scaled below): the end-to-end test's start failure must fall
+	// inside it however loaded the machine is.
+	startsecs time.Duration
+
 	mu  sync.Mutex
 	rec record
 }

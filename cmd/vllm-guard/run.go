@@ -326,6 +326,12 @@ func (g *guard) writeEvents(path string) error {
 	if err != nil {
 		return fmt.Errorf("--events: %w", err)
 	}
+	// An inherited descriptor (/dev/fd/N) must not pass on to the keeper,
+	// vLLM or alert commands: the reader would wait for them to close it.
+	var n int
+	if _, err := fmt.Sscanf(path, "/dev/fd/%d", &n); err == nil && n > 2 {
+		syscall.CloseOnExec(n)
+	}
 	g.jsonl = events.NewJSONLines(f)
 	g.bus.Handle(g.jsonl.Put)
 	return nil

@@ -12,7 +12,7 @@
 //   - goroutines and open fds of the guard at the end ≤ at the start;
 //   - RSS growth ≤ 10 % (start: after -warmup failures, so the heap and
 //     the race detector's shadow memory have reached their working size);
-//   - one "vLLM failed" and one incident record per injected failure;
+//   - one exit event and one incident record per injected failure;
 //   - every launch after a failure on the rung that failure's decision chose.
 //
 // The goroutine, fd and RSS figures come from the guard's own /metrics
@@ -41,6 +41,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/events"
 	"github.com/vllm-guard/vllm-guard/internal/testbin"
 )
 
@@ -69,16 +70,66 @@ func main() {
 	os.Exit(code)
 }
 
-// guard is the running vllm-guard and its JSON log.
+// guard is the running vllm-guard, its event stream (run --events on a
+// pipe) and its JSON log (kept for the post-mortem, and for "incident
+// recorded", which has no event yet).
 type guard struct {
 	cmd    *exec.Cmd
 	mu     sync.Mutex
 	logs   []map[string]any
+	evs    []events.Event
 	notify chan struct{}
+	evDone chan struct{}
 	exited chan struct{}
 	code   int
 }
 
+func isKind(k events.Kind) func(events.Event) bool {
+	return func(e events.Event) bool { return e.Kind == k }
+}
+
+func (g *guard) countEvents(match func(events.Event) bool) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, e := range g.evs {
+		if match(e) {
+			n++
+		}
+	}
+	return n
+}
+
+// waitEvent returns the n-th event that matches, or an error after timeout.
+func (g *guard) waitEvent(what string, n int, timeout time.Duration, match func(events.Event) bool) (events.Event, error) {
+	deadline := time.After(timeout)
+	for {
+		g.mu.Lock()
+		seen := 0
+		for _, e := range g.evs {
+			if match(e) {
+				if seen++; seen == n {
+					g.mu.Unlock()
+					return e, nil
+				}
+			}
+		}
+		g.mu.Unlock()
+		select {
+		case <-g.notify:
+		case <-g.exited:
+			if g.countEvents(match) >= n {
+				continue
+			}
+			return events.Event{}, fmt.Errorf("the guard exited (code %d) before %s #%d", g.code, what, n)
+		case <-deadline:
+			return events.Event{}, fmt.Errorf("no %s #%d within %s", what, n, timeout)
+		}
+	}
+}
+
+// count is how many guard log entries carry msg (only for messages that
+// have no event).
 func (g *guard) count(msg string) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -91,32 +142,23 @@ func (g *guard) count(msg string) int {
 	return n
 }
 
-// wait returns the n-th log entry with msg, or an error after timeout.
-func (g *guard) wait(msg string, n int, timeout time.Duration) (map[string]any, error) {
+// waitLog waits for n log entries with msg (only for messages that have no
+// event).
+func (g *guard) waitLog(msg string, n int, timeout time.Duration) error {
 	deadline := time.After(timeout)
-	for {
-		g.mu.Lock()
-		seen := 0
-		for _, m := range g.logs {
-			if m["msg"] == msg {
-				if seen++; seen == n {
-					g.mu.Unlock()
-					return m, nil
-				}
-			}
-		}
-		g.mu.Unlock()
+	for g.count(msg) < n {
 		select {
 		case <-g.notify:
 		case <-g.exited:
 			if g.count(msg) >= n {
-				continue
+				return nil
 			}
-			return nil, fmt.Errorf("the guard exited (code %d) before %q #%d", g.code, msg, n)
+			return fmt.Errorf("the guard exited (code %d) before %q #%d", g.code, msg, n)
 		case <-deadline:
-			return nil, fmt.Errorf("no %q #%d within %s", msg, n, timeout)
+			return fmt.Errorf("no %q #%d within %s", msg, n, timeout)
 		}
 	}
+	return nil
 }
 
 type figures struct {
@@ -143,7 +185,7 @@ func (r *report) print(w io.Writer) int {
 	fmt.Fprintf(w, "  kinds injected:    %v\n", r.kinds)
 	fmt.Fprintf(w, "  kind→cause:        %v\n", r.causes)
 	fmt.Fprintf(w, "  client load:       %d completions answered, %d refused or cut (restarts)\n", r.completions, r.clientEr)
-	fmt.Fprintf(w, "  vLLM failed logs:  %d\n", r.failed)
+	fmt.Fprintf(w, "  exit events:       %d\n", r.failed)
 	fmt.Fprintf(w, "  incidents:         %d recorded, %d files\n", r.incidents, r.incidentFiles)
 	fmt.Fprintf(w, "  rung mismatches:   %d\n", len(r.rungMismatches))
 	fmt.Fprintf(w, "  orphans:           %d\n", len(r.orphans))
@@ -161,7 +203,7 @@ func (r *report) print(w io.Writer) int {
 	check(r.end.goroutines <= r.start.goroutines, "goroutines grew")
 	check(r.end.fds <= r.start.fds, "open fds grew")
 	check(growth <= 10, "RSS grew more than 10 %")
-	check(r.failed == r.failures, fmt.Sprintf("%d failures logged for %d injected", r.failed, r.failures))
+	check(r.failed == r.failures, fmt.Sprintf("%d exit events for %d injected failures", r.failed, r.failures))
 	check(r.incidents == r.failures, fmt.Sprintf("%d incidents recorded for %d failures", r.incidents, r.failures))
 	check(r.incidentFiles == min(r.failures, 200), fmt.Sprintf("%d incident files (at most 200 are kept)", r.incidentFiles))
 	check(len(r.rungMismatches) == 0, "launches off the chosen rung: "+strings.Join(r.rungMismatches, "; "))
@@ -243,7 +285,7 @@ poll_interval = "50ms"
 stall_timeout = "20s"
 [liveness]
 interval = "200ms"
-timeout = "300ms"
+timeout = "1s"
 failures = 2
 [gpu]
 sample_interval = "100ms"
@@ -266,9 +308,14 @@ level = "info"
 		return nil, err
 	}
 
-	g := &guard{notify: make(chan struct{}, 1), exited: make(chan struct{})}
-	g.cmd = exec.Command(guardBin, "run", "--config", cfgPath)
+	g := &guard{notify: make(chan struct{}, 1), evDone: make(chan struct{}), exited: make(chan struct{})}
+	g.cmd = exec.Command(guardBin, "run", "--config", cfgPath, "--events", "/dev/fd/3")
 	g.cmd.Env = append(os.Environ(), "FAKENVML_STATE="+gpuDir, "LD_LIBRARY_PATH="+nvmlDir)
+	evr, evw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	g.cmd.ExtraFiles = []*os.File{evw}
 	stderr, err := g.cmd.StderrPipe()
 	if err != nil {
 		return nil, err
@@ -276,6 +323,25 @@ level = "info"
 	if err := g.cmd.Start(); err != nil {
 		return nil, err
 	}
+	evw.Close()
+	go func() {
+		defer close(g.evDone)
+		defer evr.Close()
+		dec := json.NewDecoder(evr)
+		for {
+			var e events.Event
+			if dec.Decode(&e) != nil {
+				return
+			}
+			g.mu.Lock()
+			g.evs = append(g.evs, e)
+			g.mu.Unlock()
+			select {
+			case g.notify <- struct{}{}:
+			default:
+			}
+		}
+	}()
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -294,6 +360,7 @@ level = "info"
 		}
 		g.cmd.Wait()
 		g.code = g.cmd.ProcessState.ExitCode()
+		<-g.evDone // the guard flushed and closed its event stream at exit
 		close(g.exited)
 	}()
 	defer func() {
@@ -302,6 +369,10 @@ level = "info"
 			for _, m := range g.logs[max(0, len(g.logs)-30):] {
 				b, _ := json.Marshal(m)
 				fmt.Fprintf(os.Stderr, "  guard: %s\n", b)
+			}
+			for _, e := range g.evs[max(0, len(g.evs)-30):] {
+				b, _ := json.Marshal(e)
+				fmt.Fprintf(os.Stderr, "  event: %s\n", b)
 			}
 			g.mu.Unlock()
 		}
@@ -362,7 +433,7 @@ level = "info"
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("out of time after %d failures", i-1)
 		}
-		if _, err := g.wait("vLLM ready", i, 60*time.Second); err != nil {
+		if _, err := g.waitEvent("ready", i, 60*time.Second, isKind(events.KindReady)); err != nil {
 			return nil, fmt.Errorf("before failure %d: %w", i, err)
 		}
 		if i == warmup+1 {
@@ -376,19 +447,20 @@ level = "info"
 		if err := inject(kind, testID, port); err != nil {
 			return nil, fmt.Errorf("failure %d (%s): %w", i, kind, err)
 		}
-		f, err := g.wait("vLLM failed", i, 30*time.Second)
+		f, err := g.waitEvent("exit", i, 30*time.Second, isKind(events.KindExited))
 		if err != nil {
 			return nil, fmt.Errorf("failure %d (%s): %w", i, kind, err)
 		}
-		r.causes[kind+"→"+fmt.Sprint(f["cause"])]++
+		r.causes[kind+"→"+string(f.Failure.Verdict.Cause)]++
 		if i%20 == 0 {
 			fmt.Fprintf(os.Stderr, "soak: %d/%d failures (%s)\n", i, failures, time.Since(t0).Round(time.Second))
 		}
 	}
-	if _, err := g.wait("vLLM ready", failures+1, 60*time.Second); err != nil {
+	if _, err := g.waitEvent("ready", failures+1, 60*time.Second, isKind(events.KindReady)); err != nil {
 		return nil, fmt.Errorf("after the last failure: %w", err)
 	}
-	if _, err := g.wait("incident recorded", failures, 10*time.Second); err != nil {
+	// No event says an incident was recorded yet: the log line is the sign.
+	if err := g.waitLog("incident recorded", failures, 10*time.Second); err != nil {
 		return nil, err
 	}
 	if r.end, err = sample(metricsURL); err != nil {
@@ -417,7 +489,7 @@ level = "info"
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	r.failed = g.count("vLLM failed")
+	r.failed = g.countEvents(isKind(events.KindExited))
 	r.incidents = g.count("incident recorded")
 	files, _ := os.ReadDir(filepath.Join(stateDir, "incidents"))
 	for _, f := range files {
@@ -430,23 +502,27 @@ level = "info"
 	return r, nil
 }
 
-// rungMismatches pairs each "vLLM failed" with the next "launching vLLM".
+// rungMismatches pairs each exit event with the next starting event.
 func rungMismatches(g *guard) []string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var out []string
-	var want any
+	want := -1
 	n := 0
-	for _, m := range g.logs {
-		switch m["msg"] {
-		case "vLLM failed":
+	for _, e := range g.evs {
+		switch e.Kind {
+		case events.KindExited:
 			n++
-			want = m["next_rung"]
-		case "launching vLLM":
-			if want != nil && m["rung"] != want {
-				out = append(out, fmt.Sprintf("failure %d chose rung %v, launched on %v", n, want, m["rung"]))
+			want = e.Failure.Decision.Rung.Index
+		case events.KindStarting:
+			if want >= 0 && (e.Rung == nil || e.Rung.Index != want) {
+				got := -1
+				if e.Rung != nil {
+					got = e.Rung.Index
+				}
+				out = append(out, fmt.Sprintf("failure %d chose rung %d, launched on %d", n, want, got))
 			}
-			want = nil
+			want = -1
 		}
 	}
 	return out

@@ -24,6 +24,16 @@ type Socket struct {
 // it when the test ends.
 func Listen(t testing.TB) *Socket {
 	t.Helper()
+	s := Open(t)
+	t.Setenv("NOTIFY_SOCKET", s.path)
+	return s
+}
+
+// Open is Listen without NOTIFY_SOCKET: the test hands Path() to the
+// process it starts, in that process's environment, and may run in
+// parallel with others.
+func Open(t testing.TB) *Socket {
+	t.Helper()
 	// os.MkdirTemp, not t.TempDir: a socket path must stay under 108 bytes
 	// and t.TempDir embeds the test's name.
 	dir, err := os.MkdirTemp("", "sdnotify-")
@@ -40,7 +50,6 @@ func Listen(t testing.TB) *Socket {
 		conn.Close()
 		os.RemoveAll(dir)
 	})
-	t.Setenv("NOTIFY_SOCKET", path)
 	return &Socket{conn: conn, path: path}
 }
 

@@ -192,18 +192,37 @@ func TestTensorParallelStopAndKillNineFreeBothGPUs(t *testing.T) {
 	}
 }
 
-// gpuHolders lists the processes the stand-in NVML library says hold memory.
-func gpuHolders(t *testing.T, s *scene) []string {
+// gpuHolders lists the processes NVML (the stand-in library, read through
+// `vllm-guard gpus --json`, which also lets it retire dead processes) says
+// hold memory on any device.
+func gpuHolders(t *testing.T, s *scene) []int {
 	t.Helper()
-	ents, err := os.ReadDir(filepath.Join(s.gpuDir, "procs"))
+	cmd := exec.Command(bins.guard, "gpus", "--json")
+	cmd.Env = append(os.Environ(), "FAKENVML_STATE="+s.gpuDir, "LD_LIBRARY_PATH="+bins.nvmlDir)
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("vllm-guard gpus: %v: %s", err, out)
 	}
-	var out []string
-	for _, e := range ents {
-		out = append(out, e.Name())
+	var snap struct {
+		Devices []struct {
+			Processes []struct {
+				PID  int    `json:"pid"`
+				Used uint64 `json:"used_bytes"`
+			} `json:"processes"`
+		} `json:"devices"`
 	}
-	return out
+	if err := json.Unmarshal(out, &snap); err != nil {
+		t.Fatalf("vllm-guard gpus --json: %v: %s", err, out)
+	}
+	var pids []int
+	for _, d := range snap.Devices {
+		for _, p := range d.Processes {
+			if p.Used > 0 {
+				pids = append(pids, p.PID)
+			}
+		}
+	}
+	return pids
 }
 
 func TestAWedgedEngineIsAHangAndABusyOneIsNot(t *testing.T) {

@@ -13,7 +13,10 @@
 //   - RSS growth ≤ 10 % (start: after -warmup failures, so the heap and
 //     the race detector's shadow memory have reached their working size);
 //   - one exit event and one incident record per injected failure;
-//   - every launch after a failure on the rung that failure's decision chose.
+//   - every launch after a failure on the rung that failure's decision chose;
+//   - then -restarts planned restarts (vllm-guard restart) while clients go
+//     through the guard's proxy: vLLM drains (--shutdown-timeout), new
+//     requests wait in the proxy's queue, and no client sees an error.
 //
 // The goroutine, fd and RSS figures come from the guard's own /metrics
 // (the Prometheus Go and process collectors).
@@ -49,6 +52,7 @@ func main() {
 	failures := flag.Int("failures", 200, "scripted failures to inject")
 	warmup := flag.Int("warmup", 10, "failures before the start figures are taken")
 	clients := flag.Int("clients", 4, "concurrent client load loops")
+	restarts := flag.Int("restarts", 20, "planned restarts under client load through the proxy, after the failures")
 	seed := flag.Uint64("seed", 1, "seed of the failure mix")
 	plain := flag.Bool("plain", false, "soak the shipped build instead of the race build")
 	limit := flag.Duration("timeout", 20*time.Minute, "give up after this long")
@@ -59,7 +63,7 @@ func main() {
 	}
 	code := func() int {
 		defer testbin.Cleanup()
-		r, err := run(*failures, *warmup, *clients, *seed, *plain, *limit)
+		r, err := run(*failures, *warmup, *clients, *restarts, *seed, *plain, *limit)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "soak:", err)
 			fmt.Fprintln(os.Stderr, "verdict: could not run")
@@ -176,6 +180,8 @@ type report struct {
 	start, end            figures
 	exitCode              int
 	completions, clientEr int64
+	restarts              int   // planned restarts through the proxy
+	restartOK, restartErr int64 // client requests through the proxy meanwhile
 	elapsed               time.Duration
 }
 
@@ -185,6 +191,7 @@ func (r *report) print(w io.Writer) int {
 	fmt.Fprintf(w, "  kinds injected:    %v\n", r.kinds)
 	fmt.Fprintf(w, "  kind→cause:        %v\n", r.causes)
 	fmt.Fprintf(w, "  client load:       %d completions answered, %d refused or cut (restarts)\n", r.completions, r.clientEr)
+	fmt.Fprintf(w, "  planned restarts:  %d under load through the proxy: %d requests answered, %d errors\n", r.restarts, r.restartOK, r.restartErr)
 	fmt.Fprintf(w, "  exit events:       %d\n", r.failed)
 	fmt.Fprintf(w, "  incidents:         %d recorded, %d files\n", r.incidents, r.incidentFiles)
 	fmt.Fprintf(w, "  rung mismatches:   %d\n", len(r.rungMismatches))
@@ -209,6 +216,8 @@ func (r *report) print(w io.Writer) int {
 	check(len(r.rungMismatches) == 0, "launches off the chosen rung: "+strings.Join(r.rungMismatches, "; "))
 	check(r.exitCode == 0, "the guard did not exit 0 on SIGTERM")
 	check(r.completions > 0, "the client load got no answer at all")
+	check(r.restartErr == 0, fmt.Sprintf("%d client errors through the proxy during planned restarts", r.restartErr))
+	check(r.restarts == 0 || r.restartOK > 0, "no client request answered through the proxy during planned restarts")
 	if len(missed) > 0 {
 		fmt.Fprintf(w, "verdict: FAIL\n  - %s\n", strings.Join(missed, "\n  - "))
 		return 1
@@ -226,7 +235,7 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func run(failures, warmup, clients int, seed uint64, plain bool, limit time.Duration) (_ *report, err error) {
+func run(failures, warmup, clients, restarts int, seed uint64, plain bool, limit time.Duration) (_ *report, err error) {
 	t0 := time.Now()
 	guardBin, err := testbin.Guard()
 	if plain {
@@ -263,12 +272,16 @@ func run(failures, warmup, clients int, seed uint64, plain bool, limit time.Dura
 	if err != nil {
 		return nil, err
 	}
+	proxyPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
 	testID := fmt.Sprintf("soak-%d", time.Now().UnixNano())
 	stateDir := filepath.Join(dir, "state")
 	// A prompt token costs 1 MiB: one 30000-token prompt needs 30 GiB, more
 	// than any rung leaves free, while the load's short prompts cost little.
 	cfg := fmt.Sprintf(`[vllm]
-command = [%q, "serve", "soak-model", "--max-model-len", "32768"]
+command = [%q, "serve", "soak-model", "--max-model-len", "32768", "--shutdown-timeout", "5"]
 port = %d
 stop_timeout = "1s"
 [vllm.env]
@@ -299,10 +312,13 @@ give_up_after = 1000000
 socket = %q
 http_listen = "127.0.0.1:%d"
 state_dir = %q
+[proxy]
+listen = "127.0.0.1:%d"
+queue_timeout = "60s"
 [log]
 format = "json"
 level = "info"
-`, fakevllm, port, testID, filepath.Join(dir, "guard.sock"), httpPort, stateDir)
+`, fakevllm, port, testID, filepath.Join(dir, "guard.sock"), httpPort, stateDir, proxyPort)
 	cfgPath := filepath.Join(dir, "vllm-guard.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return nil, err
@@ -468,6 +484,59 @@ level = "info"
 	}
 	r.end.fdKinds = fdKinds(g.cmd.Process.Pid)
 	r.completions, r.clientEr = completions.Load(), clientErrs.Load()
+	// Planned restarts under client load through the proxy: a pause, never
+	// an error. After the leak figures: the clients' kept-alive connections
+	// are not the guard's leak.
+	if restarts > 0 {
+		stopProxyLoad := make(chan struct{})
+		var proxyWG sync.WaitGroup
+		var proxyOK, proxyErr atomic.Int64
+		proxyURL := fmt.Sprintf("http://127.0.0.1:%d/v1/completions", proxyPort)
+		for range clients {
+			proxyWG.Go(func() {
+				hc := &http.Client{Timeout: 90 * time.Second}
+				body := `{"model":"soak-model","prompt":"planned restart load","max_tokens":8}`
+				for {
+					select {
+					case <-stopProxyLoad:
+						return
+					default:
+					}
+					resp, err := hc.Post(proxyURL, "application/json", strings.NewReader(body))
+					if err == nil {
+						io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}
+					if err == nil && resp.StatusCode == 200 {
+						proxyOK.Add(1)
+						continue
+					}
+					proxyErr.Add(1)
+					if err != nil {
+						fmt.Fprintf(os.Stderr, "soak: a client through the proxy: %v\n", err)
+					} else {
+						fmt.Fprintf(os.Stderr, "soak: a client through the proxy: HTTP %d\n", resp.StatusCode)
+					}
+				}
+			})
+		}
+		readies := failures + 1
+		for j := 1; j <= restarts; j++ {
+			if out, err := exec.Command(guardBin, "restart", "--socket", filepath.Join(dir, "guard.sock")).CombinedOutput(); err != nil {
+				close(stopProxyLoad)
+				proxyWG.Wait()
+				return nil, fmt.Errorf("planned restart %d: %v: %s", j, err, out)
+			}
+			if _, err := g.waitEvent("ready after a planned restart", readies+j, 60*time.Second, isKind(events.KindReady)); err != nil {
+				close(stopProxyLoad)
+				proxyWG.Wait()
+				return nil, fmt.Errorf("planned restart %d: %w", j, err)
+			}
+		}
+		close(stopProxyLoad)
+		proxyWG.Wait()
+		r.restarts, r.restartOK, r.restartErr = restarts, proxyOK.Load(), proxyErr.Load()
+	}
 
 	g.cmd.Process.Signal(syscall.SIGTERM)
 	select {

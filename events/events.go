@@ -35,6 +35,7 @@ const (
 	DecisionProfileReset = "profile_reset" // back to rung 0 at the next start
 	DecisionStop         = "stop"          // the guard was asked to stop
 	DecisionKill         = "kill"          // vLLM did not stop in time (or a second stop signal): SIGKILL of its tree
+	DecisionReload       = "reload"        // SIGHUP: Reason says applied, pending vLLM's next start, or refused (why)
 )
 
 // Event is one thing that happened. Only the fields of its Kind are set.

@@ -326,13 +326,24 @@ func TestSignalsHaveMeanings(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.cmd.Process.Signal(syscall.SIGHUP)
-	s.waitLog("the reload refused", 1, 30*time.Second, msgContains("config reload failed"))
-	// A good file applies without restarting vLLM.
-	if err := os.WriteFile(cfg, append(append([]byte{}, good...), []byte("\n[liveness]\nstuck_timeout = \"90s\"\n")...), 0o644); err != nil {
+	refused := s.waitEvent("the reload refused", 1, 30*time.Second, decided(events.DecisionReload))
+	if !strings.HasPrefix(refused.Reason, "refused: ") || !strings.Contains(refused.Reason, "vllm-guard.toml:") {
+		t.Fatalf("a broken file on SIGHUP: %q; want refused, naming the file and line", refused.Reason)
+	}
+	before := statusDoc(t, s).GPU.Devices[0].WarnAt
+	// A good file applies without restarting vLLM: a lower warning margin
+	// over vLLM's budget moves the threshold at the next sample.
+	if err := os.WriteFile(cfg, append(append([]byte{}, good...), []byte("\n[gpu]\nwarn_over_budget = 0.01\n")...), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	s.cmd.Process.Signal(syscall.SIGHUP)
-	s.waitLog("the reload", 1, 30*time.Second, msgContains("config reloaded"))
+	if e := s.waitEvent("the reload", 2, 30*time.Second, decided(events.DecisionReload)); e.Reason != "applied" {
+		t.Fatalf("reload: %q", e.Reason)
+	}
+	s.waitFor("the new threshold in status", 30*time.Second, func() bool {
+		after := statusDoc(t, s).GPU.Devices[0].WarnAt
+		return after > 0 && after < before-0.015
+	})
 	if n := s.countEvents(isStarting); n != 1 {
 		t.Fatalf("%d starts: a reload or an ignored signal restarted vLLM", n)
 	}

@@ -288,15 +288,20 @@ func (g *guard) handleSignals(sigs <-chan os.Signal, done <-chan struct{}, stop 
 // next start. Listen addresses, the state folder and the GPU view apply
 // when the guard itself restarts.
 func (g *guard) reload(path string) {
+	said := func(reason string) {
+		g.bus.Publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionReload, Reason: reason})
+	}
 	cfg, err := config.Load(path)
 	if err != nil {
 		g.log.Error("config reload failed: the running configuration stays in force; fix the file and send SIGHUP again",
 			zap.String("config", path), zap.Error(err))
+		said("refused: " + err.Error())
 		return
 	}
 	if _, err := cfg.VLLMArgs(g.extra); err != nil {
 		g.log.Error("config reload failed: vLLM's command line cannot be read; the running configuration stays in force",
 			zap.String("config", path), zap.Error(err))
+		said("refused: " + err.Error())
 		return
 	}
 	if err := logLevel.UnmarshalText([]byte(cfg.Log.Level)); err != nil {
@@ -314,9 +319,11 @@ func (g *guard) reload(path string) {
 	fields := []zap.Field{zap.String("config", path)}
 	if pending {
 		g.log.Info("config reloaded; vLLM's command, environment or profile changed: they apply at its next restart (vllm-guard restart applies them now)", fields...)
+		said("applied; vLLM's command, environment or profile at its next start")
 		return
 	}
 	g.log.Info("config reloaded and applied", fields...)
+	said("applied")
 }
 
 // writeEvents also writes the event stream as JSON lines to path (the test

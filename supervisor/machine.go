@@ -33,7 +33,7 @@ import (
 // After "Application startup complete." a refused readiness probe is tried
 // again every fastRetryEvery, for fastRetryFor.
 const (
-	fastRetryEvery = 5 * time.Millisecond
+	fastRetryEvery = time.Millisecond
 	fastRetryFor   = 2 * time.Second
 )
 

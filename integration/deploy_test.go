@@ -6,7 +6,6 @@ package integration
 // the real guard and the simulator.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -22,27 +21,6 @@ import (
 	"github.com/vllm-guard/vllm-guard/control"
 	"github.com/vllm-guard/vllm-guard/events"
 )
-
-// readEvents is every event the guard wrote to its --events file so far.
-func readEvents(t testing.TB, path string) []events.Event {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []events.Event
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var e events.Event
-		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-			t.Fatalf("events line %q: %v", sc.Text(), err)
-		}
-		out = append(out, e)
-	}
-	return out
-}
 
 func statusDoc(t testing.TB, s *scene) control.Doc {
 	t.Helper()
@@ -79,8 +57,7 @@ func TestAPIKeyReadyAndNeverShown(t *testing.T) {
 				s.env["VLLM_API_KEY"] = key
 			}
 			oneShot(s, "crash_after=200ms")
-			evPath := filepath.Join(s.dir, "events.jsonl")
-			s.start("--events", evPath)
+			s.start()
 			s.waitEvent("ready twice (before and after the crash)", 2, 60*time.Second, isReady)
 
 			// The key works: vLLM refuses a request without it, takes one with it.
@@ -94,7 +71,7 @@ func TestAPIKeyReadyAndNeverShown(t *testing.T) {
 				"incidents":     guardCLI(t, "incidents", "--json", "--config", filepath.Join(s.dir, "vllm-guard.toml")),
 				"check":         guardCLI(t, "check", "--config", filepath.Join(s.dir, "vllm-guard.toml")),
 			}
-			raw, _ := os.ReadFile(evPath)
+			raw, _ := json.Marshal(s.events())
 			outputs["events"] = string(raw)
 			s.mu.Lock()
 			outputs["log"] = strings.Join(s.raw, "\n")
@@ -212,12 +189,11 @@ func TestKVCacheBytesSteppedDownAfterOOM(t *testing.T) {
 	s.command = fmt.Sprintf("[%q, \"serve\", \"test-model\", \"--kv-cache-memory-bytes\", \"20G\"]", bins.fakevllm)
 	oneShot(s, "oom_on_start")
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
-	evPath := filepath.Join(s.dir, "events.jsonl")
-	s.start("--events", evPath)
+	s.start()
 	s.waitEvent("ready after the OOM", 1, 90*time.Second, isReady)
 	var argvs [][]string
 	var cause string
-	for _, e := range readEvents(t, evPath) {
+	for _, e := range s.events() {
 		switch e.Kind {
 		case events.KindStarting:
 			argvs = append(argvs, e.Argv)
@@ -250,10 +226,9 @@ func TestNCCLOOMClassified(t *testing.T) {
 	s := quick(newScene(t))
 	oneShot(s, "nccl_oom_on_start")
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
-	evPath := filepath.Join(s.dir, "events.jsonl")
-	s.start("--events", evPath)
+	s.start()
 	s.waitEvent("ready after the OOM", 1, 90*time.Second, isReady)
-	for _, e := range readEvents(t, evPath) {
+	for _, e := range s.events() {
 		if e.Kind == events.KindExited {
 			if c := e.Failure.Verdict.Cause; c != "oom" {
 				t.Fatalf("NCCL OOM classified %q: %+v", c, e.Failure.Verdict)

@@ -26,6 +26,7 @@ const (
 	KindProbeFailed Kind = "probe_failed" // a readiness or liveness probe failed: Probe
 	KindAlert       Kind = "alert"        // an alert was raised or cleared: Alert
 	KindStopped     Kind = "stopped"      // the supervisor ended: ExitCode, Reason
+	KindIncident    Kind = "incident"     // an incident record was written (Reason: its path) or not ("not written: why")
 )
 
 // Decisions a KindDecision event names.

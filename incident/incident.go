@@ -30,6 +30,7 @@ type Recorder struct {
 	log        *zap.Logger
 	queue      chan state.Incident
 	done       chan struct{}
+	publish    func(events.Event) // says each record written, or not; nil: nobody
 
 	mu   sync.Mutex
 	last *state.Incident
@@ -67,9 +68,21 @@ func (r *Recorder) writeAll() {
 		path, err := r.store.AddIncident(inc)
 		if err != nil {
 			r.log.Warn("could not write the incident record; status still shows it", zap.Error(err))
+			r.say(events.Event{Kind: events.KindIncident, Reason: "not written: " + err.Error()})
 			continue
 		}
 		r.log.Info("incident recorded", zap.String("path", path), zap.String("cause", string(inc.Cause)))
+		r.say(events.Event{Kind: events.KindIncident, Reason: path})
+	}
+}
+
+// Publish makes the recorder say on the event stream each record it wrote
+// (or could not write). Set it before the first Handle.
+func (r *Recorder) Publish(publish func(events.Event)) { r.publish = publish }
+
+func (r *Recorder) say(e events.Event) {
+	if r.publish != nil {
+		r.publish(e)
 	}
 }
 

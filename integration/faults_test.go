@@ -467,7 +467,9 @@ func TestFaultUnwritableStateDirRunsOn(t *testing.T) {
 	if d.LastIncident == nil || d.LastIncident.Cause == "" {
 		t.Fatalf("no incident kept in memory: %+v", d.LastIncident)
 	}
-	if n := s.count(msg("could not write the incident record")); n != 0 {
+	if n := s.countEvents(func(e events.Event) bool {
+		return e.Kind == events.KindIncident && strings.HasPrefix(e.Reason, "not written")
+	}); n != 0 {
 		t.Fatalf("%d incident write errors in memory mode", n)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/vllm-guard/vllm-guard/events"
 	"io"
 	"net"
 	"net/http"
@@ -274,7 +275,7 @@ func TestHostileIncidentsSymlinkIsNotFollowed(t *testing.T) {
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
 	s.waitLog("the warning", 1, 30*time.Second, msgContains("is a symlink"))
-	s.waitLog("the incident", 1, 30*time.Second, msg("incident recorded"))
+	s.waitEvent("the incident", 1, 30*time.Second, kind(events.KindIncident))
 	s.waitEvent("ready", 1, 30*time.Second, isReady)
 	ents, _ := os.ReadDir(other)
 	if len(ents) != 200 || ents[0].Name() != "20000101T000000.000000Z-crash.json" {
@@ -333,7 +334,9 @@ func TestHostileFailedIncidentWriteStillShowsInStatus(t *testing.T) {
 	if err := syscall.Kill(apiServer(t, s), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	s.waitLog("the failed write", 1, 30*time.Second, msgContains("could not write the incident record"))
+	s.waitEvent("the failed write", 1, 30*time.Second, func(e events.Event) bool {
+		return e.Kind == events.KindIncident && strings.HasPrefix(e.Reason, "not written")
+	})
 	c := control.NewClient(s.socket())
 	defer c.CloseIdleConnections()
 	d, err := c.Status(context.Background())

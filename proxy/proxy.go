@@ -10,6 +10,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -234,6 +235,14 @@ type reqState struct {
 	body     *trackBody
 }
 
+// replayBody is the request's body to send again (none: http.NoBody).
+func (st *reqState) replayBody() (io.ReadCloser, bool) {
+	if st.body == nil {
+		return http.NoBody, true
+	}
+	return st.body.replay()
+}
+
 // ServeHTTP admits, forwards and accounts for one request.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
@@ -362,6 +371,27 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		}
 		resp, err := t.p.tr.RoundTrip(req)
+		if err == nil && resp.StatusCode == http.StatusServiceUnavailable && st != nil && !t.p.lim.isReady() {
+			// vLLM refused the request because it is draining for a
+			// planned stop (the guard no longer calls it ready): nothing
+			// was processed; send it again once vLLM is back.
+			if body, ok := st.replayBody(); ok {
+				resp.Body.Close()
+				t.p.retries.Add(1)
+				t.p.log.Debug("vLLM refused a request while draining; waiting for it to come back")
+				if err := t.waitReady(req.Context(), st.deadline); err != nil {
+					return nil, err
+				}
+				u, err := t.p.targetURL()
+				if err != nil {
+					return nil, err
+				}
+				req = req.Clone(req.Context())
+				req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
+				req.Body = body
+				continue
+			}
+		}
 		if err == nil || st == nil || !isDialError(err) || (st.body != nil && st.body.touched()) {
 			return resp, err
 		}
@@ -529,15 +559,37 @@ type trackBody struct {
 	rc2  *http.ResponseController
 	read atomic.Bool
 	done atomic.Bool
+	// kept is the body as read, while it stays within replayLimit: a
+	// request vLLM refused while draining can be sent again once it is back.
+	kept     []byte
+	overflow bool
 }
+
+// replayLimit bounds the body the proxy keeps to send again.
+const replayLimit = 1 << 20
 
 func (b *trackBody) Read(p []byte) (int, error) {
 	b.read.Store(true)
 	n, err := b.rc.Read(p)
+	if !b.overflow {
+		if len(b.kept)+n > replayLimit {
+			b.overflow, b.kept = true, nil
+		} else {
+			b.kept = append(b.kept, p[:n]...)
+		}
+	}
 	if err != nil && b.done.CompareAndSwap(false, true) {
 		_ = b.rc2.SetReadDeadline(time.Time{})
 	}
 	return n, err
+}
+
+// replay is the whole body again, when it was read to its end and kept.
+func (b *trackBody) replay() (io.ReadCloser, bool) {
+	if !b.done.Load() || b.overflow {
+		return nil, false
+	}
+	return io.NopCloser(bytes.NewReader(b.kept)), true
 }
 
 func (b *trackBody) Close() error  { return nil }

@@ -151,6 +151,7 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 	g.bus.Handle(g.onEvent)
 	g.bus.Handle(g.inc.Handle)
 	g.alert.Publish(g.bus.Publish)
+	g.inc.Publish(g.bus.Publish)
 	sup, err := supervisor.New(cfg, supervisor.Options{
 		Log:       log,
 		Policy:    g.pol,

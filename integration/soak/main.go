@@ -75,8 +75,7 @@ func main() {
 }
 
 // guard is the running vllm-guard, its event stream (run --events on a
-// pipe) and its JSON log (kept for the post-mortem, and for "incident
-// recorded", which has no event yet).
+// pipe) and its JSON log (kept for the post-mortem).
 type guard struct {
 	cmd    *exec.Cmd
 	mu     sync.Mutex
@@ -130,39 +129,6 @@ func (g *guard) waitEvent(what string, n int, timeout time.Duration, match func(
 			return events.Event{}, fmt.Errorf("no %s #%d within %s", what, n, timeout)
 		}
 	}
-}
-
-// count is how many guard log entries carry msg (only for messages that
-// have no event).
-func (g *guard) count(msg string) int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	n := 0
-	for _, m := range g.logs {
-		if m["msg"] == msg {
-			n++
-		}
-	}
-	return n
-}
-
-// waitLog waits for n log entries with msg (only for messages that have no
-// event).
-func (g *guard) waitLog(msg string, n int, timeout time.Duration) error {
-	deadline := time.After(timeout)
-	for g.count(msg) < n {
-		select {
-		case <-g.notify:
-		case <-g.exited:
-			if g.count(msg) >= n {
-				return nil
-			}
-			return fmt.Errorf("the guard exited (code %d) before %q #%d", g.code, msg, n)
-		case <-deadline:
-			return fmt.Errorf("no %q #%d within %s", msg, n, timeout)
-		}
-	}
-	return nil
 }
 
 type figures struct {
@@ -475,8 +441,9 @@ level = "info"
 	if _, err := g.waitEvent("ready", failures+1, 60*time.Second, isKind(events.KindReady)); err != nil {
 		return nil, fmt.Errorf("after the last failure: %w", err)
 	}
-	// No event says an incident was recorded yet: the log line is the sign.
-	if err := g.waitLog("incident recorded", failures, 10*time.Second); err != nil {
+	if _, err := g.waitEvent("incident records", failures, 10*time.Second, func(e events.Event) bool {
+		return e.Kind == events.KindIncident && !strings.HasPrefix(e.Reason, "not written")
+	}); err != nil {
 		return nil, err
 	}
 	if r.end, err = sample(metricsURL); err != nil {
@@ -559,7 +526,9 @@ level = "info"
 	}
 
 	r.failed = g.countEvents(isKind(events.KindExited))
-	r.incidents = g.count("incident recorded")
+	r.incidents = g.countEvents(func(e events.Event) bool {
+		return e.Kind == events.KindIncident && !strings.HasPrefix(e.Reason, "not written")
+	})
 	files, _ := os.ReadDir(filepath.Join(stateDir, "incidents"))
 	for _, f := range files {
 		if strings.HasSuffix(f.Name(), ".json") {

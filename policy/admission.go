@@ -25,6 +25,9 @@ type AdmissionFacts struct {
 	// SecondsToCritical is the GPU trend's (< 0 when not climbing);
 	// Horizon the short horizon within which it steps admission down.
 	SecondsToCritical, Horizon float64
+	// Tick: this step follows a GPU sample (the trend and the reopening
+	// move only then; other steps follow a change of rung or alerts).
+	Tick bool
 }
 
 // AdmissionBound is the proxy's limit and why.
@@ -95,13 +98,13 @@ func (a *Admission) Step(f AdmissionFacts) AdmissionBound {
 				ceil*100, n, f.MeanTokens, per/(1<<20), room/(1<<30))
 		}
 	} else {
-		climbing := f.SecondsToCritical >= 0 && f.SecondsToCritical <= f.Horizon
+		climbing := f.Tick && f.SecondsToCritical >= 0 && f.SecondsToCritical <= f.Horizon
 		switch {
 		case climbing && (a.reopen == 0 || f.Inflight*7/8 < a.reopen):
 			a.reopen, a.kind = max(f.Inflight*7/8, 1), BoundTrend
 		case climbing:
 			// Already stepped down below what is in flight: hold.
-		case a.reopen > 0 && f.Inflight >= a.reopen-1:
+		case f.Tick && a.reopen > 0 && f.Inflight >= a.reopen-1:
 			a.reopen += max(a.reopen/8, 2)
 		}
 		if a.reopen >= rl {

@@ -94,7 +94,7 @@ func (a *Admission) Step(f AdmissionFacts) AdmissionBound {
 		b.RoomBytes = max(room, 1) // a model that leaves no room admits nothing but is still a bound
 		if n := int(room / per); per > 0 && n < rl {
 			b.Limit, b.Bound = max(n, 1), BoundMemory
-			b.Why = fmt.Sprintf("predicted peak under %.0f %% of the device: %d requests of %.0f prompt tokens (≈ %.0f MiB each over %.1f GiB of room)",
+			b.Why = fmt.Sprintf("predicted peak under %.1f %% of the device: %d requests of %.0f prompt tokens (≈ %.0f MiB each over %.1f GiB of room)",
 				ceil*100, n, f.MeanTokens, per/(1<<20), room/(1<<30))
 		}
 	} else {

@@ -37,17 +37,17 @@ var errShutdown = &rejection{reason: reasonNotReady, shutdown: true}
 // requests waiting for a slot or for vLLM to be ready. One mutex guards it
 // all; the hot path is a few field updates under it.
 type limiter struct {
-	mu       sync.Mutex
-	limit    int
-	ready    bool
+	mu    sync.Mutex
+	limit int
+	ready bool
 	// room > 0: the memory bound; the predicted bytes of the requests in
 	// flight (cost) stay within it. tokens: their prompt tokens.
 	room, cost, tokens float64
 	win                window
-	closed   bool
-	inflight int
-	queue    list.List // of *waiter, oldest first
-	queueCap int
+	closed             bool
+	inflight           int
+	queue              list.List // of *waiter, oldest first
+	queueCap           int
 	// changed is closed and replaced whenever readiness or the limit
 	// changes, so a request waiting for vLLM outside the queue can wake.
 	changed  chan struct{}
@@ -75,9 +75,9 @@ type Window struct {
 
 type waiter struct {
 	cost, tokens float64
-	ch      chan struct{} // closed when granted
-	granted bool
-	elem    *list.Element
+	ch           chan struct{} // closed when granted
+	granted      bool
+	elem         *list.Element
 }
 
 func newLimiter(queueCap int) *limiter {

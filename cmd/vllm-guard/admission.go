@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -153,10 +154,16 @@ func (g *guard) admissionTick() {
 		}
 	}
 	// A sample only while vLLM serves, and only when what was in flight
-	// held still enough over the interval for the memory reading (taken at
+	// held still (within a tenth) over the interval, and vLLM's own count
+	// (its last scrape) agrees with it: requests the proxy has let through
+	// take a moment to reach vLLM's batch, and memory follows the batch.
+	// Then the memory reading, taken at some moment in the interval, for the memory reading (taken at
 	// some moment in it) to belong to it; the fewest in flight are paired
 	// with it, which errs on the side of a higher cost.
-	if st.State == supervisor.StateReady && snap.Up && best >= 0 && win.MaxInflight-win.MinInflight <= max(4, win.MaxInflight/2) {
+	v := g.stats.Latest()
+	still := win.MaxInflight-win.MinInflight <= max(2, win.MaxInflight/10)
+	caughtUp := v.Up && math.Abs(v.Running-float64(win.MinInflight)) <= float64(max(2, win.MaxInflight/10))
+	if st.State == supervisor.StateReady && snap.Up && best >= 0 && still && caughtUp {
 		util := st.Rung.GPUMemoryUtilization
 		a.samples = append(a.samples, policy.CostSample{Running: float64(win.MinInflight), Tokens: win.MinTokens,
 			Above: float64(used) - util*float64(total), Total: float64(total)})

@@ -17,6 +17,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -95,8 +96,7 @@ type key struct {
 // events to the command and the webhook from Run.
 type Dispatcher struct {
 	log     *zap.Logger
-	command []string
-	webhook string // "" when none or invalid
+	targets atomic.Pointer[targets] // where alerts go; replaced on a config reload
 	host    string
 	queue   chan Event
 	client  *http.Client
@@ -130,22 +130,36 @@ func New(cfg config.Alerts, log *zap.Logger) *Dispatcher {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DisableKeepAlives = true // alerts are rare; no idle connections to leak
 	d := &Dispatcher{
-		log: log, command: slices.Clone(cfg.Command), host: host,
-		queue: make(chan Event, QueueSize), tr: tr, client: &http.Client{Transport: tr},
+		log: log, host: host,
+		queue: make(chan Event, QueueSize), tr: tr, client: &http.Client{Transport: tr, CheckRedirect: refuseRedirect},
 		commandTimeout: CommandTimeout, webhookTimeout: WebhookTimeout,
 		webhookTries: WebhookTries, retryInitial: time.Second,
 		active: map[key]Event{}, inForce: map[key]Event{},
 	}
+	d.Configure(cfg)
+	return d
+}
+
+// targets are the [alerts] command and webhook in force.
+type targets struct {
+	command []string
+	webhook string // "" when none or invalid
+}
+
+// Configure sets where alerts go (at New, and on a config reload: the
+// alerts delivered next use it).
+func (d *Dispatcher) Configure(cfg config.Alerts) {
+	t := &targets{command: slices.Clone(cfg.Command)}
 	if cfg.Webhook != "" {
 		u, err := url.Parse(cfg.Webhook)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			log.Error("[alerts] webhook is not an http(s) URL; alerts will not be posted (fix it in the config)",
-				zap.String("webhook", redact(cfg.Webhook)))
+			d.log.Error("[alerts] webhook is not an http(s) URL; alerts will not be posted (fix it in the config)",
+				zap.String("webhook", redactURL(cfg.Webhook)))
 		} else {
-			d.webhook = cfg.Webhook
+			t.webhook = cfg.Webhook
 		}
 	}
-	return d
+	d.targets.Store(t)
 }
 
 // Send records and logs e, and queues it for delivery. It never blocks: when
@@ -177,7 +191,7 @@ func (d *Dispatcher) Send(e Event) {
 	d.announce(e)
 
 	d.logEvent(e)
-	if len(d.command) == 0 && d.webhook == "" {
+	if t := d.targets.Load(); len(t.command) == 0 && t.webhook == "" {
 		return
 	}
 	d.mu.Lock()
@@ -373,11 +387,12 @@ func (d *Dispatcher) deliver(ctx context.Context, e Event) {
 	}
 	body = append(body, '\n')
 	var wg sync.WaitGroup
-	if len(d.command) > 0 {
-		wg.Go(func() { d.runCommand(ctx, e, body) })
+	t := d.targets.Load()
+	if len(t.command) > 0 {
+		wg.Go(func() { d.runCommand(ctx, e, body, t.command) })
 	}
-	if d.webhook != "" {
-		wg.Go(func() { d.postWebhook(ctx, e, body) })
+	if t.webhook != "" {
+		wg.Go(func() { d.postWebhook(ctx, e, body, t.webhook) })
 	}
 	wg.Wait()
 }

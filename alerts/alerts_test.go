@@ -456,3 +456,44 @@ func TestTheDispatcherOwnsWhatIsInForce(t *testing.T) {
 		t.Fatalf("published %v, want %s", kinds, want)
 	}
 }
+
+// A webhook that answers with a redirect is not followed: the alert is not
+// re-POSTed elsewhere (an https→http downgrade, another host), and the
+// delivery is logged as failed, saying why, without the URL's secrets.
+func TestWebhookRedirectIsRefused(t *testing.T) {
+	var elsewhere atomic.Int32
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		elsewhere.Add(1)
+	}))
+	defer target.Close()
+	for _, code := range []int{301, 302, 307, 308} {
+		var hits atomic.Int32
+		redirector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			hits.Add(1)
+			http.Redirect(w, r, target.URL+"/stolen?token=redirsecret", code)
+		}))
+		log, logs := observed(zapcore.InfoLevel)
+		u := strings.Replace(redirector.URL, "http://", "http://user:hooksecret@", 1) + "/hook"
+		d := New(config.Alerts{Webhook: u}, log)
+		fastWebhook(d)
+		start(t, d)
+		d.Send(Event{Alert: OOM})
+		flush(t, d)
+		redirector.Close()
+		failed := logs.FilterMessageSnippet("alert webhook failed").All()
+		if hits.Load() != 1 || len(failed) != 1 {
+			t.Errorf("%d: %d POSTs, %d failure logs; want 1 and 1: %v", code, hits.Load(), len(failed), logs.All())
+			continue
+		}
+		text := fmt.Sprint(failed[0].ContextMap())
+		if !strings.Contains(text, "redirect") || !strings.Contains(text, "refused") {
+			t.Errorf("%d: the failure does not say the redirect was refused: %s", code, text)
+		}
+		if strings.Contains(text, "hooksecret") || strings.Contains(text, "redirsecret") {
+			t.Errorf("%d: a secret reached the log: %s", code, text)
+		}
+	}
+	if n := elsewhere.Load(); n != 0 {
+		t.Errorf("the redirect was followed: %d POSTs reached its target", n)
+	}
+}

@@ -59,6 +59,9 @@ type Liveness struct {
 	Interval Duration `toml:"interval"`
 	Timeout  Duration `toml:"timeout"`
 	Failures int      `toml:"failures"`
+	// StuckTimeout: vLLM reports running requests and none of its token
+	// counters advances this long => hang. 0 disables.
+	StuckTimeout Duration `toml:"stuck_timeout"`
 }
 
 type GPU struct {
@@ -147,7 +150,7 @@ func Default() *Config {
 			StallTimeout: d("10m"),
 			MaxStartTime: d("0s"),
 		},
-		Liveness: Liveness{Interval: d("10s"), Timeout: d("5s"), Failures: 3},
+		Liveness: Liveness{Interval: d("10s"), Timeout: d("5s"), Failures: 3, StuckTimeout: d("60s")},
 		GPU: GPU{
 			Devices:          []string{},
 			SampleInterval:   d("1s"),

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/vllm-guard/vllm-guard/internal/redact"
 )
 
 // ServedModelName is the name /v1/models must list: served_model_name, else
@@ -44,7 +46,9 @@ func flagValue(args []string, flag string) string {
 }
 
 // WriteEffective writes every setting, defaults included, as TOML that Load
-// reads back to the same Config: what `vllm-guard check` prints.
+// reads back to the same Config: what `vllm-guard check` prints. Secrets
+// (an API key in the command or env, a webhook URL's credentials) are
+// written masked ("***"): that output lands in terminals and CI logs.
 func (c *Config) WriteEffective(w io.Writer) error {
 	var b strings.Builder
 	from := "built-in defaults"
@@ -74,11 +78,38 @@ func (c *Config) WriteEffective(w io.Writer) error {
 			if key == "" {
 				continue
 			}
-			fmt.Fprintf(&b, "%-*s = %s\n", width, key, tomlValue(sv.Field(j)))
+			fmt.Fprintf(&b, "%-*s = %s\n", width, key, tomlValue(redacted(sv.Field(j))))
 		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// redacted is v with the secrets of its strings masked: strings through
+// redact.String, string lists through redact.Args (--api-key X), string
+// maps by value and by key=value (VLLM_API_KEY = "X").
+func redacted(v reflect.Value) reflect.Value {
+	switch {
+	case v.Kind() == reflect.String:
+		return reflect.ValueOf(redact.String(v.String())).Convert(v.Type())
+	case v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.String:
+		in := make([]string, v.Len())
+		for i := range in {
+			in[i] = v.Index(i).String()
+		}
+		return reflect.ValueOf(redact.Args(in))
+	case v.Kind() == reflect.Map && v.Type().Key().Kind() == reflect.String && v.Type().Elem().Kind() == reflect.String:
+		out := reflect.MakeMap(v.Type())
+		for _, k := range v.MapKeys() {
+			val := redact.String(v.MapIndex(k).String())
+			if masked := redact.String(k.String() + "=" + val); masked != k.String()+"="+val {
+				val = redact.Mask
+			}
+			out.SetMapIndex(k, reflect.ValueOf(val))
+		}
+		return out
+	}
+	return v
 }
 
 func tomlValue(v reflect.Value) string {

@@ -3,6 +3,8 @@ package config
 import (
 	"fmt"
 	"strings"
+
+	"github.com/vllm-guard/vllm-guard/internal/redact"
 )
 
 // Error is one problem in a configuration file: where it is and what to
@@ -32,7 +34,9 @@ func (e *Error) Error() string {
 		b.WriteString(": ")
 	}
 	b.WriteString(e.Msg)
-	return b.String()
+	// A message may quote the value: a webhook URL with its credentials, a
+	// command with an API key. Errors go to terminals, CI logs, the journal.
+	return redact.String(b.String())
 }
 
 func (e *Error) Unwrap() error { return e.Err }

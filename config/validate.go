@@ -76,6 +76,7 @@ var durationRanges = map[string]durationRange{
 	"readiness.max_start_time": {time.Second, 7 * 24 * time.Hour, true, "the hard cap on a start", "1h"},
 	"liveness.interval":        {100 * time.Millisecond, time.Hour, false, "how often the guard checks /health while vLLM is ready", "10s"},
 	"liveness.timeout":         {10 * time.Millisecond, 10 * time.Minute, false, "the bound of one /health check", "5s"},
+	"liveness.stuck_timeout":   {time.Second, 24 * time.Hour, true, "running requests with no token counter advancing this long is a hang", "60s"},
 	"gpu.sample_interval":      {10 * time.Millisecond, 15 * time.Second, false, "how often GPU memory is sampled; the trend fits the last minute of samples and needs several", "1s"},
 	"gpu.predict_horizon":      {time.Second, 24 * time.Hour, false, "alert when the trend reaches critical within this", "10m"},
 	"gpu.release_timeout":      {0, time.Hour, false, "the wait for an exited vLLM's GPU memory to come back", "60s"},

@@ -9,9 +9,12 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vllm-guard/vllm-guard/state"
 )
@@ -39,6 +42,53 @@ func (e *noGuardError) Error() string {
 func (e *noGuardError) Is(target error) bool { return target == ErrNoGuard }
 func (e *noGuardError) Unwrap() error        { return e.err }
 
+// untrustedServerError is a socket served by a process the client does
+// not trust: not root, not this user. Whoever could write in the socket's
+// folder could have put it there; its answer is not read.
+type untrustedServerError struct {
+	path     string
+	uid, pid int
+	ours     int
+}
+
+func (e *untrustedServerError) Error() string {
+	return fmt.Sprintf("the process serving %s (pid %d) runs as uid %d, neither root nor this user (uid %d): not a guard this command trusts, so its answer was not read; check who owns the socket and its folder, or run as the guard's user", e.path, e.pid, e.uid, e.ours)
+}
+
+// Is makes the commands treat it as no guard reachable (exit 2).
+func (e *untrustedServerError) Is(target error) bool { return target == ErrNoGuard }
+
+// TrustedServer reports whether a control socket served by uid may be
+// believed: root's, or this user's own.
+func TrustedServer(uid int) bool { return uid == 0 || uid == os.Geteuid() }
+
+// checkServer asks the kernel who serves the socket (SO_PEERCRED: the
+// credentials of the process that bound it).
+func checkServer(c net.Conn, path string) error {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return fmt.Errorf("control: %s is not a unix socket connection", path)
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("control: the peer of %s: %w", path, err)
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		credErr = err
+	}
+	if credErr != nil {
+		return fmt.Errorf("control: cannot tell who serves %s (SO_PEERCRED: %w); its answer was not read", path, credErr)
+	}
+	if !TrustedServer(int(cred.Uid)) {
+		return &untrustedServerError{path: path, uid: int(cred.Uid), pid: int(cred.Pid), ours: os.Geteuid()}
+	}
+	return nil
+}
+
 // Client talks to a guard over its control socket.
 type Client struct {
 	path string
@@ -50,7 +100,15 @@ func NewClient(socketPath string) *Client {
 	var d net.Dialer
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return d.DialContext(ctx, "unix", socketPath)
+			c, err := d.DialContext(ctx, "unix", socketPath)
+			if err != nil {
+				return nil, err
+			}
+			if err := checkServer(c, socketPath); err != nil {
+				c.Close()
+				return nil, err
+			}
+			return c, nil
 		},
 		MaxIdleConns:          1,
 		IdleConnTimeout:       5 * time.Second,
@@ -103,6 +161,10 @@ func (c *Client) do(ctx context.Context, method, path string, decode func(io.Rea
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
+		var up *untrustedServerError
+		if errors.As(err, &up) {
+			return up
+		}
 		var op *net.OpError
 		if errors.As(err, &op) && op.Op == "dial" {
 			return &noGuardError{path: c.path, err: op.Err}

@@ -283,9 +283,13 @@ func readIncidents(dir string, n int, socket string, stderr io.Writer) ([]state.
 	if err != nil {
 		return nil, err
 	}
+	defer store.Close()
 	if !store.Persistent() {
 		return nil, fmt.Errorf("cannot read the incident records in %s as this user: %s; run as root or as a member of the folder's group",
 			incDir, strings.Join(warnings, "; "))
+	}
+	if !store.IncidentsOnDisk() {
+		return nil, fmt.Errorf("cannot read the incident records in %s: %s", incDir, strings.Join(warnings, "; "))
 	}
 	return store.Incidents(n)
 }

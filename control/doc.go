@@ -35,6 +35,8 @@ type Doc struct {
 	Alerts       []ActiveAlert     `json:"alerts"`
 	LastIncident *state.Incident   `json:"last_incident,omitempty"`
 	Proxy        *proxy.Stats      `json:"proxy,omitempty"` // nil when [proxy] listen is off
+	// Note is set on the summary the TCP /status serves (SummaryNote).
+	Note string `json:"note,omitempty"`
 }
 
 // ActiveAlert is one alert in force, as package alerts (their one owner)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -24,8 +26,9 @@ type Readiness struct {
 // NewHTTPHandler serves the guard's HTTP endpoints: /livez (200 while the
 // guard's loop works, whatever vLLM does; 503 when it is wedged or gave
 // up), /readyz (200 only while vLLM is
-// ready), /status (the status document) and /metrics (metrics; 404 when
-// nil). Actions are not served here: they need the socket's permissions.
+// ready), /status (Summary of the status document) and /metrics (metrics;
+// 404 when nil). Actions are not served here: they need the socket's
+// permissions.
 func NewHTTPHandler(b Backend, metrics http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/livez", only(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
@@ -54,7 +57,9 @@ func NewHTTPHandler(b Backend, metrics http.Handler) http.Handler {
 		writeJSON(w, code, Readiness{State: g.State, Reason: g.Reason})
 	}))
 	mux.HandleFunc("/status", only(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, b.Doc())
+		// Anyone who reaches the port may ask: a bounded summary without
+		// vLLM's lines or command lines (the full document is on the socket).
+		writeJSON(w, http.StatusOK, Summary(b.Doc()))
 	}))
 	if metrics != nil {
 		mux.Handle("/metrics", metrics)
@@ -92,7 +97,7 @@ func ListenHTTP(addr string, h http.Handler, log *zap.Logger) (*HTTPServer, erro
 		ln:   ln,
 		done: make(chan struct{}),
 		srv: &http.Server{
-			Handler:           h,
+			Handler:           checkHost(ln.Addr(), addr, h),
 			ReadHeaderTimeout: 5 * time.Second,
 			ReadTimeout:       10 * time.Second,
 			WriteTimeout:      30 * time.Second,
@@ -135,4 +140,54 @@ func ServeHTTP(ctx context.Context, addr string, h http.Handler, log *zap.Logger
 	}
 	<-ctx.Done()
 	return s.Close()
+}
+
+// checkHost refuses a request whose Host header names something other
+// than this listener (421 Misdirected Request), against DNS rebinding: a
+// browser led to the port by a name an attacker controls sends that name.
+// Allowed always: localhost (and *.localhost), loopback IPs, the listen
+// address itself. Bound to all addresses (0.0.0.0, ::): also any IP
+// literal, this host's name (full and short), and Kubernetes service names
+// (*.svc, *.svc.cluster.local), which only the cluster's DNS resolves.
+func checkHost(bound net.Addr, listen string, h http.Handler) http.Handler {
+	listenHost, _, _ := net.SplitHostPort(listen)
+	all := false
+	if ta, ok := bound.(*net.TCPAddr); ok && ta.IP.IsUnspecified() {
+		all = true
+	}
+	hostname, _ := os.Hostname()
+	allowed := func(host string) bool {
+		if host == "" {
+			return true // HTTP/1.0 without Host: no browser sends that
+		}
+		name, _, err := net.SplitHostPort(host)
+		if err != nil {
+			name = host // no port
+		}
+		name = strings.TrimSuffix(strings.ToLower(strings.Trim(name, "[]")), ".")
+		if ip := net.ParseIP(name); ip != nil {
+			return ip.IsLoopback() || all || strings.EqualFold(name, strings.Trim(listenHost, "[]"))
+		}
+		switch {
+		case name == "localhost" || strings.HasSuffix(name, ".localhost"):
+			return true
+		case listenHost != "" && strings.EqualFold(name, strings.TrimSuffix(listenHost, ".")):
+			return true
+		case !all:
+			return false
+		case hostname != "" && (strings.EqualFold(name, hostname) || strings.EqualFold(name, strings.Split(hostname, ".")[0])):
+			return true
+		case strings.HasSuffix(name, ".svc") || strings.HasSuffix(name, ".svc.cluster.local"):
+			return true
+		}
+		return false
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !allowed(r.Host) {
+			writeError(w, http.StatusMisdirectedRequest, fmt.Sprintf(
+				"Host %q is not this guard's address: the HTTP endpoints answer to localhost, loopback IPs and %s (when bound to all addresses: any IP literal, this host's name, *.svc); use one of those", r.Host, listen))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }

@@ -32,6 +32,9 @@ func TestMain(m *testing.M) {
 	if path := os.Getenv(helperEnv); path != "" {
 		os.Exit(statusHelper(path))
 	}
+	if path := os.Getenv(impostorEnv); path != "" {
+		os.Exit(serveImpostor(path))
+	}
 	goleak.VerifyTestMain(m)
 }
 

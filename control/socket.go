@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -42,6 +44,7 @@ const (
 type Server struct {
 	path string
 	ln   *net.UnixListener
+	lock *os.File // <socket>.lock, flocked while the guard serves
 	srv  *http.Server
 	done chan struct{} // closed when Serve returns
 	log  *zap.Logger
@@ -61,20 +64,27 @@ func ListenSocket(path string, b Backend, log *zap.Logger) (*Server, error) {
 	if err := prepareSocketDir(filepath.Dir(path)); err != nil {
 		return nil, err
 	}
-	if err := clearStaleSocket(path, log); err != nil {
+	lock, err := lockSocket(path)
+	if err != nil {
 		return nil, err
 	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err := clearStaleSocket(path, log); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	ln, err := listenPrivately(path)
 	if err != nil {
+		lock.Close()
 		return nil, fmt.Errorf("control: listen on %s: %w; check that its folder is writable by the guard", path, err)
 	}
-	// Bound with the umask's mode (0755 for the usual 022: no write, so no
-	// connect, for others); tighten it before serving anyone.
+	// Bound 0600 (the umask below): nobody could connect before the mode
+	// is set; now let the group in.
 	if err := os.Chmod(path, SocketMode); err != nil {
 		ln.Close()
+		lock.Close()
 		return nil, fmt.Errorf("control: chmod %s to %o: %w", path, SocketMode, err)
 	}
-	s := &Server{path: path, ln: ln, done: make(chan struct{}), log: log}
+	s := &Server{path: path, ln: ln, lock: lock, done: make(chan struct{}), log: log}
 	s.srv = &http.Server{
 		Handler:           socketHandler(b, log),
 		ReadHeaderTimeout: 5 * time.Second,
@@ -113,16 +123,68 @@ func (s *Server) Close() error {
 	if rmErr := os.Remove(s.path); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
 		err = errors.Join(err, fmt.Errorf("control: remove %s: %w", s.path, rmErr))
 	}
-	return err
+	// The lock goes last, once the socket is gone; its file stays (removing
+	// it would let two guards lock two different files).
+	return errors.Join(err, s.lock.Close())
 }
 
+// umaskMu serialises the umask changes of listenPrivately (the umask is
+// the process's).
+var umaskMu sync.Mutex
+
+// listenPrivately binds the socket under umask 0177, so it is born 0600:
+// between bind and chmod nobody else can connect.
+func listenPrivately(path string) (*net.UnixListener, error) {
+	umaskMu.Lock()
+	defer umaskMu.Unlock()
+	old := syscall.Umask(0o177)
+	defer syscall.Umask(old)
+	return net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+}
+
+// lockSocket takes <path>.lock (flock, exclusive): only the guard holding
+// it may remove or create the socket, so two guards configured with the
+// same socket cannot remove each other's. The holder's PID is written in
+// it, for the error the next one gets.
+func lockSocket(path string) (*os.File, error) {
+	lockPath := path + ".lock"
+	f, err := os.OpenFile(lockPath, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("control: open the socket's lock file %s: %w; check that the socket's folder is the guard's", lockPath, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		holder := "another vllm-guard"
+		if b, rerr := io.ReadAll(io.LimitReader(f, 32)); rerr == nil {
+			if pid, perr := strconv.Atoi(strings.TrimSpace(string(b))); perr == nil && pid > 0 {
+				holder = fmt.Sprintf("another vllm-guard (pid %d)", pid)
+			}
+		}
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("control: %s holds %s and serves %s; stop it first, or give this one another [control] socket", holder, lockPath, path)
+		}
+		return nil, fmt.Errorf("control: lock %s: %w", lockPath, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return f, nil
+}
+
+// prepareSocketDir makes sure the socket's folder is the guard's: created
+// 0750 when missing; an existing one must be a real folder (not a
+// symlink), owned by the guard's user or root, and writable by nobody
+// else: whoever can write there can replace the socket with their own.
 func prepareSocketDir(dir string) error {
-	info, err := os.Stat(dir)
+	info, err := os.Lstat(dir)
 	if err == nil {
+		if info.Mode()&os.ModeSymlink != 0 {
+			return fmt.Errorf("control: the socket folder %s is a symlink; the guard does not follow one (whoever can change it can redirect the socket): point [control] socket into the real folder", dir)
+		}
 		if !info.IsDir() {
 			return fmt.Errorf("control: %s is not a folder; the socket's parent must be one: fix [control] socket", dir)
 		}
-		return nil // an existing folder is the operator's: leave its mode alone
+		return checkSocketDir(dir, info) // an existing folder is the operator's: its mode is checked, not changed
 	}
 	if !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("control: socket folder %s: %w", dir, err)
@@ -133,6 +195,20 @@ func prepareSocketDir(dir string) error {
 	// MkdirAll's mode passes through the umask; set it exactly.
 	if err := os.Chmod(dir, SocketDirMode); err != nil {
 		return fmt.Errorf("control: chmod socket folder %s: %w", dir, err)
+	}
+	return nil
+}
+
+func checkSocketDir(dir string, info os.FileInfo) error {
+	st, ok := info.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("control: cannot tell who owns the socket folder %s", dir)
+	}
+	if euid := os.Geteuid(); int(st.Uid) != euid && st.Uid != 0 {
+		return fmt.Errorf("control: the socket folder %s belongs to uid %d, not to the guard's user (uid %d) or root: its owner could replace the socket; chown it to the guard's user, or point [control] socket elsewhere", dir, st.Uid, euid)
+	}
+	if perm := info.Mode().Perm(); perm&0o022 != 0 {
+		return fmt.Errorf("control: the socket folder %s is mode %04o, writable by other users, who could replace the socket; chmod it 0750 (chmod go-w), or point [control] socket into a folder of the guard's own", dir, perm)
 	}
 	return nil
 }
@@ -222,7 +298,7 @@ type errorBody struct {
 func socketHandler(b Backend, log *zap.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/status", only(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, b.Doc())
+		writeJSON(w, http.StatusOK, Redacted(b.Doc()))
 	}))
 	mux.HandleFunc("/incidents", only(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
 		n, err := ParseIncidentsQuery(r.URL.RawQuery)
@@ -237,6 +313,9 @@ func socketHandler(b Backend, log *zap.Logger) http.Handler {
 		}
 		if incs == nil {
 			incs = []state.Incident{}
+		}
+		for i := range incs {
+			incs[i] = state.Redacted(incs[i])
 		}
 		writeJSON(w, http.StatusOK, incs)
 	}))

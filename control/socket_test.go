@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -135,8 +136,8 @@ func TestSocketStaleReplaced(t *testing.T) {
 func TestSocketLiveRefused(t *testing.T) {
 	_, path := startSocket(t, newFakeBackend(supervisor.StateReady), nil)
 	_, err := ListenSocket(path, newFakeBackend(supervisor.StateReady), nil)
-	if err == nil || !strings.Contains(err.Error(), "another vllm-guard is serving on "+path) {
-		t.Fatalf("second ListenSocket: %v; want it refused, naming the path", err)
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("another vllm-guard (pid %d) holds %s.lock and serves %s", os.Getpid(), path, path)) {
+		t.Fatalf("second ListenSocket: %v; want it refused, naming the holder and the path", err)
 	}
 	// The first guard still serves.
 	if code, _ := call(t, path, http.MethodGet, "/status", nil); code != http.StatusOK {

@@ -25,6 +25,7 @@ var sparkRunes = []rune("▁▂▃▄▅▆▇█")
 // only on d (ages are taken against d.Now, times are shown in UTC), so the
 // same document always renders the same text. It never writes colours.
 func WriteStatus(w io.Writer, d Doc) {
+	d = Redacted(d) // a document from an older guard may hold secrets
 	g := d.Guard
 	name := "vllm-guard"
 	if d.Version != "" {

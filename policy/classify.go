@@ -428,6 +428,14 @@ func verdictOf(e Exit, s *scan) Verdict {
 }
 
 func classify(e Exit, s *scan, phase Phase) Verdict {
+	// The guard's own failure to start vLLM (EMFILE, EAGAIN, ENOMEM, its
+	// keeper) says nothing about vLLM's configuration. It is a crash of the
+	// start, not a new cause: it backs off and counts toward the crash loop
+	// like one, and the summary names it.
+	if e.GuardFailure != "" {
+		return Verdict{Cause: CauseCrash, Confidence: "high", guardStart: true,
+			Summary: "the guard could not start vLLM: " + e.GuardFailure + " (its own error, not vLLM's configuration)"}
+	}
 	if e.StartFailure != "" {
 		return Verdict{Cause: CauseConfigError, Confidence: "high",
 			Summary: "vLLM could not be started: " + e.StartFailure}

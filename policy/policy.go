@@ -77,6 +77,7 @@ type State struct {
 type Policy struct {
 	cfg    *config.Config
 	ladder []Rung
+	clock  Clock
 
 	seqStep  int // ladder position of max_num_seqs (= Current().Index)
 	utilStep int // ladder position of gpu_memory_utilization, ≤ seqStep
@@ -98,13 +99,18 @@ type Policy struct {
 	costSamples  []CostSample // newest last, at most maxCostSamples
 }
 
+// Reconfigure takes a reloaded configuration ([profile], [restart]): the
+// ladder and the backoff follow it; the rung, the history and the cost
+// model are kept.
+func (p *Policy) Reconfigure(cfg *config.Config) { *p = *New(cfg, p.State(), p.clock) }
+
 // New returns a policy over cfg, resuming from st (the zero State is rung 0).
 // clock is handed to backoff/v4 as its clock provider and nothing else.
 func New(cfg *config.Config, st State, clock Clock) *Policy {
 	if clock == nil {
 		clock = zeroClock{}
 	}
-	p := &Policy{cfg: cfg, ladder: Ladder(cfg.Profile)}
+	p := &Policy{cfg: cfg, ladder: Ladder(cfg.Profile), clock: clock}
 	last := len(p.ladder) - 1
 	p.seqStep = min(max(st.Rung, 0), last)
 	p.utilStep = min(max(p.seqStep-max(st.UtilStepsBack, 0), 0), last)
@@ -304,6 +310,9 @@ func (p *Policy) OnFailure(now time.Time, v Verdict) Decision {
 		d.Reason = "host memory ran out (kernel OOM killer, not the GPU): restarting on the same rung; raise the host/cgroup memory limit"
 	default:
 		d.Reason = fmt.Sprintf("vLLM died (%s): restarting on the same rung", causeWord(v.Cause))
+		if v.guardStart {
+			d.Reason = v.Summary + ": retrying on the same rung"
+		}
 	}
 	// The crash-loop check comes after the rung change, so a guard that
 	// systemd starts again resumes on the lighter rung from state.json.

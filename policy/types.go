@@ -56,6 +56,11 @@ type Exit struct {
 	MemFractions  []float64 // GPU used/total of the last samples before death, oldest first (max over devices)
 	Critical      float64   // [gpu] critical_fraction
 	StartFailure  string    // non-empty when the command could not be started at all (not found, not executable)
+	// GuardFailure is non-empty when the guard could not start vLLM because
+	// of an error of its own (a pipe or fork failing for want of file
+	// descriptors, process slots or memory; its keeper missing): not vLLM's
+	// configuration, so it is retried.
+	GuardFailure string
 	// Offline is set for a saved log (vllm-guard diagnose): the exit status is
 	// unknown, Phase is read from the log when empty, and a log with no
 	// failure in it yields Cause "" instead of crash.
@@ -69,6 +74,9 @@ type Verdict struct {
 	Evidence   []Line   `json:"evidence"`   // root-cause lines, not the wrappers
 	Summary    string   `json:"summary"`    // one line an operator reads first
 	Advice     []string `json:"advice,omitempty"`
+	// guardStart: the guard's own start of vLLM failed (Exit.GuardFailure);
+	// the decision says so instead of "vLLM died".
+	guardStart bool
 }
 
 // Action is what the guard does next.

@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/redact"
 	"github.com/vllm-guard/vllm-guard/policy"
 )
 
@@ -79,16 +80,19 @@ func (inc *Incident) UnmarshalJSON(b []byte) error {
 
 // AddIncident writes inc to incidents/<time>-<cause>.json atomically and
 // removes the oldest records beyond MaxIncidents. A zero Time is set to
-// now. In memory-only mode it keeps the record in memory and returns "".
+// now. Secrets in its text (vLLM's lines, evidence) are masked first. When
+// the records are kept in memory (no usable incidents folder) it keeps the
+// record there and returns "".
 func (s *Store) AddIncident(inc Incident) (path string, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	inc = Redacted(inc)
 	if inc.Time.IsZero() {
 		inc.Time = s.now()
 	}
 	inc.Time = inc.Time.UTC()
 	base := inc.Time.Format("20060102T150405.000000Z") + "-" + fileSafe(string(inc.Cause))
-	if !s.persistent {
+	if s.inc == nil {
 		if inc.ID == "" {
 			inc.ID = base
 		}
@@ -98,9 +102,8 @@ func (s *Store) AddIncident(inc Incident) (path string, err error) {
 		}
 		return "", nil
 	}
-	dir := filepath.Join(s.dir, incidentsDir)
 	name := base + ".json"
-	for i := 2; exists(filepath.Join(dir, name)); i++ {
+	for i := 2; s.exists(s.inc, name); i++ {
 		name = fmt.Sprintf("%s-%d.json", base, i)
 	}
 	if inc.ID == "" {
@@ -110,12 +113,35 @@ func (s *Store) AddIncident(inc Incident) (path string, err error) {
 	if err != nil {
 		return "", fmt.Errorf("state: encode incident %s: %w", inc.ID, err)
 	}
-	path = filepath.Join(dir, name)
-	if err := WriteFileAtomic(path, append(data, '\n'), 0o640); err != nil {
+	path = filepath.Join(s.dir, incidentsDir, name)
+	if err := writeAtomic(s.inc, name, append(data, '\n'), fileMode); err != nil {
 		return "", fmt.Errorf("state: incident record: %w", err)
 	}
-	s.prune(dir)
+	s.prune()
 	return path, nil
+}
+
+// Redacted returns inc with the secrets in its text masked: vLLM's lines
+// carry its command line and `non-default args` (api_key).
+func Redacted(inc Incident) Incident {
+	inc.Summary = redact.String(inc.Summary)
+	inc.Reason = redact.String(inc.Reason)
+	if inc.Evidence != nil {
+		ev := make([]policy.Line, len(inc.Evidence))
+		for i, l := range inc.Evidence {
+			l.Text = redact.String(l.Text)
+			ev[i] = l
+		}
+		inc.Evidence = ev
+	}
+	if inc.LastLines != nil {
+		lines := make([]string, len(inc.LastLines))
+		for i, l := range inc.LastLines {
+			lines[i] = redact.String(l)
+		}
+		inc.LastLines = lines
+	}
+	return inc
 }
 
 func (s *Store) maxIncidents() int {
@@ -126,23 +152,25 @@ func (s *Store) maxIncidents() int {
 }
 
 // prune removes the oldest records beyond the bound. File names start with
-// a fixed-width UTC time, so name order is time order.
-func (s *Store) prune(dir string) {
-	names, err := recordNames(dir)
+// a fixed-width UTC time, so name order is time order. Only regular files
+// inside the incidents folder itself are ever removed.
+func (s *Store) prune() {
+	dir := filepath.Join(s.dir, incidentsDir)
+	names, err := recordNames(s.inc)
 	if err != nil {
 		s.log.Warn("cannot list incident records to prune them", zap.String("dir", dir), zap.Error(err))
 		return
 	}
 	for _, n := range names[:max(0, len(names)-s.maxIncidents())] {
-		if err := os.Remove(filepath.Join(dir, n)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := s.inc.Remove(n); err != nil && !errors.Is(err, os.ErrNotExist) {
 			s.log.Warn("cannot remove an old incident record", zap.String("file", filepath.Join(dir, n)), zap.Error(err))
 		}
 	}
 }
 
 // recordNames lists the incident files, oldest first.
-func recordNames(dir string) ([]string, error) {
-	entries, err := os.ReadDir(dir)
+func recordNames(root *os.Root) ([]string, error) {
+	entries, err := readDir(root)
 	if err != nil {
 		return nil, err
 	}
@@ -161,7 +189,7 @@ func recordNames(dir string) ([]string, error) {
 func (s *Store) Incidents(n int) ([]Incident, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.persistent {
+	if s.inc == nil {
 		out := slices.Clone(s.memIncidents)
 		slices.Reverse(out)
 		if n > 0 && len(out) > n {
@@ -170,7 +198,7 @@ func (s *Store) Incidents(n int) ([]Incident, error) {
 		return out, nil
 	}
 	dir := filepath.Join(s.dir, incidentsDir)
-	names, err := recordNames(dir)
+	names, err := recordNames(s.inc)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -179,17 +207,17 @@ func (s *Store) Incidents(n int) ([]Incident, error) {
 	}
 	var out []Incident
 	for i := len(names) - 1; i >= 0 && (n <= 0 || len(out) < n); i-- {
-		path := filepath.Join(dir, names[i])
-		data, err := os.ReadFile(path)
+		data, err := readCapped(s.inc, names[i], maxIncidentBytes)
 		var inc Incident
 		if err == nil {
 			err = json.Unmarshal(data, &inc)
 		}
 		if err != nil {
-			s.log.Warn("skipping an unreadable incident record", zap.String("file", path), zap.Error(err))
+			s.log.Warn("skipping an unreadable incident record", zap.String("file", filepath.Join(dir, names[i])), zap.Error(err))
 			continue
 		}
-		out = append(out, inc)
+		// Records written before masking existed may hold secrets.
+		out = append(out, Redacted(inc))
 	}
 	// Records written by hand or by another version may not match their
 	// names; the recorded time decides.

@@ -275,7 +275,7 @@ func TestIncidentsOrderPruneAndSkip(t *testing.T) {
 	if _, err := s.AddIncident(sampleIncident(base.Add(4*time.Minute), policy.CauseCrash)); err != nil {
 		t.Fatal(err)
 	}
-	names, err := recordNames(filepath.Join(dir, "incidents"))
+	names, err := recordNames(s.inc)
 	if err != nil || len(names) != 3 {
 		t.Fatalf("after pruning to 3: %v %v", names, err)
 	}

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"bufio"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -23,13 +24,21 @@ import (
 //
 // Protocol on fd 3 (a pipe to the guard), one line each:
 //
-//	pid N                     vLLM's API server started
-//	start-failed MESSAGE      the command could not be started
-//	exit code=N signal=NAME   vLLM's API server exited (signal "" if it exited)
+//	pid N                          vLLM's API server started
+//	start-failed command MESSAGE   the command could not be started because of
+//	                               itself (not found, not executable): configuration
+//	start-failed guard MESSAGE     it could not be started because of the keeper's
+//	                               own trouble (no fd, no process slot, no memory)
+//	exit code=N signal=NAME        vLLM's API server exited (signal "" if it exited)
+//	done survivors=N pids=P:S,…    the cleanup is over; N processes (PID:start
+//	                               time) could not be killed
 //
 // As soon as the API server exits the keeper reports it, then sends SIGTERM
-// to what is left of the tree, waits up to --grace, sends SIGKILL, reaps
-// everything, and exits 0.
+// to what is left of the tree, waits up to --grace, and kills what is still
+// there with killTree: stop everything, walk again until nothing new, kill,
+// wait, in bounded rounds until the tree is empty. The guard's kill (the
+// keeper's kill signal) and the guard's death (the parent-death signal) run
+// the same killTree at once. vLLM starts with /dev/null on fd 0.
 
 // KeeperArg is the hidden subcommand that runs the keeper.
 const KeeperArg = "__keeper"
@@ -37,6 +46,15 @@ const KeeperArg = "__keeper"
 // keeperDeathSignal is the parent-death signal the guard gives the keeper;
 // nothing else sends it.
 const keeperDeathSignal = syscall.SIGUSR1
+
+// keeperKillSignal: the guard asks the keeper to kill the whole tree now.
+const keeperKillSignal = syscall.SIGUSR2
+
+// Kinds of start-failed.
+const (
+	startFailedCommand = "command"
+	startFailedGuard   = "guard"
+)
 
 // RunKeeper is the keeper's main. args are the arguments after KeeperArg.
 func RunKeeper(args []string) int {
@@ -59,7 +77,7 @@ func RunKeeper(args []string) int {
 
 	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 	sigs := make(chan os.Signal, 16)
-	signal.Notify(sigs, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, keeperDeathSignal)
+	signal.Notify(sigs, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, keeperDeathSignal, keeperKillSignal)
 	// The guard may have died before the handler was in place.
 	if *parent != 0 && os.Getppid() != *parent {
 		return 1
@@ -68,15 +86,23 @@ func RunKeeper(args []string) int {
 	argv := fs.Args()
 	path, err := lookPath(argv[0])
 	if err != nil {
-		say("start-failed %s", oneLine(err.Error()))
+		say("start-failed %s %s", startFailureKind(err), oneLine(err.Error()))
+		return 0
+	}
+	// vLLM gets /dev/null as stdin: with fd 0 closed its first open() would
+	// become its stdin.
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		say("start-failed %s %s", startFailedGuard, oneLine(err.Error()))
 		return 0
 	}
 	proc, err := os.StartProcess(path, argv, &os.ProcAttr{
 		Env:   os.Environ(),
-		Files: []*os.File{nil, os.Stdout, os.Stderr},
+		Files: []*os.File{null, os.Stdout, os.Stderr},
 	})
+	null.Close()
 	if err != nil {
-		say("start-failed %s", oneLine(err.Error()))
+		say("start-failed %s %s", startFailureKind(err), oneLine(err.Error()))
 		return 0
 	}
 	main := proc.Pid
@@ -110,24 +136,28 @@ func RunKeeper(args []string) int {
 			}
 		}
 	}
-	killAll := func() {
-		signalAll(tree(), syscall.SIGKILL)
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
-			reap()
-			if len(tree()) == 0 {
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
+	var survivors []int
+	killAll := func() { survivors = killTree(tree, reap) }
+	done := func() {
+		reap()
+		ids := identify(survivors)
+		parts := make([]string, len(ids))
+		for i, p := range ids {
+			parts[i] = fmt.Sprintf("%d:%d", p.pid, p.start)
 		}
+		say("done survivors=%d pids=%s", len(ids), strings.Join(parts, ","))
 	}
+	guardGone := func(sig os.Signal) bool { return sig == keeperDeathSignal || os.Getppid() != *parent }
 
 	for mainStatus == nil {
 		sig := <-sigs
 		switch {
-		case sig == keeperDeathSignal || os.Getppid() != *parent:
+		case guardGone(sig):
 			// The guard is gone: nobody is left to supervise, so nothing may survive.
 			killAll()
 			return 1
+		case sig == keeperKillSignal:
+			killAll()
 		case sig == syscall.SIGCHLD:
 			reap()
 		}
@@ -144,25 +174,55 @@ func RunKeeper(args []string) int {
 		code = mainStatus.ExitStatus()
 	}
 	say("exit code=%d signal=%s", code, sig)
-	if rest := tree(); len(rest) > 0 {
-		signalAll(rest, syscall.SIGTERM)
-		deadline := time.Now().Add(*grace)
-		for len(tree()) > 0 && time.Now().Before(deadline) {
+	if rest := identify(tree()); len(rest) > 0 {
+		signalProcs(rest, syscall.SIGTERM)
+		timer := time.NewTimer(*grace)
+		defer timer.Stop()
+	grace:
+		for len(tree()) > 0 {
 			select {
 			case sig := <-sigs:
-				if sig == keeperDeathSignal || os.Getppid() != *parent {
+				if guardGone(sig) {
 					killAll()
+					done()
 					return 1
 				}
-			case <-time.After(20 * time.Millisecond):
+				if sig == keeperKillSignal {
+					break grace
+				}
+			case <-timer.C:
+				break grace
 			}
 			reap()
 		}
 		killAll()
 	}
-	reap()
+	done()
 	return 0
 }
+
+// startFailureKind says whose fault a failed start is: the command's (it
+// does not exist, is not executable, is not a program: configuration) or
+// the keeper's (no file descriptor, no process slot, no memory, anything
+// else: the guard retries).
+func startFailureKind(err error) string {
+	if errors.Is(err, errNotExecutable) || errors.Is(err, errNotInPath) {
+		return startFailedCommand
+	}
+	for _, e := range []syscall.Errno{syscall.ENOENT, syscall.EACCES, syscall.ENOEXEC, syscall.ENOTDIR,
+		syscall.ELOOP, syscall.ENAMETOOLONG, syscall.E2BIG, syscall.EISDIR, syscall.EPERM} {
+		if errors.Is(err, e) {
+			return startFailedCommand
+		}
+	}
+	return startFailedGuard
+}
+
+// lookPath's own refusals: the command names no program.
+var (
+	errNotExecutable = errors.New("not an executable file")
+	errNotInPath     = errors.New("executable file not found in $PATH")
+)
 
 func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }
 
@@ -175,7 +235,7 @@ func lookPath(file string) (string, error) {
 			return "", fmt.Errorf("%s: %w", file, err)
 		}
 		if fi.IsDir() || fi.Mode()&0o111 == 0 {
-			return "", fmt.Errorf("%s: not an executable file", file)
+			return "", fmt.Errorf("%s: %w", file, errNotExecutable)
 		}
 		return file, nil
 	}
@@ -188,5 +248,5 @@ func lookPath(file string) (string, error) {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("%q: executable file not found in $PATH", file)
+	return "", fmt.Errorf("%q: %w", file, errNotInPath)
 }

@@ -4,11 +4,15 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"reflect"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/config"
 	"github.com/vllm-guard/vllm-guard/events"
 	"github.com/vllm-guard/vllm-guard/exitcode"
 	"github.com/vllm-guard/vllm-guard/policy"
@@ -109,29 +113,37 @@ type machine struct {
 	code      int  // the exit code once phDone
 
 	// The run in progress.
-	runN      int
-	rung      policy.Rung
-	child     proc
-	lastChild proc // the run that ended, for the release wait
-	out       *output
-	stdout    *streamWriter
-	stderr    *streamWriter
-	prober    checker
-	runCtx    context.Context // cancelled when the run ends: in-flight probes stop
-	runCancel context.CancelFunc
-	probing   bool
-	startedAt time.Time
-	ready     bool
-	failures  int       // consecutive liveness failures
-	peak      float64   // highest GPU fraction since ready (restore)
-	lastLine  int64     // the last output line's time seen by the stall check
-	fastUntil time.Time // refused probes retry fast until then (uvicorn listens just after its line)
-	baseline  []uint64
-	oomBefore int64
-	end       ending
-	hang      string
-	peer      string
-	costObs   int
+	runN        int
+	rung        policy.Rung
+	child       proc
+	lastChild   proc // the run that ended, for the release wait
+	out         *output
+	stdout      *streamWriter
+	stderr      *streamWriter
+	prober      checker
+	runCtx      context.Context // cancelled when the run ends: in-flight probes stop
+	runCancel   context.CancelFunc
+	probing     bool
+	startedAt   time.Time
+	ready       bool
+	failures    int       // consecutive liveness failures
+	peak        float64   // highest GPU fraction since ready (restore)
+	lastLine    int64     // the last output line's time seen by the stall check
+	fastUntil   time.Time // refused probes retry fast until then (uvicorn listens just after its line)
+	baseline    []uint64
+	oomBefore   int64
+	end         ending
+	hang        string
+	peer        string
+	costObs     int
+	ioSeen      map[int]uint64 // per process: storage I/O at the last poll
+	ioBytes     uint64         // storage I/O of the tree since launch
+	lastIO      time.Time      // when the tree's I/O last grew
+	ioAnnounced time.Time      // when I/O progress was last published
+	stuckTokens float64        // the token counters' sum seen last while ready
+	stuckSince  time.Time      // since when they stand still with requests running
+	stuckProbe  bool           // the probe in flight is the stuck check's request
+	stuckAsked  time.Time      // when that request was last sent
 
 	// After a failure.
 	decision       policy.Decision
@@ -142,6 +154,8 @@ type machine struct {
 	releaseStarted time.Time
 
 	everReady bool
+
+	pending *config.Config // a reloaded config for vLLM's next start
 }
 
 // Run supervises vLLM until ctx is cancelled (exit 0) or the policy gives
@@ -160,6 +174,8 @@ func (s *Supervisor) Run(ctx context.Context) int {
 		case <-stop:
 			stop = nil
 			m.onStop()
+		case <-s.kill:
+			m.onKill()
 		case e := <-m.ev:
 			m.handle(e, sink)
 		case r := <-s.reqs:
@@ -265,8 +281,8 @@ func (m *machine) onTimer(k timerKind, sink *logSink) {
 	case tDying:
 		m.hung(fmt.Sprintf("/health said vLLM's engine is dead and vLLM did not exit within %s", m.s.engineDeadGrace()))
 	case tStopKill:
-		m.s.log.Warn("vLLM did not stop within stop_timeout: killing its process group",
-			zap.Duration("stop_timeout", m.s.cfg.VLLM.StopTimeout.Duration))
+		m.s.log.Warn("vLLM did not stop within its stop timeout: the keeper kills its whole tree",
+			zap.Duration("stop_timeout", m.s.stopTimeout()))
 		m.child.kill()
 	case tRelease:
 		m.checkReleased()
@@ -290,6 +306,7 @@ func (m *machine) next(sink *logSink) {
 		m.finish(exitcode.OK, StateStopped, "stopped on request")
 		return
 	}
+	m.applyPending()
 	rung := m.s.pol.Current()
 	m.s.update(func(st *Status) { st.Rung = rung })
 	if m.s.gpu != nil {
@@ -318,6 +335,7 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 	m.rung = rung
 	m.ready, m.failures, m.peak, m.end, m.hang, m.peer, m.probing = false, 0, 0, endNone, "", "", false
 	m.lastChild = nil
+	m.ioSeen, m.ioBytes, m.lastIO, m.stuckProbe = map[int]uint64{}, 0, time.Time{}, false
 	m.out = newOutput(sink, max(cfg.Log.ChildLines, 1000))
 	m.lastLine = m.out.lastLine.Load()
 	m.stdout, m.stderr = m.out.writer("stdout"), m.out.writer("stderr")
@@ -334,7 +352,8 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 			StateStarting, "launching vLLM", "", "", 0, m.startedAt, time.Time{}, rung
 		st.Starts++
 	})
-	c, err := s.launcher.launch(launchSpec{keeper: s.keeper, argv: argv, env: ChildEnv(os.Environ(), cfg.VLLM.Env),
+	env := ChildEnv(os.Environ(), cfg.VLLM.Env)
+	c, err := s.launcher.launch(launchSpec{keeper: s.keeper, argv: argv, env: env,
 		dir: cfg.VLLM.Workdir, grace: cfg.VLLM.StopTimeout.Duration, stdout: m.stdout, stderr: m.stderr})
 	r := rung
 	s.publish(events.Event{Kind: events.KindStarting, Rung: &r, Argv: argv, PID: pidOf(c)})
@@ -343,17 +362,18 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 		m.child = nil
 		m.stdout.Close()
 		m.stderr.Close()
-		m.fail(outcome{exit: exitInfo{Code: -1, StartFailure: err.Error()}, phase: policy.PhaseStarting, lines: m.out.ring.snapshot()})
+		m.fail(outcome{exit: exitInfo{Code: -1, GuardFailure: err.Error()}, phase: policy.PhaseStarting, lines: m.out.ring.snapshot()})
 		return
 	}
 	m.child = c
+	c.refresh() // the API server is known (with its start time) from the first moment
 	m.out.pid.Store(int64(c.pid()))
 	s.update(func(st *Status) { st.PID = c.pid() })
 	if s.gpu != nil {
 		s.gpu.SetTree(c.tree)
 		s.gpu.SetLoading(true)
 	}
-	m.prober = s.newProber(ep, s.model)
+	m.prober = s.newProber(ep, s.model, APIKey(argv, env))
 	m.runCtx, m.runCancel = context.WithCancel(context.Background())
 	m.forward(c)
 	m.arm(tPoll, cfg.Readiness.PollInterval.Duration)
@@ -406,6 +426,26 @@ func (m *machine) probeReady() {
 	})
 }
 
+// ioGrew reads the tree's storage I/O and says whether any process did
+// more since the last poll. CPU time is not progress (NCCL hangs spin).
+func (m *machine) ioGrew() bool {
+	grew := false
+	now := m.child.io()
+	for pid, n := range now {
+		if before, ok := m.ioSeen[pid]; ok && n > before {
+			m.ioBytes += n - before
+			grew = true
+		} else if !ok && n > 0 && len(m.ioSeen) > 0 {
+			m.ioBytes += n
+			grew = true
+		}
+	}
+	m.ioSeen = now
+	return grew
+}
+
+func gibText(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+
 // onPoll: while starting, look for load progress, a stall, the start-time
 // cap, and probe readiness.
 func (m *machine) onPoll() {
@@ -418,8 +458,25 @@ func (m *machine) onPoll() {
 		m.lastLine = seen
 		m.s.publish(events.Event{Kind: events.KindProgress, Phase: m.out.Phase(), PID: m.child.pid()})
 	}
-	if silent := now.Sub(time.Unix(0, m.lastLine)); silent > rc.StallTimeout.Duration {
-		m.hung(fmt.Sprintf("no load progress for %s while starting (stall_timeout %s), last phase %q",
+	lastLine := time.Unix(0, m.lastLine)
+	if m.ioGrew() {
+		m.lastIO = now
+		// A silent download or load: say it, as progress.
+		if quiet := now.Sub(lastLine); quiet >= time.Second {
+			reason := fmt.Sprintf("downloading or loading: %s read/written, no log output for %s", gibText(m.ioBytes), quiet.Round(time.Second))
+			m.s.update(func(st *Status) { st.Reason = reason })
+			if now.Sub(m.ioAnnounced) >= 10*time.Second {
+				m.ioAnnounced = now
+				m.s.publish(events.Event{Kind: events.KindProgress, Phase: "io", Reason: reason, PID: m.child.pid()})
+			}
+		}
+	}
+	last := lastLine
+	if m.lastIO.After(last) {
+		last = m.lastIO
+	}
+	if silent := now.Sub(last); silent > rc.StallTimeout.Duration {
+		m.hung(fmt.Sprintf("no load progress (no output, no disk I/O) for %s while starting (stall_timeout %s), last phase %q",
 			silent.Round(time.Second), rc.StallTimeout.Duration, m.out.Phase()))
 		return
 	}
@@ -445,6 +502,13 @@ func (m *machine) onProbe(r probeResult) {
 			return
 		}
 		m.becomeReady()
+		return
+	}
+	if m.stuckProbe {
+		m.stuckProbe = false
+		if !r.ok && r.status == 0 && !r.refused {
+			m.hung(fmt.Sprintf("stuck: a 1-token request did not answer within stuck_timeout %s (%s)", s.cfg.Liveness.StuckTimeout.Duration, r.err))
+		}
 		return
 	}
 	switch {
@@ -491,6 +555,7 @@ func (m *machine) becomeReady() {
 	if s.gpu != nil {
 		s.gpu.SetLoading(false)
 	}
+	m.stuckSince, m.stuckAsked = time.Time{}, time.Now()
 	m.arm(tLive, s.cfg.Liveness.Interval.Duration)
 	m.arm(tCost, s.cfg.GPU.SampleInterval.Duration)
 }
@@ -503,6 +568,9 @@ func (m *machine) onHeartbeat() {
 	}
 	m.child.refresh()
 	if !m.ready {
+		return
+	}
+	if m.checkStuck() {
 		return
 	}
 	if r, ok := m.restoreDue(); ok {
@@ -520,6 +588,39 @@ func (m *machine) endProbing() {
 	if m.runCancel != nil {
 		m.runCancel()
 	}
+}
+
+// checkStuck: /health only checks an error flag, so a wedged engine still
+// answers 200. vLLM is stuck when it reports running requests and none of
+// its token counters advances for stuck_timeout; without its metrics, a
+// 1-token request bounded by stuck_timeout is sent every stuck_timeout.
+// A busy vLLM that makes progress, or an idle one, is never stuck.
+func (m *machine) checkStuck() bool {
+	s := m.s
+	limit := s.cfg.Liveness.StuckTimeout.Duration
+	if limit <= 0 || s.tokens == nil {
+		return false
+	}
+	now := time.Now()
+	running, tokens, ok := s.tokens()
+	if !ok {
+		if !m.probing && now.Sub(m.stuckAsked) >= limit {
+			m.stuckAsked, m.stuckProbe = now, true
+			level := s.cfg.Readiness.Probe
+			m.probe(func(ctx context.Context, p checker) probeResult { return p.ready(ctx, level, limit) })
+		}
+		return false
+	}
+	if running <= 0 || tokens != m.stuckTokens || m.stuckSince.IsZero() {
+		m.stuckTokens, m.stuckSince = tokens, now
+		return false
+	}
+	if still := now.Sub(m.stuckSince); still >= limit {
+		m.hung(fmt.Sprintf("stuck: %g requests running and no token counter advanced for %s (prompt+generation tokens at %g; stuck_timeout %s)",
+			running, still.Round(time.Second), tokens, limit))
+		return true
+	}
+	return false
 }
 
 // hung ends the run as a hang.
@@ -543,8 +644,22 @@ func (m *machine) endRun(why ending) {
 		return // evTreeGone is on its way
 	default:
 	}
+	if m.hang != "" {
+		// vLLM is wedged: a drain would only wait on requests that never end.
+		m.s.log.Warn("vLLM hung: killing its process tree", zap.String("reason", m.hang))
+		m.child.kill()
+		return
+	}
+	select {
+	case <-m.child.apiGone():
+		// The API server is gone (the keeper cleans up the rest): nothing
+		// drains any more; give the keeper its grace, then kill.
+		m.arm(tStopKill, m.s.cfg.VLLM.StopTimeout.Duration)
+		return
+	default:
+	}
 	m.child.stop()
-	m.arm(tStopKill, m.s.cfg.VLLM.StopTimeout.Duration)
+	m.arm(tStopKill, m.s.stopTimeout())
 }
 
 func (m *machine) stopReason() string {
@@ -640,6 +755,7 @@ func (m *machine) fail(res outcome) {
 		Phase:         res.phase,
 		Critical:      s.cfg.GPU.CriticalFraction,
 		StartFailure:  res.exit.StartFailure,
+		GuardFailure:  res.exit.GuardFailure,
 	}
 	if s.gpu != nil {
 		exit.MemFractions = s.gpu.RecentFractions(10)
@@ -764,6 +880,45 @@ func (m *machine) finish(code int, state State, reason string) {
 	m.phase, m.code = phDone, code
 }
 
+// reload: what does not touch the running vLLM applies now; the rest
+// (command, env, host, port, workdir, profile, restart policy) waits for
+// its next start.
+func (m *machine) reload(cfg *config.Config) {
+	s := m.s
+	live := *cfg
+	live.VLLM, live.Profile, live.Restart = s.cfg.VLLM, s.cfg.Profile, s.cfg.Restart
+	vllmSame := reflect.DeepEqual(cfg.VLLM, s.cfg.VLLM) && cfg.Profile == s.cfg.Profile && cfg.Restart == s.cfg.Restart
+	s.cfg = &live
+	if vllmSame {
+		m.pending = nil
+	} else {
+		m.pending = cfg
+	}
+	s.pendingReload.Store(m.pending != nil)
+}
+
+// applyPending: vLLM starts now, on the reloaded config if there is one.
+func (m *machine) applyPending() {
+	if m.pending == nil {
+		return
+	}
+	s := m.s
+	s.cfg, m.pending = m.pending, nil
+	s.pendingReload.Store(false)
+	s.pol.Reconfigure(s.cfg)
+	s.model = s.cfg.ServedModelName()
+	s.log.Info("vLLM starts on the reloaded configuration")
+}
+
+// onKill: a second SIGTERM or SIGINT while stopping: no more waiting.
+func (m *machine) onKill() {
+	if m.phase == phStopping && m.child != nil {
+		m.s.log.Warn("asked to stop again: killing vLLM's process tree now")
+		m.disarm(tStopKill)
+		m.child.kill()
+	}
+}
+
 // onStop: the guard was asked to stop (SIGTERM, SIGINT).
 func (m *machine) onStop() {
 	m.stopAsked = true
@@ -806,6 +961,9 @@ func (m *machine) onRequest(r request, sink *logSink) {
 			m.next(sink)
 		}
 		// Stopping or waiting for the release: a restart is under way.
+	case "reload":
+		m.reload(r.cfg)
+		r.reply <- nil
 	case "reset_profile":
 		s.pol.ResetProfile()
 		s.savePolicy()
@@ -816,6 +974,47 @@ func (m *machine) onRequest(r request, sink *logSink) {
 	default:
 		r.reply <- fmt.Errorf("unknown request %q", r.kind)
 	}
+}
+
+// stopTimeout is how long a graceful stop may take before the tree is
+// killed: stop_timeout, or vLLM's own --shutdown-timeout (its drain) plus
+// 10 s for it to stop its engine, whichever is longer.
+func (s *Supervisor) stopTimeout() time.Duration {
+	return EffectiveStopTimeout(s.cfg.VLLM.StopTimeout.Duration, s.shutdownTimeout())
+}
+
+// EffectiveStopTimeout is max(stop_timeout, --shutdown-timeout + 10 s)
+// when vLLM is given a shutdown timeout (0 when not).
+func EffectiveStopTimeout(stopTimeout, vllmShutdown time.Duration) time.Duration {
+	if vllmShutdown <= 0 {
+		return stopTimeout
+	}
+	return max(stopTimeout, vllmShutdown+10*time.Second)
+}
+
+// shutdownTimeout is vLLM's --shutdown-timeout from the command line in
+// force (the last one given wins, as in vLLM's parser), 0 when absent.
+func (s *Supervisor) shutdownTimeout() time.Duration {
+	return ShutdownTimeout(append(slices.Clone(s.cfg.VLLM.Command), s.extra...))
+}
+
+// ShutdownTimeout reads --shutdown-timeout (seconds) from vLLM's argv.
+func ShutdownTimeout(argv []string) time.Duration {
+	var d time.Duration
+	for i, a := range argv {
+		v, ok := strings.CutPrefix(a, "--shutdown-timeout=")
+		if !ok && (a == "--shutdown-timeout" || a == "--shutdown_timeout") && i+1 < len(argv) {
+			v, ok = argv[i+1], true
+		}
+		if ok {
+			if f, err := strconv.ParseFloat(v, 64); err == nil && f > 0 {
+				d = time.Duration(f * float64(time.Second))
+			} else {
+				d = 0
+			}
+		}
+	}
+	return d
 }
 
 // engineDeadGrace is how long the guard waits, after /health says vLLM's

@@ -33,6 +33,7 @@ type fakeVLLM struct {
 	gone     sync.Once
 
 	listening  atomic.Bool  // the fake prober answers only when set
+	ioBytes    atomic.Int64 // storage I/O so far
 	stops      atomic.Int32 // SIGTERMs received
 	kills      atomic.Int32 // SIGKILLs received
 	ignoreTERM bool         // a vLLM that ignores SIGTERM
@@ -50,6 +51,9 @@ func (p *fakeVLLM) refresh()                 {}
 func (p *fakeVLLM) tree() []int              { return []int{p.apiPID} }
 func (p *fakeVLLM) seen() []int              { return []int{p.apiPID, p.apiPID + 1} }
 func (p *fakeVLLM) killLeftovers() []int     { return p.survivors }
+
+// io is the tree's storage I/O: ioBytes grows while the fake "downloads".
+func (p *fakeVLLM) io() map[int]uint64 { return map[int]uint64{p.apiPID: uint64(p.ioBytes.Load())} }
 
 func (p *fakeVLLM) killIfOurs(pid int) bool {
 	p.mu.Lock()
@@ -222,16 +226,17 @@ func (g *fakeGPU) set(f func(g *fakeGPU)) { g.mu.Lock(); f(g); g.mu.Unlock() }
 
 // scenario is one supervisor over fakes, running in a synctest bubble.
 type scenario struct {
-	t      *testing.T
-	cfg    *config.Config
-	sup    *Supervisor
-	l      *fakeLauncher
-	pr     *fakeProber
-	gpu    *fakeGPU
-	noGPU  bool
-	load   func() (float64, float64, bool)
-	pstate policy.State
-	oom    atomic.Int64
+	t        *testing.T
+	cfg      *config.Config
+	sup      *Supervisor
+	l        *fakeLauncher
+	pr       *fakeProber
+	gpu      *fakeGPU
+	noGPU    bool
+	load     func() (float64, float64, bool)
+	progress func() (float64, float64, bool)
+	pstate   policy.State
+	oom      atomic.Int64
 
 	mu     sync.Mutex
 	events []events.Event
@@ -264,7 +269,7 @@ func (s *scenario) start() {
 		s.mu.Unlock()
 	})
 	opts := Options{Policy: policy.New(s.cfg, s.pstate, realClockForTest{}), Events: bus, Keeper: []string{"keeper"},
-		Persist: func(policy.State) { s.mu.Lock(); s.saved++; s.mu.Unlock() }, Load: s.load}
+		Persist: func(policy.State) { s.mu.Lock(); s.saved++; s.mu.Unlock() }, Load: s.load, Progress: s.progress}
 	if !s.noGPU {
 		opts.GPU = s.gpu
 	}
@@ -273,7 +278,7 @@ func (s *scenario) start() {
 		s.t.Fatal(err)
 	}
 	sup.launcher = s.l
-	sup.newProber = func(Endpoint, string) checker { return s.pr }
+	sup.newProber = func(Endpoint, string, string) checker { return s.pr }
 	sup.hostOOM = s.oom.Load
 	s.sup = sup
 	ctx, cancel := context.WithCancel(context.Background())
@@ -645,15 +650,15 @@ func TestMachineFaultStallWhileLoadingIsAHang(t *testing.T) {
 		s.wantState(StateStarting)
 		// Then silence.
 		s.advance(9 * time.Second)
-		if p.stops.Load() != 1 {
-			t.Fatalf("%d SIGTERMs after the stall", p.stops.Load())
+		if p.stops.Load() != 0 || p.kills.Load() != 1 {
+			t.Fatalf("after the stall: %d SIGTERM, %d SIGKILL; a hung vLLM is killed without a drain", p.stops.Load(), p.kills.Load())
 		}
 		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
 			t.Fatalf("failure %+v", f)
 		}
 		stopping := false
 		for _, e := range s.kinds(events.KindState) {
-			stopping = stopping || e.State == "stopping" && strings.Contains(e.Reason, "no load progress for 8s while starting (stall_timeout 8s)")
+			stopping = stopping || e.State == "stopping" && strings.Contains(e.Reason, "no load progress (no output, no disk I/O) for 8s while starting (stall_timeout 8s)")
 		}
 		if !stopping {
 			t.Fatalf("no stopping state naming the stall: %v", s.kinds(events.KindState))
@@ -1070,6 +1075,223 @@ func TestMachineFastRetryIsBounded(t *testing.T) {
 		}
 		if n := s.sup.Status().Starts; n != 1 {
 			t.Fatalf("%d starts", n)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineStopWaitsForVLLMsOwnDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) {
+			c.VLLM.Command = []string{"vllm", "serve", "m", "--shutdown-timeout", "45"}
+			c.VLLM.StopTimeout = config.Duration{Duration: 30 * time.Second}
+		})
+		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true } // draining: it takes its time
+		s.start()
+		s.ready()
+		p := s.l.last()
+		s.cancel()
+		synctest.Wait()
+		if p.stops.Load() != 1 {
+			t.Fatal("no SIGTERM to the API server")
+		}
+		// stop_timeout alone would kill at 30 s: the drain of 45 s + 10 s wins.
+		s.advance(54 * time.Second)
+		if p.kills.Load() != 0 {
+			t.Fatal("killed in the middle of vLLM's drain")
+		}
+		s.advance(time.Second)
+		if p.kills.Load() != 1 {
+			t.Fatal("no SIGKILL after the drain's bound")
+		}
+		if code := s.exited(); code != exitcode.OK {
+			t.Fatalf("exit %d", code)
+		}
+	})
+}
+
+func TestMachineASecondStopKillsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true }
+		s.start()
+		s.ready()
+		s.cancel()
+		s.advance(time.Second)
+		s.wantState(StateStopping)
+		s.sup.Kill()
+		synctest.Wait()
+		if s.l.last().kills.Load() != 1 {
+			t.Fatal("the second signal did not kill the tree")
+		}
+		if code := s.exited(); code != exitcode.OK {
+			t.Fatalf("exit %d", code)
+		}
+	})
+}
+
+func TestMachineDrainingVLLMThatExitsIsNoFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = p.apiPID == 1000 } // the first run drains slowly
+		s.start()
+		s.ready()
+		if err := s.sup.Restart(context.Background(), "uid 0"); err != nil {
+			t.Fatal(err)
+		}
+		s.advance(3 * time.Second)
+		s.l.last().end(exitInfo{Code: 0}) // the drain ended; vLLM exits by itself
+		synctest.Wait()
+		if len(s.kinds(events.KindExited)) != 0 || s.l.n() != 2 {
+			t.Fatalf("a drain that ended by itself: %d failures, %d launches", len(s.kinds(events.KindExited)), s.l.n())
+		}
+		s.stop()
+	})
+}
+
+func TestEffectiveStopTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		argv []string
+		want time.Duration
+	}{
+		{[]string{"vllm", "serve", "m"}, 30 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown-timeout", "5"}, 30 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown-timeout=60"}, 70 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown_timeout", "90", "--shutdown-timeout", "100"}, 110 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown-timeout", "0"}, 30 * time.Second},
+	} {
+		if got := EffectiveStopTimeout(30*time.Second, ShutdownTimeout(tc.argv)); got != tc.want {
+			t.Errorf("%v: %s, want %s", tc.argv, got, tc.want)
+		}
+	}
+}
+
+func TestMachineSilentDownloadIsProgressButASilentIdleTreeIsAHang(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Readiness.StallTimeout = config.Duration{Duration: 8 * time.Second} })
+		s.start()
+		p := s.l.last()
+		// 30 s without a line, writing weights to the cache all the while.
+		for range 60 {
+			p.ioBytes.Add(200 << 20)
+			s.advance(500 * time.Millisecond)
+		}
+		st := s.sup.Status()
+		if st.State != StateStarting || !strings.Contains(st.Reason, "downloading or loading:") || !strings.Contains(st.Reason, "no log output for") {
+			t.Fatalf("during a silent download: %+v", st)
+		}
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("a silent download was killed")
+		}
+		// Then neither output nor I/O: still a hang.
+		s.advance(9 * time.Second)
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineStuckEngineIsAHang(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} })
+		var running, tokens atomic.Int64
+		s.progress = func() (float64, float64, bool) { return float64(running.Load()), float64(tokens.Load()), true }
+		s.start()
+		s.ready()
+		// Busy and progressing for 10 × stuck_timeout: never stuck.
+		running.Store(40)
+		for range 600 {
+			tokens.Add(7)
+			s.advance(time.Second)
+		}
+		// Idle with counters still: never stuck.
+		running.Store(0)
+		s.advance(5 * time.Minute)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("a progressing or idle vLLM was called stuck")
+		}
+		// Wedged: requests running, no counter moves (/health still 200).
+		running.Store(12)
+		s.advance(59 * time.Second)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("stuck before stuck_timeout")
+		}
+		s.advance(2 * time.Second)
+		f := s.failure(1)
+		if f.Verdict.Cause != policy.CauseHang || s.l.last().kills.Load() != 1 {
+			t.Fatalf("failure %+v, kills %d", f, s.l.last().kills.Load())
+		}
+		s.stop()
+	})
+}
+
+func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 30 * time.Second} })
+		s.progress = func() (float64, float64, bool) { return 0, 0, false } // --disable-log-stats
+		s.start()
+		s.ready()
+		s.advance(2 * time.Minute)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("answering requests, yet called stuck")
+		}
+		// The engine wedges: the 1-token request never answers within its bound.
+		s.pr.setReady(func() probeResult { return probeResult{step: "completion", err: "context deadline exceeded"} })
+		s.advance(time.Minute)
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineReloadAppliesLiveSettingsNowAndVLLMsAtTheNextStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: time.Minute} })
+		var healthChecks atomic.Int64
+		s.start()
+		s.ready()
+		s.pr.setHealth(func() probeResult { healthChecks.Add(1); return probeResult{ok: true, step: "health", status: 200} })
+
+		next := *s.cfg
+		next.Liveness.Interval = config.Duration{Duration: 5 * time.Second}
+		next.VLLM.Command = []string{"vllm", "serve", "m", "--max-model-len", "8192"}
+		pending, err := s.sup.Reload(context.Background(), &next)
+		if err != nil || !pending {
+			t.Fatalf("reload: pending %v, %v; want the command pending", pending, err)
+		}
+		synctest.Wait()
+		if s.l.n() != 1 {
+			t.Fatal("a reload restarted vLLM")
+		}
+		// The liveness interval applies from the next check on: 1 minute,
+		// then every 5 s.
+		s.advance(time.Minute + 20*time.Second)
+		if n := healthChecks.Load(); n < 4 {
+			t.Fatalf("%d health checks in 80 s; the reloaded 5 s interval is not in force", n)
+		}
+		// The command applies at the next start.
+		if err := s.sup.Restart(context.Background(), "uid 0"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if !argvHas(s.l.last().spec.argv, "--max-model-len", "8192") {
+			t.Fatalf("the reloaded command is not in force after the restart: %v", s.l.last().spec.argv)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineReloadWithoutVLLMChangesIsNotPending(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		s.ready()
+		next := *s.cfg
+		next.GPU.WarnFraction = 0.5
+		if pending, err := s.sup.Reload(context.Background(), &next); err != nil || pending {
+			t.Fatalf("pending %v, %v", pending, err)
 		}
 		s.stop()
 	})

@@ -37,9 +37,10 @@ type proc interface {
 	done() <-chan struct{}
 	// exit is how the API server ended; valid after done.
 	exit() exitInfo
-	// stop asks vLLM to stop (SIGTERM to its process group).
+	// stop asks vLLM to stop gracefully (SIGTERM to its API server).
 	stop()
-	// kill sends SIGKILL to the group and every descendant.
+	// kill has the keeper kill the whole tree now (stop, walk, SIGKILL, in
+	// rounds until it is empty); done closes once it is.
 	kill()
 	// refresh re-reads the tree from /proc and remembers every process seen.
 	refresh()
@@ -47,9 +48,14 @@ type proc interface {
 	tree() []int
 	// seen is every PID seen in this run's tree (for the release wait).
 	seen() []int
-	// killLeftovers kills what outlived the keeper (same processes only,
-	// never a reused PID) and returns their PIDs.
+	// killLeftovers kills what outlived the keeper (what it reported as
+	// survivors, and what was seen and is still alive if the keeper itself
+	// was killed; same processes only, never a reused PID) and returns
+	// their PIDs.
 	killLeftovers() []int
+	// io is the storage I/O (bytes read plus written) of each live process
+	// of the tree: its growth is load progress (a silent download).
+	io() map[int]uint64
 	// killIfOurs kills pid if it is still the very process seen in the
 	// tree (never a reused PID) and says whether it did.
 	killIfOurs(pid int) bool

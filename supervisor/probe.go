@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -16,6 +17,7 @@ type prober struct {
 	client *http.Client
 	base   string
 	model  string
+	apiKey string // sent as a bearer token when vLLM requires one
 }
 
 func newProber(ep Endpoint, model string) *prober {
@@ -103,6 +105,9 @@ func (p *prober) do(ctx context.Context, step, method, path string, body []byte,
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	if p.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+p.apiKey)
+	}
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return probeResult{step: step, err: err.Error(), refused: isRefused(err)}, nil
@@ -132,4 +137,27 @@ func isRefused(err error) bool {
 		e = u.Unwrap()
 	}
 	return op != nil && op.Op == "dial"
+}
+
+// APIKey is a key vLLM accepts, from where vLLM takes it: the last
+// --api-key in its argv (the first of its values), else VLLM_API_KEY in
+// its environment. "" when vLLM requires none.
+func APIKey(argv, env []string) string {
+	key := ""
+	for i, a := range argv {
+		if v, ok := strings.CutPrefix(a, "--api-key="); ok {
+			key = v
+		} else if (a == "--api-key" || a == "--api_key") && i+1 < len(argv) && !strings.HasPrefix(argv[i+1], "--") {
+			key = argv[i+1]
+		}
+	}
+	if key != "" {
+		return key
+	}
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "VLLM_API_KEY="); ok {
+			key = v
+		}
+	}
+	return key
 }

@@ -6,8 +6,10 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -17,13 +19,24 @@ import (
 
 // exitInfo is how vLLM's API server ended.
 type exitInfo struct {
-	Code         int    // -1 when killed by a signal
-	Signal       string // "" when it exited
-	StartFailure string // the command could not be started at all
+	Code   int    // -1 when killed by a signal
+	Signal string // "" when it exited
+	// StartFailure: the command could not be started because of itself
+	// (not found, not executable): vLLM's configuration.
+	StartFailure string
+	// GuardFailure: the guard could not start vLLM because of an error of
+	// its own (no file descriptor, no process slot, no memory, no keeper):
+	// not the configuration; it backs off and tries again.
+	GuardFailure string
+	// Survivors are the processes of the tree the keeper could not kill
+	// before it exited (nil when the tree was emptied).
+	Survivors []procID
 }
 
 func (e exitInfo) String() string {
 	switch {
+	case e.GuardFailure != "":
+		return "the guard could not start vLLM: " + e.GuardFailure
 	case e.StartFailure != "":
 		return "could not start: " + e.StartFailure
 	case e.Signal != "":
@@ -32,6 +45,11 @@ func (e exitInfo) String() string {
 		return "exit code " + strconv.Itoa(e.Code)
 	}
 }
+
+// keeperKillWait is how long kill() leaves the keeper to empty the tree
+// before the guard kills the tree itself, keeper included (a keeper that
+// was stopped or is wedged must not keep the tree alive).
+const keeperKillWait = 2 * killWait
 
 // child is a running vLLM tree under its keeper.
 type child struct {
@@ -42,12 +60,20 @@ type child struct {
 	exitInfo  exitInfo      // valid after doneC
 	treeCache atomic.Pointer[[]int]
 	seenPIDs  treeSeen // only the machine's goroutine touches it
+
+	// mu guards reaped: until the keeper is reaped its PID, and the process
+	// group it leads, cannot name anything else, so signals to them are
+	// sent under mu and only while reaped is false.
+	mu       sync.Mutex
+	reaped   bool
+	backstop sync.Once
 }
 
 // start launches the keeper (which launches vLLM) from a goroutine that
 // locks its OS thread and lives as long as the keeper: the parent-death
 // signal fires when the *thread* that forked the child exits, so this thread
-// must outlive it.
+// must outlive it. Every error it returns is the guard's own (a pipe, the
+// keeper's fork or binary), never vLLM's configuration.
 func start(spec launchSpec) (*child, error) {
 	pr, pw, err := os.Pipe()
 	if err != nil {
@@ -79,6 +105,14 @@ func start(spec launchSpec) (*child, error) {
 		if err != nil {
 			return
 		}
+		// Wait for the keeper's end without reaping it first, so that no
+		// signal meant for it or its group can reach a reused PID.
+		var info unix.Siginfo
+		for unix.Waitid(unix.P_PID, cmd.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
+		}
+		c.mu.Lock()
+		c.reaped = true
+		c.mu.Unlock()
 		waitErr := cmd.Wait()
 		reaperForget(cmd.Process.Pid)
 		if e, ok := <-final; ok {
@@ -97,34 +131,70 @@ func start(spec launchSpec) (*child, error) {
 	pw.Close()
 	c.keeperPID = cmd.Process.Pid
 
-	// The keeper's report: the pid first, then how vLLM ended. The pipe
-	// closes when the keeper exits (vLLM does not inherit it).
+	// The keeper's report: the pid first, then how vLLM ended, then what
+	// its cleanup left. The pipe closes when the keeper exits (vLLM does
+	// not inherit it).
 	go func() {
 		defer pr.Close()
 		defer close(final)
-		defer close(pidc)
-		defer close(c.apiGoneC) // also when the keeper died without a word
+		var e exitInfo
+		reported := false
+		pidSent, apiClosed := false, false
+		endPID := func() {
+			if !pidSent {
+				pidSent = true
+				close(pidc)
+			}
+		}
+		endAPI := func() {
+			if !apiClosed {
+				apiClosed = true
+				close(c.apiGoneC)
+			}
+		}
 		r := bufio.NewReader(pr)
 		for {
 			line, err := r.ReadString('\n')
 			switch {
-			case strings.HasPrefix(line, "pid "):
+			case strings.HasPrefix(line, "pid ") && !pidSent:
 				pid, _ := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "pid ")))
 				pidc <- pid
+				endPID()
 			case strings.HasPrefix(line, "start-failed "):
-				final <- exitInfo{Code: -1, StartFailure: strings.TrimSpace(strings.TrimPrefix(line, "start-failed "))}
-				return
+				e, reported = parseStartFailed(line), true
+				endPID()
 			case strings.HasPrefix(line, "exit "):
-				final <- parseExitLine(line)
-				return
+				e, reported = parseExitLine(line), true
+				endAPI()
+			case strings.HasPrefix(line, "done "):
+				e.Survivors = parseDoneLine(line)
 			}
 			if err != nil {
-				return
+				break
 			}
+		}
+		endPID()
+		endAPI() // also when the keeper died without a word
+		if reported {
+			final <- e
 		}
 	}()
 	c.apiPID = <-pidc // 0 when vLLM did not start
 	return c, nil
+}
+
+// parseStartFailed reads `start-failed KIND MESSAGE`: KIND "guard" is the
+// guard's own failure, "command" the command's.
+func parseStartFailed(line string) exitInfo {
+	rest := strings.TrimSpace(strings.TrimPrefix(line, "start-failed "))
+	kind, msg, _ := strings.Cut(rest, " ")
+	switch kind {
+	case startFailedGuard:
+		return exitInfo{Code: -1, GuardFailure: msg}
+	case startFailedCommand:
+		return exitInfo{Code: -1, StartFailure: msg}
+	}
+	return exitInfo{Code: -1, StartFailure: rest}
 }
 
 func parseExitLine(line string) exitInfo {
@@ -141,9 +211,29 @@ func parseExitLine(line string) exitInfo {
 	return e
 }
 
+// parseDoneLine reads `done survivors=N pids=PID:START,…`.
+func parseDoneLine(line string) []procID {
+	var out []procID
+	for _, f := range strings.Fields(line)[1:] {
+		k, v, _ := strings.Cut(f, "=")
+		if k != "pids" || v == "" {
+			continue
+		}
+		for _, ps := range strings.Split(v, ",") {
+			a, b, _ := strings.Cut(ps, ":")
+			pid, err1 := strconv.Atoi(a)
+			start, err2 := strconv.ParseUint(b, 10, 64)
+			if err1 == nil && err2 == nil && pid > 0 {
+				out = append(out, procID{pid: pid, start: start})
+			}
+		}
+	}
+	return out
+}
+
 func keeperExit(ps *os.ProcessState, err error) exitInfo {
 	if ps == nil {
-		return exitInfo{Code: -1, StartFailure: fmt.Sprint(err)}
+		return exitInfo{Code: -1, GuardFailure: fmt.Sprint(err)}
 	}
 	ws, _ := ps.Sys().(syscall.WaitStatus)
 	if ws.Signaled() {
@@ -157,20 +247,68 @@ func (c *child) apiGone() <-chan struct{} { return c.apiGoneC }
 func (c *child) done() <-chan struct{}    { return c.doneC }
 func (c *child) exit() exitInfo           { return c.exitInfo }
 
-// signalGroup sends sig to the whole vLLM process group (the keeper leads it).
+// signalGroup sends sig to the whole vLLM process group (the keeper leads
+// it), while the keeper is not reaped.
 func (c *child) signalGroup(sig syscall.Signal) {
-	_ = syscall.Kill(-c.keeperPID, sig)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.reaped {
+		_ = syscall.Kill(-c.keeperPID, sig)
+	}
 }
 
-// stop asks vLLM to stop: SIGTERM to the group.
-func (c *child) stop() { c.signalGroup(syscall.SIGTERM) }
+// signalKeeper sends sig to the keeper alone, while it is not reaped.
+func (c *child) signalKeeper(sig syscall.Signal) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.reaped {
+		_ = syscall.Kill(c.keeperPID, sig)
+	}
+}
 
-// kill sends SIGKILL to the group and to every descendant of the keeper,
-// including those that left the group.
+// stop asks vLLM to stop the way it expects: SIGTERM to the API server
+// alone, which drains (with --shutdown-timeout) and then stops its own
+// engine and workers. A signal to the whole group would reach the
+// EngineCore and the workers directly and cut every request in flight.
+func (c *child) stop() {
+	if start, ok := c.seenPIDs.start[c.apiPID]; ok && c.apiPID > 0 &&
+		signalProc(procID{pid: c.apiPID, start: start}, syscall.SIGTERM) {
+		return
+	}
+	// The API server is not known (yet) or gone: what is left is the group's.
+	c.signalGroup(syscall.SIGTERM)
+}
+
+// kill asks the keeper to kill the whole tree at once: it is the subreaper,
+// so orphans of processes that called setsid come back to it and it keeps
+// killing until the tree is empty (killTree), then reports what survived
+// and exits. The guard does not kill the keeper: that would send the
+// orphans to init, out of anyone's reach. If the keeper has not finished
+// within keeperKillWait the guard kills the tree itself, keeper included.
 func (c *child) kill() {
-	rest := Descendants(c.keeperPID)
-	c.signalGroup(syscall.SIGKILL)
-	signalAll(rest, syscall.SIGKILL)
+	c.signalKeeper(keeperKillSignal)
+	c.backstop.Do(func() {
+		go func() {
+			t := time.NewTimer(keeperKillWait)
+			defer t.Stop()
+			select {
+			case <-c.doneC:
+			case <-t.C:
+				killTree(c.walk, nil)
+			}
+		}()
+	})
+}
+
+// walk is the keeper (while not reaped), its group and its descendants.
+func (c *child) walk() []int {
+	c.mu.Lock()
+	reaped := c.reaped
+	c.mu.Unlock()
+	if reaped {
+		return Descendants(c.keeperPID) // nothing left below a reaped keeper: its children went to init
+	}
+	return append(append([]int{c.keeperPID}, groupMembers(c.keeperPID)...), Descendants(c.keeperPID)...)
 }
 
 // refresh reads the tree from /proc, keeps it for tree(), and remembers
@@ -195,48 +333,124 @@ func (c *child) tree() []int {
 
 func (c *child) seen() []int { return c.seenPIDs.pids() }
 
-// killLeftovers: the keeper kills the whole tree before it exits; if the
-// keeper itself was killed, what it left is killed here.
-func (c *child) killLeftovers() []int {
-	left := c.seenPIDs.survivors()
-	signalAll(left, syscall.SIGKILL)
-	return left
-}
-
-func (c *child) killIfOurs(pid int) bool {
-	if !c.seenPIDs.same(pid) {
-		return false
-	}
-	return syscall.Kill(pid, syscall.SIGKILL) == nil
-}
-
-// treeSeen remembers every process of vLLM's tree seen during a run, with
-// its start time, so a PID reused by an unrelated process is never taken
-// for ours.
-type treeSeen map[int]uint64
-
-func (t *treeSeen) add(pids []int) {
-	if *t == nil {
-		*t = treeSeen{}
-	}
-	for _, p := range pids {
-		if info, ok := readStat(p); ok {
-			(*t)[p] = info.start
+// io reads read_bytes + write_bytes from /proc/PID/io for the tree as last
+// read. Processes it cannot read (gone, or not ours to read) are left out.
+func (c *child) io() map[int]uint64 {
+	out := map[int]uint64{}
+	for _, pid := range c.tree() {
+		if n, ok := readIO(pid); ok {
+			out[pid] = n
 		}
-	}
-}
-
-func (t treeSeen) pids() []int {
-	out := make([]int, 0, len(t))
-	for p := range t {
-		out = append(out, p)
 	}
 	return out
 }
 
+// killLeftovers: the keeper kills the whole tree before it exits; what it
+// could not kill (its survivors report) or what outlived it because the
+// keeper itself was killed (the processes seen, still alive) is killed
+// here, with its descendants, through pidfds. It returns the PIDs that had
+// outlived the keeper.
+func (c *child) killLeftovers() []int {
+	left := c.seenPIDs.survivors()
+	for _, p := range c.exitInfo.Survivors {
+		if info, ok := readStat(p.pid); ok && info.start == p.start && info.state != 'Z' && !slices.Contains(left, p) {
+			left = append(left, p)
+		}
+	}
+	if len(left) == 0 {
+		return nil
+	}
+	killTree(func() []int {
+		var out []int
+		for _, p := range left {
+			if info, ok := readStat(p.pid); ok && info.start == p.start && info.state != 'Z' {
+				out = append(out, p.pid)
+				out = append(out, Descendants(p.pid)...)
+			}
+		}
+		return out
+	}, nil)
+	return pidsOf(left)
+}
+
+// killIfOurs kills pid if it is still the very process seen in the tree
+// (its pidfd checked against the start time seen), and says whether it did.
+func (c *child) killIfOurs(pid int) bool {
+	id, ok := c.seenPIDs.id(pid)
+	if !ok {
+		return false
+	}
+	return signalProc(id, syscall.SIGKILL)
+}
+
+// seenCap bounds the processes remembered per run. At the cap, the entries
+// of processes that have exited are dropped, oldest first; if every one is
+// still alive, new processes are not remembered (the first ones, the API
+// server, EngineCore and its workers, are those that hold GPU memory). A
+// process not remembered is still killed with the tree by the keeper; only
+// the guard's own cleanup after the keeper cannot name it.
+const seenCap = 4096
+
+// treeSeen remembers every process of vLLM's tree seen during a run, with
+// its start time, so a PID reused by an unrelated process is never taken
+// for ours. At most seenCap entries.
+type treeSeen struct {
+	start   map[int]uint64
+	order   []int // PIDs, oldest first
+	dropped int   // processes not remembered because of the cap
+	limit   int   // the cap; 0 means seenCap
+}
+
+func (t *treeSeen) add(pids []int) {
+	if t.start == nil {
+		t.start = map[int]uint64{}
+	}
+	for _, p := range identify(pids) {
+		if s, ok := t.start[p.pid]; ok && s == p.start {
+			continue
+		}
+		limit := t.limit
+		if limit == 0 {
+			limit = seenCap
+		}
+		if _, ok := t.start[p.pid]; !ok && len(t.start) >= limit {
+			t.pruneDead()
+			if len(t.start) >= limit {
+				t.dropped++
+				continue
+			}
+		}
+		if _, ok := t.start[p.pid]; !ok {
+			t.order = append(t.order, p.pid)
+		}
+		t.start[p.pid] = p.start // a reused PID of the tree itself: the new process
+	}
+}
+
+// pruneDead forgets the processes that are no longer alive.
+func (t *treeSeen) pruneDead() {
+	keep := t.order[:0]
+	for _, p := range t.order {
+		if t.same(p) {
+			keep = append(keep, p)
+		} else {
+			delete(t.start, p)
+		}
+	}
+	t.order = keep
+}
+
+func (t *treeSeen) pids() []int { return append([]int(nil), t.order...) }
+
+// id is pid as it was seen; ok is false when it was never seen.
+func (t *treeSeen) id(pid int) (procID, bool) {
+	s, ok := t.start[pid]
+	return procID{pid: pid, start: s}, ok
+}
+
 // same says whether pid is alive and the process seen (same start time).
-func (t treeSeen) same(pid int) bool {
-	start, ok := t[pid]
+func (t *treeSeen) same(pid int) bool {
+	start, ok := t.start[pid]
 	if !ok {
 		return false
 	}
@@ -245,11 +459,11 @@ func (t treeSeen) same(pid int) bool {
 }
 
 // survivors are the processes seen in the tree that are still alive.
-func (t treeSeen) survivors() []int {
-	var out []int
-	for p := range t {
+func (t *treeSeen) survivors() []procID {
+	var out []procID
+	for _, p := range t.order {
 		if t.same(p) {
-			out = append(out, p)
+			out = append(out, procID{pid: p, start: t.start[p]})
 		}
 	}
 	return out

@@ -180,3 +180,28 @@ func hostOOMKills() int64 {
 	}
 	return -1
 }
+
+// readIO is the storage I/O of pid: read_bytes + write_bytes of /proc/PID/io
+// (bytes fetched from and sent to storage, so a download that writes to
+// the cache counts, and CPU spinning or pipe chatter does not).
+func readIO(pid int) (uint64, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/io")
+	if err != nil {
+		return 0, false
+	}
+	var total uint64
+	found := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		for _, k := range []string{"read_bytes: ", "write_bytes: "} {
+			if v, ok := strings.CutPrefix(l, k); ok {
+				n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+				if err != nil {
+					return 0, false
+				}
+				total += n
+				found++
+			}
+		}
+	}
+	return total, found == 2
+}

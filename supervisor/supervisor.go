@@ -72,6 +72,11 @@ type Options struct {
 	// and the cost model. nil: never known, so restore never interrupts
 	// traffic it cannot see.
 	Load func() (running, waiting float64, ok bool)
+	// Progress reports vLLM's running requests and the sum of its token
+	// counters (prompt and generation tokens) from its /metrics; ok is
+	// false when they are not known (metrics off with --disable-log-stats,
+	// or not scraped yet). It feeds stuck detection while ready.
+	Progress func() (running, tokens float64, ok bool)
 }
 
 // Supervisor runs vLLM until stopped. Make one with New, then Run it.
@@ -86,20 +91,25 @@ type Supervisor struct {
 	extra   []string
 	model   string
 	load    func() (running, waiting float64, ok bool)
+	tokens  func() (running, tokens float64, ok bool)
 
 	// The machine's ports: real processes and HTTP unless a test sets them.
 	launcher  launcher
-	newProber func(Endpoint, string) checker
+	newProber func(ep Endpoint, model, apiKey string) checker
 	hostOOM   func() int64 // the cgroup's oom_kill counter, -1 when unknown
 
 	status   atomic.Pointer[Status]
 	lastTurn atomic.Int64
 	reqs     chan request
+	kill     chan struct{}
+
+	pendingReload atomic.Bool // a reloaded config waits for vLLM's next start
 }
 
 type request struct {
-	kind  string // "restart" | "reset_profile"
+	kind  string // "restart" | "reset_profile" | "reload"
 	peer  string
+	cfg   *config.Config // reload: the new configuration
 	reply chan error
 }
 
@@ -124,8 +134,12 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 		persist = func(policy.State) {}
 	}
 	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, bus: opts.Events, persist: persist,
-		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, model: cfg.ServedModelName(), reqs: make(chan request),
-		launcher: processLauncher{}, newProber: func(ep Endpoint, model string) checker { return newProber(ep, model) },
+		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, tokens: opts.Progress, model: cfg.ServedModelName(), reqs: make(chan request), kill: make(chan struct{}, 1),
+		launcher: processLauncher{}, newProber: func(ep Endpoint, model, apiKey string) checker {
+			p := newProber(ep, model)
+			p.apiKey = apiKey
+			return p
+		},
 		hostOOM: hostOOMKills}
 	st := Status{State: StateStarting, Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[policy.Cause]int{},
 		Cost: s.pol.Cost().Describe(s.pol.Current().GPUMemoryUtilization, cfg.Profile.Headroom)}
@@ -140,6 +154,15 @@ func (s *Supervisor) Status() Status { return s.status.Load().clone() }
 // LastTurn is when the supervisor's loop last proved it is turning.
 func (s *Supervisor) LastTurn() time.Time { return time.Unix(0, s.lastTurn.Load()) }
 
+// Kill asks a stopping supervisor to stop waiting: SIGKILL of vLLM's whole
+// tree now (a second SIGTERM or SIGINT). Safe from any goroutine.
+func (s *Supervisor) Kill() {
+	select {
+	case s.kill <- struct{}{}:
+	default:
+	}
+}
+
 // Restart asks for a graceful restart on the current rung (not a failure).
 func (s *Supervisor) Restart(ctx context.Context, peer string) error {
 	return s.ask(ctx, request{kind: "restart", peer: peer})
@@ -148,6 +171,15 @@ func (s *Supervisor) Restart(ctx context.Context, peer string) error {
 // ResetProfile returns to rung 0 at the next start.
 func (s *Supervisor) ResetProfile(ctx context.Context, peer string) error {
 	return s.ask(ctx, request{kind: "reset_profile", peer: peer})
+}
+
+// Reload takes a new configuration: what the running vLLM does not depend
+// on (intervals, timeouts, liveness, stuck detection) applies at once;
+// vLLM's command, environment and profile at its next start. It says which.
+func (s *Supervisor) Reload(ctx context.Context, cfg *config.Config) (pending bool, err error) {
+	r := request{kind: "reload", cfg: cfg}
+	err = s.ask(ctx, r)
+	return s.pendingReload.Load(), err
 }
 
 func (s *Supervisor) ask(ctx context.Context, r request) error {

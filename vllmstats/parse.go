@@ -30,6 +30,7 @@ type Stats struct {
 	Preemptions      float64   `json:"preemptions"`       // counter
 	PromptTokens     float64   `json:"prompt_tokens"`     // counter
 	GenerationTokens float64   `json:"generation_tokens"` // counter
+	TokensKnown      bool      `json:"tokens_known"`      // the token counters are in the exposition
 	ScrapedAt        time.Time `json:"scraped_at,omitzero"`
 	Scrapes          uint64    `json:"scrapes"`
 	Failures         uint64    `json:"failures"`
@@ -120,6 +121,7 @@ func Parse(r io.Reader) (Stats, error) {
 	}
 	st.Running, st.Waiting = running, waiting
 	st.Preemptions, st.PromptTokens, st.GenerationTokens = preempt, prompt, gen
+	st.TokensKnown = found[metricPrompt] || found[metricGeneration]
 	switch {
 	case found[metricKV]:
 		st.KVUsage = kvNew

@@ -14,8 +14,8 @@ func TestParseFixtures(t *testing.T) {
 		file string
 		want Stats
 	}{
-		{"metrics_v1_new.txt", Stats{Running: 17, Waiting: 3, KVUsage: 0.4521, Preemptions: 8, PromptTokens: 1235567, GenerationTokens: 655000}},
-		{"metrics_v0_old.txt", Stats{Running: 4, Waiting: 9, KVUsage: 0.9731, Preemptions: 31, PromptTokens: 88000, GenerationTokens: 12000}},
+		{"metrics_v1_new.txt", Stats{Running: 17, Waiting: 3, KVUsage: 0.4521, Preemptions: 8, PromptTokens: 1235567, GenerationTokens: 655000, TokensKnown: true}},
+		{"metrics_v0_old.txt", Stats{Running: 4, Waiting: 9, KVUsage: 0.9731, Preemptions: 31, PromptTokens: 88000, GenerationTokens: 12000, TokensKnown: true}},
 		{"metrics_transition.txt", Stats{Running: 2, Waiting: 1, KVUsage: 0.61}},
 	}
 	for _, c := range cases {

@@ -3,13 +3,15 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/vllm-guard/vllm-guard/exitcode"
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/vllm-guard/vllm-guard/config"
+	"github.com/vllm-guard/vllm-guard/exitcode"
 	"github.com/vllm-guard/vllm-guard/policy"
+	"github.com/vllm-guard/vllm-guard/supervisor"
 )
 
 func cmdCheck(args []string, stdout, stderr io.Writer) int {
@@ -34,8 +36,35 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 	for _, r := range policy.Ladder(cfg.Profile) {
 		fmt.Fprintf(stdout, "%-5d %-13d %.2f\n", r.Index, r.MaxNumSeqs, r.GPUMemoryUtilization)
 	}
+	writeStop(stdout, cfg)
 	writeLearned(stdout, cfg)
 	return exitcode.OK
+}
+
+// The stop bounds of the shipped examples (examples/vllm-guard.service,
+// examples/kubernetes/deployment.yaml): check warns when vLLM's stop would
+// take longer than they allow.
+const (
+	exampleTimeoutStopSec   = 90 * time.Second
+	exampleGracePeriodInK8s = 60 * time.Second
+)
+
+// writeStop prints how vLLM is stopped and how long it may take.
+func writeStop(w io.Writer, cfg *config.Config) {
+	drain := supervisor.ShutdownTimeout(cfg.VLLM.Command)
+	eff := supervisor.EffectiveStopTimeout(cfg.VLLM.StopTimeout.Duration, drain)
+	fmt.Fprintf(w, "\n# stopping: SIGTERM to vLLM's API server (it drains, then stops its engine), SIGKILL of its whole tree after %s\n", eff)
+	if drain > 0 {
+		fmt.Fprintf(w, "# (vLLM's --shutdown-timeout %s + 10s, stop_timeout %s)\n", drain, cfg.VLLM.StopTimeout.Duration)
+	}
+	if eff+5*time.Second > exampleTimeoutStopSec {
+		fmt.Fprintf(w, "warning: the example systemd unit's TimeoutStopSec=%s is not above %s: raise it, or systemd kills vLLM mid-drain\n",
+			exampleTimeoutStopSec, eff)
+	}
+	if eff+5*time.Second > exampleGracePeriodInK8s {
+		fmt.Fprintf(w, "warning: the example Kubernetes terminationGracePeriodSeconds (%d) is not above %s: raise it, or the kubelet kills vLLM mid-drain\n",
+			int(exampleGracePeriodInK8s.Seconds()), eff)
+	}
 }
 
 // writeLearned prints what a guard that ran with this config saved: the

@@ -1,27 +1,41 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/coreos/go-systemd/v22/journal"
 	"go.uber.org/zap"
+	"go.uber.org/zap/buffer"
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
+
+	"github.com/vllm-guard/vllm-guard/internal/redact"
 )
 
 // newLogger builds the guard's logger: console on a terminal, JSON
 // otherwise; under journald no timestamps of our own (the journal stamps
 // every line already).
+// logLevel is the guard's log level; a config reload changes it.
+var logLevel = zap.NewAtomicLevel()
+
 func newLogger(level, format string) (*zap.Logger, error) {
+	journald, _ := journal.StderrIsJournalStream()
+	return newLoggerTo(zapcore.Lock(os.Stderr), level, format, isTerminal(os.Stderr), journald)
+}
+
+// newLoggerTo is newLogger writing to w, for tests.
+func newLoggerTo(w zapcore.WriteSyncer, level, format string, terminal, journald bool) (*zap.Logger, error) {
 	var lvl zapcore.Level
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("[log] level %q: %w", level, err)
 	}
-	journald, _ := journal.StderrIsJournalStream()
 	if format == "auto" || format == "" {
 		format = "json"
-		if isTerminal(os.Stderr) || journald {
+		if terminal || journald {
 			format = "console"
 		}
 	}
@@ -47,7 +61,8 @@ func newLogger(level, format string) (*zap.Logger, error) {
 		}
 		encoder = zapcore.NewJSONEncoder(enc)
 	}
-	core := zapcore.NewCore(encoder, zapcore.Lock(os.Stderr), lvl)
+	logLevel.SetLevel(lvl)
+	core := zapcore.NewCore(cleanEncoder{encoder}, w, logLevel)
 	return zap.New(core), nil
 }
 
@@ -55,3 +70,172 @@ func isTerminal(f *os.File) bool {
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
 	return err == nil
 }
+
+// cleanEncoder makes every message and string field safe to write before
+// the real encoder sees it: secrets masked (internal/redact), invalid UTF-8
+// replaced by U+FFFD, and control characters escaped. vLLM's lines reach
+// the log as messages: without this, the console encoder wrote them raw,
+// and a NUL or a newline in one split it into journal entries that read as
+// the guard's own, and an API key in vLLM's `non-default args` line went
+// to the journal as it was.
+type cleanEncoder struct{ zapcore.Encoder }
+
+func (e cleanEncoder) Clone() zapcore.Encoder { return cleanEncoder{e.Encoder.Clone()} }
+
+func (e cleanEncoder) EncodeEntry(ent zapcore.Entry, fields []zapcore.Field) (*buffer.Buffer, error) {
+	ent.Message = clean(ent.Message)
+	ent.LoggerName = clean(ent.LoggerName)
+	out := make([]zapcore.Field, len(fields))
+	for i, f := range fields {
+		out[i] = cleanField(f)
+	}
+	return e.Encoder.EncodeEntry(ent, out)
+}
+
+// The fields of logger.With(...) are added to the encoder itself.
+func (e cleanEncoder) AddString(k, v string)            { e.Encoder.AddString(k, clean(v)) }
+func (e cleanEncoder) AddByteString(k string, v []byte) { e.Encoder.AddString(k, clean(string(v))) }
+func (e cleanEncoder) AddArray(k string, a zapcore.ArrayMarshaler) error {
+	return e.Encoder.AddArray(k, cleanArray{a})
+}
+func (e cleanEncoder) AddObject(k string, o zapcore.ObjectMarshaler) error {
+	return e.Encoder.AddObject(k, cleanObject{o})
+}
+func (e cleanEncoder) AddReflected(k string, v any) error {
+	e.Encoder.AddString(k, cleanReflected(v))
+	return nil
+}
+
+// cleanField returns f with its text cleaned; numbers, times and the like
+// pass as they are.
+func cleanField(f zapcore.Field) zapcore.Field {
+	switch f.Type {
+	case zapcore.StringType:
+		f.String = clean(f.String)
+	case zapcore.ByteStringType:
+		if b, ok := f.Interface.([]byte); ok {
+			return zap.String(f.Key, clean(string(b)))
+		}
+	case zapcore.ErrorType:
+		if err, ok := f.Interface.(error); ok {
+			return zap.String(f.Key, clean(err.Error()))
+		}
+	case zapcore.StringerType:
+		return zap.String(f.Key, clean(fmt.Sprint(f.Interface))) // fmt reports a panicking String as text
+	case zapcore.ArrayMarshalerType:
+		if a, ok := f.Interface.(zapcore.ArrayMarshaler); ok {
+			f.Interface = cleanArray{a}
+		}
+	case zapcore.ObjectMarshalerType, zapcore.InlineMarshalerType:
+		if o, ok := f.Interface.(zapcore.ObjectMarshaler); ok {
+			f.Interface = cleanObject{o}
+		}
+	case zapcore.ReflectType:
+		return zap.String(f.Key, cleanReflected(f.Interface))
+	}
+	return f
+}
+
+func cleanReflected(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return clean(fmt.Sprint(v))
+	}
+	return clean(string(b))
+}
+
+type cleanArray struct{ zapcore.ArrayMarshaler }
+
+func (a cleanArray) MarshalLogArray(enc zapcore.ArrayEncoder) error {
+	return a.ArrayMarshaler.MarshalLogArray(&cleanArrayEncoder{ArrayEncoder: enc})
+}
+
+// cleanArrayEncoder cleans each string of an array; the one after a secret
+// flag (an argv's "--api-key", "X") is masked whole.
+type cleanArrayEncoder struct {
+	zapcore.ArrayEncoder
+	afterSecretFlag bool
+}
+
+func (e *cleanArrayEncoder) AppendString(v string) {
+	if e.afterSecretFlag {
+		v = redact.Mask
+	}
+	e.afterSecretFlag = redact.IsSecretFlag(v)
+	e.ArrayEncoder.AppendString(clean(v))
+}
+func (e *cleanArrayEncoder) AppendByteString(v []byte) { e.AppendString(string(v)) }
+func (e *cleanArrayEncoder) AppendArray(a zapcore.ArrayMarshaler) error {
+	return e.ArrayEncoder.AppendArray(cleanArray{a})
+}
+func (e *cleanArrayEncoder) AppendObject(o zapcore.ObjectMarshaler) error {
+	return e.ArrayEncoder.AppendObject(cleanObject{o})
+}
+func (e *cleanArrayEncoder) AppendReflected(v any) error {
+	e.AppendString(cleanReflected(v))
+	return nil
+}
+
+type cleanObject struct{ zapcore.ObjectMarshaler }
+
+func (o cleanObject) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	return o.ObjectMarshaler.MarshalLogObject(cleanObjectEncoder{enc})
+}
+
+type cleanObjectEncoder struct{ zapcore.ObjectEncoder }
+
+func (e cleanObjectEncoder) AddString(k, v string) { e.ObjectEncoder.AddString(k, clean(v)) }
+func (e cleanObjectEncoder) AddByteString(k string, v []byte) {
+	e.ObjectEncoder.AddString(k, clean(string(v)))
+}
+func (e cleanObjectEncoder) AddArray(k string, a zapcore.ArrayMarshaler) error {
+	return e.ObjectEncoder.AddArray(k, cleanArray{a})
+}
+func (e cleanObjectEncoder) AddObject(k string, o zapcore.ObjectMarshaler) error {
+	return e.ObjectEncoder.AddObject(k, cleanObject{o})
+}
+func (e cleanObjectEncoder) AddReflected(k string, v any) error {
+	e.ObjectEncoder.AddString(k, cleanReflected(v))
+	return nil
+}
+
+// clean is what the log may carry of s: valid UTF-8, secrets masked, no
+// control characters.
+func clean(s string) string {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	return escapeControls(redact.String(s))
+}
+
+// escapeControls writes C0 controls (NUL, BEL, ESC, tab, newline…), DEL and
+// C1 controls (U+0080–U+009F) as visible escapes: \n, \t, \r, \x00, \u0085.
+// A terminal or journald sees only printable text. s is valid UTF-8.
+func escapeControls(s string) string {
+	i := strings.IndexFunc(s, isControl)
+	if i < 0 {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 8)
+	b.WriteString(s[:i])
+	for _, r := range s[i:] {
+		switch {
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r < 0x20 || r == 0x7f:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case r >= 0x80 && r <= 0x9f:
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f || (r >= 0x80 && r <= 0x9f) }

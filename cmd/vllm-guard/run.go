@@ -38,7 +38,8 @@ func cmdRun(args []string, stderr io.Writer) int {
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
-	cfg, err := config.Load(config.Resolve(*cfgPath))
+	path := config.Resolve(*cfgPath)
+	cfg, err := config.Load(path)
 	if err != nil {
 		fmt.Fprintf(stderr, "vllm-guard: %v\n", err)
 		return exitcode.Config
@@ -50,7 +51,14 @@ func cmdRun(args []string, stderr io.Writer) int {
 	}
 	defer log.Sync()
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	// Every signal an operator or a supervisor may send has a meaning:
+	// SIGTERM, SIGINT and SIGQUIT stop gracefully (a second one kills vLLM's
+	// tree at once), SIGHUP reloads the config, SIGUSR1 and SIGUSR2 are
+	// ignored (logged). None ends the guard abruptly.
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(sigs)
+	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	if *initMode || os.Getpid() == 1 {
 		if err := supervisor.BecomeSubreaper(ctx); err != nil {
@@ -70,6 +78,9 @@ func cmdRun(args []string, stderr io.Writer) int {
 		}
 		return exitcode.Failed
 	}
+	done := make(chan struct{})
+	defer close(done)
+	go g.handleSignals(sigs, done, stop, path)
 	code := g.run(ctx)
 	log.Info("vllm-guard exiting", zap.Int("exit_code", code))
 	return code
@@ -141,6 +152,7 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 		Persist:   g.savePolicy,
 		ExtraArgs: extra,
 		Load:      g.vllmLoad,
+		Progress:  g.vllmProgress,
 	})
 	if err != nil {
 		return nil, err
@@ -232,6 +244,67 @@ func (g *guard) run(ctx context.Context) int {
 		g.jsonl.Close()
 	}
 	return code
+}
+
+// handleSignals turns signals into a stop, an escalation or a reload,
+// until done.
+func (g *guard) handleSignals(sigs <-chan os.Signal, done <-chan struct{}, stop func(), path string) {
+	stopping := false
+	for {
+		select {
+		case <-done:
+			return
+		case sig := <-sigs:
+			switch sig {
+			case syscall.SIGHUP:
+				g.reload(path)
+			case syscall.SIGUSR1, syscall.SIGUSR2:
+				g.log.Info("signal ignored: SIGUSR1 and SIGUSR2 mean nothing to the guard", zap.String("signal", sig.String()))
+			default:
+				if stopping {
+					g.log.Warn("asked to stop again: killing vLLM's process tree now", zap.String("signal", sig.String()))
+					g.sup.Kill()
+					continue
+				}
+				stopping = true
+				g.log.Info("stopping on request", zap.String("signal", sig.String()))
+				stop()
+			}
+		}
+	}
+}
+
+// reload re-reads the config on SIGHUP. A broken file changes nothing:
+// every error is logged with file:line:key and the guard runs on. What
+// does not touch the running vLLM applies at once (log level, alerts'
+// command and webhook, intervals and timeouts of readiness, liveness and
+// stuck detection); vLLM's command, environment and profile apply at its
+// next start. Listen addresses, the state folder and the GPU view apply
+// when the guard itself restarts.
+func (g *guard) reload(path string) {
+	cfg, err := config.Load(path)
+	if err != nil {
+		g.log.Error("config reload failed: the running configuration stays in force; fix the file and send SIGHUP again",
+			zap.String("config", path), zap.Error(err))
+		return
+	}
+	if err := logLevel.UnmarshalText([]byte(cfg.Log.Level)); err != nil {
+		g.log.Error("config reload: [log] level not applied", zap.Error(err))
+	}
+	g.alert.Configure(cfg.Alerts)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pending, err := g.sup.Reload(ctx, cfg)
+	if err != nil {
+		g.log.Error("config reload: the supervisor did not take it", zap.Error(err))
+		return
+	}
+	fields := []zap.Field{zap.String("config", path)}
+	if pending {
+		g.log.Info("config reloaded; vLLM's command, environment or profile changed: they apply at its next restart (vllm-guard restart applies them now)", fields...)
+		return
+	}
+	g.log.Info("config reloaded and applied", fields...)
 }
 
 // writeEvents also writes the event stream as JSON lines to path (the test
@@ -358,6 +431,13 @@ func childEnvValue(cfg *config.Config, k string) (string, bool) {
 type realClock struct{}
 
 func (realClock) Now() time.Time { return time.Now() }
+
+// vllmProgress is vLLM's running requests and token counters from its
+// last scrape, for stuck detection.
+func (g *guard) vllmProgress() (running, tokens float64, ok bool) {
+	v := g.stats.Latest()
+	return v.Running, v.PromptTokens + v.GenerationTokens, v.Up && v.TokensKnown
+}
 
 // vllmLoad is vLLM's running and waiting requests from its last scrape.
 func (g *guard) vllmLoad() (running, waiting float64, ok bool) {

@@ -589,6 +589,14 @@ func (a *apiServer) startReadyFaults() {
 		line := a.log.format("INFO", "logger.py:43", "Received request cmpl-0badutf8: prompt: '\xff\xfe\xfd caf\xc3\x28 \xed\xa0\x80', params: SamplingParams(n=1, temperature=1.0, max_tokens=16), prompt_token_ids: None")
 		a.out.write([]byte(line + "\n"))
 	}
+	if a.faults.has(fControlBytes) {
+		a.env.fired()
+		// NUL, BEL, an OSC title, DEL and C1 controls (NEL, CSI), then text
+		// shaped like a line of the guard's own console log.
+		line := a.log.format("INFO", "logger.py:43", "Received request cmpl-ctlbytes: prompt: 'a\x00\x07\x1b]0;pwned\x07\x7f \u0085\u009b31m"+
+			"12:00:00.000\tERROR\tvllm-guard\tforged: the guard gave up', params: SamplingParams(n=1)")
+		a.out.write([]byte(line + "\n"))
+	}
 	if a.faults.has(fLongLine) {
 		a.env.fired()
 		line := a.log.format("INFO", "logger.py:43", "Received request cmpl-longline: prompt: '"+strings.Repeat("lorem ipsum ", (1<<20)/12+1)+"', params: SamplingParams(n=1, temperature=1.0, max_tokens=16)")

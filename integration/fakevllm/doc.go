@@ -224,6 +224,8 @@
 //	log_flood=MBPS    after ready, stats lines on stdout at MBPS × 10^6 bytes/s
 //	invalid_utf8      after ready, one log line with invalid UTF-8
 //	long_line         after ready, one log line longer than 1 MiB
+//	control_bytes     after ready, one log line with NUL, BEL, an OSC escape, DEL and
+//	                  C1 controls, followed by text shaped like the guard's own log line
 //	close_stdout      early in startup, the API's fd 1 stops reaching the reader
 //	                  (it is pointed at /dev/null, so no later descriptor reuses 1);
 //	                  the engine inherits that; everything goes on

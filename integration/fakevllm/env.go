@@ -222,6 +222,7 @@ const (
 	fLogFlood      = "log_flood"
 	fInvalidUTF8   = "invalid_utf8"
 	fLongLine      = "long_line"
+	fControlBytes  = "control_bytes"
 	fCloseStdout   = "close_stdout"
 	fOrphanAfter   = "orphan_after"
 	fGrandchild    = "grandchild"
@@ -242,7 +243,7 @@ var faultTakesCount = map[string]bool{fWedgeAfterReq: true}
 
 var faultPlain = map[string]bool{
 	fCrashOnStart: true, fHangLoading: true, fNeverReady: true, fIgnoreSIGTERM: true,
-	fInvalidUTF8: true, fLongLine: true, fCloseStdout: true, fGrandchild: true, fOOMOnStart: true,
+	fInvalidUTF8: true, fLongLine: true, fControlBytes: true, fCloseStdout: true, fGrandchild: true, fOOMOnStart: true,
 	fNCCLOOMStart: true,
 }
 

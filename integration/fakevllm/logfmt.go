@@ -92,7 +92,7 @@ func (e era) logEra() vllmlog.Era {
 
 func newLogger(e era, proc string, pid int, out, errw *streamWriter) *logger {
 	l := &logger{era: e.logEra(), out: out, err: errw, now: time.Now}
-	if e != eraV0 {
+	if e != eraV0 && proc != "" { // "": vLLM's unprefixed lines (argparse warnings)
 		l.proc = vllmlog.Proc(proc, pid)
 	}
 	l.prefix = vllmlog.ProcessPrefix(l.era, l.proc)

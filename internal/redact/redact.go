@@ -1,0 +1,198 @@
+// Package redact removes secrets from text before it leaves the guard: API
+// keys given to vLLM (--api-key X, api_key='X' in vLLM's `non-default args`
+// line, VLLM_API_KEY=X), tokens (Authorization: Bearer X, hf_… tokens,
+// HF_TOKEN=X), and the credentials of URLs (https://user:pass@host). Each
+// secret becomes "***"; the text around it is kept so a line stays readable.
+//
+// The guard applies it to everything it writes or serves outside the
+// supervisor: its own log (every message and string field), incident
+// records, status documents and views, `vllm-guard check` and config errors.
+package redact
+
+import (
+	"regexp"
+	"strings"
+)
+
+// Mask replaces a secret.
+const Mask = "***"
+
+// secretName is a key whose value is a secret: api_key, api-key, apikey,
+// secret_key, access_key, private_key, *token, *secret, *password. It must
+// end the name: max_tokens or tokenizer are not secrets.
+const secretName = `(?:api[-_]?key|(?:secret|access|private)[-_]?key|token|secret|password|passwd)`
+
+var (
+	// A command-line flag and its value: --api-key X, --hf-token=X, and
+	// argv rendered as a Python or JSON list: '--api-key', 'X'.
+	flagRE = regexp.MustCompile(`(?i)(--[\w-]*?` + secretName + `)(=|\s+|["']\s*,\s*["'])("[^"]*"|'[^']*'|[^\s"',\]-][^\s"',\]]*)`)
+	// An assignment or a dict entry: api_key='X', "api_key": "X",
+	// 'api_key': ['X'], VLLM_API_KEY=X, HF_TOKEN: X.
+	assignRE = regexp.MustCompile(`(?i)(\b[\w.-]*?` + secretName + `["']?\s*[:=]\s*)(\[[^\]]*\]|"[^"]*"|'[^']*'|[^\s"',;\]\})&-][^\s"',;\]\})&]*)`)
+	// Authorization: Bearer X, Authorization: Basic X, and a bare Bearer X.
+	authRE   = regexp.MustCompile(`(?i)(\bauthorization["']?\s*[:=]\s*["']?(?:(?:bearer|basic|token|digest)\s+)?)([^\s"',;-][^\s"',;]*)`)
+	bearerRE = regexp.MustCompile(`(?i)(\bbearer\s+)([A-Za-z0-9._~+/][A-Za-z0-9\-._~+/]*=*)`)
+	// Tokens recognisable by their shape: Hugging Face and OpenAI-style keys.
+	tokenRE = regexp.MustCompile(`hf_[A-Za-z0-9]{16,}|\bsk-[A-Za-z0-9_-]{16,}`)
+	// The user information of a URL: scheme://user:pass@host. Greedy up to
+	// the last @ before the path, so an unescaped @ in a password is covered.
+	userinfoRE = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)([^/\s"'?#<>]+)@`)
+)
+
+// triggers are lower-case fragments without which no pattern can match: a
+// line without any of them (most of vLLM's) skips the regular expressions.
+// The names (key, token, secret) count only followed by what a pattern
+// needs after them (a quote, = or :, a space): vLLM's stats lines say
+// "tokens/s" many times a second, and must stay cheap.
+var (
+	triggers     = []string{"passw", "bearer", "authorization", "hf_", "sk-", "@"}
+	nameTriggers = []string{"key", "token", "secret"}
+)
+
+// String returns s with every secret it recognises replaced by Mask.
+func String(s string) string {
+	if !mayHoldSecret(s) {
+		return s
+	}
+	s = userinfoRE.ReplaceAllString(s, "${1}"+Mask+"@")
+	// Named secrets first, assignments before flags: a value masked first
+	// may be the name of the next secret (--api-key 'api_key': 'X'), and
+	// masking it would hide X's name.
+	s = maskAssignments(s)
+	s = flagRE.ReplaceAllStringFunc(s, func(m string) string {
+		sub := flagRE.FindStringSubmatch(m)
+		return sub[1] + sub[2] + maskValue(sub[3])
+	})
+	s = authRE.ReplaceAllString(s, "${1}"+Mask)
+	s = bearerRE.ReplaceAllString(s, "${1}"+Mask)
+	s = tokenRE.ReplaceAllString(s, Mask)
+	return s
+}
+
+// maskAssignments masks the value of each assignment. A "value" that is a
+// secret's name followed by = or : is the next assignment (api_key=
+// 'api_key': 'X'): it is left, and the search goes on from it.
+func maskAssignments(s string) string {
+	var b strings.Builder
+	done, from := 0, 0
+	for from < len(s) {
+		loc := assignRE.FindStringSubmatchIndex(s[from:])
+		if loc == nil {
+			break
+		}
+		nameEnd, valStart, valEnd := from+loc[3], from+loc[4], from+loc[5]
+		if nameRE.MatchString(strings.Trim(s[valStart:valEnd], `'"`)) && nextIsAssignment(s[valEnd:]) {
+			from = valStart
+			continue
+		}
+		b.WriteString(s[done:nameEnd])
+		b.WriteString(maskValue(s[valStart:valEnd]))
+		done, from = valEnd, valEnd
+	}
+	if done == 0 {
+		return s
+	}
+	b.WriteString(s[done:])
+	return b.String()
+}
+
+var nameRE = regexp.MustCompile(`(?i)` + secretName + `$`)
+
+// nextIsAssignment: rest starts with = or : (after an optional quote and
+// blanks).
+func nextIsAssignment(rest string) bool {
+	rest = strings.TrimLeft(rest, " \t")
+	if rest != "" && (rest[0] == '\'' || rest[0] == '"') {
+		rest = strings.TrimLeft(rest[1:], " \t")
+	}
+	return rest != "" && (rest[0] == ':' || rest[0] == '=')
+}
+
+// maskValue keeps the quotes or brackets around a value, so a redacted
+// Python dict or JSON text keeps its shape. Values that hold nothing (None,
+// null, "") are kept: they say no key was set.
+func maskValue(v string) string {
+	switch v {
+	case "None", "null", "nil", `""`, `''`, "[]", Mask, "'" + Mask + "'", `"` + Mask + `"`, "['" + Mask + "']", `["` + Mask + `"]`:
+		return v
+	}
+	switch {
+	case len(v) >= 3 && v[0] == '[' && (v[1] == '"' || v[1] == '\''):
+		return "[" + v[1:2] + Mask + v[1:2] + "]"
+	case len(v) >= 2 && v[0] == '[':
+		return "[" + Mask + "]"
+	case len(v) >= 2 && (v[0] == '"' || v[0] == '\''):
+		return v[:1] + Mask + v[:1]
+	}
+	return Mask
+}
+
+// Args redacts an argument vector: the value after a secret flag (--api-key
+// X as two arguments) as well as everything String finds in each argument.
+func Args(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if i > 0 && IsSecretFlag(args[i-1]) {
+			out[i] = Mask
+			continue
+		}
+		out[i] = String(a)
+	}
+	return out
+}
+
+var secretFlagRE = regexp.MustCompile(`(?i)^--[\w-]*?` + secretName + `$`)
+
+// IsSecretFlag reports whether arg is a flag whose next argument is a
+// secret: --api-key, --hf-token.
+func IsSecretFlag(arg string) bool {
+	return strings.HasPrefix(arg, "--") && secretFlagRE.MatchString(arg)
+}
+
+func mayHoldSecret(s string) bool {
+	for _, t := range triggers {
+		if indexFold(s, t, 0) >= 0 {
+			return true
+		}
+	}
+	for _, t := range nameTriggers {
+		for i := indexFold(s, t, 0); i >= 0; i = indexFold(s, t, i+1) {
+			if end := i + len(t); end == len(s) || strings.IndexByte("=:'\" \t\n\v\f\r", s[end]) >= 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// indexFold is the index of needle in s at or after from, ignoring ASCII
+// case (needle is lower case), or -1. It does not allocate, unlike
+// lower-casing every log line.
+func indexFold(s, needle string, from int) int {
+	n := len(needle)
+	first := needle[0]
+	upper := first
+	if first >= 'a' && first <= 'z' {
+		upper = first - 'a' + 'A'
+	}
+	for i := from; i+n <= len(s); i++ {
+		if c := s[i]; c != first && c != upper {
+			continue
+		}
+		match := true
+		for j := 1; j < n; j++ {
+			c := s[i+j]
+			if c >= 'A' && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			if c != needle[j] {
+				match = false
+				break
+			}
+		}
+		if match {
+			return i
+		}
+	}
+	return -1
+}

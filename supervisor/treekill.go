@@ -1,0 +1,218 @@
+package supervisor
+
+import (
+	"errors"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Every signal the guard and the keeper send to one process of vLLM's tree
+// goes through a pidfd opened for that PID and checked against the start
+// time the process had when it was seen: a PID that was reused by an
+// unrelated process after ours exited is never signalled. Where the kernel
+// has no pidfds (before 5.3) the start time is checked just before kill(2),
+// which leaves only the instant between the two open.
+
+// procID names one process: a PID and the start time it had (clock ticks
+// since boot) when it was seen.
+type procID struct {
+	pid   int
+	start uint64
+}
+
+// identify reads the start time of each live PID in pids (zombies and
+// processes already gone are left out).
+func identify(pids []int) []procID {
+	out := make([]procID, 0, len(pids))
+	for _, p := range pids {
+		if info, ok := readStat(p); ok && info.state != 'Z' {
+			out = append(out, procID{pid: p, start: info.start})
+		}
+	}
+	return out
+}
+
+// errReplaced: the PID is gone, a zombie, or names another process now.
+var errReplaced = errors.New("process gone or its PID reused")
+
+// openProc opens a pidfd for p and checks that it still names p. With no
+// pidfd support it returns -1 and a nil error after the same check.
+func openProc(p procID) (int, error) {
+	fd, err := unix.PidfdOpen(p.pid, 0)
+	if err != nil && !errors.Is(err, unix.ENOSYS) {
+		return -1, err // ESRCH: gone; EMFILE: no fd to spare (try again later)
+	}
+	if info, ok := readStat(p.pid); !ok || info.start != p.start || info.state == 'Z' {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return -1, errReplaced
+	}
+	if err != nil {
+		return -1, nil
+	}
+	return fd, nil
+}
+
+// signalProc sends sig to p if p is still the very process seen, and says
+// whether it did.
+func signalProc(p procID, sig syscall.Signal) bool {
+	fd, err := openProc(p)
+	if err != nil {
+		return false
+	}
+	if fd < 0 {
+		return syscall.Kill(p.pid, sig) == nil
+	}
+	defer unix.Close(fd)
+	return unix.PidfdSendSignal(fd, sig, nil, 0) == nil
+}
+
+// signalProcs sends sig to every process of ps that is still itself.
+func signalProcs(ps []procID, sig syscall.Signal) {
+	for _, p := range ps {
+		signalProc(p, sig)
+	}
+}
+
+// Bounds of killTree.
+const (
+	killRounds   = 10              // rounds of stop-walk-kill
+	killMaxProcs = 4096            // processes stopped per round
+	killWait     = 5 * time.Second // wait per round for the killed to exit
+)
+
+// killTree kills every process walk returns, and those that appear while
+// it does so, until a walk finds none alive. Each round stops every process
+// found (SIGSTOP: a stopped process can neither fork nor exit and orphan its
+// children), walks again until the walk adds nothing new, SIGKILLs them all
+// through their pidfds, and waits (up to killWait; reap runs on each wake,
+// for the caller's zombies) until each of them has exited. At most
+// killRounds rounds of at most killMaxProcs processes each. It returns the
+// PIDs a last walk still finds alive: nil when the tree is empty.
+func killTree(walk func() []int, reap func()) []int {
+	for range killRounds {
+		found := stopAll(walk)
+		if len(found) == 0 {
+			if reap != nil {
+				reap()
+			}
+			return nil
+		}
+		killAndWait(found, reap)
+	}
+	if reap != nil {
+		reap()
+	}
+	return pidsOf(identify(walk()))
+}
+
+// stopAll stops what walk finds, walking again until nothing new appears,
+// and returns the processes stopped with their pidfds (-1 without pidfds).
+func stopAll(walk func() []int) map[procID]int {
+	found := map[procID]int{}
+	for len(found) < killMaxProcs {
+		added := false
+		for _, p := range identify(walk()) {
+			if _, ok := found[p]; ok || len(found) >= killMaxProcs {
+				continue
+			}
+			fd, err := openProc(p)
+			if err != nil {
+				continue
+			}
+			if fd < 0 {
+				_ = syscall.Kill(p.pid, syscall.SIGSTOP)
+			} else {
+				_ = unix.PidfdSendSignal(fd, unix.SIGSTOP, nil, 0)
+			}
+			found[p] = fd
+			added = true
+		}
+		if !added {
+			break
+		}
+	}
+	return found
+}
+
+// killAndWait SIGKILLs every process of found and waits, up to killWait,
+// until each has exited (a pidfd polls readable once its process is a
+// zombie). It closes the pidfds.
+func killAndWait(found map[procID]int, reap func()) {
+	fds := make([]unix.PollFd, 0, len(found))
+	var blind []procID // no pidfd: checked through /proc
+	for p, fd := range found {
+		if fd < 0 {
+			_ = syscall.Kill(p.pid, syscall.SIGKILL)
+			blind = append(blind, p)
+			continue
+		}
+		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+	}
+	defer func() {
+		for _, fd := range found {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
+	}()
+	deadline := time.Now().Add(killWait)
+	for len(fds) > 0 || len(blind) > 0 {
+		if reap != nil {
+			reap()
+		}
+		ms := int(time.Until(deadline).Milliseconds())
+		if ms <= 0 {
+			return
+		}
+		if len(blind) > 0 {
+			// Without pidfds there is nothing to wait on: look again soon.
+			ms = min(ms, 10)
+			rest := blind[:0]
+			for _, p := range blind {
+				if info, ok := readStat(p.pid); ok && info.start == p.start && info.state != 'Z' {
+					rest = append(rest, p)
+				}
+			}
+			blind = rest
+		}
+		if len(fds) == 0 {
+			if len(blind) > 0 {
+				time.Sleep(time.Duration(ms) * time.Millisecond)
+			}
+			continue
+		}
+		n, err := unix.Poll(fds, ms)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return
+		}
+		if n <= 0 {
+			continue
+		}
+		rest := fds[:0]
+		for _, f := range fds {
+			if f.Revents == 0 {
+				rest = append(rest, f)
+			}
+		}
+		fds = rest
+	}
+	if reap != nil {
+		reap()
+	}
+}
+
+func pidsOf(ps []procID) []int {
+	if len(ps) == 0 {
+		return nil
+	}
+	out := make([]int, len(ps))
+	for i, p := range ps {
+		out[i] = p.pid
+	}
+	return out
+}

@@ -70,17 +70,21 @@ type Snapshot struct {
 
 // Device is one watched GPU.
 type Device struct {
-	Index             int       `json:"index"`
-	UUID              string    `json:"uuid"`
-	Name              string    `json:"name"`
-	Used              uint64    `json:"used_bytes"` // everything not free, driver reserve included
-	Total             uint64    `json:"total_bytes"`
-	Fraction          float64   `json:"fraction"`
-	Trend             string    `json:"trend"` // steady | climbing | spike
-	SlopeBytesPerSec  float64   `json:"slope_bytes_per_sec"`
-	SecondsToCritical float64   `json:"seconds_to_critical"` // < 0 when not climbing
-	History           []float64 `json:"history"`             // fractions, last 10 min, 1 per sample, oldest first
-	Processes         []Proc    `json:"processes"`
+	Index             int     `json:"index"`
+	UUID              string  `json:"uuid"`
+	Name              string  `json:"name"`
+	Used              uint64  `json:"used_bytes"` // everything not free, driver reserve included
+	Total             uint64  `json:"total_bytes"`
+	Fraction          float64 `json:"fraction"`
+	Trend             string  `json:"trend"` // steady | climbing | spike
+	SlopeBytesPerSec  float64 `json:"slope_bytes_per_sec"`
+	SecondsToCritical float64 `json:"seconds_to_critical"` // < 0 when not climbing
+	// ReadAt: when Used was read (just before NVML was asked, so memory
+	// was at least this recent); the admission samples pair it with the
+	// proxy's requests in flight at that moment.
+	ReadAt    time.Time `json:"read_at,omitzero"`
+	History   []float64 `json:"history"` // fractions, last 10 min, 1 per sample, oldest first
+	Processes []Proc    `json:"processes"`
 }
 
 // Proc is one process holding memory on a watched GPU.
@@ -181,6 +185,7 @@ func Disabled(reason string, opts Options, log *zap.Logger) *Monitor {
 // sample is one tick's readings of every watched device.
 type sample struct {
 	at    time.Time
+	read  time.Time // just before NVML was asked: the reading is no older
 	used  []uint64
 	total []uint64
 }
@@ -490,6 +495,7 @@ func (m *Monitor) procsOf(devs []deviceInfo, rs []reading, ours map[int]bool) []
 // tick takes one sample and updates trends, alerts and attribution.
 func (m *Monitor) tick() {
 	ours := m.treePids()
+	read := time.Now()
 	devs, rs, procs, err := m.readNow(ours)
 	if _, ok := errors.AsType[*unavailableError](err); ok {
 		return
@@ -527,7 +533,7 @@ func (m *Monitor) tick() {
 	}
 	m.up, m.reason = true, ""
 
-	s := sample{at: at, used: make([]uint64, len(rs)), total: make([]uint64, len(rs))}
+	s := sample{at: at, read: read, used: make([]uint64, len(rs)), total: make([]uint64, len(rs))}
 	m.noProcs = false
 	for i, r := range rs {
 		s.used[i], s.total[i] = r.used, r.total
@@ -616,7 +622,7 @@ func (m *Monitor) Snapshot() Snapshot {
 		}
 		if n := len(m.hist); n > 0 {
 			last := m.hist[n-1]
-			dev.Used, dev.Total = last.used[i], last.total[i]
+			dev.Used, dev.Total, dev.ReadAt = last.used[i], last.total[i], last.read
 			dev.Fraction = float64(dev.Used) / float64(dev.Total)
 			tr := m.trends[i]
 			dev.Trend, dev.SlopeBytesPerSec, dev.SecondsToCritical = tr.trend, tr.slope, tr.stc

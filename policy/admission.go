@@ -1,6 +1,10 @@
 package policy
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+	"time"
+)
 
 // The bounds of the proxy's in-flight limit, in the words status, metrics
 // and the log use for the bound in force.
@@ -28,6 +32,12 @@ type AdmissionFacts struct {
 	// Tick: this step follows a GPU sample (the trend and the reopening
 	// move only then; other steps follow a change of rung or alerts).
 	Tick bool
+	// Observed > 0: a settled sample was taken at this step with this many
+	// requests in flight (SettledSample), so that concurrency was seen
+	// without trouble. Learning: such samples can be taken (the GPU is
+	// readable); the limit then grows only as they come.
+	Observed int
+	Learning bool
 }
 
 // AdmissionBound is the proxy's limit and why.
@@ -52,13 +62,36 @@ type AdmissionBound struct {
 // at 1/16 of the rung's. From either it reopens by an eighth (at least 2) per
 // step while the requests use it, so that concurrency never rises faster than
 // the samples can follow and the model learns on the way.
+//
+// The memory bound never reaches past what was seen: at most the highest
+// concurrency a settled sample was taken at, plus one growth step (an
+// eighth, at least 2). A young model fitted on low concurrency therefore
+// never extrapolates far; each settled sample at the cap moves it up a step.
 type Admission struct {
 	reopen int // > 0: the reopening limit in force
 	kind   string
+	seen   int // the highest concurrency observed without trouble
 }
 
-// OnOOM records that vLLM ran out of memory.
+// growth is one step of the limit's growth from n.
+func growth(n int) int { return max(n/8, 2) }
+
+// Seed sets the highest concurrency observed without trouble, from the
+// samples a restarted guard finds (their highest running).
+func (a *Admission) Seed(samples []CostSample) {
+	for _, s := range samples {
+		a.seen = max(a.seen, int(s.Running))
+	}
+}
+
+// Seen is the highest concurrency observed without trouble.
+func (a *Admission) Seen() int { return a.seen }
+
+// OnOOM records that vLLM ran out of memory: what was seen is trusted a
+// step less, and before the model is confident the limit reopens from a
+// sixteenth of the rung's.
 func (a *Admission) OnOOM(f AdmissionFacts) {
+	a.seen = a.seen * 7 / 8
 	if f.Model.Confident {
 		return // the next samples correct the model; the memory bound stays
 	}
@@ -86,13 +119,23 @@ func (a *Admission) Step(f AdmissionFacts) AdmissionBound {
 	b := AdmissionBound{Limit: rl, Bound: BoundRung, Model: f.Model,
 		Why: fmt.Sprintf("max_num_seqs %d × inflight_factor %g", f.Rung.MaxNumSeqs, f.InflightFactor)}
 	m := f.Model
+	a.seen = max(a.seen, f.Observed)
 	if m.Confident {
 		a.reopen = 0
 		ceil := f.Ceiling()
 		room := m.RoomBytes(f.Rung.GPUMemoryUtilization, 1-ceil)
 		per := m.RequestBytes(f.MeanTokens)
 		b.RoomBytes = max(room, 1) // a model that leaves no room admits nothing but is still a bound
-		if n := int(room / per); per > 0 && n < rl {
+		n, capAt := math.MaxInt, a.seen+growth(a.seen)
+		if per > 0 {
+			n = int(min(room/per, float64(math.MaxInt/2)))
+		}
+		switch {
+		case capAt < n && capAt < rl:
+			b.Limit, b.Bound = capAt, BoundMemory
+			b.Why = fmt.Sprintf("learning: at most one step past the %d requests in flight seen without trouble (the model predicts %d fit under %.1f %% of the device)",
+				a.seen, n, ceil*100)
+		case n < rl:
 			b.Limit, b.Bound = max(n, 1), BoundMemory
 			b.Why = fmt.Sprintf("predicted peak under %.1f %% of the device: %d requests of %.0f prompt tokens (≈ %.0f MiB each over %.1f GiB of room)",
 				ceil*100, n, f.MeanTokens, per/(1<<20), room/(1<<30))
@@ -104,8 +147,14 @@ func (a *Admission) Step(f AdmissionFacts) AdmissionBound {
 			a.reopen, a.kind = max(f.Inflight*7/8, 1), BoundTrend
 		case climbing:
 			// Already stepped down below what is in flight: hold.
+		case a.reopen > 0 && f.Learning:
+			// One step past each concurrency seen settled, so that the
+			// samples (and the model) keep up with the limit.
+			if f.Observed > 0 {
+				a.reopen = max(a.reopen, f.Observed+growth(f.Observed))
+			}
 		case f.Tick && a.reopen > 0 && f.Inflight >= a.reopen-1:
-			a.reopen += max(a.reopen/8, 2)
+			a.reopen += growth(a.reopen)
 		}
 		if a.reopen >= rl {
 			a.reopen = 0
@@ -124,4 +173,83 @@ func (a *Admission) Step(f AdmissionFacts) AdmissionBound {
 		b.Why = "halved while gpu_memory_critical or oom_predicted is active (" + b.Why + ")"
 	}
 	return b
+}
+
+// InflightSpan is the proxy's requests in flight over a stretch of time:
+// since Since, between Min and Max, with MinTokens prompt tokens in flight
+// when there were Min.
+type InflightSpan struct {
+	Since     time.Time
+	Min, Max  int
+	MinTokens float64
+}
+
+// stillTolerance is how far the requests in flight may move while counting
+// as held still.
+func stillTolerance(n int) int { return max(2, n/20) }
+
+// Still: the requests in flight held still over the span.
+func (s InflightSpan) Still() bool {
+	return !s.Since.IsZero() && s.Max-s.Min <= stillTolerance(s.Max)
+}
+
+// Extend adds the next window w (its Since is where it began) to the span
+// while the requests in flight hold still; otherwise the span starts anew
+// at w (or not at all, when w itself did not hold still).
+func (s InflightSpan) Extend(w InflightSpan) InflightSpan {
+	if s.Still() {
+		m := InflightSpan{Since: s.Since, Min: min(s.Min, w.Min), Max: max(s.Max, w.Max), MinTokens: s.MinTokens}
+		if w.Min < s.Min {
+			m.MinTokens = w.MinTokens
+		}
+		if m.Still() {
+			return m
+		}
+	}
+	if !w.Still() {
+		return InflightSpan{}
+	}
+	return w
+}
+
+// RunningCount is vLLM's own count of running requests from one scrape,
+// asked at AskedAt (the count is no older) and answered at At.
+type RunningCount struct {
+	AskedAt, At time.Time
+	Running     float64
+}
+
+// AdmissionReading is what one admission sample is made of: the requests in
+// flight, vLLM's recent counts, and a GPU reading of the fullest device.
+type AdmissionReading struct {
+	Span        InflightSpan
+	Counts      []RunningCount
+	MemReadAt   time.Time // the memory is no older than this
+	Used, Total float64
+	Utilization float64
+}
+
+// SettledSample pairs a GPU reading with the requests in flight when the
+// pairing is sure: the requests in flight held still over the span, vLLM
+// counted about as many running within the span, and the memory was read
+// after that count. Requests the proxy admitted reach vLLM's batch a moment
+// later, and memory follows the batch: a reading taken before they arrive
+// would charge them nothing and teach the model a low cost. The sample
+// pairs the memory with the fewest requests of the span, which errs on the
+// side of a higher cost.
+func SettledSample(r AdmissionReading) (CostSample, bool) {
+	if !r.Span.Still() || r.Total <= 0 || r.MemReadAt.IsZero() {
+		return CostSample{}, false
+	}
+	tol := float64(stillTolerance(r.Span.Max))
+	for _, c := range r.Counts {
+		if c.AskedAt.Before(r.Span.Since) || c.At.After(r.MemReadAt) {
+			continue
+		}
+		if c.Running >= float64(r.Span.Min)-tol && c.Running <= float64(r.Span.Max)+tol {
+			return CostSample{Running: float64(r.Span.Min), Tokens: r.Span.MinTokens,
+				Above: r.Used - r.Utilization*r.Total, Total: r.Total}, true
+		}
+	}
+	return CostSample{}, false
 }

@@ -62,7 +62,11 @@ type CostModel struct {
 // FitCost fits the samples robustly: the median memory at each concurrency
 // level, then a Theil–Sen line (the median of pairwise slopes) through the
 // levels, so one bad sample or a lagging reading cannot tilt it.
-func FitCost(samples []CostSample) CostModel {
+func FitCost(samples []CostSample) CostModel { return fitCost(samples, 0.5) }
+
+// fitCost is FitCost with the per-sequence cost taken at quantile q of the
+// pairwise slopes (0.5: Theil–Sen).
+func fitCost(samples []CostSample, q float64) CostModel {
 	m := CostModel{Samples: len(samples)}
 	if len(samples) == 0 {
 		m.Why = "no samples yet: the cost is learned while vLLM serves"
@@ -96,7 +100,7 @@ func FitCost(samples []CostSample) CostModel {
 			slopes = append(slopes, (ys[j]-ys[i])/(levels[j]-levels[i]))
 		}
 	}
-	m.PerSeq = median(slopes)
+	m.PerSeq = quantile(slopes, q)
 	resid := make([]float64, len(levels))
 	for i, r := range levels {
 		resid[i] = ys[i] - m.PerSeq*r
@@ -139,6 +143,17 @@ func (m CostModel) Describe(utilization, headroom float64) string {
 
 func gibs(b float64) string { return fmt.Sprintf("%.1f GiB", b/(1<<30)) }
 
+// quantile is the q-quantile of v (nearest rank, rounding up).
+func quantile(v []float64, q float64) float64 {
+	if q == 0.5 {
+		return median(v)
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	i := min(int(math.Ceil(q*float64(len(s))))-1, len(s)-1)
+	return s[max(i, 0)]
+}
+
 func median(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
@@ -166,8 +181,16 @@ const collinearRatio = 1.5
 // samples off by more than 3 median errors dropped once. When the sizes
 // did not vary, PerSeq is the cost of a typical request and TokensPerSeq its
 // prompt tokens, and a longer prompt is charged in proportion (RequestBytes).
+//
+// The proxy acts on this model at once (its limit), so it is fitted more
+// cautiously than the restart profile's: a concurrency level counts only
+// once seen in at least admissionSamplesPerLevel samples (one reading may
+// have caught requests still on their way to vLLM's batch), and the cost
+// per sequence is the admissionSlopeQuantile of the pairwise slopes, not
+// their median, so a model that errs, errs on the high side.
 func FitAdmission(samples []CostSample) CostModel {
-	m := FitCost(samples)
+	samples = repeatedLevels(samples, admissionSamplesPerLevel)
+	m := fitCost(samples, admissionSlopeQuantile)
 	if !m.Confident {
 		return m
 	}
@@ -220,6 +243,27 @@ func FitAdmission(samples []CostSample) CostModel {
 		m.Why = fmt.Sprintf("the fit is too noisy: median error %s (over %.0f%% of total)", gibs(m.Residual), maxResidualOfTotal*100)
 	}
 	return m
+}
+
+const (
+	admissionSamplesPerLevel = 2
+	admissionSlopeQuantile   = 0.75
+)
+
+// repeatedLevels keeps the samples whose concurrency level (rounded
+// running) was seen at least n times.
+func repeatedLevels(samples []CostSample, n int) []CostSample {
+	count := map[float64]int{}
+	for _, s := range samples {
+		count[math.Round(s.Running)]++
+	}
+	out := make([]CostSample, 0, len(samples))
+	for _, s := range samples {
+		if count[math.Round(s.Running)] >= n {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 type ols2 struct{ base, perSeq, perToken, resid float64 }

@@ -213,10 +213,7 @@ func (p *Proxy) refresh() {
 		}
 	}
 	if old := p.bound.Load(); old == nil || old.Bound != b.Bound || old.Limit != b.Limit || old.RoomBytes != b.RoomBytes {
-		if old != nil && old.Bound != b.Bound {
-			p.log.Info("proxy limit bound changed", zap.String("bound", b.Bound), zap.String("from", old.Bound),
-				zap.Int("limit", b.Limit), zap.String("why", b.Why))
-		}
+		// The guard says a change of bound on its event stream.
 		p.bound.Store(&b)
 		p.m.setBound(b.Bound)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/events"
 	"github.com/vllm-guard/vllm-guard/policy"
 	"github.com/vllm-guard/vllm-guard/state"
 	"github.com/vllm-guard/vllm-guard/supervisor"
@@ -40,6 +40,36 @@ type admission struct {
 	bound      policy.AdmissionBound
 	path       string // "" when the state folder is not persistent
 	unsaved    int
+	// What pairs a GPU reading with the requests in flight: the span over
+	// which they held still, where the last window began, vLLM's last two
+	// counts, and the reading the last sample used (each is used once).
+	span     policy.InflightSpan
+	winStart time.Time
+	counts   [2]policy.RunningCount
+	lastRead time.Time
+	// What the event stream last said (a KindAdmission on each change).
+	saidBound     string
+	saidConfident bool
+}
+
+// noteLocked is the event to publish, after unlocking, when the bound or
+// the model's confidence changed; nil otherwise.
+func (a *admission) noteLocked() *events.Event {
+	b := a.bound
+	if b.Bound == a.saidBound && a.model.Confident == a.saidConfident {
+		return nil
+	}
+	a.saidBound, a.saidConfident = b.Bound, a.model.Confident
+	return &events.Event{Kind: events.KindAdmission,
+		Admission: &events.Admission{Bound: b.Bound, Limit: b.Limit, Why: b.Why, Confident: a.model.Confident}}
+}
+
+// say publishes e when not nil (never with a.mu held: handlers step
+// admission in turn).
+func (g *guard) say(e *events.Event) {
+	if e != nil {
+		g.bus.Publish(*e)
+	}
 }
 
 const maxAdmissionSamples = 600
@@ -63,6 +93,7 @@ func newAdmission(store *state.Store, seed []policy.CostSample, log *zap.Logger)
 		a.samples = slices.Clone(seed)
 	}
 	a.model = policy.FitAdmission(a.samples)
+	a.dec.Seed(a.samples)
 	return a
 }
 
@@ -91,7 +122,9 @@ func (g *guard) stepAdmission() {
 	a.mu.Lock()
 	f.Model, f.MeanTokens = a.model, a.meanTokens
 	a.bound = a.dec.Step(f)
+	e := a.noteLocked()
 	a.mu.Unlock()
+	g.say(e)
 }
 
 // Admission is the bound the proxy applies now.
@@ -109,7 +142,9 @@ func (g *guard) admissionOOM() {
 	f.Model, f.MeanTokens = a.model, a.meanTokens
 	a.dec.OnOOM(f)
 	a.bound = a.dec.Step(f)
+	e := a.noteLocked()
 	a.mu.Unlock()
+	g.say(e)
 }
 
 // sampleAdmission runs one sample each sample_interval while the proxy is on.
@@ -129,15 +164,18 @@ func (g *guard) sampleAdmission(ctx context.Context) {
 }
 
 func (g *guard) admissionTick() {
+	now := time.Now()
 	st := g.sup.Status()
 	win := g.proxy.Window()
 	snap := g.gpu.Snapshot()
+	v := g.stats.Latest()
 	f := g.admissionFacts(true)
 	var used, total uint64
+	var readAt time.Time
 	best := -1.0
 	for _, d := range snap.Devices {
 		if d.Total > 0 && d.Fraction > best {
-			best, used, total = d.Fraction, d.Used, d.Total
+			best, used, total, readAt = d.Fraction, d.Used, d.Total, d.ReadAt
 		}
 		if d.SecondsToCritical >= 0 && (f.SecondsToCritical < 0 || d.SecondsToCritical < f.SecondsToCritical) {
 			f.SecondsToCritical = d.SecondsToCritical
@@ -145,6 +183,8 @@ func (g *guard) admissionTick() {
 	}
 	a := g.adm
 	a.mu.Lock()
+	var e *events.Event
+	defer func() { g.say(e) }()
 	defer a.mu.Unlock()
 	if win.MeanTokens > 0 {
 		if a.meanTokens == 0 {
@@ -153,36 +193,46 @@ func (g *guard) admissionTick() {
 			a.meanTokens += (win.MeanTokens - a.meanTokens) / 8
 		}
 	}
-	// A sample only while vLLM serves, and only when what was in flight
-	// held still (within a tenth) over the interval, and vLLM's own count
-	// (its last scrape) agrees with it: requests the proxy has let through
-	// take a moment to reach vLLM's batch, and memory follows the batch.
-	// Then the memory reading, taken at some moment in the interval, for the memory reading (taken at
-	// some moment in it) to belong to it; the fewest in flight are paired
-	// with it, which errs on the side of a higher cost.
-	v := g.stats.Latest()
-	still := win.MaxInflight-win.MinInflight <= max(2, win.MaxInflight/10)
-	caughtUp := v.Up && math.Abs(v.Running-float64(win.MinInflight)) <= float64(max(2, win.MaxInflight/10))
-	if st.State == supervisor.StateReady && snap.Up && best >= 0 && still && caughtUp {
-		util := st.Rung.GPUMemoryUtilization
-		a.samples = append(a.samples, policy.CostSample{Running: float64(win.MinInflight), Tokens: win.MinTokens,
-			Above: float64(used) - util*float64(total), Total: float64(total)})
-		if n := len(a.samples); n > maxAdmissionSamples {
-			a.samples = append(a.samples[:0], a.samples[n-maxAdmissionSamples:]...)
-		}
-		was := a.model.Confident
-		a.model = policy.FitAdmission(a.samples)
-		if a.model.Confident && !was {
-			g.log.Info("admission cost model confident: the proxy admits by predicted memory",
-				zap.Float64("per_seq_mib", a.model.PerSeq/(1<<20)), zap.Float64("per_prompt_token_kib", a.model.PerToken/(1<<10)),
-				zap.Int("samples", a.model.Samples))
-		}
-		if a.unsaved++; a.unsaved >= admissionSaveEvery {
-			a.saveLocked(g.log)
+	serving := st.State == supervisor.StateReady
+	if !a.winStart.IsZero() && serving {
+		a.span = a.span.Extend(policy.InflightSpan{Since: a.winStart, Min: win.MinInflight, Max: win.MaxInflight, MinTokens: win.MinTokens})
+	} else {
+		a.span = policy.InflightSpan{}
+	}
+	a.winStart = now
+	if v.Up && !v.AskedAt.Equal(a.counts[1].AskedAt) {
+		a.counts = [2]policy.RunningCount{a.counts[1], {AskedAt: v.AskedAt, At: v.ScrapedAt, Running: v.Running}}
+	}
+	f.Learning = snap.Up && best >= 0
+	if serving && f.Learning && readAt.After(a.lastRead) {
+		sample, ok := policy.SettledSample(policy.AdmissionReading{Span: a.span, Counts: a.counts[:], MemReadAt: readAt,
+			Used: float64(used), Total: float64(total), Utilization: st.Rung.GPUMemoryUtilization})
+		if ok {
+			a.lastRead = readAt
+			f.Observed = int(sample.Running)
+			a.addSampleLocked(sample, g.log)
 		}
 	}
 	f.Model, f.MeanTokens = a.model, a.meanTokens
 	a.bound = a.dec.Step(f)
+	e = a.noteLocked()
+}
+
+func (a *admission) addSampleLocked(s policy.CostSample, log *zap.Logger) {
+	a.samples = append(a.samples, s)
+	if n := len(a.samples); n > maxAdmissionSamples {
+		a.samples = append(a.samples[:0], a.samples[n-maxAdmissionSamples:]...)
+	}
+	was := a.model.Confident
+	a.model = policy.FitAdmission(a.samples)
+	if a.model.Confident && !was {
+		log.Info("admission cost model confident: the proxy admits by predicted memory",
+			zap.Float64("per_seq_mib", a.model.PerSeq/(1<<20)), zap.Float64("per_prompt_token_kib", a.model.PerToken/(1<<10)),
+			zap.Int("samples", a.model.Samples))
+	}
+	if a.unsaved++; a.unsaved >= admissionSaveEvery {
+		a.saveLocked(log)
+	}
 }
 
 func (g *guard) saveAdmission() {

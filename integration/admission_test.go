@@ -7,13 +7,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/events"
 )
 
 // Memory-aware admission (issue 18) over the real guard, the simulator and
@@ -32,6 +36,9 @@ const (
 	admMaxNumSeqs  = 256
 	admSample      = 100 * time.Millisecond
 	admTokenPeriod = "100ms" // a request of 10 tokens streams for about a second
+	// admNoProgress: a test fails when nothing at all happens for this
+	// long (a hung guard), never on how long a step took.
+	admNoProgress = 20 * time.Second
 )
 
 func admissionScene(t *testing.T) (*scene, string) {
@@ -57,7 +64,7 @@ sample_interval = "%s"
 [proxy]
 listen = "127.0.0.1:%d"
 queue_size = 1024
-queue_timeout = "3s"
+queue_timeout = "30s"
 `, admMaxNumSeqs, admSample, proxyPort)
 	return s, fmt.Sprintf("http://127.0.0.1:%d", proxyPort)
 }
@@ -65,6 +72,30 @@ queue_timeout = "3s"
 // outcomes of a load run, by kind.
 type admLoad struct {
 	ok, refused, refusedNoRetryAfter, cut, other atomic.Int64
+	// served is signalled (without blocking) after each request served.
+	served chan struct{}
+	// started is closed when the last client has started.
+	started chan struct{}
+}
+
+func newAdmLoad() *admLoad {
+	return &admLoad{served: make(chan struct{}, 1), started: make(chan struct{})}
+}
+
+// waitServed returns once n more requests have been served since the call,
+// or when the guard's events say it stopped (the caller checks why).
+func (l *admLoad) waitServed(t *testing.T, ev *eventStream, n int64) {
+	t.Helper()
+	want := l.ok.Load() + n
+	for l.ok.Load() < want {
+		select {
+		case <-l.served:
+		case <-ev.done:
+			return
+		case <-time.After(admNoProgress):
+			t.Fatalf("no request served for %s (%s)", admNoProgress, l)
+		}
+	}
 }
 
 func (l *admLoad) String() string {
@@ -112,6 +143,10 @@ func (l *admLoad) one(ctx context.Context, c *http.Client, url string) {
 		// stopped by the test
 	case done && !failed:
 		l.ok.Add(1)
+		select {
+		case l.served <- struct{}{}:
+		default:
+		}
 	default:
 		l.cut.Add(1)
 	}
@@ -123,23 +158,34 @@ func (l *admLoad) run(url string, n int, ramp time.Duration, stop <-chan struct{
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { <-stop; cancel() }()
 	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}}
+	defer c.CloseIdleConnections()
 	var wg sync.WaitGroup
+	// The ramp is the shape of the load: client i starts at i × ramp / n.
+	var tick <-chan time.Time
+	if ramp > 0 {
+		t := time.NewTicker(ramp / time.Duration(n))
+		defer t.Stop()
+		tick = t.C
+	}
 	for i := range n {
+		if tick != nil && i > 0 {
+			select {
+			case <-tick:
+			case <-ctx.Done():
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if ramp > 0 {
-				select {
-				case <-time.After(ramp * time.Duration(i) / time.Duration(n)):
-				case <-ctx.Done():
-					return
-				}
-			}
 			for ctx.Err() == nil {
 				l.one(ctx, c, url)
 			}
 		}()
 	}
+	close(l.started)
 	wg.Wait()
 	cancel()
 }
@@ -163,56 +209,183 @@ func (s *scene) proxyStatus() admStatus {
 	return st
 }
 
-func boundIs(b string) func(map[string]any) bool {
-	return func(m map[string]any) bool { return m["msg"] == "proxy limit bound changed" && m["bound"] == b }
+// eventStream is the guard's `run --events` stream, read from a FIFO as
+// the guard writes it.
+type eventStream struct {
+	t       *testing.T
+	mu      sync.Mutex
+	evs     []events.Event
+	changed chan struct{} // closed and replaced at each event
+	done    chan struct{} // the guard closed the stream (it exited)
+}
+
+// next returns a channel closed at the next event.
+func (e *eventStream) next() <-chan struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.changed
+}
+
+// startWithEvents starts the scene's guard writing its events to a FIFO
+// that the returned stream reads.
+func startWithEvents(t *testing.T, s *scene) *eventStream {
+	t.Helper()
+	path := filepath.Join(s.dir, fmt.Sprintf("events-%d.fifo", time.Now().UnixNano()))
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := &eventStream{t: t, changed: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(e.done)
+		f, err := os.Open(path) // blocks until the guard opens it
+		if err != nil {
+			return
+		}
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var ev events.Event
+			if json.Unmarshal(sc.Bytes(), &ev) != nil {
+				continue
+			}
+			e.mu.Lock()
+			e.evs = append(e.evs, ev)
+			close(e.changed)
+			e.changed = make(chan struct{})
+			e.mu.Unlock()
+		}
+	}()
+	// Registered before the scene's own cleanup, so it runs after the
+	// guard is gone: the reader then ends at the stream's end, or, when
+	// the guard never opened it, at this writer's close.
+	t.Cleanup(func() {
+		if f, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			f.Close()
+		}
+		<-e.done
+	})
+	s.start("--events", path)
+	return e
+}
+
+func (e *eventStream) count(match func(events.Event) bool) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, ev := range e.evs {
+		if match(ev) {
+			n++
+		}
+	}
+	return n
+}
+
+// wait returns the n-th event that matches, as soon as the guard writes it.
+func (e *eventStream) wait(what string, n int, match func(events.Event) bool) events.Event {
+	e.t.Helper()
+	for {
+		e.mu.Lock()
+		changed := e.changed
+		k := 0
+		for _, ev := range e.evs {
+			if match(ev) {
+				if k++; k == n {
+					e.mu.Unlock()
+					return ev
+				}
+			}
+		}
+		e.mu.Unlock()
+		select {
+		case <-changed:
+		case <-e.done:
+			if e.count(match) >= n {
+				continue
+			}
+			e.t.Fatalf("the guard's event stream ended before %s", what)
+		case <-time.After(admNoProgress):
+			e.t.Fatalf("no event for %s waiting for %s", admNoProgress, what)
+		}
+	}
+}
+
+func isReady(ev events.Event) bool { return ev.Kind == events.KindReady }
+
+func isOOM(ev events.Event) bool {
+	return ev.Kind == events.KindExited && ev.Failure != nil && ev.Failure.Verdict.Cause == "oom"
+}
+
+func isExit(ev events.Event) bool { return ev.Kind == events.KindExited }
+
+func confidentMemoryBound(ev events.Event) bool {
+	return ev.Kind == events.KindAdmission && ev.Admission.Confident && ev.Admission.Bound == "memory"
+}
+
+// loadUntil runs l until until returns (then stops the clients and waits
+// for them to end).
+func loadUntil(l *admLoad, url string, n int, ramp time.Duration, until func()) {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { l.run(url, n, ramp, stop); close(done) }()
+	defer func() { close(stop); <-done }()
+	until()
 }
 
 // Clients ramp from 0 to 160 (the point of failure is 118) through the
 // proxy of a guard that has never seen this vLLM: the cost model becomes
 // confident on the way up, and the memory bound holds admissions below the
-// failure point; the rest wait or get 429 with Retry-After. At steady state
-// the admitted concurrency is at least 90 % of the true safe concurrency.
+// failure point; the rest wait in the queue. At steady state the admitted
+// concurrency is at least 90 % of the true safe concurrency.
 func TestAdmissionRampThroughTheProxy(t *testing.T) {
 	t.Parallel()
 	s, url := admissionScene(t)
-	s.start()
-	s.waitLog("ready", 1, 30*time.Second, msg("vLLM ready"))
-	var load admLoad
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() { load.run(url, admClients, 4*time.Second, stop); close(done) }()
-	s.waitLog("the memory bound", 1, 40*time.Second, boundIs("memory"))
-	// Steady state: every client started and the limit saturated.
+	ev := startWithEvents(t, s)
+	ev.wait("vLLM ready", 1, isReady)
+	load := newAdmLoad()
 	var best admStatus
-	for range 30 {
-		st := s.proxyStatus()
-		if st.Proxy.Inflight > best.Proxy.Inflight {
-			best = st
+	loadUntil(load, url, admClients, 16*time.Second, func() {
+		ev.wait("a confident cost model bounding the proxy", 1, confidentMemoryBound)
+		<-load.started
+		// Steady state: every client started; the status after each 20
+		// requests served, until the admitted concurrency reaches 90 % of
+		// the true safe one (or 30 readings show it does not).
+		for range 30 {
+			load.waitServed(t, ev, 20)
+			if ev.count(isExit) > 0 {
+				return
+			}
+			if st := s.proxyStatus(); st.Proxy.Inflight > best.Proxy.Inflight {
+				best = st
+			}
+			if best.Proxy.Inflight*10 >= admTrueSafe*9 {
+				return
+			}
 		}
-		if best.Proxy.Inflight*10 >= admTrueSafe*9 {
-			break
-		}
-		select {
-		case <-s.notify:
-		case <-time.After(admSample):
-		}
+	})
+	if n := ev.count(isExit); n != 0 {
+		t.Fatalf("vLLM exited %d times (%d OOMs) through the proxy; %s", n, ev.count(isOOM), load)
 	}
-	close(stop)
-	<-done
-	if n := s.count(field("cause", "oom")); n != 0 {
-		t.Fatalf("%d OOMs through the proxy; %s", n, &load)
+	if load.cut.Load() != 0 || load.refusedNoRetryAfter.Load() != 0 || load.other.Load() != 0 || load.ok.Load() == 0 {
+		t.Fatalf("ramp: %s", load)
 	}
-	if load.cut.Load() != 0 || load.refusedNoRetryAfter.Load() != 0 || load.other.Load() != 0 {
-		t.Fatalf("ramp: %s", &load)
-	}
-	if load.ok.Load() == 0 {
-		t.Fatalf("ramp: nothing served: %s", &load)
-	}
-	if best.Proxy.Inflight*10 < admTrueSafe*9 || best.Proxy.Bound != "memory" {
-		t.Fatalf("steady state: %d in flight (limit %d, bound %q: %s), want ≥ 90 %% of the true safe %d",
+	if best.Proxy.Inflight*10 < admTrueSafe*9 || best.Proxy.Bound != "memory" || best.Proxy.Inflight > admTrueSafe {
+		t.Fatalf("steady state: %d in flight (limit %d, bound %q: %s), want ≥ 90 %% of the true safe %d and no more",
 			best.Proxy.Inflight, best.Proxy.Limit, best.Proxy.Bound, best.Proxy.Why, admTrueSafe)
 	}
-	t.Logf("ramp: %s; steady state %d in flight of limit %d (true safe %d): %s", &load, best.Proxy.Inflight, best.Proxy.Limit, admTrueSafe, best.Proxy.Why)
+	t.Logf("ramp: %s; steady state %d in flight of limit %d (true safe %d): %s", load, best.Proxy.Inflight, best.Proxy.Limit, admTrueSafe, best.Proxy.Why)
+}
+
+// burst sends 160 clients at once and holds them while 320 requests are
+// served (two each); it returns the load's outcome.
+func burst(t *testing.T, ev *eventStream, url string) *admLoad {
+	t.Helper()
+	load := newAdmLoad()
+	loadUntil(load, url, admClients, 0, func() {
+		<-load.started
+		load.waitServed(t, ev, 2*admClients)
+	})
+	return load
 }
 
 // A burst of 160 at once after a warm-up that made the model confident: no
@@ -221,42 +394,40 @@ func TestAdmissionRampThroughTheProxy(t *testing.T) {
 func TestAdmissionBurstAfterWarmUp(t *testing.T) {
 	t.Parallel()
 	s, url := admissionScene(t)
-	s.start()
-	s.waitLog("ready", 1, 30*time.Second, msg("vLLM ready"))
-	var warm admLoad
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() { warm.run(url, 60, 2*time.Second, stop); close(done) }()
-	s.waitLog("a confident model", 1, 40*time.Second, msgContains("admission cost model confident"))
-	close(stop)
-	<-done
-	burst := func(s *scene, what string) {
-		var load admLoad
-		stop := make(chan struct{})
-		done := make(chan struct{})
-		go func() { load.run(url, admClients, 0, stop); close(done) }()
-		s.waitLog(what+": the memory bound", 1, 30*time.Second, boundIs("memory"))
-		// Every client has had a request answered or queued by now; hold
-		// the burst for as long as two requests take.
-		select {
-		case <-s.exited:
-		case <-time.After(2 * time.Second):
-		}
-		close(stop)
-		<-done
-		if n := s.count(field("cause", "oom")); n != 0 {
-			t.Fatalf("%s: %d OOMs; %s", what, n, &load)
-		}
-		if load.ok.Load() == 0 {
-			t.Fatalf("%s: nothing served: %s", what, &load)
-		}
-		t.Logf("%s: %s", what, &load)
+	ev := startWithEvents(t, s)
+	ev.wait("vLLM ready", 1, isReady)
+	warm := newAdmLoad()
+	// Clients arrive one every 100 ms: the model sees 60 levels of
+	// concurrency on the way up.
+	loadUntil(warm, url, 60, 6*time.Second, func() {
+		ev.wait("a confident cost model bounding the proxy", 1, confidentMemoryBound)
+	})
+	load := burst(t, ev, url)
+	if n := ev.count(isExit); n != 0 || load.cut.Load() != 0 || load.ok.Load() == 0 {
+		t.Fatalf("burst after warm-up: vLLM exited %d times (%d OOMs); %s", n, ev.count(isOOM), load)
 	}
-	burst(s, "burst after warm-up")
+	t.Logf("burst after warm-up: %s", load)
 	s.stopCleanly(15*time.Second, 15*time.Second)
-	r := s.restart()
-	r.waitLog("ready after the restart", 1, 30*time.Second, msg("vLLM ready"))
-	burst(r, "burst on a restarted guard")
+
+	r := restartScene(s)
+	rev := startWithEvents(t, r)
+	rev.wait("vLLM ready after the restart", 1, isReady)
+	if st := r.proxyStatus(); st.Proxy.Bound != "memory" {
+		t.Fatalf("the restarted guard does not admit by memory from its start: bound %q (%s)", st.Proxy.Bound, st.Proxy.Why)
+	}
+	load = burst(t, rev, url)
+	if n := rev.count(isExit); n != 0 || load.cut.Load() != 0 || load.ok.Load() == 0 {
+		t.Fatalf("burst on the restarted guard: vLLM exited %d times (%d OOMs); %s", n, rev.count(isOOM), load)
+	}
+	t.Logf("burst on the restarted guard: %s", load)
+}
+
+// restartScene is a second guard over the same scene (config, state,
+// simulator settings), not yet started.
+func restartScene(s *scene) *scene {
+	return &scene{t: s.t, dir: s.dir, port: s.port, gpuDir: s.gpuDir, testID: s.testID, env: s.env, extra: s.extra,
+		command: s.command, guardBin: s.guardBin, logLevel: s.logLevel, noNVML: s.noNVML, httpListen: s.httpListen, skipVLLM: s.skipVLLM,
+		notify: make(chan struct{}, 1), exited: make(chan struct{})}
 }
 
 // A burst on a cold guard may run vLLM out of memory once (nothing was
@@ -266,32 +437,34 @@ func TestAdmissionBurstAfterWarmUp(t *testing.T) {
 func TestAdmissionBurstOnAColdGuard(t *testing.T) {
 	t.Parallel()
 	s, url := admissionScene(t)
-	s.start()
-	s.waitLog("ready", 1, 30*time.Second, msg("vLLM ready"))
-	var first admLoad
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() { first.run(url, admClients, 0, stop); close(done) }()
-	s.waitLog("the OOM", 1, 30*time.Second, field("cause", "oom"))
-	s.waitLog("ready after the OOM", 2, 30*time.Second, msg("vLLM ready"))
-	close(stop)
-	<-done
-	var second admLoad
-	stop = make(chan struct{})
-	done = make(chan struct{})
-	go func() { second.run(url, admClients, 0, stop); close(done) }()
-	s.waitLog("the memory bound", 1, 40*time.Second, boundIs("memory"))
-	select {
-	case <-s.exited:
-	case <-time.After(2 * time.Second):
+	ev := startWithEvents(t, s)
+	ev.wait("vLLM ready", 1, isReady)
+	first := newAdmLoad()
+	loadUntil(first, url, admClients, 0, func() {
+		// Until vLLM ran out of memory and came back, or ten requests a
+		// client were served without (the burst did not run it out).
+		want := 10 * int64(admClients)
+		for ev.count(isReady) < 2 && first.ok.Load() < want {
+			select {
+			case <-ev.next():
+			case <-first.served:
+			case <-ev.done:
+				return
+			case <-time.After(admNoProgress):
+				t.Fatalf("nothing happened for %s in the first burst: %s", admNoProgress, first)
+			}
+		}
+	})
+	oomsFirst := ev.count(isOOM)
+	if n := ev.count(isExit); n > 1 || n != oomsFirst {
+		t.Fatalf("first burst: vLLM exited %d times, %d of them OOM; want at most one OOM; %s", n, oomsFirst, first)
 	}
-	close(stop)
-	<-done
-	if n := s.count(field("cause", "oom")); n != 1 {
-		t.Fatalf("%d OOMs over both bursts, want the first burst's one; first %s; second %s", n, &first, &second)
+	if oomsFirst == 1 {
+		ev.wait("vLLM back after the OOM", 2, isReady)
 	}
-	if second.ok.Load() == 0 || second.cut.Load() != 0 {
-		t.Fatalf("second burst: %s", &second)
+	second := burst(t, ev, url)
+	if n := ev.count(isExit); n != oomsFirst || second.cut.Load() != 0 || second.ok.Load() == 0 {
+		t.Fatalf("second burst: vLLM exited %d more times (%d OOMs in all); first %s; second %s", n-oomsFirst, ev.count(isOOM), first, second)
 	}
-	t.Logf("first burst: %s; second: %s", &first, &second)
+	t.Logf("first burst: %s (%d OOM); second: %s", first, oomsFirst, second)
 }

@@ -177,11 +177,15 @@ func (a *Admission) Step(f AdmissionFacts) AdmissionBound {
 
 // InflightSpan is the proxy's requests in flight over a stretch of time:
 // since Since, between Min and Max, with MinTokens prompt tokens in flight
-// when there were Min.
+// when there were Min. Last is the latest window's fewest (and their
+// prompt tokens): a long span keeps an early dip in Min, and the memory
+// read now belongs to what is in flight now.
 type InflightSpan struct {
-	Since     time.Time
-	Min, Max  int
-	MinTokens float64
+	Since      time.Time
+	Min, Max   int
+	MinTokens  float64
+	Last       int
+	LastTokens float64
 }
 
 // stillTolerance is how far the requests in flight may move while counting
@@ -198,7 +202,8 @@ func (s InflightSpan) Still() bool {
 // at w (or not at all, when w itself did not hold still).
 func (s InflightSpan) Extend(w InflightSpan) InflightSpan {
 	if s.Still() {
-		m := InflightSpan{Since: s.Since, Min: min(s.Min, w.Min), Max: max(s.Max, w.Max), MinTokens: s.MinTokens}
+		m := InflightSpan{Since: s.Since, Min: min(s.Min, w.Min), Max: max(s.Max, w.Max), MinTokens: s.MinTokens,
+			Last: w.Min, LastTokens: w.MinTokens}
 		if w.Min < s.Min {
 			m.MinTokens = w.MinTokens
 		}
@@ -209,6 +214,7 @@ func (s InflightSpan) Extend(w InflightSpan) InflightSpan {
 	if !w.Still() {
 		return InflightSpan{}
 	}
+	w.Last, w.LastTokens = w.Min, w.MinTokens
 	return w
 }
 
@@ -235,11 +241,12 @@ type AdmissionReading struct {
 // after that count. Requests the proxy admitted reach vLLM's batch a moment
 // later, and memory follows the batch: a reading taken before they arrive
 // would charge them nothing and teach the model a low cost. The sample
-// pairs the memory with the fewest requests of the span, which errs on the
-// side of a higher cost.
-func SettledSample(r AdmissionReading) (CostSample, bool) {
+// pairs the memory with the fewest requests of the latest window, which
+// errs on the side of a higher cost. seen is the most the span held: that
+// many ran without trouble (AdmissionFacts.Observed).
+func SettledSample(r AdmissionReading) (sample CostSample, seen int, ok bool) {
 	if !r.Span.Still() || r.Total <= 0 || r.MemReadAt.IsZero() {
-		return CostSample{}, false
+		return CostSample{}, 0, false
 	}
 	tol := float64(stillTolerance(r.Span.Max))
 	for _, c := range r.Counts {
@@ -247,9 +254,37 @@ func SettledSample(r AdmissionReading) (CostSample, bool) {
 			continue
 		}
 		if c.Running >= float64(r.Span.Min)-tol && c.Running <= float64(r.Span.Max)+tol {
-			return CostSample{Running: float64(r.Span.Min), Tokens: r.Span.MinTokens,
-				Above: r.Used - r.Utilization*r.Total, Total: r.Total}, true
+			return CostSample{Running: float64(r.Span.Last), Tokens: r.Span.LastTokens,
+				Above: r.Used - r.Utilization*r.Total, Total: r.Total}, r.Span.Max, true
 		}
 	}
-	return CostSample{}, false
+	return CostSample{}, 0, false
+}
+
+// samplesPerLevel bounds the samples kept at one concurrency level, so that
+// a long stretch at one level does not push the others out of the fit.
+const samplesPerLevel = 8
+
+// KeepSample appends s to samples (newest last), dropping the oldest at
+// its level beyond samplesPerLevel and the oldest of all beyond max.
+func KeepSample(samples []CostSample, s CostSample, maxSamples int) []CostSample {
+	n := 0
+	for _, x := range samples {
+		if math.Round(x.Running) == math.Round(s.Running) {
+			n++
+		}
+	}
+	if n >= samplesPerLevel {
+		for i, x := range samples {
+			if math.Round(x.Running) == math.Round(s.Running) {
+				samples = append(samples[:i], samples[i+1:]...)
+				break
+			}
+		}
+	}
+	samples = append(samples, s)
+	if k := len(samples); k > maxSamples {
+		samples = append(samples[:0], samples[k-maxSamples:]...)
+	}
+	return samples
 }

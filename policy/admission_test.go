@@ -218,11 +218,11 @@ func TestAdmissionOOMWithAConfidentModelStepsTheCapBack(t *testing.T) {
 func TestSettledSample(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	span := InflightSpan{Since: at(0), Min: 100, Max: 101, MinTokens: 200000}
+	span := InflightSpan{Since: at(0), Min: 100, Max: 101, MinTokens: 200000, Last: 100, LastTokens: 200000}
 	r := AdmissionReading{Span: span, Counts: []RunningCount{{AskedAt: at(50), At: at(60), Running: 100}},
 		MemReadAt: at(80), Used: admTotal * 0.97, Total: admTotal, Utilization: admUtil}
-	s, ok := SettledSample(r)
-	if !ok || s.Running != 100 || s.Tokens != 200000 || math.Abs(s.Above-0.17*admTotal) > 1 {
+	s, seen, ok := SettledSample(r)
+	if !ok || seen != 101 || s.Running != 100 || s.Tokens != 200000 || math.Abs(s.Above-0.17*admTotal) > 1 {
 		t.Fatalf("settled: %+v %v", s, ok)
 	}
 	for name, edit := range map[string]func(*AdmissionReading){
@@ -237,7 +237,7 @@ func TestSettledSample(t *testing.T) {
 		r2 := r
 		r2.Counts = append([]RunningCount(nil), r.Counts...)
 		edit(&r2)
-		if _, ok := SettledSample(r2); ok {
+		if _, _, ok := SettledSample(r2); ok {
 			t.Errorf("%s: sampled", name)
 		}
 	}
@@ -247,7 +247,7 @@ func TestInflightSpanExtends(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	s := InflightSpan{}.Extend(InflightSpan{Since: t0, Min: 50, Max: 51, MinTokens: 100})
 	s = s.Extend(InflightSpan{Since: t0.Add(time.Second), Min: 49, Max: 50, MinTokens: 98})
-	if s.Since != t0 || s.Min != 49 || s.Max != 51 || s.MinTokens != 98 {
+	if s.Since != t0 || s.Min != 49 || s.Max != 51 || s.MinTokens != 98 || s.Last != 49 {
 		t.Fatalf("held still: %+v", s)
 	}
 	// A jump starts anew at the window.
@@ -259,5 +259,22 @@ func TestInflightSpanExtends(t *testing.T) {
 	// A window that moved a lot is no span.
 	if s = s.Extend(InflightSpan{Since: t2, Min: 60, Max: 90}); s.Still() {
 		t.Fatalf("a window from 60 to 90 held still: %+v", s)
+	}
+}
+
+func TestKeepSampleBoundsEachLevel(t *testing.T) {
+	var ss []CostSample
+	for i := range 3 * samplesPerLevel {
+		ss = KeepSample(ss, CostSample{Running: 10, Above: float64(i)}, 100)
+	}
+	ss = KeepSample(ss, CostSample{Running: 20}, 100)
+	if len(ss) != samplesPerLevel+1 || ss[0].Above != 2*samplesPerLevel {
+		t.Fatalf("kept %d samples (oldest at 10: %v), want the newest %d at 10 and the one at 20", len(ss), ss[0].Above, samplesPerLevel)
+	}
+	for range 10 {
+		ss = KeepSample(ss, CostSample{Running: float64(30 + len(ss))}, 10)
+	}
+	if len(ss) != 10 {
+		t.Fatalf("kept %d, want 10", len(ss))
 	}
 }

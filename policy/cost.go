@@ -184,7 +184,7 @@ const collinearRatio = 1.5
 //
 // The proxy acts on this model at once (its limit), so it is fitted more
 // cautiously than the restart profile's: a concurrency level counts only
-// once seen in at least admissionSamplesPerLevel samples (one reading may
+// once seen in at least admissionSamplesPerLevel samples, near it (one reading may
 // have caught requests still on their way to vLLM's batch), and the cost
 // per sequence is the admissionSlopeQuantile of the pairwise slopes, not
 // their median, so a model that errs, errs on the high side.
@@ -250,16 +250,22 @@ const (
 	admissionSlopeQuantile   = 0.75
 )
 
-// repeatedLevels keeps the samples whose concurrency level (rounded
-// running) was seen at least n times.
+// repeatedLevels keeps the samples whose concurrency was seen at least n
+// times, counting the samples within stillTolerance of it (a ramp moves a
+// little between samples).
 func repeatedLevels(samples []CostSample, n int) []CostSample {
-	count := map[float64]int{}
-	for _, s := range samples {
-		count[math.Round(s.Running)]++
+	rs := make([]float64, len(samples))
+	for i, s := range samples {
+		rs[i] = math.Round(s.Running)
 	}
+	sorted := slices.Clone(rs)
+	slices.Sort(sorted)
 	out := make([]CostSample, 0, len(samples))
-	for _, s := range samples {
-		if count[math.Round(s.Running)] >= n {
+	for i, s := range samples {
+		tol := float64(stillTolerance(int(rs[i])))
+		lo, _ := slices.BinarySearch(sorted, rs[i]-tol)
+		hi, _ := slices.BinarySearch(sorted, rs[i]+tol+0.5)
+		if hi-lo >= n {
 			out = append(out, s)
 		}
 	}

@@ -149,6 +149,13 @@ func (g *guard) admissionOOM() {
 
 // sampleAdmission runs one sample each sample_interval while the proxy is on.
 func (g *guard) sampleAdmission(ctx context.Context) {
+	// The bound at start, on the stream (newGuard's came before the
+	// stream's consumers were all attached).
+	g.adm.mu.Lock()
+	g.adm.saidBound = ""
+	e := g.adm.noteLocked()
+	g.adm.mu.Unlock()
+	g.say(e)
 	t := time.NewTicker(g.cfg.GPU.SampleInterval.Duration)
 	defer t.Stop()
 	defer g.saveAdmission()
@@ -205,24 +212,25 @@ func (g *guard) admissionTick() {
 	}
 	f.Learning = snap.Up && best >= 0
 	if serving && f.Learning && readAt.After(a.lastRead) {
-		sample, ok := policy.SettledSample(policy.AdmissionReading{Span: a.span, Counts: a.counts[:], MemReadAt: readAt,
+		sample, seen, ok := policy.SettledSample(policy.AdmissionReading{Span: a.span, Counts: a.counts[:], MemReadAt: readAt,
 			Used: float64(used), Total: float64(total), Utilization: st.Rung.GPUMemoryUtilization})
 		if ok {
 			a.lastRead = readAt
-			f.Observed = int(sample.Running)
+			f.Observed = seen
 			a.addSampleLocked(sample, g.log)
 		}
 	}
 	f.Model, f.MeanTokens = a.model, a.meanTokens
 	a.bound = a.dec.Step(f)
 	e = a.noteLocked()
+	g.log.Debug("admission step", zap.Int("limit", a.bound.Limit), zap.String("bound", a.bound.Bound), zap.Int("observed", f.Observed),
+		zap.Int("seen", a.dec.Seen()), zap.Int("span_min", a.span.Min), zap.Int("span_max", a.span.Max), zap.Bool("span_still", a.span.Still()),
+		zap.Int("win_min", win.MinInflight), zap.Int("win_max", win.MaxInflight), zap.Float64("vllm_running", v.Running),
+		zap.Int("samples", len(a.samples)), zap.Bool("confident", a.model.Confident))
 }
 
 func (a *admission) addSampleLocked(s policy.CostSample, log *zap.Logger) {
-	a.samples = append(a.samples, s)
-	if n := len(a.samples); n > maxAdmissionSamples {
-		a.samples = append(a.samples[:0], a.samples[n-maxAdmissionSamples:]...)
-	}
+	a.samples = policy.KeepSample(a.samples, s, maxAdmissionSamples)
 	was := a.model.Confident
 	a.model = policy.FitAdmission(a.samples)
 	if a.model.Confident && !was {

@@ -89,6 +89,9 @@ func WriteStatus(w io.Writer, d Doc) {
 	if p := d.Proxy; p != nil {
 		row("proxy", "%d in flight of %d, %d queued of %d; %d admitted, %d refused (429/503)",
 			p.Inflight, p.Limit, p.Queued, p.QueueSize, p.Admitted, p.Rejected)
+		if p.Bound != "" {
+			row("proxy limit", "bound by %s: %s", clean(p.Bound), clean(p.Why))
+		}
 	}
 	tw.Flush()
 

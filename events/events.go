@@ -27,6 +27,7 @@ const (
 	KindAlert       Kind = "alert"        // an alert was raised or cleared: Alert
 	KindStopped     Kind = "stopped"      // the supervisor ended: ExitCode, Reason
 	KindIncident    Kind = "incident"     // an incident record was written (Reason: its path) or not ("not written: why")
+	KindAdmission   Kind = "admission"    // the proxy's limit changed bound, or its cost model became confident: Admission
 )
 
 // Decisions a KindDecision event names.
@@ -61,6 +62,18 @@ type Event struct {
 	Probe    *Probe   `json:"probe,omitempty"`
 	Alert    *Alert   `json:"alert,omitempty"`
 	ExitCode *int     `json:"exit_code,omitempty"`
+
+	Admission *Admission `json:"admission,omitempty"`
+}
+
+// Admission is the proxy's limit: the bound in force (rung, memory, trend,
+// reopening, pressure), the limit, why, and whether the memory cost model
+// is confident.
+type Admission struct {
+	Bound     string `json:"bound"`
+	Limit     int    `json:"limit"`
+	Why       string `json:"why"`
+	Confident bool   `json:"confident"`
 }
 
 // Failure is one death of vLLM with its cause and what the guard did about it.

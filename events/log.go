@@ -39,6 +39,10 @@ func Log(log *zap.Logger) func(Event) {
 			log.Debug("load progress", zap.String("phase", e.Phase))
 		case KindProbeFailed:
 			log.Debug("probe failed", zap.String("step", e.Probe.Step), zap.Int("status", e.Probe.Status), zap.String("error", e.Probe.Error))
+		case KindAdmission:
+			a := e.Admission
+			log.Info("proxy limit bound", zap.String("bound", a.Bound), zap.Int("limit", a.Limit),
+				zap.Bool("cost_model_confident", a.Confident), zap.String("why", a.Why))
 		case KindStopped:
 			code := 0
 			if e.ExitCode != nil {

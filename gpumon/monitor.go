@@ -87,7 +87,11 @@ type Device struct {
 	Budget            float64   `json:"budget_fraction"`     // what vLLM holds by design (0: not known yet)
 	WarnAt            float64   `json:"warn_fraction"`       // gpu_memory_warn is raised at this fraction
 	CriticalAt        float64   `json:"critical_fraction"`   // gpu_memory_critical is raised at this fraction
-	Processes         []Proc    `json:"processes"`
+	// ReadAt: when Used was read (just before NVML was asked, so memory
+	// was at least this recent); the admission samples pair it with the
+	// proxy's requests in flight at that moment.
+	ReadAt    time.Time `json:"read_at,omitzero"`
+	Processes []Proc    `json:"processes"`
 }
 
 // Proc is one process holding memory on a watched GPU.
@@ -188,6 +192,7 @@ func Disabled(reason string, opts Options, log *zap.Logger) *Monitor {
 // sample is one tick's readings of every watched device.
 type sample struct {
 	at    time.Time
+	read  time.Time // just before NVML was asked: the reading is no older
 	used  []uint64
 	total []uint64
 }
@@ -569,6 +574,7 @@ func (m *Monitor) procsOf(devs []deviceInfo, rs []reading, ours map[int]bool) []
 // tick takes one sample and updates trends, alerts and attribution.
 func (m *Monitor) tick() {
 	ours := m.treePids()
+	read := time.Now()
 	devs, rs, procs, err := m.readNow(ours)
 	if _, ok := errors.AsType[*unavailableError](err); ok {
 		return
@@ -606,7 +612,7 @@ func (m *Monitor) tick() {
 	}
 	m.up, m.reason = true, ""
 
-	s := sample{at: at, used: make([]uint64, len(rs)), total: make([]uint64, len(rs))}
+	s := sample{at: at, read: read, used: make([]uint64, len(rs)), total: make([]uint64, len(rs))}
 	m.noProcs = false
 	for i, r := range rs {
 		s.used[i], s.total[i] = r.used, r.total
@@ -702,7 +708,7 @@ func (m *Monitor) Snapshot() Snapshot {
 		}
 		if n := len(m.hist); n > 0 {
 			last := m.hist[n-1]
-			dev.Used, dev.Total = last.used[i], last.total[i]
+			dev.Used, dev.Total, dev.ReadAt = last.used[i], last.total[i], last.read
 			dev.Fraction = float64(dev.Used) / float64(dev.Total)
 			tr := m.trends[i]
 			dev.Trend, dev.SlopeBytesPerSec, dev.SecondsToCritical = tr.trend, tr.slope, tr.stc

@@ -3,6 +3,8 @@ package proxy
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/vllm-guard/vllm-guard/policy"
 )
 
 // metrics are the proxy_* series of section 10.
@@ -10,6 +12,19 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	rejected *prometheus.CounterVec
 	duration prometheus.Histogram
+	bound    *prometheus.GaugeVec
+}
+
+var bounds = []string{policy.BoundRung, policy.BoundMemory, policy.BoundTrend, policy.BoundReopening, policy.BoundPressure}
+
+func (m *metrics) setBound(b string) {
+	for _, x := range bounds {
+		v := 0.0
+		if x == b {
+			v = 1
+		}
+		m.bound.WithLabelValues(x).Set(v)
+	}
 }
 
 func newMetrics(reg prometheus.Registerer, lim *limiter) *metrics {
@@ -21,7 +36,7 @@ func newMetrics(reg prometheus.Registerer, lim *limiter) *metrics {
 		}, []string{"code"}),
 		rejected: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "vllm_guard_proxy_rejected_total",
-			Help: "Requests the proxy refused, by reason: queue_full, queue_timeout (429), not_ready (503), body_too_large (413).",
+			Help: "Requests the proxy refused, by reason: queue_full, queue_timeout (429), not_ready (503), body_too_large, too_large_for_memory (413).",
 		}, []string{"reason"}),
 		duration: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "vllm_guard_proxy_request_duration_seconds",
@@ -43,7 +58,22 @@ func newMetrics(reg prometheus.Registerer, lim *limiter) *metrics {
 	}, func() float64 { return float64(lim.stats().Queued) })
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "vllm_guard_proxy_limit",
-		Help: "Requests allowed in flight now: max_num_seqs of the rung × inflight_factor, halved under memory pressure.",
+		Help: "Requests allowed in flight now: the smaller of max_num_seqs of the rung × inflight_factor and what the cost model predicts memory holds (vllm_guard_proxy_limit_bound says which).",
 	}, func() float64 { return float64(lim.stats().Limit) })
+	f.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "vllm_guard_proxy_memory_room_bytes",
+		Help: "GPU memory the requests in flight may take, predicted by the cost model; 0 while the memory bound is not in force.",
+	}, func() float64 { return lim.stats().MemoryRoomBytes })
+	f.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "vllm_guard_proxy_memory_inflight_bytes",
+		Help: "Predicted GPU memory of the requests in flight.",
+	}, func() float64 { return lim.stats().MemoryInflightBytes })
+	m.bound = f.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "vllm_guard_proxy_limit_bound",
+		Help: "1 for the bound that sets vllm_guard_proxy_limit now: rung (max_num_seqs × inflight_factor), memory (the cost model), trend (memory predicted critical before the model was confident), reopening (after an OOM), pressure (halved under a memory alert).",
+	}, []string{"bound"})
+	for _, b := range bounds {
+		m.bound.WithLabelValues(b)
+	}
 	return m
 }

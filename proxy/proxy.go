@@ -1,11 +1,15 @@
 // Package proxy owns the admission-control reverse proxy in front of vLLM:
 // at most the rung's max_num_seqs × inflight_factor requests in
-// flight, a bounded FIFO queue with a timeout, a pause (not errors) while
-// vLLM restarts, half the admission under memory pressure, SSE passed
-// through unbuffered, a stream cut by a vLLM death ended with an error
-// event, and the proxy_* metrics. It decides nothing about vLLM itself: an
-// Upstream (the supervisor's wiring) says where vLLM is, whether it is
-// ready, the rung in force and whether a memory alert is active.
+// flight, fewer when the guard's cost model predicts memory would not hold
+// them (requests are then admitted by their predicted memory, from their
+// prompt tokens, and one that alone would not fit is refused with 413), a
+// bounded FIFO queue with a timeout, a pause (not errors) while vLLM
+// restarts, half the admission under memory pressure, SSE passed through
+// unbuffered, a stream cut by a vLLM death ended with an error event, and
+// the proxy_* metrics. It decides nothing about vLLM itself: an Upstream
+// (the supervisor's wiring) says where vLLM is, whether it is ready, the
+// rung in force and whether a memory alert is active; one that is also an
+// Admitter says the bound in force (policy.Admission decides it).
 package proxy
 
 import (
@@ -31,6 +35,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/config"
 	"github.com/vllm-guard/vllm-guard/internal/connlimit"
+	"github.com/vllm-guard/vllm-guard/policy"
 )
 
 // Upstream is what the proxy asks the supervisor. Its methods are called
@@ -46,6 +51,12 @@ type Upstream interface {
 	Pressure() bool
 }
 
+// Admitter is an Upstream that decides the limit itself (the guard, from its
+// cost model). Admission is called on every request and must be cheap.
+type Admitter interface {
+	Admission() policy.AdmissionBound
+}
+
 // Stats is the proxy's admission state, for status and the drill.
 type Stats struct {
 	Ready      bool              `json:"ready"`
@@ -55,7 +66,16 @@ type Stats struct {
 	QueueSize  int               `json:"queue_size"`
 	Admitted   uint64            `json:"admitted"`
 	Rejected   uint64            `json:"rejected"`
-	RejectedBy map[string]uint64 `json:"rejected_by_reason"` // queue_full, queue_timeout, not_ready, body_too_large
+	RejectedBy map[string]uint64 `json:"rejected_by_reason"` // queue_full, queue_timeout, not_ready, body_too_large, too_large_for_memory
+	// Bound is what sets Limit (rung, memory, trend, reopening, pressure)
+	// and Why says it in words.
+	Bound string `json:"bound"`
+	Why   string `json:"bound_reason,omitempty"`
+	// MemoryRoomBytes > 0: the memory bound is in force; the predicted
+	// memory of the requests in flight is MemoryInflightBytes.
+	MemoryRoomBytes      float64 `json:"memory_room_bytes,omitempty"`
+	MemoryInflightBytes  float64 `json:"memory_inflight_bytes,omitempty"`
+	PromptTokensInflight float64 `json:"prompt_tokens_inflight"`
 	// Engaged: some request ever waited for a slot or was refused one
 	// (queue_full, queue_timeout). Waiting for vLLM to be ready is not
 	// admission control at work and does not count.
@@ -105,6 +125,7 @@ type Proxy struct {
 	m       *metrics
 	target  atomic.Pointer[parsedTarget]
 	retries atomic.Uint64
+	bound   atomic.Pointer[policy.AdmissionBound] // the last applied
 }
 
 type parsedTarget struct {
@@ -161,8 +182,15 @@ func (p *Proxy) Notify() { p.refresh() }
 func (p *Proxy) Stats() Stats {
 	s := p.lim.stats()
 	s.UpstreamRetries = p.retries.Load()
+	if b := p.bound.Load(); b != nil {
+		s.Bound, s.Why = b.Bound, b.Why
+	}
 	return s
 }
+
+// Window is what was in flight since the previous call (the guard's cost
+// samples pair it with the GPU memory).
+func (p *Proxy) Window() Window { return p.lim.window() }
 
 // limitFor is the admission limit for a rung and pressure.
 func limitFor(maxNumSeqs int, factor float64, pressure bool) int {
@@ -175,8 +203,22 @@ func limitFor(maxNumSeqs int, factor float64, pressure bool) int {
 
 func (p *Proxy) refresh() {
 	_, ready := p.up.Target()
-	limit := limitFor(p.up.MaxNumSeqs(), p.cfg.InflightFactor, p.up.Pressure())
-	if p.lim.set(limit, ready) {
+	var b policy.AdmissionBound
+	if a, ok := p.up.(Admitter); ok {
+		b = a.Admission()
+	} else {
+		b = policy.AdmissionBound{Limit: limitFor(p.up.MaxNumSeqs(), p.cfg.InflightFactor, p.up.Pressure()), Bound: policy.BoundRung,
+			Why: "max_num_seqs × inflight_factor"}
+		if p.up.Pressure() {
+			b.Bound, b.Why = policy.BoundPressure, "halved while gpu_memory_critical or oom_predicted is active"
+		}
+	}
+	if old := p.bound.Load(); old == nil || old.Bound != b.Bound || old.Limit != b.Limit || old.RoomBytes != b.RoomBytes {
+		// The guard says a change of bound on its event stream.
+		p.bound.Store(&b)
+		p.m.setBound(b.Bound)
+	}
+	if p.lim.set(b.Limit, b.RoomBytes, ready) {
 		// vLLM went away: its pooled connections are dead or about to be.
 		p.tr.CloseIdleConnections()
 	}
@@ -265,15 +307,27 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	deadline := start.Add(p.cfg.QueueTimeout.Duration)
+	tokens, ok := p.readPrompt(rec, r)
+	if !ok {
+		return
+	}
 	p.refresh()
-	queued, err := p.lim.acquire(r.Context(), deadline)
+	var cost float64
+	if b := p.bound.Load(); b != nil && b.RoomBytes > 0 {
+		cost = b.Model.RequestBytes(tokens)
+		if cost > b.RoomBytes {
+			p.tooLargeForMemory(rec, tokens, cost, b)
+			return
+		}
+	}
+	queued, err := p.lim.acquire(r.Context(), deadline, cost, tokens)
 	if err != nil {
 		if rj, ok := isRejection(err); ok {
 			p.reject(rec, rj)
 		}
 		return // else the client left while waiting: nobody to answer
 	}
-	defer p.lim.release()
+	defer p.lim.release(cost, tokens)
 	// A deadline left by an earlier request on this kept-alive connection
 	// may have passed: renew it before anything (a 100 Continue) is written.
 	rec.renew()
@@ -294,6 +348,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = st.body
 	}
 	p.rp.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), ctxKey{}, st)))
+}
+
+func (p *Proxy) tooLargeForMemory(w http.ResponseWriter, tokens, cost float64, b *policy.AdmissionBound) {
+	p.lim.reject(reasonTooLargeForMemory)
+	p.m.rejected.WithLabelValues(reasonTooLargeForMemory).Inc()
+	writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error",
+		fmt.Sprintf("request of about %.0f prompt tokens would need about %.0f MiB of GPU memory while it runs; vllm-guard admits at most %.0f MiB "+
+			"for all requests in flight (the memory admission limit: predicted peak under 1 − [profile] headroom of the device); shorten the prompt",
+			tokens, cost/(1<<20), b.RoomBytes/(1<<20)))
 }
 
 func (p *Proxy) tooLarge(w http.ResponseWriter, n int64) {

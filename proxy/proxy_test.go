@@ -730,8 +730,11 @@ func TestMetricsExposition(t *testing.T) {
 	if got := metricValue(t, r.reg, "vllm_guard_proxy_request_duration_seconds", "", ""); got != 1 {
 		t.Errorf("request duration histogram has %v observations, want 1", got)
 	}
-	if n, _ := scrape(t, r.reg, "vllm_guard_proxy_rejected_total", "", ""); n != 4 {
-		t.Errorf("proxy_rejected_total has %d reasons, want 4 from the start", n)
+	if n, _ := scrape(t, r.reg, "vllm_guard_proxy_rejected_total", "", ""); n != 5 {
+		t.Errorf("proxy_rejected_total has %d reasons, want 5 from the start", n)
+	}
+	if got := metricValue(t, r.reg, "vllm_guard_proxy_limit_bound", "bound", "rung"); got != 1 {
+		t.Errorf("proxy_limit_bound{rung} = %v, want 1", got)
 	}
 	if got := metricValue(t, r.reg, "vllm_guard_proxy_requests_total", "code", "200"); got != 1 {
 		t.Errorf("requests{200} = %v", got)

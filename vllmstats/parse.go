@@ -32,9 +32,12 @@ type Stats struct {
 	GenerationTokens float64   `json:"generation_tokens"` // counter
 	TokensKnown      bool      `json:"tokens_known"`      // the token counters are in the exposition
 	ScrapedAt        time.Time `json:"scraped_at,omitzero"`
-	Scrapes          uint64    `json:"scrapes"`
-	Failures         uint64    `json:"failures"`
-	LastError        string    `json:"last_error,omitempty"`
+	// AskedAt: when the scrape was sent; the counts are no older (the
+	// admission samples pair them with the GPU reading that follows).
+	AskedAt   time.Time `json:"-"`
+	Scrapes   uint64    `json:"scrapes"`
+	Failures  uint64    `json:"failures"`
+	LastError string    `json:"last_error,omitempty"`
 }
 
 // The series Parse reads. vLLM renamed its KV gauge around v0.11; both are

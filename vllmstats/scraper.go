@@ -106,6 +106,7 @@ func (s *Scraper) scrapeOnce(ctx context.Context) {
 	if target == "" {
 		return
 	}
+	asked := time.Now()
 	st, err := s.fetch(ctx, target+"/metrics")
 	if ctx.Err() != nil {
 		return // shutting down: not a failure of vLLM
@@ -133,7 +134,7 @@ func (s *Scraper) scrapeOnce(ctx context.Context) {
 			zap.Uint64("failures", s.stats.Failures))
 	}
 	st.Up = true
-	st.ScrapedAt = time.Now()
+	st.ScrapedAt, st.AskedAt = time.Now(), asked
 	st.Scrapes, st.Failures, st.LastError = s.stats.Scrapes, s.stats.Failures, ""
 	s.stats = st
 }

@@ -101,6 +101,7 @@ type guard struct {
 	alert *alerts.Dispatcher
 	stats *vllmstats.Scraper
 	proxy *proxy.Proxy // nil unless [proxy] listen is set
+	adm   *admission   // the proxy's memory-aware limit; nil without the proxy
 	up    upstream     // what the proxy asks, kept ready
 	extra []string
 	bus   *events.Bus
@@ -170,6 +171,8 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 	g.sup = sup
 	g.refreshUpstream(sup.Status())
 	if cfg.Proxy.Listen != "" {
+		g.adm = newAdmission(store, pst.CostSamples, log.Named("admission"))
+		g.stepAdmission()
 		g.proxy = proxy.New(cfg.Proxy, g, g.met.Registry(), log.Named("proxy"))
 	}
 	return g, nil
@@ -233,6 +236,7 @@ func (g *guard) run(ctx context.Context) int {
 				g.log.Warn("proxy stopped", zap.Error(err))
 			}
 		})
+		background(g.sampleAdmission)
 	}
 
 	code := g.sup.Run(ctx)
@@ -401,6 +405,9 @@ func (g *guard) onReady(first bool, ttr time.Duration) {
 
 func (g *guard) onFailure(f supervisor.Failure) {
 	g.met.Exited(f.Verdict.Cause)
+	if g.adm != nil && f.Verdict.Cause == policy.CauseOOM {
+		g.admissionOOM()
+	}
 	for _, e := range alerts.FromFailure(f) {
 		g.alert.Send(e)
 	}

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/vllm-guard/vllm-guard/alerts"
+	"github.com/vllm-guard/vllm-guard/policy"
 	"github.com/vllm-guard/vllm-guard/proxy"
 	"github.com/vllm-guard/vllm-guard/supervisor"
 )
@@ -18,6 +19,7 @@ type upstreamView struct {
 	url        string
 	ready      bool
 	maxNumSeqs int
+	rung       policy.Rung
 }
 
 type upstream struct {
@@ -28,7 +30,10 @@ type upstream struct {
 // refreshUpstream records vLLM's address, readiness and rung from st.
 func (g *guard) refreshUpstream(st supervisor.Status) {
 	_, ep := supervisor.BuildArgv(g.cfg.VLLM.Command, g.extra, st.Rung, g.cfg.VLLM.Host, g.cfg.VLLM.Port)
-	g.up.view.Store(&upstreamView{url: ep.URL(), ready: st.State == supervisor.StateReady, maxNumSeqs: st.Rung.MaxNumSeqs})
+	g.up.view.Store(&upstreamView{url: ep.URL(), ready: st.State == supervisor.StateReady, maxNumSeqs: st.Rung.MaxNumSeqs, rung: st.Rung})
+	if g.adm != nil {
+		g.stepAdmission()
+	}
 }
 
 // refreshPressure: memory critical or an OOM predicted halves admission.
@@ -36,6 +41,9 @@ func (g *guard) refreshPressure() {
 	g.up.pressure.Store(slices.ContainsFunc(g.alert.InForce(), func(a alerts.Event) bool {
 		return a.Alert == alerts.GPUMemoryCritical || a.Alert == alerts.OOMPredicted
 	}))
+	if g.adm != nil {
+		g.stepAdmission()
+	}
 }
 
 // Target is vLLM's base URL and whether it is ready now.

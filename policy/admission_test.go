@@ -1,0 +1,280 @@
+package policy
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The scene of the admission tests: an 80 GiB device at utilization 0.8,
+// 768 MiB above vLLM's budget at rest, 131.25 MiB per running request of
+// 2 000 prompt tokens (100 MiB + 16 KiB a token).
+const (
+	admTotal   = 80 << 30
+	admBase    = 768 << 20
+	admPerSeq  = 100 << 20
+	admPerTok  = 16 << 10
+	admTokens  = 2000
+	admPerReq  = admPerSeq + admTokens*admPerTok
+	admUtil    = 0.8
+	admTrueMax = 118 // (80 GiB − 0.8 × 80 GiB − 768 MiB) / 131.25 MiB
+)
+
+func admSample(running, tokensEach float64) CostSample {
+	return CostSample{Running: running, Tokens: running * tokensEach, Total: admTotal,
+		Above: admBase + running*admPerSeq + running*tokensEach*admPerTok}
+}
+
+// levels returns two samples at each running level.
+func levels(tokensEach float64, rs ...float64) []CostSample {
+	var out []CostSample
+	for _, r := range rs {
+		out = append(out, admSample(r, tokensEach), admSample(r, tokensEach))
+	}
+	return out
+}
+
+func admFacts(m CostModel) AdmissionFacts {
+	return AdmissionFacts{Rung: Rung{MaxNumSeqs: 256, GPUMemoryUtilization: admUtil}, InflightFactor: 1, Headroom: 0.005,
+		CriticalFraction: 0.97, Model: m, MeanTokens: admTokens, SecondsToCritical: -1, Horizon: 1, Tick: true, Learning: true}
+}
+
+func TestFitAdmissionLearnsTheCostOfATypicalRequest(t *testing.T) {
+	m := FitAdmission(levels(admTokens, 10, 20, 30, 40, 50))
+	if !m.Confident {
+		t.Fatalf("not confident: %s", m.Why)
+	}
+	if got := m.RequestBytes(admTokens); got < admPerReq*0.99 || got > admPerReq*1.01 {
+		t.Errorf("a request of %d tokens costs %.1f MiB, want %.2f", admTokens, got/(1<<20), float64(admPerReq)/(1<<20))
+	}
+	// Every request alike: a longer prompt is charged in proportion.
+	if got, want := m.RequestBytes(2*admTokens), 2*m.RequestBytes(admTokens); got != want {
+		t.Errorf("a request twice as long costs %.1f MiB, want %.1f", got/(1<<20), want/(1<<20))
+	}
+}
+
+func TestFitAdmissionSeparatesSequencesFromPromptTokens(t *testing.T) {
+	var ss []CostSample
+	for i, r := range []float64{10, 20, 30, 40, 50, 60} {
+		for _, tok := range []float64{500, 4000} {
+			ss = append(ss, admSample(r+float64(i%2), tok))
+		}
+	}
+	m := FitAdmission(ss)
+	if !m.Confident {
+		t.Fatalf("not confident: %s", m.Why)
+	}
+	if m.PerSeq < admPerSeq*0.98 || m.PerSeq > admPerSeq*1.02 || m.PerToken < admPerTok*0.98 || m.PerToken > admPerTok*1.02 {
+		t.Errorf("per sequence %.1f MiB, per token %.1f KiB; want 100 MiB and 16 KiB", m.PerSeq/(1<<20), m.PerToken/(1<<10))
+	}
+}
+
+func TestFitAdmissionNeedsTwoSamplesAtALevel(t *testing.T) {
+	var ss []CostSample
+	for _, r := range []float64{10, 20, 30, 40, 50} {
+		ss = append(ss, admSample(r, admTokens))
+	}
+	if m := FitAdmission(ss); m.Confident {
+		t.Fatalf("confident on one sample per level: %+v", m)
+	}
+	if m := FitCost(ss); !m.Confident {
+		t.Fatalf("the restart profile's fit should take them: %s", m.Why)
+	}
+}
+
+// Readings that caught some requests before they reached vLLM's batch
+// (memory low for the count) must not pull the cost down: the slope is an
+// upper quantile, so the model errs high.
+func TestFitAdmissionErrsHigh(t *testing.T) {
+	ss := levels(admTokens, 10, 20, 30, 40, 50, 60, 70, 80)
+	for i := range ss {
+		if i%4 == 0 {
+			ss[i].Above -= 8 * admPerReq // eight requests still on their way
+		}
+	}
+	m := FitAdmission(ss)
+	med := FitCost(ss)
+	if !m.Confident {
+		t.Fatalf("not confident: %s", m.Why)
+	}
+	if m.RequestBytes(admTokens) < med.PerSeq {
+		t.Errorf("admission's cost %.1f MiB is below the median fit's %.1f MiB", m.RequestBytes(admTokens)/(1<<20), med.PerSeq/(1<<20))
+	}
+}
+
+func TestAdmissionBeforeConfidenceIsTheRung(t *testing.T) {
+	var a Admission
+	f := admFacts(FitAdmission(nil))
+	b := a.Step(f)
+	if b.Bound != BoundRung || b.Limit != 256 || b.RoomBytes != 0 {
+		t.Fatalf("bound %+v, want the rung's 256", b)
+	}
+	f.Pressure = true
+	if b := a.Step(f); b.Bound != BoundPressure || b.Limit != 128 {
+		t.Fatalf("under pressure: %+v, want 128 (pressure)", b)
+	}
+}
+
+func TestAdmissionMemoryBoundHoldsBelowThePointOfFailure(t *testing.T) {
+	var a Admission
+	a.Seed(levels(admTokens, 100, 105, 110))
+	m := FitAdmission(levels(admTokens, 10, 20, 30, 40, 50, 100, 105, 110))
+	b := a.Step(admFacts(m))
+	if b.Bound != BoundMemory || b.RoomBytes <= 0 {
+		t.Fatalf("bound %+v, want memory", b)
+	}
+	if b.Limit >= admTrueMax || b.Limit*10 < admTrueMax*9 {
+		t.Fatalf("limit %d, want below the failure point %d and at least 90 %% of it", b.Limit, admTrueMax)
+	}
+	if float64(b.Limit)*m.RequestBytes(admTokens) > b.RoomBytes {
+		t.Fatalf("limit %d × %.1f MiB exceeds the room %.1f MiB", b.Limit, m.RequestBytes(admTokens)/(1<<20), b.RoomBytes/(1<<20))
+	}
+}
+
+// A young model (seen up to 40) does not extrapolate: the limit is one step
+// past what was seen, and each settled sample at the cap moves it a step.
+func TestAdmissionMemoryBoundIsCappedAtWhatWasSeen(t *testing.T) {
+	var a Admission
+	ss := levels(admTokens, 10, 20, 30, 35, 40)
+	a.Seed(ss)
+	f := admFacts(FitAdmission(ss))
+	b := a.Step(f)
+	if b.Bound != BoundMemory || b.Limit != 45 || !strings.Contains(b.Why, "seen without trouble") {
+		t.Fatalf("bound %+v, want memory at 45 (40 seen + 5)", b)
+	}
+	f.Observed = 45
+	if b := a.Step(f); b.Limit != 50 {
+		t.Fatalf("after a sample at 45: limit %d, want 50", b.Limit)
+	}
+	f.Observed = 0
+	if b := a.Step(f); b.Limit != 50 {
+		t.Fatalf("a step without a sample moved the cap: %d", b.Limit)
+	}
+	// Far past the model's own bound, the model bounds.
+	f.Observed = 200
+	if b := a.Step(f); b.Limit >= admTrueMax || !strings.Contains(b.Why, "predicted peak") {
+		t.Fatalf("at 200 seen: %+v, want the model's bound below %d", b, admTrueMax)
+	}
+}
+
+func TestAdmissionTrendStepsDownThenReopensWithTheSamples(t *testing.T) {
+	var a Admission
+	f := admFacts(FitAdmission(nil))
+	f.Inflight, f.SecondsToCritical = 80, 0.5
+	b := a.Step(f)
+	if b.Bound != BoundTrend || b.Limit != 70 {
+		t.Fatalf("climbing: %+v, want trend at 70", b)
+	}
+	f.SecondsToCritical = -1
+	if b := a.Step(f); b.Limit != 70 {
+		t.Fatalf("no sample: limit %d, want 70 held", b.Limit)
+	}
+	f.Observed = 69
+	if b := a.Step(f); b.Bound != BoundTrend || b.Limit != 69+8 {
+		t.Fatalf("after a sample at 69: %+v, want 77", b)
+	}
+}
+
+func TestAdmissionReopensAfterAnOOM(t *testing.T) {
+	var a Admission
+	f := admFacts(FitAdmission(nil))
+	a.OnOOM(f)
+	b := a.Step(f)
+	if b.Bound != BoundReopening || b.Limit != 16 {
+		t.Fatalf("after an OOM: %+v, want reopening at 16", b)
+	}
+	f.Observed = 16
+	if b := a.Step(f); b.Limit != 18 {
+		t.Fatalf("after a sample at 16: %d, want 18", b.Limit)
+	}
+	// Without GPU readings there are no samples: it grows while used.
+	f.Learning, f.Observed, f.Inflight = false, 0, 18
+	if b := a.Step(f); b.Limit != 20 {
+		t.Fatalf("unlearning growth: %d, want 20", b.Limit)
+	}
+	// A confident model takes over from the reopening.
+	m := FitAdmission(levels(admTokens, 10, 20, 30, 40, 50))
+	f.Model, f.Learning = m, true
+	if b := a.Step(f); b.Bound != BoundMemory {
+		t.Fatalf("with a confident model: %+v", b)
+	}
+}
+
+func TestAdmissionOOMWithAConfidentModelStepsTheCapBack(t *testing.T) {
+	var a Admission
+	ss := levels(admTokens, 10, 20, 30, 40, 80)
+	a.Seed(ss)
+	f := admFacts(FitAdmission(ss))
+	if b := a.Step(f); b.Limit != 90 {
+		t.Fatalf("limit %d, want 90", b.Limit)
+	}
+	a.OnOOM(f)
+	if b := a.Step(f); b.Bound != BoundMemory || b.Limit != 70+8 {
+		t.Fatalf("after an OOM: %+v, want memory at 78 (70 + 8)", b)
+	}
+}
+
+func TestSettledSample(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	span := InflightSpan{Since: at(0), Min: 100, Max: 101, MinTokens: 200000, Last: 100, LastTokens: 200000}
+	r := AdmissionReading{Span: span, Counts: []RunningCount{{AskedAt: at(50), At: at(60), Running: 100}},
+		MemReadAt: at(80), Used: admTotal * 0.97, Total: admTotal, Utilization: admUtil}
+	s, seen, ok := SettledSample(r)
+	if !ok || seen != 101 || s.Running != 100 || s.Tokens != 200000 || math.Abs(s.Above-0.17*admTotal) > 1 {
+		t.Fatalf("settled: %+v %v", s, ok)
+	}
+	for name, edit := range map[string]func(*AdmissionReading){
+		"memory read before vLLM counted":   func(r *AdmissionReading) { r.MemReadAt = at(55) },
+		"vLLM counted before the span":      func(r *AdmissionReading) { r.Counts[0].AskedAt = at(-10) },
+		"vLLM has not caught up":            func(r *AdmissionReading) { r.Counts[0].Running = 80 },
+		"in flight did not hold still":      func(r *AdmissionReading) { r.Span.Min = 90 },
+		"no vLLM count":                     func(r *AdmissionReading) { r.Counts = nil },
+		"no GPU reading":                    func(r *AdmissionReading) { r.MemReadAt = time.Time{} },
+		"in flight never held still at all": func(r *AdmissionReading) { r.Span = InflightSpan{} },
+	} {
+		r2 := r
+		r2.Counts = append([]RunningCount(nil), r.Counts...)
+		edit(&r2)
+		if _, _, ok := SettledSample(r2); ok {
+			t.Errorf("%s: sampled", name)
+		}
+	}
+}
+
+func TestInflightSpanExtends(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	s := InflightSpan{}.Extend(InflightSpan{Since: t0, Min: 50, Max: 51, MinTokens: 100})
+	s = s.Extend(InflightSpan{Since: t0.Add(time.Second), Min: 49, Max: 50, MinTokens: 98})
+	if s.Since != t0 || s.Min != 49 || s.Max != 51 || s.MinTokens != 98 || s.Last != 49 {
+		t.Fatalf("held still: %+v", s)
+	}
+	// A jump starts anew at the window.
+	t2 := t0.Add(2 * time.Second)
+	s = s.Extend(InflightSpan{Since: t2, Min: 60, Max: 61})
+	if s.Since != t2 || s.Min != 60 {
+		t.Fatalf("after a jump: %+v", s)
+	}
+	// A window that moved a lot is no span.
+	if s = s.Extend(InflightSpan{Since: t2, Min: 60, Max: 90}); s.Still() {
+		t.Fatalf("a window from 60 to 90 held still: %+v", s)
+	}
+}
+
+func TestKeepSampleBoundsEachLevel(t *testing.T) {
+	var ss []CostSample
+	for i := range 3 * samplesPerLevel {
+		ss = KeepSample(ss, CostSample{Running: 10, Above: float64(i)}, 100)
+	}
+	ss = KeepSample(ss, CostSample{Running: 20}, 100)
+	if len(ss) != samplesPerLevel+1 || ss[0].Above != 2*samplesPerLevel {
+		t.Fatalf("kept %d samples (oldest at 10: %v), want the newest %d at 10 and the one at 20", len(ss), ss[0].Above, samplesPerLevel)
+	}
+	for range 10 {
+		ss = KeepSample(ss, CostSample{Running: float64(30 + len(ss))}, 10)
+	}
+	if len(ss) != 10 {
+		t.Fatalf("kept %d, want 10", len(ss))
+	}
+}

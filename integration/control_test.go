@@ -155,13 +155,13 @@ func get(t *testing.T, url string, want int) string {
 	return string(b)
 }
 
-// `vllm-guard status` with no guard: exit 2 and the socket named.
+// `vllm-guard status` with no guard: exit 3 (exitcode.NoGuard) and the socket named.
 func TestStatusWithoutAGuard(t *testing.T) {
 	t.Parallel()
 	sock := filepath.Join(t.TempDir(), "none.sock")
 	cmd := exec.Command(bins.guard, "status", "--socket", sock)
 	out, _ := cmd.CombinedOutput()
-	if cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), sock) {
-		t.Fatalf("exit %d, output %q: want 2 and the socket path", cmd.ProcessState.ExitCode(), out)
+	if cmd.ProcessState.ExitCode() != 3 || !strings.Contains(string(out), sock) {
+		t.Fatalf("exit %d, output %q: want 3 and the socket path", cmd.ProcessState.ExitCode(), out)
 	}
 }

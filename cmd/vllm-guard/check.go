@@ -17,13 +17,16 @@ import (
 )
 
 func cmdCheck(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("check", "check [--config FILE] [-- EXTRA_VLLM_ARGS...]", stderr)
-	cfgPath := fs.String("config", "", "config file (default $VLLM_GUARD_CONFIG, ./vllm-guard.toml, /etc/vllm-guard/vllm-guard.toml)")
-	if code, ok := parse(fs, args); !ok {
+	fs := newFlags("check", "check [--config FILE | --instance NAME] [-- EXTRA_VLLM_ARGS...]", stderr)
+	cf := addConfigFlags(fs, "")
+	if code, ok := parse(fs, args, stdout); !ok {
 		return code
 	}
-	path := config.Resolve(*cfgPath)
-	cfg, err := config.Load(path)
+	instance, path, ok := cf.resolve(stderr)
+	if !ok {
+		return exitcode.Usage
+	}
+	cfg, err := config.LoadFor(path, instance)
 	if err != nil {
 		fmt.Fprintf(stderr, "%v\n", err)
 		return exitcode.Config

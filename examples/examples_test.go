@@ -150,12 +150,15 @@ func TestPrometheusRules(t *testing.T) {
 	}
 }
 
-// exported is every family metrics.New() serves, with a GPU sampled so the
-// labelled GPU series exist.
+// exported is every family metrics.New() serves, with a GPU sampled while
+// its memory climbs and vLLM read, so the series that exist only then
+// (seconds to critical, vLLM's gauges) are there too.
 func exported(t *testing.T) map[string]string {
 	t.Helper()
 	m := metrics.New()
-	m.SetGPU(gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{UUID: "GPU-x", Used: 1, Total: 2, Fraction: 0.5}}})
+	m.SetGPU(gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{UUID: "GPU-x", Used: 1, Total: 2, Fraction: 0.5,
+		Trend: gpumon.TrendClimbing, SecondsToCritical: 300}}})
+	m.SetVLLM(3, 1, 0.5, true)
 	fams, err := m.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -215,5 +216,21 @@ func TestZshCompletion(t *testing.T) {
 				t.Errorf("completing %q: %v lacks %q", c.words, got, w)
 			}
 		}
+	}
+}
+
+// A build stamped as the Makefile and the Dockerfile stamp it says so in
+// --version (a -X on a variable that does not exist would be ignored).
+func TestStampedBuildSaysItsVersion(t *testing.T) {
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	bin := filepath.Join(t.TempDir(), "vllm-guard")
+	const pkg = "github.com/vllm-guard/vllm-guard/internal/buildinfo"
+	build := exec.Command(goBin, "build", "-ldflags", "-X "+pkg+".Version=v9.8.7-test -X "+pkg+".Revision=0123abcd", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil || !strings.HasPrefix(string(out), "vllm-guard v9.8.7-test\nrevision 0123abcd\n") {
+		t.Errorf("--version of a stamped build: %v\n%s", err, out)
 	}
 }

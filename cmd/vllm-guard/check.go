@@ -36,7 +36,11 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%v\n", err)
 		return exitcode.Config
 	}
-	fmt.Fprintf(stdout, "# %s: OK\n# effective settings (defaults included)\n\n", path)
+	fmt.Fprintf(stdout, "# %s: OK\n", path)
+	for _, w := range instanceWarnings(instance, cfg) {
+		fmt.Fprintf(stdout, "warning: %s\n", w)
+	}
+	fmt.Fprintf(stdout, "# effective settings (defaults included)\n\n")
 	if err := cfg.WriteEffective(stdout); err != nil {
 		fmt.Fprintf(stderr, "vllm-guard: %v\n", err)
 		return exitcode.Failed

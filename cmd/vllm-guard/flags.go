@@ -67,3 +67,24 @@ func (c *configFlags) resolve(stderr io.Writer) (instance, path string, ok bool)
 	}
 	return instance, config.ResolveFor(c.config, instance), true
 }
+
+// instanceWarnings says when an instance's file sets [control] socket or
+// state_dir to the single guard's defaults (a copy of the example
+// vllm-guard.toml does): the key wins over the instance's default, so two
+// instances would fight over one socket or one state folder.
+func instanceWarnings(instance string, cfg *config.Config) []string {
+	if instance == "" {
+		return nil
+	}
+	var out []string
+	single, own := config.Default().Control, config.DefaultFor(instance).Control
+	if cfg.Control.Socket == single.Socket {
+		out = append(out, fmt.Sprintf("instance %s: [control] socket is %s, the guard without an instance's: every instance whose file says so shares it; remove the key (the instance's default is %s)",
+			instance, single.Socket, own.Socket))
+	}
+	if cfg.Control.StateDir == single.StateDir {
+		out = append(out, fmt.Sprintf("instance %s: [control] state_dir is %s, the guard without an instance's: instances would share their rung and incidents; remove the key (the instance's default is %s)",
+			instance, single.StateDir, own.StateDir))
+	}
+	return out
+}

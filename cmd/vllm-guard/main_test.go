@@ -85,6 +85,16 @@ func TestInstanceConfigIsTheDefault(t *testing.T) {
 	if code != 0 || !strings.Contains(out, `"/run/vllm-guard/gpu1.sock"`) || !strings.Contains(out, `"/var/lib/vllm-guard/gpu1"`) {
 		t.Errorf("check --config --instance: exit %d, want the instance's socket and state folder\n%s\n%s", code, out, errs)
 	}
+	if strings.Contains(out, "warning: instance") {
+		t.Errorf("a file that leaves socket and state_dir to the instance is warned about:\n%s", out)
+	}
+	// A copy of the example (it writes every key, the single guard's
+	// socket and state folder included) would make instances collide.
+	code, out, _ = call("check", "--config", filepath.Join("..", "..", "vllm-guard.toml"), "--instance", "gpu1")
+	if code != 0 || !strings.Contains(out, "warning: instance gpu1: [control] socket is /run/vllm-guard/guard.sock") ||
+		!strings.Contains(out, "warning: instance gpu1: [control] state_dir is /var/lib/vllm-guard,") {
+		t.Errorf("check of the example as an instance: exit %d, want warnings for socket and state_dir\n%s", code, out)
+	}
 }
 
 // helpFlags are the flags a command's --help lists: the flag package's

@@ -84,6 +84,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	done := make(chan struct{})
 	defer close(done)
+	for _, w := range instanceWarnings(instance, cfg) {
+		log.Warn(w)
+	}
 	if instance != "" {
 		log.Info("running as an instance", zap.String("instance", instance), zap.String("config", path),
 			zap.String("socket", cfg.Control.Socket), zap.String("state_dir", cfg.Control.StateDir))

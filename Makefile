@@ -15,10 +15,16 @@ all: build
 
 build: $(BIN)/vllm-guard $(BIN)/fakevllm $(LIB)/libnvidia-ml.so.1
 
-VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+# The version and revision every build path stamps (here, and the
+# Dockerfile's VERSION and REVISION build arguments): `vllm-guard version`,
+# the status document and vllm_guard_build_info show them.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+BUILDINFO := github.com/vllm-guard/vllm-guard/internal/buildinfo
+LDFLAGS := -X $(BUILDINFO).Version=$(VERSION) -X $(BUILDINFO).Revision=$(REVISION)
 
 $(BIN)/vllm-guard: FORCE
-	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $@ ./cmd/vllm-guard
+	$(GO) build -ldflags "$(LDFLAGS)" -o $@ ./cmd/vllm-guard
 
 $(BIN)/fakevllm: FORCE
 	$(GO) build -o $@ ./integration/fakevllm

@@ -23,7 +23,7 @@ func Resolve(flagValue string) string {
 	if flagValue != "" {
 		return flagValue
 	}
-	if env := os.Getenv("VLLM_GUARD_CONFIG"); env != "" {
+	if env := os.Getenv(ConfigEnv); env != "" {
 		return env
 	}
 	for _, p := range []string{"./vllm-guard.toml", "/etc/vllm-guard/vllm-guard.toml"} {
@@ -38,15 +38,21 @@ func Resolve(flagValue string) string {
 // miscased key, a wrong type, a duration written as a number, or a value out
 // of range is an *Error naming file, line and key (Errors when there are
 // several, first line first).
-func Load(path string) (*Config, error) {
+func Load(path string) (*Config, error) { return LoadFor(path, "") }
+
+// LoadFor is Load over DefaultFor(instance): a key the file sets wins over
+// the instance's default socket and state folder.
+func LoadFor(path, instance string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, &Error{File: path, Msg: fmt.Sprintf("cannot read the config file: %v; create it (the repository's vllm-guard.toml is a commented example) or pass --config", errors.Unwrap(err)), Err: err}
 	}
-	return parse(path, data)
+	return parseFor(path, data, instance)
 }
 
-func parse(path string, data []byte) (*Config, error) {
+func parse(path string, data []byte) (*Config, error) { return parseFor(path, data, "") }
+
+func parseFor(path string, data []byte, instance string) (*Config, error) {
 	src := string(data)
 	var raw map[string]any
 	if _, err := toml.Decode(src, &raw); err != nil {
@@ -60,7 +66,7 @@ func parse(path string, data []byte) (*Config, error) {
 		// left so range problems are reported in the same pass.
 		var buf bytes.Buffer
 		if err := toml.NewEncoder(&buf).Encode(raw); err == nil {
-			cfg := Default()
+			cfg := DefaultFor(instance)
 			if _, err := toml.Decode(buf.String(), cfg); err == nil {
 				c.validate(cfg)
 			}
@@ -68,7 +74,7 @@ func parse(path string, data []byte) (*Config, error) {
 		return nil, c.result()
 	}
 
-	cfg := Default()
+	cfg := DefaultFor(instance)
 	md, err := toml.Decode(src, cfg)
 	if err != nil {
 		// The schema pass should have caught every decode error; keep the

@@ -23,7 +23,7 @@ import (
 const DefaultSocket = "/run/vllm-guard/guard.sock"
 
 // ErrNoGuard means no guard answers on the socket: not running, or not
-// reachable by this user. The commands exit 2 on it.
+// reachable by this user. The commands exit 3 (exitcode.NoGuard) on it.
 var ErrNoGuard = errors.New("no vllm-guard reachable")
 
 // noGuardError names the socket and why connecting failed.
@@ -55,7 +55,7 @@ func (e *untrustedServerError) Error() string {
 	return fmt.Sprintf("the process serving %s (pid %d) runs as uid %d, neither root nor this user (uid %d): not a guard this command trusts, so its answer was not read; check who owns the socket and its folder, or run as the guard's user", e.path, e.pid, e.uid, e.ours)
 }
 
-// Is makes the commands treat it as no guard reachable (exit 2).
+// Is makes the commands treat it as no guard reachable (exit 3).
 func (e *untrustedServerError) Is(target error) bool { return target == ErrNoGuard }
 
 // TrustedServer reports whether a control socket served by uid may be

@@ -18,15 +18,17 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/vllm-guard/vllm-guard/config"
+	"github.com/vllm-guard/vllm-guard/exitcode"
 	"github.com/vllm-guard/vllm-guard/state"
 	"github.com/vllm-guard/vllm-guard/supervisor"
 )
 
-// Exit codes of the socket commands.
+// Exit codes of the socket commands (package exitcode names them all).
 const (
-	ExitReady    = 0 // status: vLLM ready; other commands: done
-	ExitNotReady = 1 // status: a guard answers, vLLM is not ready; other commands: failed
-	ExitNoGuard  = 2 // no guard reachable, or a usage error
+	ExitReady    = exitcode.OK      // status: vLLM ready; other commands: done
+	ExitNotReady = exitcode.Failed  // status: a guard answers, vLLM is not ready; other commands: failed
+	ExitUsage    = exitcode.Usage   // the command line is wrong
+	ExitNoGuard  = exitcode.NoGuard // no guard reachable
 )
 
 // requestTimeout bounds one call to the guard: it answers from memory.
@@ -37,48 +39,66 @@ const clearScreen = "\x1b[H\x1b[2J"
 
 // commonFlags are the flags every socket command takes.
 type commonFlags struct {
-	socket, config string
+	socket, config, instanceFlag string
+	instance                     string // checked, from --instance or $VLLM_GUARD_INSTANCE
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.socket, "socket", "", "the guard's control socket (default: [control] socket of the config, else "+DefaultSocket+")")
-	fs.StringVar(&c.config, "config", "", "config file (default: $VLLM_GUARD_CONFIG, ./vllm-guard.toml, /etc/vllm-guard/vllm-guard.toml)")
+	fs.StringVar(&c.socket, "socket", "", "the guard's control socket (default: [control] socket of the config, else the instance's "+config.RuntimeDir+"/NAME.sock, else "+DefaultSocket+")")
+	fs.StringVar(&c.config, "config", "", "config file (default: the instance's "+config.ConfigDir+"/NAME.toml, else $VLLM_GUARD_CONFIG, ./vllm-guard.toml, /etc/vllm-guard/vllm-guard.toml)")
+	fs.StringVar(&c.instanceFlag, "instance", "", "the guard instance NAME, one of several on this host (default: $VLLM_GUARD_INSTANCE)")
 }
+
+// resolveInstance checks the instance name after parsing; false means a
+// usage error, already reported.
+func (c *commonFlags) resolveInstance(stderr io.Writer) bool {
+	name, err := config.Instance(c.instanceFlag)
+	if err != nil {
+		fmt.Fprintf(stderr, "vllm-guard: %v\n", err)
+		return false
+	}
+	c.instance = name
+	return true
+}
+
+// defaultSocket is the socket when neither --socket nor the config names
+// one: the instance's, else /run/vllm-guard/guard.sock.
+func (c *commonFlags) defaultSocket() string { return config.DefaultFor(c.instance).Control.Socket }
 
 // loadConfig reads the config the flags point to. An explicit --config
 // that fails is an error; a default location that does not exist is not
 // (the commands also work without a config file), and cfg is then the
-// defaults.
+// defaults (the instance's, with one).
 func (c *commonFlags) loadConfig(stderr io.Writer) (*config.Config, error) {
-	path := config.Resolve(c.config)
+	path := config.ResolveFor(c.config, c.instance)
 	if c.config == "" {
 		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-			return config.Default(), nil
+			return config.DefaultFor(c.instance), nil
 		}
 	}
-	cfg, err := config.Load(path)
+	cfg, err := config.LoadFor(path, c.instance)
 	if err != nil {
 		if c.config != "" {
 			return nil, err
 		}
 		fmt.Fprintf(stderr, "vllm-guard: note: ignoring the config %s, it does not load (%v); using the defaults\n", path, err)
-		return config.Default(), nil
+		return config.DefaultFor(c.instance), nil
 	}
 	return cfg, nil
 }
 
 // socketPath picks the socket: --socket, else [control] socket of the
-// config when it loads, else the default.
+// config when it loads, else the instance's, else the default.
 func (c *commonFlags) socketPath(stderr io.Writer) string {
 	if c.socket != "" {
 		return c.socket
 	}
 	cfg, err := c.loadConfig(stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "vllm-guard: note: %v; trying the default socket %s\n", err, DefaultSocket)
-		return DefaultSocket
+		fmt.Fprintf(stderr, "vllm-guard: note: %v; trying the default socket %s\n", err, c.defaultSocket())
+		return c.defaultSocket()
 	}
-	return cmpOr(cfg.Control.Socket, DefaultSocket)
+	return cmpOr(cfg.Control.Socket, c.defaultSocket())
 }
 
 // parseFlags parses args; done is true when the command should exit with
@@ -98,22 +118,27 @@ func parseFlags(fs *flag.FlagSet, usage string, args []string, stdout, stderr io
 			return ExitReady, true
 		}
 		printUsage(stderr)
-		return ExitNoGuard, true
+		return ExitUsage, true
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "%s: unexpected arguments: %s\n", fs.Name(), strings.Join(fs.Args(), " "))
 		printUsage(stderr)
-		return ExitNoGuard, true
+		return ExitUsage, true
 	}
 	return 0, false
 }
 
-const statusUsage = `Usage: vllm-guard status [--socket PATH] [--config FILE] [--json] [--watch]
+const statusUsage = `Usage: vllm-guard status [--instance NAME | --socket PATH | --config FILE] [--json] [--watch]
+       vllm-guard status --all [--runtime-dir DIR] [--json]
 
 Shows the state of the running guard: vLLM's state, pid and uptime, the
 profile rung, GPU memory with its trend, active alerts, restarts by cause,
 the last incident, and vLLM's queue and KV cache usage.
-Exit status: 0 vLLM is ready, 1 not ready, 2 no guard reachable.
+With --all: one line per guard on this host (every *.sock in the runtime
+folder): instance, state, rung, GPUs used/total, last incident.
+Exit status: 0 vLLM is ready (--all: every instance is), 1 not ready (--all:
+any is not, or does not answer), 2 usage, 3 no guard reachable (--all: no
+socket found, or none answers).
 
 `
 
@@ -132,8 +157,20 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 	cf.register(fs)
 	asJSON := fs.Bool("json", false, "print the status document as JSON (with --watch: one document per line)")
 	watch := fs.Bool("watch", false, "redraw every second until interrupted")
+	all := fs.Bool("all", false, "every guard on this host: one line per socket in the runtime folder (--runtime-dir)")
+	runtimeDir := fs.String("runtime-dir", "", "with --all: where the sockets are (default: $"+RuntimeDirEnv+", else "+config.RuntimeDir+")")
 	if code, done := parseFlags(fs, statusUsage, args, stdout, stderr); done {
 		return code
+	}
+	if !cf.resolveInstance(stderr) {
+		return ExitUsage
+	}
+	if *all {
+		if *watch || cf.socket != "" || cf.config != "" || cf.instance != "" {
+			fmt.Fprintln(stderr, "vllm-guard status: --all lists every instance; it takes neither --watch, --socket, --config nor an instance")
+			return ExitUsage
+		}
+		return statusAll(ctx, cmpOr(*runtimeDir, cmpOr(os.Getenv(RuntimeDirEnv), config.RuntimeDir)), *asJSON, stdout, stderr)
 	}
 	path := cf.socketPath(stderr)
 	c := NewClient(path)
@@ -202,7 +239,7 @@ func drawStatus(ctx context.Context, c *Client, asJSON, watch bool, stdout, errw
 	return ExitNotReady, false
 }
 
-const incidentsUsage = `Usage: vllm-guard incidents [--json] [-n N] [--socket PATH] [--config FILE]
+const incidentsUsage = `Usage: vllm-guard incidents [--json] [-n N] [--instance NAME | --socket PATH | --config FILE]
 
 Lists the incident records, newest first: time, cause, rung before and
 after, memory trend and the first line of evidence. Asks the running guard;
@@ -221,9 +258,12 @@ func IncidentsCommand(args []string, stdout, stderr io.Writer) int {
 	if code, done := parseFlags(fs, incidentsUsage, args, stdout, stderr); done {
 		return code
 	}
+	if !cf.resolveInstance(stderr) {
+		return ExitUsage
+	}
 	if *n < 0 {
 		fmt.Fprintf(stderr, "vllm-guard incidents: -n %d: give a number of records, 0 for all\n", *n)
-		return ExitNoGuard
+		return ExitUsage
 	}
 	cfg, err := cf.loadConfig(stderr)
 	if err != nil {
@@ -232,7 +272,7 @@ func IncidentsCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	path := cf.socket
 	if path == "" {
-		path = cmpOr(cfg.Control.Socket, DefaultSocket)
+		path = cmpOr(cfg.Control.Socket, cf.defaultSocket())
 	}
 	c := NewClient(path)
 	defer c.CloseIdleConnections()
@@ -301,10 +341,10 @@ func cmpOr(a, b string) string {
 	return b
 }
 
-const actionUsage = `Usage: vllm-guard %s [--socket PATH] [--config FILE]
+const actionUsage = `Usage: vllm-guard %s [--instance NAME | --socket PATH | --config FILE]
 
 %s
-Exit status: 0 done, 1 the guard refused, 2 no guard reachable or usage.
+Exit status: 0 done, 1 the guard refused, 2 usage, 3 no guard reachable.
 
 `
 
@@ -325,13 +365,16 @@ func ActionCommand(action string, args []string, stdout, stderr io.Writer) int {
 		do, done = (*Client).ResetProfile, "the profile returns to rung 0 at the next restart"
 	default:
 		fmt.Fprintf(stderr, "vllm-guard: unknown action %q; use restart or profile reset\n", action)
-		return ExitNoGuard
+		return ExitUsage
 	}
 	fs := flag.NewFlagSet("vllm-guard "+action, flag.ContinueOnError)
 	var cf commonFlags
 	cf.register(fs)
 	if code, stop := parseFlags(fs, fmt.Sprintf(actionUsage, action, what), args, stdout, stderr); stop {
 		return code
+	}
+	if !cf.resolveInstance(stderr) {
+		return ExitUsage
 	}
 	path := cf.socketPath(stderr)
 	c := NewClient(path)

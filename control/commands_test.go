@@ -57,7 +57,7 @@ func TestStatusCommandExitCodes(t *testing.T) {
 
 	missing := filepath.Join(shortDir(t), "none.sock")
 	code, out, errs = runCmd(status, "--socket", missing)
-	if code != 2 || out != "" || !strings.Contains(errs, "no vllm-guard answers on "+missing+": is it running?") {
+	if code != 3 || out != "" || !strings.Contains(errs, "no vllm-guard answers on "+missing+": is it running?") {
 		t.Errorf("no guard: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 }
@@ -94,7 +94,7 @@ func TestStatusCommandSocketFromConfig(t *testing.T) {
 	bad := filepath.Join(filepath.Dir(cfg), "bad.toml")
 	os.WriteFile(bad, []byte("[control]\nsockett = 1\n"), 0o600)
 	code, _, errs := runCmd(status, "--config", bad)
-	if code != 2 || !strings.Contains(errs, "trying the default socket "+DefaultSocket) || !strings.Contains(errs, DefaultSocket) {
+	if code != 3 || !strings.Contains(errs, "trying the default socket "+DefaultSocket) || !strings.Contains(errs, DefaultSocket) {
 		t.Errorf("bad config: exit %d\n%s", code, errs)
 	}
 }
@@ -282,13 +282,13 @@ func TestActionCommand(t *testing.T) {
 		t.Errorf("refused: exit %d %q", code, errs)
 	}
 	missing := filepath.Join(shortDir(t), "none.sock")
-	if code, _, errs := runCmd(action("restart"), "--socket", missing); code != 2 || !strings.Contains(errs, "no vllm-guard answers on "+missing) {
+	if code, _, errs := runCmd(action("restart"), "--socket", missing); code != 3 || !strings.Contains(errs, "no vllm-guard answers on "+missing) {
 		t.Errorf("no guard: exit %d %q", code, errs)
 	}
 	if code, _, _ := runCmd(action("reboot")); code != 2 {
 		t.Errorf("unknown action: exit %d", code)
 	}
-	if code, out, _ := runCmd(action("profile reset"), "-h"); code != 0 || !strings.Contains(out, "vllm-guard profile reset [--socket PATH]") {
+	if code, out, _ := runCmd(action("profile reset"), "-h"); code != 0 || !strings.Contains(out, "vllm-guard profile reset [--instance NAME | --socket PATH") {
 		t.Errorf("help: exit %d %q", code, out)
 	}
 }

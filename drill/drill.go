@@ -19,6 +19,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/config"
 )
 
 // Options is one drill.
@@ -41,11 +43,12 @@ type Options struct {
 }
 
 const usage = `usage: vllm-guard drill --url URL --model NAME [--concurrency N] [--prompt-tokens T]
-       [--max-tokens M] [--duration D] [--ramp D] [--chat] [--stream] [--socket PATH]
-       [--timeout D] [--json FILE] [--api-key-file FILE]
+       [--max-tokens M] [--duration D] [--ramp D] [--chat] [--stream]
+       [--socket PATH | --instance NAME] [--timeout D] [--json FILE] [--api-key-file FILE]
 
 Sends an OpenAI-compatible long-context burst at URL (vLLM, or the guard's
-proxy), samples the guard's status every second over --socket, prints a
+proxy), samples the guard's status every second over --socket (--instance
+NAME: /run/vllm-guard/NAME.sock), prints a
 report and a verdict: PASS when no OOM happened or every OOM was preceded by
 an alert (without --socket: when no request failed with a 5xx, a connection
 error or a cut stream). Exit 0 on PASS, 1 on FAIL, 2 on a usage error.
@@ -97,6 +100,7 @@ func parseArgs(args []string, stdout, stderr io.Writer) (o Options, jsonPath str
 	fs.BoolVar(&o.Chat, "chat", false, "use /v1/chat/completions")
 	fs.BoolVar(&o.Stream, "stream", false, "stream the answers (SSE)")
 	fs.StringVar(&o.Socket, "socket", "", "the guard's control socket (without it: plain vLLM, no guard side)")
+	instance := fs.String("instance", "", "the guard instance NAME whose socket to sample: "+config.RuntimeDir+"/NAME.sock")
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "one request's time limit")
 	fs.StringVar(&jsonPath, "json", "", "also write the report as JSON to this file")
 	keyFile := fs.String("api-key-file", "", "a file whose first line is vLLM's API key (default: $VLLM_API_KEY)")
@@ -107,6 +111,19 @@ func parseArgs(args []string, stdout, stderr io.Writer) (o Options, jsonPath str
 		}
 		fmt.Fprintf(stderr, "vllm-guard drill: %v\n%s", err, usage)
 		return o, "", 2, false
+	}
+	if *instance != "" {
+		// Only the flag: $VLLM_GUARD_INSTANCE does not turn a plain-vLLM
+		// drill into a guarded one behind the operator's back.
+		name, err := config.Instance(*instance)
+		if err == nil && o.Socket != "" {
+			err = fmt.Errorf("give --socket or --instance, not both")
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "vllm-guard drill: %v\n%s", err, usage)
+			return o, "", 2, false
+		}
+		o.Socket = config.InstanceSocket(name)
 	}
 	o.Interval = time.Second
 	o.APIKey = os.Getenv("VLLM_API_KEY")

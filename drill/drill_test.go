@@ -115,6 +115,8 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"--url", "http://x", "--model", "m", "--concurrency", "0"},
 		{"--url", "http://x", "--model", "m", "--bogus"},
 		{"--url", "http://x", "--model", "m", "extra"},
+		{"--url", "http://x", "--model", "m", "--instance", "../x"},
+		{"--url", "http://x", "--model", "m", "--instance", "a", "--socket", "/s.sock"},
 	} {
 		var out, errb bytes.Buffer
 		if code := command(context.Background(), args, &out, &errb); code != 2 || !strings.Contains(errb.String(), "usage:") {
@@ -124,6 +126,10 @@ func TestUsageErrorsExit2(t *testing.T) {
 	var out bytes.Buffer
 	if code := command(context.Background(), []string{"--help"}, &out, io.Discard); code != 0 || !strings.Contains(out.String(), "--prompt-tokens") {
 		t.Errorf("--help: exit %d, %q", code, out.String())
+	}
+	o, _, _, ok := parseArgs([]string{"--url", "http://x", "--model", "m", "--instance", "gpu2"}, io.Discard, io.Discard)
+	if !ok || o.Socket != "/run/vllm-guard/gpu2.sock" {
+		t.Errorf("--instance gpu2: socket %q, ok %v; want the instance's socket", o.Socket, ok)
 	}
 }
 

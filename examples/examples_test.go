@@ -56,20 +56,33 @@ func run(t *testing.T, dir string, quiet bool, name string, args ...string) stri
 }
 
 func TestSystemdUnitVerifies(t *testing.T) {
+	verifyUnit(t, "vllm-guard.service", "vllm-guard.service")
+}
+
+// The template unit verifies as an instance of it would be started
+// (systemd-analyze instantiates vllm-guard@gpu0.service from the template).
+func TestSystemdTemplateUnitVerifies(t *testing.T) {
+	verifyUnit(t, "vllm-guard@.service", "vllm-guard@gpu0.service")
+}
+
+// verifyUnit runs systemd-analyze verify on the unit file src, installed in
+// a scratch folder under its own name, as the unit name verify is asked for.
+func verifyUnit(t *testing.T, src, as string) {
+	t.Helper()
 	sa := tool(t, "systemd-analyze", "systemd")
-	unit := read(t, "vllm-guard.service")
+	unit := read(t, src)
 	// verify insists that ExecStart's program exists: point it at one that does.
 	exe := tool(t, "true", "coreutils")
 	re := regexp.MustCompile(`(?m)^ExecStart=\S+`)
 	if !re.MatchString(unit) {
-		t.Fatal("vllm-guard.service has no ExecStart=")
+		t.Fatalf("%s has no ExecStart=", src)
 	}
 	unit = re.ReplaceAllLiteralString(unit, "ExecStart="+exe)
-	path := filepath.Join(t.TempDir(), "vllm-guard.service")
-	if err := os.WriteFile(path, []byte(unit), 0o644); err != nil {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, src), []byte(unit), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	run(t, "", true, sa, "verify", path)
+	run(t, "", true, sa, "verify", filepath.Join(dir, as))
 }
 
 // unitKeys reads the [Service] section's key=value lines.
@@ -131,6 +144,34 @@ func TestSystemdUnitSettings(t *testing.T) {
 	}
 }
 
+// The template unit runs instance %i on the paths the guard derives from an
+// instance name, and behaves as the plain unit does otherwise.
+func TestSystemdTemplateUnitSettings(t *testing.T) {
+	plain := unitKeys(read(t, "vllm-guard.service"))
+	tmpl := unitKeys(read(t, "vllm-guard@.service"))
+	for _, k := range []string{"Type", "NotifyAccess", "ExecReload", "User", "Group", "TimeoutStartSec", "KillMode", "TimeoutStopSec",
+		"WatchdogSec", "Restart", "RestartSec", "RestartPreventExitStatus", "OOMPolicy", "RuntimeDirectory", "RuntimeDirectoryMode", "LimitNOFILE"} {
+		if tmpl[k] != plain[k] {
+			t.Errorf("%s=%q in the template, %q in vllm-guard.service: keep them alike", k, tmpl[k], plain[k])
+		}
+	}
+	if !strings.HasSuffix(tmpl["ExecStart"], "vllm-guard run --instance %i") {
+		t.Errorf("ExecStart=%q does not run instance %%i", tmpl["ExecStart"])
+	}
+	// Every instance shares /run/vllm-guard: one stopping must not remove
+	// the others' sockets.
+	if tmpl["RuntimeDirectoryPreserve"] != "yes" {
+		t.Errorf("RuntimeDirectoryPreserve=%q: stopping one instance would remove every instance's socket", tmpl["RuntimeDirectoryPreserve"])
+	}
+	if got := "/run/" + tmpl["RuntimeDirectory"] + "/%i.sock"; got != config.InstanceSocket("%i") {
+		t.Errorf("the unit's socket %s is not the guard's default for the instance, %s", got, config.InstanceSocket("%i"))
+	}
+	state := strings.Fields(tmpl["StateDirectory"])
+	if len(state) == 0 || "/var/lib/"+state[0] != config.InstanceStateDir("%i") {
+		t.Errorf("StateDirectory=%q: its first folder must be the instance's state folder %s", tmpl["StateDirectory"], config.InstanceStateDir("%i"))
+	}
+}
+
 func TestPrometheusRules(t *testing.T) {
 	promtool := tool(t, "promtool", "prometheus")
 	out := run(t, "prometheus", false, promtool, "check", "rules", "vllm-guard-rules.yml")
@@ -150,12 +191,15 @@ func TestPrometheusRules(t *testing.T) {
 	}
 }
 
-// exported is every family metrics.New() serves, with a GPU sampled so the
-// labelled GPU series exist.
+// exported is every family metrics.New() serves, with a GPU sampled while
+// its memory climbs and vLLM read, so the series that exist only then
+// (seconds to critical, vLLM's gauges) are there too.
 func exported(t *testing.T) map[string]string {
 	t.Helper()
 	m := metrics.New()
-	m.SetGPU(gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{UUID: "GPU-x", Used: 1, Total: 2, Fraction: 0.5}}})
+	m.SetGPU(gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{UUID: "GPU-x", Used: 1, Total: 2, Fraction: 0.5,
+		Trend: gpumon.TrendClimbing, SecondsToCritical: 300}}})
+	m.SetVLLM(3, 1, 0.5, true)
 	fams, err := m.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -350,6 +394,27 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 }
 
+// buildinfoPkg holds the variables every build path stamps.
+const buildinfoPkg = "github.com/vllm-guard/vllm-guard/internal/buildinfo"
+
+// The Makefile stamps the version and revision into the package that
+// holds them (a -X on a missing variable is silently ignored by the linker).
+func TestMakefileStampsTheBuild(t *testing.T) {
+	mk := read(t, filepath.Join("..", "Makefile"))
+	for _, want := range []string{"BUILDINFO := " + buildinfoPkg, "-X $(BUILDINFO).Version=$(VERSION)", "-X $(BUILDINFO).Revision=$(REVISION)",
+		`$(GO) build -ldflags "$(LDFLAGS)" -o $@ ./cmd/vllm-guard`} {
+		if !strings.Contains(mk, want) {
+			t.Errorf("the Makefile lacks %q", want)
+		}
+	}
+	src := read(t, filepath.Join("..", "internal", "buildinfo", "buildinfo.go"))
+	for _, v := range []string{"\tVersion  = ", "\tRevision = "} {
+		if !strings.Contains(src, v) {
+			t.Errorf("internal/buildinfo has no variable %q for -X to set", strings.TrimSpace(v))
+		}
+	}
+}
+
 func TestDockerfile(t *testing.T) {
 	df := read(t, "Dockerfile")
 	for _, re := range []string{
@@ -358,6 +423,10 @@ func TestDockerfile(t *testing.T) {
 		`(?m)^COPY --from=build /out/vllm-guard /usr/local/bin/vllm-guard$`,
 		`(?m)^ENTRYPOINT \["vllm-guard", "run"\]$`,
 		`(?m)^CMD \["--config", "/etc/vllm-guard/vllm-guard.toml"\]$`,
+		`(?m)^ARG VERSION=dev$`,
+		`(?m)^ARG REVISION=unknown$`,
+		`-X ` + regexp.QuoteMeta(buildinfoPkg) + `\.Version=\$\{VERSION\} -X ` + regexp.QuoteMeta(buildinfoPkg) + `\.Revision=\$\{REVISION\}`,
+		`org\.opencontainers\.image\.version="\$\{VERSION\}"`,
 	} {
 		if !regexp.MustCompile(re).MatchString(df) {
 			t.Errorf("Dockerfile does not match %s", re)

@@ -1,6 +1,7 @@
 // Package exitcode names the exit codes of vllm-guard, in one place: the
 // CLI returns them, the policy decides between GaveUp and Config, systemd's
-// RestartPreventExitStatus=78 and the Kubernetes examples rely on them.
+// RestartPreventExitStatus=78 and the Kubernetes examples rely on them. The
+// README's exit-code table lists the same values.
 package exitcode
 
 const (
@@ -9,8 +10,15 @@ const (
 	// Failed: `run` gave up (a crash loop) or hit a fatal internal error;
 	// other commands failed to do what was asked.
 	Failed = 1
-	// Usage: the command line is wrong.
+	// Usage: the command line is wrong (an unknown command or flag, a
+	// missing or extra argument). `--help` is not a usage error: it exits OK.
 	Usage = 2
+	// NoGuard: a command that asks a running guard (status, incidents
+	// through the socket, restart, profile reset) found none answering: no
+	// socket, nobody listening, or a process this user does not trust. Its
+	// own code so scripts can tell "the guard is down" from "I typed it
+	// wrong" (2) and from "the guard answers, vLLM is not ready" (1).
+	NoGuard = 3
 	// Config: the configuration is wrong (the guard's own file, a socket or
 	// port it cannot take), or vLLM failed for a cause classified
 	// config_error. Retrying cannot help: fix the configuration first.

@@ -216,9 +216,9 @@ func TestHostileImpostorSocketIsNotTrusted(t *testing.T) {
 	var out, errb strings.Builder
 	st.Stdout, st.Stderr = &out, &errb
 	st.Run()
-	if code := st.ProcessState.ExitCode(); code != 2 || strings.Contains(strings.ToLower(out.String()), "ready") ||
+	if code := st.ProcessState.ExitCode(); code != 3 || strings.Contains(strings.ToLower(out.String()), "ready") ||
 		!strings.Contains(errb.String(), "uid 65534") {
-		t.Errorf("status against an impostor: exit %d, stdout %q, stderr %q; want exit 2 naming its uid", code, out.String(), errb.String())
+		t.Errorf("status against an impostor: exit %d, stdout %q, stderr %q; want exit 3 (no guard) naming its uid", code, out.String(), errb.String())
 	}
 }
 

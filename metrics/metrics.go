@@ -7,6 +7,12 @@
 // Every labelled series whose label values are known up front (state,
 // cause, alert) is created at 0, so a rate() or an absent() in a rule works
 // from the first scrape of a fresh guard.
+//
+// No sentinel values: a reading that does not exist is an absent series,
+// never a -1 or a 0 that a rule would compare (gpu_seconds_to_critical
+// exists only while memory climbs, gpu_climbing says whether it does;
+// vLLM's gauges exist only while the guard reads vLLM's /metrics). There is
+// one OOM counter, exits_total{cause="oom"}.
 package metrics
 
 import (
@@ -21,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vllm-guard/vllm-guard/gpumon"
+	"github.com/vllm-guard/vllm-guard/internal/buildinfo"
 	"github.com/vllm-guard/vllm-guard/policy"
 	"github.com/vllm-guard/vllm-guard/supervisor"
 )
@@ -43,7 +50,6 @@ type Metrics struct {
 	ready       prometheus.Gauge
 	starts      prometheus.Counter
 	exits       *prometheus.CounterVec
-	ooms        prometheus.Counter
 	timeToReady prometheus.Histogram
 
 	rung        prometheus.Gauge
@@ -55,15 +61,18 @@ type Metrics struct {
 	gpuTotal    *prometheus.GaugeVec
 	gpuRatio    *prometheus.GaugeVec
 	gpuCritical *prometheus.GaugeVec
+	gpuClimbing *prometheus.GaugeVec
 	gpuBudget   *prometheus.GaugeVec
 	gpuWarnAt   *prometheus.GaugeVec
 	gpuCritAt   *prometheus.GaugeVec
 	kvBytes     prometheus.Gauge
 
-	vllmUp      prometheus.Gauge
-	vllmRunning prometheus.Gauge
-	vllmWaiting prometheus.Gauge
-	vllmKV      prometheus.Gauge
+	vllmUp prometheus.Gauge
+	// No labels: a vec only so the series can be absent (Reset) while
+	// vLLM is not read.
+	vllmRunning *prometheus.GaugeVec
+	vllmWaiting *prometheus.GaugeVec
+	vllmKV      *prometheus.GaugeVec
 
 	alertActive *prometheus.GaugeVec
 
@@ -90,8 +99,6 @@ func New() *Metrics {
 			Help: "Launches of vLLM."}),
 		exits: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "exits_total",
 			Help: "Deaths of vLLM the guard did not ask for, by classified cause."}, []string{"cause"}),
-		ooms: prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Name: "oom_total",
-			Help: "Deaths of vLLM classified as GPU out of memory."}),
 		timeToReady: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: Namespace, Name: "time_to_ready_seconds",
 			Help: "Time from launch to the first successful readiness probe.", Buckets: TimeToReadyBuckets}),
 		rung:        g("profile_rung", "Rung of the degrade ladder in force (0 = [profile] as written)."),
@@ -101,24 +108,31 @@ func New() *Metrics {
 		gpuUsed:     gv("gpu_memory_used_bytes", "GPU memory in use (everything not free), per watched GPU.", "gpu", "uuid"),
 		gpuTotal:    gv("gpu_memory_total_bytes", "GPU memory in total, per watched GPU.", "gpu", "uuid"),
 		gpuRatio:    gv("gpu_memory_used_ratio", "GPU memory used / total, per watched GPU.", "gpu"),
-		gpuCritical: gv("gpu_seconds_to_critical", "Seconds until the memory trend reaches the critical threshold; -1 when memory is not climbing.", "gpu"),
+		gpuCritical: gv("gpu_seconds_to_critical", "Seconds until the memory trend reaches the critical threshold; absent while memory is not climbing (see gpu_climbing).", "gpu"),
+		gpuClimbing: gv("gpu_climbing", "1 while the GPU's memory trend is climbing (gpu_seconds_to_critical then exists), else 0.", "gpu"),
 		gpuBudget:   gv("gpu_memory_budget_ratio", "What vLLM holds by design, as used/total: its gpu_memory_utilization, or what it held once loaded when that is more (0 until known).", "gpu"),
 		gpuWarnAt:   gv("gpu_memory_warn_threshold_ratio", "used/total at which gpu_memory_warn is raised: the budget plus [gpu] warn_over_budget (or the fixed warn_fraction).", "gpu"),
 		gpuCritAt:   gv("gpu_memory_critical_threshold_ratio", "used/total at which gpu_memory_critical is raised: the budget plus [gpu] critical_over_budget (or the fixed critical_fraction).", "gpu"),
 		kvBytes:     g("profile_kv_cache_memory_bytes", "--kv-cache-memory-bytes of the rung in force; 0 when vLLM sizes its KV cache from gpu_memory_utilization."),
-		vllmUp:      g("vllm_metrics_up", "1 when the last scrape of vLLM's /metrics succeeded, else 0 (the vllm_* series then read 0)."),
-		vllmRunning: g("vllm_requests_running", "Requests vLLM is running (vllm:num_requests_running)."),
-		vllmWaiting: g("vllm_requests_waiting", "Requests waiting in vLLM's queue (vllm:num_requests_waiting)."),
-		vllmKV:      g("vllm_kv_cache_usage_ratio", "vLLM's KV cache usage, 0..1 (vllm:kv_cache_usage_perc, formerly gpu_cache_usage_perc)."),
+		vllmUp:      g("vllm_metrics_up", "1 when the last scrape of vLLM's /metrics succeeded, else 0 (vLLM not ready, or its /metrics unreadable: the vllm_requests_* and vllm_kv_cache_usage_ratio series are then absent)."),
+		vllmRunning: gv("vllm_requests_running", "Requests vLLM is running (vllm:num_requests_running); absent while vllm_metrics_up is 0."),
+		vllmWaiting: gv("vllm_requests_waiting", "Requests waiting in vLLM's queue (vllm:num_requests_waiting); absent while vllm_metrics_up is 0."),
+		vllmKV:      gv("vllm_kv_cache_usage_ratio", "vLLM's KV cache usage, 0..1 (vllm:kv_cache_usage_perc, formerly gpu_cache_usage_perc); absent while vllm_metrics_up is 0."),
 		alertActive: gv("alert_active", "1 while the alert is in force: a memory episode until it clears, oom until vLLM is ready again, gave_up once the guard gave up.", "alert"),
 		gpuSeen:     map[[2]string]bool{},
 	}
+	bi := buildinfo.Get()
+	build := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "build_info",
+		Help:        "Always 1; the labels say which build of vllm-guard this is.",
+		ConstLabels: prometheus.Labels{"version": bi.Version, "revision": bi.Revision, "goversion": bi.GoVersion}})
+	build.Set(1)
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.state, m.ready, m.starts, m.exits, m.ooms, m.timeToReady,
+		build,
+		m.state, m.ready, m.starts, m.exits, m.timeToReady,
 		m.rung, m.maxNumSeqs, m.utilization,
-		m.nvmlUp, m.gpuUsed, m.gpuTotal, m.gpuRatio, m.gpuCritical, m.gpuBudget, m.gpuWarnAt, m.gpuCritAt, m.kvBytes,
+		m.nvmlUp, m.gpuUsed, m.gpuTotal, m.gpuRatio, m.gpuCritical, m.gpuClimbing, m.gpuBudget, m.gpuWarnAt, m.gpuCritAt, m.kvBytes,
 		m.vllmUp, m.vllmRunning, m.vllmWaiting, m.vllmKV,
 		m.alertActive,
 	)
@@ -160,9 +174,6 @@ func (m *Metrics) Ready(ttr time.Duration) { m.timeToReady.Observe(ttr.Seconds()
 // Exited counts a death by its cause.
 func (m *Metrics) Exited(c policy.Cause) {
 	m.exits.WithLabelValues(string(c)).Inc()
-	if c == policy.CauseOOM {
-		m.ooms.Inc()
-	}
 }
 
 // SetProfile exports the rung in force.
@@ -188,11 +199,16 @@ func (m *Metrics) SetGPU(s gpumon.Snapshot) {
 			m.gpuUsed.WithLabelValues(gpu, d.UUID).Set(float64(d.Used))
 			m.gpuTotal.WithLabelValues(gpu, d.UUID).Set(float64(d.Total))
 			m.gpuRatio.WithLabelValues(gpu).Set(finite(d.Fraction, 0))
+			// Seconds to critical exist only while memory climbs; a
+			// climb already past critical reads 0.
 			stc := d.SecondsToCritical
-			if stc < 0 || math.IsNaN(stc) || math.IsInf(stc, 0) {
-				stc = -1
+			climbing := d.Trend == gpumon.TrendClimbing && stc >= 0 && !math.IsNaN(stc) && !math.IsInf(stc, 0)
+			m.gpuClimbing.WithLabelValues(gpu).Set(b2f(climbing))
+			if climbing {
+				m.gpuCritical.WithLabelValues(gpu).Set(stc)
+			} else {
+				m.gpuCritical.DeleteLabelValues(gpu)
 			}
-			m.gpuCritical.WithLabelValues(gpu).Set(stc)
 			m.gpuBudget.WithLabelValues(gpu).Set(finite(d.Budget, 0))
 			m.gpuWarnAt.WithLabelValues(gpu).Set(finite(d.WarnAt, 0))
 			m.gpuCritAt.WithLabelValues(gpu).Set(finite(d.CriticalAt, 0))
@@ -207,6 +223,7 @@ func (m *Metrics) SetGPU(s gpumon.Snapshot) {
 		if !gpuIndexIn(seen, k[0]) {
 			m.gpuRatio.DeleteLabelValues(k[0])
 			m.gpuCritical.DeleteLabelValues(k[0])
+			m.gpuClimbing.DeleteLabelValues(k[0])
 			m.gpuBudget.DeleteLabelValues(k[0])
 			m.gpuWarnAt.DeleteLabelValues(k[0])
 			m.gpuCritAt.DeleteLabelValues(k[0])
@@ -226,15 +243,20 @@ func gpuIndexIn(seen map[[2]string]bool, gpu string) bool {
 
 // SetVLLM exports what the guard scraped from vLLM's /metrics. When up is
 // false (vLLM loading, down, or its /metrics unreadable) the three gauges
-// read 0: no request is being served.
+// are absent: a 0 would read as an idle vLLM. A value that is not a
+// number is absent too.
 func (m *Metrics) SetVLLM(running, waiting, kvUsage float64, up bool) {
 	m.vllmUp.Set(b2f(up))
-	if !up {
-		running, waiting, kvUsage = 0, 0, 0
+	for _, g := range []struct {
+		vec *prometheus.GaugeVec
+		v   float64
+	}{{m.vllmRunning, running}, {m.vllmWaiting, waiting}, {m.vllmKV, kvUsage}} {
+		if !up || math.IsNaN(g.v) || math.IsInf(g.v, 0) {
+			g.vec.Reset()
+			continue
+		}
+		g.vec.WithLabelValues().Set(g.v)
 	}
-	m.vllmRunning.Set(finite(running, 0))
-	m.vllmWaiting.Set(finite(waiting, 0))
-	m.vllmKV.Set(finite(kvUsage, 0))
 }
 
 // SetAlert sets alert_active{alert}.

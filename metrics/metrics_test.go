@@ -5,11 +5,13 @@ import (
 	"bytes"
 	"flag"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -64,12 +66,21 @@ func ours(exposition string) string {
 	return out.String()
 }
 
+// gpu is one device's sample; stc < 0 means not climbing, as the monitor
+// reports it.
 func gpu(fraction, stc float64) gpumon.Snapshot {
 	const total = 80 << 30
 	return gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{
 		Index: 0, UUID: "GPU-5e1f0000-0000-4000-8000-000000000001", Name: "NVIDIA H100 80GB HBM3",
-		Used: uint64(fraction * total), Total: total, Fraction: fraction, SecondsToCritical: stc,
+		Used: uint64(fraction * total), Total: total, Fraction: fraction, SecondsToCritical: stc, Trend: trendOf(stc),
 	}}}
+}
+
+func trendOf(stc float64) string {
+	if stc >= 0 {
+		return gpumon.TrendClimbing
+	}
+	return gpumon.TrendSteady
 }
 
 // script is the sequence of the golden file: start, ready, OOM exit,
@@ -109,7 +120,9 @@ func script(m *Metrics) {
 func TestGoldenExposition(t *testing.T) {
 	m := New()
 	script(m)
-	got := ours(scrape(t, m))
+	// The Go version differs from machine to machine; the revision is
+	// "unknown" in a test binary (Go stamps none), the version "dev".
+	got := regexp.MustCompile(`goversion="go[^"]*"`).ReplaceAllString(ours(scrape(t, m)), `goversion="GO"`)
 	golden := filepath.Join("testdata", "sequence.golden")
 	if *update {
 		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
@@ -155,7 +168,7 @@ func TestPreCreatedSeries(t *testing.T) {
 		`vllm_guard_state{state="starting"} 0`, `vllm_guard_state{state="stopped"} 0`,
 		`vllm_guard_exits_total{cause="oom"} 0`, `vllm_guard_exits_total{cause="host_oom"} 0`,
 		`vllm_guard_alert_active{alert="gave_up"} 0`, `vllm_guard_alert_active{alert="gpu_memory_warn"} 0`,
-		`vllm_guard_oom_total 0`, `vllm_guard_starts_total 0`, `vllm_guard_time_to_ready_seconds_count 0`,
+		`vllm_guard_starts_total 0`, `vllm_guard_time_to_ready_seconds_count 0`,
 		`vllm_guard_ready 0`, `vllm_guard_nvml_up 0`,
 	} {
 		if !strings.Contains(body, want+"\n") {
@@ -164,6 +177,35 @@ func TestPreCreatedSeries(t *testing.T) {
 	}
 	if strings.Contains(body, "vllm_guard_gpu_memory_used_bytes{") {
 		t.Error("GPU series exported before any sample")
+	}
+	// One OOM counter: exits_total{cause="oom"}.
+	if strings.Contains(body, "vllm_guard_oom_total") {
+		t.Error("vllm_guard_oom_total is back: it duplicates exits_total{cause=\"oom\"}")
+	}
+	for _, absent := range []string{"vllm_guard_vllm_requests_running", "vllm_guard_vllm_requests_waiting", "vllm_guard_vllm_kv_cache_usage_ratio"} {
+		if strings.Contains(body, "\n"+absent+" ") {
+			t.Errorf("a fresh guard exports %s before vLLM was ever read", absent)
+		}
+	}
+}
+
+func TestBuildInfo(t *testing.T) {
+	body := scrape(t, New())
+	re := regexp.MustCompile(`(?m)^vllm_guard_build_info\{goversion="go[^"]+",revision="[^"]+",version="[^"]+"\} 1$`)
+	if !re.MatchString(body) {
+		t.Errorf("no vllm_guard_build_info{goversion,revision,version} 1 in\n%s", ours(body))
+	}
+}
+
+// No series carries a sentinel: after the whole golden sequence (a climb,
+// steady spells, vLLM down and up) no value is negative.
+func TestNoSentinelValues(t *testing.T) {
+	m := New()
+	script(m)
+	for l := range strings.Lines(ours(scrape(t, m))) {
+		if !strings.HasPrefix(l, "#") && strings.Contains(l, " -") {
+			t.Errorf("a negative value: %s", l)
+		}
 	}
 }
 
@@ -197,12 +239,28 @@ func TestSetGPUDropsDepartedDevicesAndStaleReadings(t *testing.T) {
 	two.Devices = append(two.Devices, gpumon.Device{Index: 3, UUID: "GPU-b", Used: 1 << 30, Total: 2 << 30, Fraction: 0.5, SecondsToCritical: -1})
 	m.SetGPU(two)
 	body := scrape(t, m)
-	for _, want := range []string{`vllm_guard_gpu_seconds_to_critical{gpu="0"} 12.5`, `vllm_guard_gpu_seconds_to_critical{gpu="3"} -1`,
+	for _, want := range []string{`vllm_guard_gpu_seconds_to_critical{gpu="0"} 12.5`, `vllm_guard_gpu_climbing{gpu="0"} 1`,
+		`vllm_guard_gpu_climbing{gpu="3"} 0`,
 		`vllm_guard_gpu_memory_total_bytes{gpu="3",uuid="GPU-b"} 2.147483648e+09`, `vllm_guard_nvml_up 1`} {
 		if !strings.Contains(body, want+"\n") {
 			t.Errorf("two GPUs: want %q in\n%s", want, ours(body))
 		}
 	}
+	if strings.Contains(body, `vllm_guard_gpu_seconds_to_critical{gpu="3"}`) {
+		t.Errorf("GPU 3 is not climbing, yet has seconds to critical:\n%s", ours(body))
+	}
+	// The climb stops: its seconds to critical go, climbing reads 0. A
+	// trend that says climbing with no finite time is not a climb.
+	flat := gpu(0.5, -1)
+	flat.Devices = append(flat.Devices, gpumon.Device{Index: 3, UUID: "GPU-b", Used: 1 << 30, Total: 2 << 30, Fraction: 0.5,
+		Trend: gpumon.TrendClimbing, SecondsToCritical: math.Inf(1)})
+	m.SetGPU(flat)
+	body = scrape(t, m)
+	if strings.Contains(body, "vllm_guard_gpu_seconds_to_critical{") || !strings.Contains(body, `vllm_guard_gpu_climbing{gpu="0"} 0`+"\n") ||
+		!strings.Contains(body, `vllm_guard_gpu_climbing{gpu="3"} 0`+"\n") {
+		t.Errorf("the climb ended: want no seconds to critical and climbing 0:\n%s", ours(body))
+	}
+	m.SetGPU(two)
 
 	m.SetGPU(gpu(0.5, -1)) // GPU 3 left the snapshot
 	body = scrape(t, m)
@@ -220,16 +278,31 @@ func TestSetGPUDropsDepartedDevicesAndStaleReadings(t *testing.T) {
 	}
 }
 
-func TestSetVLLMDownReadsZero(t *testing.T) {
+// While vLLM is not read its gauges are absent, not 0 (an idle vLLM).
+func TestSetVLLMAbsentWhileDown(t *testing.T) {
 	m := New()
 	m.SetVLLM(5, 2, 0.4, true)
-	m.SetVLLM(5, 2, 0.4, false)
 	body := scrape(t, m)
-	for _, want := range []string{"vllm_guard_vllm_metrics_up 0", "vllm_guard_vllm_requests_running 0",
-		"vllm_guard_vllm_requests_waiting 0", "vllm_guard_vllm_kv_cache_usage_ratio 0"} {
+	for _, want := range []string{"vllm_guard_vllm_metrics_up 1", "vllm_guard_vllm_requests_running 5",
+		"vllm_guard_vllm_requests_waiting 2", "vllm_guard_vllm_kv_cache_usage_ratio 0.4"} {
 		if !strings.Contains(body, want+"\n") {
-			t.Errorf("want %q in\n%s", want, ours(body))
+			t.Errorf("up: want %q in\n%s", want, ours(body))
 		}
+	}
+	m.SetVLLM(5, 2, 0.4, false)
+	body = scrape(t, m)
+	if !strings.Contains(body, "vllm_guard_vllm_metrics_up 0\n") {
+		t.Errorf("down: want vllm_metrics_up 0 in\n%s", ours(body))
+	}
+	for _, absent := range []string{"vllm_guard_vllm_requests_running", "vllm_guard_vllm_requests_waiting", "vllm_guard_vllm_kv_cache_usage_ratio"} {
+		if strings.Contains(body, absent) {
+			t.Errorf("down: %s is still exported:\n%s", absent, ours(body))
+		}
+	}
+	m.SetVLLM(1, 0, math.NaN(), true)
+	body = scrape(t, m)
+	if !strings.Contains(body, "vllm_guard_vllm_requests_running 1\n") || strings.Contains(body, "vllm_guard_vllm_kv_cache_usage_ratio ") {
+		t.Errorf("up again, KV usage not a number: want running 1 and no KV series:\n%s", ours(body))
 	}
 }
 

@@ -7,6 +7,7 @@ command -v gcc >/dev/null || need+=(gcc)
 command -v setsid >/dev/null || need+=(util-linux)
 command -v systemd-analyze >/dev/null || need+=(systemd)     # examples: verify the unit
 command -v promtool >/dev/null || need+=(prometheus)         # examples: check and test the alert rules
+command -v zsh >/dev/null || need+=(zsh)                     # cmd: parse and run the zsh completion
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "setup: missing ${need[*]}: install them (apt-get install ${need[*]}) or run as root" >&2

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/vllm-guard/vllm-guard/internal/buildinfo"
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/control"
@@ -17,7 +18,7 @@ var _ control.Backend = (*guard)(nil)
 func (g *guard) Doc() control.Doc {
 	st := g.sup.Status()
 	gpu := g.gpu.Snapshot()
-	d := control.Doc{Version: version, Now: time.Now(), Guard: st, GPU: gpu, VLLM: g.stats.Latest(),
+	d := control.Doc{Version: buildinfo.Get().Version, Now: time.Now(), Guard: st, GPU: gpu, VLLM: g.stats.Latest(),
 		Alerts: control.AlertsInForce(g.alert.InForce())}
 	d.LastIncident = g.inc.Last()
 	if g.proxy != nil {

@@ -17,13 +17,16 @@ import (
 )
 
 func cmdCheck(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("check", "check [--config FILE] [-- EXTRA_VLLM_ARGS...]", stderr)
-	cfgPath := fs.String("config", "", "config file (default $VLLM_GUARD_CONFIG, ./vllm-guard.toml, /etc/vllm-guard/vllm-guard.toml)")
-	if code, ok := parse(fs, args); !ok {
+	fs := newFlags("check", "check [--config FILE | --instance NAME] [-- EXTRA_VLLM_ARGS...]", stderr)
+	cf := addConfigFlags(fs, "")
+	if code, ok := parse(fs, args, stdout); !ok {
 		return code
 	}
-	path := config.Resolve(*cfgPath)
-	cfg, err := config.Load(path)
+	instance, path, ok := cf.resolve(stderr)
+	if !ok {
+		return exitcode.Usage
+	}
+	cfg, err := config.LoadFor(path, instance)
 	if err != nil {
 		fmt.Fprintf(stderr, "%v\n", err)
 		return exitcode.Config
@@ -33,7 +36,11 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%v\n", err)
 		return exitcode.Config
 	}
-	fmt.Fprintf(stdout, "# %s: OK\n# effective settings (defaults included)\n\n", path)
+	fmt.Fprintf(stdout, "# %s: OK\n", path)
+	for _, w := range instanceWarnings(instance, cfg) {
+		fmt.Fprintf(stdout, "warning: %s\n", w)
+	}
+	fmt.Fprintf(stdout, "# effective settings (defaults included)\n\n")
 	if err := cfg.WriteEffective(stdout); err != nil {
 		fmt.Fprintf(stderr, "vllm-guard: %v\n", err)
 		return exitcode.Failed

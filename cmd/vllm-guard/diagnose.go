@@ -18,12 +18,16 @@ import (
 // cmdDiagnose classifies a saved vLLM log (or the last incident) offline,
 // with the same classifier the guard uses live.
 func cmdDiagnose(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlags("diagnose", "diagnose [--log FILE|-] [--json] [--config FILE]", stderr)
+	fs := newFlags("diagnose", "diagnose [--log FILE|-] [--json] [--config FILE | --instance NAME]", stderr)
 	logPath := fs.String("log", "", "a saved vLLM log (journalctl output is fine); - reads standard input; default: the guard's last incident")
 	asJSON := fs.Bool("json", false, "print JSON")
-	cfgPath := fs.String("config", "", "config file, to find [control] state_dir when --log is not given")
-	if code, ok := parse(fs, args); !ok {
+	cf := addConfigFlags(fs, ", to find [control] state_dir when --log is not given")
+	if code, ok := parse(fs, args, stdout); !ok {
 		return code
+	}
+	instance, cfgPath, ok := cf.resolve(stderr)
+	if !ok {
+		return exitcode.Usage
 	}
 	var in io.Reader
 	source := *logPath
@@ -31,7 +35,7 @@ func cmdDiagnose(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "-":
 		in, source = stdin, "standard input"
 	case "":
-		text, from, err := lastIncidentLog(*cfgPath)
+		text, from, err := lastIncidentLog(cfgPath, instance)
 		if err != nil {
 			fmt.Fprintf(stderr, "vllm-guard diagnose: %v\n", err)
 			return exitcode.Failed
@@ -67,8 +71,8 @@ func cmdDiagnose(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 }
 
 // lastIncidentLog returns the vLLM output kept in the newest incident record.
-func lastIncidentLog(cfgPath string) (string, string, error) {
-	cfg, err := config.Load(config.Resolve(cfgPath))
+func lastIncidentLog(cfgPath, instance string) (string, string, error) {
+	cfg, err := config.LoadFor(cfgPath, instance)
 	if err != nil {
 		return "", "", fmt.Errorf("no --log given and the config does not load, so the incidents cannot be found: %w", err)
 	}

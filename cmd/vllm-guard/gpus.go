@@ -14,14 +14,18 @@ import (
 
 // cmdGPUs prints what NVML sees; it needs no running guard.
 func cmdGPUs(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("gpus", "gpus [--json] [--config FILE]", stderr)
+	fs := newFlags("gpus", "gpus [--json] [--config FILE | --instance NAME]", stderr)
 	asJSON := fs.Bool("json", false, "print JSON")
-	cfgPath := fs.String("config", "", "config file, for [gpu] devices (optional)")
-	if code, ok := parse(fs, args); !ok {
+	cf := addConfigFlags(fs, ", for [gpu] devices (optional)")
+	if code, ok := parse(fs, args, stdout); !ok {
 		return code
 	}
+	instance, path, ok := cf.resolve(stderr)
+	if !ok {
+		return exitcode.Usage
+	}
 	opts := gpumon.Options{}
-	if cfg, err := config.Load(config.Resolve(*cfgPath)); err == nil {
+	if cfg, err := config.LoadFor(path, instance); err == nil {
 		opts.Devices = cfg.GPU.Devices
 	}
 	snap := gpumon.Open(opts, zap.NewNop()).Once()

@@ -31,16 +31,19 @@ import (
 	"github.com/vllm-guard/vllm-guard/vllmstats"
 )
 
-func cmdRun(args []string, stderr io.Writer) int {
-	fs := newFlags("run", "run [--config FILE] [--init] [-- EXTRA_VLLM_ARGS...]", stderr)
-	cfgPath := fs.String("config", "", "config file (default $VLLM_GUARD_CONFIG, ./vllm-guard.toml, /etc/vllm-guard/vllm-guard.toml)")
+func cmdRun(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("run", "run [--config FILE | --instance NAME] [--init] [--events FILE] [-- EXTRA_VLLM_ARGS...]", stderr)
+	cf := addConfigFlags(fs, "")
 	initMode := fs.Bool("init", false, "act as an init: become a child subreaper and reap every orphan (automatic as PID 1)")
 	eventsPath := fs.String("events", "", "also write every event (state changes, starts, ready, exits with cause, decisions, alerts) as JSON lines to this file")
-	if code, ok := parse(fs, args); !ok {
+	if code, ok := parse(fs, args, stdout); !ok {
 		return code
 	}
-	path := config.Resolve(*cfgPath)
-	cfg, err := config.Load(path)
+	instance, path, ok := cf.resolve(stderr)
+	if !ok {
+		return exitcode.Usage
+	}
+	cfg, err := config.LoadFor(path, instance)
 	if err != nil {
 		fmt.Fprintf(stderr, "vllm-guard: %v\n", err)
 		return exitcode.Config
@@ -81,7 +84,14 @@ func cmdRun(args []string, stderr io.Writer) int {
 	}
 	done := make(chan struct{})
 	defer close(done)
-	go g.handleSignals(sigs, done, stop, path)
+	for _, w := range instanceWarnings(instance, cfg) {
+		log.Warn(w)
+	}
+	if instance != "" {
+		log.Info("running as an instance", zap.String("instance", instance), zap.String("config", path),
+			zap.String("socket", cfg.Control.Socket), zap.String("state_dir", cfg.Control.StateDir))
+	}
+	go g.handleSignals(sigs, done, stop, path, instance)
 	code := g.run(ctx)
 	log.Info("vllm-guard exiting", zap.Int("exit_code", code))
 	return code
@@ -259,7 +269,7 @@ func (g *guard) run(ctx context.Context) int {
 
 // handleSignals turns signals into a stop, an escalation or a reload,
 // until done.
-func (g *guard) handleSignals(sigs <-chan os.Signal, done <-chan struct{}, stop func(), path string) {
+func (g *guard) handleSignals(sigs <-chan os.Signal, done <-chan struct{}, stop func(), path, instance string) {
 	stopping := false
 	for {
 		select {
@@ -268,7 +278,7 @@ func (g *guard) handleSignals(sigs <-chan os.Signal, done <-chan struct{}, stop 
 		case sig := <-sigs:
 			switch sig {
 			case syscall.SIGHUP:
-				g.reload(path)
+				g.reload(path, instance)
 			case syscall.SIGUSR1, syscall.SIGUSR2:
 				g.log.Info("signal ignored: SIGUSR1 and SIGUSR2 mean nothing to the guard", zap.String("signal", sig.String()))
 			default:
@@ -292,11 +302,11 @@ func (g *guard) handleSignals(sigs <-chan os.Signal, done <-chan struct{}, stop 
 // stuck detection); vLLM's command, environment and profile apply at its
 // next start. Listen addresses, the state folder and the GPU view apply
 // when the guard itself restarts.
-func (g *guard) reload(path string) {
+func (g *guard) reload(path, instance string) {
 	said := func(reason string) {
 		g.bus.Publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionReload, Reason: reason})
 	}
-	cfg, err := config.Load(path)
+	cfg, err := config.LoadFor(path, instance)
 	if err != nil {
 		g.log.Error("config reload failed: the running configuration stays in force; fix the file and send SIGHUP again",
 			zap.String("config", path), zap.Error(err))

@@ -2,29 +2,22 @@ package main
 
 import (
 	"fmt"
-	"github.com/vllm-guard/vllm-guard/exitcode"
 	"io"
-	"runtime"
-	"runtime/debug"
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/exitcode"
 	"github.com/vllm-guard/vllm-guard/gpumon"
+	"github.com/vllm-guard/vllm-guard/internal/buildinfo"
 )
 
-// version is set at build time: -ldflags "-X main.version=…".
-var version = "dev"
-
+// cmdVersion is `vllm-guard version` and `vllm-guard --version`: the
+// build's version and revision (stamped by the Makefile and the
+// Dockerfile, see package buildinfo), Go's version, and the NVIDIA driver
+// when NVML answers.
 func cmdVersion(stdout io.Writer) int {
-	commit := "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				commit = s.Value
-			}
-		}
-	}
-	fmt.Fprintf(stdout, "vllm-guard %s\ncommit %s\n%s\n", version, commit, runtime.Version())
+	bi := buildinfo.Get()
+	fmt.Fprintf(stdout, "vllm-guard %s\nrevision %s\n%s\n", bi.Version, bi.Revision, bi.GoVersion)
 	if snap := gpumon.Open(gpumon.Options{}, zap.NewNop()).Once(); snap.Up {
 		fmt.Fprintf(stdout, "NVIDIA driver %s\n", snap.Driver)
 	} else {

@@ -1,0 +1,246 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func call(args ...string) (code int, stdout, stderr string) {
+	var out, errb bytes.Buffer
+	code = dispatch(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// Every way of asking for help prints it on stdout and exits 0.
+func TestHelpOnStdoutExit0(t *testing.T) {
+	asks := [][]string{{"--help"}, {"-h"}, {"help"}, {"profile", "--help"}, {"profile", "reset", "--help"}, {"help", "profile"}}
+	for _, name := range commandNames() {
+		asks = append(asks, []string{name, "--help"}, []string{name, "-h"}, []string{"help", name})
+	}
+	for _, args := range asks {
+		code, out, errs := call(args...)
+		if code != 0 || errs != "" || !strings.Contains(strings.ToLower(out), "usage") {
+			t.Errorf("vllm-guard %s: exit %d, stderr %q, stdout %q; want the usage on stdout, exit 0",
+				strings.Join(args, " "), code, errs, out)
+		}
+	}
+}
+
+// Usage errors go to stderr with exit 2 (exitcode.Usage), never 3 (no
+// guard) or 0.
+func TestUsageErrorsExit2(t *testing.T) {
+	for _, args := range [][]string{
+		{}, {"nosuch"}, {"help", "nosuch"}, {"profile"}, {"profile", "rest"}, {"completion"}, {"completion", "fish"},
+		{"run", "--bogus"}, {"check", "--bogus"}, {"status", "--bogus"}, {"incidents", "--bogus"}, {"restart", "--bogus"},
+		{"profile", "reset", "--bogus"}, {"diagnose", "--bogus"}, {"drill", "--bogus"}, {"gpus", "--bogus"}, {"version", "--bogus"},
+		{"run", "--instance", "../etc"}, {"check", "--instance", "a/b"}, {"status", "--instance", ".x"}, {"gpus", "--instance", "a b"},
+		{"diagnose", "--instance", "../x"},
+	} {
+		code, out, errs := call(args...)
+		if code != 2 || out != "" || errs == "" {
+			t.Errorf("vllm-guard %s: exit %d, stdout %q, stderr %q; want exit 2 with the error on stderr", strings.Join(args, " "), code, out, errs)
+		}
+	}
+}
+
+func TestVersionFlag(t *testing.T) {
+	code, want, _ := call("version")
+	if code != 0 || !regexp.MustCompile(`^vllm-guard \S+\nrevision \S+\ngo1\.`).MatchString(want) {
+		t.Fatalf("version: exit %d\n%s", code, want)
+	}
+	for _, flag := range []string{"--version", "-version", "-v"} {
+		if code, got, _ := call(flag); code != 0 || got != want {
+			t.Errorf("%s: exit %d, %q; want the same as `version`: %q", flag, code, got, want)
+		}
+	}
+}
+
+// The instance's config file is the default, and the error names it.
+func TestInstanceConfigIsTheDefault(t *testing.T) {
+	t.Setenv("VLLM_GUARD_CONFIG", "")
+	code, _, errs := call("check", "--instance", "nosuch-vg-test")
+	if code != 78 || !strings.Contains(errs, "/etc/vllm-guard/nosuch-vg-test.toml") {
+		t.Errorf("check --instance: exit %d, want 78 naming the instance's file\n%s", code, errs)
+	}
+	t.Setenv("VLLM_GUARD_INSTANCE", "nosuch-vg-env")
+	if code, _, errs := call("check"); code != 78 || !strings.Contains(errs, "/etc/vllm-guard/nosuch-vg-env.toml") {
+		t.Errorf("check with $VLLM_GUARD_INSTANCE: exit %d\n%s", code, errs)
+	}
+	// --config still wins, and the instance's defaults show in the
+	// effective settings.
+	cfg := filepath.Join(t.TempDir(), "a.toml")
+	os.WriteFile(cfg, []byte("[vllm]\ncommand = [\"vllm\", \"serve\", \"m\"]\n"), 0o600)
+	code, out, errs := call("check", "--config", cfg, "--instance", "gpu1")
+	if code != 0 || !strings.Contains(out, `"/run/vllm-guard/gpu1.sock"`) || !strings.Contains(out, `"/var/lib/vllm-guard/gpu1"`) {
+		t.Errorf("check --config --instance: exit %d, want the instance's socket and state folder\n%s\n%s", code, out, errs)
+	}
+	if strings.Contains(out, "warning: instance") {
+		t.Errorf("a file that leaves socket and state_dir to the instance is warned about:\n%s", out)
+	}
+	// A copy of the example (it writes every key, the single guard's
+	// socket and state folder included) would make instances collide.
+	code, out, _ = call("check", "--config", filepath.Join("..", "..", "vllm-guard.toml"), "--instance", "gpu1")
+	if code != 0 || !strings.Contains(out, "warning: instance gpu1: [control] socket is /run/vllm-guard/guard.sock") ||
+		!strings.Contains(out, "warning: instance gpu1: [control] state_dir is /var/lib/vllm-guard,") {
+		t.Errorf("check of the example as an instance: exit %d, want warnings for socket and state_dir\n%s", code, out)
+	}
+}
+
+// helpFlags are the flags a command's --help lists: the flag package's
+// "  -name" lines, else (drill) the --name words of its synopsis.
+func helpFlags(t *testing.T, args ...string) []string {
+	t.Helper()
+	_, out, _ := call(append(args, "--help")...)
+	var got []string
+	for _, m := range regexp.MustCompile(`(?m)^  -(\S+)`).FindAllStringSubmatch(out, -1) {
+		got = append(got, m[1])
+	}
+	if len(got) == 0 {
+		synopsis, _, _ := strings.Cut(out, "\n\n")
+		for _, m := range regexp.MustCompile(`--([a-z-]+)`).FindAllStringSubmatch(synopsis, -1) {
+			got = append(got, m[1])
+		}
+	}
+	for i, f := range got {
+		if len(f) == 1 {
+			got[i] = "-" + f
+		} else {
+			got[i] = "--" + f
+		}
+	}
+	slices.Sort(got)
+	return slices.Compact(got)
+}
+
+// Completion offers exactly the flags each command takes.
+func TestCompletionMatchesTheCommands(t *testing.T) {
+	for _, c := range completions {
+		if c.name == "profile" || c.name == "completion" || c.name == "help" {
+			continue
+		}
+		want := helpFlags(t, c.name)
+		got := slices.Sorted(slices.Values(c.words))
+		if !slices.Equal(got, want) {
+			t.Errorf("completion of %s offers %v; its --help lists %v", c.name, got, want)
+		}
+	}
+	if got, want := slices.Sorted(slices.Values(profileResetFlags)), helpFlags(t, "profile", "reset"); !slices.Equal(got, want) {
+		t.Errorf("completion of profile reset offers %v; its --help lists %v", got, want)
+	}
+	for _, name := range []string{"run", "check", "status", "incidents", "restart", "diagnose", "drill", "gpus"} {
+		if !strings.Contains(usage, "\n  vllm-guard "+name+" ") {
+			t.Errorf("vllm-guard --help does not list %s", name)
+		}
+	}
+}
+
+func script(t *testing.T, shell string) string {
+	t.Helper()
+	code, out, errs := call("completion", shell)
+	if code != 0 || errs != "" {
+		t.Fatalf("completion %s: exit %d\n%s", shell, code, errs)
+	}
+	p := filepath.Join(t.TempDir(), "vllm-guard."+shell)
+	if err := os.WriteFile(p, []byte(out), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func shellRun(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		t.Fatalf("%s not found in PATH: install Debian's package %s, or run scripts/setup.sh", name, name)
+	}
+	out, err := exec.Command(p, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// The bash script parses, and completing it in a real bash offers the
+// command names, a command's flags, and profile's subcommand.
+func TestBashCompletion(t *testing.T) {
+	p := script(t, "bash")
+	shellRun(t, "bash", "-n", p)
+	for _, c := range []struct {
+		words string
+		want  []string
+	}{
+		{"vllm-guard st", []string{"status"}},
+		{"vllm-guard ''", commandNames()},
+		{"vllm-guard status --a", []string{"--all"}},
+		{"vllm-guard run --i", []string{"--init", "--instance"}},
+		{"vllm-guard profile r", []string{"reset"}},
+		{"vllm-guard profile reset --s", []string{"--socket"}},
+		{"vllm-guard help dr", []string{"drill"}},
+		{"vllm-guard completion ''", []string{"bash", "zsh"}},
+	} {
+		prog := "source " + p + "\nCOMP_WORDS=(" + c.words + ")\nCOMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))\n_vllm_guard\nprintf '%s\\n' \"${COMPREPLY[@]}\"\n"
+		got := strings.Fields(shellRun(t, "bash", "-c", prog))
+		for _, w := range c.want {
+			if !slices.Contains(got, w) {
+				t.Errorf("completing %q: %v lacks %q", c.words, got, w)
+			}
+		}
+		if strings.HasSuffix(c.words, "st") && len(got) != 1 {
+			t.Errorf("completing %q: %v, want only status", c.words, got)
+		}
+	}
+	if !strings.Contains(shellRun(t, "bash", "-c", "source "+p+"\ncomplete -p vllm-guard"), "-F _vllm_guard") {
+		t.Error("the script does not register _vllm_guard for vllm-guard")
+	}
+}
+
+// The zsh script parses, and run with compadd stubbed (zsh's completion
+// builtins exist only inside a completion widget) it offers the same.
+func TestZshCompletion(t *testing.T) {
+	p := script(t, "zsh")
+	shellRun(t, "zsh", "-n", p)
+	for _, c := range []struct {
+		words string
+		want  []string
+	}{
+		{"vllm-guard st", commandNames()}, // zsh's compadd filters by the prefix itself
+		{"vllm-guard status --a", []string{"--all", "--watch"}},
+		{"vllm-guard profile r", []string{"reset"}},
+		{"vllm-guard profile reset --s", []string{"--socket", "--instance"}},
+	} {
+		prog := "compadd() { shift; print -rl -- \"$@\" }\ncompdef() { }\n_files() { }\nsource " + p + "\nwords=(" + c.words + ")\nCURRENT=${#words}\n_vllm_guard\n"
+		got := strings.Fields(shellRun(t, "zsh", "-f", "-c", prog))
+		for _, w := range c.want {
+			if !slices.Contains(got, w) {
+				t.Errorf("completing %q: %v lacks %q", c.words, got, w)
+			}
+		}
+	}
+}
+
+// A build stamped as the Makefile and the Dockerfile stamp it says so in
+// --version (a -X on a variable that does not exist would be ignored).
+func TestStampedBuildSaysItsVersion(t *testing.T) {
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	bin := filepath.Join(t.TempDir(), "vllm-guard")
+	const pkg = "github.com/vllm-guard/vllm-guard/internal/buildinfo"
+	build := exec.Command(goBin, "build", "-ldflags", "-X "+pkg+".Version=v9.8.7-test -X "+pkg+".Revision=0123abcd", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil || !strings.HasPrefix(string(out), "vllm-guard v9.8.7-test\nrevision 0123abcd\n") {
+		t.Errorf("--version of a stamped build: %v\n%s", err, out)
+	}
+}

@@ -917,7 +917,9 @@ func (m *machine) applyPending() {
 	s.pol.Reconfigure(s.cfg)
 	if args, err := s.cfg.VLLMArgs(s.extra); err == nil {
 		s.args = args
+		s.pol.SetKVCacheBytes(args.KVCacheMemoryBytes)
 	} else {
+		s.pol.SetKVCacheBytes(s.args.KVCacheMemoryBytes)
 		s.log.Warn("the reloaded vLLM command line cannot be read; probes keep the old names and keys", zap.Error(err))
 	}
 	if names := s.cfg.ServedModelNames(s.args); len(names) > 0 {

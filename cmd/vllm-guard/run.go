@@ -98,7 +98,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 }
 
 // guard wires the supervisor to everything around it: the state store, the
-// GPU monitor, and (through hooks) incidents.
+// GPU monitor, and the consumers of the event stream (log, metrics,
+// systemd, alerts, incidents, the proxy).
 type guard struct {
 	cfg   *config.Config
 	log   *zap.Logger

@@ -216,3 +216,14 @@ func pidsOf(ps []procID) []int {
 	}
 	return out
 }
+
+// KillTree kills root, its process group and every descendant of root
+// (those that left the group or the session included) with killTree, and
+// returns the PIDs still alive at the end. For a command the caller started
+// (an alert command): the caller reaps root itself.
+func KillTree(root int) []int {
+	walk := func() []int { return append([]int{root}, Descendants(root)...) }
+	left := killTree(walk, nil)
+	_ = syscall.Kill(-root, syscall.SIGKILL) // a group member the walks missed
+	return left
+}

@@ -40,20 +40,20 @@ const (
 
 func benchUpstream(b *testing.B) *http.Server {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/small", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("/v1/small", func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, smallBody)
 	})
 	// A request that takes 1 ms upstream, as any generation does: the
 	// throughput ratio without the loopback test's CPU saturation.
-	mux.HandleFunc("/small1ms", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("/v1/small1ms", func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		time.Sleep(time.Millisecond)
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, smallBody)
 	})
-	mux.HandleFunc("/sse", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("/v1/sse", func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
 		f := w.(http.Flusher)
@@ -296,6 +296,6 @@ func measure(b *testing.B, ts []*benchTarget, path string, runs int, first bool)
 
 func BenchmarkProxyOverhead(b *testing.B) {
 	ts := newTargets(b)
-	b.Run("small", func(b *testing.B) { measure(b, ts, "/small", latencyRuns, false) })
-	b.Run("sse", func(b *testing.B) { measure(b, ts, "/sse", sseRuns, true) })
+	b.Run("small", func(b *testing.B) { measure(b, ts, "/v1/small", latencyRuns, false) })
+	b.Run("sse", func(b *testing.B) { measure(b, ts, "/v1/sse", sseRuns, true) })
 }

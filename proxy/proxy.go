@@ -6,7 +6,8 @@
 // bounded FIFO queue with a timeout, a pause (not errors) while vLLM
 // restarts, half the admission under memory pressure, SSE passed through
 // unbuffered, a stream cut by a vLLM death ended with an error event, and
-// the proxy_* metrics. It decides nothing about vLLM itself: an Upstream
+// the proxy_* metrics. Only inference requests take slots (IsInference);
+// probes, scrapes and listings pass straight through. It decides nothing about vLLM itself: an Upstream
 // (the supervisor's wiring) says where vLLM is, whether it is ready, the
 // rung in force and whether a memory alert is active; one that is also an
 // Admitter says the bound in force (policy.Admission decides it).
@@ -25,6 +26,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -285,6 +287,26 @@ func (st *reqState) replayBody() (io.ReadCloser, bool) {
 	return st.body.replay()
 }
 
+// IsInference reports whether a request takes an admission slot: a POST
+// under /v1/ or /v2/ (completions, chat, embeddings, responses, audio,
+// rerank, scoring) or to vLLM's pooling and tokenizer endpoints at the root.
+// Everything else (/health, /ping, /metrics, /version, /v1/models, /load, a
+// GET of anything) passes straight through.
+func IsInference(r *http.Request) bool {
+	if r.Method != http.MethodPost {
+		return false
+	}
+	path := r.URL.Path
+	if strings.HasPrefix(path, "/v1/") || strings.HasPrefix(path, "/v2/") {
+		return true
+	}
+	switch path {
+	case "/pooling", "/classify", "/score", "/rerank", "/tokenize", "/detokenize", "/invocations":
+		return true
+	}
+	return false
+}
+
 // ServeHTTP admits, forwards and accounts for one request.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
@@ -304,6 +326,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	if limit := p.cfg.MaxBodyBytes; limit > 0 && r.ContentLength > limit {
 		p.tooLarge(rec, r.ContentLength)
+		return
+	}
+	if !IsInference(r) {
+		// Probes, scrapes and listings pass straight through: a load
+		// balancer's health check or Prometheus must never wait behind
+		// generation requests, be refused for load, or take their slots.
+		p.rp.ServeHTTP(rec, r)
 		return
 	}
 	deadline := start.Add(p.cfg.QueueTimeout.Duration)
@@ -520,6 +549,12 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 	case errors.Is(err, errNotReady):
 		p.lim.reject(reasonNotReady)
 		p.reject(w, &rejection{reason: reasonNotReady})
+	case r.Context().Value(ctxKey{}) == nil && (isDialError(err) || errors.Is(err, errNoTarget)):
+		// A pass-through request (a probe, a scrape) while vLLM is down:
+		// answered at once, never held.
+		w.Header().Set("Retry-After", retryAfterNotReady)
+		writeError(w, http.StatusServiceUnavailable, "server_error",
+			"vLLM is not up now (loading, restarting or backing off); vllm-guard status says why")
 	case isVLLMGone(err):
 		p.log.Debug("vLLM went away during a request", zap.String("path", r.URL.Path), zap.Error(err))
 		w.Header().Set("Retry-After", retryAfterNotReady)

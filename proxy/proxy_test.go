@@ -93,7 +93,7 @@ type result struct {
 }
 
 func (r *rig) get(ctx context.Context, path string) result {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.front.URL+path, nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.front.URL+path, nil)
 	resp, err := r.client.Do(req)
 	if err != nil {
 		return result{err: err}
@@ -150,7 +150,7 @@ func TestLimitHoldsRequestsInFlight(t *testing.T) {
 	r := newRig(t, proxyConfig(), 2, g.handler)
 	var done []<-chan result
 	for i := range 3 {
-		done = append(done, r.goGet(fmt.Sprintf("/r%d", i)))
+		done = append(done, r.goGet(fmt.Sprintf("/v1/r%d", i)))
 	}
 	waitFor(t, "2 upstream, 1 queued", func() bool { return g.n() == 2 && r.p.Stats().Queued == 1 })
 	if s := r.p.Stats(); s.Inflight != 2 || s.Limit != 2 || !s.Engaged {
@@ -177,11 +177,11 @@ func TestLimitHoldsRequestsInFlight(t *testing.T) {
 func TestQueueIsFIFO(t *testing.T) {
 	g := newGate()
 	r := newRig(t, proxyConfig(), 1, g.handler)
-	first := r.goGet("/first")
+	first := r.goGet("/v1/first")
 	waitFor(t, "first upstream", func() bool { return g.n() == 1 })
 	var rest []<-chan result
 	for i := range 5 {
-		rest = append(rest, r.goGet(fmt.Sprintf("/q%d", i)))
+		rest = append(rest, r.goGet(fmt.Sprintf("/v1/q%d", i)))
 		waitFor(t, "queued in order", func() bool { return r.p.Stats().Queued == i+1 })
 	}
 	for range 6 {
@@ -191,7 +191,7 @@ func TestQueueIsFIFO(t *testing.T) {
 	for _, ch := range rest {
 		mustOK(t, <-ch)
 	}
-	want := []string{"/first", "/q0", "/q1", "/q2", "/q3", "/q4"}
+	want := []string{"/v1/first", "/v1/q0", "/v1/q1", "/v1/q2", "/v1/q3", "/v1/q4"}
 	if got := g.order(); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("upstream order %v, want %v", got, want)
 	}
@@ -202,11 +202,11 @@ func TestQueueFullIs429WithRetryAfter(t *testing.T) {
 	cfg := proxyConfig()
 	cfg.QueueSize = 1
 	r := newRig(t, cfg, 1, g.handler)
-	a := r.goGet("/a")
+	a := r.goGet("/v1/a")
 	waitFor(t, "a upstream", func() bool { return g.n() == 1 })
-	b := r.goGet("/b")
+	b := r.goGet("/v1/b")
 	waitFor(t, "b queued", func() bool { return r.p.Stats().Queued == 1 })
-	res := r.get(context.Background(), "/c")
+	res := r.get(context.Background(), "/v1/c")
 	if res.code != http.StatusTooManyRequests || res.hdr.Get("Retry-After") == "" {
 		t.Fatalf("queue full: got %d, Retry-After %q; want 429 with Retry-After", res.code, res.hdr.Get("Retry-After"))
 	}
@@ -231,10 +231,10 @@ func TestQueueTimeoutIs429(t *testing.T) {
 	cfg := proxyConfig()
 	cfg.QueueTimeout = config.Duration{Duration: 100 * time.Millisecond}
 	r := newRig(t, cfg, 1, g.handler)
-	a := r.goGet("/a")
+	a := r.goGet("/v1/a")
 	waitFor(t, "a upstream", func() bool { return g.n() == 1 })
 	start := time.Now()
-	res := r.get(context.Background(), "/b")
+	res := r.get(context.Background(), "/v1/b")
 	if res.code != http.StatusTooManyRequests || res.hdr.Get("Retry-After") == "" {
 		t.Fatalf("queue timeout: got %d %q; want 429 with Retry-After", res.code, res.body)
 	}
@@ -297,7 +297,7 @@ func TestPressureHalvesTheLimit(t *testing.T) {
 	}
 	var done []<-chan result
 	for i := range 4 {
-		done = append(done, r.goGet(fmt.Sprintf("/%d", i)))
+		done = append(done, r.goGet(fmt.Sprintf("/v1/%d", i)))
 	}
 	waitFor(t, "2 upstream, 2 queued", func() bool { return g.n() == 2 && r.p.Stats().Queued == 2 })
 	r.up.set(func(f *fakeUp) { f.pressure = false })
@@ -321,7 +321,7 @@ func TestLimitFollowsTheRung(t *testing.T) {
 	}
 	var done []<-chan result
 	for i := range 6 {
-		done = append(done, r.goGet(fmt.Sprintf("/%d", i)))
+		done = append(done, r.goGet(fmt.Sprintf("/v1/%d", i)))
 	}
 	waitFor(t, "3 upstream", func() bool { return g.n() == 3 && r.p.Stats().Queued == 3 })
 	r.up.set(func(f *fakeUp) { f.seqs = 4 })
@@ -339,7 +339,7 @@ func TestLimitFollowsTheRung(t *testing.T) {
 	for _, ch := range done {
 		mustOK(t, <-ch)
 	}
-	a, b := r.goGet("/a"), r.goGet("/b")
+	a, b := r.goGet("/v1/a"), r.goGet("/v1/b")
 	waitFor(t, "one upstream, one queued under limit 1", func() bool { return g.n() == 7 && r.p.Stats().Queued == 1 })
 	g.release <- struct{}{}
 	g.release <- struct{}{}
@@ -391,7 +391,7 @@ func TestClientDisconnectFreesSlotAndCancelsUpstream(t *testing.T) {
 	cancelled := make(chan struct{}, 1)
 	arrived := make(chan struct{}, 1)
 	r := newRig(t, proxyConfig(), 1, func(w http.ResponseWriter, req *http.Request) {
-		if req.URL.Path == "/quick" {
+		if req.URL.Path == "/v1/quick" {
 			io.WriteString(w, "quick")
 			return
 		}
@@ -401,7 +401,7 @@ func TestClientDisconnectFreesSlotAndCancelsUpstream(t *testing.T) {
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan result, 1)
-	go func() { done <- r.get(ctx, "/slow") }()
+	go func() { done <- r.get(ctx, "/v1/slow") }()
 	<-arrived
 	cancel()
 	select {
@@ -413,18 +413,18 @@ func TestClientDisconnectFreesSlotAndCancelsUpstream(t *testing.T) {
 		t.Fatalf("client request succeeded after cancel: %d", res.code)
 	}
 	waitFor(t, "the slot freed", func() bool { return r.p.Stats().Inflight == 0 })
-	mustOK(t, r.get(context.Background(), "/quick"))
+	mustOK(t, r.get(context.Background(), "/v1/quick"))
 	waitFor(t, "499 counted", func() bool { return metricValue(t, r.reg, "vllm_guard_proxy_requests_total", "code", "499") == 1 })
 }
 
 func TestClientLeavesWhileQueued(t *testing.T) {
 	g := newGate()
 	r := newRig(t, proxyConfig(), 1, g.handler)
-	a := r.goGet("/a")
+	a := r.goGet("/v1/a")
 	waitFor(t, "a upstream", func() bool { return g.n() == 1 })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan result, 1)
-	go func() { done <- r.get(ctx, "/b") }()
+	go func() { done <- r.get(ctx, "/v1/b") }()
 	waitFor(t, "b queued", func() bool { return r.p.Stats().Queued == 1 })
 	cancel()
 	<-done
@@ -683,7 +683,7 @@ func TestServeDrainsAndRefusesQueued(t *testing.T) {
 	get := func(path string) <-chan result {
 		ch := make(chan result, 1)
 		go func() {
-			resp, err := client.Get("http://" + l.Addr().String() + path)
+			resp, err := client.Post("http://"+l.Addr().String()+path, "application/json", nil)
 			if err != nil {
 				ch <- result{err: err}
 				return
@@ -694,9 +694,9 @@ func TestServeDrainsAndRefusesQueued(t *testing.T) {
 		}()
 		return ch
 	}
-	a := get("/a")
+	a := get("/v1/a")
 	waitFor(t, "a upstream", func() bool { return g.n() == 1 })
-	b := get("/b")
+	b := get("/v1/b")
 	waitFor(t, "b queued", func() bool { return p.Stats().Queued == 1 })
 	cancel()
 	if res := <-b; res.code != http.StatusServiceUnavailable || res.hdr.Get("Retry-After") == "" {
@@ -718,7 +718,7 @@ func TestMetricsExposition(t *testing.T) {
 	g := newGate()
 	g.release <- struct{}{}
 	r := newRig(t, proxyConfig(), 8, g.handler)
-	mustOK(t, r.get(context.Background(), "/x"))
+	mustOK(t, r.get(context.Background(), "/v1/x"))
 	for _, name := range []string{
 		"vllm_guard_proxy_requests_total", "vllm_guard_proxy_inflight", "vllm_guard_proxy_queue_depth",
 		"vllm_guard_proxy_rejected_total", "vllm_guard_proxy_request_duration_seconds", "vllm_guard_proxy_limit",
@@ -794,5 +794,87 @@ func TestA503WhileReadyIsPassedOn(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 503 || calls.Load() != 1 {
 		t.Fatalf("%d after %d calls; want vLLM's 503, once", resp.StatusCode, calls.Load())
+	}
+}
+
+// Probes, scrapes and listings pass straight through (issue 17 item 4):
+// with every slot taken and the queue full, /health, /metrics, /v1/models,
+// /version and /ping still reach vLLM at once, take no slot, and are never
+// queued or refused for load.
+func TestProbesAndScrapesPassThrough(t *testing.T) {
+	g := newGate()
+	cfg := proxyConfig()
+	cfg.QueueSize = 1
+	r := newRig(t, cfg, 1, func(w http.ResponseWriter, req *http.Request) {
+		if IsInference(req) {
+			g.handler(w, req)
+			return
+		}
+		io.WriteString(w, "through "+req.Method+" "+req.URL.Path)
+	})
+	held := r.goGet("/v1/completions")
+	waitFor(t, "the only slot taken", func() bool { return g.n() == 1 })
+	queued := r.goGet("/v1/chat/completions")
+	waitFor(t, "the queue full", func() bool { return r.p.Stats().Queued == 1 })
+
+	for _, c := range []struct{ method, path string }{
+		{http.MethodGet, "/health"}, {http.MethodGet, "/metrics"}, {http.MethodGet, "/v1/models"},
+		{http.MethodGet, "/version"}, {http.MethodGet, "/ping"}, {http.MethodPost, "/ping"}, {http.MethodGet, "/load"},
+	} {
+		req, _ := http.NewRequest(c.method, r.front.URL+c.path, nil)
+		resp, err := r.client.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", c.method, c.path, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := "through " + c.method + " " + c.path; resp.StatusCode != http.StatusOK || string(b) != want {
+			t.Errorf("%s %s with every slot taken: %d %q, want 200 %q", c.method, c.path, resp.StatusCode, b, want)
+		}
+	}
+	if st := r.p.Stats(); st.Inflight != 1 || st.Queued != 1 || st.Admitted != 1 || st.Rejected != 0 {
+		t.Errorf("after the pass-through requests: %+v, want the one inference request in flight and one queued, nothing refused", st)
+	}
+	// One more inference request is refused: the queue is full.
+	if res := r.get(context.Background(), "/v1/embeddings"); res.code != http.StatusTooManyRequests {
+		t.Errorf("inference request with the queue full: %d, want 429", res.code)
+	}
+	g.release <- struct{}{}
+	g.release <- struct{}{}
+	mustOK(t, <-held)
+	mustOK(t, <-queued)
+}
+
+// While vLLM is down a pass-through request is answered at once with 503,
+// not held until vLLM comes back as an inference request is.
+func TestPassThroughWhileVLLMIsDown(t *testing.T) {
+	r := newRig(t, proxyConfig(), 4, func(w http.ResponseWriter, req *http.Request) {})
+	r.upstream.Close() // vLLM is gone: its port refuses connections
+	r.up.set(func(f *fakeUp) { f.ready = false })
+	res := r.get(context.Background(), "/health")
+	if res.code != http.StatusServiceUnavailable || res.hdr.Get("Retry-After") == "" || !strings.Contains(res.body, "not up now") {
+		t.Fatalf("GET /health with vLLM down: %d %q, want 503 with Retry-After saying vLLM is not up", res.code, res.body)
+	}
+	if st := r.p.Stats(); st.Admitted != 0 || st.Rejected != 0 {
+		t.Errorf("a pass-through request counted in admission: %+v", st)
+	}
+}
+
+func TestIsInference(t *testing.T) {
+	for _, c := range []struct {
+		method, path string
+		want         bool
+	}{
+		{"POST", "/v1/completions", true}, {"POST", "/v1/chat/completions", true}, {"POST", "/v1/embeddings", true},
+		{"POST", "/v1/responses", true}, {"POST", "/v1/audio/transcriptions", true}, {"POST", "/v2/rerank", true},
+		{"POST", "/pooling", true}, {"POST", "/classify", true}, {"POST", "/score", true}, {"POST", "/rerank", true},
+		{"POST", "/tokenize", true}, {"POST", "/detokenize", true}, {"POST", "/invocations", true},
+		{"GET", "/v1/models", false}, {"GET", "/health", false}, {"GET", "/metrics", false}, {"GET", "/version", false},
+		{"GET", "/ping", false}, {"POST", "/ping", false}, {"GET", "/v1/completions", false}, {"POST", "/health", false},
+	} {
+		req, _ := http.NewRequest(c.method, "http://vllm"+c.path, nil)
+		if got := IsInference(req); got != c.want {
+			t.Errorf("IsInference(%s %s) = %v, want %v", c.method, c.path, got, c.want)
+		}
 	}
 }

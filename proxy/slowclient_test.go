@@ -29,7 +29,7 @@ func dialStalled(t *testing.T, addr, path string) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	if _, err := c.Write([]byte("GET " + path + " HTTP/1.1\r\nHost: guard\r\n\r\n")); err != nil {
+	if _, err := c.Write([]byte("POST " + path + " HTTP/1.1\r\nHost: guard\r\nContent-Length: 0\r\n\r\n")); err != nil {
 		t.Fatal(err)
 	}
 	return c
@@ -48,7 +48,7 @@ func TestStalledReadersLoseTheirSlots(t *testing.T) {
 	cfg.QueueTimeout = config.Duration{Duration: 30 * time.Second} // far beyond the write timeout
 	cfg.WriteTimeout = config.Duration{Duration: 200 * time.Millisecond}
 	r := newRig(t, cfg, 2, func(w http.ResponseWriter, req *http.Request) {
-		if req.URL.Path == "/small" {
+		if req.URL.Path == "/v1/small" {
 			w.Write([]byte("ok"))
 			return
 		}
@@ -63,13 +63,13 @@ func TestStalledReadersLoseTheirSlots(t *testing.T) {
 		cancelled <- req.URL.Path
 	})
 	addr := strings.TrimPrefix(r.front.URL, "http://")
-	dialStalled(t, addr, "/flood-1")
-	dialStalled(t, addr, "/flood-2")
+	dialStalled(t, addr, "/v1/flood-1")
+	dialStalled(t, addr, "/v1/flood-2")
 	waitFor(t, "both stalled clients to hold a slot", func() bool { return r.p.Stats().Inflight == 2 })
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	res := r.get(ctx, "/small")
+	res := r.get(ctx, "/v1/small")
 	if res.err != nil || res.code != http.StatusOK || res.body != "ok" {
 		t.Fatalf("third client: code %d body %q err %v; want 200 ok once the stalled clients lost their slots", res.code, res.body, res.err)
 	}

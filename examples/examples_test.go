@@ -150,7 +150,10 @@ func TestSystemdTemplateUnitSettings(t *testing.T) {
 	plain := unitKeys(read(t, "vllm-guard.service"))
 	tmpl := unitKeys(read(t, "vllm-guard@.service"))
 	for _, k := range []string{"Type", "NotifyAccess", "ExecReload", "User", "Group", "TimeoutStartSec", "KillMode", "TimeoutStopSec",
-		"WatchdogSec", "Restart", "RestartSec", "RestartPreventExitStatus", "OOMPolicy", "RuntimeDirectory", "RuntimeDirectoryMode", "LimitNOFILE"} {
+		"WatchdogSec", "Restart", "RestartSec", "RestartPreventExitStatus", "OOMPolicy", "RuntimeDirectory", "RuntimeDirectoryMode", "LimitNOFILE",
+		"NoNewPrivileges", "ProtectSystem", "ReadWritePaths", "CacheDirectory", "PrivateTmp", "ProtectHome", "PrivateMounts", "DevicePolicy",
+		"ProtectKernelTunables", "ProtectKernelModules", "ProtectControlGroups", "RestrictNamespaces", "CapabilityBoundingSet",
+		"RestrictAddressFamilies", "UMask"} {
 		if tmpl[k] != plain[k] {
 			t.Errorf("%s=%q in the template, %q in vllm-guard.service: keep them alike", k, tmpl[k], plain[k])
 		}
@@ -169,6 +172,86 @@ func TestSystemdTemplateUnitSettings(t *testing.T) {
 	state := strings.Fields(tmpl["StateDirectory"])
 	if len(state) == 0 || "/var/lib/"+state[0] != config.InstanceStateDir("%i") {
 		t.Errorf("StateDirectory=%q: its first folder must be the instance's state folder %s", tmpl["StateDirectory"], config.InstanceStateDir("%i"))
+	}
+}
+
+// unitValues lists every value of a [Service] key that may repeat
+// (DeviceAllow=, Environment=), each Environment= line split into its
+// assignments.
+func unitValues(unit, key string) []string {
+	var out []string
+	section := ""
+	for l := range strings.Lines(unit) {
+		l = strings.TrimSpace(l)
+		if strings.HasPrefix(l, "[") {
+			section = l
+			continue
+		}
+		if k, v, ok := strings.Cut(l, "="); ok && k == key && section == "[Service]" {
+			if key == "Environment" {
+				out = append(out, strings.Fields(v)...)
+			} else {
+				out = append(out, v)
+			}
+		}
+	}
+	return out
+}
+
+// Both units carry the hardening vLLM tolerates (issue 17 item 2): a
+// read-only system but for the folders the guard and vLLM write, only
+// NVIDIA's devices, no privileges; and systemd-analyze security scores
+// them no worse than the README says.
+func TestSystemdHardening(t *testing.T) {
+	for _, c := range []struct{ src, as string }{{"vllm-guard.service", "vllm-guard.service"}, {"vllm-guard@.service", "vllm-guard@gpu0.service"}} {
+		t.Run(c.src, func(t *testing.T) {
+			unit := read(t, c.src)
+			keys := unitKeys(unit)
+			for k, want := range map[string]string{"NoNewPrivileges": "yes", "ProtectSystem": "strict", "PrivateTmp": "yes",
+				"ProtectHome": "yes", "DevicePolicy": "closed", "CapabilityBoundingSet": ""} {
+				if v, ok := keys[k]; !ok || v != want {
+					t.Errorf("%s=%q, want %q", k, v, want)
+				}
+			}
+			if u := keys["User"]; u == "" || u == "root" || u == "0" {
+				t.Errorf("User=%q: run as a dedicated user", u)
+			}
+			devs := strings.Join(unitValues(unit, "DeviceAllow"), " ")
+			for _, d := range []string{"char-nvidia-frontend rw", "char-nvidia-uvm rw", "char-nvidia-caps rw"} {
+				if !strings.Contains(devs, d) {
+					t.Errorf("DeviceAllow= lacks %q: vLLM cannot open the GPU (%s)", d, devs)
+				}
+			}
+			// Every folder the unit points vLLM at for writing is writable.
+			writable := strings.Fields(keys["ReadWritePaths"])
+			for _, env := range unitValues(unit, "Environment") {
+				name, dir, _ := strings.Cut(env, "=")
+				if name != "HF_HOME" && name != "XDG_CACHE_HOME" && name != "TRITON_CACHE_DIR" {
+					continue
+				}
+				ok := false
+				for _, w := range writable {
+					ok = ok || dir == w || strings.HasPrefix(dir, w+"/")
+				}
+				if !ok {
+					t.Errorf("%s is not under ReadWritePaths=%v: vLLM could not write it under ProtectSystem=strict", env, writable)
+				}
+			}
+			if !strings.Contains(keys["ReadWritePaths"], "/var/lib/vllm-guard") {
+				t.Errorf("ReadWritePaths=%q: the state folder must be writable", keys["ReadWritePaths"])
+			}
+			sa := tool(t, "systemd-analyze", "systemd")
+			dir := t.TempDir()
+			unit = regexp.MustCompile(`(?m)^ExecStart=\S+`).ReplaceAllLiteralString(unit, "ExecStart="+tool(t, "true", "coreutils"))
+			if err := os.WriteFile(filepath.Join(dir, c.src), []byte(unit), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			// --threshold is the exposure × 10 above which it fails: 3.2 here.
+			out, err := exec.Command(sa, "security", "--offline=yes", "--threshold=32", filepath.Join(dir, c.as)).CombinedOutput()
+			if err != nil {
+				t.Errorf("systemd-analyze security: %v (exposure above 3.2, the README's figure):\n%s", err, out)
+			}
+		})
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
@@ -42,6 +43,7 @@ type logSink struct {
 	filter  *lineFilter // nil: every line as printed
 	log     *zap.Logger
 	ch      chan emitted
+	levels  levels // used by run only
 	dropped atomic.Uint64
 	done    chan struct{}
 
@@ -85,10 +87,10 @@ func (s *logSink) run() {
 				return
 			}
 			fields := []zap.Field{zap.String("stream", e.stream), zap.Int("pid", e.pid)}
-			switch {
-			case strings.HasPrefix(e.text, "ERROR") || strings.HasPrefix(e.text, "CRITICAL"):
+			switch s.levels.of(e.stream, e.text) {
+			case zapcore.ErrorLevel:
 				s.log.Error(e.text, fields...)
-			case strings.HasPrefix(e.text, "WARNING"):
+			case zapcore.WarnLevel:
 				s.log.Warn(e.text, fields...)
 			default:
 				s.log.Info(e.text, fields...)

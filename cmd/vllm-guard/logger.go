@@ -16,15 +16,30 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/redact"
 )
 
-// newLogger builds the guard's logger: console on a terminal, JSON
-// otherwise; under journald no timestamps of our own (the journal stamps
-// every line already).
 // logLevel is the guard's log level; a config reload changes it.
 var logLevel = zap.NewAtomicLevel()
 
+// newLogger builds the guard's logger. format "auto": native journal
+// entries when stderr is the journal (journal.go), console lines on a
+// terminal, JSON otherwise. A format named in the config is written to
+// stderr as it is, under journald without timestamps of our own (the
+// journal stamps every line already).
 func newLogger(level, format string) (*zap.Logger, error) {
 	journald, _ := journal.StderrIsJournalStream()
+	if journald && (format == "auto" || format == "") {
+		return newJournalLogger(zapcore.Lock(os.Stderr), level, journal.Send)
+	}
 	return newLoggerTo(zapcore.Lock(os.Stderr), level, format, isTerminal(os.Stderr), journald)
+}
+
+// newJournalLogger writes native journal entries with send, and console
+// lines to w for any entry the journal refuses.
+func newJournalLogger(w zapcore.WriteSyncer, level string, send journalSend) (*zap.Logger, error) {
+	fallback, err := newLoggerTo(w, level, "console", false, true)
+	if err != nil {
+		return nil, err
+	}
+	return zap.New(&journalCore{LevelEnabler: logLevel, send: send, fallback: fallback.Core()}), nil
 }
 
 // newLoggerTo is newLogger writing to w, for tests.

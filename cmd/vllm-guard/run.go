@@ -366,6 +366,7 @@ func (g *guard) onEvent(e events.Event) {
 	case events.KindStarting:
 		g.met.Started()
 	case events.KindState:
+		setGuardState(e.State)
 		g.onState(g.sup.Status())
 	case events.KindProgress:
 		g.onProgress(e.Phase)

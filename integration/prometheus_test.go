@@ -483,7 +483,14 @@ func (p *promServer) watch() *alertWatch {
 			}
 		}
 	}()
-	p.t.Cleanup(w.close)
+	p.t.Cleanup(func() {
+		w.close()
+		if p.t.Failed() {
+			for _, c := range w.changes {
+				p.t.Logf("alert %s went %s at %s", c.alert, c.state, c.at.Format("15:04:05.000"))
+			}
+		}
+	})
 	return w
 }
 

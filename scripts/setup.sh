@@ -6,7 +6,7 @@ need=()
 command -v gcc >/dev/null || need+=(gcc)
 command -v setsid >/dev/null || need+=(util-linux)
 command -v systemd-analyze >/dev/null || need+=(systemd)     # examples: verify the unit
-command -v promtool >/dev/null || need+=(prometheus)         # examples: check and test the alert rules
+{ command -v promtool && command -v prometheus; } >/dev/null || need+=(prometheus)  # examples: the alert rules (promtool); integration: a live server
 command -v zsh >/dev/null || need+=(zsh)                     # cmd: parse and run the zsh completion
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

@@ -33,6 +33,9 @@ var packagers = []packager{{"deb", deb.Default}, {"rpm", rpm.DefaultRPM}}
 // build writes the tarball, the .deb, the .rpm and SHA256SUMS into o.out
 // and returns their paths.
 func build(o options, mtime time.Time) ([]string, error) {
+	if _, err := os.Stat(o.binary); err != nil {
+		return nil, fmt.Errorf("%w: build it first (make bin/vllm-guard), or give its path with -binary", err)
+	}
 	got, err := stamped(o.binary)
 	if err != nil {
 		return nil, err

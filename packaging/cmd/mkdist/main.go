@@ -63,7 +63,9 @@ func run(args []string, log func(string, ...any)) error {
 	fs.StringVar(&o.root, "root", "..", "the repository's top folder")
 	fs.StringVar(&o.out, "out", "../dist", "where to write the packages")
 	fs.StringVar(&o.version, "version", "", "the version the binary was stamped with (the Makefile's VERSION); checked against its --version")
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(args); err == flag.ErrHelp {
+		return nil
+	} else if err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -42,7 +42,10 @@ func runHelp(binary string, args ...string) (string, error) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return "", fmt.Errorf("%s %s: %v: %s", binary, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+		if msg := strings.TrimSpace(stderr.String()); msg != "" {
+			err = fmt.Errorf("%v: %s", err, msg)
+		}
+		return "", fmt.Errorf("%s %s: %v", binary, strings.Join(args, " "), err)
 	}
 	return string(out), nil
 }

@@ -9,7 +9,7 @@ BIN := bin
 LIB := build/lib
 NVML_INC = $(shell $(GO) list -m -f '{{.Dir}}' github.com/NVIDIA/go-nvml)/pkg/nvml
 
-.PHONY: all build setup test lint demo bench bench-storm fuzz soak diagnose-report clean
+.PHONY: all build setup test lint demo bench bench-storm fuzz soak diagnose-report dist clean
 
 all: build
 
@@ -39,9 +39,11 @@ lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
-# Every test, race detector on: unit, integration (real processes), golden files.
+# Every test, race detector on: unit, integration (real processes), golden files;
+# then the packaging module's (builds the packages, installs the .deb into a temporary root).
 test: setup lint
 	$(GO) test -race -count=1 -timeout 20m ./...
+	cd packaging && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
 
 # What the tests need beyond Go and gcc (systemd-analyze, promtool), from Debian.
 setup:
@@ -73,5 +75,13 @@ soak: build
 diagnose-report:
 	$(GO) test -count=1 -run 'TestDiagnoseReport$$' -v ./policy
 
+# Release packages in dist/ for VERSION: vllm-guard_V_linux_ARCH.tar.gz,
+# vllm-guard_V_ARCH.deb, vllm-guard-V-1.RPMARCH.rpm and SHA256SUMS, V being
+# VERSION made valid for dpkg and rpm (packaging/cmd/mkdist/version.go).
+# Every file in them is dated the commit's time.
+dist: $(BIN)/vllm-guard
+	cd packaging && SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || date +%s) \
+	  $(GO) run ./cmd/mkdist -binary ../$(BIN)/vllm-guard -root .. -out ../dist -version '$(VERSION)'
+
 clean:
-	rm -rf $(BIN) build
+	rm -rf $(BIN) build dist

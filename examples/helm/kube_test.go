@@ -1,6 +1,7 @@
 package helm
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"github.com/vllm-guard/vllm-guard/config"
@@ -36,11 +38,17 @@ var kinds = map[string]func() any{
 	"monitoring.coreos.com/v1 PodMonitor": func() any { return new(monitoringv1.PodMonitor) },
 }
 
-// decodeStrict decodes one YAML document into its API type: an unknown
-// field, a duplicate key, a wrong type or a kind not in kinds is an error.
+// decodeStrict decodes one YAML document into its API type as the API
+// server's strict field validation does: field names match case and all
+// (encoding/json would take readonly for readOnly); an unknown field, a
+// duplicate key, a wrong type or a kind not in kinds is an error.
 func decodeStrict(doc []byte) (any, error) {
+	j, err := yaml.YAMLToJSONStrict(doc)
+	if err != nil {
+		return nil, err
+	}
 	var tm metav1.TypeMeta
-	if err := yaml.Unmarshal(doc, &tm); err != nil {
+	if err := kjson.UnmarshalCaseSensitivePreserveInts(j, &tm); err != nil {
 		return nil, err
 	}
 	newObj, ok := kinds[tm.APIVersion+" "+tm.Kind]
@@ -48,7 +56,11 @@ func decodeStrict(doc []byte) (any, error) {
 		return nil, fmt.Errorf("apiVersion %q kind %q is none of the kinds these tests know (add its API type to kinds)", tm.APIVersion, tm.Kind)
 	}
 	obj := newObj()
-	if err := yaml.UnmarshalStrict(doc, obj); err != nil {
+	strict, err := kjson.UnmarshalStrict(j, obj)
+	if err == nil {
+		err = errors.Join(strict...)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", tm.APIVersion, tm.Kind, err)
 	}
 	return obj, nil

@@ -9,7 +9,7 @@ BIN := bin
 LIB := build/lib
 NVML_INC = $(shell $(GO) list -m -f '{{.Dir}}' github.com/NVIDIA/go-nvml)/pkg/nvml
 
-.PHONY: all build setup test lint demo bench bench-storm fuzz soak diagnose-report clean
+.PHONY: all build setup test test-helm helm-template lint demo bench bench-storm fuzz soak diagnose-report clean
 
 all: build
 
@@ -39,9 +39,22 @@ lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
-# Every test, race detector on: unit, integration (real processes), golden files.
+# Every test, race detector on: unit, integration (real processes), golden
+# files; then the Helm chart's module.
 test: setup lint
 	$(GO) test -race -count=1 -timeout 20m ./...
+	$(MAKE) test-helm
+
+# The Helm chart and the Kubernetes manifests (examples/helm, a Go module of
+# its own so that Helm stays out of the guard's): rendered with Helm's
+# library, every object decoded strictly into the Kubernetes API types.
+test-helm:
+	cd examples/helm && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 20m ./...
+
+# The chart as `helm template` prints it, without the helm binary:
+#   make helm-template ARGS='--set gpus=2 --set podMonitor.enabled=true'
+helm-template:
+	@cd examples/helm && $(GO) run ./cmd/render $(ARGS)
 
 # What the tests need beyond Go and gcc (systemd-analyze, promtool), from Debian.
 setup:

@@ -17,3 +17,4 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 go mod download
+(cd examples/helm && go mod download)                   # the Helm chart's own module

@@ -9,7 +9,7 @@ BIN := bin
 LIB := build/lib
 NVML_INC = $(shell $(GO) list -m -f '{{.Dir}}' github.com/NVIDIA/go-nvml)/pkg/nvml
 
-.PHONY: all build setup test lint demo bench bench-storm fuzz soak diagnose-report dist clean
+.PHONY: all build setup test test-helm test-packaging helm-template lint demo bench bench-storm fuzz soak diagnose-report dist clean
 
 all: build
 
@@ -39,11 +39,26 @@ lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
-# Every test, race detector on: unit, integration (real processes), golden files;
-# then the packaging module's (builds the packages, installs the .deb into a temporary root).
+# Every test, race detector on: unit, integration (real processes), golden
+# files; then the two modules of their own: the Helm chart's and the
+# packaging's (builds the packages, installs the .deb into a temporary root).
 test: setup lint
 	$(GO) test -race -count=1 -timeout 20m ./...
+	$(MAKE) test-helm test-packaging
+
+# The Helm chart and the Kubernetes manifests (examples/helm, a Go module of
+# its own so that Helm stays out of the guard's): rendered with Helm's
+# library, every object decoded strictly into the Kubernetes API types.
+test-helm:
+	cd examples/helm && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 20m ./...
+
+test-packaging:
 	cd packaging && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
+
+# The chart as `helm template` prints it, without the helm binary:
+#   make helm-template ARGS='--set gpus=2 --set podMonitor.enabled=true'
+helm-template:
+	@cd examples/helm && $(GO) run ./cmd/render $(ARGS)
 
 # What the tests need beyond Go and gcc (systemd-analyze, promtool), from Debian.
 setup:

@@ -2,7 +2,6 @@ package examples
 
 import (
 	"encoding/json"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -399,82 +398,6 @@ func TestGrafanaDashboard(t *testing.T) {
 
 func overlap(a, b gridPos) bool {
 	return a.X < b.X+b.W && b.X < a.X+a.W && a.Y < b.Y+b.H && b.Y < a.Y+a.H
-}
-
-// configMapTOML returns the block under "vllm-guard.toml: |", dedented.
-func configMapTOML(t *testing.T, manifest string) string {
-	t.Helper()
-	lines := strings.Split(manifest, "\n")
-	for i, l := range lines {
-		if strings.TrimSpace(l) != "vllm-guard.toml: |" {
-			continue
-		}
-		keyIndent := len(l) - len(strings.TrimLeft(l, " "))
-		indent := -1
-		var out strings.Builder
-		for _, b := range lines[i+1:] {
-			if strings.TrimSpace(b) == "" {
-				out.WriteString("\n")
-				continue
-			}
-			n := len(b) - len(strings.TrimLeft(b, " "))
-			if n <= keyIndent {
-				break
-			}
-			if indent < 0 {
-				indent = n
-			}
-			out.WriteString(b[min(indent, n):] + "\n")
-		}
-		return out.String()
-	}
-	t.Fatal("deployment.yaml has no ConfigMap key vllm-guard.toml")
-	return ""
-}
-
-func TestKubernetesManifests(t *testing.T) {
-	dep := read(t, filepath.Join("kubernetes", "deployment.yaml"))
-	path := filepath.Join(t.TempDir(), "vllm-guard.toml")
-	if err := os.WriteFile(path, []byte(configMapTOML(t, dep)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatalf("the ConfigMap's vllm-guard.toml: %v", err)
-	}
-	m := regexp.MustCompile(`(?m)^\s*terminationGracePeriodSeconds:\s*(\d+)\s*$`).FindStringSubmatch(dep)
-	if m == nil {
-		t.Fatal("no terminationGracePeriodSeconds: Kubernetes' default 30s kills vLLM mid-shutdown")
-	}
-	grace, _ := strconv.Atoi(m[1])
-	if time.Duration(grace)*time.Second <= cfg.VLLM.StopTimeout.Duration {
-		t.Errorf("terminationGracePeriodSeconds %d is not above [vllm] stop_timeout %s", grace, cfg.VLLM.StopTimeout)
-	}
-	for _, want := range []string{"livenessProbe:", "path: /livez", "readinessProbe:", "path: /readyz", "nvidia.com/gpu:", "kind: Deployment", "kind: ConfigMap"} {
-		if !strings.Contains(dep, want) {
-			t.Errorf("deployment.yaml lacks %q", want)
-		}
-	}
-	// /livez answers while vLLM loads: no startup hacks.
-	var code strings.Builder // the manifest less its comments
-	for l := range strings.Lines(dep) {
-		if !strings.HasPrefix(strings.TrimSpace(l), "#") {
-			code.WriteString(l)
-		}
-	}
-	for _, banned := range []string{"startupProbe", "initialDelaySeconds"} {
-		if strings.Contains(code.String(), banned) {
-			t.Errorf("deployment.yaml uses %s; /livez is 200 while vLLM loads, so it is not needed", banned)
-		}
-	}
-	host, _, err := net.SplitHostPort(cfg.Control.HTTPListen)
-	if err != nil || (host != "" && host != "0.0.0.0" && host != "::") {
-		t.Errorf("[control] http_listen %q: the kubelet's probes and Prometheus need it on all interfaces", cfg.Control.HTTPListen)
-	}
-	svc := read(t, filepath.Join("kubernetes", "service.yaml"))
-	if !strings.Contains(svc, "kind: Service") {
-		t.Error("service.yaml has no Service")
-	}
 }
 
 // buildinfoPkg holds the variables every build path stamps.

@@ -22,3 +22,4 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 go mod download
 (cd packaging && go mod download)
+(cd examples/helm && go mod download)                   # the Helm chart's own module

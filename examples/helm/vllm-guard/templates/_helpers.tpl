@@ -1,0 +1,192 @@
+{{/*
+Names and labels.
+*/}}
+{{/* Every object is named after the release: helm install vllm ... makes deployment/vllm. */}}
+{{- define "vllm-guard.fullname" -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "vllm-guard.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "vllm-guard.labels" -}}
+{{ include "vllm-guard.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/*
+The guard's fixed places: the chart's probes, Service, PodMonitor and volumes
+use the same ones the TOML names.
+*/}}
+{{- define "vllm-guard.controlPort" -}}9461{{- end -}}
+{{- define "vllm-guard.proxyPort" -}}8080{{- end -}}
+{{- define "vllm-guard.vllmPort" -}}8000{{- end -}}
+{{- define "vllm-guard.stateDir" -}}/var/lib/vllm-guard{{- end -}}
+{{- define "vllm-guard.socketDir" -}}/run/vllm-guard{{- end -}}
+{{- define "vllm-guard.configDir" -}}/etc/vllm-guard{{- end -}}
+
+{{/*
+The guard's effective stop timeout in seconds, as the supervisor computes it
+(supervisor.EffectiveStopTimeout): max(stop_timeout, --shutdown-timeout + 10)
+when vLLM is given a shutdown timeout, else stop_timeout.
+*/}}
+{{- define "vllm-guard.stopSeconds" -}}
+{{- $stop := int .Values.stopTimeoutSeconds -}}
+{{- $drain := int .Values.shutdownTimeoutSeconds -}}
+{{- if gt $drain 0 -}}{{ max $stop (add $drain 10) }}{{- else -}}{{ $stop }}{{- end -}}
+{{- end -}}
+
+{{/* terminationGracePeriodSeconds: the stop timeout plus the margin. */}}
+{{- define "vllm-guard.graceSeconds" -}}
+{{- add (include "vllm-guard.stopSeconds" . | int) (int .Values.terminationGraceMarginSeconds) -}}
+{{- end -}}
+
+{{- define "vllm-guard.tensorParallelSize" -}}
+{{- int .Values.tensorParallelSize | default (int .Values.gpus) -}}
+{{- end -}}
+
+{{/*
+vLLM's command line ([vllm] command), as a JSON array. Flags the chart sets
+from other values are refused in extraArgs, so that what the chart derives
+(the grace period, the GPU count) is what vLLM runs with.
+*/}}
+{{- define "vllm-guard.command" -}}
+{{- $owned := dict
+  "--shutdown-timeout" "shutdownTimeoutSeconds (the pod's grace period follows it)"
+  "--tensor-parallel-size" "tensorParallelSize"
+  "-tp" "tensorParallelSize"
+  "--max-num-seqs" "profile.maxNumSeqs (the guard lowers it after an out-of-memory crash)"
+  "--gpu-memory-utilization" "profile.gpuMemoryUtilization (the guard lowers it after an out-of-memory crash)" -}}
+{{- $extra := list -}}
+{{- range $arg := .Values.extraArgs -}}
+{{- $arg = toString $arg -}}
+{{- $extra = append $extra $arg -}}
+{{- $flag := regexReplaceAll "=.*$" $arg "" | replace "_" "-" -}}
+{{- if hasKey $owned $flag -}}
+{{- fail (printf "extraArgs: %s is set by the chart; set %s instead" $arg (get $owned $flag)) -}}
+{{- end -}}
+{{- end -}}
+{{- $tp := include "vllm-guard.tensorParallelSize" . | int -}}
+{{- if gt $tp (int .Values.gpus) -}}
+{{- fail (printf "tensorParallelSize %d is more than gpus %d: vLLM needs a GPU for each tensor-parallel rank" $tp (int .Values.gpus)) -}}
+{{- end -}}
+{{- $cmd := list "vllm" "serve" .Values.model -}}
+{{- with .Values.servedModelName -}}{{- $cmd = concat $cmd (list "--served-model-name" .) -}}{{- end -}}
+{{- if gt $tp 1 -}}{{- $cmd = concat $cmd (list "--tensor-parallel-size" (toString $tp)) -}}{{- end -}}
+{{- if gt (int .Values.shutdownTimeoutSeconds) 0 -}}
+{{- $cmd = concat $cmd (list "--shutdown-timeout" (toString (int .Values.shutdownTimeoutSeconds))) -}}
+{{- end -}}
+{{- concat $cmd $extra | toJson -}}
+{{- end -}}
+
+{{/*
+The guard's configuration as JSON: what the chart derives from its values,
+then guardConfig merged over it table by table, key by key.
+*/}}
+{{- define "vllm-guard.config" -}}
+{{- $vllm := dict
+  "command" (include "vllm-guard.command" . | fromJsonArray)
+  "host" "127.0.0.1"
+  "port" (include "vllm-guard.vllmPort" . | int)
+  "stop_timeout" (printf "%ds" (int .Values.stopTimeoutSeconds)) -}}
+{{- $cfg := dict
+  "vllm" $vllm
+  "profile" (dict "max_num_seqs" .Values.profile.maxNumSeqs "gpu_memory_utilization" .Values.profile.gpuMemoryUtilization)
+  "readiness" (dict "stall_timeout" "15m")
+  "control" (dict
+    "socket" (printf "%s/guard.sock" (include "vllm-guard.socketDir" .))
+    "http_listen" (printf "0.0.0.0:%s" (include "vllm-guard.controlPort" .))
+    "state_dir" (include "vllm-guard.stateDir" .))
+  "log" (dict "format" "json") -}}
+{{- if .Values.proxy -}}
+{{- $_ := set $cfg "proxy" (dict "listen" (printf "0.0.0.0:%s" (include "vllm-guard.proxyPort" .))) -}}
+{{- else -}}
+{{- $_ := set $vllm "host" "0.0.0.0" -}}
+{{- end -}}
+{{- $owned := dict
+  "vllm.command" "set model, servedModelName, gpus, tensorParallelSize, shutdownTimeoutSeconds or extraArgs instead"
+  "vllm.stop_timeout" "set stopTimeoutSeconds instead (the pod's grace period follows it)"
+  "control.socket" "the chart mounts its folder"
+  "control.http_listen" "the probes, the Service and the PodMonitor use port 9461"
+  "control.state_dir" "the chart mounts the state volume there"
+  "proxy.listen" "set proxy: true or false instead" -}}
+{{- range $table, $keys := .Values.guardConfig -}}
+{{- if not (kindIs "map" $keys) -}}
+{{- fail (printf "guardConfig.%s: write a table of the guard's settings, such as guardConfig.readiness.stall_timeout" $table) -}}
+{{- end -}}
+{{- $into := dict -}}
+{{- if hasKey $cfg $table -}}{{- $into = get $cfg $table -}}{{- end -}}
+{{- range $key, $value := $keys -}}
+{{- $path := printf "%s.%s" $table $key -}}
+{{- if hasKey $owned $path -}}
+{{- fail (printf "guardConfig.%s is set by the chart: %s" $path (get $owned $path)) -}}
+{{- end -}}
+{{- $_ := set $into $key $value -}}
+{{- end -}}
+{{- $_ := set $cfg $table $into -}}
+{{- end -}}
+{{- toJson $cfg -}}
+{{- end -}}
+
+{{/*
+The guard's TOML, from vllm-guard.config: the tables in the order
+vllm-guard.toml documents them (any other after, for the guard to refuse by
+name), keys sorted.
+*/}}
+{{- define "vllm-guard.toml" -}}
+{{- $cfg := include "vllm-guard.config" . | fromJson -}}
+{{- $order := list "vllm" "profile" "readiness" "liveness" "gpu" "restart" "control" "alerts" "proxy" "log" -}}
+{{- $tables := list -}}
+{{- range $name := $order -}}{{- if hasKey $cfg $name -}}{{- $tables = append $tables $name -}}{{- end -}}{{- end -}}
+{{- range $name := keys $cfg | sortAlpha -}}{{- if not (has $name $order) -}}{{- $tables = append $tables $name -}}{{- end -}}{{- end -}}
+# Written by the vllm-guard chart from its values (guardConfig for the rest).
+# vllm-guard.toml in the repository documents every key.
+{{- range $name := $tables }}
+{{- $table := get $cfg $name }}
+
+[{{ $name }}]
+{{- range $key := keys $table | sortAlpha }}
+{{- $value := get $table $key }}
+{{- if not (kindIs "invalid" $value) }}
+{{ include "vllm-guard.tomlKey" $key }} = {{ include "vllm-guard.tomlValue" (dict "path" (printf "%s.%s" $name $key) "value" $value) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{ end -}}
+
+{{- define "vllm-guard.tomlKey" -}}
+{{- if regexMatch "^[A-Za-z0-9_-]+$" . -}}{{ . }}{{- else -}}{{ toJson . }}{{- end -}}
+{{- end -}}
+
+{{/*
+One TOML value: a string, number or boolean (JSON writes them as TOML reads
+them: whole numbers without a fraction, so they decode as integers), an
+array of those, or an inline table of those ([vllm] env).
+*/}}
+{{- define "vllm-guard.tomlValue" -}}
+{{- $v := .value -}}
+{{- if kindIs "map" $v -}}
+{{- $path := .path -}}
+{ {{- range $i, $k := keys $v | sortAlpha }}{{ if $i }},{{ end }} {{ include "vllm-guard.tomlKey" $k }} = {{ include "vllm-guard.tomlScalar" (dict "path" (printf "%s.%s" $path $k) "value" (get $v $k)) }}{{ end }} }
+{{- else if kindIs "slice" $v -}}
+{{- range $e := $v -}}
+{{- if or (kindIs "map" $e) (kindIs "slice" $e) -}}
+{{- fail (printf "guardConfig.%s: an array of tables or arrays is no setting of the guard; write an array of strings" $.path) -}}
+{{- end -}}
+{{- end -}}
+[{{ range $i, $e := $v }}{{ if $i }}, {{ end }}{{ toJson $e }}{{ end }}]
+{{- else -}}
+{{- include "vllm-guard.tomlScalar" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "vllm-guard.tomlScalar" -}}
+{{- if or (kindIs "map" .value) (kindIs "slice" .value) -}}
+{{- fail (printf "guardConfig.%s: a table or array inside a table's value is no setting of the guard" .path) -}}
+{{- end -}}
+{{- toJson .value -}}
+{{- end -}}

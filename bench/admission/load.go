@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -29,6 +30,7 @@ type record struct {
 	start, first, end time.Time // first: its first token (zero if none came)
 	outcome           outcome
 	retryAfter        string // the Retry-After of a refusal
+	why               string // a failure: "status N" or "no answer"
 	tokens            int
 }
 
@@ -39,8 +41,9 @@ type load struct {
 	body   []byte
 	client *http.Client
 
-	mu   sync.Mutex
-	recs []record
+	mu       sync.Mutex
+	recs     []record
+	stopping bool // set with stopNew closed, under mu: no client is added after
 
 	stopNew chan struct{} // closed: no client starts another request
 	abort   context.Context
@@ -73,12 +76,13 @@ func (l *load) start(n int, spread time.Duration) {
 				return
 			}
 		}
-		select {
-		case <-l.stopNew:
+		l.mu.Lock()
+		if l.stopping {
+			l.mu.Unlock()
 			return
-		default:
 		}
-		l.wg.Add(1)
+		l.wg.Add(1) // before stop's Wait: both under mu
+		l.mu.Unlock()
 		go l.run()
 	}
 }
@@ -86,11 +90,12 @@ func (l *load) start(n int, spread time.Duration) {
 // stop lets the requests in flight finish within drain, then aborts the
 // rest and waits for every client to end.
 func (l *load) stop(drain time.Duration) {
-	select {
-	case <-l.stopNew:
-	default:
+	l.mu.Lock()
+	if !l.stopping {
+		l.stopping = true
 		close(l.stopNew)
 	}
+	l.mu.Unlock()
 	done := make(chan struct{})
 	go func() { l.wg.Wait(); close(done) }()
 	select {
@@ -148,7 +153,7 @@ func (l *load) one() record {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := l.client.Do(req)
 	if err != nil {
-		r.end, r.outcome = time.Now(), failed
+		r.end, r.outcome, r.why = time.Now(), failed, "no answer"
 		if l.abort.Err() != nil {
 			r.outcome = aborted
 		}
@@ -161,7 +166,7 @@ func (l *load) one() record {
 		r.end, r.outcome, r.retryAfter = time.Now(), refused, resp.Header.Get("Retry-After")
 		return r
 	default:
-		r.end, r.outcome = time.Now(), failed
+		r.end, r.outcome, r.why = time.Now(), failed, fmt.Sprintf("status %d", resp.StatusCode)
 		return r
 	}
 	done, errored := false, false
@@ -242,15 +247,16 @@ func (l *load) records() []record {
 
 // Counts are a run's requests by outcome and what the completed ones gave.
 type Counts struct {
-	Requests            int     `json:"requests"`
-	Completed           int     `json:"completed"`
-	StreamsCut          int     `json:"streams_cut"`
-	Refused             int     `json:"refused"`
-	RefusedNoRetryAfter int     `json:"refused_without_retry_after"`
-	Failed              int     `json:"failed"`
-	GoodputTokS         float64 `json:"goodput_tokens_per_s"`
-	TTFTP50Ms           float64 `json:"ttft_p50_ms"`
-	TTFTP99Ms           float64 `json:"ttft_p99_ms"`
+	Requests            int            `json:"requests"`
+	Completed           int            `json:"completed"`
+	StreamsCut          int            `json:"streams_cut"`
+	Refused             int            `json:"refused"`
+	RefusedNoRetryAfter int            `json:"refused_without_retry_after"`
+	Failed              int            `json:"failed"`
+	FailedBy            map[string]int `json:"failed_by,omitempty"` // "no answer", "status 502", …
+	GoodputTokS         float64        `json:"goodput_tokens_per_s"`
+	TTFTP50Ms           float64        `json:"ttft_p50_ms"`
+	TTFTP99Ms           float64        `json:"ttft_p99_ms"`
 }
 
 // count sums the requests started in [from, to]. Goodput is the tokens of
@@ -280,6 +286,10 @@ func count(recs []record, from, to time.Time) Counts {
 			}
 		case failed:
 			c.Failed++
+			if c.FailedBy == nil {
+				c.FailedBy = map[string]int{}
+			}
+			c.FailedBy[r.why]++
 		}
 		if !r.first.IsZero() {
 			ttft = append(ttft, float64(r.first.Sub(r.start).Microseconds())/1000)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -33,14 +34,18 @@ func TestCount(t *testing.T) {
 		{start: at(3), first: at(3.1), end: at(3.5), outcome: cut, tokens: 4},
 		{start: at(4), end: at(4), outcome: refused, retryAfter: "1"},
 		{start: at(4), end: at(4), outcome: refused},
-		{start: at(5), end: at(5), outcome: failed},
+		{start: at(5), end: at(5), outcome: failed, why: "no answer"},
 		{start: at(6), end: at(6), outcome: aborted},
 		{start: at(-1), first: at(0), end: at(1), outcome: completed, tokens: 10}, // before the phase
 	}
 	c := count(recs, t0, at(10))
 	want := Counts{Requests: 7, Completed: 3, StreamsCut: 1, Refused: 2, RefusedNoRetryAfter: 1, Failed: 1, GoodputTokS: 2,
 		TTFTP50Ms: 100, TTFTP99Ms: 300}
-	if c != want {
+	if c.FailedBy["no answer"] != 1 || len(c.FailedBy) != 1 {
+		t.Errorf("failed by %v, want one with no answer", c.FailedBy)
+	}
+	c.FailedBy = nil
+	if !reflect.DeepEqual(c, want) {
 		t.Errorf("count\n got %+v\nwant %+v", c, want)
 	}
 }

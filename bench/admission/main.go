@@ -418,7 +418,7 @@ func runOne(ctx context.Context, b bins, scratch, frontName, shape string, sampl
 			}
 			res.WarmupConfident = f.confident()
 		}
-		warm.stop(o.drain)
+		warm.stop(drain(ctx, o.drain))
 		res.WarmupS = time.Since(warmT0).Round(100 * time.Millisecond).Seconds()
 		_, res.WarmupOOMs = f.vllmExits()
 		l = newLoad(f.url(), body, o.clients)
@@ -428,7 +428,7 @@ func runOne(ctx context.Context, b bins, scratch, frontName, shape string, sampl
 		wait(ctx, o.burst)
 	}
 	t1 = time.Now()
-	l.stop(o.drain)
+	l.stop(drain(ctx, o.drain))
 	exits, ooms := f.vllmExits()
 	res.Seconds = t1.Sub(t0).Round(100 * time.Millisecond).Seconds()
 	res.Exits, res.OOMs = exits, ooms-res.WarmupOOMs
@@ -452,6 +452,15 @@ func runOne(ctx context.Context, b bins, scratch, frontName, shape string, sampl
 		res.Error = "interrupted"
 	}
 	return res
+}
+
+// drain is how long the requests in flight may finish: none once the
+// benchmark is interrupted.
+func drain(ctx context.Context, d time.Duration) time.Duration {
+	if ctx.Err() != nil {
+		return 0
+	}
+	return d
 }
 
 func wait(ctx context.Context, d time.Duration) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -90,8 +91,8 @@ func (rep Report) markdown(w io.Writer) {
 		if a := r.Admitted; a != nil {
 			adm = fmt.Sprintf("%d (%.1f %% of %d; limit %d, %s)", a.InflightP50, a.Percent, trueSafe, a.Limit, a.Bound)
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %d | %d (%d) | %d | %d | %.0f | %s / %s | %d / %d | %s |\n",
-			r.label(), shape, ooms, r.StreamsCut, r.Refused, r.RefusedNoRetryAfter, r.Failed, r.Completed, r.GoodputTokS,
+		fmt.Fprintf(w, "| %s | %s | %s | %d | %d (%d) | %s | %d | %.0f | %s / %s | %d / %d | %s |\n",
+			r.label(), shape, ooms, r.StreamsCut, r.Refused, r.RefusedNoRetryAfter, failedCell(r.Counts), r.Completed, r.GoodputTokS,
 			ms(r.TTFTP50Ms), ms(r.TTFTP99Ms), r.RunningP50, r.RunningMax, adm)
 	}
 	if len(rep.Goals) > 0 {
@@ -105,6 +106,28 @@ func (rep Report) markdown(w io.Writer) {
 			fmt.Fprintf(w, "- %s: **%s** (%s)\n", g.What, v, g.Measured)
 		}
 	}
+}
+
+// failedCell is the failures and, when there are any, by kind, most first.
+func failedCell(c Counts) string {
+	if c.Failed == 0 {
+		return "0"
+	}
+	kinds := make([]string, 0, len(c.FailedBy))
+	for k := range c.FailedBy {
+		kinds = append(kinds, k)
+	}
+	sort.Slice(kinds, func(i, j int) bool {
+		if c.FailedBy[kinds[i]] != c.FailedBy[kinds[j]] {
+			return c.FailedBy[kinds[i]] > c.FailedBy[kinds[j]]
+		}
+		return kinds[i] < kinds[j]
+	})
+	var parts []string
+	for _, k := range kinds {
+		parts = append(parts, fmt.Sprintf("%s %d", k, c.FailedBy[k]))
+	}
+	return fmt.Sprintf("%d (%s)", c.Failed, strings.Join(parts, ", "))
 }
 
 func ms(v float64) string {

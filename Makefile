@@ -75,6 +75,13 @@ bench: build
 bench-storm: build
 	bash scripts/bench-storm.sh
 
+# More streaming clients than vLLM's memory holds, in a ramp and in a burst,
+# against vLLM directly, nginx (limit_conn at max_num_seqs) and the guard's
+# proxy (a few minutes; installs nginx when missing).
+.PHONY: bench-admission
+bench-admission: build
+	bash scripts/bench-admission.sh
+
 # Every fuzz target for FUZZTIME each (default 2m), one after another.
 fuzz:
 	bash scripts/fuzz.sh

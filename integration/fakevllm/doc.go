@@ -130,7 +130,8 @@
 //	FAKEVLLM_PROGRESS_EVERY   during a phase, a progress line at least this often (default 1s)
 //	FAKEVLLM_TOKEN_INTERVAL   time per generated token (default 1ms)
 //	FAKEVLLM_TICK             memory recomputation period (default 50ms); also on
-//	                          every request change
+//	                          every request change, so a burst runs the engine out
+//	                          of memory as its requests are admitted, not at a tick
 //	FAKEVLLM_ORPHAN_TTL       an engine (or the grandchild) whose parent is gone
 //	                          exits after this long (default 10m)
 //	FAKENVML_STATE            stand-in NVML state folder (see below); unset: a private
@@ -287,7 +288,9 @@
 // /metrics: vllm:num_requests_running, vllm:num_requests_waiting,
 // vllm:kv_cache_usage_perc (v0: vllm:gpu_cache_usage_perc),
 // vllm:num_preemptions_total, vllm:prompt_tokens_total (at prefill),
-// vllm:generation_tokens_total (per token), labels model_name (the first
+// vllm:generation_tokens_total (per token), the histogram
+// vllm:request_prompt_tokens (each prefilled request's prompt when it
+// finishes; vLLM's 1-2-5 buckets up to max_model_len), labels model_name (the first
 // served name) and engine; --disable-log-stats removes every vllm: series
 // (the fakevllm_* truth stays).
 //

@@ -402,7 +402,12 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 		return // the client went away while waiting
 	}
 	generated := 0
-	defer func() { a.sched.finish(prompt, generated) }()
+	defer func() {
+		a.sched.finish(prompt, generated)
+		if generated > 0 { // the first token comes after the prefill
+			a.sched.requestFinished(prompt)
+		}
+	}()
 
 	defer a.requestDone()
 	g := &generation{a: a, chat: chat, id: a.reqID(), created: time.Now().Unix(), prompt: prompt, model: a.respModel(req.Model)}
@@ -615,6 +620,18 @@ func (a *apiServer) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	metric("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", 0)
 	metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", float64(s.PromptTotal))
 	metric("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", float64(s.GenTotal))
+	if !a.args.DisableLogStats {
+		bounds := bucketsOneTwoFive(int(a.maxModelLen.Load()))
+		cum, count, sum := a.sched.promptHistogram(bounds)
+		name := "vllm:request_prompt_tokens"
+		inner := strings.TrimSuffix(labels, "}")
+		fmt.Fprintf(&b, "# HELP %s Number of prefill tokens processed.\n# TYPE %s histogram\n", name, name)
+		for i, bound := range bounds {
+			fmt.Fprintf(&b, "%s_bucket%s,le=%q} %s\n", name, inner, pyFloat(float64(bound)), pyFloat(float64(cum[i])))
+		}
+		fmt.Fprintf(&b, "%s_bucket%s,le=\"+Inf\"} %s\n", name, inner, pyFloat(float64(count)))
+		fmt.Fprintf(&b, "%s_count%s %s\n%s_sum%s %s\n", name, labels, pyFloat(float64(count)), name, labels, pyFloat(float64(sum)))
+	}
 	fmt.Fprintf(&b, "# HELP fakevllm_gpu_used_bytes Simulator truth: memory used on the device (reserved + every live process), as NVML reports it.\n# TYPE fakevllm_gpu_used_bytes gauge\nfakevllm_gpu_used_bytes %d\n", a.deviceUsed.Load())
 	fmt.Fprintf(&b, "# HELP fakevllm_true_seq_cost_bytes Simulator truth: activation memory of one running sequence.\n# TYPE fakevllm_true_seq_cost_bytes gauge\nfakevllm_true_seq_cost_bytes %d\n", a.env.SeqCost)
 	fmt.Fprintf(&b, "# HELP fakevllm_true_safe_max_num_seqs Simulator truth: the largest max_num_seqs whose full-batch peak fits the device now.\n# TYPE fakevllm_true_safe_max_num_seqs gauge\nfakevllm_true_safe_max_num_seqs %d\n", a.safeSeqs.Load())
@@ -709,6 +726,7 @@ func (a *apiServer) handlePooling(w http.ResponseWriter, r *http.Request, kind s
 		return
 	}
 	a.sched.prefilled(prompt)
+	a.sched.requestFinished(prompt)
 	vec := func(i int) []float64 {
 		v := make([]float64, 8)
 		for j := range v {

@@ -16,7 +16,11 @@ type scheduler struct {
 	kvInUse  int64 // prompt + generated tokens of running requests
 	prompts  int64 // vllm:prompt_tokens_total
 	gens     int64 // vllm:generation_tokens_total
-	changed  chan struct{}
+	// vllm:request_prompt_tokens: the prompt size of each finished
+	// request that was prefilled (size → requests), and their sum.
+	finishedPrompts map[int]int64
+	finishedSum     int64
+	changed         chan struct{}
 }
 
 type ticket struct {
@@ -31,7 +35,7 @@ type schedSnapshot struct {
 }
 
 func newScheduler(max int) *scheduler {
-	return &scheduler{max: max, changed: make(chan struct{}, 1)}
+	return &scheduler{max: max, changed: make(chan struct{}, 1), finishedPrompts: map[int]int64{}}
 }
 
 func (s *scheduler) notify() {
@@ -108,6 +112,47 @@ func (s *scheduler) finish(prompt, generated int) {
 	}
 	s.mu.Unlock()
 	s.notify()
+}
+
+// requestFinished records a prefilled request's prompt when it ends, as
+// vLLM observes vllm:request_prompt_tokens for each finished request.
+func (s *scheduler) requestFinished(prompt int) {
+	s.mu.Lock()
+	s.finishedPrompts[prompt]++
+	s.finishedSum += int64(prompt)
+	s.mu.Unlock()
+}
+
+// promptHistogram is vllm:request_prompt_tokens: for each bound the
+// finished requests whose prompt was at most that many tokens, then the
+// count and the sum of their prompts.
+func (s *scheduler) promptHistogram(bounds []int) (cumulative []int64, count, sum int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cumulative = make([]int64, len(bounds))
+	for size, n := range s.finishedPrompts {
+		count += n
+		for i, b := range bounds {
+			if size <= b {
+				cumulative[i] += n
+			}
+		}
+	}
+	return cumulative, count, s.finishedSum
+}
+
+// bucketsOneTwoFive are vLLM's histogram bounds for token counts: 1, 2, 5,
+// 10, 20, 50, … up to max (its build_1_2_5_buckets).
+func bucketsOneTwoFive(max int) []int {
+	var out []int
+	for exp := 1; ; exp *= 10 {
+		for _, m := range []int{1, 2, 5} {
+			if m*exp > max {
+				return out
+			}
+			out = append(out, m*exp)
+		}
+	}
 }
 
 func (s *scheduler) generated(n int) {

@@ -13,7 +13,7 @@ const (
 	BoundMemory    = "memory"    // the cost model's predicted peak
 	BoundTrend     = "trend"     // the GPU trend predicted critical before the model was confident
 	BoundReopening = "reopening" // after an OOM the model did not foresee: growing step by step
-	BoundPressure  = "pressure"  // gpu_memory_critical or oom_predicted: halved
+	BoundPressure  = "pressure"  // gpu_memory_critical or oom_predicted before the model was confident
 )
 
 // AdmissionFacts are what one admission step looks at.
@@ -56,25 +56,53 @@ type AdmissionBound struct {
 //
 // With a confident cost model the limit is the smaller of the rung's and the
 // largest concurrency whose predicted peak stays under the memory ceiling.
-// Before that, the rung's, halved under pressure, with two guards: when the
-// trend predicts critical within the horizon, the limit steps down to 7/8 of
-// what is in flight; after an OOM the model did not foresee, the limit starts
-// at 1/16 of the rung's. From either it reopens by an eighth (at least 2) per
-// step while the requests use it, so that concurrency never rises faster than
-// the samples can follow and the model learns on the way.
+// Before that, the rung's, with three guards: when the trend predicts
+// critical within the horizon, or when pressure (gpu_memory_critical or
+// oom_predicted) begins, the limit steps down to 7/8 of what is in flight;
+// after an OOM the model did not foresee, the limit starts at 1/16 of the
+// rung's. From any of them it reopens by an eighth (at least 2) per step
+// while the requests use it, so that concurrency never rises faster than the
+// samples can follow and the model learns on the way. Pressure with nothing
+// in flight to step down from halves the rung's.
+//
+// Stepping down from what is in flight, not halving the rung, is what holds
+// a ramp: with 1 s GPU samples the requests in flight never hold still
+// while clients keep arriving, the model learns nothing on the way up, and
+// the critical alert comes when vLLM is already near its point of failure.
+// Halving a rung of 256 left 128 admitted above a failure at 118.
 //
 // The memory bound never reaches past what was seen: at most the highest
 // concurrency a settled sample was taken at, plus one growth step (an
 // eighth, at least 2). A young model fitted on low concurrency therefore
 // never extrapolates far; each settled sample at the cap moves it up a step.
 type Admission struct {
-	reopen int // > 0: the reopening limit in force
-	kind   string
-	seen   int // the highest concurrency observed without trouble
+	reopen   int // > 0: the reopening limit in force
+	kind     string
+	seen     int  // the highest concurrency observed without trouble
+	pressure bool // pressure was in force at the last step
+	// The settled samples at the latest level (within stillTolerance of
+	// level): the reopening grows once the level has as many as the cost
+	// model needs of each (admissionSamplesPerLevel).
+	level, atLevel int
 }
 
 // growth is one step of the limit's growth from n.
 func growth(n int) int { return max(n/8, 2) }
+
+// observe counts a settled sample at n (0: none) and returns how many the
+// latest level has.
+func (a *Admission) observe(n int) int {
+	if n <= 0 {
+		return 0
+	}
+	if a.atLevel == 0 || abs(n-a.level) > stillTolerance(a.level) {
+		a.level, a.atLevel = n, 0
+	}
+	a.atLevel++
+	return a.atLevel
+}
+
+func abs(n int) int { return max(n, -n) }
 
 // Seed sets the highest concurrency observed without trouble, from the
 // samples a restarted guard finds (their highest running).
@@ -120,6 +148,8 @@ func (a *Admission) Step(f AdmissionFacts) AdmissionBound {
 		Why: fmt.Sprintf("max_num_seqs %d × inflight_factor %g", f.Rung.MaxNumSeqs, f.InflightFactor)}
 	m := f.Model
 	a.seen = max(a.seen, f.Observed)
+	pressureBegins := f.Pressure && !a.pressure
+	a.pressure = f.Pressure
 	if m.Confident {
 		a.reopen = 0
 		ceil := f.Ceiling()
@@ -142,15 +172,22 @@ func (a *Admission) Step(f AdmissionFacts) AdmissionBound {
 		}
 	} else {
 		climbing := f.Tick && f.SecondsToCritical >= 0 && f.SecondsToCritical <= f.Horizon
+		stepDown := climbing || (pressureBegins && f.Inflight > 1)
 		switch {
-		case climbing && (a.reopen == 0 || f.Inflight*7/8 < a.reopen):
+		case stepDown && (a.reopen == 0 || f.Inflight*7/8 < a.reopen):
 			a.reopen, a.kind = max(f.Inflight*7/8, 1), BoundTrend
-		case climbing:
+			if !climbing {
+				a.kind = BoundPressure
+			}
+		case stepDown:
 			// Already stepped down below what is in flight: hold.
 		case a.reopen > 0 && f.Learning:
-			// One step past each concurrency seen settled, so that the
-			// samples (and the model) keep up with the limit.
-			if f.Observed > 0 {
+			// One step past each concurrency seen settled as often as the
+			// model needs a level seen, so that the samples (and the model)
+			// keep up with the limit: growing at every sample left each
+			// level one sample, which the model cannot use, and with 1 s
+			// samples it never became confident.
+			if a.observe(f.Observed) >= admissionSamplesPerLevel {
 				a.reopen = max(a.reopen, f.Observed+growth(f.Observed))
 			}
 		case f.Tick && a.reopen > 0 && f.Inflight >= a.reopen-1:
@@ -161,14 +198,17 @@ func (a *Admission) Step(f AdmissionFacts) AdmissionBound {
 		}
 		if a.reopen > 0 {
 			b.Limit, b.Bound = a.reopen, a.kind
-			if a.kind == BoundTrend {
+			switch a.kind {
+			case BoundTrend:
 				b.Why = fmt.Sprintf("memory predicted to reach critical within %.0f s before the cost model is confident (%s): stepped down, reopening step by step", f.Horizon, m.Why)
-			} else {
+			case BoundPressure:
+				b.Why = fmt.Sprintf("gpu_memory_critical or oom_predicted before the cost model is confident (%s): stepped down to 7/8 of the requests in flight, reopening step by step", m.Why)
+			default:
 				b.Why = fmt.Sprintf("vLLM ran out of memory before the cost model was confident (%s): reopening step by step", m.Why)
 			}
 		}
 	}
-	if f.Pressure && b.Limit > 1 && b.RoomBytes == 0 {
+	if f.Pressure && b.Limit > 1 && b.RoomBytes == 0 && a.reopen == 0 {
 		b.Limit, b.Bound = max(b.Limit/2, 1), BoundPressure
 		b.Why = "halved while gpu_memory_critical or oom_predicted is active (" + b.Why + ")"
 	}

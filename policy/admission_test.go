@@ -171,8 +171,58 @@ func TestAdmissionTrendStepsDownThenReopensWithTheSamples(t *testing.T) {
 		t.Fatalf("no sample: limit %d, want 70 held", b.Limit)
 	}
 	f.Observed = 69
+	if b := a.Step(f); b.Limit != 70 {
+		t.Fatalf("after one sample at 69: limit %d, want 70 held (the model needs two at a level)", b.Limit)
+	}
 	if b := a.Step(f); b.Bound != BoundTrend || b.Limit != 69+8 {
-		t.Fatalf("after a sample at 69: %+v, want 77", b)
+		t.Fatalf("after two samples at 69: %+v, want 77", b)
+	}
+}
+
+// Pressure beginning before the model is confident steps the limit down to
+// 7/8 of what is in flight, once: not a halving of the rung (128 of 256 is
+// above the failure at 118), and not again at every step it lasts; the
+// limit then reopens with the samples, and the next time pressure begins
+// it steps down again.
+func TestAdmissionPressureStepsDownFromWhatIsInFlight(t *testing.T) {
+	var a Admission
+	f := admFacts(FitAdmission(nil))
+	f.Inflight = 100
+	if b := a.Step(f); b.Bound != BoundRung || b.Limit != 256 {
+		t.Fatalf("before pressure: %+v, want the rung's 256", b)
+	}
+	f.Pressure, f.Tick = true, false // the alert's own step, between samples
+	b := a.Step(f)
+	if b.Bound != BoundPressure || b.Limit != 87 || !strings.Contains(b.Why, "7/8 of the requests in flight") {
+		t.Fatalf("pressure begins at 100 in flight: %+v, want pressure at 87", b)
+	}
+	f.Tick, f.Inflight = true, 87
+	if b := a.Step(f); b.Limit != 87 {
+		t.Fatalf("pressure lasting: limit %d, want 87 held (no step down at every step)", b.Limit)
+	}
+	f.Observed = 87
+	a.Step(f)
+	if b := a.Step(f); b.Bound != BoundPressure || b.Limit != 87+10 {
+		t.Fatalf("after two samples at 87 under pressure: %+v, want 97", b)
+	}
+	f.Observed, f.Pressure = 0, false
+	if b := a.Step(f); b.Limit != 97 {
+		t.Fatalf("pressure ended: limit %d, want 97 held", b.Limit)
+	}
+	f.Pressure, f.Inflight = true, 96
+	if b := a.Step(f); b.Limit != 84 {
+		t.Fatalf("pressure begins again at 96: limit %d, want 84", b.Limit)
+	}
+	// A confident model's memory bound is not stepped down by pressure.
+	ss := levels(admTokens, 10, 20, 30, 40, 50, 100, 105, 110)
+	a2 := Admission{}
+	a2.Seed(ss)
+	g := admFacts(FitAdmission(ss))
+	g.Inflight = 100
+	a2.Step(g)
+	g.Pressure = true
+	if b := a2.Step(g); b.Bound != BoundMemory || b.Limit*10 < admTrueMax*9 {
+		t.Fatalf("confident model under pressure: %+v, want the memory bound", b)
 	}
 }
 
@@ -185,13 +235,17 @@ func TestAdmissionReopensAfterAnOOM(t *testing.T) {
 		t.Fatalf("after an OOM: %+v, want reopening at 16", b)
 	}
 	f.Observed = 16
-	if b := a.Step(f); b.Limit != 18 {
-		t.Fatalf("after a sample at 16: %d, want 18", b.Limit)
+	if b := a.Step(f); b.Limit != 16 {
+		t.Fatalf("after one sample at 16: %d, want 16 held", b.Limit)
+	}
+	f.Observed = 15 // within the level's tolerance: the level's second
+	if b := a.Step(f); b.Limit != 17 {
+		t.Fatalf("after two samples at 16 and 15: %d, want 17 (15 + 2)", b.Limit)
 	}
 	// Without GPU readings there are no samples: it grows while used.
-	f.Learning, f.Observed, f.Inflight = false, 0, 18
-	if b := a.Step(f); b.Limit != 20 {
-		t.Fatalf("unlearning growth: %d, want 20", b.Limit)
+	f.Learning, f.Observed, f.Inflight = false, 0, 17
+	if b := a.Step(f); b.Limit != 19 {
+		t.Fatalf("unlearning growth: %d, want 19", b.Limit)
 	}
 	// A confident model takes over from the reopening.
 	m := FitAdmission(levels(admTokens, 10, 20, 30, 40, 50))

@@ -73,7 +73,7 @@ func realMain(args []string) int {
 	var o options
 	fs.IntVar(&o.clients, "clients", 200, "N: clients of the ramp and of the burst (the true safe concurrency is 118)")
 	fs.DurationVar(&o.ramp, "ramp", 30*time.Second, "the ramp: 0 → N clients over this long")
-	fs.DurationVar(&o.hold, "hold", 15*time.Second, "then all N held this long (the ramp's steady state)")
+	fs.DurationVar(&o.hold, "hold", 45*time.Second, "then all N held this long (steady state: its second half)")
 	fs.DurationVar(&o.burst, "burst", 30*time.Second, "the burst: N clients at once, held this long (steady state: its second half)")
 	fs.IntVar(&o.warmClients, "warmup-clients", 60, "the burst's warm-up: this many clients, in 6 steps")
 	fs.DurationVar(&o.warmStep, "warmup-step", 0, "length of one warm-up step (default: 1s; under the guard 6 GPU sampling intervals, at least 1s: two settled samples or more at each level)")
@@ -392,7 +392,7 @@ func runOne(ctx context.Context, b bins, scratch, frontName, shape string, sampl
 		l = newLoad(f.url(), body, o.clients)
 		t0 = time.Now()
 		go l.start(o.clients, o.ramp)
-		steady = t0.Add(o.ramp)
+		steady = t0.Add(o.ramp + o.hold/2)
 		wait(ctx, o.ramp+o.hold)
 	case "burst":
 		warmT0 := time.Now()

@@ -72,9 +72,9 @@ func (rep Report) markdown(w io.Writer) {
 	fmt.Fprintf(w, "Date: %s. Command: `%s`. Wall time %.0f s.\n\n", rep.Date, rep.Command, rep.WallS)
 	fmt.Fprintf(w, "N = %d streaming clients (%d-token prompts, %d tokens at one per %s); the true safe concurrency is %d.\n\n",
 		rep.Clients, promptTokens, rep.MaxTokens, tokenInterval, rep.TrueSafe)
-	fmt.Fprintf(w, "Ramp: 0 → N clients over %s, then all N for %s (steady state: those %s). Burst: N at once for %s (steady state: its second half), "+
+	fmt.Fprintf(w, "Ramp: 0 → N clients over %s, then all N for %s (steady state: its second half). Burst: N at once for %s (steady state: its second half), "+
 		"after a warm-up of %d clients in 6 steps (under the guard, until its cost model bounds the proxy by memory or the warm-up's limit).\n\n",
-		rep.Ramp, rep.Hold, rep.Hold, rep.Burst, rep.WarmupClients)
+		rep.Ramp, rep.Hold, rep.Burst, rep.WarmupClients)
 	fmt.Fprintln(w, "| front | shape | OOMs | streams cut | refused (no Retry-After) | failed | completed | goodput tok/s | TTFT p50 / p99 | vLLM running p50 / max | admitted at steady state |")
 	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|")
 	for _, r := range rep.Results {

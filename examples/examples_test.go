@@ -2,6 +2,7 @@ package examples
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,10 +17,31 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/config"
 	"github.com/vllm-guard/vllm-guard/gpumon"
+	"github.com/vllm-guard/vllm-guard/internal/testbin"
 	"github.com/vllm-guard/vllm-guard/metrics"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testbin.Cleanup()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// guardBinary is the shipped build of the guard, for the units' ExecStart.
+func guardBinary(t *testing.T) string {
+	t.Helper()
+	bin, err := testbin.GuardPlain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
 
 func read(t *testing.T, path string) string {
 	t.Helper()
@@ -70,8 +92,9 @@ func verifyUnit(t *testing.T, src, as string) {
 	t.Helper()
 	sa := tool(t, "systemd-analyze", "systemd")
 	unit := read(t, src)
-	// verify insists that ExecStart's program exists: point it at one that does.
-	exe := tool(t, "true", "coreutils")
+	// As installed: ExecStart's program is the built guard (verify insists
+	// that it exists), the unit's own arguments kept.
+	exe := guardBinary(t)
 	re := regexp.MustCompile(`(?m)^ExecStart=\S+`)
 	if !re.MatchString(unit) {
 		t.Fatalf("%s has no ExecStart=", src)
@@ -241,7 +264,7 @@ func TestSystemdHardening(t *testing.T) {
 			}
 			sa := tool(t, "systemd-analyze", "systemd")
 			dir := t.TempDir()
-			unit = regexp.MustCompile(`(?m)^ExecStart=\S+`).ReplaceAllLiteralString(unit, "ExecStart="+tool(t, "true", "coreutils"))
+			unit = regexp.MustCompile(`(?m)^ExecStart=\S+`).ReplaceAllLiteralString(unit, "ExecStart="+guardBinary(t))
 			if err := os.WriteFile(filepath.Join(dir, c.src), []byte(unit), 0o644); err != nil {
 				t.Fatal(err)
 			}

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/events"
 	"github.com/vllm-guard/vllm-guard/internal/testbin"
+	"github.com/vllm-guard/vllm-guard/vllmstats"
 )
 
 var bins struct {
@@ -500,26 +500,7 @@ func simMetrics(port int) (map[string]float64, error) {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		name := line[:i]
-		if j := strings.IndexByte(name, '{'); j >= 0 {
-			name = name[:j]
-		}
-		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-			out[name] = v
-		}
-	}
-	return out, sc.Err()
+	return vllmstats.Flat(resp.Body)
 }
 
 // waitFullBatch waits until the simulator runs a full batch of maxNumSeqs

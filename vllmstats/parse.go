@@ -145,6 +145,30 @@ func Parse(r io.Reader) (Stats, error) {
 	return st, nil
 }
 
+// Flat reads a Prometheus text exposition into each series' name (labels
+// dropped) and its value, the last sample of a name winning: the quick look
+// of the tests and benchmarks at the simulator's own series, which carry no
+// labels. Lines that are not well-formed samples are skipped.
+func Flat(r io.Reader) (map[string]float64, error) {
+	out := map[string]float64{}
+	sc := bufio.NewScanner(&io.LimitedReader{R: r, N: MaxBody + 1})
+	sc.Buffer(make([]byte, 0, 64<<10), MaxBody+1)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, rest, ok := cutName(line)
+		if !ok {
+			continue
+		}
+		if v, err := sampleValue(rest); err == nil {
+			out[name] = v
+		}
+	}
+	return out, sc.Err()
+}
+
 // cutName splits a sample line into its metric name and what follows it
 // (labels, value, timestamp).
 func cutName(line string) (name, rest string, ok bool) {

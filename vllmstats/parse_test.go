@@ -3,6 +3,7 @@ package vllmstats
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -98,6 +99,12 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("vllm:num_requests_running{a=\"\\\"}\"} 1\n"))
 	f.Add([]byte("vllm:kv_cache_usage_perc 1e400\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
+		flat, _ := Flat(bytes.NewReader(data))
+		for name, v := range flat {
+			if math.IsNaN(v) || math.IsInf(v, 0) || name == "" {
+				t.Fatalf("Flat gave %q = %v", name, v)
+			}
+		}
 		st, err := Parse(bytes.NewReader(data))
 		if err != nil {
 			return
@@ -107,4 +114,28 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("Parse gave an unencodable %+v: %v", st, err)
 		}
 	})
+}
+
+// Flat keeps each name's last sample, labels dropped; a label value holding
+// '}' or a space and a trailing timestamp do not fool it; junk is skipped.
+func TestFlat(t *testing.T) {
+	text := "# HELP fakevllm_true_safe_max_num_seqs x\n" +
+		"fakevllm_true_safe_max_num_seqs 118\n" +
+		`vllm:num_requests_running{model_name="a} b"} 3 1700000000000` + "\n" +
+		`vllm:num_requests_running{model_name="c"} 4` + "\n" +
+		"not a sample\n" +
+		"vllm:kv_cache_usage_perc NaN\n"
+	got, err := Flat(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{"fakevllm_true_safe_max_num_seqs": 118, "vllm:num_requests_running": 4}
+	if len(got) != len(want) {
+		t.Fatalf("Flat = %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
 }

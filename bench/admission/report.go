@@ -1,14 +1,14 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net/http"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/vllmstats"
 )
 
 // Report is the whole benchmark: the table and results.json.
@@ -149,24 +149,5 @@ func scrape(url string) (map[string]float64, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("%s: status %d", url, resp.StatusCode)
 	}
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		name := line[:i]
-		if j := strings.IndexByte(name, '{'); j >= 0 {
-			name = name[:j]
-		}
-		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-			out[name] = v
-		}
-	}
-	return out, sc.Err()
+	return vllmstats.Flat(resp.Body)
 }

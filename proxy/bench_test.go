@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vllm-guard/vllm-guard/internal/benchnginx"
 )
 
 // The proxy's overhead on loopback, side by side in one run: direct to a
@@ -77,12 +77,9 @@ func benchUpstream(b *testing.B) *http.Server {
 // startNginx runs nginx as a plain reverse proxy to upstream and returns
 // its base URL.
 func startNginx(b *testing.B, upstream string) string {
-	bin, err := exec.LookPath("nginx")
+	bin, err := benchnginx.Find()
 	if err != nil {
-		bin = "/usr/sbin/nginx"
-		if _, err := os.Stat(bin); err != nil {
-			b.Fatalf("nginx is not installed: this benchmark compares the proxy with it; install Debian's package (apt-get install -y nginx)")
-		}
+		b.Fatalf("%v: this benchmark compares the proxy with it", err)
 	}
 	dir := b.TempDir()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -91,36 +88,10 @@ func startNginx(b *testing.B, upstream string) string {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	conf := fmt.Sprintf(`worker_processes auto;
-pid %[1]s/nginx.pid;
-error_log %[1]s/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path %[1]s/body;
-    proxy_temp_path %[1]s/proxy;
-    fastcgi_temp_path %[1]s/fastcgi;
-    uwsgi_temp_path %[1]s/uwsgi;
-    scgi_temp_path %[1]s/scgi;
-    upstream vllm { server %[2]s; keepalive 64; }
-    server {
-        listen %[3]s;
-        location / {
-            proxy_pass http://vllm;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            proxy_request_buffering off;
-            proxy_read_timeout 600s;
-        }
-    }
-}
-`, dir, upstream, addr)
-	path := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+	cmd, err := benchnginx.Write(bin, dir, upstream, addr, 0)
+	if err != nil {
 		b.Fatal(err)
 	}
-	cmd := exec.Command(bin, "-p", dir, "-e", filepath.Join(dir, "error.log"), "-c", path, "-g", "daemon off;")
 	out := &syncWriter{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/events"
+	"github.com/vllm-guard/vllm-guard/internal/benchnginx"
 )
 
 // front is what the clients talk to: vLLM itself, nginx in front of it,
@@ -321,39 +322,11 @@ func startNginx(ctx context.Context, e *runEnv) (front, error) {
 		return nil, err
 	}
 	n := &nginxFront{restarter: r, addr: fmt.Sprintf("127.0.0.1:%d", port), exited: make(chan struct{})}
-	conf := fmt.Sprintf(`worker_processes auto;
-pid %[1]s/nginx.pid;
-error_log %[1]s/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path %[1]s/body;
-    proxy_temp_path %[1]s/proxy;
-    fastcgi_temp_path %[1]s/fastcgi;
-    uwsgi_temp_path %[1]s/uwsgi;
-    scgi_temp_path %[1]s/scgi;
-    limit_conn_zone $server_name zone=vllm:1m;
-    upstream vllm { server 127.0.0.1:%[2]d; keepalive 64; }
-    server {
-        listen %[3]s;
-        location / {
-            limit_conn vllm %[4]d;
-            proxy_pass http://vllm;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            proxy_request_buffering off;
-            proxy_read_timeout 600s;
-        }
-    }
-}
-`, dir, e.port, n.addr, maxNumSeqs)
-	path := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+	n.cmd, err = benchnginx.Write(e.b.nginx, dir, fmt.Sprintf("127.0.0.1:%d", e.port), n.addr, maxNumSeqs)
+	if err != nil {
 		r.stop()
 		return nil, err
 	}
-	n.cmd = exec.Command(e.b.nginx, "-p", dir, "-e", filepath.Join(dir, "error.log"), "-c", path, "-g", "daemon off;")
 	var out bytes.Buffer
 	n.cmd.Stdout, n.cmd.Stderr = &out, &out
 	if err := n.cmd.Start(); err != nil {

@@ -26,7 +26,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
@@ -34,6 +33,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/benchnginx"
 )
 
 // The scene's arithmetic, on the 80 GiB device (512 MiB reserved) with the
@@ -229,14 +230,12 @@ func binaries(guard, sim, lib, nginx string, needNginx bool) (bins, error) {
 		return b, nil
 	}
 	if nginx == "" {
-		if p, err := exec.LookPath("nginx"); err == nil {
-			nginx = p
-		} else {
-			nginx = "/usr/sbin/nginx"
+		var err error
+		if nginx, err = benchnginx.Find(); err != nil {
+			return bins{}, fmt.Errorf("%v, or leave nginx out with -fronts direct,guard", err)
 		}
-	}
-	if _, err := os.Stat(nginx); err != nil {
-		return bins{}, fmt.Errorf("nginx is not installed (%v): install Debian's nginx-light (make bench-admission does), or leave nginx out with -fronts direct,guard", err)
+	} else if _, err := os.Stat(nginx); err != nil {
+		return bins{}, fmt.Errorf("-nginx %s: %v", nginx, err)
 	}
 	b.nginx = nginx
 	return b, nil

@@ -3,6 +3,7 @@ package examples
 import (
 	"encoding/json"
 	"fmt"
+	"iter"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -107,19 +108,32 @@ func verifyUnit(t *testing.T, src, as string) {
 	run(t, "", true, sa, "verify", filepath.Join(dir, as))
 }
 
-// unitKeys reads the [Service] section's key=value lines.
+// serviceLines yields the [Service] section's key=value lines, comments
+// skipped, in order.
+func serviceLines(unit string) iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		section := ""
+		for l := range strings.Lines(unit) {
+			l = strings.TrimSpace(l)
+			if strings.HasPrefix(l, "[") {
+				section = l
+				continue
+			}
+			if k, v, ok := strings.Cut(l, "="); ok && section == "[Service]" && !strings.HasPrefix(l, "#") {
+				if !yield(k, v) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// unitKeys reads the [Service] section's key=value lines (a repeated key:
+// its last value).
 func unitKeys(unit string) map[string]string {
 	keys := map[string]string{}
-	section := ""
-	for l := range strings.Lines(unit) {
-		l = strings.TrimSpace(l)
-		if strings.HasPrefix(l, "[") {
-			section = l
-			continue
-		}
-		if k, v, ok := strings.Cut(l, "="); ok && section == "[Service]" && !strings.HasPrefix(l, "#") {
-			keys[k] = v
-		}
+	for k, v := range serviceLines(unit) {
+		keys[k] = v
 	}
 	return keys
 }
@@ -202,19 +216,13 @@ func TestSystemdTemplateUnitSettings(t *testing.T) {
 // assignments.
 func unitValues(unit, key string) []string {
 	var out []string
-	section := ""
-	for l := range strings.Lines(unit) {
-		l = strings.TrimSpace(l)
-		if strings.HasPrefix(l, "[") {
-			section = l
-			continue
-		}
-		if k, v, ok := strings.Cut(l, "="); ok && k == key && section == "[Service]" {
-			if key == "Environment" {
-				out = append(out, strings.Fields(v)...)
-			} else {
-				out = append(out, v)
-			}
+	for k, v := range serviceLines(unit) {
+		switch {
+		case k != key:
+		case key == "Environment":
+			out = append(out, strings.Fields(v)...)
+		default:
+			out = append(out, v)
 		}
 	}
 	return out

@@ -137,7 +137,7 @@ func fieldText(f zapcore.Field) string {
 	cleanField(f).AddTo(enc)
 	v := enc.Fields[f.Key]
 	if s, ok := v.(string); ok {
-		return clean(s)
+		return s // cleanField cleaned it
 	}
 	b, err := json.Marshal(v)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/coreos/go-systemd/v22/journal"
 	"go.uber.org/zap/zapcore"
@@ -131,13 +132,18 @@ func journalKey(k string) string {
 
 // fieldText is a field's value as text, cleaned like every log line
 // (secrets masked, controls escaped): strings as they are, anything else
-// as JSON.
+// as JSON, durations and times as people write them.
 func fieldText(f zapcore.Field) string {
 	enc := zapcore.NewMapObjectEncoder()
 	cleanField(f).AddTo(enc)
 	v := enc.Fields[f.Key]
-	if s, ok := v.(string); ok {
-		return s // cleanField cleaned it
+	switch v := v.(type) {
+	case string:
+		return v // cleanField cleaned it
+	case time.Duration:
+		return v.String() // "40ms", not nanoseconds
+	case time.Time:
+		return v.Format(time.RFC3339Nano)
 	}
 	b, err := json.Marshal(v)
 	if err != nil {

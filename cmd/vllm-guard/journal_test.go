@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/coreos/go-systemd/v22/journal"
 	"go.uber.org/zap"
@@ -38,7 +39,7 @@ func TestJournalEntries(t *testing.T) {
 	vllm := log.Named("vllm")
 	vllm.Error("(EngineCore_DP0 pid=12) torch.OutOfMemoryError: CUDA out of memory", zap.String("stream", "stderr"), zap.Int("pid", 12))
 	vllm.Info("INFO loading --api-key sk-secret\x00", zap.String("stream", "stdout"), zap.Int("pid", 12))
-	log.With(zap.String("instance", "gpu0")).Warn("vLLM exited", zap.String("cause", "oom"), zap.Int("exit code", 0), zap.Duration("backoff", 0))
+	log.With(zap.String("instance", "gpu0")).Warn("vLLM exited", zap.String("cause", "oom"), zap.Int("exit code", 0), zap.Duration("backoff", 40*time.Millisecond))
 	log.Debug("probe")
 	log.Error("config reload refused", zap.Error(errors.New("line 3: bad")))
 
@@ -53,8 +54,8 @@ func TestJournalEntries(t *testing.T) {
 		{journal.PriErr, "(EngineCore_DP0 pid=12) torch.OutOfMemoryError: CUDA out of memory",
 			map[string]string{"SYSLOG_IDENTIFIER": "vllm", "VLLM_PID": "12", "SYSLOG_PID": "12", "VLLM_STREAM": "stderr", "VLLM_GUARD_STATE": "backoff"}},
 		{journal.PriInfo, `INFO loading --api-key ***`, map[string]string{"VLLM_STREAM": "stdout"}},
-		{journal.PriWarning, `vLLM exited instance=gpu0 cause=oom "exit code"=0 backoff=0`,
-			map[string]string{"SYSLOG_IDENTIFIER": "vllm-guard", "VLLM_GUARD_INSTANCE": "gpu0", "VLLM_GUARD_CAUSE": "oom", "VLLM_GUARD_EXIT_CODE": "0"}},
+		{journal.PriWarning, `vLLM exited instance=gpu0 cause=oom "exit code"=0 backoff=40ms`,
+			map[string]string{"SYSLOG_IDENTIFIER": "vllm-guard", "VLLM_GUARD_INSTANCE": "gpu0", "VLLM_GUARD_CAUSE": "oom", "VLLM_GUARD_EXIT_CODE": "0", "VLLM_GUARD_BACKOFF": "40ms"}},
 		{journal.PriDebug, "probe", nil},
 		{journal.PriErr, "config reload refused error=\"line 3: bad\"", map[string]string{"VLLM_GUARD_ERROR": "line 3: bad"}},
 	}

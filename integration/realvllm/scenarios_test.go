@@ -22,7 +22,9 @@ func generate(flags ...string) []string {
 	return append([]string{model("tiny-llama"), "--enforce-eager", "--max-model-len", "512"}, flags...)
 }
 
-func (s *scene) vllmURL(path string) string { return fmt.Sprintf("http://127.0.0.1:%d%s", s.port, path) }
+func (s *scene) vllmURL(path string) string {
+	return fmt.Sprintf("http://127.0.0.1:%d%s", s.port, path)
+}
 
 // The cold start: READY only once a real completion ran (vLLM's own token
 // counter says so before any client asked), then two restarts through the

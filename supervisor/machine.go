@@ -122,7 +122,7 @@ type machine struct {
 	ready       bool
 	failures    int       // consecutive liveness failures
 	peak        float64   // highest GPU fraction since ready (restore)
-	lastLine    int64     // the last output line's time seen by the stall check
+	lastLine    time.Time // the last output line's time seen by the stall check (monotonic)
 	fastUntil   time.Time // refused probes retry fast until then (uvicorn listens just after its line)
 	baseline    []uint64
 	oomBefore   int64

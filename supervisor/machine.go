@@ -155,6 +155,8 @@ type machine struct {
 // Run supervises vLLM until ctx is cancelled (exit 0) or the policy gives
 // up (exit 1, or 78 for a configuration error).
 func (s *Supervisor) Run(ctx context.Context) int {
+	s.startPolicyWriter()
+	defer s.stopPolicyWriter()
 	sink := newLogSink(s.log)
 	sink.filter = s.pumpFilter()
 	defer sink.close()

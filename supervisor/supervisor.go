@@ -121,6 +121,8 @@ type Supervisor struct {
 	kill     chan struct{}
 
 	pendingReload atomic.Bool // a reloaded config waits for vLLM's next start
+
+	writer *policyWriter // saves the policy's state while Run runs (Run's goroutine only)
 }
 
 type request struct {
@@ -290,5 +292,3 @@ func (s *Supervisor) update(f func(*Status)) {
 func (s *Supervisor) transition(state State, reason string) {
 	s.update(func(st *Status) { st.State, st.Reason = state, reason })
 }
-
-func (s *Supervisor) savePolicy() { s.persist(s.pol.State()) }

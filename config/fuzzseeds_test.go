@@ -126,6 +126,11 @@ func fuzzLoadSeeds(tb testing.TB) [][]byte {
 	add("a.\"b\\u0041\".'c' = [1, {x = \"\"\"\n\"\"\"}]\n[[t]]\n")
 	add("# a comment\n[log] # trailing\nchild_lines = 10 # ten\n")
 	add("[readiness]\npoll_interval = \"1ns\"\n[gpu]\nsample_interval = \"1h\"\n")
+	// Secrets check prints as *** (the round trip accounts for the mask):
+	// an env name with KEY in it, --api-key, a webhook's credentials.
+	add("[vllm]\nenv = { MY_KEY = \"x\" }\n")
+	add("[vllm]\ncommand = [\"vllm\", \"serve\", \"m\", \"--api-key\", \"s\"]\n")
+	add("[alerts]\nwebhook = \"https://u:p@hooks.example/x\"\n")
 	return out
 }
 

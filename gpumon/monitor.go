@@ -581,6 +581,7 @@ func (m *Monitor) tick() {
 	}
 	visible := map[int]bool{}
 	if err == nil && len(ours) > 0 {
+		m.reattribute(procs, ours)
 		for _, ps := range procs {
 			for _, p := range ps {
 				if !p.Ours && pidVisible(p.PID) {
@@ -651,6 +652,30 @@ func (m *Monitor) tick() {
 			case ch <- a:
 			default:
 				m.dropped++
+			}
+		}
+	}
+}
+
+// reattribute asks for the tree once more when NVML lists a process this
+// host can see that the tree, read just before NVML, did not name: one
+// started in between (vLLM's EngineCore early in a load) is ours, not a
+// neighbour's.
+func (m *Monitor) reattribute(procs [][]Proc, ours map[int]bool) {
+	unknown := false
+	for _, ps := range procs {
+		for _, p := range ps {
+			unknown = unknown || (!p.Ours && pidVisible(p.PID))
+		}
+	}
+	if !unknown {
+		return
+	}
+	again := m.treePids()
+	for _, ps := range procs {
+		for j := range ps {
+			if again[ps[j].PID] {
+				ps[j].Ours, ours[ps[j].PID] = true, true
 			}
 		}
 	}

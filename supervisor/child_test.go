@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -49,5 +51,50 @@ func TestChildTracksItsTreeAndKillsOnlyItsOwn(t *testing.T) {
 	}
 	if e := p.exit(); e.Signal != "SIGTERM" && e.Code != 0 && e.Code != 143 {
 		t.Fatalf("exit %+v", e)
+	}
+}
+
+// lineWriter hands the first line written to it to a channel.
+type lineWriter struct {
+	buf  []byte
+	once bool
+	c    chan string
+}
+
+func (w *lineWriter) Write(b []byte) (int, error) {
+	w.buf = append(w.buf, b...)
+	if i := bytes.IndexByte(w.buf, '\n'); i >= 0 && !w.once {
+		w.once = true
+		w.c <- string(w.buf[:i])
+	}
+	return len(b), nil
+}
+
+// The tree the GPU monitor asks for is read when it asks (issue 24 item
+// 11): a process vLLM starts after the machine last refreshed (EngineCore,
+// which holds nearly all the memory) is ours at the next sample, not a
+// neighbour's until the next heartbeat (no refresh here at all). The script prints its child's pid
+// after starting it, so the child exists when the line arrives.
+func TestChildTreeIsReadWhenAsked(t *testing.T) {
+	out := &lineWriter{c: make(chan string, 1)}
+	p, err := processLauncher{}.launch(launchSpec{keeper: testKeeper(t), argv: []string{"sh", "-c", "sleep 300 & echo $!; wait"},
+		env: os.Environ(), grace: time.Second, stdout: out, stderr: &bytes.Buffer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := p.(*child)
+	t.Cleanup(func() { p.kill(); <-p.done() })
+	var line string
+	select {
+	case line = <-out.c:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the script did not print its child's pid")
+	}
+	sleeper, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatalf("the script printed %q, not a pid", line)
+	}
+	if tree := c.tree(); !slices.Contains(tree, sleeper) || tree[0] != c.keeperPID || !slices.Contains(tree, p.pid()) {
+		t.Fatalf("tree %v without a refresh: want the keeper %d first, the API server %d and its new child %d", tree, c.keeperPID, p.pid(), sleeper)
 	}
 }

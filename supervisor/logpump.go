@@ -152,7 +152,7 @@ type output struct {
 	sink       *logSink
 	ring       *lineRing
 	pid        atomic.Int64
-	lastLine   atomic.Int64 // unix nanoseconds of the last line: load progress
+	lastLine   monoTime // when the last line came: load progress
 	phase      atomic.Pointer[string]
 	loaded     atomic.Bool   // vLLM is ready: load phases are no longer looked for
 	progress   chan struct{} // a new load phase was recognised (coalesced)
@@ -162,7 +162,7 @@ type output struct {
 func newOutput(sink *logSink, ringSize int) *output {
 	o := &output{sink: sink, ring: newLineRing(ringSize),
 		progress: make(chan struct{}, 1), startupEnd: make(chan struct{}, 1)}
-	o.lastLine.Store(time.Now().UnixNano())
+	o.lastLine.Store(time.Now())
 	return o
 }
 
@@ -261,7 +261,7 @@ func (w *streamWriter) line(b []byte) {
 			return
 		}
 	}
-	o.lastLine.Store(time.Now().UnixNano())
+	o.lastLine.Store(time.Now())
 	o.ring.add(w.name, text)
 	// Load phases matter only while loading; a flood after ready skips the
 	// matching.

@@ -122,7 +122,7 @@ type machine struct {
 	ready       bool
 	failures    int       // consecutive liveness failures
 	peak        float64   // highest GPU fraction since ready (restore)
-	lastLine    int64     // the last output line's time seen by the stall check
+	lastLine    time.Time // the last output line's time seen by the stall check (monotonic)
 	fastUntil   time.Time // refused probes retry fast until then (uvicorn listens just after its line)
 	baseline    []uint64
 	oomBefore   int64
@@ -155,6 +155,8 @@ type machine struct {
 // Run supervises vLLM until ctx is cancelled (exit 0) or the policy gives
 // up (exit 1, or 78 for a configuration error).
 func (s *Supervisor) Run(ctx context.Context) int {
+	s.startPolicyWriter()
+	defer s.stopPolicyWriter()
 	sink := newLogSink(s.log)
 	sink.filter = s.pumpFilter()
 	defer sink.close()

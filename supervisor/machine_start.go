@@ -174,11 +174,11 @@ func (m *machine) onPoll() {
 	}
 	rc := m.s.cfg.Readiness
 	now := time.Now()
-	if seen := m.out.lastLine.Load(); seen != m.lastLine {
+	if seen := m.out.lastLine.Load(); !seen.Equal(m.lastLine) {
 		m.lastLine = seen
 		m.s.publish(events.Event{Kind: events.KindProgress, Phase: m.out.Phase(), PID: m.child.pid()})
 	}
-	lastLine := time.Unix(0, m.lastLine)
+	lastLine := m.lastLine
 	if m.ioGrew() {
 		m.lastIO = now
 		// A silent download or load: say it, as progress.

@@ -245,6 +245,8 @@ type scenario struct {
 	events []events.Event
 	saved  int
 
+	persist func(policy.State) // the state file; nil: saves are counted
+
 	cancel context.CancelFunc
 	code   chan int
 }
@@ -271,8 +273,12 @@ func (s *scenario) start() {
 		s.events = append(s.events, e)
 		s.mu.Unlock()
 	})
+	persist := s.persist
+	if persist == nil {
+		persist = func(policy.State) { s.mu.Lock(); s.saved++; s.mu.Unlock() }
+	}
 	opts := Options{Policy: policy.New(s.cfg, s.pstate, realClockForTest{}), Events: bus, Keeper: []string{"keeper"},
-		Persist: func(policy.State) { s.mu.Lock(); s.saved++; s.mu.Unlock() }, Load: s.load, Progress: s.progress}
+		Persist: persist, Load: s.load, Progress: s.progress}
 	if !s.noGPU {
 		opts.GPU = s.gpu
 	}

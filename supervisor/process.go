@@ -321,14 +321,26 @@ func (c *child) refresh() {
 	c.seenPIDs.add(t)
 }
 
-// tree is the tree as last read (the keeper's pid first, so the monitor
-// always knows the group even before the first read). Safe from any
-// goroutine: the GPU monitor asks every sample.
+// tree is the tree now: the keeper's pid first, every live process below
+// it read from /proc at this call, then those of the last refresh that are
+// gone from /proc (the driver may still hold a dead EngineCore's memory).
+// Safe from any goroutine: the GPU monitor asks every sample, and a list
+// only as fresh as the last heartbeat missed an EngineCore started since,
+// whose memory then read as a neighbour's (a load shorter than a second
+// was over before the first heartbeat looked).
 func (c *child) tree() []int {
-	if t := c.treeCache.Load(); t != nil {
-		return append([]int{c.keeperPID}, (*t)...)
+	out := append([]int{c.keeperPID}, Descendants(c.keeperPID)...)
+	if !slices.Contains(out, c.apiPID) {
+		out = append(out, c.apiPID)
 	}
-	return []int{c.keeperPID, c.apiPID}
+	if t := c.treeCache.Load(); t != nil {
+		for _, pid := range *t {
+			if !slices.Contains(out, pid) {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
 }
 
 func (c *child) seen() []int { return c.seenPIDs.pids() }

@@ -116,11 +116,13 @@ type Supervisor struct {
 	hostOOM   func() int64 // the cgroup's oom_kill counter, -1 when unknown
 
 	status   atomic.Pointer[Status]
-	lastTurn atomic.Int64
+	lastTurn monoTime
 	reqs     chan request
 	kill     chan struct{}
 
 	pendingReload atomic.Bool // a reloaded config waits for vLLM's next start
+
+	writer *policyWriter // saves the policy's state while Run runs (Run's goroutine only)
 }
 
 type request struct {
@@ -171,7 +173,7 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 	st := Status{State: StateStarting, Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[policy.Cause]int{},
 		Cost: s.pol.Cost().Describe(s.pol.Current().GPUMemoryUtilization, cfg.Profile.Headroom)}
 	s.status.Store(&st)
-	s.lastTurn.Store(time.Now().UnixNano())
+	s.lastTurn.Store(time.Now())
 	return s, nil
 }
 
@@ -179,7 +181,10 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 func (s *Supervisor) Status() Status { return s.status.Load().clone() }
 
 // LastTurn is when the supervisor's loop last proved it is turning.
-func (s *Supervisor) LastTurn() time.Time { return time.Unix(0, s.lastTurn.Load()) }
+//
+// It carries the monotonic clock, so time.Since(LastTurn()) is immune to
+// steps of the wall clock.
+func (s *Supervisor) LastTurn() time.Time { return s.lastTurn.Load() }
 
 // Kill asks a stopping supervisor to stop waiting: SIGKILL of vLLM's whole
 // tree now (a second SIGTERM or SIGINT). Safe from any goroutine.
@@ -224,7 +229,7 @@ func (s *Supervisor) ask(ctx context.Context, r request) error {
 	}
 }
 
-func (s *Supervisor) beat() { s.lastTurn.Store(time.Now().UnixNano()) }
+func (s *Supervisor) beat() { s.lastTurn.Store(time.Now()) }
 
 // probeSpec is what the prober must know of vLLM's command line.
 func (s *Supervisor) probeSpec() probeSpec {
@@ -287,5 +292,3 @@ func (s *Supervisor) update(f func(*Status)) {
 func (s *Supervisor) transition(state State, reason string) {
 	s.update(func(st *Status) { st.State, st.Reason = state, reason })
 }
-
-func (s *Supervisor) savePolicy() { s.persist(s.pol.State()) }

@@ -31,10 +31,53 @@ type rule struct {
 	score  int
 }
 
-// A rule's id is its needle; the leave-one-group-out pass of the report
+// ruleCond is a condition a rule's line must meet besides holding its
+// needle, and the rule's name.
+type ruleCond struct {
+	name string
+	also func(msg string) bool
+}
+
+// ruleAlso: the rules whose needle alone would say too much, by needle.
+var ruleAlso = map[string]ruleCond{"out of memory": {ruleGPURuntimeOOM, namesGPURuntime}}
+
+// ruleNames: needles that are one rule together, because one mechanism of
+// one program prints them all (see the comments at the rules).
+var ruleNames = map[string]string{
+	"ray.exceptions.OutOfMemoryError":                       ruleRayMemoryMonitor,
+	"Task was killed due to the node running low on memory": ruleRayMemoryMonitor,
+	"killed due to memory pressure":                         ruleRayMemoryMonitor,
+	"Ray killed this worker":                                ruleRayMemoryMonitor,
+}
+
+// ruleIDs and ruleConds are per rule (same index): its id and its extra
+// condition (nil for none). A rule's id is its needle, or its name in
+// ruleAlso; the leave-one-group-out pass of the report
 // (policy/real_test.go) switches rules off by id, and the structural checks
 // below have ids of their own (ruleArgparse …).
-func (r rule) id() string { return r.needle }
+var (
+	ruleIDs   []string
+	ruleConds []func(string) bool
+)
+
+func init() {
+	ruleIDs = make([]string, len(rules))
+	ruleConds = make([]func(string) bool, len(rules))
+	for i, r := range rules {
+		ruleIDs[i] = r.needle
+		if n, ok := ruleNames[r.needle]; ok {
+			ruleIDs[i] = n
+		}
+		if c, ok := ruleAlso[r.needle]; ok {
+			ruleIDs[i], ruleConds[i] = c.name, c.also
+		}
+	}
+}
+
+// namesGPURuntime: the line comes from CUDA, ROCm or NCCL's CUDA calls.
+func namesGPURuntime(msg string) bool {
+	return strings.Contains(msg, "CUDA") || strings.Contains(msg, "Cuda") || strings.Contains(msg, "cuda") || strings.Contains(msg, "HIP")
+}
 
 // rules are tried in order; the first that matches decides a line. Needles
 // are literal (strings.Contains, no regexp) to keep Classify fast. Each says
@@ -53,26 +96,31 @@ var rules = []rule{
 	// root causes. (1) The process is killed by SIGKILL by OOM killer due to
 	// high memory usage. (2) ray stop --force is called. (3) … SIGSEGV"
 	// (src/ray/core_worker, gcs): a list of guesses, evidence of nothing.
+	// One rule, one mechanism (ruleRayMemoryMonitor): these four are what
+	// Ray's memory monitor says when it kills a worker.
 	{"ray.exceptions.OutOfMemoryError", CauseHostOOM, scoreHostOOM},
 	{"Task was killed due to the node running low on memory", CauseHostOOM, scoreHostOOM},
 	{"killed due to memory pressure", CauseHostOOM, scoreHostOOM},
 	{"Ray killed this worker", CauseHostOOM, scoreHostOOM},
 
 	// PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp: "CUDA
-	// out of memory. Tried to allocate …", raised as torch.OutOfMemoryError),
-	// the CUDA runtime's cudaErrorMemoryAllocation string ("out of memory")
-	// behind torch's "CUDA error: " and c10's "CUDA driver error: ", NCCL's
-	// CUDACHECK (src/include/checks.h: "Cuda failure %d '%s'"), cuBLAS's
-	// status name, ROCm's allocator, and vLLM's --max-model-len auto
-	// (vllm/config: "Cannot auto-fit max_model_len").
+	// out of memory. Tried to allocate …", raised as torch.OutOfMemoryError).
 	{"OutOfMemoryError", CauseOOM, scoreOOM},
 	{"CUDA out of memory", CauseOOM, scoreOOM},
-	{"CUDA driver error: out of memory", CauseOOM, scoreOOM},
-	{"CUDA error: out of memory", CauseOOM, scoreOOM},
-	{"'out of memory'", CauseOOM, scoreOOM},
+	// One rule, one fact: CUDA's error string for a failed allocation,
+	// "out of memory" (cudaGetErrorString(cudaErrorMemoryAllocation), the
+	// driver's CUDA_ERROR_OUT_OF_MEMORY), whoever prints it: torch's "CUDA
+	// error: out of memory" (c10/cuda/CUDAException.h, also as
+	// torch.AcceleratorError), c10's "CUDA driver error: out of memory",
+	// NCCL's CUDACHECK (src/include/checks.h: "Cuda failure %d '%s'", so
+	// "Cuda failure 2 'out of memory'"), ROCm's "HIP out of memory". It must
+	// come before the generic "CUDA error:" crash rule; the kernel's "Memory
+	// cgroup out of memory" names no GPU runtime.
+	{"out of memory", CauseOOM, scoreOOM}, // and namesGPURuntime (ruleAlso)
+	// vLLM's --max-model-len auto (vllm/config: "Cannot auto-fit
+	// max_model_len"), cuBLAS's status name for a failed allocation.
 	{"Cannot auto-fit max_model_len", CauseOOM, scoreOOM},
 	{"CUBLAS_STATUS_ALLOC_FAILED", CauseOOM, scoreOOM},
-	{"HIP out of memory", CauseOOM, scoreOOM},
 
 	// Host memory.
 	// systemd (src/core/unit.c, unit_log_failure… "A process of this unit
@@ -277,15 +325,18 @@ const (
 
 // Ids of the checks that are not needle rules (see rule.id).
 const (
-	ruleArgparse      = "argparse: a usage error (\"prog: error: …\")"
-	ruleValueError    = "exception: ValueError/ValidationError (not about memory)"
-	ruleBrokenInstall = "exception: ModuleNotFoundError/ImportError"
-	rulePermission    = "exception: PermissionError"
-	ruleAddressFamily = "sandbox: " + addressFamilyRefused
-	ruleException     = "exception: any other"
-	ruleStalledStats  = "stats: requests running at 0 tokens/s"
-	ruleWaitingEngine = "starting: waiting for the engine core, over and over"
-	ruleShutdown      = "shutdown: begun, never finished"
+	ruleGPURuntimeOOM    = "CUDA/HIP/NCCL: out of memory"
+	ruleRayMemoryMonitor = "Ray's memory monitor killed a worker"
+	ruleErrorsStarting   = "errors while starting, no cause named"
+	ruleArgparse         = "argparse: a usage error (\"prog: error: …\")"
+	ruleValueError       = "exception: ValueError/ValidationError (not about memory)"
+	ruleBrokenInstall    = "exception: ModuleNotFoundError/ImportError"
+	rulePermission       = "exception: PermissionError"
+	ruleAddressFamily    = "sandbox: " + addressFamilyRefused
+	ruleException        = "exception: any other"
+	ruleStalledStats     = "stats: requests running at 0 tokens/s"
+	ruleWaitingEngine    = "starting: waiting for the engine core, over and over"
+	ruleShutdown         = "shutdown: begun, never finished"
 )
 
 // matchLine classifies one message (prefixes already stripped); off, when
@@ -358,8 +409,8 @@ func isGuessList(msg string) bool {
 
 func matchRules(msg string, off map[string]bool) (lineKind, Cause, int, string) {
 	for i := range rules {
-		if strings.Contains(msg, rules[i].needle) && !off[rules[i].needle] {
-			return kindRoot, rules[i].cause, rules[i].score, rules[i].needle
+		if strings.Contains(msg, rules[i].needle) && (ruleConds[i] == nil || ruleConds[i](msg)) && !off[ruleIDs[i]] {
+			return kindRoot, rules[i].cause, rules[i].score, ruleIDs[i]
 		}
 	}
 	return kindNone, "", 0, ""
@@ -436,6 +487,7 @@ type scan struct {
 	stalled     []int // stats lines with requests running at 0 tokens/s since the last progress
 	shutdown    int   // index of the start of a shutdown that never finished, -1 if none
 	shutdownEnd bool
+	errLines    []int // lines vLLM logged at level ERROR or CRITICAL (at most maxHits)
 
 	// off and fired serve the report's leave-one-group-out pass (see
 	// real_test.go): off switches rules off by id, fired records the id and
@@ -528,6 +580,9 @@ func scanWith(lines []Line, severalRuns bool, off map[string]bool, fired map[str
 			s.lastFrame, s.lastTB = i, i
 			continue
 		}
+		if len(s.errLines) < maxHits && isErrorLevel(lines[i].Text) {
+			s.errLines = append(s.errLines, i)
+		}
 		if strings.Contains(msg, "tokens/s") {
 			if st, ok := vllmlog.ParseStats(msg); ok {
 				switch {
@@ -553,6 +608,9 @@ func scanWith(lines []Line, severalRuns bool, off map[string]bool, fired map[str
 			s.lastFrame, s.lastTB = i, i
 		}
 		kind, cause, score, id := matchLine(msg, off)
+		if fired != nil && kind != kindNone {
+			recordAll(msg, fired)
+		}
 		if kind == kindNone && s.lastFrame >= 0 && s.lastFrame == i-1 {
 			// The source line under a frame: a raise in a known check.
 			if c, sc, fid, ok := frameCause(vllmlog.Message(lines[i-1].Text), msg, off); ok {
@@ -583,6 +641,22 @@ func scanWith(lines []Line, severalRuns bool, off map[string]bool, fired map[str
 		}
 	}
 	return s
+}
+
+// isErrorLevel reports whether vLLM's logger wrote line at level ERROR or
+// CRITICAL (its level prefix, behind the wrappers and the process prefix).
+func isErrorLevel(line string) bool {
+	if !strings.Contains(line, "ERROR ") && !strings.Contains(line, "CRITICAL ") {
+		return false
+	}
+	t, _ := vllmlog.CutWrapper(vllmlog.StripANSI(line))
+	for range 2 { // the process prefix may precede or follow the level
+		t, _, _ = vllmlog.CutProcess(t)
+		if _, lvl, ok := vllmlog.CutLevel(t); ok {
+			return lvl == "ERROR" || lvl == "CRITICAL"
+		}
+	}
+	return false
 }
 
 // shutdownLine notes the start or the end of a shutdown.
@@ -773,7 +847,49 @@ func classifyOffline(e Exit, s *scan, phase Phase) Verdict {
 	if phase == PhaseReady {
 		return Verdict{Summary: "no failure found: vLLM became ready"}
 	}
+	if len(s.errLines) > 0 && !s.off[ruleErrorsStarting] {
+		// vLLM said something went wrong and never became ready, but
+		// named nothing a rule knows: not "no failure", not a guess.
+		s.fire(ruleErrorsStarting, CauseUnknown)
+		var ev []Line
+		for _, i := range []int{s.errLines[0], s.errLines[len(s.errLines)-1]} {
+			if len(ev) == 0 || ev[0].N != e.Lines[i].N {
+				ev = append(ev, Line{N: e.Lines[i].N, Stream: e.Lines[i].Stream, Text: text(e.Lines[i])})
+			}
+		}
+		return Verdict{Cause: CauseUnknown, Confidence: "low", Evidence: ev,
+			Summary: fmt.Sprintf("unknown: vLLM logged %d error line(s) while starting (first at line %d: %s) and the log ends before it became ready, naming no cause",
+				len(s.errLines), ev[0].N, clip(vllmlog.Message(ev[0].Text), 160))}
+	}
 	return Verdict{Summary: "no failure found: the log ends while vLLM was still starting"}
+}
+
+// recordAll records in fired every rule that matches msg, not only the
+// first: a rule shadowed by another on the same line is borne out by that
+// line too (the report's support must not miss it, or a rule written from a
+// log would pass for one supported by no log at all).
+func recordAll(msg string, fired map[string]Cause) {
+	for i := range rules {
+		if strings.Contains(msg, rules[i].needle) && (ruleConds[i] == nil || ruleConds[i](msg)) {
+			fired[ruleIDs[i]] = rules[i].cause
+		}
+	}
+	for _, w := range wrappers {
+		if strings.Contains(msg, w) {
+			fired[w] = CauseCrash
+		}
+	}
+	off := map[string]bool{}
+	for range 8 { // the structural checks, each in turn
+		k, c, _, id := matchLine(msg, off)
+		if k == kindNone || off[id] {
+			return
+		}
+		if k == kindRoot {
+			fired[id] = c
+		}
+		off[id] = true
+	}
 }
 
 func (s *scan) fire(id string, c Cause) {

@@ -1073,6 +1073,11 @@ func adviceFor(v Verdict) []string {
 		case has("Repository") || has("model identifier") || has("path_or_model_id") || has("gated repo") || has("GatedRepo") ||
 			has("FileNotFound") || has("LocalEntryNotFound") || has("file named") || has("HFValidation"):
 			return []string{"check the model name or path in [vllm] command; for gated or private models set HF_TOKEN in [vllm] env; offline (HF_HUB_OFFLINE=1) needs the model in the cache", "the guard does not retry a configuration error (exit 78)"}
+		case has(addressFamilyRefused) || has("PermissionError"):
+			return []string{
+				"a sandbox refused what vLLM needs, and a restart meets the same refusal: with systemd, RestrictAddressFamilies= must allow AF_UNIX and AF_NETLINK besides AF_INET and AF_INET6 (vLLM's processes talk over unix sockets; gloo and NCCL list the interfaces through netlink); check SystemCallFilter=, ProtectSystem=, ReadOnlyPaths= and the container's seccomp profile; `systemd-analyze security` shows what the unit forbids",
+				"the guard does not retry a configuration error (exit 78)",
+			}
 		case has("could not be started"):
 			return []string{"check [vllm] command: the executable must exist and be executable in the guard's PATH (or give an absolute path)", "the guard does not retry a configuration error (exit 78)"}
 		}

@@ -313,6 +313,20 @@ func stats(first, n, every int, gen float64, running int) []Line {
 	return out
 }
 
+// TestSandboxAdvice: a sandbox's refusal says where to look, not "fix the
+// vLLM arguments".
+func TestSandboxAdvice(t *testing.T) {
+	for _, l := range []string{
+		"RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:178] socket: Address family not supported by protocol",
+		"PermissionError: [Errno 1] Operation not permitted",
+	} {
+		v := Classify(Exit{ExitCode: 1, Lines: lines(l)})
+		if v.Cause != CauseConfigError || len(v.Advice) == 0 || !strings.Contains(v.Advice[0], "RestrictAddressFamilies=") {
+			t.Errorf("%q: verdict %q, advice %q: want config_error and the sandbox advice", l, v.Cause, v.Advice)
+		}
+	}
+}
+
 // TestEvidenceDeduplicated: four workers printing the same OOM are one line.
 func TestEvidenceDeduplicated(t *testing.T) {
 	var ls []string

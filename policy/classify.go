@@ -233,8 +233,10 @@ const shmStall = "No available shared memory broadcast block found"
 // config_error. PyTorch's c10d prints the same errno as a harmless warning
 // when a host has no IPv6 ("[W socket.cpp:697] [c10d] The client socket
 // cannot be initialized to connect to [localhost]:29500 (errno: 97 - Address
-// family not supported by protocol)") and then succeeds over IPv4: a warning
-// line is never evidence (isTorchWarning).
+// family not supported by protocol)") and then succeeds over IPv4, and
+// NCCL's INFO/WARN lines report a socket it could not open before it tries
+// the next: a warning line is never evidence (isTorchWarning; a fatal NCCL
+// failure says "NCCL error" after it).
 const addressFamilyRefused = "Address family not supported by protocol"
 
 // isTorchWarning recognises c10's warning prefix, "[W socket.cpp:697] " or
@@ -365,7 +367,8 @@ func matchLine(msg string, off map[string]bool) (kind lineKind, cause Cause, sco
 		return k, c, sc, id
 	}
 	on := func(id string) bool { return !off[id] }
-	if strings.Contains(msg, addressFamilyRefused) && !isTorchWarning(msg) && on(ruleAddressFamily) {
+	if strings.Contains(msg, addressFamilyRefused) && !isTorchWarning(msg) && !strings.Contains(msg, "NCCL INFO") &&
+		!strings.Contains(msg, "NCCL WARN") && on(ruleAddressFamily) {
 		return kindRoot, CauseConfigError, scoreConfig, ruleAddressFamily
 	}
 	if isArgparseError(msg) && on(ruleArgparse) {

@@ -203,8 +203,11 @@ func TestClassifyCases(t *testing.T) {
 			"[W socket.cpp:464] [c10d] The server socket cannot be initialized on [::]:29500 (errno: 97 - Address family not supported by protocol).",
 			"[W1226 15:35:11.626067741 socket.cpp:752] [c10d] The client socket cannot be initialized to connect to [localhost]:29500 (errno: 97 - Address family not supported by protocol).",
 			"[rank0]:[W socket.cpp:697] [c10d] The client socket cannot be initialized to connect to [localhost]:29500 (errno: 97 - Address family not supported by protocol).",
-			"node1:2414:2469 [0] NCCL WARN Net : Socket creation failed : Address family not supported by protocol",
 			ready)}, "", "", nil, "became ready"},
+		{"NCCL's warning about an address family, while starting, is no failure", Exit{Offline: true, Lines: lines(
+			"[W socket.cpp:464] [c10d] The server socket cannot be initialized on [::]:29500 (errno: 97 - Address family not supported by protocol).",
+			"node1:2414:2469 [0] NCCL WARN Net : Socket creation failed : Address family not supported by protocol",
+			"node1:2414:2469 [0] NCCL INFO Using network Socket")}, "", "", nil, "still starting"},
 		{"PermissionError at startup is a config error", Exit{ExitCode: 1, Lines: lines(
 			"(EngineCore_DP0 pid=90) PermissionError: [Errno 1] Operation not permitted", failed)},
 			CauseConfigError, "high", []int{1}, "PermissionError"},

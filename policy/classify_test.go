@@ -212,8 +212,8 @@ func TestClassifyCases(t *testing.T) {
 			"(EngineCore_DP0 pid=90) PermissionError: [Errno 1] Operation not permitted", failed)},
 			CauseConfigError, "high", []int{1}, "PermissionError"},
 		{"the bare words operation not permitted are no evidence", Exit{Offline: true, Lines: lines(
-			"node1:2414:2469 [0] NCCL INFO Failed to set CPU affinity: Operation not permitted", ready)},
-			"", "", nil, "became ready"},
+			"node1:2414:2469 [0] NCCL INFO Failed to set CPU affinity: Operation not permitted")},
+			"", "", nil, "still starting"},
 		{"the kernel's oom-killer line", Exit{Offline: true, Lines: lines(
 			"Dec 02 09:31:24 gpu-node-3 kernel: python3 invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0, oom_score_adj=0",
 			"Dec 02 09:31:24 gpu-node-3 kernel: oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,oom_memcg=/system.slice/vllm.service,task=python3,pid=4121,uid=998",

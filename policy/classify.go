@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
@@ -30,43 +31,145 @@ type rule struct {
 	score  int
 }
 
+// ruleCond is a condition a rule's line must meet besides holding its
+// needle, and the rule's name.
+type ruleCond struct {
+	name string
+	also func(msg string) bool
+}
+
+// ruleAlso: the rules whose needle alone would say too much, by needle.
+var ruleAlso = map[string]ruleCond{"out of memory": {ruleGPURuntimeOOM, namesGPURuntime}}
+
+// ruleNames: needles that are one rule together, because one mechanism of
+// one program prints them all (see the comments at the rules).
+var ruleNames = map[string]string{
+	"ray.exceptions.OutOfMemoryError":                       ruleRayMemoryMonitor,
+	"Task was killed due to the node running low on memory": ruleRayMemoryMonitor,
+	"killed due to memory pressure":                         ruleRayMemoryMonitor,
+	"Ray killed this worker":                                ruleRayMemoryMonitor,
+}
+
+// ruleIDs and ruleConds are per rule (same index): its id and its extra
+// condition (nil for none). A rule's id is its needle, or its name in
+// ruleAlso; the leave-one-group-out pass of the report
+// (policy/real_test.go) switches rules off by id, and the structural checks
+// below have ids of their own (ruleArgparse …).
+var (
+	ruleIDs   []string
+	ruleConds []func(string) bool
+)
+
+func init() {
+	ruleIDs = make([]string, len(rules))
+	ruleConds = make([]func(string) bool, len(rules))
+	for i, r := range rules {
+		ruleIDs[i] = r.needle
+		if n, ok := ruleNames[r.needle]; ok {
+			ruleIDs[i] = n
+		}
+		if c, ok := ruleAlso[r.needle]; ok {
+			ruleIDs[i], ruleConds[i] = c.name, c.also
+		}
+	}
+}
+
+// namesGPURuntime: the line comes from CUDA, ROCm or NCCL's CUDA calls.
+func namesGPURuntime(msg string) bool {
+	return strings.Contains(msg, "CUDA") || strings.Contains(msg, "Cuda") || strings.Contains(msg, "cuda") || strings.Contains(msg, "HIP")
+}
+
 // rules are tried in order; the first that matches decides a line. Needles
-// are literal (strings.Contains, no regexp) to keep Classify fast.
+// are literal (strings.Contains, no regexp) to keep Classify fast. Each says
+// where its text comes from: the program that prints it, so that a rule
+// holds for logs nobody here has seen, not only for the corpus log that
+// showed it first.
 var rules = []rule{
 	// Ray's OutOfMemoryError is its memory monitor killing a worker for host
-	// memory; it must come before the GPU rule below.
+	// memory; it must come before the GPU rule below. Ray:
+	// python/ray/exceptions.py (OutOfMemoryError) and the raylet's
+	// src/ray/raylet/node_manager.cc, which prints "N Workers (tasks /
+	// actors) killed due to memory pressure (OOM), M Workers crashed due to
+	// other reasons at node …" and, in the task's error, "Task was killed due
+	// to the node running low on memory. … Ray killed this worker …".
+	// Not a rule: Ray's "Worker unexpectedly exits … There are some potential
+	// root causes. (1) The process is killed by SIGKILL by OOM killer due to
+	// high memory usage. (2) ray stop --force is called. (3) … SIGSEGV"
+	// (src/ray/core_worker, gcs): a list of guesses, evidence of nothing.
+	// One rule, one mechanism (ruleRayMemoryMonitor): these four are what
+	// Ray's memory monitor says when it kills a worker.
 	{"ray.exceptions.OutOfMemoryError", CauseHostOOM, scoreHostOOM},
 	{"Task was killed due to the node running low on memory", CauseHostOOM, scoreHostOOM},
-	{"killed due to memory pressure", CauseHostOOM, scoreHostOOM}, // raylet
+	{"killed due to memory pressure", CauseHostOOM, scoreHostOOM},
 	{"Ray killed this worker", CauseHostOOM, scoreHostOOM},
 
+	// PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp: "CUDA
+	// out of memory. Tried to allocate …", raised as torch.OutOfMemoryError).
 	{"OutOfMemoryError", CauseOOM, scoreOOM},
 	{"CUDA out of memory", CauseOOM, scoreOOM},
-	{"CUDA driver error: out of memory", CauseOOM, scoreOOM},
-	{"CUDA error: out of memory", CauseOOM, scoreOOM},
-	{"'out of memory'", CauseOOM, scoreOOM},               // NCCL: "Cuda failure 'out of memory'", "Cuda failure 2 'out of memory'"
-	{"Cannot auto-fit max_model_len", CauseOOM, scoreOOM}, // --max-model-len auto: not enough GPU memory
+	// One rule, one fact: CUDA's error string for a failed allocation,
+	// "out of memory" (cudaGetErrorString(cudaErrorMemoryAllocation), the
+	// driver's CUDA_ERROR_OUT_OF_MEMORY), whoever prints it: torch's "CUDA
+	// error: out of memory" (c10/cuda/CUDAException.h, also as
+	// torch.AcceleratorError), c10's "CUDA driver error: out of memory",
+	// NCCL's CUDACHECK (src/include/checks.h: "Cuda failure %d '%s'", so
+	// "Cuda failure 2 'out of memory'"), ROCm's "HIP out of memory". It must
+	// come before the generic "CUDA error:" crash rule; the kernel's "Memory
+	// cgroup out of memory" names no GPU runtime.
+	{"out of memory", CauseOOM, scoreOOM}, // and namesGPURuntime (ruleAlso)
+	// vLLM's --max-model-len auto (vllm/config: "Cannot auto-fit
+	// max_model_len"), cuBLAS's status name for a failed allocation.
+	{"Cannot auto-fit max_model_len", CauseOOM, scoreOOM},
 	{"CUBLAS_STATUS_ALLOC_FAILED", CauseOOM, scoreOOM},
-	{"HIP out of memory", CauseOOM, scoreOOM},
 
-	{"has been killed by the OOM killer", CauseHostOOM, scoreHostOOM}, // systemd; Ray's "killed by the OOM killer" is a guess in a list
-	{"Cannot allocate memory", CauseHostOOM, scoreHostOOM},            // ENOMEM: mmap of the weights, fork
-	{"exited with code 137", CauseHostOOM, scoreHostOOM},              // docker compose: SIGKILL, the container's memory limit
+	// Host memory.
+	// systemd (src/core/unit.c, unit_log_failure… "A process of this unit
+	// has been killed by the OOM killer."); Ray's own "killed by the OOM
+	// killer" is a guess in a list (above).
+	{"has been killed by the OOM killer", CauseHostOOM, scoreHostOOM},
+	// strerror(ENOMEM). PyTorch's MapAllocator (aten/src/ATen/MapAllocator.cpp:
+	// "unable to mmap %d bytes from file <%s>: Cannot allocate memory (12)")
+	// while mapping a safetensors file, Python's OSError "[Errno 12] Cannot
+	// allocate memory" from fork or mmap: the host, never the GPU (CUDA says
+	// "out of memory").
+	{"Cannot allocate memory", CauseHostOOM, scoreHostOOM},
+	// docker compose ("exited with code 137") and platforms' words for a
+	// SIGKILLed container (128+9), Kubernetes' reason "OOMKilled".
+	{"exited with code 137", CauseHostOOM, scoreHostOOM},
 	{"exit code 137", CauseHostOOM, scoreHostOOM},
+	{"OOMKilled", CauseHostOOM, scoreHostOOM},
+	// The kernel, mm/oom_kill.c: dump_header's "%s invoked oom-killer:
+	// gfp_mask=…", dump_oom_summary's "oom-kill:constraint=…,task=…", and
+	// __oom_kill_process's "%s: Killed process %d (%s) total-vm:…", where %s
+	// is "Out of memory" or "Memory cgroup out of memory" (a journal or dmesg
+	// excerpt pasted with vLLM's output).
 	{"Out of memory: Killed process", CauseHostOOM, scoreHostOOM},
 	{"Memory cgroup out of memory", CauseHostOOM, scoreHostOOM},
 	{"oom-kill:", CauseHostOOM, scoreHostOOM},
-	{"OOMKilled", CauseHostOOM, scoreHostOOM},
+	{"invoked oom-killer:", CauseHostOOM, scoreHostOOM},
 
+	// vLLM's free-memory check at startup (vllm/v1/worker/gpu_worker.py,
+	// vllm/utils: "Free memory on device (…) on startup is less than desired
+	// GPU memory utilization (…)") and V0's profiling assertion.
 	{"less than desired GPU memory utilization", CauseGPUBusy, scoreGPUBusy},
 	{"Error in memory profiling", CauseGPUBusy, scoreGPUBusy},
 
+	// vLLM's KV cache checks: V0 raise_if_cache_size_invalid and
+	// determine_num_available_blocks ("No available memory for the cache
+	// blocks", "# GPU blocks: 0"), V1 vllm/v1/core/kv_cache_utils.py
+	// check_enough_kv_cache_memory ("… is larger than the available KV cache
+	// memory", "… larger than the maximum number of tokens that can be stored
+	// in KV cache") and the worker's "Available KV cache memory: -…".
 	{"No available memory for the cache blocks", CauseKVInsufficient, scoreKV},
 	{"larger than the available KV cache memory", CauseKVInsufficient, scoreKV},
 	{"larger than the maximum number of tokens that can be stored in KV cache", CauseKVInsufficient, scoreKV},
 	{"Available KV cache memory: -", CauseKVInsufficient, scoreKV},
-	{"# GPU blocks: 0,", CauseKVInsufficient, scoreKV}, // V0: no block left for the KV cache
+	{"# GPU blocks: 0,", CauseKVInsufficient, scoreKV},
 
+	// argparse ("unrecognized arguments"), strerror(EADDRINUSE), and
+	// huggingface_hub's and transformers' errors for a model that is not
+	// there (huggingface_hub/errors.py, utils/_validators.py,
+	// transformers/utils/hub.py), Python's FileNotFoundError.
 	{"unrecognized arguments", CauseConfigError, scoreConfig},
 	{"ddress already in use", CauseConfigError, scoreConfig},
 	{"RepositoryNotFoundError", CauseConfigError, scoreConfig},
@@ -81,11 +184,26 @@ var rules = []rule{
 	{"does not appear to have a file named", CauseConfigError, scoreConfig},
 	{"FileNotFoundError", CauseConfigError, scoreConfig},
 
+	// Hangs the engine reports itself. PyTorch's NCCL watchdog
+	// (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp: "[Rank N] Watchdog
+	// caught collective operation timeout: WorkNCCL(…) ran for N
+	// milliseconds before timing out."), Ray compiled graphs' channel
+	// timeout (python/ray/exceptions.py RayChannelTimeoutError, "Timed out
+	// waiting for object available to read"). vLLM's shared-memory
+	// broadcast (vllm/distributed/device_communicators/shm_broadcast.py:
+	// "No available shared memory broadcast block found in %s seconds. This
+	// typically happens when some processes are hanging or doing some
+	// time-consuming work (e.g. compilation, …)", every
+	// VLLM_RINGBUFFER_WARNING_INTERVAL, 60 s) is only a sign: see
+	// stallVerdict.
 	{"Watchdog caught collective operation timeout", CauseHang, scoreTimeout},
 	{"RayChannelTimeoutError", CauseHang, scoreTimeout},
 	{"Timed out waiting for object available to read", CauseHang, scoreTimeout},
-	{"No available shared memory broadcast block found", CauseHang, scoreStuck},
+	{shmStall, CauseHang, scoreStuck},
 
+	// NCCL's result names (src/include/nccl.h ncclResult_t, printed by
+	// torch as "NCCL error: …"), CUDA's kernel faults, the C runtime's and
+	// Python's fatal signals, and the executors' words for a dead worker.
 	{"NCCL error", CauseCrash, scoreCrash},
 	{"ncclSystemError", CauseCrash, scoreCrash},
 	{"ncclInternalError", CauseCrash, scoreCrash},
@@ -100,6 +218,36 @@ var rules = []rule{
 	{"core dumped", CauseCrash, scoreCrash},
 	{"died unexpectedly", CauseCrash, scoreDied},
 	{"exited with exit code", CauseCrash, scoreDied}, // a platform's word for a worker's death
+}
+
+// shmStall is vLLM's shared-memory broadcast warning (see rules).
+const shmStall = "No available shared memory broadcast block found"
+
+// addressFamilyRefused is strerror(EAFNOSUPPORT). systemd's
+// RestrictAddressFamilies= makes socket() fail with it (its seccomp filter,
+// src/shared/seccomp-util.c, returns EAFNOSUPPORT), and gloo, which vLLM
+// uses for its CPU process groups, raises it as a RuntimeError
+// (third_party/gloo/gloo/transport/tcp/pair.cc and device.cc: "[enforce fail
+// at …/gloo/transport/tcp/….cc:N] … Address family not supported by
+// protocol"): a deployment sandbox that a restart cannot change, reported as
+// config_error. PyTorch's c10d prints the same errno as a harmless warning
+// when a host has no IPv6 ("[W socket.cpp:697] [c10d] The client socket
+// cannot be initialized to connect to [localhost]:29500 (errno: 97 - Address
+// family not supported by protocol)") and then succeeds over IPv4, and
+// NCCL's INFO/WARN lines report a socket it could not open before it tries
+// the next: a warning line is never evidence (isTorchWarning; a fatal NCCL
+// failure says "NCCL error" after it).
+const addressFamilyRefused = "Address family not supported by protocol"
+
+// isTorchWarning recognises c10's warning prefix, "[W socket.cpp:697] " or
+// "[W1226 15:35:11.626067741 socket.cpp:752] ", possibly behind "[rank0]:".
+func isTorchWarning(msg string) bool {
+	if strings.HasPrefix(msg, "[rank") {
+		if i := strings.Index(msg, "]:"); i > 0 && i < 16 {
+			msg = msg[i+2:]
+		}
+	}
+	return strings.HasPrefix(msg, "[W") && len(msg) > 2 && (msg[2] == ' ' || isDigit(msg[2]))
 }
 
 // frameRules name functions of vLLM whose "raise" (the source line Python
@@ -137,7 +285,7 @@ var wrappers = []string{
 var prefilter = []string{"rror", "emory", "died", "NCCL", "nccl", "fault", "Fatal", "ound", "in use",
 	"unrecognized", "OOM", "oom-kill", "dumped", "illegal", "assert", "xception", "ngine", "_FAILED", "Value error",
 	"stored in KV", "model identifier", "path_or_model_id", "repository ID", "gated repo", "file named", "Watchdog", "SIGSEGV", "output_handler",
-	"Timed out", "auto-fit", "exit code", "exited with code", "killed", "fatal signal", "blocks: 0,"}
+	"Timed out", "auto-fit", "exit code", "exited with code", "killed", "fatal signal", "blocks: 0,", "oom-killer", "Address family"}
 
 func mayMatch(msg string) bool {
 	for _, p := range prefilter {
@@ -177,57 +325,98 @@ const (
 	kindWrapper
 )
 
-// matchLine classifies one message (prefixes already stripped).
-func matchLine(msg string) (lineKind, Cause, int) {
+// Ids of the checks that are not needle rules (see rule.id).
+const (
+	ruleGPURuntimeOOM    = "CUDA/HIP/NCCL: out of memory"
+	ruleRayMemoryMonitor = "Ray's memory monitor killed a worker"
+	ruleErrorsStarting   = "errors while starting, no cause named"
+	ruleArgparse         = "argparse: a usage error (\"prog: error: …\")"
+	ruleValueError       = "exception: ValueError/ValidationError (not about memory)"
+	ruleBrokenInstall    = "exception: ModuleNotFoundError/ImportError"
+	rulePermission       = "exception: PermissionError"
+	ruleAddressFamily    = "sandbox: " + addressFamilyRefused
+	ruleException        = "exception: any other"
+	ruleStalledStats     = "stats: requests running at 0 tokens/s"
+	ruleWaitingEngine    = "starting: waiting for the engine core, over and over"
+	ruleShutdown         = "shutdown: begun, never finished"
+)
+
+// matchLine classifies one message (prefixes already stripped); off, when
+// not nil, switches rules off by id (the report's leave-one-group-out pass).
+// id names the rule that decided the line.
+func matchLine(msg string, off map[string]bool) (kind lineKind, cause Cause, score int, id string) {
 	// Traceback source lines ("    raise ValueError(\"No available memory…")
 	// and frame lines repeat text of the exception below them: they are
 	// matched against the rules only (an excerpt may end before the
 	// exception), never read as an exception or a wrapper themselves.
 	if strings.HasPrefix(msg, "    ") {
 		if !mayMatch(msg) {
-			return kindNone, "", 0
+			return kindNone, "", 0, ""
 		}
-		return matchRules(msg)
+		return matchRules(msg, off)
 	}
-	if isFrame(msg) || !mayMatch(msg) {
-		return kindNone, "", 0
+	if isFrame(msg) || !mayMatch(msg) || isGuessList(msg) {
+		return kindNone, "", 0, ""
 	}
 	for _, w := range wrappers {
-		if strings.Contains(msg, w) {
-			return kindWrapper, "", 0
+		if strings.Contains(msg, w) && !off[w] {
+			return kindWrapper, "", 0, w
 		}
 	}
-	if k, c, sc := matchRules(msg); k != kindNone {
-		return k, c, sc
+	if k, c, sc, id := matchRules(msg, off); k != kindNone {
+		return k, c, sc, id
 	}
-	if isArgparseError(msg) {
-		return kindRoot, CauseConfigError, scoreConfig
+	on := func(id string) bool { return !off[id] }
+	if strings.Contains(msg, addressFamilyRefused) && !isTorchWarning(msg) && !strings.Contains(msg, "NCCL INFO") &&
+		!strings.Contains(msg, "NCCL WARN") && on(ruleAddressFamily) {
+		return kindRoot, CauseConfigError, scoreConfig, ruleAddressFamily
+	}
+	if isArgparseError(msg) && on(ruleArgparse) {
+		return kindRoot, CauseConfigError, scoreConfig, ruleArgparse
 	}
 	typ, isExc := vllmlog.ExceptionType(msg)
 	if (isExc && (strings.HasSuffix(typ, "ValueError") || strings.HasSuffix(typ, "ValidationError"))) ||
 		strings.HasPrefix(strings.TrimLeft(msg, " "), "Value error, ") {
-		if !memoryish(msg) {
-			return kindRoot, CauseConfigError, scoreValueErr
+		if !memoryish(msg) && on(ruleValueError) {
+			return kindRoot, CauseConfigError, scoreValueErr, ruleValueError
 		}
 	}
 	// A broken install (vllm or one of its modules cannot be imported) does
 	// not heal on a restart.
-	if typ == "ModuleNotFoundError" || typ == "ImportError" {
-		return kindRoot, CauseConfigError, scoreValueErr
+	if (typ == "ModuleNotFoundError" || typ == "ImportError") && on(ruleBrokenInstall) {
+		return kindRoot, CauseConfigError, scoreValueErr, ruleBrokenInstall
 	}
-	if isExc {
-		return kindRoot, CauseCrash, scoreException
+	// EPERM/EACCES at startup: a sandbox (systemd's SystemCallFilter=,
+	// ProtectSystem=, ReadOnlyPaths=; a container's seccomp profile) or file
+	// modes refuse what vLLM needs. Python raises PermissionError for both
+	// errnos; a restart meets the same refusal. Only the exception counts,
+	// never the bare words "Operation not permitted", which NCCL and others
+	// print in warnings they recover from.
+	if typ == "PermissionError" && on(rulePermission) {
+		return kindRoot, CauseConfigError, scoreValueErr, rulePermission
 	}
-	return kindNone, "", 0
+	if isExc && on(ruleException) {
+		return kindRoot, CauseCrash, scoreException, ruleException
+	}
+	return kindNone, "", 0, ""
 }
 
-func matchRules(msg string) (lineKind, Cause, int) {
+// isGuessList recognises Ray's explanation of a dead worker, which lists
+// what might have killed it ("There are some potential root causes. (1) The
+// process is killed by SIGKILL by OOM killer … (3) … SIGSEGV …", newer "Some
+// common causes include: (1) the process was killed by the OOM killer …"):
+// the guesses name causes without evidence for any of them.
+func isGuessList(msg string) bool {
+	return strings.Contains(msg, "potential root causes") || strings.Contains(msg, "common causes include")
+}
+
+func matchRules(msg string, off map[string]bool) (lineKind, Cause, int, string) {
 	for i := range rules {
-		if strings.Contains(msg, rules[i].needle) {
-			return kindRoot, rules[i].cause, rules[i].score
+		if strings.Contains(msg, rules[i].needle) && (ruleConds[i] == nil || ruleConds[i](msg)) && !off[ruleIDs[i]] {
+			return kindRoot, rules[i].cause, rules[i].score, ruleIDs[i]
 		}
 	}
-	return kindNone, "", 0
+	return kindNone, "", 0, ""
 }
 
 // isFrame recognises a traceback frame line, `File "x.py", line 12, in f`
@@ -245,18 +434,19 @@ func holdsFrame(msg string) bool {
 	return i > 0 && strings.Contains(msg[i:], `", line `)
 }
 
-// frameCause is what the raise printed under the frame fn says, if anything.
-func frameCause(frame, src string) (Cause, int, bool) {
+// frameCause is what the raise printed under the frame fn says, if
+// anything; id is "frame: " + fn.
+func frameCause(frame, src string, off map[string]bool) (Cause, int, string, bool) {
 	src = strings.TrimLeft(src, " ")
 	if !strings.HasPrefix(src, "raise ") {
-		return "", 0, false
+		return "", 0, "", false
 	}
 	for _, r := range frameRules {
-		if strings.HasPrefix(src, r.raise) && strings.Contains(frame, r.fn) {
-			return r.cause, r.score, true
+		if strings.HasPrefix(src, r.raise) && strings.Contains(frame, r.fn) && !off["frame: "+r.fn] {
+			return r.cause, r.score, "frame: " + r.fn, true
 		}
 	}
-	return "", 0, false
+	return "", 0, "", false
 }
 
 const maxHits = 16
@@ -288,9 +478,58 @@ type scan struct {
 	readyLine int
 	wrapper   int // index of the first wrapper line, -1 if none
 	traceback bool
+	lastTB    int // index of the last traceback line (header or frame), -1 if none
 	lastFrame int // index of the last traceback frame line, -1 if none
 	waiting   int // "Waiting for … core engine proc(s) to start." lines
 	start     int // index of the first line of the last run
+
+	// Stall signs (see stallVerdict).
+	shm         []int // vLLM's shared-memory broadcast warnings since the last progress
+	shmServing  bool  // the first of them came while vLLM served (ready, or answering requests)
+	serving     bool  // ready, or uvicorn's access log seen
+	stalled     []int // stats lines with requests running at 0 tokens/s since the last progress
+	shutdown    int   // index of the start of a shutdown that never finished, -1 if none
+	shutdownEnd bool
+	errLines    []int // lines vLLM logged at level ERROR or CRITICAL (at most maxHits)
+
+	// off and fired serve the report's leave-one-group-out pass (see
+	// real_test.go): off switches rules off by id, fired records the id and
+	// cause of every rule that decided a line. Both are nil in production.
+	off   map[string]bool
+	fired map[string]Cause
+}
+
+// shutdownStarts open a shutdown: uvicorn's (uvicorn/server.py, "Shutting
+// down", "Waiting for connections to close. (CTRL+C to force quit)",
+// "Waiting for background tasks to complete. (CTRL+C to force quit)",
+// uvicorn/lifespan/on.py "Waiting for application shutdown.") and vLLM's
+// own (vllm/entrypoints/launcher.py "Shutting down FastAPI HTTP server.").
+// shutdownEnds close one: uvicorn's "Application shutdown complete." and
+// "Finished server process [N]".
+var (
+	shutdownStarts = []string{"INFO:     Shutting down", "Shutting down FastAPI HTTP server", "Waiting for application shutdown",
+		"Waiting for connections to close", "Waiting for background tasks to complete"}
+	shutdownEnds = []string{"Application shutdown complete", "Finished server process"}
+)
+
+func (s *scan) root(i int, c Cause, score int, id string) {
+	h := s.byCause[c]
+	if h == nil {
+		h = &hits{}
+		s.byCause[c] = h
+	}
+	h.add(i, score)
+	if s.fired != nil {
+		s.fired[id] = c
+	}
+}
+
+// progress: the engine moved (a stats line with tokens, readiness); stall
+// signs before it are history, not a hang.
+func (s *scan) progress() {
+	s.shm = s.shm[:0]
+	s.stalled = s.stalled[:0]
+	s.shmServing = false
 }
 
 // text is line l as evidence shows it: ANSI stripped, no trailing CR/space.
@@ -302,8 +541,10 @@ func text(l Line) string { return strings.TrimRight(vllmlog.StripANSI(l.Text), "
 // banner line on stdout of the same run, and must not be cut away.
 var runMarkers = []string{"vLLM API server version", "vLLM server version", "non-default args:"}
 
-func scanLines(lines []Line, severalRuns bool) *scan {
-	s := &scan{byCause: make(map[Cause]*hits, 4), wrapper: -1, readyLine: -1, lastFrame: -1}
+func scanLines(lines []Line, severalRuns bool) *scan { return scanWith(lines, severalRuns, nil, nil) }
+
+func scanWith(lines []Line, severalRuns bool, off map[string]bool, fired map[string]Cause) *scan {
+	s := &scan{byCause: make(map[Cause]*hits, 4), wrapper: -1, readyLine: -1, lastFrame: -1, lastTB: -1, shutdown: -1, off: off, fired: fired}
 	for i := range lines {
 		if !severalRuns {
 			break
@@ -321,7 +562,9 @@ func scanLines(lines []Line, severalRuns bool) *scan {
 		msg := vllmlog.Message(lines[i].Text)
 		if vllmlog.IsStartupComplete(msg) {
 			s.ready = true
+			s.serving = true
 			s.readyLine = i
+			s.progress()
 			continue
 		}
 		if strings.Contains(msg, "core engine proc(s) to start") {
@@ -330,24 +573,51 @@ func scanLines(lines []Line, severalRuns bool) *scan {
 		}
 		if vllmlog.IsTracebackHeader(msg) {
 			s.traceback = true
+			s.lastTB = i
 			continue
 		}
 		if isFrame(msg) {
 			// Excerpts often start inside a traceback: frames are a
 			// traceback even without its first line.
 			s.traceback = true
-			s.lastFrame = i
+			s.lastFrame, s.lastTB = i, i
 			continue
+		}
+		if len(s.errLines) < maxHits && isErrorLevel(lines[i].Text) {
+			s.errLines = append(s.errLines, i)
+		}
+		if strings.Contains(msg, "tokens/s") {
+			if st, ok := vllmlog.ParseStats(msg); ok {
+				switch {
+				case st.Prompt > 0 || st.Generation > 0:
+					s.progress()
+				case st.Running > 0:
+					s.stalled = append(s.stalled, i)
+				}
+				continue
+			}
+		}
+		if strings.HasPrefix(msg, vllmlog.UvicornPrefix) {
+			if _, ok := vllmlog.ParseAccess(msg); ok {
+				s.serving = true
+				continue
+			}
+			s.shutdownLine(i, msg)
+		} else if strings.Contains(msg, "hutting down") || strings.Contains(msg, "Waiting for") {
+			s.shutdownLine(i, msg)
 		}
 		if holdsFrame(msg) {
 			s.traceback = true
-			s.lastFrame = i
+			s.lastFrame, s.lastTB = i, i
 		}
-		kind, cause, score := matchLine(msg)
+		kind, cause, score, id := matchLine(msg, off)
+		if fired != nil && kind != kindNone {
+			recordAll(msg, fired)
+		}
 		if kind == kindNone && s.lastFrame >= 0 && s.lastFrame == i-1 {
 			// The source line under a frame: a raise in a known check.
-			if c, sc, ok := frameCause(vllmlog.Message(lines[i-1].Text), msg); ok {
-				kind, cause, score = kindRoot, c, sc
+			if c, sc, fid, ok := frameCause(vllmlog.Message(lines[i-1].Text), msg, off); ok {
+				kind, cause, score, id = kindRoot, c, sc, fid
 			}
 		}
 		switch kind {
@@ -355,16 +625,59 @@ func scanLines(lines []Line, severalRuns bool) *scan {
 			if s.wrapper < 0 {
 				s.wrapper = i
 			}
-		case kindRoot:
-			h := s.byCause[cause]
-			if h == nil {
-				h = &hits{}
-				s.byCause[cause] = h
+			if fired != nil {
+				fired[id] = CauseCrash
 			}
-			h.add(i, score)
+		case kindRoot:
+			if id == shmStall {
+				// A sign, weighed at the end (stallVerdict), not a hit.
+				if len(s.shm) == 0 {
+					s.shmServing = s.serving
+				}
+				s.shm = append(s.shm, i)
+				if fired != nil {
+					fired[id] = CauseHang
+				}
+				continue
+			}
+			s.root(i, cause, score, id)
 		}
 	}
 	return s
+}
+
+// isErrorLevel reports whether vLLM's logger wrote line at level ERROR or
+// CRITICAL (its level prefix, behind the wrappers and the process prefix).
+func isErrorLevel(line string) bool {
+	if !strings.Contains(line, "ERROR ") && !strings.Contains(line, "CRITICAL ") {
+		return false
+	}
+	t, _ := vllmlog.CutWrapper(vllmlog.StripANSI(line))
+	for range 2 { // the process prefix may precede or follow the level
+		t, _, _ = vllmlog.CutProcess(t)
+		if _, lvl, ok := vllmlog.CutLevel(t); ok {
+			return lvl == "ERROR" || lvl == "CRITICAL"
+		}
+	}
+	return false
+}
+
+// shutdownLine notes the start or the end of a shutdown.
+func (s *scan) shutdownLine(i int, msg string) {
+	for _, m := range shutdownEnds {
+		if strings.Contains(msg, m) {
+			s.shutdownEnd = true
+			return
+		}
+	}
+	for _, m := range shutdownStarts {
+		if strings.Contains(msg, m) {
+			if s.shutdown < 0 || s.shutdownEnd {
+				s.shutdown, s.shutdownEnd = i, false
+			}
+			return
+		}
+	}
 }
 
 // best returns the winning cause among the log's hits, ignoring config
@@ -492,7 +805,8 @@ func classify(e Exit, s *scan, phase Phase) Verdict {
 }
 
 // classifyOffline finishes a saved log with no decisive root-cause line: a
-// failure is reported only when the log shows one.
+// failure is reported only when the log shows one, and a log that shows
+// signs but cannot decide says CauseUnknown with what it saw.
 func classifyOffline(e Exit, s *scan, phase Phase) Verdict {
 	excs := s.evidence(e.Lines, s.byCause[CauseCrash])
 	if s.wrapper >= 0 {
@@ -500,14 +814,11 @@ func classifyOffline(e Exit, s *scan, phase Phase) Verdict {
 			Summary: fmt.Sprintf("vLLM's engine died (line %d: %s) and the log holds no root-cause line above it",
 				e.Lines[s.wrapper].N, clip(vllmlog.Message(e.Lines[s.wrapper].Text), 120))}
 	}
-	if h := s.byCause[CauseHang]; h != nil && !s.traceback {
-		// Only vLLM's own "stuck" warning: no exception, no death.
-		ev := s.evidence(e.Lines, h)
-		return Verdict{Cause: CauseHang, Confidence: "low", Evidence: ev,
-			Summary: fmt.Sprintf("vLLM reported a stuck worker or collective %d time(s) and the log shows no other failure: line %d: %s",
-				len(h.idx), ev[0].N, clip(vllmlog.Message(ev[0].Text), 160))}
+	if v, ok := s.stallVerdict(e.Lines); ok {
+		return v
 	}
-	if phase == PhaseStarting && s.waiting >= 3 && !s.traceback {
+	if phase == PhaseStarting && s.waiting >= 3 && !s.traceback && !s.off[ruleWaitingEngine] {
+		s.fire(ruleWaitingEngine, CauseHang)
 		return Verdict{Cause: CauseHang, Confidence: "low",
 			Summary: fmt.Sprintf("vLLM stalled while starting: the engine core never came up (%d \"Waiting for … core engine proc(s) to start\" lines)", s.waiting)}
 	}
@@ -527,10 +838,163 @@ func classifyOffline(e Exit, s *scan, phase Phase) Verdict {
 		}
 		return Verdict{Cause: CauseCrash, Confidence: "low", Evidence: ev, Summary: sum}
 	}
+	if s.shutdown >= 0 && !s.shutdownEnd && s.lastTB < s.shutdown && !s.off[ruleShutdown] {
+		// No sign of a stuck engine after it: a drain still running, a
+		// shutdown that hung, or a log cut short. The text cannot say.
+		s.fire(ruleShutdown, CauseUnknown)
+		l := e.Lines[s.shutdown]
+		return Verdict{Cause: CauseUnknown, Confidence: "low", Evidence: []Line{{N: l.N, Stream: l.Stream, Text: text(l)}},
+			Summary: fmt.Sprintf("unknown: vLLM began shutting down at line %d and the log ends before the shutdown finished (no \"Application shutdown complete.\"): a shutdown that hung, or a log cut during the drain",
+				l.N)}
+	}
 	if phase == PhaseReady {
 		return Verdict{Summary: "no failure found: vLLM became ready"}
 	}
+	if len(s.errLines) > 0 && !s.off[ruleErrorsStarting] {
+		// vLLM said something went wrong and never became ready, but
+		// named nothing a rule knows: not "no failure", not a guess.
+		s.fire(ruleErrorsStarting, CauseUnknown)
+		var ev []Line
+		for _, i := range []int{s.errLines[0], s.errLines[len(s.errLines)-1]} {
+			if len(ev) == 0 || ev[0].N != e.Lines[i].N {
+				ev = append(ev, Line{N: e.Lines[i].N, Stream: e.Lines[i].Stream, Text: text(e.Lines[i])})
+			}
+		}
+		return Verdict{Cause: CauseUnknown, Confidence: "low", Evidence: ev,
+			Summary: fmt.Sprintf("unknown: vLLM logged %d error line(s) while starting (first at line %d: %s) and the log ends before it became ready, naming no cause",
+				len(s.errLines), ev[0].N, clip(vllmlog.Message(ev[0].Text), 160))}
+	}
 	return Verdict{Summary: "no failure found: the log ends while vLLM was still starting"}
+}
+
+// recordAll records in fired every rule that matches msg, not only the
+// first: a rule shadowed by another on the same line is borne out by that
+// line too (the report's support must not miss it, or a rule written from a
+// log would pass for one supported by no log at all).
+func recordAll(msg string, fired map[string]Cause) {
+	for i := range rules {
+		if strings.Contains(msg, rules[i].needle) && (ruleConds[i] == nil || ruleConds[i](msg)) {
+			fired[ruleIDs[i]] = rules[i].cause
+		}
+	}
+	for _, w := range wrappers {
+		if strings.Contains(msg, w) {
+			fired[w] = CauseCrash
+		}
+	}
+	off := map[string]bool{}
+	for range 8 { // the structural checks, each in turn
+		k, c, _, id := matchLine(msg, off)
+		if k == kindNone || off[id] {
+			return
+		}
+		if k == kindRoot {
+			fired[id] = c
+		}
+		off[id] = true
+	}
+}
+
+func (s *scan) fire(id string, c Cause) {
+	if s.fired != nil {
+		s.fired[id] = c
+	}
+}
+
+// How long requests must sit at 0 tokens/s before the log calls it a hang,
+// and how many stats lines stand for that when the lines carry no time
+// (vLLM logs stats every 10 s by default: VLLM_LOG_STATS_INTERVAL).
+const (
+	stalledFor      = 2 * time.Minute
+	stalledLines    = 12
+	stalledLinesMin = 3 // fewer say nothing, even as unknown
+)
+
+// stallVerdict weighs the signs of a stuck engine that the log ends on (no
+// progress after them, no traceback after them): vLLM's shared-memory
+// broadcast warnings and stats lines with requests running at 0 tokens/s.
+//
+// vLLM prints its broadcast warning when a worker has not read for 60 s,
+// "hanging or doing some time-consuming work (e.g. compilation, weight/kv
+// cache quantization)". Twice in a row, or once while it serves (compiling
+// is over by then), is a hang; once while starting may be a long
+// compilation: unknown. A stats line with running requests and no tokens is
+// an engine that no longer steps while /health still answers 200; for
+// stalledFor it is a hang, shorter it is unknown (a very long prefill is
+// counted only when it completes). Signs that begin after a shutdown began
+// are a shutdown that itself hung.
+func (s *scan) stallVerdict(lines []Line) (Verdict, bool) {
+	shm, stalled := s.shm, s.stalled
+	if s.off[shmStall] {
+		shm = nil
+	}
+	if s.off[ruleStalledStats] {
+		stalled = nil
+	}
+	if len(shm) == 0 && len(stalled) < stalledLinesMin {
+		return Verdict{}, false
+	}
+	first := -1
+	if len(shm) > 0 {
+		first = shm[0]
+	}
+	if len(stalled) >= stalledLinesMin && (first < 0 || stalled[0] < first) {
+		first = stalled[0]
+	}
+	if s.lastTB > first {
+		return Verdict{}, false // something failed after the signs: not a stall
+	}
+	stuckStats, span := false, ""
+	if len(stalled) >= stalledLinesMin {
+		t0, ok0 := vllmlog.Stamp(lines[stalled[0]].Text)
+		t1, ok1 := vllmlog.Stamp(lines[stalled[len(stalled)-1]].Text)
+		if d := t1.Sub(t0); ok0 && ok1 && d >= 0 {
+			stuckStats = d >= stalledFor
+			span = fmt.Sprintf(" over %s", d)
+		} else {
+			stuckStats = len(stalled) >= stalledLines
+		}
+	}
+	shmHang := len(shm) >= 2 || (len(shm) == 1 && s.shmServing)
+
+	var ev []Line
+	add := func(idx []int) {
+		if len(idx) == 0 {
+			return
+		}
+		for _, i := range []int{idx[0], idx[len(idx)-1]} {
+			if len(ev) > 0 && ev[len(ev)-1].N == lines[i].N {
+				continue
+			}
+			ev = append(ev, Line{N: lines[i].N, Stream: lines[i].Stream, Text: text(lines[i])})
+		}
+	}
+	var what []string
+	if len(shm) > 0 {
+		add(shm)
+		what = append(what, fmt.Sprintf("%d shared-memory broadcast warning(s) (\"%s\", line %d)", len(shm), shmStall, lines[shm[0]].N))
+	}
+	if len(stalled) >= stalledLinesMin {
+		add(stalled)
+		what = append(what, fmt.Sprintf("%d stats lines with requests running at 0 tokens/s%s (lines %d–%d)",
+			len(stalled), span, lines[stalled[0]].N, lines[stalled[len(stalled)-1]].N))
+	}
+	seen := strings.Join(what, " and ")
+	if len(shm) > 0 {
+		s.fire(shmStall, CauseHang)
+	}
+	if len(stalled) >= stalledLinesMin {
+		s.fire(ruleStalledStats, CauseHang)
+	}
+	if shmHang || stuckStats {
+		sum := "vLLM hung: the log ends on " + seen + ", with no progress and no error after them"
+		if s.shutdown >= 0 && !s.shutdownEnd && s.shutdown < first {
+			sum = fmt.Sprintf("vLLM hung while shutting down (the shutdown began at line %d and never finished): %s", lines[s.shutdown].N, seen)
+		}
+		return Verdict{Cause: CauseHang, Confidence: "low", Evidence: ev, Summary: sum}, true
+	}
+	return Verdict{Cause: CauseUnknown, Confidence: "low", Evidence: ev,
+		Summary: "unknown: the log ends on " + seen + "; too little to call a hang (vLLM prints the broadcast warning during long compilations too), and no failure after it"}, true
 }
 
 func exitWords(e Exit, s *scan, ev []Line) string {
@@ -561,6 +1025,7 @@ var causeTitle = map[Cause]string{
 	CauseHang:           "vLLM hung",
 	CauseCrash:          "vLLM crashed",
 	CauseHostOOM:        "host memory ran out (kernel OOM killer)",
+	CauseUnknown:        "unknown: the log cannot decide",
 }
 
 func summaryFor(c Cause, ev []Line) string {
@@ -611,6 +1076,11 @@ func adviceFor(v Verdict) []string {
 		case has("Repository") || has("model identifier") || has("path_or_model_id") || has("gated repo") || has("GatedRepo") ||
 			has("FileNotFound") || has("LocalEntryNotFound") || has("file named") || has("HFValidation"):
 			return []string{"check the model name or path in [vllm] command; for gated or private models set HF_TOKEN in [vllm] env; offline (HF_HUB_OFFLINE=1) needs the model in the cache", "the guard does not retry a configuration error (exit 78)"}
+		case has(addressFamilyRefused) || has("PermissionError"):
+			return []string{
+				"a sandbox refused what vLLM needs, and a restart meets the same refusal: with systemd, RestrictAddressFamilies= must allow AF_UNIX and AF_NETLINK besides AF_INET and AF_INET6 (vLLM's processes talk over unix sockets; gloo and NCCL list the interfaces through netlink); check SystemCallFilter=, ProtectSystem=, ReadOnlyPaths= and the container's seccomp profile; `systemd-analyze security` shows what the unit forbids",
+				"the guard does not retry a configuration error (exit 78)",
+			}
 		case has("could not be started"):
 			return []string{"check [vllm] command: the executable must exist and be executable in the guard's PATH (or give an absolute path)", "the guard does not retry a configuration error (exit 78)"}
 		}
@@ -619,6 +1089,11 @@ func adviceFor(v Verdict) []string {
 		return []string{
 			"read the last lines before the kill: the last load phase reached shows where it stuck",
 			"with tensor parallelism check NCCL (NCCL_DEBUG=INFO, /dev/shm size, P2P); raise [readiness] stall_timeout only if loading or compiling legitimately takes longer",
+		}
+	case CauseUnknown:
+		return []string{
+			"the log does not decide: pass more of it (the lines after the last one here, and the minutes before the first sign) or the guard's incident record",
+			"for a suspected hang: check whether requests still finish (vllm:generation_tokens_total keeps rising) and whether a worker is busy compiling (CPU at 100 %) or stuck (py-spy dump --pid of the EngineCore and workers)",
 		}
 	case CauseHostOOM:
 		return []string{

@@ -2,10 +2,12 @@ package policy
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
@@ -174,7 +176,7 @@ func TestClassifyCases(t *testing.T) {
 		{"shm broadcast warnings alone are a hang", Exit{Offline: true, Lines: lines(
 			"(EngineCore pid=2025) INFO 08-13 11:27:02 [shm_broadcast.py:802] No available shared memory broadcast block found in 60 seconds.",
 			"(EngineCore pid=2025) INFO 08-13 11:28:02 [shm_broadcast.py:802] No available shared memory broadcast block found in 60 seconds.")},
-			CauseHang, "low", []int{1}, "2 time(s)"},
+			CauseHang, "low", []int{1, 2}, "2 shared-memory broadcast warning(s)"},
 		{"a dead worker beats the shm warnings", Exit{Offline: true, Lines: lines(
 			"DEBUG 07-04 17:35:10 [shm_broadcast.py:456] No available shared memory broadcast block found in 60 second.",
 			"ERROR 07-04 17:35:16 [multiproc_executor.py:140] Worker proc VllmWorker-1 died unexpectedly, shutting down executor.")},
@@ -191,6 +193,83 @@ func TestClassifyCases(t *testing.T) {
 		{"host ENOMEM mapping the weights", Exit{ExitCode: 1, Lines: lines(
 			"ERROR 06-02 09:39:03 [core.py:396] RuntimeError: unable to mmap 16933256392 bytes from file <model.safetensors>: Cannot allocate memory (12)")},
 			CauseHostOOM, "high", []int{1}, ""},
+
+		// Issue 25: rules from the source text of vLLM, PyTorch, gloo, Ray
+		// and the kernel, not from one log.
+		{"gloo refused an address family (a sandboxed unit) is a config error", Exit{ExitCode: 1, Lines: lines(
+			"(EngineCore_DP0 pid=90) ERROR 01-04 15:58:26 [core.py:866] RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:178] socket: Address family not supported by protocol", failed)},
+			CauseConfigError, "high", []int{1}, "Address family"},
+		{"c10d's errno 97 warning on a host without IPv6 is no failure", Exit{Offline: true, Lines: lines(
+			"[W socket.cpp:464] [c10d] The server socket cannot be initialized on [::]:29500 (errno: 97 - Address family not supported by protocol).",
+			"[W1226 15:35:11.626067741 socket.cpp:752] [c10d] The client socket cannot be initialized to connect to [localhost]:29500 (errno: 97 - Address family not supported by protocol).",
+			"[rank0]:[W socket.cpp:697] [c10d] The client socket cannot be initialized to connect to [localhost]:29500 (errno: 97 - Address family not supported by protocol).",
+			ready)}, "", "", nil, "became ready"},
+		{"NCCL's warning about an address family, while starting, is no failure", Exit{Offline: true, Lines: lines(
+			"[W socket.cpp:464] [c10d] The server socket cannot be initialized on [::]:29500 (errno: 97 - Address family not supported by protocol).",
+			"node1:2414:2469 [0] NCCL WARN Net : Socket creation failed : Address family not supported by protocol",
+			"node1:2414:2469 [0] NCCL INFO Using network Socket")}, "", "", nil, "still starting"},
+		{"PermissionError at startup is a config error", Exit{ExitCode: 1, Lines: lines(
+			"(EngineCore_DP0 pid=90) PermissionError: [Errno 1] Operation not permitted", failed)},
+			CauseConfigError, "high", []int{1}, "PermissionError"},
+		{"the bare words operation not permitted are no evidence", Exit{Offline: true, Lines: lines(
+			"node1:2414:2469 [0] NCCL INFO Failed to set CPU affinity: Operation not permitted")},
+			"", "", nil, "still starting"},
+		{"the kernel's oom-killer line", Exit{Offline: true, Lines: lines(
+			"Dec 02 09:31:24 gpu-node-3 kernel: python3 invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0, oom_score_adj=0",
+			"Dec 02 09:31:24 gpu-node-3 kernel: oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,oom_memcg=/system.slice/vllm.service,task=python3,pid=4121,uid=998",
+			"Dec 02 09:31:24 gpu-node-3 kernel: Memory cgroup out of memory: Killed process 4121 (python3) total-vm:98765432kB, anon-rss:61234567kB, file-rss:0kB")},
+			CauseHostOOM, "high", []int{1, 2, 3}, "oom-killer"},
+		{"ray's older list of guesses is not an OOM kill", Exit{Offline: true, Lines: lines(
+			"ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.",
+			"Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error code 2. End of file. There are some potential root causes. (1) The process is killed by SIGKILL by OOM killer due to high memory usage. (2) ray stop --force is called. (3) The worker is crashed unexpectedly due to SIGSEGV or other unexpected errors.")},
+			CauseCrash, "high", []int{1}, ""},
+		{"requests at 0 tokens/s for minutes while serving are a hang", Exit{Offline: true, Lines: append(lines(ready), stats(2, 13, 10, 0, 1)...)},
+			CauseHang, "low", []int{2, 14}, "0 tokens/s over 2m0s"},
+		{"0 tokens/s lines without time stamps, a dozen of them", Exit{Offline: true, Lines: append(lines(ready), stats(2, 12, 0, 0, 1)...)},
+			CauseHang, "low", []int{2, 13}, "12 stats lines"},
+		{"a stall that recovers is no hang", Exit{Offline: true, Lines: append(append(lines(ready), stats(2, 13, 10, 0, 1)...), stats(15, 1, 10, 25.5, 1)...)},
+			"", "", nil, "became ready"},
+		{"30 s at 0 tokens/s is unknown", Exit{Offline: true, Lines: append(lines(ready), stats(2, 4, 10, 0, 1)...)},
+			CauseUnknown, "low", []int{2, 5}, "unknown"},
+		{"idle stats lines are no stall", Exit{Offline: true, Lines: append(lines(ready), stats(2, 20, 10, 0, 0)...)},
+			"", "", nil, "became ready"},
+		{"one broadcast warning while starting is unknown (compilation)", Exit{Offline: true, Lines: lines(
+			"(EngineCore pid=2025) INFO 08-13 11:27:02 [shm_broadcast.py:802] No available shared memory broadcast block found in 60 seconds. This typically happens when some processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache quantization).")},
+			CauseUnknown, "low", []int{1}, "unknown"},
+		{"one broadcast warning while serving is a hang", Exit{Offline: true, Lines: lines(ready,
+			"(APIServer pid=1) INFO:     127.0.0.1:56038 - \"GET /health HTTP/1.1\" 200 OK",
+			"(EngineCore pid=2025) INFO 08-13 11:27:02 [shm_broadcast.py:802] No available shared memory broadcast block found in 60 seconds.",
+			"(APIServer pid=1) INFO:     127.0.0.1:56038 - \"GET /health HTTP/1.1\" 200 OK")},
+			CauseHang, "low", []int{3}, "1 shared-memory broadcast warning(s)"},
+		{"broadcast warnings while compiling, then ready, are no hang", Exit{Offline: true, Lines: lines(
+			"(EngineCore pid=2025) INFO 08-13 11:27:02 [shm_broadcast.py:802] No available shared memory broadcast block found in 60 seconds.",
+			"(EngineCore pid=2025) INFO 08-13 11:28:02 [shm_broadcast.py:802] No available shared memory broadcast block found in 60 seconds.",
+			ready)}, "", "", nil, "became ready"},
+		{"a shutdown that never finished is unknown", Exit{Offline: true, Lines: lines(ready,
+			"(APIServer pid=1) INFO 08-13 11:27:02 [launcher.py:80] Shutting down FastAPI HTTP server.",
+			"(APIServer pid=1) INFO:     Shutting down")},
+			CauseUnknown, "low", []int{2}, "began shutting down at line 2"},
+		{"a shutdown that finished is no failure", Exit{Offline: true, Lines: lines(ready,
+			"(APIServer pid=1) INFO:     Shutting down", "(APIServer pid=1) INFO:     Waiting for application shutdown.",
+			"(APIServer pid=1) INFO:     Application shutdown complete.")},
+			"", "", nil, "became ready"},
+		{"a shutdown that hangs", Exit{Offline: true, Lines: lines(ready,
+			"(APIServer pid=1) INFO:     Shutting down",
+			"(APIServer pid=1) INFO:     Waiting for connections to close. (CTRL+C to force quit)",
+			"(EngineCore pid=2025) INFO 08-13 11:27:02 [shm_broadcast.py:802] No available shared memory broadcast block found in 60 seconds.",
+			"(EngineCore pid=2025) INFO 08-13 11:28:02 [shm_broadcast.py:802] No available shared memory broadcast block found in 60 seconds.")},
+			CauseHang, "low", []int{4, 5}, "while shutting down"},
+		{"errors while starting that name no cause are unknown", Exit{Offline: true, Lines: lines(
+			"(APIServer pid=1) INFO 04-15 10:00:00 [api_server.py:1043] vLLM API server version 0.8.4",
+			"(EngineCore_0 pid=312) ERROR 04-15 10:00:05 [x.py:1] something went wrong in a way no rule knows",
+			"(EngineCore_0 pid=312) CRITICAL 04-15 10:00:06 [x.py:2] and again")},
+			CauseUnknown, "low", []int{2, 3}, "2 error line(s) while starting"},
+		{"errors after ready are no failure", Exit{Offline: true, Lines: lines(ready,
+			"(APIServer pid=1) ERROR 04-15 10:00:05 [serving_chat.py:1] a request was rejected")},
+			"", "", nil, "became ready"},
+		{"live, a stall sign alone is a crash, never unknown", Exit{ExitCode: 0, Lines: lines(ready,
+			"(EngineCore pid=2025) INFO 08-13 11:27:02 [shm_broadcast.py:802] No available shared memory broadcast block found in 60 seconds.")},
+			CauseCrash, "low", nil, "code 0"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -218,6 +297,37 @@ func TestClassifyCases(t *testing.T) {
 			}
 			checkEvidence(t, tc.e.Lines, v)
 		})
+	}
+}
+
+// stats returns n of vLLM's V1 stats lines numbered from first, every
+// every seconds (0: no time stamps), each with the generation throughput gen
+// and running requests.
+func stats(first, n, every int, gen float64, running int) []Line {
+	out := make([]Line, n)
+	t0 := time.Date(0, 8, 13, 11, 27, 2, 0, time.UTC)
+	for i := range out {
+		msg := fmt.Sprintf("Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, Waiting: 0 reqs, GPU KV cache usage: 0.1%%, Prefix cache hit rate: 0.0%%", gen, running)
+		text := "(APIServer pid=1) " + msg
+		if every > 0 {
+			text = "(APIServer pid=1) INFO " + t0.Add(time.Duration(i*every)*time.Second).Format(vllmlog.StampLayout) + " [loggers.py:271] " + msg
+		}
+		out[i] = Line{N: first + i, Text: text}
+	}
+	return out
+}
+
+// TestSandboxAdvice: a sandbox's refusal says where to look, not "fix the
+// vLLM arguments".
+func TestSandboxAdvice(t *testing.T) {
+	for _, l := range []string{
+		"RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:178] socket: Address family not supported by protocol",
+		"PermissionError: [Errno 1] Operation not permitted",
+	} {
+		v := Classify(Exit{ExitCode: 1, Lines: lines(l)})
+		if v.Cause != CauseConfigError || len(v.Advice) == 0 || !strings.Contains(v.Advice[0], "RestrictAddressFamilies=") {
+			t.Errorf("%q: verdict %q, advice %q: want config_error and the sandbox advice", l, v.Cause, v.Advice)
+		}
 	}
 }
 

@@ -48,7 +48,11 @@ const maxLogBytes = 1 << 30
 // Kubernetes output), numbers its lines from 1, classifies the last run in
 // it and extracts its facts. The exit status is unknown offline: a log with
 // no failure in it gives Cause "".
-func Diagnose(r io.Reader) (Report, error) {
+func Diagnose(r io.Reader) (Report, error) { return diagnose(r, nil, nil) }
+
+// diagnose is Diagnose with the report's leave-one-group-out switches (see
+// scan.off and scan.fired).
+func diagnose(r io.Reader, off map[string]bool, fired map[string]Cause) (Report, error) {
 	data, err := io.ReadAll(io.LimitReader(r, maxLogBytes+1))
 	if err != nil {
 		return Report{}, fmt.Errorf("diagnose: reading the log: %w", err)
@@ -57,7 +61,7 @@ func Diagnose(r io.Reader) (Report, error) {
 		return Report{}, fmt.Errorf("diagnose: the log is larger than %d MiB; pass its last part (e.g. tail -n 100000)", maxLogBytes>>20)
 	}
 	lines := SplitLines(string(data))
-	s := scanLines(lines, true)
+	s := scanWith(lines, true, off, fired)
 	v := verdictOf(Exit{Lines: lines, Offline: true}, s)
 	rep := Report{Verdict: v, Phase: PhaseStarting, Lines: len(lines)}
 	rep.Facts = extractFacts(lines, s)

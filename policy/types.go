@@ -19,6 +19,13 @@ const (
 	CauseHostOOM        Cause = "host_oom"
 )
 
+// CauseUnknown is an answer of diagnose (offline) only: the log shows signs
+// of trouble (a stall warning, a shutdown that never finished) that its text
+// cannot turn into one cause, and says so with the evidence it saw instead
+// of guessing. The live guard never gives it: any exit it did not ask for is
+// a failure with a cause (crash when nothing better is known).
+const CauseUnknown Cause = "unknown"
+
 // Causes lists every cause, in the README's order (metrics pre-create one series each).
 var Causes = []Cause{CauseOOM, CauseKVInsufficient, CauseGPUBusy, CauseConfigError, CauseHang, CauseCrash, CauseHostOOM}
 

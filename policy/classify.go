@@ -770,6 +770,18 @@ func classify(e Exit, s *scan, phase Phase) Verdict {
 	}
 
 	c, h := s.best(phase, scoreDied)
+	// The OOM killer mostly takes the biggest process of the tree, the
+	// EngineCore or a worker; the API server then reports a dead engine and
+	// exits by itself. Unless the log names a cause of its own, that death
+	// is the host's memory.
+	if e.HostOOMKill && !e.SignalByGuard && (h == nil || c == CauseCrash || c == CauseHostOOM) {
+		var ev []Line
+		if h != nil {
+			ev = s.evidence(e.Lines, h)
+		}
+		return Verdict{Cause: CauseHostOOM, Confidence: "high", Evidence: ev,
+			Summary: "the kernel OOM killer killed a process of vLLM's tree (cgroup oom_kill count went up), then vLLM ended: host memory ran out, not GPU memory"}
+	}
 	if h != nil && c != CauseCrash {
 		ev := s.evidence(e.Lines, h)
 		return Verdict{Cause: c, Confidence: "high", Evidence: ev, Summary: summaryFor(c, ev)}

@@ -99,7 +99,10 @@ func (m *machine) finishRun(sink *logSink) {
 	if m.ready {
 		res.phase = policy.PhaseReady
 	}
-	res.hostOOM = !killedByGuard && exit.Signal == "SIGKILL" && s.hostOOM() > m.oomBefore
+	// Any end the guard did not cause, after the kernel's OOM killer acted
+	// in vLLM's cgroup: it mostly picks the biggest process, the EngineCore
+	// or a worker, and the API server then exits by itself.
+	res.hostOOM = !killedByGuard && m.oomBefore >= 0 && s.hostOOM() > m.oomBefore
 	m.releasePIDs, m.releaseBase = c.seen(), m.baseline
 	s.update(func(st *Status) { st.LogDropped = sink.dropped.Load(); st.PID = 0 })
 	end := m.end

@@ -643,6 +643,23 @@ func TestMachineFaultHostOOMKill(t *testing.T) {
 	})
 }
 
+// The OOM killer took a child (the EngineCore, a worker) and the API
+// server exited by itself: still the host's memory.
+func TestMachineFaultHostOOMKillOfAChild(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		s.ready()
+		s.oom.Add(1)
+		s.l.last().end(exitInfo{Code: 0})
+		synctest.Wait()
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseHostOOM {
+			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
+}
+
 func TestMachineFaultStallWhileLoadingIsAHang(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newScenario(t, func(c *config.Config) {

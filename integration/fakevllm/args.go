@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -138,6 +139,7 @@ var knownFlags = map[string]flagKind{
 	"--uvicorn-log-level":          kindString,
 	"--disable-log-stats":          kindBool,
 	"--config":                     kindString,
+	"--dtype":                      kindString, // accepted, not simulated (the tests serve real tiny models as float32)
 }
 
 // shortFlags are argparse aliases.
@@ -419,6 +421,10 @@ func (a *serveArgs) setFlag(name string, kind flagKind, value string) error {
 			a.Runner = value
 		case "--uvicorn-log-level":
 			a.UvicornLogLevel = value
+		case "--dtype":
+			if !slices.Contains([]string{"auto", "half", "float16", "bfloat16", "float", "float32"}, value) {
+				return &argError{msg: fmt.Sprintf("argument --dtype: invalid choice: '%s' (choose from auto, half, float16, bfloat16, float, float32)", value)}
+			}
 		case "--config":
 			// Expanded before parsing; only reached for a --config that
 			// came out of a config file, which vLLM does not follow.

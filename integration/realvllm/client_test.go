@@ -82,12 +82,17 @@ type stream struct {
 }
 
 // startStream opens a streaming completion and reads it in the background.
-func startStream(t *testing.T, url, modelName string, maxTokens int) *stream {
+func startStream(t *testing.T, url, key, modelName string, maxTokens int) *stream {
 	t.Helper()
 	st := &stream{first: make(chan struct{}), done: make(chan answer, 1)}
 	go func() {
 		b, _ := json.Marshal(completion(modelName, maxTokens, true))
-		resp, err := httpClient.Post(url, "application/json", bytes.NewReader(b))
+		req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(b))
+		req.Header.Set("Content-Type", "application/json")
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := httpClient.Do(req)
 		if err != nil {
 			st.done <- answer{err: err}
 			return

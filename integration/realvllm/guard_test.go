@@ -319,6 +319,19 @@ func (s *scene) vllmLines() []string {
 	return out
 }
 
+// vllmEntries are the guard's log entries of vLLM's lines.
+func (s *scene) vllmEntries() []map[string]any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []map[string]any
+	for _, m := range s.logs {
+		if m["logger"] == "vllm" {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
 // logTimes are the guard's times of the relayed vLLM lines containing text.
 func (s *scene) logTimes(text string) []time.Time {
 	s.mu.Lock()

@@ -280,6 +280,21 @@ func TestKVCacheTooSmall(t *testing.T) {
 		t.Fatalf("guard exit %d after kv_insufficient on rung 0, want 78 (nothing to take back: a configuration error)", code)
 	}
 	capture(t, "kv-cache-too-small", s.vllmLines(), "kv_insufficient")
+	// vLLM's own ERROR lines and its traceback reach the log (and through
+	// the same level, journald's PRIORITY) as errors.
+	errs, wrong := 0, []string{}
+	for _, m := range s.vllmEntries() {
+		text, _ := m["msg"].(string)
+		if strings.Contains(text, " ERROR ") || strings.Contains(text, "Traceback (most recent call last)") {
+			errs++
+			if m["level"] != "error" {
+				wrong = append(wrong, fmt.Sprintf("%v: %s", m["level"], text))
+			}
+		}
+	}
+	if errs == 0 || len(wrong) > 0 {
+		t.Fatalf("%d ERROR/traceback lines, these not at level error: %v", errs, wrong)
+	}
 }
 
 // SIGHUP to the guard: a reload, no restart (vLLM never sees the signal:
@@ -456,4 +471,94 @@ func memoryCgroup(t *testing.T, limit int64) (string, int64, error) {
 		return l.dir, limit, nil
 	}
 	return "", 0, fmt.Errorf("%s", strings.Join(errs, "; "))
+}
+
+// Stop with a stream in flight under --shutdown-timeout N, written three
+// ways: the guard waits N + 10 s before any SIGKILL, vLLM drains, the
+// stream completes. What vLLM and the guard's proxy answer to a request
+// that arrives during the drain is written down.
+func TestStopDrainsAStream(t *testing.T) {
+	scenario(t, "stop with a stream in flight under --shutdown-timeout (3 spellings): the stream completes, no SIGKILL")
+	for _, form := range []struct {
+		name string
+		args []string
+		yaml string
+	}{
+		{"flag", []string{"--shutdown-timeout", "120"}, ""},
+		{"underscore", []string{"--shutdown_timeout=120"}, ""},
+		{"yaml", nil, "shutdown-timeout: 120\n"},
+	} {
+		t.Run(form.name, func(t *testing.T) {
+			s := newScene(t)
+			s.args = tiny("tiny-llama", 2048, append([]string{"--enforce-eager"}, form.args...)...)
+			if form.yaml != "" {
+				cfg := filepath.Join(s.dir, "serve.yaml")
+				if err := os.WriteFile(cfg, []byte(form.yaml), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				s.args = append(s.args, "--config", cfg)
+			}
+			s.proxy = freePort(t)
+			out, code := s.guardCLI("check", "--config", s.configPath())
+			if code != 0 || !strings.Contains(out, "effective stop timeout: 130s") {
+				t.Fatalf("check (exit %d) does not print an effective stop timeout of 130s:\n%s", code, out)
+			}
+			s.start()
+			s.waitEvent("ready", 1, startBound, isReady)
+			st := startStream(t, s.vllmURL("/v1/completions"), "", model("tiny-llama"), 1900)
+			<-st.first
+			s.signal(syscall.SIGTERM)
+			s.waitEvent("stop", 1, exitBound, decided(events.DecisionStop))
+			s.waitLine("shutdown triggered", exitBound)
+			if form.name == "flag" {
+				direct := post(s.vllmURL("/v1/completions"), "", completion(model("tiny-llama"), 5, false))
+				viaProxy := post(fmt.Sprintf("http://127.0.0.1:%d/v1/completions", s.proxy), "", completion(model("tiny-llama"), 5, false))
+				say := func(a answer) string {
+					if a.err != nil {
+						return "refused"
+					}
+					return fmt.Sprintf("%d finish=%q tokens=%d", a.status, a.finish, a.tokens)
+				}
+				t.Logf("a new request during the drain: vLLM answers %s; the guard's proxy answers %s", say(direct), say(viaProxy))
+				figure("drain_new_request_direct", say(direct))
+				figure("drain_new_request_via_proxy", say(viaProxy))
+				if direct.err == nil && (direct.status != 200 || direct.finish != "abort") {
+					t.Errorf("vLLM %s answered a request during its drain with %s; merged vLLM finishes it at once with finish_reason abort", real.version, say(direct))
+				}
+				if viaProxy.err == nil && viaProxy.status == 200 && viaProxy.tokens == 0 {
+					t.Errorf("the guard's proxy handed its client an empty aborted answer: %s", say(viaProxy))
+				}
+			}
+			a := <-st.done
+			if a.err != nil || a.finish != "length" || a.body != "[DONE]" {
+				t.Fatalf("the stream in flight did not complete: %+v", a)
+			}
+			if code := s.waitExit(exitBound); code != 0 {
+				t.Fatalf("guard exit %d, want 0", code)
+			}
+			if n := s.countEvents(decided(events.DecisionKill)); n != 0 {
+				t.Fatal("the guard sent SIGKILL during a drain it had N + 10 s for")
+			}
+		})
+	}
+}
+
+// waitLine waits until vLLM printed (through the guard) a line containing text.
+func (s *scene) waitLine(text string, bound time.Duration) {
+	s.t.Helper()
+	deadline := time.After(bound)
+	for {
+		for _, l := range s.vllmLines() {
+			if strings.Contains(l, text) {
+				return
+			}
+		}
+		select {
+		case <-s.notify:
+		case <-s.exited:
+			s.t.Fatalf("guard exited before vLLM printed %q", text)
+		case <-deadline:
+			s.t.Fatalf("vLLM printed no %q within %s", text, bound)
+		}
+	}
 }

@@ -27,6 +27,14 @@ use the same ones the TOML names.
 {{- define "vllm-guard.vllmPort" -}}8000{{- end -}}
 {{- define "vllm-guard.stateDir" -}}/var/lib/vllm-guard{{- end -}}
 {{- define "vllm-guard.socketDir" -}}/run/vllm-guard{{- end -}}
+{{/*
+The socket lives in a folder the guard makes itself (0750, its own) inside the
+emptyDir at socketDir: the kubelet makes every emptyDir 0777 (02777 with
+fsGroup), a folder anyone could write to, in which the guard refuses to serve
+(exit 78). `vllm-guard status` in the pod finds the socket through the
+ConfigMap (its default --config).
+*/}}
+{{- define "vllm-guard.socket" -}}{{ include "vllm-guard.socketDir" . }}/control/guard.sock{{- end -}}
 {{- define "vllm-guard.configDir" -}}/etc/vllm-guard{{- end -}}
 
 {{/*
@@ -98,7 +106,7 @@ then guardConfig merged over it table by table, key by key.
   "profile" (dict "max_num_seqs" .Values.profile.maxNumSeqs "gpu_memory_utilization" .Values.profile.gpuMemoryUtilization)
   "readiness" (dict "stall_timeout" "15m")
   "control" (dict
-    "socket" (printf "%s/guard.sock" (include "vllm-guard.socketDir" .))
+    "socket" (include "vllm-guard.socket" .)
     "http_listen" (printf "0.0.0.0:%s" (include "vllm-guard.controlPort" .))
     "state_dir" (include "vllm-guard.stateDir" .))
   "log" (dict "format" "json") -}}
@@ -110,7 +118,7 @@ then guardConfig merged over it table by table, key by key.
 {{- $owned := dict
   "vllm.command" "set model, servedModelName, gpus, tensorParallelSize, shutdownTimeoutSeconds or extraArgs instead"
   "vllm.stop_timeout" "set stopTimeoutSeconds instead (the pod's grace period follows it)"
-  "control.socket" "the chart mounts its folder"
+  "control.socket" "it lies in a folder the guard makes inside the emptyDir the chart mounts"
   "control.http_listen" "the probes, the Service and the PodMonitor use port 9461"
   "control.state_dir" "the chart mounts the state volume there"
   "proxy.listen" "set proxy: true or false instead" -}}

@@ -68,14 +68,16 @@ from other values are refused in extraArgs, so that what the chart derives
   "--tensor-parallel-size" "tensorParallelSize"
   "-tp" "tensorParallelSize"
   "--max-num-seqs" "profile.maxNumSeqs (the guard lowers it after an out-of-memory crash)"
-  "--gpu-memory-utilization" "profile.gpuMemoryUtilization (the guard lowers it after an out-of-memory crash)" -}}
+  "--gpu-memory-utilization" "profile.gpuMemoryUtilization (the guard lowers it after an out-of-memory crash)"
+  "--api-key" "apiKeySecret: put the key in a Secret (a key in the values sits in the release's history, the ConfigMap and the pod's command line)" -}}
 {{- $extra := list -}}
 {{- range $arg := .Values.extraArgs -}}
 {{- $arg = toString $arg -}}
 {{- $extra = append $extra $arg -}}
 {{- $flag := regexReplaceAll "=.*$" $arg "" | replace "_" "-" -}}
 {{- if hasKey $owned $flag -}}
-{{- fail (printf "extraArgs: %s is set by the chart; set %s instead" $arg (get $owned $flag)) -}}
+{{- /* The key itself is not repeated in the error (it lands in CI logs). */}}
+{{- fail (printf "extraArgs: %s is set by the chart; set %s instead" (ternary $flag $arg (eq $flag "--api-key")) (get $owned $flag)) -}}
 {{- end -}}
 {{- end -}}
 {{- $tp := include "vllm-guard.tensorParallelSize" . | int -}}
@@ -132,6 +134,9 @@ then guardConfig merged over it table by table, key by key.
 {{- $path := printf "%s.%s" $table $key -}}
 {{- if hasKey $owned $path -}}
 {{- fail (printf "guardConfig.%s is set by the chart: %s" $path (get $owned $path)) -}}
+{{- end -}}
+{{- if and (eq $path "vllm.env") (kindIs "map" $value) (hasKey $value "VLLM_API_KEY") -}}
+{{- fail "guardConfig.vllm.env.VLLM_API_KEY: set apiKeySecret instead: a key in the values sits in the release's history and the ConfigMap" -}}
 {{- end -}}
 {{- $_ := set $into $key $value -}}
 {{- end -}}

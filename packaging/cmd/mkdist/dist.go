@@ -22,6 +22,12 @@ import (
 //go:embed postinstall.sh
 var postinstall []byte
 
+//go:embed preremove.sh
+var preremove []byte
+
+//go:embed postremove.sh
+var postremove []byte
+
 // packager is one of nfpm's formats, by the name its contents use.
 type packager struct {
 	format string
@@ -89,6 +95,8 @@ func build(o options, mtime time.Time) ([]string, error) {
 		"vllm-guard.bash": []byte(bash),
 		"_vllm-guard":     []byte(zsh),
 		"postinstall.sh":  postinstall,
+		"preremove.sh":    preremove,
+		"postremove.sh":   postremove,
 		"vllm-guard.toml": in["vllm-guard.toml"],
 		"LICENSE":         in["LICENSE"],
 		"README.md":       in["README.md"],
@@ -103,7 +111,7 @@ func build(o options, mtime time.Time) ([]string, error) {
 	}
 	for name, data := range staged {
 		mode := os.FileMode(0o644)
-		if name == "vllm-guard" || name == "postinstall.sh" {
+		if name == "vllm-guard" || strings.HasSuffix(name, ".sh") {
 			mode = 0o755
 		}
 		if err := writeFile(filepath.Join(stage, name), data, mode); err != nil {
@@ -151,7 +159,9 @@ func packageInfo(format, version, arch string, mtime time.Time, stage string) *n
 	unitDir, zshDir := "/lib/systemd/system", "/usr/share/zsh/vendor-completions"
 	license := &files.Content{Destination: "/usr/share/doc/vllm-guard/copyright"}
 	readme := &files.Content{Destination: "/usr/share/doc/vllm-guard/README.md"}
-	depends := []string{"libc6"}
+	// useradd and getent for the postinstall: passwd (Priority: required,
+	// but an image may lack it) and libc-bin on Debian.
+	depends := []string{"libc6", "passwd"}
 	if format == "rpm" {
 		// /lib is a link to /usr/lib there, and rpm will not install through it.
 		unitDir, zshDir = "/usr/lib/systemd/system", "/usr/share/zsh/site-functions"
@@ -164,7 +174,11 @@ func packageInfo(format, version, arch string, mtime time.Time, stage string) *n
 	file := func(src, dst string, mode os.FileMode) *files.Content {
 		return &files.Content{Source: filepath.Join(stage, src), Destination: dst, FileInfo: &files.ContentFileInfo{Mode: mode}}
 	}
-	config := file("vllm-guard.toml", "/etc/vllm-guard/vllm-guard.toml", 0o644)
+	// It may hold API keys: root's, readable by the guard's group. The
+	// group may not exist yet when the files are unpacked (the postinstall
+	// makes it): the postinstall gives it the file then.
+	config := file("vllm-guard.toml", "/etc/vllm-guard/vllm-guard.toml", 0o640)
+	config.FileInfo.Group = "vllm"
 	config.Type = files.TypeConfigNoReplace // a conffile for dpkg; %config(noreplace) for rpm
 	license.FileInfo = &files.ContentFileInfo{Mode: 0o644}
 	readme.FileInfo = &files.ContentFileInfo{Mode: 0o644}
@@ -196,8 +210,14 @@ func packageInfo(format, version, arch string, mtime time.Time, stage string) *n
 				license,
 				readme,
 			},
-			Scripts: nfpm.Scripts{PostInstall: filepath.Join(stage, "postinstall.sh")},
+			Scripts: nfpm.Scripts{
+				PostInstall: filepath.Join(stage, "postinstall.sh"),
+				PreRemove:   filepath.Join(stage, "preremove.sh"),
+				PostRemove:  filepath.Join(stage, "postremove.sh"),
+			},
 			RPM: nfpm.RPM{
+				// What the postinstall runs, there before it runs.
+				Requires:  nfpm.RPMRequires{Post: []string{"/usr/sbin/useradd", "/usr/bin/getent"}},
 				Summary:   summary,
 				BuildHost: "localhost", // the same package from the same inputs on any machine
 			},

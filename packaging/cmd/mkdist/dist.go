@@ -22,6 +22,9 @@ import (
 //go:embed postinstall.sh
 var postinstall []byte
 
+// uvmUnit loads nvidia-uvm before the guard's units (they want it).
+const uvmUnit = "vllm-guard-nvidia-uvm.service"
+
 //go:embed preremove.sh
 var preremove []byte
 
@@ -59,7 +62,7 @@ func build(o options, mtime time.Time) ([]string, error) {
 		return nil, err
 	}
 	in, err := readInputs(o.root, "LICENSE", "README.md", "vllm-guard.toml",
-		"examples/vllm-guard.service", "examples/vllm-guard@.service")
+		"examples/vllm-guard.service", "examples/vllm-guard@.service", "examples/"+uvmUnit)
 	if err != nil {
 		return nil, err
 	}
@@ -109,6 +112,8 @@ func build(o options, mtime time.Time) ([]string, error) {
 		}
 		staged[unit] = u
 	}
+	// The nvidia-uvm oneshot runs nvidia-modprobe, not the guard: as is.
+	staged[uvmUnit] = in["examples/"+uvmUnit]
 	for name, data := range staged {
 		mode := os.FileMode(0o644)
 		if name == "vllm-guard" || strings.HasSuffix(name, ".sh") {
@@ -130,6 +135,7 @@ func build(o options, mtime time.Time) ([]string, error) {
 		// As in the repository: their comments install the binary as /usr/local/bin/vllm-guard.
 		{"vllm-guard.service", in["examples/vllm-guard.service"], 0o644},
 		{"vllm-guard@.service", in["examples/vllm-guard@.service"], 0o644},
+		{uvmUnit, in["examples/"+uvmUnit], 0o644},
 		{"vllm-guard.1", man, 0o644},
 	})
 	if err != nil {
@@ -203,6 +209,7 @@ func packageInfo(format, version, arch string, mtime time.Time, stage string) *n
 				file("vllm-guard", "/usr/bin/vllm-guard", 0o755),
 				file("vllm-guard.service", unitDir+"/vllm-guard.service", 0o644),
 				file("vllm-guard@.service", unitDir+"/vllm-guard@.service", 0o644),
+				file(uvmUnit, unitDir+"/"+uvmUnit, 0o644),
 				config,
 				file("vllm-guard.1.gz", "/usr/share/man/man1/vllm-guard.1.gz", 0o644),
 				file("vllm-guard.bash", "/usr/share/bash-completion/completions/vllm-guard", 0o644),

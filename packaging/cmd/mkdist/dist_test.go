@@ -121,6 +121,7 @@ func packagedFiles(format string) map[string]os.FileMode {
 		"/usr/bin/vllm-guard":                               0o755,
 		units + "/vllm-guard.service":                       0o644,
 		units + "/vllm-guard@.service":                      0o644,
+		units + "/vllm-guard-nvidia-uvm.service":            0o644,
 		"/etc/vllm-guard/vllm-guard.toml":                   0o640,
 		"/usr/share/man/man1/vllm-guard.1.gz":               0o644,
 		"/usr/share/bash-completion/completions/vllm-guard": 0o644,
@@ -159,7 +160,8 @@ func checkTarball(t *testing.T, b *built) {
 	want := map[string]int64{
 		dir: 0o755, dir + "vllm-guard": 0o755, dir + "LICENSE": 0o644, dir + "README.md": 0o644,
 		dir + "vllm-guard.toml": 0o644, dir + "vllm-guard.service": 0o644, dir + "vllm-guard@.service": 0o644,
-		dir + "vllm-guard.1": 0o644,
+		dir + "vllm-guard-nvidia-uvm.service": 0o644,
+		dir + "vllm-guard.1":                  0o644,
 	}
 	got := map[string]int64{}
 	tr := tar.NewReader(zr)
@@ -181,7 +183,7 @@ func checkTarball(t *testing.T, b *built) {
 			if same(t, data, b.binary) != nil {
 				t.Errorf("the tarball's binary is not the one built")
 			}
-		case "vllm-guard.service", "vllm-guard@.service", "vllm-guard.toml", "LICENSE", "README.md":
+		case "vllm-guard.service", "vllm-guard@.service", "vllm-guard-nvidia-uvm.service", "vllm-guard.toml", "LICENSE", "README.md":
 			src := strings.TrimPrefix(h.Name, dir)
 			if strings.HasSuffix(src, ".service") {
 				src = "examples/" + src

@@ -12,13 +12,23 @@ import (
 )
 
 // OpenFile opens what `run --events FILE` names, for appending. /dev/fd/N
-// (N > 2) is the descriptor the guard inherited, kept from its children.
+// (N > 2) is the descriptor the guard inherited, kept from its children;
+// /dev/stdout and /dev/stderr are the guard's own.
 // Any other path is opened without following a symlink (whoever can change
 // the link could make the guard append to a file of their choosing) and
 // without blocking: a FIFO nobody reads yet is an error, not a guard that
 // hangs before it handles SIGTERM. A FIFO or pipe is written through Go's
 // poller, so Close can bound its wait (JSONLines.Close).
 func OpenFile(path string) (*os.File, error) {
+	if n, ok := stdStream(path); ok {
+		// The guard's own stdout or stderr: a copy of the descriptor, left
+		// as it is (blocking, shared with the terminal or the journal).
+		fd, err := unix.FcntlInt(uintptr(n), unix.F_DUPFD_CLOEXEC, 3)
+		if err != nil {
+			return nil, fmt.Errorf("--events %s: %w", path, err)
+		}
+		return os.NewFile(uintptr(fd), path), nil
+	}
 	if n, ok := inheritedFD(path); ok {
 		if _, err := unix.FcntlInt(uintptr(n), unix.F_GETFD, 0); err != nil {
 			return nil, fmt.Errorf("--events %s: descriptor %d is not open: %w", path, n, err)
@@ -53,6 +63,18 @@ func OpenFile(path string) (*os.File, error) {
 		return nil, fmt.Errorf("--events %s is a %s, not a file: name a regular file, a FIFO or /dev/fd/N", path, m.Type())
 	}
 	return f, nil
+}
+
+// stdStream reads /dev/stdout, /dev/stderr and their /dev/fd/N and
+// /proc/self/fd/N names.
+func stdStream(path string) (int, bool) {
+	switch path {
+	case "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1":
+		return 1, true
+	case "/dev/stderr", "/dev/fd/2", "/proc/self/fd/2":
+		return 2, true
+	}
+	return 0, false
 }
 
 // inheritedFD reads /dev/fd/N and /proc/self/fd/N with N > 2.

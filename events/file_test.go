@@ -169,3 +169,20 @@ func TestJSONLinesCloseIsBoundedOnAStalledReader(t *testing.T) {
 		t.Fatal("Close waited on a reader that never reads")
 	}
 }
+
+// The guard's own stdout and stderr are named through symlinks
+// (/dev/stdout is /proc/self/fd/1): they are its descriptors, not links
+// to refuse; closing the events file leaves them open.
+func TestOpenFileTakesStdoutAndStderr(t *testing.T) {
+	for _, p := range []string{"/dev/stdout", "/dev/stderr", "/dev/fd/2"} {
+		f, err := OpenFile(p)
+		if err != nil {
+			t.Errorf("%s: %v", p, err)
+			continue
+		}
+		f.Close()
+	}
+	if _, err := unix.FcntlInt(2, unix.F_GETFD, 0); err != nil {
+		t.Errorf("stderr was closed with the events file: %v", err)
+	}
+}

@@ -114,6 +114,23 @@ func TestLoadMissingFile(t *testing.T) {
 	}
 }
 
+// A config file is read up to MaxFileBytes: a larger one (valid TOML, all
+// comments) and an endless device are refused by name, not read to the end.
+func TestLoadCapsTheFileSize(t *testing.T) {
+	big := filepath.Join(t.TempDir(), "big.toml")
+	line := "# " + strings.Repeat("x", 1021) + "\n"
+	if err := os.WriteFile(big, []byte(strings.Repeat(line, 2048)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{big, "/dev/zero"} {
+		_, err := Load(p)
+		var ce *Error
+		if !errors.As(err, &ce) || ce.File != p || !strings.Contains(err.Error(), "larger than 1024 KiB") {
+			t.Errorf("Load(%s) = %v; want an *Error naming it as too large", p, err)
+		}
+	}
+}
+
 // Every error class: the message names file:line, the key and what is allowed.
 func TestLoadErrors(t *testing.T) {
 	cases := []struct {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"reflect"
 	"slices"
@@ -43,11 +44,38 @@ func Load(path string) (*Config, error) { return LoadFor(path, "") }
 // LoadFor is Load over DefaultFor(instance): a key the file sets wins over
 // the instance's default socket and state folder.
 func LoadFor(path, instance string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := readCapped(path)
 	if err != nil {
+		if errors.Is(err, errTooLarge) {
+			return nil, &Error{File: path, Msg: fmt.Sprintf("the config file is larger than %d KiB, more than any config: is --config the right file (not a device or a log)?", MaxFileBytes>>10), Err: err}
+		}
 		return nil, &Error{File: path, Msg: fmt.Sprintf("cannot read the config file: %v; create it (the repository's vllm-guard.toml is a commented example) or pass --config", errors.Unwrap(err)), Err: err}
 	}
 	return parseFor(path, data, instance)
+}
+
+// MaxFileBytes caps what is read of a config file: the commented example
+// is under 10 KiB; --config /dev/zero or a log named by mistake must not
+// grow the guard without bound.
+const MaxFileBytes = 1 << 20
+
+var errTooLarge = errors.New("config file too large")
+
+// readCapped reads path, at most MaxFileBytes of it.
+func readCapped(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return nil, &os.PathError{Op: "read", Path: path, Err: err}
+	}
+	if len(data) > MaxFileBytes {
+		return nil, errTooLarge
+	}
+	return data, nil
 }
 
 func parse(path string, data []byte) (*Config, error) { return parseFor(path, data, "") }

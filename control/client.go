@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
@@ -43,24 +44,92 @@ func (e *noGuardError) Is(target error) bool { return target == ErrNoGuard }
 func (e *noGuardError) Unwrap() error        { return e.err }
 
 // untrustedServerError is a socket served by a process the client does
-// not trust: not root, not this user. Whoever could write in the socket's
-// folder could have put it there; its answer is not read.
+// not trust: not root, not this user, and not the owner of a socket
+// folder nobody else could have written in. Whoever could write there
+// could have put it there; its answer is not read.
 type untrustedServerError struct {
 	path     string
 	uid, pid int
 	ours     int
+	why      string // why the folder does not vouch for the server
 }
 
 func (e *untrustedServerError) Error() string {
-	return fmt.Sprintf("the process serving %s (pid %d) runs as uid %d, neither root nor this user (uid %d): not a guard this command trusts, so its answer was not read; check who owns the socket and its folder, or run as the guard's user", e.path, e.pid, e.uid, e.ours)
+	return fmt.Sprintf("the process serving %s (pid %d) runs as uid %d, neither root nor this user (uid %d), and %s: not a guard this command trusts, so its answer was not read; check who owns the socket and its folders, or run as the guard's user", e.path, e.pid, e.uid, e.ours, e.why)
 }
 
 // Is makes the commands treat it as no guard reachable (exit 3).
 func (e *untrustedServerError) Is(target error) bool { return target == ErrNoGuard }
 
-// TrustedServer reports whether a control socket served by uid may be
-// believed: root's, or this user's own.
-func TrustedServer(uid int) bool { return uid == 0 || uid == os.Geteuid() }
+// TrustedServer reports whether a control socket at socketPath served by
+// uid may be believed: root's, this user's own, or the server's own
+// folder's. The last is how root and the members of the socket's group
+// ask a guard running as its own user (User=vllm): its folder is uid's and
+// writable by nobody else, and so is every folder above it (root's, or
+// sticky like /tmp), so nobody but uid or root could have bound a socket
+// there. When it says no, the string says why.
+func TrustedServer(uid int, socketPath string) (bool, string) {
+	if uid == 0 || uid == os.Geteuid() {
+		return true, ""
+	}
+	why := folderVouchesFor(filepath.Dir(socketPath), uid)
+	return why == "", why
+}
+
+// folderVouchesFor returns "" when only uid or root could have made dir
+// and put a socket in it, else what lets someone else.
+func folderVouchesFor(dir string, uid int) string {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Sprintf("its folder %s cannot be checked (%v)", dir, err)
+	}
+	info, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Sprintf("its folder %s cannot be checked (%v)", dir, err)
+	}
+	if info.Mode()&os.ModeSymlink != 0 {
+		return fmt.Sprintf("its folder %s is a symlink", dir)
+	}
+	if why := ownedAndClosed(dir, info, uid, false); why != "" {
+		return why
+	}
+	// The folders above may be links (/var/run to /run); what counts is
+	// the folder they lead to and the folders above that.
+	parent, err := filepath.EvalSymlinks(filepath.Dir(dir))
+	if err != nil {
+		return fmt.Sprintf("the folder above %s cannot be checked (%v)", dir, err)
+	}
+	for d := parent; ; d = filepath.Dir(d) {
+		info, err := os.Lstat(d)
+		if err != nil {
+			return fmt.Sprintf("the folder %s above it cannot be checked (%v)", d, err)
+		}
+		if why := ownedAndClosed(d, info, uid, true); why != "" {
+			return why
+		}
+		if d == filepath.Dir(d) {
+			return ""
+		}
+	}
+}
+
+// ownedAndClosed says what is wrong with folder d for a server running as
+// uid: owned by someone else than uid or root, or writable by group or
+// others (a sticky folder above the socket's is fine: nobody can rename or
+// remove what they do not own in it).
+func ownedAndClosed(d string, info os.FileInfo, uid int, above bool) string {
+	st, ok := info.Sys().(*syscall.Stat_t)
+	if !ok || !info.IsDir() {
+		return fmt.Sprintf("%s is not a folder", d)
+	}
+	if int(st.Uid) != uid && st.Uid != 0 {
+		return fmt.Sprintf("the folder %s belongs to uid %d", d, st.Uid)
+	}
+	if perm := info.Mode().Perm(); perm&0o022 != 0 && !(above && info.Mode()&os.ModeSticky != 0) {
+		return fmt.Sprintf("the folder %s is mode %04o, writable by other users", d, perm)
+	}
+	return ""
+}
 
 // checkServer asks the kernel who serves the socket (SO_PEERCRED: the
 // credentials of the process that bound it).
@@ -83,8 +152,8 @@ func checkServer(c net.Conn, path string) error {
 	if credErr != nil {
 		return fmt.Errorf("control: cannot tell who serves %s (SO_PEERCRED: %w); its answer was not read", path, credErr)
 	}
-	if !TrustedServer(int(cred.Uid)) {
-		return &untrustedServerError{path: path, uid: int(cred.Uid), pid: int(cred.Pid), ours: os.Geteuid()}
+	if ok, why := TrustedServer(int(cred.Uid), path); !ok {
+		return &untrustedServerError{path: path, uid: int(cred.Uid), pid: int(cred.Pid), ours: os.Geteuid(), why: why}
 	}
 	return nil
 }

@@ -35,6 +35,9 @@ func TestMain(m *testing.M) {
 	if path := os.Getenv(impostorEnv); path != "" {
 		os.Exit(serveImpostor(path))
 	}
+	if path := os.Getenv(guardEnv); path != "" {
+		os.Exit(serveGuard(path))
+	}
 	goleak.VerifyTestMain(m)
 }
 

@@ -196,7 +196,16 @@ func prepareSocketDir(dir string) error {
 	if err := os.Chmod(dir, SocketDirMode); err != nil {
 		return fmt.Errorf("control: chmod socket folder %s: %w", dir, err)
 	}
-	return nil
+	// In a shared parent (a Kubernetes emptyDir is 0777) someone may have
+	// made the folder first: check what is there now, as an existing one.
+	info, err = os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("control: socket folder %s: %w", dir, err)
+	}
+	if !info.IsDir() {
+		return fmt.Errorf("control: %s is not a folder; the socket's parent must be one: fix [control] socket", dir)
+	}
+	return checkSocketDir(dir, info)
 }
 
 func checkSocketDir(dir string, info os.FileInfo) error {
@@ -208,7 +217,7 @@ func checkSocketDir(dir string, info os.FileInfo) error {
 		return fmt.Errorf("control: the socket folder %s belongs to uid %d, not to the guard's user (uid %d) or root: its owner could replace the socket; chown it to the guard's user, or point [control] socket elsewhere", dir, st.Uid, euid)
 	}
 	if perm := info.Mode().Perm(); perm&0o022 != 0 {
-		return fmt.Errorf("control: the socket folder %s is mode %04o, writable by other users, who could replace the socket; chmod it 0750 (chmod go-w), or point [control] socket into a folder of the guard's own", dir, perm)
+		return fmt.Errorf("control: the socket folder %s is mode %04o, writable by other users, who could replace the socket; chmod it 0750 (chmod go-w), or point [control] socket into a folder the guard makes itself (a missing one is made 0750, e.g. %s/vllm-guard/guard.sock: a subfolder of a shared folder such as a Kubernetes emptyDir)", dir, perm, dir)
 	}
 	return nil
 }

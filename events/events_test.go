@@ -67,7 +67,7 @@ func TestBusFromManyGoroutinesLosesNothing(t *testing.T) {
 
 func TestJSONLinesWritesOneEventALine(t *testing.T) {
 	var buf bytes.Buffer
-	j := NewJSONLines(&buf)
+	j := NewJSONLines(&buf, nil)
 	code := 78
 	j.Put(Event{Seq: 1, Kind: KindReady, PID: 42})
 	j.Put(Event{Seq: 2, Kind: KindStopped, ExitCode: &code})

@@ -345,17 +345,11 @@ func (g *guard) reload(path, instance string) {
 // writeEvents also writes the event stream as JSON lines to path (the test
 // tools, the soak, the storm benchmark and the demo read it).
 func (g *guard) writeEvents(path string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	f, err := events.OpenFile(path)
 	if err != nil {
-		return fmt.Errorf("--events: %w", err)
+		return err
 	}
-	// An inherited descriptor (/dev/fd/N) must not pass on to the keeper,
-	// vLLM or alert commands: the reader would wait for them to close it.
-	var n int
-	if _, err := fmt.Sscanf(path, "/dev/fd/%d", &n); err == nil && n > 2 {
-		syscall.CloseOnExec(n)
-	}
-	g.jsonl = events.NewJSONLines(f)
+	g.jsonl = events.NewJSONLines(f, g.log.Named("events"))
 	g.bus.Handle(g.jsonl.Put)
 	return nil
 }

@@ -151,6 +151,20 @@ var chartCases = []struct {
 			t.Errorf("proxy %q, vLLM host %q: want no proxy and vLLM on all interfaces", p.cfg.Proxy.Listen, p.cfg.VLLM.Host)
 		}
 	}},
+	{"API key from a Secret", []string{"apiKeySecret.name=vllm-key"}, func(t *testing.T, o objects, p guardPod) {
+		var key *corev1.SecretKeySelector
+		for _, e := range p.container.Env {
+			if e.Name == "VLLM_API_KEY" && e.Value == "" && e.ValueFrom != nil {
+				key = e.ValueFrom.SecretKeyRef
+			}
+		}
+		if key == nil || key.Name != "vllm-key" || key.Key != "api-key" {
+			t.Errorf("env %v: want VLLM_API_KEY from key api-key of Secret vllm-key", p.container.Env)
+		}
+		if strings.Contains(p.toml, "API_KEY") || slices.Contains(p.cfg.VLLM.Command, "--api-key") {
+			t.Errorf("the key reaches the ConfigMap:\n%s", p.toml)
+		}
+	}},
 	{"secret, env, scheduling", []string{"hfTokenSecret.name=hf", "env[0].name=VLLM_USE_V1", "env[0].value=1",
 		"tolerations[0].key=nvidia.com/gpu", "tolerations[0].operator=Exists", "tolerations[0].effect=NoSchedule", "nodeSelector.gpu=h100"},
 		func(t *testing.T, o objects, p guardPod) {
@@ -264,6 +278,12 @@ func TestChartRefuses(t *testing.T) {
 		{[]string{"guardConfig.control.state_dir=/tmp"}, []string{"guardConfig.control.state_dir is set by the chart"}},
 		{[]string{"guardConfig.proxy.listen=:1"}, []string{"guardConfig.proxy.listen is set by the chart"}},
 		{[]string{"guardConfig.gpu.devices[0].x=1"}, []string{"guardConfig.gpu.devices"}},
+		// vLLM's API key only from a Secret: never in the values (the
+		// release's history), the ConfigMap or the pod's command line.
+		{[]string{"extraArgs={--api-key,sk-plain-0001}"}, []string{"extraArgs: --api-key is set by the chart", "apiKeySecret"}},
+		{[]string{"extraArgs={--api_key=sk-plain-0001}"}, []string{"extraArgs: --api-key is set by the chart", "apiKeySecret"}},
+		{[]string{"env[0].name=VLLM_API_KEY", "env[0].value=sk-plain-0001"}, []string{"env: VLLM_API_KEY", "apiKeySecret"}},
+		{[]string{"guardConfig.vllm.env.VLLM_API_KEY=sk-plain-0001"}, []string{"guardConfig.vllm.env.VLLM_API_KEY", "apiKeySecret"}},
 	} {
 		vals, err := Values(tc.set)
 		if err != nil {
@@ -278,6 +298,9 @@ func TestChartRefuses(t *testing.T) {
 			if !strings.Contains(err.Error(), w) {
 				t.Errorf("--set %q: error does not say %q:\n%v", tc.set, w, err)
 			}
+		}
+		if strings.Contains(err.Error(), "sk-plain-0001") {
+			t.Errorf("--set %q: the error repeats the key: %v", tc.set, err)
 		}
 	}
 }

@@ -264,8 +264,14 @@ func checkGuardPod(t *testing.T, o objects) guardPod {
 	if p.state.PersistentVolumeClaim == nil && p.state.EmptyDir == nil {
 		t.Errorf("state_dir's volume %q is neither a PersistentVolumeClaim nor an emptyDir", p.state.Name)
 	}
-	if m, ok := p.mounts[path.Dir(p.cfg.Control.Socket)]; !ok || m.ReadOnly {
-		t.Errorf("the socket's folder %s is not on a writable volume", path.Dir(p.cfg.Control.Socket))
+	// The socket's folder is one the guard makes itself, inside a writable
+	// volume: a volume's own root is the kubelet's (an emptyDir is 0777,
+	// 02777 with fsGroup), writable by anyone, and the guard exits 78 there.
+	sockDir := path.Dir(p.cfg.Control.Socket)
+	if m, ok := p.mounts[sockDir]; ok {
+		t.Errorf("the socket's folder %s is the root of volume %s, which the kubelet makes writable by anyone (0777, 02777 with fsGroup): the guard refuses it and exits 78; put the socket in a subfolder the guard makes", sockDir, m.Name)
+	} else if m, ok := p.mounts[path.Dir(sockDir)]; !ok || m.ReadOnly {
+		t.Errorf("the socket's folder %s is not in a writable volume: the guard makes it, so %s must be one", sockDir, path.Dir(sockDir))
 	}
 	if m, ok := p.mounts["/dev/shm"]; !ok || p.volumes[m.Name].EmptyDir == nil || p.volumes[m.Name].EmptyDir.Medium != corev1.StorageMediumMemory {
 		t.Error("/dev/shm is not a memory emptyDir: vLLM's workers share tensors through it")

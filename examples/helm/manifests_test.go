@@ -3,6 +3,7 @@ package helm
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -44,6 +45,16 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	if !p.nonRoot {
 		t.Error("the manifests run the guard and vLLM as root")
+	}
+	// vLLM's API key only ever from a Secret.
+	key := false
+	for _, e := range p.container.Env {
+		if e.Name == "VLLM_API_KEY" {
+			key = e.Value == "" && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil
+		}
+	}
+	if !key || strings.Contains(p.toml, "api-key") || strings.Contains(p.toml, "API_KEY") {
+		t.Errorf("VLLM_API_KEY is not taken from a Secret (env %v), or a key is in the ConfigMap", p.container.Env)
 	}
 	if len(o.podMonitors) != 1 {
 		t.Errorf("%d PodMonitors in %s, want 1 (monitoring/podmonitor.yaml)", len(o.podMonitors), manifestsDir)

@@ -22,6 +22,15 @@ import (
 //go:embed postinstall.sh
 var postinstall []byte
 
+// uvmUnit loads nvidia-uvm before the guard's units (they want it).
+const uvmUnit = "vllm-guard-nvidia-uvm.service"
+
+//go:embed preremove.sh
+var preremove []byte
+
+//go:embed postremove.sh
+var postremove []byte
+
 // packager is one of nfpm's formats, by the name its contents use.
 type packager struct {
 	format string
@@ -53,7 +62,7 @@ func build(o options, mtime time.Time) ([]string, error) {
 		return nil, err
 	}
 	in, err := readInputs(o.root, "LICENSE", "README.md", "vllm-guard.toml",
-		"examples/vllm-guard.service", "examples/vllm-guard@.service")
+		"examples/vllm-guard.service", "examples/vllm-guard@.service", "examples/"+uvmUnit)
 	if err != nil {
 		return nil, err
 	}
@@ -89,6 +98,8 @@ func build(o options, mtime time.Time) ([]string, error) {
 		"vllm-guard.bash": []byte(bash),
 		"_vllm-guard":     []byte(zsh),
 		"postinstall.sh":  postinstall,
+		"preremove.sh":    preremove,
+		"postremove.sh":   postremove,
 		"vllm-guard.toml": in["vllm-guard.toml"],
 		"LICENSE":         in["LICENSE"],
 		"README.md":       in["README.md"],
@@ -101,9 +112,11 @@ func build(o options, mtime time.Time) ([]string, error) {
 		}
 		staged[unit] = u
 	}
+	// The nvidia-uvm oneshot runs nvidia-modprobe, not the guard: as is.
+	staged[uvmUnit] = in["examples/"+uvmUnit]
 	for name, data := range staged {
 		mode := os.FileMode(0o644)
-		if name == "vllm-guard" || name == "postinstall.sh" {
+		if name == "vllm-guard" || strings.HasSuffix(name, ".sh") {
 			mode = 0o755
 		}
 		if err := writeFile(filepath.Join(stage, name), data, mode); err != nil {
@@ -122,6 +135,7 @@ func build(o options, mtime time.Time) ([]string, error) {
 		// As in the repository: their comments install the binary as /usr/local/bin/vllm-guard.
 		{"vllm-guard.service", in["examples/vllm-guard.service"], 0o644},
 		{"vllm-guard@.service", in["examples/vllm-guard@.service"], 0o644},
+		{uvmUnit, in["examples/"+uvmUnit], 0o644},
 		{"vllm-guard.1", man, 0o644},
 	})
 	if err != nil {
@@ -151,7 +165,9 @@ func packageInfo(format, version, arch string, mtime time.Time, stage string) *n
 	unitDir, zshDir := "/lib/systemd/system", "/usr/share/zsh/vendor-completions"
 	license := &files.Content{Destination: "/usr/share/doc/vllm-guard/copyright"}
 	readme := &files.Content{Destination: "/usr/share/doc/vllm-guard/README.md"}
-	depends := []string{"libc6"}
+	// useradd and getent for the postinstall: passwd (Priority: required,
+	// but an image may lack it) and libc-bin on Debian.
+	depends := []string{"libc6", "passwd"}
 	if format == "rpm" {
 		// /lib is a link to /usr/lib there, and rpm will not install through it.
 		unitDir, zshDir = "/usr/lib/systemd/system", "/usr/share/zsh/site-functions"
@@ -164,7 +180,11 @@ func packageInfo(format, version, arch string, mtime time.Time, stage string) *n
 	file := func(src, dst string, mode os.FileMode) *files.Content {
 		return &files.Content{Source: filepath.Join(stage, src), Destination: dst, FileInfo: &files.ContentFileInfo{Mode: mode}}
 	}
-	config := file("vllm-guard.toml", "/etc/vllm-guard/vllm-guard.toml", 0o644)
+	// It may hold API keys: root's, readable by the guard's group. The
+	// group may not exist yet when the files are unpacked (the postinstall
+	// makes it): the postinstall gives it the file then.
+	config := file("vllm-guard.toml", "/etc/vllm-guard/vllm-guard.toml", 0o640)
+	config.FileInfo.Group = "vllm"
 	config.Type = files.TypeConfigNoReplace // a conffile for dpkg; %config(noreplace) for rpm
 	license.FileInfo = &files.ContentFileInfo{Mode: 0o644}
 	readme.FileInfo = &files.ContentFileInfo{Mode: 0o644}
@@ -189,6 +209,7 @@ func packageInfo(format, version, arch string, mtime time.Time, stage string) *n
 				file("vllm-guard", "/usr/bin/vllm-guard", 0o755),
 				file("vllm-guard.service", unitDir+"/vllm-guard.service", 0o644),
 				file("vllm-guard@.service", unitDir+"/vllm-guard@.service", 0o644),
+				file(uvmUnit, unitDir+"/"+uvmUnit, 0o644),
 				config,
 				file("vllm-guard.1.gz", "/usr/share/man/man1/vllm-guard.1.gz", 0o644),
 				file("vllm-guard.bash", "/usr/share/bash-completion/completions/vllm-guard", 0o644),
@@ -196,8 +217,14 @@ func packageInfo(format, version, arch string, mtime time.Time, stage string) *n
 				license,
 				readme,
 			},
-			Scripts: nfpm.Scripts{PostInstall: filepath.Join(stage, "postinstall.sh")},
+			Scripts: nfpm.Scripts{
+				PostInstall: filepath.Join(stage, "postinstall.sh"),
+				PreRemove:   filepath.Join(stage, "preremove.sh"),
+				PostRemove:  filepath.Join(stage, "postremove.sh"),
+			},
 			RPM: nfpm.RPM{
+				// What the postinstall runs, there before it runs.
+				Requires:  nfpm.RPMRequires{Post: []string{"/usr/sbin/useradd", "/usr/bin/getent"}},
 				Summary:   summary,
 				BuildHost: "localhost", // the same package from the same inputs on any machine
 			},

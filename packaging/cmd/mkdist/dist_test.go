@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -119,7 +121,8 @@ func packagedFiles(format string) map[string]os.FileMode {
 		"/usr/bin/vllm-guard":                               0o755,
 		units + "/vllm-guard.service":                       0o644,
 		units + "/vllm-guard@.service":                      0o644,
-		"/etc/vllm-guard/vllm-guard.toml":                   0o644,
+		units + "/vllm-guard-nvidia-uvm.service":            0o644,
+		"/etc/vllm-guard/vllm-guard.toml":                   0o640,
 		"/usr/share/man/man1/vllm-guard.1.gz":               0o644,
 		"/usr/share/bash-completion/completions/vllm-guard": 0o644,
 		zsh + "/_vllm-guard":                                0o644,
@@ -157,7 +160,8 @@ func checkTarball(t *testing.T, b *built) {
 	want := map[string]int64{
 		dir: 0o755, dir + "vllm-guard": 0o755, dir + "LICENSE": 0o644, dir + "README.md": 0o644,
 		dir + "vllm-guard.toml": 0o644, dir + "vllm-guard.service": 0o644, dir + "vllm-guard@.service": 0o644,
-		dir + "vllm-guard.1": 0o644,
+		dir + "vllm-guard-nvidia-uvm.service": 0o644,
+		dir + "vllm-guard.1":                  0o644,
 	}
 	got := map[string]int64{}
 	tr := tar.NewReader(zr)
@@ -179,7 +183,7 @@ func checkTarball(t *testing.T, b *built) {
 			if same(t, data, b.binary) != nil {
 				t.Errorf("the tarball's binary is not the one built")
 			}
-		case "vllm-guard.service", "vllm-guard@.service", "vllm-guard.toml", "LICENSE", "README.md":
+		case "vllm-guard.service", "vllm-guard@.service", "vllm-guard-nvidia-uvm.service", "vllm-guard.toml", "LICENSE", "README.md":
 			src := strings.TrimPrefix(h.Name, dir)
 			if strings.HasSuffix(src, ".service") {
 				src = "examples/" + src
@@ -252,7 +256,7 @@ func checkDeb(t *testing.T, b *built) {
 	deb := b.path(t, ".deb")
 	fields := mustRun(t, "dpkg-deb", "--show", "--showformat",
 		"${Package}|${Version}|${Architecture}|${Depends}|${Maintainer}|${Homepage}\n", deb)
-	if want := "vllm-guard|" + testVersion + "|" + b.goarch + "|libc6|" + maintainer + "|" + homepage + "\n"; fields != want {
+	if want := "vllm-guard|" + testVersion + "|" + b.goarch + "|libc6, passwd|" + maintainer + "|" + homepage + "\n"; fields != want {
 		t.Errorf("control fields %q; want %q", fields, want)
 	}
 
@@ -306,6 +310,15 @@ func checkDeb(t *testing.T, b *built) {
 	if now, _ := os.ReadFile("/etc/passwd"); !bytes.Equal(now, passwd) {
 		t.Errorf("installing into %s changed this machine's /etc/passwd", root)
 	}
+	// The config may hold API keys: root's, read by the guard's group.
+	checkConfigOwner(t, root)
+	// The removal scripts are in the package (TestRemoveScripts runs them).
+	control := mustRun(t, "sh", "-c", `dpkg-deb --ctrl-tarfile "$1" | tar -t`, "sh", deb)
+	for _, script := range []string{"./postinst", "./prerm", "./postrm"} {
+		if !slices.Contains(strings.Fields(control), script) {
+			t.Errorf("the .deb's control archive lacks %s: %q", script, control)
+		}
+	}
 
 	out := mustRun(t, filepath.Join(root, "usr/bin/vllm-guard"), "--version")
 	if first, _, _ := strings.Cut(out, "\n"); first != "vllm-guard "+testStamped {
@@ -334,6 +347,58 @@ func checkDeb(t *testing.T, b *built) {
 	data, _ := os.ReadFile(filepath.Join(root, "etc/passwd"))
 	if n := strings.Count(string(data), "\nvllm:"); n != 1 {
 		t.Errorf("after a second install the root's passwd has %d vllm users; want 1", n)
+	}
+
+	// Removed: the files go, the scripts leave this machine alone.
+	mustRun(t, "dpkg", "--root="+root, "--force-not-root", "--force-script-chrootless", "--log=/dev/null", "--no-triggers", "--remove", "vllm-guard")
+	if _, err := os.Stat(filepath.Join(root, "usr/bin/vllm-guard")); !os.IsNotExist(err) {
+		t.Errorf("after dpkg --remove the binary is still there: %v", err)
+	}
+
+	// An account vllm that was there before (a person's, say) is used, and
+	// the install says so instead of taking it over in silence.
+	root = newRoot(t)
+	f, _ := os.OpenFile(filepath.Join(root, "etc/passwd"), os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString("vllm:x:1000:1000:Val L. Lm:/home/vllm:/bin/bash\n")
+	f.Close()
+	f, _ = os.OpenFile(filepath.Join(root, "etc/group"), os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString("vllm:x:1000:\n")
+	f.Close()
+	out = installDebSaying(t, root, deb)
+	if !strings.Contains(out, "the account vllm already exists (vllm:x:1000:1000:Val L. Lm:/home/vllm:/bin/bash)") || !strings.Contains(out, "User=") {
+		t.Errorf("installing over an existing account vllm said:\n%s\nwant it named, and how to choose another user", out)
+	}
+	checkConfigOwner(t, root)
+	if out := installDebSaying(t, root, deb); strings.Contains(out, "already exists") {
+		t.Errorf("an upgrade said again that the account exists:\n%s", out)
+	}
+}
+
+// installDebSaying is installDeb, returning what dpkg and the scripts
+// wrote on both streams.
+func installDebSaying(t *testing.T, root, deb string) string {
+	t.Helper()
+	cmd := exec.Command("dpkg", "--root="+root, "--force-not-root", "--force-script-chrootless", "--force-depends",
+		"--log=/dev/null", "--no-triggers", "--install", deb)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("dpkg --install: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
+// checkConfigOwner: the installed config is root's, mode 0640, group the
+// root's vllm group.
+func checkConfigOwner(t *testing.T, root string) {
+	t.Helper()
+	fi, err := os.Stat(filepath.Join(root, "etc/vllm-guard/vllm-guard.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	group := strings.Split(accountLine(t, filepath.Join(root, "etc/group"), "vllm"), ":")
+	if len(group) < 3 || fmt.Sprint(st.Gid) != group[2] || st.Uid != 0 || fi.Mode().Perm() != 0o640 {
+		t.Errorf("the config is uid %d gid %d mode %v; want root, the vllm group (%v), 0640", st.Uid, st.Gid, fi.Mode().Perm(), group)
 	}
 }
 
@@ -382,9 +447,21 @@ func checkRPM(t *testing.T, b *built) {
 	if got := flags["/etc/vllm-guard/vllm-guard.toml"]; got != "cn" {
 		t.Errorf("rpm: the config has flags %q; want cn (%%config(noreplace))", got)
 	}
-	if scripts := mustRun(t, "rpm", "-qp", "--scripts", rpm); !strings.Contains(scripts, "postinstall scriptlet") ||
-		!strings.Contains(scripts, "useradd") {
-		t.Errorf("rpm scripts: %s; want the postinstall that adds the user", scripts)
+	if owner := mustRun(t, "rpm", "-qp", "--queryformat", "[%{FILEUSERNAME}:%{FILEGROUPNAME} %{FILENAMES}\n]", rpm); !strings.Contains(owner, "root:vllm /etc/vllm-guard/vllm-guard.toml\n") {
+		t.Errorf("rpm owners:\n%s\nwant the config root:vllm", owner)
+	}
+	scripts := mustRun(t, "rpm", "-qp", "--scripts", rpm)
+	for _, want := range []string{"postinstall scriptlet", "useradd", "preuninstall scriptlet", "disable --now vllm-guard.service", "postuninstall scriptlet", "daemon-reload"} {
+		if !strings.Contains(scripts, want) {
+			t.Errorf("rpm scripts lack %q:\n%s", want, scripts)
+		}
+	}
+	// useradd and getent are there before the postinstall runs: Requires(post).
+	reqs := mustRun(t, "rpm", "-qp", "--queryformat", "[%{REQUIRENAME} %{REQUIREFLAGS:deptype}\n]", rpm)
+	for _, want := range []string{"/usr/sbin/useradd post", "/usr/bin/getent post"} {
+		if !strings.Contains(reqs, want+"\n") {
+			t.Errorf("rpm requires:\n%s\nwant %q", reqs, want)
+		}
 	}
 }
 

@@ -336,12 +336,12 @@ func commonIndent(lines []string) int {
 
 // files are the paths the page's FILES section names.
 var manFiles = []struct{ path, what string }{
-	{"/etc/vllm-guard/vllm-guard.toml", "the configuration (`vllm-guard check` validates it); every key is in the commented example the package installs"},
+	{"/etc/vllm-guard/vllm-guard.toml", "the configuration (`vllm-guard check` validates it); every key is in the commented example the package installs, mode 0640, group vllm (it may hold API keys)"},
 	{"/etc/vllm-guard/NAME.toml", "the configuration of instance NAME (`--instance NAME`)"},
 	{"/etc/vllm-guard/env, /etc/vllm-guard/NAME.env", "environment for the systemd units, such as HF_TOKEN (mode 0600)"},
 	{"/run/vllm-guard/guard.sock, /run/vllm-guard/NAME.sock", "the control socket `status`, `restart` and `profile reset` talk to"},
 	{"/var/lib/vllm-guard, /var/lib/vllm-guard/NAME", "the state: state.json (the rung in force) and incidents/"},
-	{"vllm-guard.service, vllm-guard@.service", "the systemd units, in /lib/systemd/system (the .deb) or /usr/lib/systemd/system (the .rpm): one guard, or one per instance (`systemctl enable --now vllm-guard@NAME`)"},
+	{"vllm-guard.service, vllm-guard@.service", "the systemd units, in /lib/systemd/system (the .deb) or /usr/lib/systemd/system (the .rpm): one guard, or one per instance (`systemctl enable --now vllm-guard@NAME`); vllm-guard-nvidia-uvm.service, which they pull in, loads nvidia-uvm first as root"},
 	{"/usr/share/doc/vllm-guard/README.md", "the full guide"},
 }
 

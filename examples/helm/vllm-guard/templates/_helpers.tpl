@@ -27,6 +27,14 @@ use the same ones the TOML names.
 {{- define "vllm-guard.vllmPort" -}}8000{{- end -}}
 {{- define "vllm-guard.stateDir" -}}/var/lib/vllm-guard{{- end -}}
 {{- define "vllm-guard.socketDir" -}}/run/vllm-guard{{- end -}}
+{{/*
+The socket lives in a folder the guard makes itself (0750, its own) inside the
+emptyDir at socketDir: the kubelet makes every emptyDir 0777 (02777 with
+fsGroup), a folder anyone could write to, in which the guard refuses to serve
+(exit 78). `vllm-guard status` in the pod finds the socket through the
+ConfigMap (its default --config).
+*/}}
+{{- define "vllm-guard.socket" -}}{{ include "vllm-guard.socketDir" . }}/control/guard.sock{{- end -}}
 {{- define "vllm-guard.configDir" -}}/etc/vllm-guard{{- end -}}
 
 {{/*
@@ -60,14 +68,16 @@ from other values are refused in extraArgs, so that what the chart derives
   "--tensor-parallel-size" "tensorParallelSize"
   "-tp" "tensorParallelSize"
   "--max-num-seqs" "profile.maxNumSeqs (the guard lowers it after an out-of-memory crash)"
-  "--gpu-memory-utilization" "profile.gpuMemoryUtilization (the guard lowers it after an out-of-memory crash)" -}}
+  "--gpu-memory-utilization" "profile.gpuMemoryUtilization (the guard lowers it after an out-of-memory crash)"
+  "--api-key" "apiKeySecret: put the key in a Secret (a key in the values sits in the release's history, the ConfigMap and the pod's command line)" -}}
 {{- $extra := list -}}
 {{- range $arg := .Values.extraArgs -}}
 {{- $arg = toString $arg -}}
 {{- $extra = append $extra $arg -}}
 {{- $flag := regexReplaceAll "=.*$" $arg "" | replace "_" "-" -}}
 {{- if hasKey $owned $flag -}}
-{{- fail (printf "extraArgs: %s is set by the chart; set %s instead" $arg (get $owned $flag)) -}}
+{{- /* The key itself is not repeated in the error (it lands in CI logs). */}}
+{{- fail (printf "extraArgs: %s is set by the chart; set %s instead" (ternary $flag $arg (eq $flag "--api-key")) (get $owned $flag)) -}}
 {{- end -}}
 {{- end -}}
 {{- $tp := include "vllm-guard.tensorParallelSize" . | int -}}
@@ -98,7 +108,7 @@ then guardConfig merged over it table by table, key by key.
   "profile" (dict "max_num_seqs" .Values.profile.maxNumSeqs "gpu_memory_utilization" .Values.profile.gpuMemoryUtilization)
   "readiness" (dict "stall_timeout" "15m")
   "control" (dict
-    "socket" (printf "%s/guard.sock" (include "vllm-guard.socketDir" .))
+    "socket" (include "vllm-guard.socket" .)
     "http_listen" (printf "0.0.0.0:%s" (include "vllm-guard.controlPort" .))
     "state_dir" (include "vllm-guard.stateDir" .))
   "log" (dict "format" "json") -}}
@@ -110,7 +120,7 @@ then guardConfig merged over it table by table, key by key.
 {{- $owned := dict
   "vllm.command" "set model, servedModelName, gpus, tensorParallelSize, shutdownTimeoutSeconds or extraArgs instead"
   "vllm.stop_timeout" "set stopTimeoutSeconds instead (the pod's grace period follows it)"
-  "control.socket" "the chart mounts its folder"
+  "control.socket" "it lies in a folder the guard makes inside the emptyDir the chart mounts"
   "control.http_listen" "the probes, the Service and the PodMonitor use port 9461"
   "control.state_dir" "the chart mounts the state volume there"
   "proxy.listen" "set proxy: true or false instead" -}}
@@ -124,6 +134,9 @@ then guardConfig merged over it table by table, key by key.
 {{- $path := printf "%s.%s" $table $key -}}
 {{- if hasKey $owned $path -}}
 {{- fail (printf "guardConfig.%s is set by the chart: %s" $path (get $owned $path)) -}}
+{{- end -}}
+{{- if and (eq $path "vllm.env") (kindIs "map" $value) (hasKey $value "VLLM_API_KEY") -}}
+{{- fail "guardConfig.vllm.env.VLLM_API_KEY: set apiKeySecret instead: a key in the values sits in the release's history and the ConfigMap" -}}
 {{- end -}}
 {{- $_ := set $into $key $value -}}
 {{- end -}}

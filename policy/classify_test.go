@@ -462,3 +462,15 @@ func TestLiveLinesAreOneRunWhateverTheOrder(t *testing.T) {
 		t.Fatalf("verdict %+v: want config_error from line 4", v)
 	}
 }
+
+// vLLM 0.32.0's KV error wraps: the frame's code line ("raise ValueError(")
+// comes before the message; the summary names the exception (seen on the
+// real vLLM, integration/realvllm).
+func TestSummaryNamesTheExceptionNotTheRaise(t *testing.T) {
+	ev := []Line{{N: 70, Text: "(EngineCore pid=1) ERROR 12-03 06:44:57 [core.py:1510]     raise ValueError("},
+		{N: 71, Text: "(EngineCore pid=1) ERROR 12-03 06:44:57 [core.py:1510] ValueError: To serve at least one request with the model's max seq len (4096)"}}
+	got := summaryFor(CauseKVInsufficient, ev)
+	if !strings.Contains(got, "line 71: ValueError: To serve") {
+		t.Fatalf("summary %q, want the exception's line", got)
+	}
+}

@@ -1152,19 +1152,31 @@ func TestMachineDrainingVLLMThatExitsIsNoFailure(t *testing.T) {
 	})
 }
 
+// TestEffectiveStopTimeout: the run reads --shutdown-timeout as vLLM's
+// parser does, in every spelling and in the extra arguments (issue 23:
+// "=" or an underscore used to leave the drain killed at stop_timeout).
 func TestEffectiveStopTimeout(t *testing.T) {
 	for _, tc := range []struct {
-		argv []string
-		want time.Duration
+		argv, extra []string
+		want        time.Duration
 	}{
-		{[]string{"vllm", "serve", "m"}, 30 * time.Second},
-		{[]string{"vllm", "serve", "m", "--shutdown-timeout", "5"}, 30 * time.Second},
-		{[]string{"vllm", "serve", "m", "--shutdown-timeout=60"}, 70 * time.Second},
-		{[]string{"vllm", "serve", "m", "--shutdown_timeout", "90", "--shutdown-timeout", "100"}, 110 * time.Second},
-		{[]string{"vllm", "serve", "m", "--shutdown-timeout", "0"}, 30 * time.Second},
+		{[]string{"vllm", "serve", "m"}, nil, 30 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown-timeout", "5"}, nil, 30 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown-timeout=60"}, nil, 70 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown_timeout=120"}, nil, 130 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown_timeout", "90", "--shutdown-timeout", "100"}, nil, 110 * time.Second},
+		{[]string{"vllm", "serve", "m"}, []string{"--shutdown_timeout=120"}, 130 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown-timeout", "0"}, nil, 30 * time.Second},
 	} {
-		if got := EffectiveStopTimeout(30*time.Second, ShutdownTimeout(tc.argv)); got != tc.want {
-			t.Errorf("%v: %s, want %s", tc.argv, got, tc.want)
+		cfg := config.Default()
+		cfg.VLLM.Command = tc.argv
+		cfg.VLLM.StopTimeout = config.Duration{Duration: 30 * time.Second}
+		sup, err := New(cfg, Options{Policy: policy.New(cfg, policy.State{}, realClockForTest{}), Keeper: []string{"keeper"}, ExtraArgs: tc.extra})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := sup.stopTimeout(); got != tc.want {
+			t.Errorf("%v -- %v: %s, want %s", tc.argv, tc.extra, got, tc.want)
 		}
 	}
 }

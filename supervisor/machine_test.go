@@ -469,6 +469,32 @@ func TestMachineNotReadyWhileProbesFail(t *testing.T) {
 	})
 }
 
+// TestMachineStartEndsWhenTheProbeKeepsGettingA4xx: vLLM's server is up
+// and refuses the readiness request (a task it does not serve, say): the
+// start ends with that answer as its reason instead of waiting for ever
+// (issue 24 item 2). A 5xx while starting keeps waiting (the test above).
+func TestMachineStartEndsWhenTheProbeKeepsGettingA4xx(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Readiness.MaxStartTime = config.Duration{} })
+		s.start()
+		s.l.last().listening.Store(true)
+		s.pr.setReady(func() probeResult {
+			return probeResult{step: "embeddings", status: 404, err: "POST /v1/embeddings answered 404"}
+		})
+		s.advance(refusedProbeLimit - time.Second)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("ended before refusedProbeLimit")
+		}
+		s.advance(2 * time.Second)
+		f := s.failure(1)
+		if f.Verdict.Cause != policy.CauseHang || !strings.Contains(f.Verdict.Summary, "refused the readiness probe") ||
+			!strings.Contains(f.Verdict.Summary, "/v1/embeddings answered 404") {
+			t.Fatalf("failure %+v", f.Verdict)
+		}
+		s.stop()
+	})
+}
+
 // The fault matrix, one scenario per row that the machine decides.
 
 func TestMachineFaultOOMStepsDownAfterTheRelease(t *testing.T) {

@@ -92,8 +92,15 @@ func TestProbeAutoPooling(t *testing.T) {
 	// The task from vLLM's Supported_tasks line.
 	tasks := func() []string { return []string{"encode", "embed"} }
 	r := probeOnce(t, api, probeSpec{names: []string{"e"}, tasks: tasks}, "auto")
-	if !r.ok || *api.seen.Load() != "/v1/embeddings" || !strings.Contains(r.probe, "task embed, vLLM's Supported_tasks line") {
+	if !r.ok || *api.seen.Load() != "/v1/embeddings" || !strings.Contains(r.probe, "task embed, vLLM's Supported tasks line") {
 		t.Fatalf("embed from the log: %+v (last %s)", r, *api.seen.Load())
+	}
+	// Today's task names: each task's own endpoint.
+	for ts, want := range map[string]string{"token_embed": "/pooling", "token_classify,classify": "/classify", "plugin": "/pooling", "embed,token_embed": "/v1/embeddings"} {
+		r := probeOnce(t, api, probeSpec{names: []string{"e"}, tasks: func() []string { return strings.Split(ts, ",") }}, "auto")
+		if !r.ok || *api.seen.Load() != want {
+			t.Fatalf("tasks %s: %+v (last %s), want %s", ts, r, *api.seen.Load(), want)
+		}
 	}
 	// From --task.
 	r = probeOnce(t, api, probeSpec{names: []string{"e"}, taskHint: "classify"}, "auto")

@@ -108,7 +108,7 @@ type Supervisor struct {
 	tokens  func() (running, tokens float64, ok bool)
 	args    *vllmargs.Args
 	conns   *ownconns.Set
-	tasks   atomic.Pointer[[]string] // vLLM's Supported_tasks, from its log
+	tasks   atomic.Pointer[[]string] // vLLM's Supported tasks, from this run's log before ready
 
 	// The machine's ports: real processes and HTTP unless a test sets them.
 	launcher  launcher
@@ -228,7 +228,7 @@ func (s *Supervisor) beat() { s.lastTurn.Store(time.Now().UnixNano()) }
 
 // probeSpec is what the prober must know of vLLM's command line.
 func (s *Supervisor) probeSpec() probeSpec {
-	sp := probeSpec{names: s.cfg.ServedModelNames(s.args), taskHint: cmpOr(s.args.Task, s.args.Runner), conns: s.conns,
+	sp := probeSpec{names: s.cfg.ServedModelNames(s.args), taskHint: cmpOr(s.args.Convert, cmpOr(s.args.Task, s.args.Runner)), conns: s.conns,
 		tasks: func() []string {
 			if t := s.tasks.Load(); t != nil {
 				return *t

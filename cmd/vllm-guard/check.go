@@ -116,6 +116,9 @@ func writeVLLM(w io.Writer, cfg *config.Config, args *vllmargs.Args, extra []str
 	}
 	fmt.Fprintf(w, "API key:        %s\n", key)
 	fmt.Fprintf(w, "readiness:      %s\n", probeWords(cfg.Readiness.Probe, args))
+	if args.Task != "" {
+		fmt.Fprintf(w, "warning: --task %s: vllm serve no longer takes --task (it exits 2, \"unrecognized arguments\"); write --runner pooling and --convert %s (or nothing: vLLM detects the task)\n", args.Task, args.Task)
+	}
 	if args.ShutdownTimeout > 0 {
 		fmt.Fprintf(w, "shutdown:       --shutdown-timeout %ds (vLLM drains requests in flight for up to this long)\n", int(args.ShutdownTimeout.Seconds()))
 	}
@@ -134,17 +137,20 @@ func probeWords(level string, args *vllmargs.Args) string {
 	case "completion":
 		return "completion: a 1-token POST /v1/completions"
 	}
-	task := args.Task
+	task := args.Convert
+	if task == "" {
+		task = args.Task
+	}
 	if task == "" {
 		task = args.Runner
 	}
 	switch {
 	case task == "generate":
-		return "auto: a 1-token POST /v1/completions (--task/--runner generate)"
+		return "auto: a 1-token POST /v1/completions (--runner generate)"
 	case vllmargs.Pooling(task):
-		return fmt.Sprintf("auto: a 1-input request to the pooling endpoint of task %q (from --task/--runner; vLLM's Supported_tasks line decides at startup)", task)
+		return fmt.Sprintf("auto: a 1-input request to the endpoint of task %q (from --convert/--runner; vLLM's Supported tasks line decides at startup)", task)
 	}
-	return "auto: a 1-token POST /v1/completions for a generating model, or a 1-input request to the pooling endpoint of a pooling model (the task from vLLM's Supported_tasks line at startup, or a 404 on completions)"
+	return "auto: a 1-token POST /v1/completions for a generating model, or a 1-input request to the endpoint of a pooling model's task (the task from vLLM's Supported tasks line at startup, or a 404 on completions)"
 }
 
 // writeThresholds prints the memory thresholds on rung 0.

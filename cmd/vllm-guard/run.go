@@ -131,6 +131,9 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 		alert: alerts.New(cfg.Alerts, log.Named("alerts")), bus: events.NewBus(),
 		stats: vllmstats.NewScraper(cfg.GPU.SampleInterval.Duration, log.Named("vllm-metrics")), extra: extra}
 	g.stats.Dial(conns.Dial(&net.Dialer{Timeout: 5 * time.Second}))
+	if len(args.APIKeys) > 0 {
+		g.stats.SetAPIKey(args.APIKeys[0])
+	}
 	store, warnings, err := state.Open(cfg.Control.StateDir, log.Named("state"))
 	if err != nil {
 		return nil, err

@@ -463,26 +463,29 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		}
 		resp, err := t.p.tr.RoundTrip(req)
-		if err == nil && resp.StatusCode == http.StatusServiceUnavailable && st != nil && !t.p.lim.isReady() {
-			// vLLM refused the request because it is draining for a
-			// planned stop (the guard no longer calls it ready): nothing
-			// was processed; send it again once vLLM is back.
-			if body, ok := st.replayBody(); ok {
-				resp.Body.Close()
-				t.p.retries.Add(1)
-				t.p.log.Debug("vLLM refused a request while draining; waiting for it to come back")
-				if err := t.waitReady(req.Context(), st.deadline); err != nil {
-					return nil, err
-				}
-				u, err := t.p.targetURL()
-				if err != nil {
-					return nil, err
-				}
-				req = req.Clone(req.Context())
-				req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
-				req.Body = body
-				continue
+		if err == nil && st != nil && !t.p.readyNow() && producedNothing(resp) {
+			// vLLM is draining for a planned restart (the guard no longer
+			// calls it ready) and answered this request with nothing: an
+			// empty aborted answer, or a 500 once its engine is gone (see
+			// drain.go). Send it again once vLLM is back.
+			resp.Body.Close()
+			body, ok := st.replayBody()
+			if !ok {
+				return nil, errAbortedNoReplay
 			}
+			t.p.retries.Add(1)
+			t.p.log.Debug("vLLM answered nothing while draining for a restart; holding the request until it is back")
+			if err := t.waitReady(req.Context(), st.deadline); err != nil {
+				return nil, err
+			}
+			u, err := t.p.targetURL()
+			if err != nil {
+				return nil, err
+			}
+			req = req.Clone(req.Context())
+			req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
+			req.Body = body
+			continue
 		}
 		if err == nil || st == nil || !isDialError(err) || (st.body != nil && st.body.touched()) {
 			return resp, err
@@ -504,6 +507,14 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			req.Body = st.body
 		}
 	}
+}
+
+// readyNow is whether the guard calls vLLM ready at this moment, asked of
+// the Upstream itself rather than the limiter's last view: a drain's
+// first answers can come before the limiter heard of the stop.
+func (p *Proxy) readyNow() bool {
+	_, ready := p.up.Target()
+	return ready && p.lim.isReady()
 }
 
 // waitReady waits for a change of readiness or a poll interval, and then
@@ -549,6 +560,10 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 	case errors.Is(err, errNotReady):
 		p.lim.reject(reasonNotReady)
 		p.reject(w, &rejection{reason: reasonNotReady})
+	case errors.Is(err, errAbortedNoReplay):
+		w.Header().Set("Retry-After", retryAfterNotReady)
+		writeError(w, http.StatusServiceUnavailable, "server_error",
+			"vLLM is restarting and aborted this request before generating anything; its body is too large for vllm-guard to send again: retry shortly")
 	case r.Context().Value(ctxKey{}) == nil && (isDialError(err) || errors.Is(err, errNoTarget)):
 		// A pass-through request (a probe, a scrape) while vLLM is down:
 		// answered at once, never held.
@@ -658,7 +673,8 @@ type trackBody struct {
 	read atomic.Bool
 	done atomic.Bool
 	// kept is the body as read, while it stays within replayLimit: a
-	// request vLLM refused while draining can be sent again once it is back.
+	// request vLLM answered with nothing while draining can be sent again
+	// once it is back.
 	kept     []byte
 	overflow bool
 }

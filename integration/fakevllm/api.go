@@ -692,9 +692,10 @@ func (a *apiServer) startGrandchild() {
 }
 
 // terminate is SIGTERM/SIGINT to the API process: vLLM's shutdown. With
-// --shutdown-timeout S > 0 while serving it drains: new requests get 503,
-// in-flight ones may finish for up to S seconds (a second signal ends the
-// wait), then the rest are aborted. With S = 0 (the default) in-flight
+// --shutdown-timeout S > 0 while serving it drains: new requests are
+// finished at once with finish_reason "abort", in-flight ones may finish
+// for up to S seconds (a second signal is ignored), then the rest are
+// aborted. With S = 0 (the default) in-flight
 // requests are aborted at once. Then the engine gets SIGTERM (SIGKILL
 // after 5 s) and the process exits 0.
 func (a *apiServer) terminate() {
@@ -703,11 +704,7 @@ func (a *apiServer) terminate() {
 		return
 	}
 	if a.draining.Load() {
-		a.forceOnce.Do(func() {
-			a.log.warn(a.src("launcher.py:118", "launcher.py:90"), "Received second signal, forcing immediate shutdown")
-			close(a.forceCh)
-		})
-		return
+		return // merged vLLM sets its shutdown event once: a second signal is ignored
 	}
 	if !a.exiting.CompareAndSwap(false, true) {
 		return
@@ -715,7 +712,7 @@ func (a *apiServer) terminate() {
 	serving := a.serving.Load()
 	if serving && a.args.ShutdownTimeout > 0 && !a.dead.Load() {
 		a.draining.Store(true)
-		a.log.info(a.src("launcher.py:112", "launcher.py:88"), "Graceful shutdown: draining in-flight requests for up to %s seconds; new requests are rejected with 503", pyNum(a.args.ShutdownTimeout))
+		a.log.info(a.src("launcher.py:112", "launcher.py:88"), "Graceful shutdown: draining in-flight requests for up to %s seconds; new requests are aborted", pyNum(a.args.ShutdownTimeout))
 		deadline := time.NewTimer(time.Duration(a.args.ShutdownTimeout * float64(time.Second)))
 		tick := time.NewTicker(5 * time.Millisecond)
 	drain:
@@ -723,8 +720,6 @@ func (a *apiServer) terminate() {
 			select {
 			case <-deadline.C:
 				a.log.warn(a.src("launcher.py:126", "launcher.py:96"), "Shutdown timeout of %s seconds reached with %d request(s) in flight; aborting them", pyNum(a.args.ShutdownTimeout), a.inflight.Load())
-				break drain
-			case <-a.forceCh:
 				break drain
 			case <-tick.C:
 			}

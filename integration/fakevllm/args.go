@@ -133,7 +133,7 @@ var knownFlags = map[string]flagKind{
 	"--task":                       kindString,
 	"--runner":                     kindString,
 	"--tensor-parallel-size":       kindInt,
-	"--shutdown-timeout":           kindFloat,
+	"--shutdown-timeout":           kindInt, // merged vLLM: an integer number of seconds
 	"--disable-uvicorn-access-log": kindBool,
 	"--uvicorn-log-level":          kindString,
 	"--disable-log-stats":          kindBool,
@@ -395,6 +395,8 @@ func (a *serveArgs) setFlag(name string, kind flagKind, value string) error {
 			a.KVCacheMemoryBytes = n
 		case "--tensor-parallel-size":
 			a.TensorParallel = int(n)
+		case "--shutdown-timeout":
+			a.ShutdownTimeout = float64(n)
 		}
 	case kindFloat:
 		f, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
@@ -404,8 +406,6 @@ func (a *serveArgs) setFlag(name string, kind flagKind, value string) error {
 		switch name {
 		case "--gpu-memory-utilization":
 			a.GPUMemUtil = f
-		case "--shutdown-timeout":
-			a.ShutdownTimeout = f
 		}
 	case kindString:
 		switch name {

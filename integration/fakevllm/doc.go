@@ -1,5 +1,9 @@
 // Command fakevllm simulates `vllm serve` for every test, the demo and the
-// benchmarks of vllm-guard. It owns the imitation of vLLM's outside: its
+// benchmarks of vllm-guard. It follows merged vLLM as of late 2026 (the
+// "Merged vLLM, late 2026" section of VLLM-FACTS.md) where this doc says
+// so — the stop and drain, the integer --shutdown-timeout — and older
+// releases elsewhere (its eras; the task flags and the "Supported_tasks"
+// wording are still those of 2025). It owns the imitation of vLLM's outside: its
 // command line, its log lines on the right streams (per era), its process
 // tree (an API process and a VLLM::EngineCore child in the same process
 // group, no parent-death signal), its port (bound early, refusing
@@ -84,15 +88,18 @@
 // vLLM's, shuts down at once) or to a worker, or any engine death while
 // the API is shutting down.
 //
-// Stopping (RFC #24885, --shutdown-timeout from vLLM ~March 2026):
-// SIGTERM or SIGINT to the API process with --shutdown-timeout S > 0
-// while serving drains: a "Graceful shutdown: draining ..." line (wording
-// approximate), every new request answers 503, in-flight requests and
-// streams finish for up to S seconds (a second signal ends the wait:
-// "Received second signal, forcing immediate shutdown", as in vLLM's
-// graceful-shutdown test), then the rest are cut, uvicorn's shutdown
-// lines, SIGTERM to the engine (SIGKILL after 5 s), exit 0. With S = 0
-// (the default) in-flight requests are cut at once.
+// Stopping, as merged vLLM does it (late 2026; RFC #24885, --shutdown-timeout
+// from ~March 2026): --shutdown-timeout is an integer number of seconds
+// (argparse refuses "2.5", exit 2), default 0. SIGTERM or SIGINT to the API
+// process with S > 0 while serving drains: a "Graceful shutdown: draining
+// ..." line (wording approximate); uvicorn keeps serving, and every new
+// completion or chat request is accepted and finished at once with status
+// 200, finish_reason "abort" and nothing generated (a stream: one empty
+// chunk with the abort, then [DONE]) — never 503; in-flight requests and
+// streams finish for up to S seconds (a second signal is ignored: vLLM
+// sets its shutdown event once), then the rest are cut, uvicorn's
+// shutdown lines, SIGTERM to the engine (SIGKILL after 5 s), exit 0. With
+// S = 0 (the default) in-flight requests are cut at once.
 //
 // Tensor parallel (-tp N, N > 1; vLLM's multiproc executor): the engine
 // starts N workers, re-executions titled VLLM::Worker_TP{n} (argv[0]),
@@ -308,7 +315,7 @@
 // (human_readable_int for max_model_len, max_num_batched_tokens,
 // kv_cache_memory_bytes), config/cache.py (kv_cache_memory_bytes ignores
 // gpu_memory_utilization), kv_cache_utils.py (auto-fit), launcher.py
-// (serve_http), tests/entrypoints/openai/test_graceful_shutdown.py (503
-// while draining, second signal), uvicorn config.py (access log on
+// (serve_http), tests/entrypoints/openai/test_graceful_shutdown.py (an older
+// draft answered 503 while draining; merged vLLM aborts at once), uvicorn config.py (access log on
 // stdout). vLLM logs posted by users (argparse_utils.py --model warning).
 package main

@@ -389,9 +389,14 @@ func TestShutdownTimeoutDrains(t *testing.T) {
 		_, br := streamReq(t, url, 40)
 		p.signal(syscall.SIGTERM)
 		p.waitLine("Graceful shutdown: draining in-flight requests", 10*time.Second)
-		if code, body := do(t, "POST", url+"/v1/completions", `{"prompt":"late","max_tokens":1}`, nil); code != 503 {
-			t.Errorf("new request while draining: %d %s, want 503", code, body)
+		// Merged vLLM: a new request is accepted and finished at once
+		// with finish_reason "abort", nothing generated; no 503.
+		if code, body := do(t, "POST", url+"/v1/completions", `{"prompt":"late","max_tokens":1}`, nil); code != 200 ||
+			!strings.Contains(body, `"finish_reason":"abort"`) || !strings.Contains(body, `"completion_tokens":0`) {
+			t.Errorf("new request while draining: %d %s, want 200 with finish_reason abort and nothing generated", code, body)
 		}
+		// A second SIGTERM is ignored: the drain goes on.
+		p.signal(syscall.SIGTERM)
 		events, done := rest(br)
 		if !done || events != 39 {
 			t.Errorf("stream in flight: %d more events, [DONE]=%v; want 39 and [DONE]", events, done)

@@ -41,6 +41,7 @@ func TestParseServeArgs(t *testing.T) {
 		{[]string{"m", "--bogus=1", "extra"}, "unrecognized arguments: --bogus=1 extra"},
 		{[]string{"m", "--port"}, "argument --port: expected one argument"},
 		{[]string{"m", "--port", "x"}, "argument --port: invalid int value: 'x'"},
+		{[]string{"m", "--shutdown-timeout", "2.5"}, "argument --shutdown-timeout: invalid int value: '2.5'"}, // merged vLLM: whole seconds
 		{[]string{"m", "--gpu-memory-utilization", "high"}, "argument --gpu-memory-utilization: invalid float value: 'high'"},
 		{[]string{"m", "--enforce-eager=1"}, "argument --enforce-eager: ignored explicit argument '1'"},
 		{[]string{"--port", "1"}, "the following arguments are required: model_tag"},

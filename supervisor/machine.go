@@ -145,6 +145,8 @@ type machine struct {
 	stuckSince   time.Time      // since when they stand still with requests running
 	stuckProbe   bool           // the probe in flight is the stuck check's request
 	stuckAsked   time.Time      // when that request was last sent
+	stuckVerdict string         // a stuck verdict waiting on vLLM's /is_paused ("": none asked)
+	pausedSaid   bool           // "vLLM is paused" was logged for this pause
 
 	// After a failure.
 	decision       policy.Decision

@@ -55,7 +55,7 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 	m.rung = rung
 	m.ready, m.failures, m.peak, m.end, m.hang, m.peer, m.probing = false, 0, 0, endNone, "", "", false
 	m.lastChild = nil
-	m.ioSeen, m.ioBytes, m.lastIO, m.stuckProbe = map[int]uint64{}, 0, time.Time{}, false
+	m.ioSeen, m.ioBytes, m.lastIO, m.stuckProbe, m.stuckVerdict = map[int]uint64{}, 0, time.Time{}, false, ""
 	// What vLLM serves is read afresh from this run's own startup line.
 	s.tasks.Store(nil)
 	m.refusedSince = time.Time{}
@@ -259,10 +259,14 @@ func (m *machine) onProbe(r probeResult) {
 		m.becomeReady(r)
 		return
 	}
+	if m.stuckVerdict != "" {
+		m.onPausedAnswer(r)
+		return
+	}
 	if m.stuckProbe {
 		m.stuckProbe = false
 		if !r.ok && r.status == 0 && !r.refused {
-			m.hung(fmt.Sprintf("stuck: a 1-token request did not answer within stuck_timeout %s (%s)", s.cfg.Liveness.StuckTimeout.Duration, r.err))
+			m.askPaused(fmt.Sprintf("stuck: a 1-token request did not answer within stuck_timeout %s (%s)", s.cfg.Liveness.StuckTimeout.Duration, r.err))
 		}
 		return
 	}

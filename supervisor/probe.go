@@ -66,6 +66,7 @@ type probeResult struct {
 	// name /v1/models does not list): the operator must act.
 	explains bool
 	probe    string // ok: the request that answered, e.g. "auto: POST /v1/embeddings (task embed)"
+	paused   bool   // step "paused": vLLM said {"is_paused": true}
 }
 
 // ready runs the readiness chain up to level: health → models → the
@@ -162,6 +163,21 @@ func poolingRequest(task, model string) (step, path string, body []byte) {
 
 func (p *prober) health(ctx context.Context, timeout time.Duration) probeResult {
 	r, _ := p.do(ctx, "health", http.MethodGet, "/health", nil, timeout)
+	return r
+}
+
+// paused asks GET /is_paused, which vLLM serves (in dev mode,
+// VLLM_SERVER_DEV_MODE=1) as {"is_paused": true|false}: an operator's
+// POST /pause stops generation on purpose until /resume. Any other answer
+// (404 without dev mode, an error, a timeout) is not paused.
+func (p *prober) paused(ctx context.Context, timeout time.Duration) probeResult {
+	r, body := p.do(ctx, "paused", http.MethodGet, "/is_paused", nil, timeout)
+	if r.ok {
+		var st struct {
+			IsPaused bool `json:"is_paused"`
+		}
+		r.paused = json.Unmarshal(body, &st) == nil && st.IsPaused
+	}
 	return r
 }
 

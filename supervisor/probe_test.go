@@ -139,3 +139,37 @@ func TestProbeConnectionsAreRecorded(t *testing.T) {
 		t.Fatal("the prober's connection is not recorded")
 	}
 }
+
+// vLLM's GET /is_paused (dev mode) answers {"is_paused": true} while an
+// operator paused it; without dev mode it is a 404: not paused.
+func TestProbePaused(t *testing.T) {
+	for _, c := range []struct {
+		status int
+		body   string
+		want   bool
+	}{
+		{200, `{"is_paused": true}`, true},
+		{200, `{"is_paused": false}`, false},
+		{404, `{"detail":"Not Found"}`, false},
+		{200, `not json`, false},
+	} {
+		var auth atomic.Pointer[string]
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			a := r.Header.Get("Authorization")
+			auth.Store(&a)
+			if r.Method != http.MethodGet || r.URL.Path != "/is_paused" {
+				w.WriteHeader(http.StatusNotFound)
+				return
+			}
+			w.WriteHeader(c.status)
+			w.Write([]byte(c.body))
+		}))
+		p := newProber(endpointOf(t, srv.URL), probeSpec{names: []string{"m"}, key: "sk-1"})
+		r := p.paused(context.Background(), time.Second)
+		p.close()
+		srv.Close()
+		if r.paused != c.want || *auth.Load() != "Bearer sk-1" {
+			t.Errorf("%d %s: paused %v (%+v), key %q; want %v", c.status, c.body, r.paused, r, *auth.Load(), c.want)
+		}
+	}
+}

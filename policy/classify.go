@@ -559,6 +559,12 @@ func scanWith(lines []Line, severalRuns bool, off map[string]bool, fired map[str
 		}
 	}
 	for i := s.start; i < len(lines); i++ {
+		// A client's text (an access line's path and query, a logged
+		// prompt) is never evidence: one GET /v1/models?OutOfMemoryError
+		// must not make the next crash an OOM.
+		if vllmlog.IsClientText(lines[i].Text) {
+			continue
+		}
 		msg := vllmlog.Message(lines[i].Text)
 		if vllmlog.IsStartupComplete(msg) {
 			s.ready = true

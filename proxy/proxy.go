@@ -128,6 +128,7 @@ type Proxy struct {
 	target  atomic.Pointer[parsedTarget]
 	retries atomic.Uint64
 	bound   atomic.Pointer[policy.AdmissionBound] // the last applied
+	await   awaiting                              // sent to vLLM, no byte of the answer yet
 }
 
 type parsedTarget struct {
@@ -277,6 +278,7 @@ type ctxKey struct{}
 type reqState struct {
 	deadline time.Time // the queue bound: also for waiting out a refused connection
 	body     *trackBody
+	tokens   float64 // the prompt's estimated tokens (Awaiting)
 }
 
 // replayBody is the request's body to send again (none: http.NoBody).
@@ -364,7 +366,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rec.Header().Set(QueueWaitHeader, strconv.FormatFloat(float64(time.Since(start).Microseconds())/1000, 'f', 1, 64))
 	}
 
-	st := &reqState{deadline: deadline}
+	st := &reqState{deadline: deadline, tokens: tokens}
 	if r.Body != nil && r.Body != http.NoBody {
 		var body io.ReadCloser = r.Body
 		if p.cfg.MaxBodyBytes > 0 {
@@ -462,27 +464,44 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 				return nil, err
 			}
 		}
+		var wait *awaitEntry
+		var written <-chan struct{}
+		if st != nil {
+			wait = t.p.await.add(st.tokens)
+			req.Body, written = closeSignal(req.Body)
+		}
 		resp, err := t.p.tr.RoundTrip(req)
-		if err == nil && resp.StatusCode == http.StatusServiceUnavailable && st != nil && !t.p.lim.isReady() {
-			// vLLM refused the request because it is draining for a
-			// planned stop (the guard no longer calls it ready): nothing
-			// was processed; send it again once vLLM is back.
-			if body, ok := st.replayBody(); ok {
-				resp.Body.Close()
-				t.p.retries.Add(1)
-				t.p.log.Debug("vLLM refused a request while draining; waiting for it to come back")
-				if err := t.waitReady(req.Context(), st.deadline); err != nil {
-					return nil, err
-				}
-				u, err := t.p.targetURL()
-				if err != nil {
-					return nil, err
-				}
-				req = req.Clone(req.Context())
-				req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
-				req.Body = body
-				continue
+		if wait != nil {
+			if err != nil {
+				wait.done()
+			} else {
+				resp.Body = &firstByteBody{ReadCloser: resp.Body, e: wait}
 			}
+		}
+		if err == nil && st != nil && !t.p.readyNow() && producedNothing(resp) {
+			// vLLM is draining for a planned restart (the guard no longer
+			// calls it ready) and answered this request with nothing: an
+			// empty aborted answer, or a 500 once its engine is gone (see
+			// drain.go). Send it again once vLLM is back.
+			resp.Body.Close()
+			waitWritten(req.Context(), written)
+			body, ok := st.replayBody()
+			if !ok {
+				return nil, errAbortedNoReplay
+			}
+			t.p.retries.Add(1)
+			t.p.log.Debug("vLLM answered nothing while draining for a restart; holding the request until it is back")
+			if err := t.waitReady(req.Context(), st.deadline); err != nil {
+				return nil, err
+			}
+			u, err := t.p.targetURL()
+			if err != nil {
+				return nil, err
+			}
+			req = req.Clone(req.Context())
+			req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
+			req.Body = body
+			continue
 		}
 		if err == nil || st == nil || !isDialError(err) || (st.body != nil && st.body.touched()) {
 			return resp, err
@@ -504,6 +523,14 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			req.Body = st.body
 		}
 	}
+}
+
+// readyNow is whether the guard calls vLLM ready at this moment, asked of
+// the Upstream itself rather than the limiter's last view: a drain's
+// first answers can come before the limiter heard of the stop.
+func (p *Proxy) readyNow() bool {
+	_, ready := p.up.Target()
+	return ready && p.lim.isReady()
 }
 
 // waitReady waits for a change of readiness or a poll interval, and then
@@ -549,6 +576,10 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 	case errors.Is(err, errNotReady):
 		p.lim.reject(reasonNotReady)
 		p.reject(w, &rejection{reason: reasonNotReady})
+	case errors.Is(err, errAbortedNoReplay):
+		w.Header().Set("Retry-After", retryAfterNotReady)
+		writeError(w, http.StatusServiceUnavailable, "server_error",
+			"vLLM is restarting and aborted this request before generating anything; its body is too large for vllm-guard to send again: retry shortly")
 	case r.Context().Value(ctxKey{}) == nil && (isDialError(err) || errors.Is(err, errNoTarget)):
 		// A pass-through request (a probe, a scrape) while vLLM is down:
 		// answered at once, never held.
@@ -658,7 +689,8 @@ type trackBody struct {
 	read atomic.Bool
 	done atomic.Bool
 	// kept is the body as read, while it stays within replayLimit: a
-	// request vLLM refused while draining can be sent again once it is back.
+	// request vLLM answered with nothing while draining can be sent again
+	// once it is back.
 	kept     []byte
 	overflow bool
 }

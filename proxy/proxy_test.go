@@ -741,44 +741,6 @@ func TestMetricsExposition(t *testing.T) {
 	}
 }
 
-// A planned restart: the guard stops calling vLLM ready and vLLM, draining,
-// refuses a request that was already on its way with 503. The proxy sends
-// that request again, body and all, once vLLM is back: the client sees a
-// pause, not an error.
-func TestRequestRefusedWhileDrainingIsSentAgain(t *testing.T) {
-	var calls atomic.Int32
-	var r *rig
-	r = newRig(t, proxyConfig(), 4, func(w http.ResponseWriter, req *http.Request) {
-		b, _ := io.ReadAll(req.Body)
-		if calls.Add(1) == 1 {
-			// The drain begins: the guard says not ready, vLLM refuses.
-			r.up.set(func(f *fakeUp) { f.ready = false })
-			r.p.Notify()
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		w.Write(b)
-	})
-	res := make(chan result, 1)
-	go func() {
-		resp, err := r.client.Post(r.front.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"again"}`))
-		if err != nil {
-			res <- result{err: err}
-			return
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		res <- result{code: resp.StatusCode, body: string(b)}
-	}()
-	waitFor(t, "the refused request held for vLLM", func() bool { return r.p.Stats().UpstreamRetries > 0 })
-	r.up.set(func(f *fakeUp) { f.ready = true })
-	r.p.Notify()
-	got := <-res
-	if got.code != 200 || got.body != `{"prompt":"again"}` || calls.Load() != 2 {
-		t.Fatalf("%d %q after %d calls (err %v); want 200 with the body sent again", got.code, got.body, calls.Load(), got.err)
-	}
-}
-
 // A 503 while the guard still calls vLLM ready (its engine died) is vLLM's
 // answer: passed on, not retried.
 func TestA503WhileReadyIsPassedOn(t *testing.T) {

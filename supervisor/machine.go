@@ -31,6 +31,12 @@ const (
 	fastRetryFor   = 2 * time.Second
 )
 
+// refusedProbeLimit: a start whose readiness probe vLLM answers with a 4xx
+// for this long ends (as a hang, with the probe's answer as the reason)
+// instead of waiting for max_start_time, which may be unbounded. vLLM
+// registers every route before it listens, so a 4xx does not heal.
+const refusedProbeLimit = 30 * time.Second
+
 // timerKind names what a timer is for; each kind has at most one armed.
 type timerKind int
 
@@ -107,37 +113,40 @@ type machine struct {
 	code      int  // the exit code once phDone
 
 	// The run in progress.
-	runN        int
-	rung        policy.Rung
-	child       proc
-	lastChild   proc // the run that ended, for the release wait
-	out         *output
-	stdout      *streamWriter
-	stderr      *streamWriter
-	prober      checker
-	runCtx      context.Context // cancelled when the run ends: in-flight probes stop
-	runCancel   context.CancelFunc
-	probing     bool
-	startedAt   time.Time
-	ready       bool
-	failures    int       // consecutive liveness failures
-	peak        float64   // highest GPU fraction since ready (restore)
-	lastLine    time.Time // the last output line's time seen by the stall check (monotonic)
-	fastUntil   time.Time // refused probes retry fast until then (uvicorn listens just after its line)
-	baseline    []uint64
-	oomBefore   int64
-	end         ending
-	hang        string
-	peer        string
-	costObs     int
-	ioSeen      map[int]uint64 // per process: storage I/O at the last poll
-	ioBytes     uint64         // storage I/O of the tree since launch
-	lastIO      time.Time      // when the tree's I/O last grew
-	ioAnnounced time.Time      // when I/O progress was last published
-	stuckTokens float64        // the token counters' sum seen last while ready
-	stuckSince  time.Time      // since when they stand still with requests running
-	stuckProbe  bool           // the probe in flight is the stuck check's request
-	stuckAsked  time.Time      // when that request was last sent
+	runN         int
+	rung         policy.Rung
+	child        proc
+	lastChild    proc // the run that ended, for the release wait
+	out          *output
+	stdout       *streamWriter
+	stderr       *streamWriter
+	prober       checker
+	runCtx       context.Context // cancelled when the run ends: in-flight probes stop
+	runCancel    context.CancelFunc
+	probing      bool
+	startedAt    time.Time
+	ready        bool
+	failures     int       // consecutive liveness failures
+	peak         float64   // highest GPU fraction since ready (restore)
+	lastLine     time.Time // the last output line's time seen by the stall check (monotonic)
+	fastUntil    time.Time // refused probes retry fast until then (uvicorn listens just after its line)
+	refusedSince time.Time // since when every readiness probe got a 4xx (zero: the last did not)
+	baseline     []uint64
+	oomBefore    int64
+	end          ending
+	hang         string
+	peer         string
+	costObs      int
+	ioSeen       map[int]uint64 // per process: storage I/O at the last poll
+	ioBytes      uint64         // storage I/O of the tree since launch
+	lastIO       time.Time      // when the tree's I/O last grew
+	ioAnnounced  time.Time      // when I/O progress was last published
+	stuckTokens  float64        // the token counters' sum seen last while ready
+	stuckSince   time.Time      // since when they stand still with requests running
+	stuckProbe   bool           // the probe in flight is the stuck check's request
+	stuckAsked   time.Time      // when that request was last sent
+	stuckVerdict string         // a stuck verdict waiting on vLLM's /is_paused ("": none asked)
+	pausedSaid   bool           // "vLLM is paused" was logged for this pause
 
 	// After a failure.
 	decision       policy.Decision

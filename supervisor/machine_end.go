@@ -2,9 +2,6 @@ package supervisor
 
 import (
 	"fmt"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -293,27 +290,7 @@ func EffectiveStopTimeout(stopTimeout, vllmShutdown time.Duration) time.Duration
 	return max(stopTimeout, vllmShutdown+10*time.Second)
 }
 
-// shutdownTimeout is vLLM's --shutdown-timeout from the command line in
-// force (the last one given wins, as in vLLM's parser), 0 when absent.
-func (s *Supervisor) shutdownTimeout() time.Duration {
-	return ShutdownTimeout(append(slices.Clone(s.cfg.VLLM.Command), s.extra...))
-}
-
-// ShutdownTimeout reads --shutdown-timeout (seconds) from vLLM's argv.
-func ShutdownTimeout(argv []string) time.Duration {
-	var d time.Duration
-	for i, a := range argv {
-		v, ok := strings.CutPrefix(a, "--shutdown-timeout=")
-		if !ok && (a == "--shutdown-timeout" || a == "--shutdown_timeout") && i+1 < len(argv) {
-			v, ok = argv[i+1], true
-		}
-		if ok {
-			if f, err := strconv.ParseFloat(v, 64); err == nil && f > 0 {
-				d = time.Duration(f * float64(time.Second))
-			} else {
-				d = 0
-			}
-		}
-	}
-	return d
-}
+// shutdownTimeout is vLLM's --shutdown-timeout as its parser reads the
+// command line in force (internal/vllmargs: every spelling, a --config
+// file, the extra arguments), 0 when absent.
+func (s *Supervisor) shutdownTimeout() time.Duration { return s.args.ShutdownTimeout }

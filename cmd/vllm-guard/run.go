@@ -131,6 +131,9 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 		alert: alerts.New(cfg.Alerts, log.Named("alerts")), bus: events.NewBus(),
 		stats: vllmstats.NewScraper(cfg.GPU.SampleInterval.Duration, log.Named("vllm-metrics")), extra: extra}
 	g.stats.Dial(conns.Dial(&net.Dialer{Timeout: 5 * time.Second}))
+	if len(args.APIKeys) > 0 {
+		g.stats.SetAPIKey(args.APIKeys[0])
+	}
 	store, warnings, err := state.Open(cfg.Control.StateDir, log.Named("state"))
 	if err != nil {
 		return nil, err
@@ -164,6 +167,11 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 	g.bus.Handle(g.inc.Handle)
 	g.alert.Publish(g.bus.Publish)
 	g.inc.Publish(g.bus.Publish)
+	var awaiting func() (int, float64)
+	if cfg.Proxy.Listen != "" {
+		// The proxy is made below, before the supervisor runs.
+		awaiting = func() (int, float64) { return g.proxy.Awaiting() }
+	}
 	sup, err := supervisor.New(cfg, supervisor.Options{
 		Log:       log,
 		Policy:    g.pol,
@@ -173,6 +181,7 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 		ExtraArgs: extra,
 		Load:      g.vllmLoad,
 		Progress:  g.vllmProgress,
+		Awaiting:  awaiting,
 		Args:      args,
 		Conns:     conns,
 	})

@@ -236,7 +236,11 @@ func checkGuardPod(t *testing.T, o objects) guardPod {
 		t.Fatal("no terminationGracePeriodSeconds: Kubernetes' default 30s kills vLLM mid-shutdown")
 	}
 	p.grace = time.Duration(*p.spec.TerminationGracePeriodSeconds) * time.Second
-	p.stop = supervisor.EffectiveStopTimeout(p.cfg.VLLM.StopTimeout.Duration, supervisor.ShutdownTimeout(p.cfg.VLLM.Command))
+	var drain time.Duration
+	if args, err := p.cfg.VLLMArgs(nil); err == nil {
+		drain = args.ShutdownTimeout
+	}
+	p.stop = supervisor.EffectiveStopTimeout(p.cfg.VLLM.StopTimeout.Duration, drain)
 	if p.grace < p.stop+5*time.Second { // the margin `vllm-guard check` asks for
 		t.Errorf("terminationGracePeriodSeconds %s is not 5s above the guard's stop timeout %s", p.grace, p.stop)
 	}

@@ -50,6 +50,7 @@ const (
 	tBackoff                     // the decided delay before the next start
 	tFreeMemory                  // read NVML again while waiting for free memory
 	tFastRetry                   // a refused probe right after the startup line, tried again
+	tDrain                       // the proxy's requests in flight looked at again before SIGTERM
 	timerKinds
 )
 
@@ -145,6 +146,7 @@ type machine struct {
 	stuckSince   time.Time      // since when they stand still with requests running
 	stuckProbe   bool           // the probe in flight is the stuck check's request
 	stuckAsked   time.Time      // when that request was last sent
+	drainUntil   time.Time      // a planned stop waits for the proxy's requests until then (zero: not draining)
 	stuckVerdict string         // a stuck verdict waiting on vLLM's /is_paused ("": none asked)
 	pausedSaid   bool           // "vLLM is paused" was logged for this pause
 
@@ -286,6 +288,8 @@ func (m *machine) onTimer(k timerKind, sink *logSink) {
 		m.arm(tCost, m.s.cfg.GPU.SampleInterval.Duration)
 	case tDying:
 		m.hung(fmt.Sprintf("/health said vLLM's engine is dead and vLLM did not exit within %s", m.s.engineDeadGrace()))
+	case tDrain:
+		m.drainStep()
 	case tStopKill:
 		m.s.log.Warn("vLLM did not stop within its stop timeout: the keeper kills its whole tree",
 			zap.Duration("stop_timeout", m.s.stopTimeout()))

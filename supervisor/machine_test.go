@@ -256,6 +256,7 @@ type scenario struct {
 	load     func() (float64, float64, bool)
 	progress func() (float64, float64, bool)
 	awaiting func() (int, float64)
+	inFlight func() int
 	pstate   policy.State
 	oom      atomic.Int64
 
@@ -296,7 +297,7 @@ func (s *scenario) start() {
 		persist = func(policy.State) { s.mu.Lock(); s.saved++; s.mu.Unlock() }
 	}
 	opts := Options{Policy: policy.New(s.cfg, s.pstate, realClockForTest{}), Events: bus, Keeper: []string{"keeper"},
-		Persist: persist, Load: s.load, Progress: s.progress, Awaiting: s.awaiting}
+		Persist: persist, Load: s.load, Progress: s.progress, Awaiting: s.awaiting, InFlight: s.inFlight}
 	if !s.noGPU {
 		opts.GPU = s.gpu
 	}
@@ -1177,6 +1178,80 @@ func TestMachineStopWaitsForVLLMsOwnDrain(t *testing.T) {
 		if code := s.exited(); code != exitcode.OK {
 			t.Fatalf("exit %d", code)
 		}
+	})
+}
+
+// With the proxy in front and vLLM's --shutdown-timeout, a stop waits for
+// the requests in flight through the proxy before vLLM gets SIGTERM
+// (vLLM 0.32.0's own drain cuts them), for at most that timeout.
+func TestMachineStopDrainsTheProxyFirst(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		endAfter time.Duration // when the proxy's last request ends; 0: never
+		termAt   time.Duration // when vLLM must get SIGTERM
+	}{
+		{"the requests end", 7 * time.Second, 7 * time.Second},
+		{"they outlast the timeout", 0, 20 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var inflight atomic.Int64
+				inflight.Store(2)
+				s := newScenario(t, func(cfg *config.Config) {
+					cfg.VLLM.Command = []string{"vllm", "serve", "m", "--shutdown-timeout", "20"}
+				})
+				s.inFlight = func() int { return int(inflight.Load()) }
+				s.start()
+				s.ready()
+				p := s.l.last()
+				s.cancel()
+				synctest.Wait()
+				if p.stops.Load() != 0 {
+					t.Fatal("SIGTERM while requests were in flight through the proxy")
+				}
+				if st := s.sup.Status(); st.State != StateStopping || !strings.Contains(st.Reason, "2 requests in flight through the proxy") {
+					t.Fatalf("status %s %q", st.State, st.Reason)
+				}
+				if c.endAfter > 0 {
+					s.advance(c.endAfter - time.Millisecond)
+					if p.stops.Load() != 0 {
+						t.Fatal("SIGTERM before the requests ended")
+					}
+					inflight.Store(0)
+					s.advance(time.Second)
+				} else {
+					s.advance(c.termAt - time.Millisecond)
+					if p.stops.Load() != 0 {
+						t.Fatal("SIGTERM before the timeout")
+					}
+					s.advance(time.Second)
+				}
+				if p.stops.Load() != 1 {
+					t.Fatalf("no SIGTERM after %s", c.termAt)
+				}
+				if code := s.exited(); code != exitcode.OK {
+					t.Fatalf("exit %d", code)
+				}
+			})
+		})
+	}
+}
+
+// Without vLLM's --shutdown-timeout (it aborts at once) there is nothing
+// to wait for: SIGTERM at once.
+func TestMachineStopWithoutShutdownTimeoutDoesNotWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.inFlight = func() int { return 3 }
+		s.start()
+		s.ready()
+		p := s.l.last()
+		s.cancel()
+		synctest.Wait()
+		if p.stops.Load() != 1 {
+			t.Fatal("no SIGTERM at once")
+		}
+		s.exited()
 	})
 }
 

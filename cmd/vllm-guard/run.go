@@ -168,9 +168,11 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 	g.alert.Publish(g.bus.Publish)
 	g.inc.Publish(g.bus.Publish)
 	var awaiting func() (int, float64)
+	var inFlight func() int
 	if cfg.Proxy.Listen != "" {
 		// The proxy is made below, before the supervisor runs.
 		awaiting = func() (int, float64) { return g.proxy.Awaiting() }
+		inFlight = func() int { return g.proxy.Stats().Inflight }
 	}
 	sup, err := supervisor.New(cfg, supervisor.Options{
 		Log:       log,
@@ -182,6 +184,7 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 		Load:      g.vllmLoad,
 		Progress:  g.vllmProgress,
 		Awaiting:  awaiting,
+		InFlight:  inFlight,
 		Args:      args,
 		Conns:     conns,
 	})

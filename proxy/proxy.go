@@ -95,9 +95,12 @@ const QueueWaitHeader = "X-Vllm-Guard-Queue-Wait-Ms"
 // the first byte of a non-streaming answer, so nothing bounds a response
 // in flight: vLLM's liveness is the supervisor's job.
 const (
-	readHeaderTimeout = 10 * time.Second  // a client's request headers
-	bodyReadTimeout   = 60 * time.Second  // a client's request body, once admitted
-	clientIdleTimeout = 120 * time.Second // a kept-alive client connection between requests
+	readHeaderTimeout = 5 * time.Second  // a client's request headers
+	bodyReadTimeout   = 60 * time.Second // a client's request body
+	// A kept-alive client connection between requests (vLLM's own uvicorn
+	// keeps one 5 s). Under pressure an idle connection gives its place
+	// to a newcomer sooner (connlimit).
+	clientIdleTimeout = 30 * time.Second
 	maxHeaderBytes    = 64 << 10
 	dialTimeout       = 5 * time.Second
 	upstreamIdle      = 90 * time.Second // a pooled connection to vLLM
@@ -150,6 +153,9 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 	}
 	if cfg.MaxConnections <= 0 {
 		cfg.MaxConnections = config.Default().Proxy.MaxConnections
+	}
+	if cfg.MaxConnectionsPerClient <= 0 {
+		cfg.MaxConnectionsPerClient = config.Default().Proxy.MaxConnectionsPerClient
 	}
 	p := &Proxy{cfg: cfg, up: up, log: log.Named("proxy"), lim: newLimiter(max(cfg.QueueSize, 0))}
 	p.tr = &http.Transport{
@@ -230,7 +236,10 @@ func (p *Proxy) refresh() {
 // queued requests (503) and lets those in flight finish (up to 30 s). At
 // most [proxy] max_connections client connections are open at once, fewer
 // if the descriptor limit leaves less after the supervision reserve
-// (connlimit.Caps); more are answered 503 and closed at accept.
+// (connlimit.Caps), and at most max_connections_per_client of one client
+// address have a request in progress; more are answered 503 and closed at
+// accept. Idle connections (and those still sending their headers) give
+// their place to a newcomer, so they cannot shut clients out.
 func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
 	nofile := connlimit.NoFile()
 	capN, _ := connlimit.Caps(nofile, p.cfg.MaxConnections)
@@ -239,17 +248,20 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
 			zap.Int("max_connections", p.cfg.MaxConnections), zap.Int("cap", capN), zap.Uint64("nofile", nofile),
 			zap.Int("reserved_for_supervision", connlimit.Reserve))
 	}
-	l = connlimit.New(l, capN)
+	cl := connlimit.NewPerSource(l, capN, p.cfg.MaxConnectionsPerClient)
+	l = cl
 	srv := &http.Server{
 		Handler:           p,
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       clientIdleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          newStdLog(p.log, zap.WarnLevel),
+		ConnState:         cl.ConnState,
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	p.log.Info("proxy listening", zap.String("addr", l.Addr().String()), zap.Int("limit", p.Stats().Limit), zap.Int("max_connections", capN),
+		zap.Int("max_connections_per_client", cl.PerSource()),
 		zap.Int("queue_size", p.cfg.QueueSize), zap.Duration("queue_timeout", p.cfg.QueueTimeout.Duration))
 	select {
 	case err := <-errc:

@@ -18,9 +18,12 @@ const (
 	// reasonTooLargeForMemory: the cost model predicts the request alone
 	// would not fit the memory admission allows.
 	reasonTooLargeForMemory = "too_large_for_memory"
+	// reasonBufferFull: the request bodies held leave no room for this one
+	// ([proxy] max_buffered_bytes).
+	reasonBufferFull = "buffer_full"
 )
 
-var reasons = []string{reasonQueueFull, reasonQueueTimeout, reasonNotReady, reasonBodyTooLarge, reasonTooLargeForMemory}
+var reasons = []string{reasonQueueFull, reasonQueueTimeout, reasonNotReady, reasonBodyTooLarge, reasonTooLargeForMemory, reasonBufferFull}
 
 // rejection is acquire's refusal: the reason label, and whether the guard
 // is shutting down (a 503 like not_ready, said differently).

@@ -15,7 +15,6 @@ package proxy
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -25,6 +24,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,7 +68,7 @@ type Stats struct {
 	QueueSize  int               `json:"queue_size"`
 	Admitted   uint64            `json:"admitted"`
 	Rejected   uint64            `json:"rejected"`
-	RejectedBy map[string]uint64 `json:"rejected_by_reason"` // queue_full, queue_timeout, not_ready, body_too_large, too_large_for_memory
+	RejectedBy map[string]uint64 `json:"rejected_by_reason"` // queue_full, queue_timeout, not_ready, body_too_large, too_large_for_memory, buffer_full
 	// Bound is what sets Limit (rung, memory, trend, reopening, pressure)
 	// and Why says it in words.
 	Bound string `json:"bound"`
@@ -128,6 +128,7 @@ type Proxy struct {
 	tr      *http.Transport
 	rp      *httputil.ReverseProxy
 	m       *metrics
+	budget  *bodyBudget
 	target  atomic.Pointer[parsedTarget]
 	retries atomic.Uint64
 	bound   atomic.Pointer[policy.AdmissionBound] // the last applied
@@ -157,7 +158,11 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 	if cfg.MaxConnectionsPerClient <= 0 {
 		cfg.MaxConnectionsPerClient = config.Default().Proxy.MaxConnectionsPerClient
 	}
-	p := &Proxy{cfg: cfg, up: up, log: log.Named("proxy"), lim: newLimiter(max(cfg.QueueSize, 0))}
+	if cfg.MaxBufferedBytes <= 0 {
+		cfg.MaxBufferedBytes = max(config.Default().Proxy.MaxBufferedBytes, cfg.MaxBodyBytes)
+	}
+	p := &Proxy{cfg: cfg, up: up, log: log.Named("proxy"), lim: newLimiter(max(cfg.QueueSize, 0)),
+		budget: &bodyBudget{max: cfg.MaxBufferedBytes}}
 	p.tr = &http.Transport{
 		Proxy:                 nil, // never an environment proxy between the guard and its vLLM
 		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
@@ -177,7 +182,7 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 		// Its messages are per request (a client gone mid-copy): debug.
 		ErrorLog: newStdLog(p.log, zap.DebugLevel),
 	}
-	p.m = newMetrics(reg, p.lim)
+	p.m = newMetrics(reg, p.lim, p.budget)
 	p.refresh()
 	return p
 }
@@ -301,14 +306,18 @@ func (st *reqState) replayBody() (io.ReadCloser, bool) {
 
 // IsInference reports whether a request takes an admission slot: a POST
 // under /v1/ or /v2/ (completions, chat, embeddings, responses, audio,
-// rerank, scoring) or to vLLM's pooling and tokenizer endpoints at the root.
+// rerank, scoring) or to vLLM's pooling and tokenizer endpoints at the root,
+// and a protocol upgrade (a WebSocket: realtime) to any of those paths.
 // Everything else (/health, /ping, /metrics, /version, /v1/models, /load, a
-// GET of anything) passes straight through.
+// GET of anything) passes straight through. The method is compared in any
+// case and the path as cleanPath leaves it, so that what is checked is what
+// vLLM routes (issue 24: //v1/completions and "post" went round the slots).
 func IsInference(r *http.Request) bool {
-	if r.Method != http.MethodPost {
+	upgrade := r.Header.Get("Upgrade") != ""
+	if !strings.EqualFold(r.Method, http.MethodPost) && !upgrade {
 		return false
 	}
-	path := r.URL.Path
+	path := cleanPath(r.URL.Path)
 	if strings.HasPrefix(path, "/v1/") || strings.HasPrefix(path, "/v2/") {
 		return true
 	}
@@ -317,6 +326,27 @@ func IsInference(r *http.Request) bool {
 		return true
 	}
 	return false
+}
+
+// cleanPath is p with repeated slashes and dot segments removed, as a
+// router that normalises paths sees it.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	c := path.Clean("/" + p)
+	return c
+}
+
+// normalize makes r what the inference check and vLLM both see: the method
+// in upper case, the path cleaned.
+func normalize(r *http.Request) {
+	if m := strings.ToUpper(r.Method); m != r.Method {
+		r.Method = m
+	}
+	if c := cleanPath(r.URL.Path); c != r.URL.Path {
+		r.URL.Path, r.URL.RawPath = c, ""
+	}
 }
 
 // ServeHTTP admits, forwards and accounts for one request.
@@ -340,17 +370,37 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.tooLarge(rec, r.ContentLength)
 		return
 	}
+	normalize(r)
 	if !IsInference(r) {
 		// Probes, scrapes and listings pass straight through: a load
 		// balancer's health check or Prometheus must never wait behind
 		// generation requests, be refused for load, or take their slots.
+		// A body with no length is still bounded (upstreamError: 413).
+		if r.Body != nil && r.Body != http.NoBody && p.cfg.MaxBodyBytes > 0 {
+			r.Body = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
+		}
 		p.rp.ServeHTTP(rec, r)
 		return
 	}
 	deadline := start.Add(p.cfg.QueueTimeout.Duration)
-	tokens, ok := p.readPrompt(rec, r)
-	if !ok {
-		return
+	// The body is read before admission, unless the client waits for
+	// 100 Continue: it is told to send once admitted (its prompt is then
+	// estimated from its length).
+	expect := expectsContinue(r)
+	var body *bufferedBody
+	var tokens float64
+	if expect {
+		tokens = float64(r.ContentLength) / 4
+	} else {
+		sc := newPromptScanner()
+		var ok bool
+		if body, ok = p.readBody(rec, r, sc, fixedDeadline(start.Add(bodyReadTimeout))); !ok {
+			return
+		}
+		defer body.release()
+		if body.size > 0 {
+			tokens = sc.tokens(body.size)
+		}
 	}
 	p.refresh()
 	var cost float64
@@ -375,18 +425,25 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if queued {
 		rec.Header().Set(QueueWaitHeader, strconv.FormatFloat(float64(time.Since(start).Microseconds())/1000, 'f', 1, 64))
 	}
-
-	st := &reqState{deadline: deadline}
-	if r.Body != nil && r.Body != http.NoBody {
-		var body io.ReadCloser = r.Body
-		if p.cfg.MaxBodyBytes > 0 {
-			body = http.MaxBytesReader(w, body, p.cfg.MaxBodyBytes) // w: so the server closes the connection after a 413
+	if expect {
+		// Reading sends the 100 Continue; a slot is held now, so the body
+		// must come at a minimum rate.
+		var ok bool
+		if body, ok = p.readBody(rec, r, nil, minRateDeadline(time.Now())); !ok {
+			return
 		}
-		st.body = &trackBody{rc: body, rc2: http.NewResponseController(w)}
-		// A slow body holds a slot: bound its reading. trackBody clears
-		// the deadline once the body is read, so a long answer is not cut.
-		_ = st.body.rc2.SetReadDeadline(time.Now().Add(bodyReadTimeout))
-		r.Body = st.body
+		defer body.release()
+	}
+
+	// The body is here: vLLM has nothing to wait for (and its 100
+	// Continue would reach the client a second time).
+	r.Header.Del("Expect")
+	st := &reqState{deadline: deadline}
+	if body.size > 0 {
+		st.body = newTrackBody(body)
+		r.Body, r.ContentLength = st.body, body.size
+	} else if r.Header.Get("Upgrade") == "" {
+		r.Body, r.ContentLength = http.NoBody, 0
 	}
 	p.rp.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), ctxKey{}, st)))
 }
@@ -658,52 +715,6 @@ func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
-
-// trackBody is the client's request body as sent upstream: it notes
-// whether anything was read (a refused connection may be retried only if
-// not), ignores the transport's Close (the server closes the real body)
-// so that a retry can send it, and lifts the body read deadline at its
-// end.
-type trackBody struct {
-	rc   io.ReadCloser
-	rc2  *http.ResponseController
-	read atomic.Bool
-	done atomic.Bool
-	// kept is the body as read, while it stays within replayLimit: a
-	// request vLLM refused while draining can be sent again once it is back.
-	kept     []byte
-	overflow bool
-}
-
-// replayLimit bounds the body the proxy keeps to send again.
-const replayLimit = 1 << 20
-
-func (b *trackBody) Read(p []byte) (int, error) {
-	b.read.Store(true)
-	n, err := b.rc.Read(p)
-	if !b.overflow {
-		if len(b.kept)+n > replayLimit {
-			b.overflow, b.kept = true, nil
-		} else {
-			b.kept = append(b.kept, p[:n]...)
-		}
-	}
-	if err != nil && b.done.CompareAndSwap(false, true) {
-		_ = b.rc2.SetReadDeadline(time.Time{})
-	}
-	return n, err
-}
-
-// replay is the whole body again, when it was read to its end and kept.
-func (b *trackBody) replay() (io.ReadCloser, bool) {
-	if !b.done.Load() || b.overflow {
-		return nil, false
-	}
-	return io.NopCloser(bytes.NewReader(b.kept)), true
-}
-
-func (b *trackBody) Close() error  { return nil }
-func (b *trackBody) touched() bool { return b.read.Load() }
 
 // bufferPool lends the ReverseProxy its copy buffers.
 type bufferPool struct{}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 // nested is a prompt list nested depth deep around one token id.
@@ -116,5 +117,19 @@ func BenchmarkPromptTokens(b *testing.B) {
 				PromptTokens(c.body)
 			}
 		})
+	}
+}
+
+// After a 100 Continue the body must come at expectMinRate: the deadline
+// for each read allows the grace and the bytes so far plus the next piece
+// at that rate, no more.
+func TestMinRateDeadline(t *testing.T) {
+	start := time.Unix(1000, 0)
+	d := minRateDeadline(start)
+	if got, want := d(0), start.Add(expectGrace+time.Second); !got.Equal(want) {
+		t.Errorf("first read: deadline %v, want %v", got, want)
+	}
+	if got, want := d(15<<20), start.Add(expectGrace+16*time.Second); !got.Equal(want) {
+		t.Errorf("after 15 MiB: deadline %v, want %v", got, want)
 	}
 }

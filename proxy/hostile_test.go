@@ -378,3 +378,34 @@ func TestLargeBodyResentAfterPlannedRestart(t *testing.T) {
 		t.Fatalf("a %d-byte body refused while draining: %d %q; want 200 with the whole body sent again", len(body), got.code, got.body)
 	}
 }
+
+// An admitted upgrade goes through and holds its slot while the upgraded
+// connection lives.
+func TestUpgradeHoldsItsSlotWhileOpen(t *testing.T) {
+	r := newRig(t, proxyConfig(), 1, func(w http.ResponseWriter, req *http.Request) {
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		b, err := brw.ReadByte()
+		if err == nil {
+			c.Write([]byte{b})
+		}
+	})
+	c, br := r.raw(t, "GET /v1/realtime HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade with a slot free: %v %v, want 101", resp, err)
+	}
+	if s := r.p.Stats(); s.Inflight != 1 {
+		t.Errorf("while upgraded: %d in flight, want 1", s.Inflight)
+	}
+	c.Write([]byte{'x'})
+	if b, err := br.ReadByte(); err != nil || b != 'x' {
+		t.Fatalf("upgraded stream: %q %v", b, err)
+	}
+	c.Close()
+	waitFor(t, "the slot freed", func() bool { return r.p.Stats().Inflight == 0 })
+}

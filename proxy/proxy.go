@@ -334,8 +334,7 @@ func cleanPath(p string) string {
 	if p == "" {
 		return "/"
 	}
-	c := path.Clean("/" + p)
-	return c
+	return path.Clean("/" + p)
 }
 
 // normalize makes r what the inference check and vLLM both see: the method
@@ -442,7 +441,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if body.size > 0 {
 		st.body = newTrackBody(body)
 		r.Body, r.ContentLength = st.body, body.size
-	} else if r.Header.Get("Upgrade") == "" {
+	} else {
 		r.Body, r.ContentLength = http.NoBody, 0
 	}
 	p.rp.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), ctxKey{}, st)))

@@ -409,3 +409,28 @@ func TestUpgradeHoldsItsSlotWhileOpen(t *testing.T) {
 	c.Close()
 	waitFor(t, "the slot freed", func() bool { return r.p.Stats().Inflight == 0 })
 }
+
+// A client that waits for 100 Continue (curl does for bodies over 1 MiB)
+// is admitted on a guess from its length, capped at the room, and counted
+// once its body is read: an 800 KiB image is not refused 413 as 273,110
+// tokens, and the tokens in flight are the counted ones.
+func TestExpectContinueImageCountedAfterAdmission(t *testing.T) {
+	g := newGate()
+	r := newAdmissionRig(t, memoryBound(), holdOnly(g))
+	freeOnFailure(t, g)
+	body := imageMessage(800 << 10)
+	c, br := r.raw(t, fmt.Sprintf("POST /v1/hold HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", len(body)))
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusContinue {
+		t.Fatalf("admitted: %v %v, want 100 Continue", resp, err)
+	}
+	c.Write(body)
+	waitFor(t, "the request upstream", func() bool { return g.n() == 1 })
+	if s := r.p.Stats(); s.PromptTokensInflight != 6 || s.MemoryInflightBytes >= s.MemoryRoomBytes {
+		t.Errorf("in flight: %v tokens, %v of %v bytes; want the 6 counted tokens, not the guess", s.PromptTokensInflight, s.MemoryInflightBytes, s.MemoryRoomBytes)
+	}
+	g.release <- struct{}{}
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("an 800 KiB image after 100 Continue: %v %v, want 200", resp, err)
+	}
+	waitFor(t, "nothing in flight", func() bool { s := r.p.Stats(); return s.Inflight == 0 && s.MemoryInflightBytes == 0 })
+}

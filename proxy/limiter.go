@@ -218,6 +218,18 @@ func (l *limiter) release(cost, tokens float64) {
 	l.mu.Unlock()
 }
 
+// adjust replaces an admitted request's predicted cost and prompt tokens
+// (guessed before its body was read) with those counted; a smaller cost
+// may let waiters in.
+func (l *limiter) adjust(oldCost, oldTokens, cost, tokens float64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cost += cost - oldCost
+	l.tokens += tokens - oldTokens
+	l.win.tokens = max(l.win.tokens+tokens-oldTokens, 0)
+	l.dispatchLocked()
+}
+
 // fitsLocked: one more request of this cost stays within the count and,
 // when in force, the memory bound. Alone it is always let through: one
 // too large for the bound is refused before it queues (tooLargeForMemory).

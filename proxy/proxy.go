@@ -383,8 +383,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	deadline := start.Add(p.cfg.QueueTimeout.Duration)
 	// The body is read before admission, unless the client waits for
-	// 100 Continue: it is told to send once admitted (its prompt is then
-	// estimated from its length).
+	// 100 Continue: it is told to send once admitted, and until its body
+	// is read its prompt is guessed from its length (a quarter of its
+	// bytes, at most the room: base64 images would make it far too much).
 	expect := expectsContinue(r)
 	var body *bufferedBody
 	var tokens float64
@@ -402,12 +403,16 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	p.refresh()
+	bound := p.bound.Load()
 	var cost float64
-	if b := p.bound.Load(); b != nil && b.RoomBytes > 0 {
-		cost = b.Model.RequestBytes(tokens)
-		if cost > b.RoomBytes {
-			p.tooLargeForMemory(rec, tokens, cost, b)
-			return
+	if bound != nil && bound.RoomBytes > 0 {
+		cost = bound.Model.RequestBytes(tokens)
+		if cost > bound.RoomBytes {
+			if !expect {
+				p.tooLargeForMemory(rec, tokens, cost, bound)
+				return
+			}
+			cost = bound.RoomBytes // decided once the body is read
 		}
 	}
 	queued, err := p.lim.acquire(r.Context(), deadline, cost, tokens)
@@ -417,7 +422,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return // else the client left while waiting: nobody to answer
 	}
-	defer p.lim.release(cost, tokens)
+	defer func() { p.lim.release(cost, tokens) }()
 	// A deadline left by an earlier request on this kept-alive connection
 	// may have passed: renew it before anything (a 100 Continue) is written.
 	rec.renew()
@@ -426,12 +431,23 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if expect {
 		// Reading sends the 100 Continue; a slot is held now, so the body
-		// must come at a minimum rate.
+		// must come at a minimum rate. Then the guess gives way to the
+		// count.
+		sc := newPromptScanner()
 		var ok bool
-		if body, ok = p.readBody(rec, r, nil, minRateDeadline(time.Now())); !ok {
+		if body, ok = p.readBody(rec, r, sc, minRateDeadline(time.Now())); !ok {
 			return
 		}
 		defer body.release()
+		counted, newCost := sc.tokens(body.size), 0.0
+		if bound != nil && bound.RoomBytes > 0 {
+			if newCost = bound.Model.RequestBytes(counted); newCost > bound.RoomBytes {
+				p.tooLargeForMemory(rec, counted, newCost, bound)
+				return
+			}
+		}
+		p.lim.adjust(cost, tokens, newCost, counted)
+		cost, tokens = newCost, counted
 	}
 
 	// The body is here: vLLM has nothing to wait for (and its 100

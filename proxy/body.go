@@ -22,9 +22,8 @@ import (
 // held twice and nothing bounding the sum).
 
 const (
-	// bodyChunkMax: the largest piece of a body allocated at once; a body
-	// with no Content-Length grows by pieces up to this size, one of known
-	// length gets pieces of exactly its size up to this.
+	// A body is held in pieces that double from bodyChunkMin up to
+	// bodyChunkMax as it arrives, the last cut to a known length.
 	bodyChunkMax = 1 << 20
 	bodyChunkMin = 16 << 10
 	// A client that asked to wait (Expect: 100-continue) is told to send
@@ -132,9 +131,12 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, sc *promptScann
 			break
 		}
 		if len(cur) == cap(cur) {
+			// Pieces grow with what came (a slow uploader holds about
+			// what it sent, not what it announced), the last one cut to
+			// the announced length.
 			n := min(max(body.size, bodyChunkMin), bodyChunkMax)
 			if known {
-				n = min(r.ContentLength-body.size, bodyChunkMax)
+				n = min(n, r.ContentLength-body.size)
 			}
 			if !p.budget.take(n) {
 				err = errBudget

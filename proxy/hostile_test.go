@@ -434,3 +434,17 @@ func TestExpectContinueImageCountedAfterAdmission(t *testing.T) {
 	}
 	waitFor(t, "nothing in flight", func() bool { s := r.p.Stats(); return s.Inflight == 0 && s.MemoryInflightBytes == 0 })
 }
+
+// A slow uploader holds budget for about what it sent, not for what it
+// announced: 64 KiB of an announced 16 MiB holds at most 128 KiB.
+func TestSlowUploaderHoldsWhatItSent(t *testing.T) {
+	r := newRig(t, proxyConfig(), 1, holdOnly(newGate()))
+	c, _ := r.raw(t, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 16777216\r\n\r\n")
+	c.Write(make([]byte, 64<<10))
+	waitFor(t, "64 KiB held", func() bool { return r.p.budget.inUse() >= 64<<10 })
+	if got := r.p.budget.inUse(); got > 128<<10 {
+		t.Errorf("64 KiB sent of 16 MiB announced: %d bytes of budget held, want at most 128 KiB", got)
+	}
+	c.Close()
+	waitFor(t, "the budget given back", func() bool { return r.p.budget.inUse() == 0 })
+}

@@ -87,29 +87,6 @@ func TestPlannedRestartResendsOnlyWhatProducedNothing(t *testing.T) {
 	}
 }
 
-// An empty aborted answer to a request whose body was too large to keep is
-// never handed on: 503 with Retry-After.
-func TestPlannedRestartAbortOfAnUnkeptBodyIs503(t *testing.T) {
-	var r *rig
-	r = newRig(t, proxyConfig(), 4, func(w http.ResponseWriter, req *http.Request) {
-		io.Copy(io.Discard, req.Body)
-		r.up.set(func(f *fakeUp) { f.ready = false })
-		r.p.Notify()
-		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, `{"choices":[{"index":0,"text":"","finish_reason":"abort"}],"usage":{"completion_tokens":0}}`)
-	})
-	big := `{"prompt":"` + strings.Repeat("x", replayLimit+10) + `"}`
-	resp, err := r.client.Post(r.front.URL+"/v1/completions", "application/json", strings.NewReader(big))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || strings.Contains(string(b), `"abort"`) {
-		t.Fatalf("%d %v %q; want 503 with Retry-After, never the empty aborted answer", resp.StatusCode, resp.Header, b)
-	}
-}
-
 // FuzzProducedNothing: any answer is judged without panicking, and its
 // body reaches the client byte for byte whatever the judgement.
 func FuzzProducedNothing(f *testing.F) {

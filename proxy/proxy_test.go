@@ -722,6 +722,7 @@ func TestMetricsExposition(t *testing.T) {
 	for _, name := range []string{
 		"vllm_guard_proxy_requests_total", "vllm_guard_proxy_inflight", "vllm_guard_proxy_queue_depth",
 		"vllm_guard_proxy_rejected_total", "vllm_guard_proxy_request_duration_seconds", "vllm_guard_proxy_limit",
+		"vllm_guard_proxy_buffered_body_bytes",
 	} {
 		if n, _ := scrape(t, r.reg, name, "", ""); n <= 0 {
 			t.Errorf("metric %s: %d series", name, n)
@@ -730,8 +731,8 @@ func TestMetricsExposition(t *testing.T) {
 	if got := metricValue(t, r.reg, "vllm_guard_proxy_request_duration_seconds", "", ""); got != 1 {
 		t.Errorf("request duration histogram has %v observations, want 1", got)
 	}
-	if n, _ := scrape(t, r.reg, "vllm_guard_proxy_rejected_total", "", ""); n != 5 {
-		t.Errorf("proxy_rejected_total has %d reasons, want 5 from the start", n)
+	if n, _ := scrape(t, r.reg, "vllm_guard_proxy_rejected_total", "", ""); n != len(reasons) {
+		t.Errorf("proxy_rejected_total has %d reasons, want %d from the start", n, len(reasons))
 	}
 	if got := metricValue(t, r.reg, "vllm_guard_proxy_limit_bound", "bound", "rung"); got != 1 {
 		t.Errorf("proxy_limit_bound{rung} = %v, want 1", got)

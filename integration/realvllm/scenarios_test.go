@@ -83,6 +83,21 @@ func TestColdStart(t *testing.T) {
 	if n := s.countEvents(isExited); n != 0 {
 		t.Fatalf("%d unplanned exits during restarts asked for", n)
 	}
+	// What the probe's chain itself costs on this vLLM, asked by a plain
+	// client once ready: /health, /v1/models, a 1-token completion.
+	var chain []float64
+	for range 5 {
+		t0 := time.Now()
+		get(s.vllmURL("/health"), "")
+		get(s.vllmURL("/v1/models"), "")
+		if a := post(s.vllmURL("/v1/completions"), "", map[string]any{"model": model("tiny-llama"), "prompt": "ping", "max_tokens": 1, "temperature": 0}); a.status != 200 {
+			t.Fatalf("a 1-token completion: %d %v", a.status, a.err)
+		}
+		chain = append(chain, float64(time.Since(t0))/float64(time.Millisecond))
+	}
+	slices.Sort(chain)
+	t.Logf("a plain client's health, models and 1-token completion, ms: %v", chain)
+	figure("probe_chain_plain_client_ms", map[string]any{"median": chain[len(chain)/2], "min": chain[0]})
 }
 
 // The API key, from --api-key and from VLLM_API_KEY: the guard's probes

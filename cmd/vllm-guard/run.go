@@ -22,6 +22,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/gpumon"
 	"github.com/vllm-guard/vllm-guard/incident"
 	"github.com/vllm-guard/vllm-guard/internal/ownconns"
+	"github.com/vllm-guard/vllm-guard/logging"
 	"github.com/vllm-guard/vllm-guard/metrics"
 	"github.com/vllm-guard/vllm-guard/notify"
 	"github.com/vllm-guard/vllm-guard/policy"
@@ -48,7 +49,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "vllm-guard: %v\n", err)
 		return exitcode.Config
 	}
-	log, err := newLogger(cfg.Log.Level, cfg.Log.Format)
+	log, err := logging.New(cfg.Log.Level, cfg.Log.Format)
 	if err != nil {
 		fmt.Fprintf(stderr, "vllm-guard: %v\n", err)
 		return exitcode.Config
@@ -320,7 +321,7 @@ func (g *guard) reload(path, instance string) {
 		said("refused: " + err.Error())
 		return
 	}
-	if err := logLevel.UnmarshalText([]byte(cfg.Log.Level)); err != nil {
+	if err := logging.SetLevel(cfg.Log.Level); err != nil {
 		g.log.Error("config reload: [log] level not applied", zap.Error(err))
 	}
 	g.alert.Configure(cfg.Alerts)
@@ -360,7 +361,7 @@ func (g *guard) onEvent(e events.Event) {
 	case events.KindStarting:
 		g.met.Started()
 	case events.KindState:
-		setGuardState(e.State)
+		logging.SetGuardState(e.State)
 		g.onState(g.sup.Status())
 	case events.KindProgress:
 		g.onProgress(e.Phase)

@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/admission"
 	"github.com/vllm-guard/vllm-guard/alerts"
 	"github.com/vllm-guard/vllm-guard/config"
 	"github.com/vllm-guard/vllm-guard/control"
@@ -112,9 +113,8 @@ type guard struct {
 	sd    *notify.Notifier
 	alert *alerts.Dispatcher
 	stats *vllmstats.Scraper
-	proxy *proxy.Proxy // nil unless [proxy] listen is set
-	adm   *admission   // the proxy's memory-aware limit; nil without the proxy
-	up    upstream     // what the proxy asks, kept ready
+	proxy *proxy.Proxy    // nil unless [proxy] listen is set
+	gate  *admission.Gate // what the proxy asks, kept ready; its memory-aware limit
 	extra []string
 	bus   *events.Bus
 	inc   *incident.Recorder
@@ -181,11 +181,13 @@ func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, erro
 		return nil, err
 	}
 	g.sup = sup
-	g.refreshUpstream(sup.Status())
+	g.gate = admission.New(cfg, extra, admission.Sources{Status: sup.Status, GPU: g.gpu.Snapshot,
+		VLLM: g.stats.Latest, Publish: g.bus.Publish, Log: log})
+	g.gate.Refresh(sup.Status())
 	if cfg.Proxy.Listen != "" {
-		g.adm = newAdmission(store, pst.CostSamples, log.Named("admission"))
-		g.stepAdmission()
-		g.proxy = proxy.New(cfg.Proxy, g, g.met.Registry(), log.Named("proxy"))
+		g.gate.EnableMemory(store, pst.CostSamples)
+		g.proxy = proxy.New(cfg.Proxy, g.gate, g.met.Registry(), log.Named("proxy"))
+		g.gate.Attach(g.proxy)
 	}
 	return g, nil
 }
@@ -248,7 +250,7 @@ func (g *guard) run(ctx context.Context) int {
 				g.log.Warn("proxy stopped", zap.Error(err))
 			}
 		})
-		background(g.sampleAdmission)
+		background(g.gate.Run)
 	}
 
 	code := g.sup.Run(ctx)
@@ -371,7 +373,7 @@ func (g *guard) onEvent(e events.Event) {
 		g.onFailure(*e.Failure)
 	case events.KindAlert:
 		g.met.SetAlert(e.Alert.Name, e.Alert.Active)
-		g.refreshPressure()
+		g.gate.SetPressure(g.alert.InForce())
 		if g.proxy != nil {
 			g.proxy.Notify()
 		}
@@ -379,12 +381,12 @@ func (g *guard) onEvent(e events.Event) {
 }
 
 func (g *guard) onState(st supervisor.Status) {
-	g.refreshUpstream(st)
+	g.gate.Refresh(st)
 	if g.proxy != nil {
 		g.proxy.Notify()
 	}
 	if st.State == supervisor.StateReady {
-		g.stats.SetTarget(g.up.view.Load().url)
+		g.stats.SetTarget(g.gate.URL())
 	} else {
 		g.stats.SetTarget("")
 	}
@@ -412,8 +414,8 @@ func (g *guard) onReady(first bool, ttr time.Duration) {
 
 func (g *guard) onFailure(f supervisor.Failure) {
 	g.met.Exited(f.Verdict.Cause)
-	if g.adm != nil && f.Verdict.Cause == policy.CauseOOM {
-		g.admissionOOM()
+	if f.Verdict.Cause == policy.CauseOOM {
+		g.gate.OnOOM()
 	}
 	for _, e := range alerts.FromFailure(f) {
 		g.alert.Send(e)

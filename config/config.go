@@ -114,6 +114,13 @@ type Proxy struct {
 	// MaxConnections caps the proxy's open client connections; those over
 	// it are closed at accept.
 	MaxConnections int `toml:"max_connections"`
+	// MaxConnectionsPerClient caps the connections of one client address
+	// that have a request in progress; idle ones give way to newcomers.
+	MaxConnectionsPerClient int `toml:"max_connections_per_client"`
+	// MaxBufferedBytes bounds the request bodies the proxy holds in memory
+	// at once, all requests together (read before admission, sent to vLLM
+	// and again after a planned restart from the one copy).
+	MaxBufferedBytes int64 `toml:"max_buffered_bytes"`
 }
 
 type Log struct {
@@ -190,6 +197,10 @@ func Default() *Config {
 			MaxBodyBytes:   16 << 20,
 			WriteTimeout:   d("30s"),
 			MaxConnections: 1024,
+			// Half: one address cannot take every place, two can (a
+			// load balancer in front needs max_connections).
+			MaxConnectionsPerClient: 512,
+			MaxBufferedBytes:        512 << 20,
 		},
 		Log: Log{Level: "info", Format: "auto", ChildLines: 200},
 	}

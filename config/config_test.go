@@ -163,6 +163,8 @@ func TestLoadErrors(t *testing.T) {
 		{"stall_timeout huge", "[readiness]\nstall_timeout = \"2562047h\"\n", 2, "[readiness] stall_timeout", "allowed: 1s to 24h"},
 		{"write_timeout", "[proxy]\nwrite_timeout = \"10ms\"\n", 2, "[proxy] write_timeout", "allowed: 1s to 1h"},
 		{"max_connections", "[proxy]\nmax_connections = 0\n", 2, "[proxy] max_connections", "allowed: 1 to 1048576"},
+		{"max_connections_per_client", "[proxy]\nmax_connections_per_client = 0\n", 2, "[proxy] max_connections_per_client", "allowed: 1 to 1048576"},
+		{"max_buffered_bytes below a body", "[proxy]\nmax_buffered_bytes = 1024\n", 2, "[proxy] max_buffered_bytes", "allowed: max_body_bytes (16777216)"},
 		{"inflight_factor huge", "[proxy]\ninflight_factor = 1e300\n", 2, "[proxy] inflight_factor", "at most 64"},
 		{"max_body_bytes huge", "[proxy]\nmax_body_bytes = 4611686018427387904\n", 2, "[proxy] max_body_bytes", "allowed: 1 to 1073741824"},
 		{"string for int", "[vllm]\nport = \"8000\"\n", 2, "[vllm] port", "write a whole number without quotes"},

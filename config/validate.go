@@ -138,6 +138,7 @@ const (
 	MaxQueueSize      = 1 << 20
 	MaxBodyBytes      = 1 << 30
 	MaxConnections    = 1 << 20
+	MaxBufferedBytes  = 1 << 40
 )
 
 func (c *checker) validate(cfg *Config) {
@@ -296,6 +297,15 @@ func (c *checker) validate(cfg *Config) {
 	}
 	if px.MaxConnections < 1 || px.MaxConnections > MaxConnections {
 		c.add(k("proxy", "max_connections"), "%d is out of range; allowed: 1 to %d (open client connections; more are closed at accept, such as 1024)", px.MaxConnections, MaxConnections)
+	}
+	if px.MaxConnectionsPerClient < 1 || px.MaxConnectionsPerClient > MaxConnections {
+		c.add(k("proxy", "max_connections_per_client"), "%d is out of range; allowed: 1 to %d (connections of one client address with a request in progress, such as 512; behind a load balancer, max_connections)",
+			px.MaxConnectionsPerClient, MaxConnections)
+	}
+	bodyOK := px.MaxBodyBytes > 0 && px.MaxBodyBytes <= MaxBodyBytes
+	if px.MaxBufferedBytes < 1 || px.MaxBufferedBytes > MaxBufferedBytes || (bodyOK && px.MaxBufferedBytes < px.MaxBodyBytes) {
+		c.add(k("proxy", "max_buffered_bytes"), "%d is out of range; allowed: max_body_bytes (%d) to %d (request bodies held in memory at once, all requests together, such as 536870912)",
+			px.MaxBufferedBytes, px.MaxBodyBytes, int64(MaxBufferedBytes))
 	}
 
 	lg := cfg.Log

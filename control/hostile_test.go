@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/gpumon"
+	"github.com/vllm-guard/vllm-guard/internal/connlimit"
 	"github.com/vllm-guard/vllm-guard/policy"
 	"github.com/vllm-guard/vllm-guard/state"
 	"github.com/vllm-guard/vllm-guard/supervisor"
@@ -252,5 +253,61 @@ func TestClientRefusesAnImpostorServer(t *testing.T) {
 	var out, errw bytes.Buffer
 	if code := statusCommand(ctx, []string{"--socket", path}, &out, &errw, time.Second); code != ExitNoGuard || strings.Contains(out.String(), "ready") {
 		t.Errorf("status: exit %d, stdout %q, stderr %q; want exit 2 and nothing of the impostor's", code, out.String(), errw.String())
+	}
+}
+
+// Connections that ask nothing cannot starve the probes (issue 24): with
+// every place of the port held by idle keep-alive connections, and more
+// connections that never finish their headers, /livez still answers 200;
+// the newcomer takes an idle connection's place.
+func TestLivezNotStarvedByIdleConnections(t *testing.T) {
+	b := newFakeBackend(supervisor.StateReady)
+	s, err := ListenHTTP("127.0.0.1:0", NewHTTPHandler(b, nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	addr := s.Addr().String()
+	_, capN := connlimit.Caps(connlimit.NoFile(), 0)
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for range capN {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		io.WriteString(c, "GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("idle connection %d: its own /livez: %v %v", len(held), resp, err)
+		}
+		resp.Body.Close() // kept alive, idle from now on
+	}
+	// Headers begun, never finished, from another address.
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	for range capN / 4 {
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		io.WriteString(c, "GET /livez HTTP/1.1\r\nHost: loc")
+	}
+	for i := range 3 {
+		cl := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+		resp, err := cl.Get("http://" + addr + "/livez")
+		if err != nil {
+			t.Fatalf("probe %d: %v", i, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("probe %d with %d idle connections open: %d %q; want 200", i, capN, resp.StatusCode, body)
+		}
 	}
 }

@@ -90,19 +90,26 @@ func ListenHTTP(addr string, h http.Handler, log *zap.Logger) (*HTTPServer, erro
 	}
 	// Probes and scrapes are few: past connlimit.Caps' small share
 	// connections are refused at accept, never taking the descriptors that
-	// supervising vLLM needs.
+	// supervising vLLM needs. Idle and header-sending connections give
+	// their place to a newcomer, and one client address holds at most a
+	// quarter of them, so /livez and /readyz cannot be starved by
+	// connections that ask nothing (issue 24).
 	_, capN := connlimit.Caps(connlimit.NoFile(), 0)
-	ln = connlimit.New(ln, capN)
+	cl := connlimit.NewPerSource(ln, capN, max(capN/4, 2))
 	s := &HTTPServer{
-		ln:   ln,
+		ln:   cl,
 		done: make(chan struct{}),
 		srv: &http.Server{
-			Handler:           checkHost(ln.Addr(), addr, h),
-			ReadHeaderTimeout: 5 * time.Second,
+			Handler: checkHost(ln.Addr(), addr, h),
+			// Probes and scrapes send their headers at once and are
+			// answered at once: short bounds, so a connection that does
+			// neither leaves soon even when nobody needs its place.
+			ReadHeaderTimeout: 2 * time.Second,
 			ReadTimeout:       10 * time.Second,
 			WriteTimeout:      30 * time.Second,
-			IdleTimeout:       time.Minute,
+			IdleTimeout:       10 * time.Second,
 			MaxHeaderBytes:    maxHeaderBytes,
+			ConnState:         cl.ConnState,
 			ErrorLog:          zap.NewStdLog(log.Named("http")),
 		},
 	}

@@ -538,6 +538,14 @@ func TestCheckFreeAndWaitReleased(t *testing.T) {
 	if want := fmt.Sprintf("held by pid %d (sleep 600) 60.00 GiB", sl.Process.Pid); !strings.Contains(fc.Message, want) {
 		t.Fatalf("message %q lacks %q", fc.Message, want)
 	}
+	// --kv-cache-memory-bytes sizes the KV cache, but vLLM still refuses to
+	// start unless utilization × total is free (issue 23 item 3): 10 GiB
+	// of KV bytes fit in the free memory, the start check does not.
+	fc = m.CheckFree(0.85, 10*GiB)
+	if fc.OK || fc.Devices[0].Needed != uint64(0.85*float64(h100Total)) ||
+		!strings.Contains(fc.Message, "utilization 0.85") {
+		t.Fatalf("KV bytes set, 60 GiB held of 80: %+v; want utilization × total needed, as vLLM's start check", fc)
+	}
 
 	// Still alive: the wait times out and says who holds what.
 	rel := m.WaitReleased(t.Context(), []int{sl.Process.Pid}, nil, 100*time.Millisecond)

@@ -12,10 +12,10 @@ import (
 )
 
 // CheckFree reports whether every watched device has at least
-// utilization × total free, as vLLM requires at startup — or, when vLLM
-// sizes its KV cache in bytes (kvBytes > 0, --kv-cache-memory-bytes), at
-// least those bytes free — naming the holders of memory on the devices that
-// do not.
+// utilization × total free, as vLLM requires at startup — also when vLLM
+// sizes its KV cache in bytes (kvBytes > 0, --kv-cache-memory-bytes): its
+// start check asks for the utilization's share all the same — naming the
+// holders of memory on the devices that do not.
 func (m *Monitor) CheckFree(utilization float64, kvBytes uint64) FreeCheck {
 	devs, rs, procs, err := m.readNow(m.treePids())
 	if err != nil {
@@ -25,9 +25,6 @@ func (m *Monitor) CheckFree(utilization float64, kvBytes uint64) FreeCheck {
 	var short []string
 	for i, r := range rs {
 		need := uint64(utilization * float64(r.total))
-		if kvBytes > 0 {
-			need = kvBytes
-		}
 		df := DeviceFree{Index: devs[i].Index, UUID: devs[i].UUID, Free: r.free, Needed: need, Total: r.total, OK: r.free >= need}
 		fc.Devices = append(fc.Devices, df)
 		if df.OK {
@@ -146,7 +143,7 @@ func (m *Monitor) releaseCheck(pids map[int]bool, baseline []uint64) (Release, b
 
 func needFor(utilization float64, kvBytes uint64) string {
 	if kvBytes > 0 {
-		return fmt.Sprintf("--kv-cache-memory-bytes %d", kvBytes)
+		return fmt.Sprintf("utilization %.2f (vLLM's start check, also with --kv-cache-memory-bytes %d)", utilization, kvBytes)
 	}
 	return fmt.Sprintf("utilization %.2f", utilization)
 }

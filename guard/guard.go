@@ -68,6 +68,9 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		alert: alerts.New(cfg.Alerts, log.Named("alerts")), bus: events.NewBus(),
 		stats: vllmstats.NewScraper(cfg.GPU.SampleInterval.Duration, log.Named("vllm-metrics")), extra: extra}
 	g.stats.Dial(conns.Dial(&net.Dialer{Timeout: 5 * time.Second}))
+	if len(args.APIKeys) > 0 {
+		g.stats.SetAPIKey(args.APIKeys[0])
+	}
 	store, warnings, err := state.Open(cfg.Control.StateDir, log.Named("state"))
 	if err != nil {
 		return nil, err
@@ -101,6 +104,13 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 	g.bus.Handle(g.inc.Handle)
 	g.alert.Publish(g.bus.Publish)
 	g.inc.Publish(g.bus.Publish)
+	var awaiting func() (int, float64)
+	var inFlight func() int
+	if cfg.Proxy.Listen != "" {
+		// The proxy is made below, before the supervisor runs.
+		awaiting = func() (int, float64) { return g.proxy.Awaiting() }
+		inFlight = func() int { return g.proxy.Stats().Inflight }
+	}
 	sup, err := supervisor.New(cfg, supervisor.Options{
 		Log:       log,
 		Policy:    g.pol,
@@ -110,6 +120,8 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		ExtraArgs: extra,
 		Load:      g.vllmLoad,
 		Progress:  g.vllmProgress,
+		Awaiting:  awaiting,
+		InFlight:  inFlight,
 		Args:      args,
 		Conns:     conns,
 	})

@@ -126,6 +126,22 @@ func TestMissingAPIKeyIsTheReason(t *testing.T) {
 	}
 }
 
+// Merged vLLM (the simulator's newest era, 0.32): a model adapted with
+// --runner pooling --convert classify logs "Supported tasks: ['classify',
+// 'token_classify']" and serves /classify but no completions; the auto
+// probe asks /classify and the guard calls it ready.
+func TestMergedVLLMConvertedClassifierReadyViaAuto(t *testing.T) {
+	s := quick(newScene(t))
+	s.env["FAKEVLLM_ERA"] = "v1"
+	s.command = fmt.Sprintf("[%q, \"serve\", \"org/model\", \"--runner\", \"pooling\", \"--convert\", \"classify\"]", bins.fakevllm)
+	s.start()
+	s.waitEvent("ready", 1, 60*time.Second, isReady)
+	d := statusDoc(t, s)
+	if !strings.Contains(d.Guard.Probe, "/classify") || !strings.Contains(d.Guard.Probe, "classify") {
+		t.Fatalf("probe in use: %q", d.Guard.Probe)
+	}
+}
+
 // An embedding model (the simulator embeds for a name with "bge") has no
 // completions: the auto probe asks its pooling endpoint, and status says so.
 func TestEmbeddingModelReadyViaAuto(t *testing.T) {

@@ -559,6 +559,12 @@ func scanWith(lines []Line, severalRuns bool, off map[string]bool, fired map[str
 		}
 	}
 	for i := s.start; i < len(lines); i++ {
+		// A client's text (an access line's path and query, a logged
+		// prompt) is never evidence: one GET /v1/models?OutOfMemoryError
+		// must not make the next crash an OOM.
+		if vllmlog.IsClientText(lines[i].Text) {
+			continue
+		}
 		msg := vllmlog.Message(lines[i].Text)
 		if vllmlog.IsStartupComplete(msg) {
 			s.ready = true
@@ -1045,7 +1051,17 @@ func summaryFor(c Cause, ev []Line) string {
 	if len(ev) == 0 {
 		return t
 	}
-	return fmt.Sprintf("%s: line %d: %s", t, ev[0].N, clip(vllmlog.Message(ev[0].Text), 200))
+	// A traceback's evidence may start at the frame's code ("raise
+	// ValueError(") when the message wraps to the next line: say the
+	// exception itself.
+	pick := ev[0]
+	for _, l := range ev {
+		if _, ok := vllmlog.ExceptionType(vllmlog.Message(l.Text)); ok {
+			pick = l
+			break
+		}
+	}
+	return fmt.Sprintf("%s: line %d: %s", t, pick.N, clip(vllmlog.Message(pick.Text), 200))
 }
 
 // adviceFor gives the operator's next steps for a verdict, most specific first.

@@ -337,6 +337,28 @@ func TestSandboxAdvice(t *testing.T) {
 }
 
 // TestEvidenceDeduplicated: four workers printing the same OOM are one line.
+// TestClientTextIsNeverEvidence: uvicorn's access lines copy a client's
+// path and query, and vLLM may log prompts: neither makes a cause (issue
+// 24 item 2: one GET /v1/models?OutOfMemoryError turned the next crash
+// into an OOM).
+func TestClientTextIsNeverEvidence(t *testing.T) {
+	const (
+		ready = "(APIServer pid=1) INFO:     Application startup complete."
+		died  = "(APIServer pid=1) ERROR 07-22 09:00:00 [core_client.py:564] Engine core proc EngineCore_0 died unexpectedly, shutting down client."
+	)
+	for _, hostile := range []string{
+		`(APIServer pid=1) INFO:     10.0.0.9:40000 - "GET /v1/models?OutOfMemoryError HTTP/1.1" 200 OK`,
+		`(APIServer pid=1) INFO:     10.0.0.9:40000 - "GET /v1/models?CUDA%20out%20of%20memory HTTP/1.1" 200 OK`,
+		`(APIServer pid=1) INFO 07-22 09:00:00 [logger.py:41] Received request cmpl-1: prompt: 'torch.OutOfMemoryError: CUDA out of memory.', params: SamplingParams(n=1)`,
+		`(APIServer pid=1) INFO 07-22 09:00:00 [logger.py:60] Generated response cmpl-1: output: 'less than desired GPU memory utilization'`,
+	} {
+		v := Classify(Exit{ExitCode: 0, Phase: PhaseReady, Lines: lines(ready, hostile, died)})
+		if v.Cause != CauseCrash {
+			t.Errorf("%s\n  made the cause %s (evidence %+v), want crash", hostile, v.Cause, v.Evidence)
+		}
+	}
+}
+
 func TestEvidenceDeduplicated(t *testing.T) {
 	var ls []string
 	for i := 0; i < 4; i++ {
@@ -460,5 +482,17 @@ func TestLiveLinesAreOneRunWhateverTheOrder(t *testing.T) {
 	v := Classify(Exit{Lines: lines, ExitCode: 1, Phase: PhaseStarting})
 	if v.Cause != CauseConfigError || len(v.Evidence) == 0 || v.Evidence[0].N != 4 {
 		t.Fatalf("verdict %+v: want config_error from line 4", v)
+	}
+}
+
+// vLLM 0.32.0's KV error wraps: the frame's code line ("raise ValueError(")
+// comes before the message; the summary names the exception (seen on the
+// real vLLM, integration/realvllm).
+func TestSummaryNamesTheExceptionNotTheRaise(t *testing.T) {
+	ev := []Line{{N: 70, Text: "(EngineCore pid=1) ERROR 12-03 06:44:57 [core.py:1510]     raise ValueError("},
+		{N: 71, Text: "(EngineCore pid=1) ERROR 12-03 06:44:57 [core.py:1510] ValueError: To serve at least one request with the model's max seq len (4096)"}}
+	got := summaryFor(CauseKVInsufficient, ev)
+	if !strings.Contains(got, "line 71: ValueError: To serve") {
+		t.Fatalf("summary %q, want the exception's line", got)
 	}
 }

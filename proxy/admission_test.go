@@ -99,8 +99,7 @@ func TestRequestTooLargeForMemoryIs413(t *testing.T) {
 	g := newGate()
 	r := newAdmissionRig(t, memoryBound(), g.handler)
 	freeOnFailure(t, g)
-	// 1 MiB + 2 000 000 tokens × 4 KiB ≈ 7.6 GiB > 1 000 MiB (a body over
-	// the parse cap counts a quarter of its bytes).
+	// 1 MiB + 2 000 000 tokens × 4 KiB ≈ 7.6 GiB > 1 000 MiB.
 	res := r.post(context.Background(), completion(2_000_000))
 	if res.err != nil || res.code != http.StatusRequestEntityTooLarge {
 		t.Fatalf("want 413, got %d %q (%v)", res.code, res.body, res.err)

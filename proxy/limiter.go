@@ -18,9 +18,12 @@ const (
 	// reasonTooLargeForMemory: the cost model predicts the request alone
 	// would not fit the memory admission allows.
 	reasonTooLargeForMemory = "too_large_for_memory"
+	// reasonBufferFull: the request bodies held leave no room for this one
+	// ([proxy] max_buffered_bytes).
+	reasonBufferFull = "buffer_full"
 )
 
-var reasons = []string{reasonQueueFull, reasonQueueTimeout, reasonNotReady, reasonBodyTooLarge, reasonTooLargeForMemory}
+var reasons = []string{reasonQueueFull, reasonQueueTimeout, reasonNotReady, reasonBodyTooLarge, reasonTooLargeForMemory, reasonBufferFull}
 
 // rejection is acquire's refusal: the reason label, and whether the guard
 // is shutting down (a 503 like not_ready, said differently).
@@ -213,6 +216,18 @@ func (l *limiter) release(cost, tokens float64) {
 	l.putLocked(cost, tokens)
 	l.dispatchLocked()
 	l.mu.Unlock()
+}
+
+// adjust replaces an admitted request's predicted cost and prompt tokens
+// (guessed before its body was read) with those counted; a smaller cost
+// may let waiters in.
+func (l *limiter) adjust(oldCost, oldTokens, cost, tokens float64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cost += cost - oldCost
+	l.tokens += tokens - oldTokens
+	l.win.tokens = max(l.win.tokens+tokens-oldTokens, 0)
+	l.dispatchLocked()
 }
 
 // fitsLocked: one more request of this cost stays within the count and,

@@ -27,7 +27,7 @@ func (m *metrics) setBound(b string) {
 	}
 }
 
-func newMetrics(reg prometheus.Registerer, lim *limiter) *metrics {
+func newMetrics(reg prometheus.Registerer, lim *limiter, budget *bodyBudget) *metrics {
 	f := promauto.With(reg)
 	m := &metrics{
 		requests: f.NewCounterVec(prometheus.CounterOpts{
@@ -36,7 +36,7 @@ func newMetrics(reg prometheus.Registerer, lim *limiter) *metrics {
 		}, []string{"code"}),
 		rejected: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "vllm_guard_proxy_rejected_total",
-			Help: "Requests the proxy refused, by reason: queue_full, queue_timeout (429), not_ready (503), body_too_large, too_large_for_memory (413).",
+			Help: "Requests the proxy refused, by reason: queue_full, queue_timeout (429), not_ready, buffer_full (503), body_too_large, too_large_for_memory (413).",
 		}, []string{"reason"}),
 		duration: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "vllm_guard_proxy_request_duration_seconds",
@@ -68,6 +68,10 @@ func newMetrics(reg prometheus.Registerer, lim *limiter) *metrics {
 		Name: "vllm_guard_proxy_memory_inflight_bytes",
 		Help: "Predicted GPU memory of the requests in flight.",
 	}, func() float64 { return lim.stats().MemoryInflightBytes })
+	f.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "vllm_guard_proxy_buffered_body_bytes",
+		Help: "Memory held for request bodies now, all requests together (at most [proxy] max_buffered_bytes).",
+	}, func() float64 { return float64(budget.inUse()) })
 	m.bound = f.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "vllm_guard_proxy_limit_bound",
 		Help: "1 for the bound that sets vllm_guard_proxy_limit now: rung (max_num_seqs × inflight_factor), memory (the cost model), trend (memory predicted critical before the model was confident), reopening (after an OOM), pressure (halved under a memory alert).",

@@ -15,7 +15,6 @@ package proxy
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -25,6 +24,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,7 +68,7 @@ type Stats struct {
 	QueueSize  int               `json:"queue_size"`
 	Admitted   uint64            `json:"admitted"`
 	Rejected   uint64            `json:"rejected"`
-	RejectedBy map[string]uint64 `json:"rejected_by_reason"` // queue_full, queue_timeout, not_ready, body_too_large, too_large_for_memory
+	RejectedBy map[string]uint64 `json:"rejected_by_reason"` // queue_full, queue_timeout, not_ready, body_too_large, too_large_for_memory, buffer_full
 	// Bound is what sets Limit (rung, memory, trend, reopening, pressure)
 	// and Why says it in words.
 	Bound string `json:"bound"`
@@ -95,9 +95,12 @@ const QueueWaitHeader = "X-Vllm-Guard-Queue-Wait-Ms"
 // the first byte of a non-streaming answer, so nothing bounds a response
 // in flight: vLLM's liveness is the supervisor's job.
 const (
-	readHeaderTimeout = 10 * time.Second  // a client's request headers
-	bodyReadTimeout   = 60 * time.Second  // a client's request body, once admitted
-	clientIdleTimeout = 120 * time.Second // a kept-alive client connection between requests
+	readHeaderTimeout = 5 * time.Second  // a client's request headers
+	bodyReadTimeout   = 60 * time.Second // a client's request body
+	// A kept-alive client connection between requests (vLLM's own uvicorn
+	// keeps one 5 s). Under pressure an idle connection gives its place
+	// to a newcomer sooner (connlimit).
+	clientIdleTimeout = 30 * time.Second
 	maxHeaderBytes    = 64 << 10
 	dialTimeout       = 5 * time.Second
 	upstreamIdle      = 90 * time.Second // a pooled connection to vLLM
@@ -125,9 +128,11 @@ type Proxy struct {
 	tr      *http.Transport
 	rp      *httputil.ReverseProxy
 	m       *metrics
+	budget  *bodyBudget
 	target  atomic.Pointer[parsedTarget]
 	retries atomic.Uint64
 	bound   atomic.Pointer[policy.AdmissionBound] // the last applied
+	await   awaiting                              // sent to vLLM, no byte of the answer yet
 }
 
 type parsedTarget struct {
@@ -151,7 +156,14 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 	if cfg.MaxConnections <= 0 {
 		cfg.MaxConnections = config.Default().Proxy.MaxConnections
 	}
-	p := &Proxy{cfg: cfg, up: up, log: log.Named("proxy"), lim: newLimiter(max(cfg.QueueSize, 0))}
+	if cfg.MaxConnectionsPerClient <= 0 {
+		cfg.MaxConnectionsPerClient = config.Default().Proxy.MaxConnectionsPerClient
+	}
+	if cfg.MaxBufferedBytes <= 0 {
+		cfg.MaxBufferedBytes = max(config.Default().Proxy.MaxBufferedBytes, cfg.MaxBodyBytes)
+	}
+	p := &Proxy{cfg: cfg, up: up, log: log.Named("proxy"), lim: newLimiter(max(cfg.QueueSize, 0)),
+		budget: &bodyBudget{max: cfg.MaxBufferedBytes}}
 	p.tr = &http.Transport{
 		Proxy:                 nil, // never an environment proxy between the guard and its vLLM
 		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
@@ -171,7 +183,7 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 		// Its messages are per request (a client gone mid-copy): debug.
 		ErrorLog: newStdLog(p.log, zap.DebugLevel),
 	}
-	p.m = newMetrics(reg, p.lim)
+	p.m = newMetrics(reg, p.lim, p.budget)
 	p.refresh()
 	return p
 }
@@ -230,7 +242,10 @@ func (p *Proxy) refresh() {
 // queued requests (503) and lets those in flight finish (up to 30 s). At
 // most [proxy] max_connections client connections are open at once, fewer
 // if the descriptor limit leaves less after the supervision reserve
-// (connlimit.Caps); more are answered 503 and closed at accept.
+// (connlimit.Caps), and at most max_connections_per_client of one client
+// address have a request in progress; more are answered 503 and closed at
+// accept. Idle connections (and those still sending their headers) give
+// their place to a newcomer, so they cannot shut clients out.
 func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
 	nofile := connlimit.NoFile()
 	capN, _ := connlimit.Caps(nofile, p.cfg.MaxConnections)
@@ -239,17 +254,20 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
 			zap.Int("max_connections", p.cfg.MaxConnections), zap.Int("cap", capN), zap.Uint64("nofile", nofile),
 			zap.Int("reserved_for_supervision", connlimit.Reserve))
 	}
-	l = connlimit.New(l, capN)
+	cl := connlimit.NewPerSource(l, capN, p.cfg.MaxConnectionsPerClient)
+	l = cl
 	srv := &http.Server{
 		Handler:           p,
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       clientIdleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          newStdLog(p.log, zap.WarnLevel),
+		ConnState:         cl.ConnState,
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	p.log.Info("proxy listening", zap.String("addr", l.Addr().String()), zap.Int("limit", p.Stats().Limit), zap.Int("max_connections", capN),
+		zap.Int("max_connections_per_client", cl.PerSource()),
 		zap.Int("queue_size", p.cfg.QueueSize), zap.Duration("queue_timeout", p.cfg.QueueTimeout.Duration))
 	select {
 	case err := <-errc:
@@ -277,6 +295,7 @@ type ctxKey struct{}
 type reqState struct {
 	deadline time.Time // the queue bound: also for waiting out a refused connection
 	body     *trackBody
+	tokens   float64 // the prompt's estimated tokens (Awaiting)
 }
 
 // replayBody is the request's body to send again (none: http.NoBody).
@@ -289,14 +308,18 @@ func (st *reqState) replayBody() (io.ReadCloser, bool) {
 
 // IsInference reports whether a request takes an admission slot: a POST
 // under /v1/ or /v2/ (completions, chat, embeddings, responses, audio,
-// rerank, scoring) or to vLLM's pooling and tokenizer endpoints at the root.
+// rerank, scoring) or to vLLM's pooling and tokenizer endpoints at the root,
+// and a protocol upgrade (a WebSocket: realtime) to any of those paths.
 // Everything else (/health, /ping, /metrics, /version, /v1/models, /load, a
-// GET of anything) passes straight through.
+// GET of anything) passes straight through. The method is compared in any
+// case and the path as cleanPath leaves it, so that what is checked is what
+// vLLM routes (issue 24: //v1/completions and "post" went round the slots).
 func IsInference(r *http.Request) bool {
-	if r.Method != http.MethodPost {
+	upgrade := r.Header.Get("Upgrade") != ""
+	if !strings.EqualFold(r.Method, http.MethodPost) && !upgrade {
 		return false
 	}
-	path := r.URL.Path
+	path := cleanPath(r.URL.Path)
 	if strings.HasPrefix(path, "/v1/") || strings.HasPrefix(path, "/v2/") {
 		return true
 	}
@@ -305,6 +328,26 @@ func IsInference(r *http.Request) bool {
 		return true
 	}
 	return false
+}
+
+// cleanPath is p with repeated slashes and dot segments removed, as a
+// router that normalises paths sees it.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	return path.Clean("/" + p)
+}
+
+// normalize makes r what the inference check and vLLM both see: the method
+// in upper case, the path cleaned.
+func normalize(r *http.Request) {
+	if m := strings.ToUpper(r.Method); m != r.Method {
+		r.Method = m
+	}
+	if c := cleanPath(r.URL.Path); c != r.URL.Path {
+		r.URL.Path, r.URL.RawPath = c, ""
+	}
 }
 
 // ServeHTTP admits, forwards and accounts for one request.
@@ -328,25 +371,50 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.tooLarge(rec, r.ContentLength)
 		return
 	}
+	normalize(r)
 	if !IsInference(r) {
 		// Probes, scrapes and listings pass straight through: a load
 		// balancer's health check or Prometheus must never wait behind
 		// generation requests, be refused for load, or take their slots.
+		// A body with no length is still bounded (upstreamError: 413).
+		if r.Body != nil && r.Body != http.NoBody && p.cfg.MaxBodyBytes > 0 {
+			r.Body = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
+		}
 		p.rp.ServeHTTP(rec, r)
 		return
 	}
 	deadline := start.Add(p.cfg.QueueTimeout.Duration)
-	tokens, ok := p.readPrompt(rec, r)
-	if !ok {
-		return
+	// The body is read before admission, unless the client waits for
+	// 100 Continue: it is told to send once admitted, and until its body
+	// is read its prompt is guessed from its length (a quarter of its
+	// bytes, at most the room: base64 images would make it far too much).
+	expect := expectsContinue(r)
+	var body *bufferedBody
+	var tokens float64
+	if expect {
+		tokens = float64(r.ContentLength) / 4
+	} else {
+		sc := newPromptScanner()
+		var ok bool
+		if body, ok = p.readBody(rec, r, sc, fixedDeadline(start.Add(bodyReadTimeout))); !ok {
+			return
+		}
+		defer body.release()
+		if body.size > 0 {
+			tokens = sc.tokens(body.size)
+		}
 	}
 	p.refresh()
+	bound := p.bound.Load()
 	var cost float64
-	if b := p.bound.Load(); b != nil && b.RoomBytes > 0 {
-		cost = b.Model.RequestBytes(tokens)
-		if cost > b.RoomBytes {
-			p.tooLargeForMemory(rec, tokens, cost, b)
-			return
+	if bound != nil && bound.RoomBytes > 0 {
+		cost = bound.Model.RequestBytes(tokens)
+		if cost > bound.RoomBytes {
+			if !expect {
+				p.tooLargeForMemory(rec, tokens, cost, bound)
+				return
+			}
+			cost = bound.RoomBytes // decided once the body is read
 		}
 	}
 	queued, err := p.lim.acquire(r.Context(), deadline, cost, tokens)
@@ -356,25 +424,43 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return // else the client left while waiting: nobody to answer
 	}
-	defer p.lim.release(cost, tokens)
+	defer func() { p.lim.release(cost, tokens) }()
 	// A deadline left by an earlier request on this kept-alive connection
 	// may have passed: renew it before anything (a 100 Continue) is written.
 	rec.renew()
 	if queued {
 		rec.Header().Set(QueueWaitHeader, strconv.FormatFloat(float64(time.Since(start).Microseconds())/1000, 'f', 1, 64))
 	}
-
-	st := &reqState{deadline: deadline}
-	if r.Body != nil && r.Body != http.NoBody {
-		var body io.ReadCloser = r.Body
-		if p.cfg.MaxBodyBytes > 0 {
-			body = http.MaxBytesReader(w, body, p.cfg.MaxBodyBytes) // w: so the server closes the connection after a 413
+	if expect {
+		// Reading sends the 100 Continue; a slot is held now, so the body
+		// must come at a minimum rate. Then the guess gives way to the
+		// count.
+		sc := newPromptScanner()
+		var ok bool
+		if body, ok = p.readBody(rec, r, sc, minRateDeadline(time.Now())); !ok {
+			return
 		}
-		st.body = &trackBody{rc: body, rc2: http.NewResponseController(w)}
-		// A slow body holds a slot: bound its reading. trackBody clears
-		// the deadline once the body is read, so a long answer is not cut.
-		_ = st.body.rc2.SetReadDeadline(time.Now().Add(bodyReadTimeout))
-		r.Body = st.body
+		defer body.release()
+		counted, newCost := sc.tokens(body.size), 0.0
+		if bound != nil && bound.RoomBytes > 0 {
+			if newCost = bound.Model.RequestBytes(counted); newCost > bound.RoomBytes {
+				p.tooLargeForMemory(rec, counted, newCost, bound)
+				return
+			}
+		}
+		p.lim.adjust(cost, tokens, newCost, counted)
+		cost, tokens = newCost, counted
+	}
+
+	// The body is here: vLLM has nothing to wait for (and its 100
+	// Continue would reach the client a second time).
+	r.Header.Del("Expect")
+	st := &reqState{deadline: deadline, tokens: tokens}
+	if body.size > 0 {
+		st.body = newTrackBody(body)
+		r.Body, r.ContentLength = st.body, body.size
+	} else {
+		r.Body, r.ContentLength = http.NoBody, 0
 	}
 	p.rp.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), ctxKey{}, st)))
 }
@@ -462,27 +548,46 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 				return nil, err
 			}
 		}
+		var wait *awaitEntry
+		var written <-chan struct{}
+		if st != nil {
+			wait = t.p.await.add(st.tokens)
+			req.Body, written = closeSignal(req.Body)
+		}
 		resp, err := t.p.tr.RoundTrip(req)
-		if err == nil && resp.StatusCode == http.StatusServiceUnavailable && st != nil && !t.p.lim.isReady() {
-			// vLLM refused the request because it is draining for a
-			// planned stop (the guard no longer calls it ready): nothing
-			// was processed; send it again once vLLM is back.
-			if body, ok := st.replayBody(); ok {
-				resp.Body.Close()
-				t.p.retries.Add(1)
-				t.p.log.Debug("vLLM refused a request while draining; waiting for it to come back")
-				if err := t.waitReady(req.Context(), st.deadline); err != nil {
-					return nil, err
-				}
-				u, err := t.p.targetURL()
-				if err != nil {
-					return nil, err
-				}
-				req = req.Clone(req.Context())
-				req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
-				req.Body = body
-				continue
+		if wait != nil {
+			if err != nil || resp.StatusCode == http.StatusSwitchingProtocols {
+				// An upgraded connection's body must stay the transport's
+				// own (it is written to as well): its answer has begun.
+				wait.done()
+			} else {
+				resp.Body = &firstByteBody{ReadCloser: resp.Body, e: wait}
 			}
+		}
+		if err == nil && st != nil && !t.p.readyNow() && producedNothing(resp) {
+			// vLLM is draining for a planned restart (the guard no longer
+			// calls it ready) and answered this request with nothing: an
+			// empty aborted answer, or a 500 once its engine is gone (see
+			// drain.go). Send it again once vLLM is back.
+			resp.Body.Close()
+			waitWritten(req.Context(), written)
+			body, ok := st.replayBody()
+			if !ok {
+				return nil, errAbortedNoReplay
+			}
+			t.p.retries.Add(1)
+			t.p.log.Debug("vLLM answered nothing while draining for a restart; holding the request until it is back")
+			if err := t.waitReady(req.Context(), st.deadline); err != nil {
+				return nil, err
+			}
+			u, err := t.p.targetURL()
+			if err != nil {
+				return nil, err
+			}
+			req = req.Clone(req.Context())
+			req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
+			req.Body = body
+			continue
 		}
 		if err == nil || st == nil || !isDialError(err) || (st.body != nil && st.body.touched()) {
 			return resp, err
@@ -504,6 +609,14 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			req.Body = st.body
 		}
 	}
+}
+
+// readyNow is whether the guard calls vLLM ready at this moment, asked of
+// the Upstream itself rather than the limiter's last view: a drain's
+// first answers can come before the limiter heard of the stop.
+func (p *Proxy) readyNow() bool {
+	_, ready := p.up.Target()
+	return ready && p.lim.isReady()
 }
 
 // waitReady waits for a change of readiness or a poll interval, and then
@@ -549,6 +662,10 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 	case errors.Is(err, errNotReady):
 		p.lim.reject(reasonNotReady)
 		p.reject(w, &rejection{reason: reasonNotReady})
+	case errors.Is(err, errAbortedNoReplay):
+		w.Header().Set("Retry-After", retryAfterNotReady)
+		writeError(w, http.StatusServiceUnavailable, "server_error",
+			"vLLM is restarting and aborted this request before generating anything; its body is too large for vllm-guard to send again: retry shortly")
 	case r.Context().Value(ctxKey{}) == nil && (isDialError(err) || errors.Is(err, errNoTarget)):
 		// A pass-through request (a probe, a scrape) while vLLM is down:
 		// answered at once, never held.
@@ -646,52 +763,6 @@ func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
-
-// trackBody is the client's request body as sent upstream: it notes
-// whether anything was read (a refused connection may be retried only if
-// not), ignores the transport's Close (the server closes the real body)
-// so that a retry can send it, and lifts the body read deadline at its
-// end.
-type trackBody struct {
-	rc   io.ReadCloser
-	rc2  *http.ResponseController
-	read atomic.Bool
-	done atomic.Bool
-	// kept is the body as read, while it stays within replayLimit: a
-	// request vLLM refused while draining can be sent again once it is back.
-	kept     []byte
-	overflow bool
-}
-
-// replayLimit bounds the body the proxy keeps to send again.
-const replayLimit = 1 << 20
-
-func (b *trackBody) Read(p []byte) (int, error) {
-	b.read.Store(true)
-	n, err := b.rc.Read(p)
-	if !b.overflow {
-		if len(b.kept)+n > replayLimit {
-			b.overflow, b.kept = true, nil
-		} else {
-			b.kept = append(b.kept, p[:n]...)
-		}
-	}
-	if err != nil && b.done.CompareAndSwap(false, true) {
-		_ = b.rc2.SetReadDeadline(time.Time{})
-	}
-	return n, err
-}
-
-// replay is the whole body again, when it was read to its end and kept.
-func (b *trackBody) replay() (io.ReadCloser, bool) {
-	if !b.done.Load() || b.overflow {
-		return nil, false
-	}
-	return io.NopCloser(bytes.NewReader(b.kept)), true
-}
-
-func (b *trackBody) Close() error  { return nil }
-func (b *trackBody) touched() bool { return b.read.Load() }
 
 // bufferPool lends the ReverseProxy its copy buffers.
 type bufferPool struct{}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -83,33 +84,18 @@ func TestStalledReadersLoseTheirSlots(t *testing.T) {
 	waitFor(t, "the slots to be free", func() bool { return r.p.Stats().Inflight == 0 })
 }
 
-// Serve refuses connections over [proxy] max_connections at accept: idle
-// clients cannot take every descriptor.
+// Serve refuses connections over [proxy] max_connections at accept when
+// every place is held by a request in progress: clients cannot take every
+// descriptor. (Idle ones give way: TestIdleConnectionsDoNotShutClientsOut.)
 func TestServeCapsConnections(t *testing.T) {
 	cfg := proxyConfig()
 	cfg.MaxConnections = 1
-	up := &fakeUp{url: "http://127.0.0.1:1", ready: true, seqs: 4}
-	p := New(cfg, up, nil, nil)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(ctx, l) }()
-	defer func() { cancel(); <-served }()
-
-	idle, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer idle.Close()
-	// Accepted first (the kernel's accept queue is FIFO), it holds the only place.
-	over, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer over.Close()
+	g := newGate()
+	s := serveProxy(t, cfg, 4, g.handler)
+	busy := s.dial(t, 1)
+	io.WriteString(busy, postHi)
+	waitFor(t, "the request upstream", func() bool { return g.n() == 1 })
+	over := s.dial(t, 1)
 	resp, err := http.ReadResponse(bufio.NewReader(over), nil)
 	if err != nil {
 		t.Fatalf("a connection over max_connections got no answer: %v", err)
@@ -117,5 +103,9 @@ func TestServeCapsConnections(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("over max_connections: %d, want 503", resp.StatusCode)
+	}
+	g.release <- struct{}{}
+	if resp, err := http.ReadResponse(bufio.NewReader(busy), nil); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the request in progress: %v %v", resp, err)
 	}
 }

@@ -161,8 +161,13 @@ func RunKeeper(args []string) int {
 		case sig == syscall.SIGCHLD:
 			reap()
 		}
-		// SIGTERM/SIGINT/SIGHUP from the guard reached the whole group; vLLM
-		// handles them itself and we wait for it to exit.
+		// Any other signal is the keeper's to absorb. The guard signals
+		// vLLM's API server itself (SIGTERM, which vLLM drains on); a
+		// terminal's SIGINT or SIGTERM to the whole group reaches vLLM too,
+		// which handles those, and the keeper waits for it to exit. SIGHUP
+		// is caught only so that a hangup does not kill the keeper: vLLM
+		// installs no SIGHUP handler (Python's default kills it), so the
+		// guard never forwards one (to the guard, SIGHUP means reload).
 	}
 
 	// The API server is gone: say so at once (the guard must not take the

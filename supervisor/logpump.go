@@ -207,12 +207,13 @@ type lineFilter struct {
 	// connections: uvicorn's access lines for them are dropped (neither
 	// logged, kept nor counted as load progress).
 	own func(host string, port int) bool
-	// tasks receives vLLM's "Supported_tasks: [...]".
+	// tasks receives vLLM's "Supported tasks: [...]" (older:
+	// "Supported_tasks"), from its own logger only, before ready.
 	tasks *atomic.Pointer[[]string]
 }
 
-// apply masks secrets, notes the tasks line, and says whether to drop the
-// line as the guard's own request.
+// apply masks secrets and says whether to drop the line as the guard's
+// own request.
 func (f *lineFilter) apply(text string) (string, bool) {
 	text = vllmargs.MaskText(text, f.secrets)
 	if f.own != nil && strings.Contains(text, "HTTP/") {
@@ -220,32 +221,20 @@ func (f *lineFilter) apply(text string) (string, bool) {
 			return text, true
 		}
 	}
-	if f.tasks != nil && strings.Contains(text, "Supported_tasks") {
-		if ts := SupportedTasks(text); len(ts) > 0 {
-			f.tasks.Store(&ts)
-		}
-	}
 	return text, false
 }
 
-// SupportedTasks reads vLLM's startup line "Supported_tasks: ['encode',
-// 'embed']" (nil when the line is not one).
-func SupportedTasks(line string) []string {
-	_, rest, ok := strings.Cut(line, "Supported_tasks:")
-	if !ok {
-		return nil
+// noteTasks stores the tasks of vLLM's "Supported tasks: [...]" line. It
+// is called only before vLLM is ready: the line is printed once while the
+// server starts, and a client's text later (an access line, a logged
+// prompt) must never change what the guard probes.
+func (f *lineFilter) noteTasks(text string) {
+	if f.tasks == nil || !strings.Contains(text, "upported") {
+		return
 	}
-	open, end := strings.IndexByte(rest, '['), strings.IndexByte(rest, ']')
-	if open < 0 || end < open {
-		return nil
+	if ts := vllmlog.SupportedTasks(text); len(ts) > 0 {
+		f.tasks.Store(&ts)
 	}
-	var out []string
-	for _, part := range strings.Split(rest[open+1:end], ",") {
-		if t := strings.Trim(strings.TrimSpace(part), `'"`); t != "" {
-			out = append(out, t)
-		}
-	}
-	return out
 }
 
 func (w *streamWriter) line(b []byte) {
@@ -266,6 +255,9 @@ func (w *streamWriter) line(b []byte) {
 	// Load phases matter only while loading; a flood after ready skips the
 	// matching.
 	if !o.loaded.Load() {
+		if f := o.sink.filter; f != nil {
+			f.noteTasks(text)
+		}
 		if ph := vllmlog.LoadPhase(text); ph != "" && ph != o.Phase() {
 			o.phase.Store(&ph)
 			select {

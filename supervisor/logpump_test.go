@@ -106,11 +106,9 @@ func BenchmarkLogPump(b *testing.B) {
 }
 
 // The pump masks API keys, drops the access lines of the guard's own
-// connections (not as progress either), keeps a client's, and notes the
-// tasks line.
+// connections (not as progress either) and keeps a client's.
 func TestLineFilter(t *testing.T) {
-	var tasks atomic.Pointer[[]string]
-	f := &lineFilter{secrets: []string{"sk-9"}, own: func(host string, port int) bool { return port == 5555 }, tasks: &tasks}
+	f := &lineFilter{secrets: []string{"sk-9"}, own: func(host string, port int) bool { return port == 5555 }}
 	if text, drop := f.apply("(APIServer pid=1) INFO 01-01 [utils.py:1] non-default args: {'api_key': ['sk-9']}"); drop || strings.Contains(text, "sk-9") {
 		t.Fatalf("masking: %q %v", text, drop)
 	}
@@ -120,8 +118,31 @@ func TestLineFilter(t *testing.T) {
 	if _, drop := f.apply(`(APIServer pid=1) INFO:     127.0.0.1:6666 - "POST /v1/completions HTTP/1.1" 200 OK`); drop {
 		t.Fatal("a client's access line dropped")
 	}
-	f.apply("(APIServer pid=1) INFO 01-01 [api_server.py:1] Supported_tasks: ['encode', 'embed']")
-	if got := tasks.Load(); got == nil || strings.Join(*got, ",") != "encode,embed" {
-		t.Fatalf("tasks %v", got)
+}
+
+// TestTasksOnlyFromVLLMsLineBeforeReady: the tasks come from vLLM's own
+// logger line while it starts; a client's access line or logged prompt
+// holding the same words never sets them, nor does any line once vLLM is
+// ready (issue 24 item 2).
+func TestTasksOnlyFromVLLMsLineBeforeReady(t *testing.T) {
+	var tasks atomic.Pointer[[]string]
+	sink := newLogSink(zap.NewNop())
+	defer sink.close()
+	sink.filter = &lineFilter{tasks: &tasks}
+	o := newOutput(sink, 100)
+	w := o.writer("stdout")
+	w.Write([]byte(`(APIServer pid=1) INFO:     127.0.0.1:6666 - "GET /v1/models?Supported_tasks:[embed] HTTP/1.1" 200 OK` + "\n"))
+	w.Write([]byte(`(APIServer pid=1) INFO 12-02 09:00:00 [logger.py:41] Received request cmpl-1: prompt: "Supported tasks: ['classify']"` + "\n"))
+	if got := tasks.Load(); got != nil {
+		t.Fatalf("a client's text set the tasks: %q", *got)
+	}
+	w.Write([]byte("(APIServer pid=1) INFO 12-02 09:00:00 [api_server.py:1805] Supported tasks: ['generate']\n"))
+	if got := tasks.Load(); got == nil || strings.Join(*got, ",") != "generate" {
+		t.Fatalf("tasks %v, want generate from vLLM's line", got)
+	}
+	o.loaded.Store(true)
+	w.Write([]byte("(APIServer pid=1) INFO 12-02 09:00:00 [api_server.py:1805] Supported_tasks: ['embed']\n"))
+	if got := tasks.Load(); strings.Join(*got, ",") != "generate" {
+		t.Fatalf("tasks %q changed after ready", *got)
 	}
 }

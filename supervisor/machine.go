@@ -31,6 +31,12 @@ const (
 	fastRetryFor   = 2 * time.Second
 )
 
+// refusedProbeLimit: a start whose readiness probe vLLM answers with a 4xx
+// for this long ends (as a hang, with the probe's answer as the reason)
+// instead of waiting for max_start_time, which may be unbounded. vLLM
+// registers every route before it listens, so a 4xx does not heal.
+const refusedProbeLimit = 30 * time.Second
+
 // timerKind names what a timer is for; each kind has at most one armed.
 type timerKind int
 
@@ -44,6 +50,7 @@ const (
 	tBackoff                     // the decided delay before the next start
 	tFreeMemory                  // read NVML again while waiting for free memory
 	tFastRetry                   // a refused probe right after the startup line, tried again
+	tDrain                       // the proxy's requests in flight looked at again before SIGTERM
 	timerKinds
 )
 
@@ -107,37 +114,41 @@ type machine struct {
 	code      int  // the exit code once phDone
 
 	// The run in progress.
-	runN        int
-	rung        policy.Rung
-	child       proc
-	lastChild   proc // the run that ended, for the release wait
-	out         *output
-	stdout      *streamWriter
-	stderr      *streamWriter
-	prober      checker
-	runCtx      context.Context // cancelled when the run ends: in-flight probes stop
-	runCancel   context.CancelFunc
-	probing     bool
-	startedAt   time.Time
-	ready       bool
-	failures    int       // consecutive liveness failures
-	peak        float64   // highest GPU fraction since ready (restore)
-	lastLine    time.Time // the last output line's time seen by the stall check (monotonic)
-	fastUntil   time.Time // refused probes retry fast until then (uvicorn listens just after its line)
-	baseline    []uint64
-	oomBefore   int64
-	end         ending
-	hang        string
-	peer        string
-	costObs     int
-	ioSeen      map[int]uint64 // per process: storage I/O at the last poll
-	ioBytes     uint64         // storage I/O of the tree since launch
-	lastIO      time.Time      // when the tree's I/O last grew
-	ioAnnounced time.Time      // when I/O progress was last published
-	stuckTokens float64        // the token counters' sum seen last while ready
-	stuckSince  time.Time      // since when they stand still with requests running
-	stuckProbe  bool           // the probe in flight is the stuck check's request
-	stuckAsked  time.Time      // when that request was last sent
+	runN         int
+	rung         policy.Rung
+	child        proc
+	lastChild    proc // the run that ended, for the release wait
+	out          *output
+	stdout       *streamWriter
+	stderr       *streamWriter
+	prober       checker
+	runCtx       context.Context // cancelled when the run ends: in-flight probes stop
+	runCancel    context.CancelFunc
+	probing      bool
+	startedAt    time.Time
+	ready        bool
+	failures     int       // consecutive liveness failures
+	peak         float64   // highest GPU fraction since ready (restore)
+	lastLine     time.Time // the last output line's time seen by the stall check (monotonic)
+	fastUntil    time.Time // refused probes retry fast until then (uvicorn listens just after its line)
+	refusedSince time.Time // since when every readiness probe got a 4xx (zero: the last did not)
+	baseline     []uint64
+	oomBefore    int64
+	end          ending
+	hang         string
+	peer         string
+	costObs      int
+	ioSeen       map[int]uint64 // per process: storage I/O at the last poll
+	ioBytes      uint64         // storage I/O of the tree since launch
+	lastIO       time.Time      // when the tree's I/O last grew
+	ioAnnounced  time.Time      // when I/O progress was last published
+	stuckTokens  float64        // the token counters' sum seen last while ready
+	stuckSince   time.Time      // since when they stand still with requests running
+	stuckProbe   bool           // the probe in flight is the stuck check's request
+	stuckAsked   time.Time      // when that request was last sent
+	drainUntil   time.Time      // a planned stop waits for the proxy's requests until then (zero: not draining)
+	stuckVerdict string         // a stuck verdict waiting on vLLM's /is_paused ("": none asked)
+	pausedSaid   bool           // "vLLM is paused" was logged for this pause
 
 	// After a failure.
 	decision       policy.Decision
@@ -277,6 +288,8 @@ func (m *machine) onTimer(k timerKind, sink *logSink) {
 		m.arm(tCost, m.s.cfg.GPU.SampleInterval.Duration)
 	case tDying:
 		m.hung(fmt.Sprintf("/health said vLLM's engine is dead and vLLM did not exit within %s", m.s.engineDeadGrace()))
+	case tDrain:
+		m.drainStep()
 	case tStopKill:
 		m.s.log.Warn("vLLM did not stop within its stop timeout: the keeper kills its whole tree",
 			zap.Duration("stop_timeout", m.s.stopTimeout()))

@@ -2,9 +2,6 @@ package supervisor
 
 import (
 	"fmt"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -52,8 +49,57 @@ func (m *machine) endRun(why ending) {
 		return
 	default:
 	}
+	if m.drainFirst() {
+		return
+	}
 	m.child.stop()
 	m.arm(tStopKill, m.s.stopTimeout())
+}
+
+// drainFirst: a planned stop (an operator's stop or restart, a restore)
+// with vLLM's --shutdown-timeout and the guard's proxy in front waits for
+// the requests in flight through the proxy to end before vLLM gets
+// SIGTERM, for at most that timeout. vLLM 0.32.0 (seen on its CPU build)
+// cuts the requests in flight a few seconds into its own drain: its
+// process manager's SIGTERM reaches the workers. New requests wait in the
+// proxy meanwhile (the guard no longer says ready). True when draining.
+func (m *machine) drainFirst() bool {
+	if m.s.inFlight == nil || m.s.shutdownTimeout() <= 0 || m.end == endExited || m.s.inFlight() == 0 {
+		return false
+	}
+	m.drainUntil = time.Now().Add(m.s.shutdownTimeout())
+	n := m.s.inFlight()
+	m.s.log.Info("waiting for the requests in flight through the proxy before vLLM gets SIGTERM",
+		zap.Int("requests", n), zap.Duration("at_most", m.s.shutdownTimeout()))
+	m.s.transition(StateStopping, fmt.Sprintf("%s: waiting for %d requests in flight through the proxy (at most %s)", m.stopReason(), n, m.s.shutdownTimeout()))
+	m.arm(tDrain, drainPoll)
+	return true
+}
+
+// drainPoll is how often the proxy's count is looked at while draining.
+const drainPoll = 50 * time.Millisecond
+
+// drainStep: the proxy's requests ended (or the time is up): now SIGTERM.
+func (m *machine) drainStep() {
+	if m.phase != phStopping || m.drainUntil.IsZero() {
+		return
+	}
+	if n := m.s.inFlight(); n > 0 && time.Now().Before(m.drainUntil) {
+		m.arm(tDrain, drainPoll)
+		return
+	}
+	// The whole stop stays within the effective stop timeout that `check`
+	// prints (the units' TimeoutStopSec is set from it), leaving vLLM at
+	// least 10 s to stop its engine.
+	left := max(m.s.stopTimeout()-(m.s.shutdownTimeout()-time.Until(m.drainUntil)), 10*time.Second)
+	m.drainUntil = time.Time{}
+	select {
+	case <-m.child.done():
+		return
+	default:
+	}
+	m.child.stop()
+	m.arm(tStopKill, left)
 }
 
 func (m *machine) stopReason() string {
@@ -293,27 +339,7 @@ func EffectiveStopTimeout(stopTimeout, vllmShutdown time.Duration) time.Duration
 	return max(stopTimeout, vllmShutdown+10*time.Second)
 }
 
-// shutdownTimeout is vLLM's --shutdown-timeout from the command line in
-// force (the last one given wins, as in vLLM's parser), 0 when absent.
-func (s *Supervisor) shutdownTimeout() time.Duration {
-	return ShutdownTimeout(append(slices.Clone(s.cfg.VLLM.Command), s.extra...))
-}
-
-// ShutdownTimeout reads --shutdown-timeout (seconds) from vLLM's argv.
-func ShutdownTimeout(argv []string) time.Duration {
-	var d time.Duration
-	for i, a := range argv {
-		v, ok := strings.CutPrefix(a, "--shutdown-timeout=")
-		if !ok && (a == "--shutdown-timeout" || a == "--shutdown_timeout") && i+1 < len(argv) {
-			v, ok = argv[i+1], true
-		}
-		if ok {
-			if f, err := strconv.ParseFloat(v, 64); err == nil && f > 0 {
-				d = time.Duration(f * float64(time.Second))
-			} else {
-				d = 0
-			}
-		}
-	}
-	return d
-}
+// shutdownTimeout is vLLM's --shutdown-timeout as its parser reads the
+// command line in force (internal/vllmargs: every spelling, a --config
+// file, the extra arguments), 0 when absent.
+func (s *Supervisor) shutdownTimeout() time.Duration { return s.args.ShutdownTimeout }

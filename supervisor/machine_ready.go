@@ -42,15 +42,27 @@ func (m *machine) endProbing() {
 	}
 }
 
+// minPrefillRate is the slowest prefill the stuck check allows for, in
+// prompt tokens a second (a small model on a CPU build prefills a few
+// hundred): vLLM counts prompt tokens only when a prefill completes, so a
+// long one shows no counter moving until it is done.
+const minPrefillRate = 100.0
+
 // checkStuck: /health only checks an error flag, so a wedged engine still
-// answers 200. vLLM is stuck when it reports running requests and none of
-// its token counters advances for stuck_timeout; without its metrics, a
-// 1-token request bounded by stuck_timeout is sent every stuck_timeout.
-// A busy vLLM that makes progress, or an idle one, is never stuck.
+// answers 200. vLLM is stuck when it has work in flight and none of its
+// token counters advances for stuck_timeout, plus the time the largest
+// prompt awaiting its first byte may take to prefill. Work in flight is
+// vLLM's running requests, or the requests the guard's proxy sent that have
+// no answer yet (vLLM publishes its gauges only after an engine step, so
+// an engine that hangs in its first step after idle still shows 0
+// running). Without its metrics, a 1-token request bounded by
+// stuck_timeout is sent every stuck_timeout. A busy vLLM that makes
+// progress, an idle one, or one an operator paused (/is_paused, asked
+// before the verdict) is never stuck.
 func (m *machine) checkStuck() bool {
 	s := m.s
 	limit := s.cfg.Liveness.StuckTimeout.Duration
-	if limit <= 0 || s.tokens == nil {
+	if limit <= 0 || s.tokens == nil || m.stuckVerdict != "" {
 		return false
 	}
 	now := time.Now()
@@ -63,16 +75,51 @@ func (m *machine) checkStuck() bool {
 		}
 		return false
 	}
-	if running <= 0 || tokens != m.stuckTokens || m.stuckSince.IsZero() {
-		m.stuckTokens, m.stuckSince = tokens, now
+	awaiting, prompt := 0, 0.0
+	if s.waiting != nil {
+		awaiting, prompt = s.waiting()
+	}
+	if (running <= 0 && awaiting <= 0) || tokens != m.stuckTokens || m.stuckSince.IsZero() {
+		m.stuckTokens, m.stuckSince, m.pausedSaid = tokens, now, false
 		return false
 	}
-	if still := now.Sub(m.stuckSince); still >= limit {
-		m.hung(fmt.Sprintf("stuck: %g requests running and no token counter advanced for %s (prompt+generation tokens at %g; stuck_timeout %s)",
-			running, still.Round(time.Second), tokens, limit))
-		return true
+	prefill := time.Duration(prompt / minPrefillRate * float64(time.Second))
+	still := now.Sub(m.stuckSince)
+	if still < limit+prefill {
+		return false
 	}
+	m.askPaused(fmt.Sprintf("stuck: %g requests running, %d sent through the guard's proxy with no answer, and no token counter advanced for %s "+
+		"(prompt+generation tokens at %g; stuck_timeout %s, plus %s for a prefill of the largest prompt awaiting an answer, %.0f tokens)",
+		running, awaiting, still.Round(time.Second), tokens, limit, prefill.Round(time.Second), prompt))
 	return false
+}
+
+// askPaused asks vLLM whether an operator paused it before calling it
+// stuck: a paused vLLM holds its requests on purpose. The verdict is
+// given (or dropped) when the answer comes, in onPausedAnswer.
+func (m *machine) askPaused(verdict string) {
+	if m.probing {
+		return // a probe is in flight: ask at the next heartbeat
+	}
+	m.stuckVerdict = verdict
+	timeout := m.s.cfg.Liveness.Timeout.Duration
+	m.probe(func(ctx context.Context, p checker) probeResult { return p.paused(ctx, timeout) })
+}
+
+// onPausedAnswer gives the stuck verdict unless vLLM said it is paused;
+// then the stuck clock starts again, and the next check asks again.
+func (m *machine) onPausedAnswer(r probeResult) {
+	verdict := m.stuckVerdict
+	m.stuckVerdict = ""
+	if r.paused {
+		if !m.pausedSaid {
+			m.pausedSaid = true
+			m.s.log.Info("vLLM holds requests without progress, but an operator paused it (/is_paused): not stuck; waiting for /resume")
+		}
+		m.stuckSince, m.stuckAsked = time.Now(), time.Now()
+		return
+	}
+	m.hung(verdict)
 }
 
 // restoreDue tracks the peak GPU fraction since ready and asks the policy

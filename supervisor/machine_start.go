@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"strconv"
 	"time"
@@ -54,7 +55,10 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 	m.rung = rung
 	m.ready, m.failures, m.peak, m.end, m.hang, m.peer, m.probing = false, 0, 0, endNone, "", "", false
 	m.lastChild = nil
-	m.ioSeen, m.ioBytes, m.lastIO, m.stuckProbe = map[int]uint64{}, 0, time.Time{}, false
+	m.ioSeen, m.ioBytes, m.lastIO, m.stuckProbe, m.stuckVerdict = map[int]uint64{}, 0, time.Time{}, false, ""
+	// What vLLM serves is read afresh from this run's own startup line.
+	s.tasks.Store(nil)
+	m.refusedSince = time.Time{}
 	m.out = newOutput(sink, max(cfg.Log.ChildLines, 1000))
 	m.lastLine = m.out.lastLine.Load()
 	m.stdout, m.stderr = m.out.writer("stdout"), m.out.writer("stderr")
@@ -208,12 +212,38 @@ func (m *machine) onPoll() {
 	m.arm(tPoll, rc.PollInterval.Duration)
 }
 
+// refusedTooLong ends a start whose readiness probe vLLM keeps refusing
+// with a 4xx: its server is up and answers, so the request the guard sends
+// does not fit this vLLM (a task it does not serve, a name, a key), and
+// waiting longer changes nothing. Any other answer starts the count again.
+func (m *machine) refusedTooLong(r probeResult) bool {
+	if r.status < 400 || r.status > 499 || r.status == http.StatusRequestTimeout || r.status == http.StatusTooManyRequests {
+		m.refusedSince = time.Time{}
+		return false
+	}
+	now := time.Now()
+	if m.refusedSince.IsZero() {
+		m.refusedSince = now
+		return false
+	}
+	if now.Sub(m.refusedSince) < refusedProbeLimit {
+		return false
+	}
+	m.hung(fmt.Sprintf("vLLM's server is up but has refused the readiness probe for %s (%s: %s); "+
+		"the probe does not fit this vLLM: check the served name, the API key and the task, or set [readiness] probe = \"health\"",
+		refusedProbeLimit, r.step, r.err))
+	return true
+}
+
 func (m *machine) onProbe(r probeResult) {
 	s := m.s
 	if !m.ready {
 		if !r.ok {
 			if r.refused && time.Now().Before(m.fastUntil) {
 				m.arm(tFastRetry, fastRetryEvery)
+			}
+			if m.refusedTooLong(r) {
+				return
 			}
 			if !r.refused {
 				s.update(func(st *Status) {
@@ -229,10 +259,14 @@ func (m *machine) onProbe(r probeResult) {
 		m.becomeReady(r)
 		return
 	}
+	if m.stuckVerdict != "" {
+		m.onPausedAnswer(r)
+		return
+	}
 	if m.stuckProbe {
 		m.stuckProbe = false
 		if !r.ok && r.status == 0 && !r.refused {
-			m.hung(fmt.Sprintf("stuck: a 1-token request did not answer within stuck_timeout %s (%s)", s.cfg.Liveness.StuckTimeout.Duration, r.err))
+			m.askPaused(fmt.Sprintf("stuck: a 1-token request did not answer within stuck_timeout %s (%s)", s.cfg.Liveness.StuckTimeout.Duration, r.err))
 		}
 		return
 	}

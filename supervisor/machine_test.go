@@ -149,6 +149,7 @@ type fakeProber struct {
 	mu      sync.Mutex
 	readyR  func() probeResult // nil: ok
 	healthR func() probeResult // nil: ok
+	pausedR func() probeResult // nil: 404, as vLLM without dev mode answers /is_paused
 	calls   atomic.Int64       // readiness probes asked
 }
 
@@ -174,6 +175,22 @@ func (f *fakeProber) health(ctx context.Context, timeout time.Duration) probeRes
 		return h()
 	}
 	return probeResult{ok: true, step: "health", status: 200}
+}
+
+func (f *fakeProber) paused(ctx context.Context, timeout time.Duration) probeResult {
+	f.mu.Lock()
+	h := f.pausedR
+	f.mu.Unlock()
+	if h != nil {
+		return h()
+	}
+	return probeResult{step: "paused", status: 404, err: "GET /is_paused answered 404"}
+}
+
+func (f *fakeProber) setPaused(p bool) {
+	f.mu.Lock()
+	f.pausedR = func() probeResult { return probeResult{ok: true, step: "paused", status: 200, paused: p} }
+	f.mu.Unlock()
 }
 
 func (f *fakeProber) setHealth(h func() probeResult) { f.mu.Lock(); f.healthR = h; f.mu.Unlock() }
@@ -238,6 +255,8 @@ type scenario struct {
 	noGPU    bool
 	load     func() (float64, float64, bool)
 	progress func() (float64, float64, bool)
+	awaiting func() (int, float64)
+	inFlight func() int
 	pstate   policy.State
 	oom      atomic.Int64
 
@@ -278,7 +297,7 @@ func (s *scenario) start() {
 		persist = func(policy.State) { s.mu.Lock(); s.saved++; s.mu.Unlock() }
 	}
 	opts := Options{Policy: policy.New(s.cfg, s.pstate, realClockForTest{}), Events: bus, Keeper: []string{"keeper"},
-		Persist: persist, Load: s.load, Progress: s.progress}
+		Persist: persist, Load: s.load, Progress: s.progress, Awaiting: s.awaiting, InFlight: s.inFlight}
 	if !s.noGPU {
 		opts.GPU = s.gpu
 	}
@@ -471,6 +490,32 @@ func TestMachineNotReadyWhileProbesFail(t *testing.T) {
 		s.pr.setReady(nil)
 		s.advance(time.Second)
 		s.wantState(StateReady)
+		s.stop()
+	})
+}
+
+// TestMachineStartEndsWhenTheProbeKeepsGettingA4xx: vLLM's server is up
+// and refuses the readiness request (a task it does not serve, say): the
+// start ends with that answer as its reason instead of waiting for ever
+// (issue 24 item 2). A 5xx while starting keeps waiting (the test above).
+func TestMachineStartEndsWhenTheProbeKeepsGettingA4xx(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Readiness.MaxStartTime = config.Duration{} })
+		s.start()
+		s.l.last().listening.Store(true)
+		s.pr.setReady(func() probeResult {
+			return probeResult{step: "embeddings", status: 404, err: "POST /v1/embeddings answered 404"}
+		})
+		s.advance(refusedProbeLimit - time.Second)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("ended before refusedProbeLimit")
+		}
+		s.advance(2 * time.Second)
+		f := s.failure(1)
+		if f.Verdict.Cause != policy.CauseHang || !strings.Contains(f.Verdict.Summary, "refused the readiness probe") ||
+			!strings.Contains(f.Verdict.Summary, "/v1/embeddings answered 404") {
+			t.Fatalf("failure %+v", f.Verdict)
+		}
 		s.stop()
 	})
 }
@@ -1136,6 +1181,80 @@ func TestMachineStopWaitsForVLLMsOwnDrain(t *testing.T) {
 	})
 }
 
+// With the proxy in front and vLLM's --shutdown-timeout, a stop waits for
+// the requests in flight through the proxy before vLLM gets SIGTERM
+// (vLLM 0.32.0's own drain cuts them), for at most that timeout.
+func TestMachineStopDrainsTheProxyFirst(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		endAfter time.Duration // when the proxy's last request ends; 0: never
+		termAt   time.Duration // when vLLM must get SIGTERM
+	}{
+		{"the requests end", 7 * time.Second, 7 * time.Second},
+		{"they outlast the timeout", 0, 20 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var inflight atomic.Int64
+				inflight.Store(2)
+				s := newScenario(t, func(cfg *config.Config) {
+					cfg.VLLM.Command = []string{"vllm", "serve", "m", "--shutdown-timeout", "20"}
+				})
+				s.inFlight = func() int { return int(inflight.Load()) }
+				s.start()
+				s.ready()
+				p := s.l.last()
+				s.cancel()
+				synctest.Wait()
+				if p.stops.Load() != 0 {
+					t.Fatal("SIGTERM while requests were in flight through the proxy")
+				}
+				if st := s.sup.Status(); st.State != StateStopping || !strings.Contains(st.Reason, "2 requests in flight through the proxy") {
+					t.Fatalf("status %s %q", st.State, st.Reason)
+				}
+				if c.endAfter > 0 {
+					s.advance(c.endAfter - time.Millisecond)
+					if p.stops.Load() != 0 {
+						t.Fatal("SIGTERM before the requests ended")
+					}
+					inflight.Store(0)
+					s.advance(time.Second)
+				} else {
+					s.advance(c.termAt - time.Millisecond)
+					if p.stops.Load() != 0 {
+						t.Fatal("SIGTERM before the timeout")
+					}
+					s.advance(time.Second)
+				}
+				if p.stops.Load() != 1 {
+					t.Fatalf("no SIGTERM after %s", c.termAt)
+				}
+				if code := s.exited(); code != exitcode.OK {
+					t.Fatalf("exit %d", code)
+				}
+			})
+		})
+	}
+}
+
+// Without vLLM's --shutdown-timeout (it aborts at once) there is nothing
+// to wait for: SIGTERM at once.
+func TestMachineStopWithoutShutdownTimeoutDoesNotWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.inFlight = func() int { return 3 }
+		s.start()
+		s.ready()
+		p := s.l.last()
+		s.cancel()
+		synctest.Wait()
+		if p.stops.Load() != 1 {
+			t.Fatal("no SIGTERM at once")
+		}
+		s.exited()
+	})
+}
+
 func TestMachineASecondStopKillsAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newScenario(t, nil)
@@ -1175,19 +1294,31 @@ func TestMachineDrainingVLLMThatExitsIsNoFailure(t *testing.T) {
 	})
 }
 
+// TestEffectiveStopTimeout: the run reads --shutdown-timeout as vLLM's
+// parser does, in every spelling and in the extra arguments (issue 23:
+// "=" or an underscore used to leave the drain killed at stop_timeout).
 func TestEffectiveStopTimeout(t *testing.T) {
 	for _, tc := range []struct {
-		argv []string
-		want time.Duration
+		argv, extra []string
+		want        time.Duration
 	}{
-		{[]string{"vllm", "serve", "m"}, 30 * time.Second},
-		{[]string{"vllm", "serve", "m", "--shutdown-timeout", "5"}, 30 * time.Second},
-		{[]string{"vllm", "serve", "m", "--shutdown-timeout=60"}, 70 * time.Second},
-		{[]string{"vllm", "serve", "m", "--shutdown_timeout", "90", "--shutdown-timeout", "100"}, 110 * time.Second},
-		{[]string{"vllm", "serve", "m", "--shutdown-timeout", "0"}, 30 * time.Second},
+		{[]string{"vllm", "serve", "m"}, nil, 30 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown-timeout", "5"}, nil, 30 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown-timeout=60"}, nil, 70 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown_timeout=120"}, nil, 130 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown_timeout", "90", "--shutdown-timeout", "100"}, nil, 110 * time.Second},
+		{[]string{"vllm", "serve", "m"}, []string{"--shutdown_timeout=120"}, 130 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown-timeout", "0"}, nil, 30 * time.Second},
 	} {
-		if got := EffectiveStopTimeout(30*time.Second, ShutdownTimeout(tc.argv)); got != tc.want {
-			t.Errorf("%v: %s, want %s", tc.argv, got, tc.want)
+		cfg := config.Default()
+		cfg.VLLM.Command = tc.argv
+		cfg.VLLM.StopTimeout = config.Duration{Duration: 30 * time.Second}
+		sup, err := New(cfg, Options{Policy: policy.New(cfg, policy.State{}, realClockForTest{}), Keeper: []string{"keeper"}, ExtraArgs: tc.extra})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := sup.stopTimeout(); got != tc.want {
+			t.Errorf("%v -- %v: %s, want %s", tc.argv, tc.extra, got, tc.want)
 		}
 	}
 }
@@ -1267,6 +1398,108 @@ func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
 		s.advance(time.Minute)
 		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
 			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
+}
+
+// vLLM counts prompt tokens only when a prefill completes: one long
+// prefill shows running 1 and no counter moving. The guard's proxy knows
+// the prompt awaiting its answer and allows it time to prefill.
+func TestMachineLongPrefillIsNotStuck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} })
+		var running, prompt atomic.Int64
+		s.progress = func() (float64, float64, bool) { return float64(running.Load()), 1000, true }
+		s.awaiting = func() (int, float64) {
+			if prompt.Load() == 0 {
+				return 0, 0
+			}
+			return 1, float64(prompt.Load())
+		}
+		s.start()
+		s.ready()
+		// A 20 000-token prompt: 200 s of prefill allowed at the slowest rate.
+		running.Store(1)
+		prompt.Store(20000)
+		s.advance(4 * time.Minute)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatalf("a long prefill was called stuck: %+v", s.failure(1))
+		}
+		// Still nothing after stuck_timeout plus the prefill's time: stuck.
+		s.advance(30 * time.Second)
+		f := s.failure(1)
+		if f.Verdict.Cause != policy.CauseHang || !strings.Contains(s.sup.Status().Reason+f.Verdict.Summary, "prefill") {
+			t.Fatalf("failure %+v, status %q", f, s.sup.Status().Reason)
+		}
+		s.stop()
+	})
+}
+
+// vLLM publishes running/waiting after each engine step: an engine that
+// hangs in its first step after idle shows 0 running for ever. The
+// requests the guard's proxy sent, with no answer, are work in flight.
+func TestMachineHangInTheFirstStepAfterIdleIsStuck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} })
+		var sent atomic.Int64
+		s.progress = func() (float64, float64, bool) { return 0, 500, true } // the gauges of the last step before idle
+		s.awaiting = func() (int, float64) { return int(sent.Load()), 8 }
+		s.start()
+		s.ready()
+		s.advance(5 * time.Minute)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("an idle vLLM was called stuck")
+		}
+		sent.Store(3)
+		s.advance(59 * time.Second)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("stuck before stuck_timeout")
+		}
+		s.advance(3 * time.Second)
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
+}
+
+// An operator's POST /pause holds requests on purpose: vLLM answers
+// /is_paused with {"is_paused": true}, and the guard does not kill it.
+// Once resumed, a vLLM that still makes no progress is stuck.
+func TestMachinePausedVLLMIsNotStuck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} })
+		s.progress = func() (float64, float64, bool) { return 4, 1000, true }
+		s.pr.setPaused(true)
+		s.start()
+		s.ready()
+		s.advance(10 * time.Minute)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatalf("a paused vLLM was called stuck: %+v", s.failure(1))
+		}
+		s.pr.setPaused(false)
+		s.advance(2 * time.Minute)
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
+}
+
+// Without vLLM's metrics the stuck check sends a 1-token request; a
+// paused vLLM holds it too, and is not stuck.
+func TestMachinePausedVLLMWithoutMetricsIsNotStuck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 30 * time.Second} })
+		s.progress = func() (float64, float64, bool) { return 0, 0, false }
+		s.pr.setPaused(true)
+		s.start()
+		s.ready()
+		s.pr.setReady(func() probeResult { return probeResult{step: "completion", err: "context deadline exceeded"} })
+		s.advance(5 * time.Minute)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatalf("a paused vLLM was called stuck: %+v", s.failure(1))
 		}
 		s.stop()
 	})

@@ -7,7 +7,7 @@ import (
 
 func TestOOMKillsReadsEitherCgroupVersion(t *testing.T) {
 	files := map[string]string{
-		"/sys/fs/cgroup/memory/process_api/abc/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n",
+		"/sys/fs/cgroup/memory/process_api/abc/memory.oom_control":     "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n",
 		"/sys/fs/cgroup/system.slice/vllm-guard.service/memory.events": "low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\n",
 	}
 	read := func(p string) ([]byte, error) {

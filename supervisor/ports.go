@@ -65,6 +65,9 @@ type proc interface {
 type checker interface {
 	ready(ctx context.Context, level string, timeout time.Duration) probeResult
 	health(ctx context.Context, timeout time.Duration) probeResult
+	// paused asks vLLM whether an operator paused it (GET /is_paused);
+	// the result's paused field says so.
+	paused(ctx context.Context, timeout time.Duration) probeResult
 	close()
 }
 

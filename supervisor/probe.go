@@ -20,10 +20,10 @@ import (
 type probeSpec struct {
 	names []string // the served names; /v1/models must list one of them
 	key   string   // an API key vLLM accepts ("" when it needs none)
-	// taskHint is --task or --runner from the command line ("" when not given).
+	// taskHint is --convert, --task or --runner from the command line ("" when not given).
 	taskHint string
-	// tasks returns vLLM's "Supported_tasks: [...]" as its log printed them
-	// (nil before the line).
+	// tasks returns vLLM's "Supported tasks: [...]" as its log printed them
+	// in this run (nil before the line).
 	tasks func() []string
 	conns *ownconns.Set // records the prober's connections (nil: not recorded)
 }
@@ -66,6 +66,7 @@ type probeResult struct {
 	// name /v1/models does not list): the operator must act.
 	explains bool
 	probe    string // ok: the request that answered, e.g. "auto: POST /v1/embeddings (task embed)"
+	paused   bool   // step "paused": vLLM said {"is_paused": true}
 }
 
 // ready runs the readiness chain up to level: health → models → the
@@ -92,8 +93,8 @@ func (p *prober) ready(ctx context.Context, level string, timeout time.Duration)
 
 // auto is the deepest real request the model serves: a 1-token completion
 // for a generating model, a 1-input request to the pooling endpoint of its
-// task for a pooling model. The task comes from vLLM's Supported_tasks
-// line, else --task/--runner, else a 404 on /v1/completions.
+// task for a pooling model. The task comes from vLLM's Supported tasks
+// line, else --convert/--task/--runner, else a 404 on /v1/completions.
 func (p *prober) auto(ctx context.Context, model string, timeout time.Duration) probeResult {
 	task, from := p.task()
 	if task == "" || task == "generate" {
@@ -112,23 +113,28 @@ func (p *prober) auto(ctx context.Context, model string, timeout time.Duration) 
 	return r
 }
 
+// taskOrder: when vLLM serves several tasks, the probe asks the first of
+// these it serves (a generating model first, then each pooling task by the
+// endpoint that serves it most simply).
+var taskOrder = []string{"generate", "embed", "classify", "score", "token_embed", "token_classify", "reward", "encode", "plugin"}
+
 // task is the model's task and where it was learned.
 func (p *prober) task() (task, from string) {
 	if p.spec.tasks != nil {
 		if ts := p.spec.tasks(); len(ts) > 0 {
-			for _, t := range []string{"generate", "embed", "classify", "score", "reward", "encode"} {
+			for _, t := range taskOrder {
 				if slices.Contains(ts, t) {
-					return t, "vLLM's Supported_tasks line"
+					return t, "vLLM's Supported tasks line"
 				}
 			}
-			return ts[0], "vLLM's Supported_tasks line"
+			return ts[0], "vLLM's Supported tasks line"
 		}
 	}
 	switch h := p.spec.taskHint; {
 	case h == "embedding":
 		return "embed", "--task"
 	case h == "generate" || vllmargs.Pooling(h):
-		return h, "--task/--runner"
+		return h, "--task/--runner/--convert"
 	}
 	if p.pooling {
 		return "pooling", "/v1/completions answered 404"
@@ -136,22 +142,42 @@ func (p *prober) task() (task, from string) {
 	return "", ""
 }
 
-// poolingRequest is the 1-input request of a pooling task.
+// poolingRequest is the 1-input request to the task's own endpoint: vLLM
+// registers a pooling route only for a task it serves.
 func poolingRequest(task, model string) (step, path string, body []byte) {
+	req := map[string]any{"model": model, "input": "ping"}
 	switch task {
 	case "embed":
 		step, path = "embeddings", "/v1/embeddings"
-	case "classify", "score":
+	case "classify":
 		step, path = "classify", "/classify"
-	default: // reward, encode, pooling (the runner), or one not known
+	case "score":
+		step, path = "score", "/score"
+		req = map[string]any{"model": model, "text_1": "ping", "text_2": "pong"}
+	default: // token_embed, token_classify, plugin, reward, encode, the pooling runner, or one not known
 		step, path = "pooling", "/pooling"
 	}
-	body, _ = json.Marshal(map[string]any{"model": model, "input": "ping"})
+	body, _ = json.Marshal(req)
 	return step, path, body
 }
 
 func (p *prober) health(ctx context.Context, timeout time.Duration) probeResult {
 	r, _ := p.do(ctx, "health", http.MethodGet, "/health", nil, timeout)
+	return r
+}
+
+// paused asks GET /is_paused, which vLLM serves (in dev mode,
+// VLLM_SERVER_DEV_MODE=1) as {"is_paused": true|false}: an operator's
+// POST /pause stops generation on purpose until /resume. Any other answer
+// (404 without dev mode, an error, a timeout) is not paused.
+func (p *prober) paused(ctx context.Context, timeout time.Duration) probeResult {
+	r, body := p.do(ctx, "paused", http.MethodGet, "/is_paused", nil, timeout)
+	if r.ok {
+		var st struct {
+			IsPaused bool `json:"is_paused"`
+		}
+		r.paused = json.Unmarshal(body, &st) == nil && st.IsPaused
+	}
 	return r
 }
 

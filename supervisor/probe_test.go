@@ -92,8 +92,15 @@ func TestProbeAutoPooling(t *testing.T) {
 	// The task from vLLM's Supported_tasks line.
 	tasks := func() []string { return []string{"encode", "embed"} }
 	r := probeOnce(t, api, probeSpec{names: []string{"e"}, tasks: tasks}, "auto")
-	if !r.ok || *api.seen.Load() != "/v1/embeddings" || !strings.Contains(r.probe, "task embed, vLLM's Supported_tasks line") {
+	if !r.ok || *api.seen.Load() != "/v1/embeddings" || !strings.Contains(r.probe, "task embed, vLLM's Supported tasks line") {
 		t.Fatalf("embed from the log: %+v (last %s)", r, *api.seen.Load())
+	}
+	// Today's task names: each task's own endpoint.
+	for ts, want := range map[string]string{"token_embed": "/pooling", "token_classify,classify": "/classify", "plugin": "/pooling", "embed,token_embed": "/v1/embeddings"} {
+		r := probeOnce(t, api, probeSpec{names: []string{"e"}, tasks: func() []string { return strings.Split(ts, ",") }}, "auto")
+		if !r.ok || *api.seen.Load() != want {
+			t.Fatalf("tasks %s: %+v (last %s), want %s", ts, r, *api.seen.Load(), want)
+		}
 	}
 	// From --task.
 	r = probeOnce(t, api, probeSpec{names: []string{"e"}, taskHint: "classify"}, "auto")
@@ -130,5 +137,39 @@ func TestProbeConnectionsAreRecorded(t *testing.T) {
 	}
 	if !conns.Has("127.0.0.1", int(port.Load())) {
 		t.Fatal("the prober's connection is not recorded")
+	}
+}
+
+// vLLM's GET /is_paused (dev mode) answers {"is_paused": true} while an
+// operator paused it; without dev mode it is a 404: not paused.
+func TestProbePaused(t *testing.T) {
+	for _, c := range []struct {
+		status int
+		body   string
+		want   bool
+	}{
+		{200, `{"is_paused": true}`, true},
+		{200, `{"is_paused": false}`, false},
+		{404, `{"detail":"Not Found"}`, false},
+		{200, `not json`, false},
+	} {
+		var auth atomic.Pointer[string]
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			a := r.Header.Get("Authorization")
+			auth.Store(&a)
+			if r.Method != http.MethodGet || r.URL.Path != "/is_paused" {
+				w.WriteHeader(http.StatusNotFound)
+				return
+			}
+			w.WriteHeader(c.status)
+			w.Write([]byte(c.body))
+		}))
+		p := newProber(endpointOf(t, srv.URL), probeSpec{names: []string{"m"}, key: "sk-1"})
+		r := p.paused(context.Background(), time.Second)
+		p.close()
+		srv.Close()
+		if r.paused != c.want || *auth.Load() != "Bearer sk-1" {
+			t.Errorf("%d %s: paused %v (%+v), key %q; want %v", c.status, c.body, r.paused, r, *auth.Load(), c.want)
+		}
 	}
 }

@@ -85,6 +85,18 @@ type Options struct {
 	// false when they are not known (metrics off with --disable-log-stats,
 	// or not scraped yet). It feeds stuck detection while ready.
 	Progress func() (running, tokens float64, ok bool)
+	// Awaiting reports the requests the guard's proxy sent to vLLM that
+	// have had no byte of their answer yet, and the largest estimated
+	// prompt (tokens) among them; nil without the proxy. vLLM's gauges
+	// move only after an engine step and its prompt counter only after a
+	// prefill, so the stuck check counts these as work in flight and
+	// allows the largest prompt time to prefill.
+	Awaiting func() (requests int, largestPrompt float64)
+	// InFlight is the number of requests in flight through the guard's
+	// proxy; nil without the proxy. A planned stop with vLLM's
+	// --shutdown-timeout waits for them before vLLM gets SIGTERM (see
+	// drainFirst).
+	InFlight func() int
 	// Args is vLLM's effective command line; nil: read from the config and
 	// ExtraArgs.
 	Args *vllmargs.Args
@@ -95,20 +107,22 @@ type Options struct {
 
 // Supervisor runs vLLM until stopped. Make one with New, then Run it.
 type Supervisor struct {
-	cfg     *config.Config
-	log     *zap.Logger
-	pol     *policy.Policy
-	gpu     GPU
-	bus     *events.Bus
-	persist func(policy.State)
-	keeper  []string
-	extra   []string
-	model   string
-	load    func() (running, waiting float64, ok bool)
-	tokens  func() (running, tokens float64, ok bool)
-	args    *vllmargs.Args
-	conns   *ownconns.Set
-	tasks   atomic.Pointer[[]string] // vLLM's Supported_tasks, from its log
+	cfg      *config.Config
+	log      *zap.Logger
+	pol      *policy.Policy
+	gpu      GPU
+	bus      *events.Bus
+	persist  func(policy.State)
+	keeper   []string
+	extra    []string
+	model    string
+	load     func() (running, waiting float64, ok bool)
+	tokens   func() (running, tokens float64, ok bool)
+	waiting  func() (requests int, largestPrompt float64) // Options.Awaiting
+	inFlight func() int                                   // Options.InFlight
+	args     *vllmargs.Args
+	conns    *ownconns.Set
+	tasks    atomic.Pointer[[]string] // vLLM's Supported tasks, from this run's log before ready
 
 	// The machine's ports: real processes and HTTP unless a test sets them.
 	launcher  launcher
@@ -164,7 +178,7 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 		conns = ownconns.New()
 	}
 	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, bus: opts.Events, persist: persist,
-		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, tokens: opts.Progress, reqs: make(chan request), kill: make(chan struct{}, 1),
+		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, tokens: opts.Progress, waiting: opts.Awaiting, inFlight: opts.InFlight, reqs: make(chan request), kill: make(chan struct{}, 1),
 		launcher: processLauncher{}, hostOOM: hostOOMKills, args: args, conns: conns}
 	if names := cfg.ServedModelNames(args); len(names) > 0 {
 		s.model = names[0]
@@ -233,7 +247,7 @@ func (s *Supervisor) beat() { s.lastTurn.Store(time.Now()) }
 
 // probeSpec is what the prober must know of vLLM's command line.
 func (s *Supervisor) probeSpec() probeSpec {
-	sp := probeSpec{names: s.cfg.ServedModelNames(s.args), taskHint: cmpOr(s.args.Task, s.args.Runner), conns: s.conns,
+	sp := probeSpec{names: s.cfg.ServedModelNames(s.args), taskHint: cmpOr(s.args.Convert, cmpOr(s.args.Task, s.args.Runner)), conns: s.conns,
 		tasks: func() []string {
 			if t := s.tasks.Load(); t != nil {
 				return *t

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -19,7 +20,8 @@ type Scraper struct {
 	interval time.Duration
 	log      *zap.Logger
 	client   *http.Client
-	wake     chan struct{} // a new target: scrape now, not at the next tick
+	wake     chan struct{}          // a new target: scrape now, not at the next tick
+	key      atomic.Pointer[string] // vLLM's API key, sent as a Bearer token ("" or nil: none)
 
 	mu      sync.Mutex
 	target  string // guarded by mu; "" = vLLM not ready
@@ -53,6 +55,11 @@ func (s *Scraper) Dial(dial func(ctx context.Context, network, addr string) (net
 		tr.DialContext = dial
 	}
 }
+
+// SetAPIKey makes every scrape carry vLLM's API key as a Bearer token:
+// /metrics is open today, but vLLM may protect more than /v1 soon, and a
+// key vLLM does not need is harmless. "" sends none.
+func (s *Scraper) SetAPIKey(key string) { s.key.Store(&key) }
 
 // SetTarget sets vLLM's base URL ("http://127.0.0.1:8000") once it is
 // ready, or "" when it is not: then nothing is scraped and Stats.Up is
@@ -143,6 +150,9 @@ func (s *Scraper) fetch(ctx context.Context, url string) (Stats, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return Stats{}, fmt.Errorf("vllmstats: bad metrics URL %q: %w", url, err)
+	}
+	if k := s.key.Load(); k != nil && *k != "" {
+		req.Header.Set("Authorization", "Bearer "+*k)
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {

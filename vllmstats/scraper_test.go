@@ -112,3 +112,26 @@ func TestScraperConnectionRefused(t *testing.T) {
 	}
 	s.client.CloseIdleConnections()
 }
+
+// TestScraperSendsTheAPIKey: every scrape carries vLLM's key (issue 23
+// item 7: vLLM may protect more paths than /v1 soon).
+func TestScraperSendsTheAPIKey(t *testing.T) {
+	body, err := os.ReadFile(filepath.Join("testdata", "metrics_v0_old.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer sk-7" {
+			http.Error(w, `{"error":"Unauthorized"}`, http.StatusUnauthorized)
+			return
+		}
+		w.Write(body)
+	}))
+	defer srv.Close()
+	s := NewScraper(10*time.Millisecond, nil)
+	s.SetAPIKey("sk-7")
+	if _, err := s.fetch(t.Context(), srv.URL+"/metrics"); err != nil {
+		t.Fatalf("scrape with the key: %v", err)
+	}
+	s.client.CloseIdleConnections()
+}

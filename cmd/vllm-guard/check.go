@@ -61,7 +61,7 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	writeThresholds(stdout, cfg, vargs)
-	writeStop(stdout, cfg)
+	writeStop(stdout, cfg, vargs)
 	writeLearned(stdout, cfg, vargs)
 	return exitcode.OK
 }
@@ -75,12 +75,15 @@ const (
 )
 
 // writeStop prints how vLLM is stopped and how long it may take.
-func writeStop(w io.Writer, cfg *config.Config) {
-	drain := supervisor.ShutdownTimeout(cfg.VLLM.Command)
+func writeStop(w io.Writer, cfg *config.Config, args *vllmargs.Args) {
+	drain := args.ShutdownTimeout
 	eff := supervisor.EffectiveStopTimeout(cfg.VLLM.StopTimeout.Duration, drain)
-	fmt.Fprintf(w, "\n# stopping: SIGTERM to vLLM's API server (it drains, then stops its engine), SIGKILL of its whole tree after %s\n", eff)
+	fmt.Fprintf(w, "\n# stopping: SIGTERM to vLLM's API server (it drains, then stops its engine), SIGKILL of its whole tree after the effective stop timeout\n")
+	fmt.Fprintf(w, "effective stop timeout: %ds", int(eff.Seconds()))
 	if drain > 0 {
-		fmt.Fprintf(w, "# (vLLM's --shutdown-timeout %s + 10s, stop_timeout %s)\n", drain, cfg.VLLM.StopTimeout.Duration)
+		fmt.Fprintf(w, " (the longer of vLLM's --shutdown-timeout %ds + 10s and stop_timeout %s)\n", int(drain.Seconds()), cfg.VLLM.StopTimeout.Duration)
+	} else {
+		fmt.Fprintf(w, " (stop_timeout; vLLM's --shutdown-timeout is 0: it aborts requests in flight at once)\n")
 	}
 	if eff+5*time.Second > exampleTimeoutStopSec {
 		fmt.Fprintf(w, "warning: the example systemd unit's TimeoutStopSec=%s is not above %s: raise it, or systemd kills vLLM mid-drain\n",
@@ -113,8 +116,11 @@ func writeVLLM(w io.Writer, cfg *config.Config, args *vllmargs.Args, extra []str
 	}
 	fmt.Fprintf(w, "API key:        %s\n", key)
 	fmt.Fprintf(w, "readiness:      %s\n", probeWords(cfg.Readiness.Probe, args))
+	if args.Task != "" {
+		fmt.Fprintf(w, "warning: --task %s: vllm serve no longer takes --task (it exits 2, \"unrecognized arguments\"); write --runner pooling and --convert %s (or nothing: vLLM detects the task)\n", args.Task, args.Task)
+	}
 	if args.ShutdownTimeout > 0 {
-		fmt.Fprintf(w, "shutdown:       --shutdown-timeout %s\n", args.ShutdownTimeout)
+		fmt.Fprintf(w, "shutdown:       --shutdown-timeout %ds (vLLM drains requests in flight for up to this long)\n", int(args.ShutdownTimeout.Seconds()))
 	}
 	if args.TensorParallelSize > 1 {
 		fmt.Fprintf(w, "tensor parallel: %d GPUs\n", args.TensorParallelSize)
@@ -131,17 +137,20 @@ func probeWords(level string, args *vllmargs.Args) string {
 	case "completion":
 		return "completion: a 1-token POST /v1/completions"
 	}
-	task := args.Task
+	task := args.Convert
+	if task == "" {
+		task = args.Task
+	}
 	if task == "" {
 		task = args.Runner
 	}
 	switch {
 	case task == "generate":
-		return "auto: a 1-token POST /v1/completions (--task/--runner generate)"
+		return "auto: a 1-token POST /v1/completions (--runner generate)"
 	case vllmargs.Pooling(task):
-		return fmt.Sprintf("auto: a 1-input request to the pooling endpoint of task %q (from --task/--runner; vLLM's Supported_tasks line decides at startup)", task)
+		return fmt.Sprintf("auto: a 1-input request to the endpoint of task %q (from --convert/--runner; vLLM's Supported tasks line decides at startup)", task)
 	}
-	return "auto: a 1-token POST /v1/completions for a generating model, or a 1-input request to the pooling endpoint of a pooling model (the task from vLLM's Supported_tasks line at startup, or a 404 on completions)"
+	return "auto: a 1-token POST /v1/completions for a generating model, or a 1-input request to the endpoint of a pooling model's task (the task from vLLM's Supported tasks line at startup, or a 404 on completions)"
 }
 
 // writeThresholds prints the memory thresholds on rung 0.

@@ -244,3 +244,25 @@ func TestStampedBuildSaysItsVersion(t *testing.T) {
 		t.Errorf("--version of a stamped build: %v\n%s", err, out)
 	}
 }
+
+// TestCheckReadsVLLMsCommandLineAsVLLMDoes: the stop timeout in every
+// spelling from the extra arguments, and a --config YAML with a nested map
+// (issue 23: "SIGKILL after 30s" for -- --shutdown_timeout=120; exit 78
+// for a compilation config).
+func TestCheckReadsVLLMsCommandLineAsVLLMDoes(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "g.toml")
+	os.WriteFile(cfg, []byte("[vllm]\ncommand = [\"vllm\", \"serve\", \"--config\", \"c.yaml\"]\nworkdir = \""+dir+"\"\n"+
+		"[control]\nstate_dir = \""+dir+"/state\"\n"), 0o600)
+	os.WriteFile(filepath.Join(dir, "c.yaml"), []byte("model: org/m\nserved-model-name: [alpha, beta]\ncompilation-config:\n  level: 3\n"), 0o600)
+	code, out, errs := call("check", "--config", cfg, "--", "--shutdown_timeout=120")
+	if code != 0 {
+		t.Fatalf("check: exit %d\n%s\n%s", code, out, errs)
+	}
+	if !strings.Contains(out, "effective stop timeout: 130s") {
+		t.Errorf("check -- --shutdown_timeout=120: want an effective stop timeout of 130s\n%s", out)
+	}
+	if !strings.Contains(out, `served names:   "alpha", "beta"`) {
+		t.Errorf("check with a nested --config map: want the names from the file\n%s", out)
+	}
+}

@@ -236,7 +236,11 @@ func checkGuardPod(t *testing.T, o objects) guardPod {
 		t.Fatal("no terminationGracePeriodSeconds: Kubernetes' default 30s kills vLLM mid-shutdown")
 	}
 	p.grace = time.Duration(*p.spec.TerminationGracePeriodSeconds) * time.Second
-	p.stop = supervisor.EffectiveStopTimeout(p.cfg.VLLM.StopTimeout.Duration, supervisor.ShutdownTimeout(p.cfg.VLLM.Command))
+	var drain time.Duration
+	if args, err := p.cfg.VLLMArgs(nil); err == nil {
+		drain = args.ShutdownTimeout
+	}
+	p.stop = supervisor.EffectiveStopTimeout(p.cfg.VLLM.StopTimeout.Duration, drain)
 	if p.grace < p.stop+5*time.Second { // the margin `vllm-guard check` asks for
 		t.Errorf("terminationGracePeriodSeconds %s is not 5s above the guard's stop timeout %s", p.grace, p.stop)
 	}
@@ -336,20 +340,22 @@ func checkGuardPod(t *testing.T, o objects) guardPod {
 		_, pp, _ := net.SplitHostPort(p.cfg.Proxy.Listen)
 		serving, _ = strconv.Atoi(pp)
 	}
-	var api, control bool
+	var api bool
 	for _, sp := range svc.Spec.Ports {
 		n := portNumber(sp.TargetPort, ports)
 		if sp.TargetPort.Type == intstr.String && n == 0 {
 			t.Errorf("Service port %s: targetPort %q names no container port", sp.Name, sp.TargetPort.StrVal)
 		}
 		api = api || n == serving
-		control = control || n == controlPort
+		if n == controlPort {
+			// The probes and scrapes reach the pod's address; published,
+			// any client of the Service could hold the port's few
+			// connections and fail /livez (issue 24).
+			t.Errorf("Service port %s publishes the guard's control port %d; only the kubelet and Prometheus need it, on the pod's address", sp.Name, controlPort)
+		}
 	}
 	if !api {
 		t.Errorf("no Service port reaches the port clients use (%d: the proxy's listen, else [vllm] port)", serving)
-	}
-	if !control {
-		t.Errorf("no Service port reaches the guard's control port %d", controlPort)
 	}
 	if p.cfg.Proxy.Listen == "" {
 		if h := p.cfg.VLLM.Host; h != "0.0.0.0" && h != "::" {

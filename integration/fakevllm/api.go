@@ -86,18 +86,19 @@ func runServe(argv []string) int {
 	stats := &writeStats{}
 	out := &streamWriter{w: os.Stdout, stats: stats}
 	errw := &streamWriter{w: os.Stderr, stats: stats}
-	args, err := parseServeArgs(argv)
+	// The era first: which flags vllm serve knows depends on it.
+	env, err := loadEnv(os.LookupEnv)
+	if err != nil {
+		errw.write([]byte(err.Error() + "\n"))
+		return 2
+	}
+	args, err := parseServeArgsFor(argv, env.Era)
 	if err != nil {
 		if err == errHelp {
 			out.write([]byte(usageText + helpText))
 			return 0
 		}
 		errw.write([]byte(usageText + "vllm serve: error: " + err.Error() + "\n"))
-		return 2
-	}
-	env, err := loadEnv(os.LookupEnv)
-	if err != nil {
-		errw.write([]byte(err.Error() + "\n"))
 		return 2
 	}
 	f := env.Faults
@@ -454,10 +455,14 @@ func (a *apiServer) accessLogOn() bool {
 func (a *apiServer) serverPhase() {
 	if a.env.Era != eraV0 {
 		q := []string{}
-		for _, t := range supportedTasks(a.task) {
+		for _, t := range supportedTasks(a.task, a.env.Era) {
 			q = append(q, pyStr(t))
 		}
-		a.log.info("api_server.py:1611", "Supported_tasks: [%s]", strings.Join(q, ", "))
+		if a.env.Era == eraV1Plain {
+			a.log.info("entry.py:136", "Supported tasks: [%s]", strings.Join(q, ", ")) // vLLM 0.32's wording
+		} else {
+			a.log.info("api_server.py:1611", "Supported_tasks: [%s]", strings.Join(q, ", "))
+		}
 	}
 	start := time.Now()
 	runPhase(a.env.Server, 0, a.env.ProgressEvery, func(step int) {
@@ -474,11 +479,15 @@ func (a *apiServer) serverPhase() {
 	case eraV0:
 		a.log.info("api_server.py:464", "Starting vLLM API server on %s", url)
 	case eraV1Plain:
-		a.log.info("api_server.py:1947", "Starting vLLM server on %s", url)
+		a.log.info("entry.py:140", "Starting vLLM server on %s", url)
 	default:
 		a.log.info("api_server.py:1880", "Starting vLLM API server 0 on %s", url)
 	}
-	a.log.info(a.src("launcher.py:29", "launcher.py:19"), "Available routes are:")
+	routesSrc := a.src("launcher.py:29", "launcher.py:19")
+	if a.env.Era == eraV1Plain {
+		routesSrc = "launcher.py:186"
+	}
+	a.log.info(routesSrc, "Available routes are:")
 	for _, r := range a.routes() {
 		a.log.info(a.src("launcher.py:37", "launcher.py:27"), "Route: %s, Methods: %s", r.path, r.methods)
 	}
@@ -692,9 +701,10 @@ func (a *apiServer) startGrandchild() {
 }
 
 // terminate is SIGTERM/SIGINT to the API process: vLLM's shutdown. With
-// --shutdown-timeout S > 0 while serving it drains: new requests get 503,
-// in-flight ones may finish for up to S seconds (a second signal ends the
-// wait), then the rest are aborted. With S = 0 (the default) in-flight
+// --shutdown-timeout S > 0 while serving it drains: new requests are
+// finished at once with finish_reason "abort", in-flight ones may finish
+// for up to S seconds (a second signal is ignored), then the rest are
+// aborted. With S = 0 (the default) in-flight
 // requests are aborted at once. Then the engine gets SIGTERM (SIGKILL
 // after 5 s) and the process exits 0.
 func (a *apiServer) terminate() {
@@ -703,11 +713,7 @@ func (a *apiServer) terminate() {
 		return
 	}
 	if a.draining.Load() {
-		a.forceOnce.Do(func() {
-			a.log.warn(a.src("launcher.py:118", "launcher.py:90"), "Received second signal, forcing immediate shutdown")
-			close(a.forceCh)
-		})
-		return
+		return // merged vLLM sets its shutdown event once: a second signal is ignored
 	}
 	if !a.exiting.CompareAndSwap(false, true) {
 		return
@@ -715,7 +721,7 @@ func (a *apiServer) terminate() {
 	serving := a.serving.Load()
 	if serving && a.args.ShutdownTimeout > 0 && !a.dead.Load() {
 		a.draining.Store(true)
-		a.log.info(a.src("launcher.py:112", "launcher.py:88"), "Graceful shutdown: draining in-flight requests for up to %s seconds; new requests are rejected with 503", pyNum(a.args.ShutdownTimeout))
+		a.log.info(a.src("launcher.py:112", "launcher.py:88"), "Graceful shutdown: draining in-flight requests for up to %s seconds; new requests are aborted", pyNum(a.args.ShutdownTimeout))
 		deadline := time.NewTimer(time.Duration(a.args.ShutdownTimeout * float64(time.Second)))
 		tick := time.NewTicker(5 * time.Millisecond)
 	drain:
@@ -723,8 +729,6 @@ func (a *apiServer) terminate() {
 			select {
 			case <-deadline.C:
 				a.log.warn(a.src("launcher.py:126", "launcher.py:96"), "Shutdown timeout of %s seconds reached with %d request(s) in flight; aborting them", pyNum(a.args.ShutdownTimeout), a.inflight.Load())
-				break drain
-			case <-a.forceCh:
 				break drain
 			case <-tick.C:
 			}

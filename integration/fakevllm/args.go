@@ -25,8 +25,9 @@ type serveArgs struct {
 	MaxNumBatchedTokens int
 	KVCacheMemoryBytes  int64
 	APIKeys             []string // --api-key (nargs +); VLLM_API_KEY is read by the API process
-	Task                string   // --task as given ("" = auto)
+	Task                string   // --task as given ("" = auto); older eras only
 	Runner              string   // --runner as given ("" = auto)
+	Convert             string   // --convert as given ("" = auto)
 	TensorParallel      int
 	ShutdownTimeout     float64
 	DisableAccessLog    bool
@@ -56,6 +57,7 @@ const usageText = `usage: vllm serve [-h] [--config CONFIG] [--host HOST] [--por
                   [--max-num-seqs MAX_NUM_SEQS] [--max-model-len MAX_MODEL_LEN]
                   [--served-model-name SERVED_MODEL_NAME [SERVED_MODEL_NAME ...]]
                   [--model MODEL] [--task TASK] [--runner RUNNER]
+                  [--convert CONVERT]
                   [--tensor-parallel-size TENSOR_PARALLEL_SIZE]
                   [--enforce-eager]
                   [--max-num-batched-tokens MAX_NUM_BATCHED_TOKENS]
@@ -91,6 +93,7 @@ options:
   --model MODEL         Deprecated with vllm serve: give the model as model_tag.
   --task TASK           auto, generate, embed, classify, score, reward (older vLLM). (default: auto)
   --runner RUNNER       auto, generate, pooling. (default: auto)
+  --convert CONVERT     auto, none, embed, classify: adapt the model to a pooling task. (default: auto)
   -tp, --tensor-parallel-size TENSOR_PARALLEL_SIZE
                         Number of tensor parallel groups. (default: 1)
   --enforce-eager       Always use eager-mode PyTorch. (default: False)
@@ -133,8 +136,9 @@ var knownFlags = map[string]flagKind{
 	"--model":                      kindString,
 	"--task":                       kindString,
 	"--runner":                     kindString,
+	"--convert":                    kindString,
 	"--tensor-parallel-size":       kindInt,
-	"--shutdown-timeout":           kindFloat,
+	"--shutdown-timeout":           kindInt, // merged vLLM: an integer number of seconds
 	"--disable-uvicorn-access-log": kindBool,
 	"--uvicorn-log-level":          kindString,
 	"--disable-log-stats":          kindBool,
@@ -148,6 +152,7 @@ var shortFlags = map[string]string{"-tp": "--tensor-parallel-size"}
 var choices = map[string][]string{
 	"--task":              {"auto", "generate", "embedding", "embed", "classify", "score", "reward"},
 	"--runner":            {"auto", "generate", "pooling"},
+	"--convert":           {"auto", "none", "embed", "classify"},
 	"--uvicorn-log-level": {"critical", "error", "warning", "info", "debug", "trace"},
 }
 
@@ -177,8 +182,17 @@ func normalizeFlag(tok string) string {
 // argparse parser does: `--flag value` and `--flag=value`, underscores as
 // dashes, no abbreviations, `--config FILE` expanded right after the
 // model, repeated flags last-wins (with a warning), every unknown token
-// collected into one "unrecognized arguments" error.
+// collected into one "unrecognized arguments" error. It parses as the
+// default era does; parseServeArgsFor takes the era.
 func parseServeArgs(argv []string) (*serveArgs, error) {
+	return parseServeArgsFor(argv, eraV1ANSI)
+}
+
+// removedIn are flags an era's vllm serve no longer has: argparse treats
+// them as unknown (merged vLLM dropped --task for --runner and --convert).
+var removedIn = map[era]map[string]bool{eraV1Plain: {"--task": true}}
+
+func parseServeArgsFor(argv []string, e era) (*serveArgs, error) {
 	a := &serveArgs{
 		Host:           "0.0.0.0",
 		Port:           8000,
@@ -244,7 +258,7 @@ func parseServeArgs(argv []string) (*serveArgs, error) {
 		tok = normalizeFlag(tok)
 		name, value, hasValue := strings.Cut(tok, "=")
 		kind, ok := knownFlags[name]
-		if !ok {
+		if !ok || removedIn[e][name] {
 			unknown = append(unknown, argv[i])
 			continue
 		}
@@ -397,6 +411,8 @@ func (a *serveArgs) setFlag(name string, kind flagKind, value string) error {
 			a.KVCacheMemoryBytes = n
 		case "--tensor-parallel-size":
 			a.TensorParallel = int(n)
+		case "--shutdown-timeout":
+			a.ShutdownTimeout = float64(n)
 		}
 	case kindFloat:
 		f, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
@@ -406,8 +422,6 @@ func (a *serveArgs) setFlag(name string, kind flagKind, value string) error {
 		switch name {
 		case "--gpu-memory-utilization":
 			a.GPUMemUtil = f
-		case "--shutdown-timeout":
-			a.ShutdownTimeout = f
 		}
 	case kindString:
 		switch name {
@@ -419,6 +433,8 @@ func (a *serveArgs) setFlag(name string, kind flagKind, value string) error {
 			a.Task = value
 		case "--runner":
 			a.Runner = value
+		case "--convert":
+			a.Convert = value
 		case "--uvicorn-log-level":
 			a.UvicornLogLevel = value
 		case "--dtype":
@@ -630,6 +646,9 @@ func (a *serveArgs) nonDefaultArgs() string {
 	if a.set["--runner"] {
 		add("runner", pyStr(a.Runner))
 	}
+	if a.set["--convert"] {
+		add("convert", pyStr(a.Convert))
+	}
 	if a.set["--max-model-len"] {
 		if a.MaxModelLenAuto {
 			add("max_model_len", "-1")
@@ -694,6 +713,9 @@ func (a *serveArgs) argv() []string {
 	if a.Runner != "" {
 		out = append(out, "--runner="+a.Runner)
 	}
+	if a.Convert != "" {
+		out = append(out, "--convert="+a.Convert)
+	}
 	if a.EnforceEager {
 		out = append(out, "--enforce-eager")
 	}
@@ -708,13 +730,20 @@ func (a *serveArgs) argv() []string {
 
 // poolingTask is the model's task: "generate", or a pooling task.
 // vLLM learns it from the model's architecture; the simulator has no
-// config.json, so --task / --runner decide, else the model's name does:
-// a name with "rerank", "classif" or "cross-encoder" is a classifier
-// (Supported_tasks ['encode', 'classify', 'score']), one with "reward" a
-// reward model, one with "embed", "bge", "e5-", "gte-" or "minilm" an
-// embedding model ['encode', 'embed']; anything else generates. With
-// --runner pooling an unrecognised name embeds (vLLM's default convert).
+// config.json, so --convert / --task / --runner decide, else the model's
+// name does: a name with "rerank", "classif" or "cross-encoder" is a
+// classifier, one with "reward" a reward model, one with "embed", "bge",
+// "e5-", "gte-" or "minilm" an embedding model; anything else generates.
+// --convert embed|classify adapts any model to that task (and implies the
+// pooling runner); with --runner pooling an unrecognised name embeds
+// (vLLM's default convert).
 func (a *serveArgs) poolingTask() string {
+	switch a.Convert {
+	case "embed":
+		return "embed"
+	case "classify":
+		return "classify"
+	}
 	switch a.Task {
 	case "generate":
 		return "generate"
@@ -756,8 +785,21 @@ func taskFromName(model string) string {
 	return "generate"
 }
 
-// supportedTasks is what vLLM logs as Supported_tasks for the task.
-func supportedTasks(task string) []string {
+// supportedTasks is what vLLM logs as its supported tasks for the task:
+// the names of 2025 ("encode", "score", "reward") in the older eras,
+// merged vLLM's ("token_embed", "token_classify") in the newest.
+func supportedTasks(task string, e era) []string {
+	if e == eraV1Plain {
+		switch task {
+		case "embed":
+			return []string{"embed", "token_embed"}
+		case "classify":
+			return []string{"classify", "token_classify"}
+		case "reward":
+			return []string{"token_classify"}
+		}
+		return []string{"generate"}
+	}
 	switch task {
 	case "embed":
 		return []string{"encode", "embed"}

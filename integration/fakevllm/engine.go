@@ -51,14 +51,14 @@ type engine struct {
 }
 
 func runEngine(argv []string) int {
-	args, err := parseServeArgs(argv)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "fakevllm engine: bad arguments from the API process: %v\n", err)
-		return 2
-	}
 	env, err := loadEnv(os.LookupEnv)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	args, err := parseServeArgsFor(argv, env.Era)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "fakevllm engine: bad arguments from the API process: %v\n", err)
 		return 2
 	}
 	// The API process already checked the marker; these are the live faults.

@@ -132,7 +132,9 @@ const engineDeadMessage = "EngineCore encountered an issue. See stack trace (abo
 type route struct{ path, methods string }
 
 // routes are the routes the app registers for the model's task, in the
-// order vLLM prints them ("Route: /health, Methods: GET").
+// order vLLM prints them ("Route: /health, Methods: GET"). vLLM registers
+// a pooling route only for a task the model serves: a generating model
+// has none of them (404), a pooling model no completions (404).
 func (a *apiServer) routes() []route {
 	rs := []route{
 		{"/openapi.json", "GET, HEAD"}, {"/docs", "GET, HEAD"}, {"/health", "GET"},
@@ -144,7 +146,7 @@ func (a *apiServer) routes() []route {
 	case "embed":
 		rs = append(rs, route{"/v1/embeddings", "POST"}, route{"/pooling", "POST"}, route{"/score", "POST"}, route{"/v1/score", "POST"})
 	case "classify":
-		rs = append(rs, route{"/classify", "POST"}, route{"/pooling", "POST"}, route{"/score", "POST"}, route{"/v1/score", "POST"}, route{"/rerank", "POST"}, route{"/v1/rerank", "POST"})
+		rs = append(rs, route{"/classify", "POST"}, route{"/pooling", "POST"}, route{"/score", "POST"}, route{"/v1/score", "POST"}, route{"/rerank", "POST"}, route{"/v1/rerank", "POST"}, route{"/v2/rerank", "POST"})
 	default:
 		rs = append(rs, route{"/pooling", "POST"})
 	}
@@ -163,9 +165,8 @@ func (a *apiServer) handler() http.Handler {
 			mux.HandleFunc(r.path, func(w http.ResponseWriter, r *http.Request) { a.handleCompletion(w, r, false) })
 		case "/v1/chat/completions":
 			mux.HandleFunc(r.path, func(w http.ResponseWriter, r *http.Request) { a.handleCompletion(w, r, true) })
-		case "/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank":
-			kind := strings.TrimPrefix(r.path, "/v1/")
-			kind = strings.TrimPrefix(kind, "/")
+		case "/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank":
+			kind := r.path[strings.LastIndex(r.path, "/")+1:]
 			mux.HandleFunc(r.path, func(w http.ResponseWriter, r *http.Request) { a.handlePooling(w, r, kind) })
 		}
 	}
@@ -178,9 +179,11 @@ func (a *apiServer) handler() http.Handler {
 		if a.accessLogOn() {
 			rw = &accessLog{ResponseWriter: w, a: a, r: r}
 		}
-		if a.draining.Load() {
-			// vLLM's drain: new requests are refused while in-flight ones finish.
-			writeError(rw, http.StatusServiceUnavailable, "ServiceUnavailableError", "The server is shutting down.", "")
+		if a.draining.Load() && r.Method == http.MethodPost && (r.URL.Path == "/v1/completions" || r.URL.Path == "/v1/chat/completions") {
+			// Merged vLLM's drain: uvicorn keeps serving and a new request
+			// is finished at once by the engine with finish_reason "abort",
+			// nothing generated (status 200, no 503).
+			a.abortAtOnce(rw, r)
 			return
 		}
 		// vLLM's AuthenticationMiddleware: every path under /v1 needs
@@ -760,4 +763,43 @@ func (a *apiServer) handlePooling(w http.ResponseWriter, r *http.Request, kind s
 		delete(out, "data")
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// abortAtOnce answers a request that arrived during the drain as merged
+// vLLM does: accepted, then finished at once with finish_reason "abort"
+// and nothing generated, in the shape of its endpoint (a stream: one empty
+// chunk with the abort, then [DONE]).
+func (a *apiServer) abortAtOnce(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Stream bool   `json:"stream"`
+		Model  string `json:"model"`
+	}
+	json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req)
+	chat := r.URL.Path == "/v1/chat/completions"
+	now := time.Now().Unix()
+	choice := map[string]any{"index": 0, "finish_reason": "abort", "logprobs": nil}
+	obj, id := "text_completion", "cmpl-drain"
+	if chat {
+		obj, id = "chat.completion", "chatcmpl-drain"
+	}
+	if !req.Stream {
+		if chat {
+			choice["message"] = map[string]any{"role": "assistant", "content": ""}
+		} else {
+			choice["text"] = ""
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": obj, "created": now, "model": a.respModel(req.Model),
+			"choices": []any{choice}, "usage": map[string]int{"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}})
+		return
+	}
+	if chat {
+		choice["delta"] = map[string]any{}
+		obj = "chat.completion.chunk"
+	} else {
+		choice["text"] = ""
+	}
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.WriteHeader(http.StatusOK)
+	b, _ := json.Marshal(map[string]any{"id": id, "object": obj, "created": now, "model": a.respModel(req.Model), "choices": []any{choice}})
+	fmt.Fprintf(w, "data: %s\n\ndata: [DONE]\n\n", b)
 }

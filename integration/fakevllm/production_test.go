@@ -96,25 +96,36 @@ func TestAPIKey(t *testing.T) {
 
 func TestPoolingTasks(t *testing.T) {
 	t.Parallel()
+	merged := "v1" // the newest era follows merged vLLM (0.32)
+	pooling := []string{"/pooling", "/classify", "/v1/embeddings", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"}
 	cases := []struct {
 		name     string
+		era      string // FAKEVLLM_ERA ("": the default, 2025)
 		args     []string
-		tasks    string
+		tasks    string   // the whole supported-tasks line's message
 		serves   []string // POST paths answering 200
 		notFound []string // POST paths answering 404
 	}{
-		{"generate", []string{"org/model"}, "['generate']", []string{"/v1/completions"}, []string{"/v1/embeddings", "/pooling"}},
-		{"task embed", []string{"org/model", "--task", "embed"}, "['encode', 'embed']", []string{"/v1/embeddings", "/pooling", "/score"}, []string{"/v1/completions", "/v1/chat/completions", "/classify"}},
-		{"runner pooling", []string{"org/model", "--runner", "pooling"}, "['encode', 'embed']", []string{"/v1/embeddings"}, []string{"/v1/completions"}},
-		{"auto embed by name", []string{"BAAI/bge-small-en-v1.5"}, "['encode', 'embed']", []string{"/v1/embeddings"}, []string{"/v1/completions"}},
-		{"auto classify by name", []string{"BAAI/bge-reranker-v2-m3"}, "['encode', 'classify', 'score']", []string{"/classify", "/pooling", "/score"}, []string{"/v1/completions", "/v1/embeddings"}},
+		{"generate", "", []string{"org/model"}, "Supported_tasks: ['generate']", []string{"/v1/completions"}, []string{"/v1/embeddings", "/pooling"}},
+		{"task embed, older vLLM", "", []string{"org/model", "--task", "embed"}, "Supported_tasks: ['encode', 'embed']", []string{"/v1/embeddings", "/pooling", "/score"}, []string{"/v1/completions", "/v1/chat/completions", "/classify"}},
+		{"runner pooling", "", []string{"org/model", "--runner", "pooling"}, "Supported_tasks: ['encode', 'embed']", []string{"/v1/embeddings"}, []string{"/v1/completions"}},
+		{"auto embed by name", "", []string{"BAAI/bge-small-en-v1.5"}, "Supported_tasks: ['encode', 'embed']", []string{"/v1/embeddings"}, []string{"/v1/completions"}},
+		{"auto classify by name", "", []string{"BAAI/bge-reranker-v2-m3"}, "Supported_tasks: ['encode', 'classify', 'score']", []string{"/classify", "/pooling", "/score"}, []string{"/v1/completions", "/v1/embeddings"}},
+		// Merged vLLM: the newer wording and task names, and no pooling
+		// route at all on a generating model.
+		{"merged generate", merged, []string{"org/model"}, "Supported tasks: ['generate']", []string{"/v1/completions", "/v1/chat/completions"}, pooling},
+		{"merged runner pooling", merged, []string{"org/model", "--runner", "pooling"}, "Supported tasks: ['embed', 'token_embed']",
+			[]string{"/v1/embeddings", "/pooling", "/score", "/v1/score"}, []string{"/v1/completions", "/v1/chat/completions", "/classify", "/rerank", "/v2/rerank"}},
+		{"merged convert classify", merged, []string{"org/model", "--runner", "pooling", "--convert", "classify"}, "Supported tasks: ['classify', 'token_classify']",
+			[]string{"/classify", "/pooling", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"}, []string{"/v1/completions", "/v1/embeddings"}},
+		{"merged convert embed", merged, []string{"org/model", "--convert", "embed"}, "Supported tasks: ['embed', 'token_embed']", []string{"/v1/embeddings"}, []string{"/v1/completions", "/classify"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			p, url := startReady(t, fast, c.args...)
-			p.waitLine("Supported_tasks: "+c.tasks, time.Second)
-			body := `{"input":"hello world","prompt":"hello","text_1":"a","text_2":"b","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`
+			p, url := startReady(t, merge(fast, map[string]string{"FAKEVLLM_ERA": c.era}), c.args...)
+			p.waitLine(c.tasks, time.Second)
+			body := `{"input":"hello world","prompt":"hello","text_1":"a","text_2":"b","query":"q","documents":["d"],"messages":[{"role":"user","content":"hi"}],"max_tokens":1}`
 			for _, path := range c.serves {
 				if code, out := do(t, "POST", url+path, body, nil); code != 200 {
 					t.Errorf("POST %s: %d %s, want 200", path, code, out)
@@ -389,9 +400,14 @@ func TestShutdownTimeoutDrains(t *testing.T) {
 		_, br := streamReq(t, url, 40)
 		p.signal(syscall.SIGTERM)
 		p.waitLine("Graceful shutdown: draining in-flight requests", 10*time.Second)
-		if code, body := do(t, "POST", url+"/v1/completions", `{"prompt":"late","max_tokens":1}`, nil); code != 503 {
-			t.Errorf("new request while draining: %d %s, want 503", code, body)
+		// Merged vLLM: a new request is accepted and finished at once
+		// with finish_reason "abort", nothing generated; no 503.
+		if code, body := do(t, "POST", url+"/v1/completions", `{"prompt":"late","max_tokens":1}`, nil); code != 200 ||
+			!strings.Contains(body, `"finish_reason":"abort"`) || !strings.Contains(body, `"completion_tokens":0`) {
+			t.Errorf("new request while draining: %d %s, want 200 with finish_reason abort and nothing generated", code, body)
 		}
+		// A second SIGTERM is ignored: the drain goes on.
+		p.signal(syscall.SIGTERM)
 		events, done := rest(br)
 		if !done || events != 39 {
 			t.Errorf("stream in flight: %d more events, [DONE]=%v; want 39 and [DONE]", events, done)

@@ -137,6 +137,30 @@ func TestUnknownFlagIsUsageError(t *testing.T) {
 	}
 }
 
+// Merged vLLM's vllm serve has no --task (--runner pooling and --convert
+// replaced it): argparse refuses it like any unknown flag, value and all.
+func TestMergedEraRefusesTask(t *testing.T) {
+	t.Parallel()
+	for _, argv := range [][]string{{"org/model", "--task", "embed"}, {"org/model", "--task=classify", "--runner", "pooling"}} {
+		cmd := exec.Command(simBin(t), append([]string{"serve"}, argv...)...)
+		cmd.Env = append(os.Environ(), "FAKEVLLM_ERA=v1")
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+			t.Fatalf("%q: exit %v, want status 2", argv, err)
+		}
+		want := "vllm serve: error: unrecognized arguments: " + strings.Join(argv[1:2], " ")
+		if argv[1] == "--task" {
+			want += " " + argv[2]
+		}
+		if !strings.Contains(stderr.String(), want+"\n") || stdout.Len() != 0 {
+			t.Errorf("%q: stderr %q, stdout %q; want %q on stderr only", argv, stderr.String(), stdout.String(), want)
+		}
+	}
+}
+
 func postJSON(t *testing.T, url string, body any) *http.Response {
 	t.Helper()
 	b, _ := json.Marshal(body)
@@ -793,11 +817,14 @@ func TestProgressLinesDuringLongPhases(t *testing.T) {
 func TestEraV1Plain(t *testing.T) {
 	t.Parallel()
 	p := startSim(t, merge(fast, map[string]string{"FAKEVLLM_ERA": "v1"}), "org/model", "--port", "0", "--host", "127.0.0.1")
-	_, l := p.waitLine("vLLM server version 0.17.1, serving model org/model", 10*time.Second)
+	_, l := p.waitLine("vLLM server version 0.32.0, serving model org/model", 10*time.Second)
 	if !strings.HasPrefix(l.raw, "(APIServer pid=") {
 		t.Errorf("v1 line %q, want a plain prefix", l.raw)
 	}
-	p.waitLine("Starting vLLM server on http://127.0.0.1:", 10*time.Second)
+	// vLLM 0.32's startup lines, as the real CPU build prints them.
+	p.waitLine("[entry.py:136] Supported tasks: ['generate']", 10*time.Second)
+	p.waitLine("[entry.py:140] Starting vLLM server on http://127.0.0.1:", 10*time.Second)
+	p.waitLine("[launcher.py:186] Available routes are:", 10*time.Second)
 	for _, l := range p.snapshot() {
 		if strings.Contains(l.raw, "\x1b[") {
 			t.Fatalf("ANSI in the v1 era: %q", l.raw)

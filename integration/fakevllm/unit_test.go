@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -41,6 +42,7 @@ func TestParseServeArgs(t *testing.T) {
 		{[]string{"m", "--bogus=1", "extra"}, "unrecognized arguments: --bogus=1 extra"},
 		{[]string{"m", "--port"}, "argument --port: expected one argument"},
 		{[]string{"m", "--port", "x"}, "argument --port: invalid int value: 'x'"},
+		{[]string{"m", "--shutdown-timeout", "2.5"}, "argument --shutdown-timeout: invalid int value: '2.5'"}, // merged vLLM: whole seconds
 		{[]string{"m", "--gpu-memory-utilization", "high"}, "argument --gpu-memory-utilization: invalid float value: 'high'"},
 		{[]string{"m", "--enforce-eager=1"}, "argument --enforce-eager: ignored explicit argument '1'"},
 		{[]string{"--port", "1"}, "the following arguments are required: model_tag"},
@@ -533,6 +535,31 @@ func TestParseServeArgsProduction(t *testing.T) {
 		if !errors.As(err, &ae) || ae.msg != c.want {
 			t.Errorf("%q: got %v, want %q", c.argv, err, c.want)
 		}
+	}
+}
+
+// The eras' flags: --task is known before merged vLLM and unknown in it;
+// --convert decides the pooling task in every era.
+func TestTaskFlagsByEra(t *testing.T) {
+	if a, err := parseServeArgsFor([]string{"m", "--task", "embed"}, eraV1ANSI); err != nil || a.poolingTask() != "embed" {
+		t.Errorf("2025 --task embed: %+v %v", a, err)
+	}
+	_, err := parseServeArgsFor([]string{"m", "--task", "embed", "--max-num-seqs", "4"}, eraV1Plain)
+	var ae *argError
+	if !errors.As(err, &ae) || ae.msg != "unrecognized arguments: --task embed" {
+		t.Errorf("merged --task: %v", err)
+	}
+	for _, e := range []era{eraV1ANSI, eraV1Plain} {
+		a, err := parseServeArgsFor([]string{"m", "--runner", "pooling", "--convert", "classify"}, e)
+		if err != nil || a.poolingTask() != "classify" || !strings.Contains(a.nonDefaultArgs(), "'convert': 'classify'") {
+			t.Errorf("%s --convert classify: %+v %v", e, a, err)
+		}
+		if b, err := parseServeArgsFor(a.argv(), e); err != nil || b.poolingTask() != "classify" {
+			t.Errorf("%s: the engine's argv loses --convert: %v %v", e, a.argv(), err)
+		}
+	}
+	if got := supportedTasks("embed", eraV1Plain); !slices.Equal(got, []string{"embed", "token_embed"}) {
+		t.Errorf("merged embed tasks %v", got)
 	}
 }
 

@@ -319,6 +319,26 @@ func (s *scene) vllmLines() []string {
 	return out
 }
 
+// runLines is what the vLLM of the n-th start (1-based) printed.
+func (s *scene) runLines(n int) []string {
+	pid := 0
+	for _, e := range s.events() {
+		if isStarting(e) {
+			if n--; n == 0 {
+				pid = e.PID
+			}
+		}
+	}
+	var out []string
+	for _, m := range s.vllmEntries() {
+		if p, _ := m["pid"].(float64); int(p) == pid && pid != 0 {
+			text, _ := m["msg"].(string)
+			out = append(out, text)
+		}
+	}
+	return out
+}
+
 // vllmEntries are the guard's log entries of vLLM's lines.
 func (s *scene) vllmEntries() []map[string]any {
 	s.mu.Lock()
@@ -339,7 +359,7 @@ func (s *scene) logTimes(text string) []time.Time {
 	var out []time.Time
 	for _, m := range s.logs {
 		if msg, _ := m["msg"].(string); m["logger"] == "vllm" && strings.Contains(msg, text) {
-			if ts, ok := m["time"].(string); ok {
+			if ts, ok := m["ts"].(string); ok { // milliseconds: the guard's log clock
 				if tm, err := time.Parse(time.RFC3339Nano, ts); err == nil {
 					out = append(out, tm)
 				}

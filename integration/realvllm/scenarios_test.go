@@ -206,7 +206,7 @@ func TestEngineCoreKilled(t *testing.T) {
 	t.Logf("exit %s after %s: %s", ex.Failure.Exit, time.Since(killedAt).Round(time.Millisecond), ex.Failure.Verdict.Summary)
 	s.waitEvent("ready again", 2, startBound, isReady)
 	waitGone(t, old, exitBound)
-	capture(t, "enginecore-sigkill", s.vllmLines(), "crash")
+	capture(t, "enginecore-sigkill", s.runLines(1), "crash")
 }
 
 // SIGSTOP of the EngineCore with a request in flight: stuck detection
@@ -434,7 +434,7 @@ func TestHostMemoryExhausted(t *testing.T) {
 	}
 	// The log alone shows only a worker gone with SIGKILL: the guard knows
 	// from the cgroup's counter. Kept, not diagnosed.
-	keep(t, "host-memory-exhausted", s.vllmLines())
+	keep(t, "host-memory-exhausted", s.runLines(1))
 }
 
 // memoryCgroup makes a memory cgroup with limit bytes and returns its

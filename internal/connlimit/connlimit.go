@@ -7,7 +7,10 @@
 package connlimit
 
 import (
+	"container/list"
 	"net"
+	"net/http"
+	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -60,60 +63,198 @@ var refusal = func() []byte {
 		"Retry-After: 1\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
 }()
 
-// Listener is a net.Listener with at most Max connections open at once.
+// Listener is a net.Listener with at most Max connections open at once,
+// and at most PerSource from one client address.
+//
+// Connections the HTTP server is not working on (accepted with no request
+// read yet, or kept alive between requests: ConnState New or Idle) do not
+// hold their place: a new connection over a cap takes the place of the
+// oldest such one, which is closed. Only connections with a request in
+// progress count against a newcomer, so idle keep-alive connections (and
+// requests whose headers never finish) cannot shut anyone out, and
+// /livez cannot be starved by them (issue 24: 64 idle connections made the
+// control port answer 503 for a minute). Set ConnState as the
+// http.Server's ConnState hook.
 type Listener struct {
 	net.Listener
-	max     int64
-	open    atomic.Int64
-	refused atomic.Uint64
+	max, perSource int
+	refused        atomic.Uint64
+	evicted        atomic.Uint64
+
+	mu       sync.Mutex
+	open     int
+	bySource map[netip.Prefix]int
+	waiting  list.List // of *conn not working on a request, oldest first
 }
 
-// New caps l at max open connections (at least 1).
-func New(l net.Listener, limit int) *Listener {
-	return &Listener{Listener: l, max: int64(max(limit, 1))}
+// New caps l at max open connections (at least 1), none per source.
+func New(l net.Listener, limit int) *Listener { return NewPerSource(l, limit, 0) }
+
+// NewPerSource caps l at limit open connections and at perSource from one
+// client address (an IPv6 /64 counts as one); perSource <= 0 or above
+// limit: only limit applies.
+func NewPerSource(l net.Listener, limit, perSource int) *Listener {
+	limit = max(limit, 1)
+	if perSource <= 0 || perSource > limit {
+		perSource = limit
+	}
+	ln := &Listener{Listener: l, max: limit, perSource: perSource, bySource: map[netip.Prefix]int{}}
+	ln.waiting.Init()
+	return ln
 }
 
 // Max is the cap.
-func (l *Listener) Max() int { return int(l.max) }
+func (l *Listener) Max() int { return l.max }
+
+// PerSource is the cap for one client address.
+func (l *Listener) PerSource() int { return l.perSource }
 
 // Open is the number of connections open now.
-func (l *Listener) Open() int { return int(l.open.Load()) }
+func (l *Listener) Open() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.open
+}
 
-// Refused is the number of connections closed at accept because the cap
-// was reached.
+// Refused is the number of connections closed at accept because a cap was
+// reached with every connection under it working on a request.
 func (l *Listener) Refused() uint64 { return l.refused.Load() }
 
-// Accept returns the next connection under the cap; those over it are
-// answered 503 and closed here, and Accept goes on waiting.
+// Evicted is the number of idle connections closed to make room.
+func (l *Listener) Evicted() uint64 { return l.evicted.Load() }
+
+// source is the client's address as the per-source cap counts it.
+func source(a net.Addr) netip.Prefix {
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return netip.Prefix{}
+	}
+	ip := ap.Addr().Unmap()
+	bits := 32
+	if ip.Is6() {
+		bits = 64 // one host's privacy addresses share its /64
+	}
+	p, _ := ip.Prefix(bits)
+	return p
+}
+
+// Accept returns the next connection within the caps, closing the oldest
+// idle connection (of the same source, when that cap is the one reached)
+// to make room; a connection that finds none to replace is answered 503
+// and closed here, and Accept goes on waiting.
 func (l *Listener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
 		}
-		if l.open.Add(1) > l.max {
-			l.open.Add(-1)
-			l.refused.Add(1)
-			// A fresh socket's send buffer is empty: the write does not
-			// block; the deadline is a guard against the impossible.
-			_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-			_, _ = c.Write(refusal)
-			_ = c.Close()
-			continue
+		nc := &conn{Conn: c, l: l, src: source(c.RemoteAddr())}
+		var victims []*conn
+		ok := true
+		l.mu.Lock()
+		if l.bySource[nc.src] >= l.perSource {
+			if v := l.oldestWaitingLocked(nc.src, true); v != nil {
+				l.dropLocked(v)
+				victims = append(victims, v)
+			} else {
+				ok = false
+			}
 		}
-		return &conn{Conn: c, l: l}, nil
+		if ok && l.open >= l.max {
+			if v := l.oldestWaitingLocked(netip.Prefix{}, false); v != nil {
+				l.dropLocked(v)
+				victims = append(victims, v)
+			} else {
+				ok = false
+			}
+		}
+		if ok {
+			l.open++
+			l.bySource[nc.src]++
+			// Waiting (replaceable) once the server says so: with no
+			// ConnState hook every connection holds its place.
+		}
+		l.mu.Unlock()
+		for _, v := range victims {
+			l.evicted.Add(1)
+			_ = v.Conn.Close() // the server's read fails; it forgets the connection
+		}
+		if ok {
+			return nc, nil
+		}
+		l.refused.Add(1)
+		// A fresh socket's send buffer is empty: the write does not
+		// block; the deadline is a guard against the impossible.
+		_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		_, _ = c.Write(refusal)
+		_ = c.Close()
+	}
+}
+
+// oldestWaitingLocked is the connection that has waited longest with no
+// request in progress, of src when bySrc.
+func (l *Listener) oldestWaitingLocked(src netip.Prefix, bySrc bool) *conn {
+	for e := l.waiting.Front(); e != nil; e = e.Next() {
+		if c := e.Value.(*conn); !bySrc || c.src == src {
+			return c
+		}
+	}
+	return nil
+}
+
+// dropLocked gives c's place back (once).
+func (l *Listener) dropLocked(c *conn) {
+	if c.released {
+		return
+	}
+	c.released = true
+	l.open--
+	if l.bySource[c.src]--; l.bySource[c.src] <= 0 {
+		delete(l.bySource, c.src)
+	}
+	if c.elem != nil {
+		l.waiting.Remove(c.elem)
+		c.elem = nil
+	}
+}
+
+// ConnState is the http.Server's ConnState hook: it tells the listener
+// which connections have a request in progress. The server reports a
+// connection Active once a request's headers are read, so one still
+// sending its headers counts as waiting too (and its place can be taken).
+func (l *Listener) ConnState(nc net.Conn, s http.ConnState) {
+	c, ok := nc.(*conn)
+	if !ok || c.l != l {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c.released {
+		return
+	}
+	if c.elem != nil {
+		l.waiting.Remove(c.elem)
+		c.elem = nil
+	}
+	switch s {
+	case http.StateNew, http.StateIdle:
+		c.elem = l.waiting.PushBack(c)
 	}
 }
 
 // conn gives its place back once, on the first Close.
 type conn struct {
 	net.Conn
-	l    *Listener
-	once sync.Once
+	l        *Listener
+	src      netip.Prefix
+	elem     *list.Element // in l.waiting while no request is in progress
+	released bool          // guarded by l.mu
 }
 
 func (c *conn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() { c.l.open.Add(-1) })
+	c.l.mu.Lock()
+	c.l.dropLocked(c)
+	c.l.mu.Unlock()
 	return err
 }

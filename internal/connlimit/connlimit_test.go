@@ -99,3 +99,73 @@ func TestListenerRefusesOverTheCap(t *testing.T) {
 	l.Close()
 	<-done
 }
+
+// With an http.Server's ConnState hook: a newcomer over the cap takes the
+// place of the oldest idle connection; one client address with every place
+// of its share working on a request is refused its next connection, while
+// another address still gets in.
+func TestIdleGivesWayAndPerSourceCap(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := NewPerSource(inner, 4, 2)
+	hold := make(chan struct{})
+	entered := make(chan struct{}, 10)
+	srv := &http.Server{ConnState: l.ConnState, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			entered <- struct{}{}
+			<-hold
+		}
+		io.WriteString(w, "ok")
+	})}
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Serve(l) }()
+	defer func() { srv.Close(); <-done }()
+	addr := inner.Addr().String()
+	from := func(ip byte) net.Conn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, ip)}}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	ask := func(c net.Conn, path string) (int, error) {
+		io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return 0, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	// 127.0.0.2 holds its two places with requests in progress.
+	busy := []net.Conn{from(2), from(2)}
+	for _, c := range busy {
+		io.WriteString(c, "GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
+		<-entered
+	}
+	if code, err := ask(from(2), "/"); err != nil || code != http.StatusServiceUnavailable {
+		t.Errorf("a third connection from a source with two requests in progress: %d %v; want 503", code, err)
+	}
+	// 127.0.0.3 fills the other two places and leaves them idle.
+	idle := []net.Conn{from(3), from(3)}
+	for _, c := range idle {
+		if code, err := ask(c, "/"); err != nil || code != http.StatusOK {
+			t.Fatalf("idle-to-be: %d %v", code, err)
+		}
+	}
+	// The listener is full; a newcomer takes an idle place.
+	if code, err := ask(from(1), "/"); err != nil || code != http.StatusOK {
+		t.Errorf("a newcomer with only idle connections in the way: %d %v; want 200", code, err)
+	}
+	if l.Evicted() != 1 || l.Refused() != 1 {
+		t.Errorf("evicted %d, refused %d; want 1 and 1", l.Evicted(), l.Refused())
+	}
+	close(hold)
+	for _, c := range append(busy, idle...) {
+		c.Close()
+	}
+}

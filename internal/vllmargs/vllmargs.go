@@ -13,6 +13,7 @@ package vllmargs
 
 import (
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -39,8 +40,9 @@ type Args struct {
 	// APIKeys are the keys vLLM accepts: every --api-key value, else
 	// VLLM_API_KEY from its environment. Empty: no key is required.
 	APIKeys []string
-	// Task and Runner are --task and --runner as given ("" when not).
-	Task, Runner string
+	// Task, Runner and Convert are --task (older vLLM only), --runner and
+	// --convert as given ("" when not).
+	Task, Runner, Convert string
 	// KVCacheMemoryBytes is --kv-cache-memory-bytes (0 when not given).
 	KVCacheMemoryBytes uint64
 	// ShutdownTimeout is --shutdown-timeout (0 when not given).
@@ -162,6 +164,7 @@ func takesNoValue(name string) bool { return boolFlags[name] || strings.HasPrefi
 type opt struct {
 	name   string // canonical
 	values []string
+	inline bool // written --flag=value
 }
 
 // scan splits args (the part after the program, or after `serve`) into
@@ -180,11 +183,11 @@ func scan(args []string) (opts []opt, positional []string) {
 		name, val, inline := strings.Cut(a, "=")
 		name = normName(name)
 		if inline {
-			opts = append(opts, opt{name, []string{val}})
+			opts = append(opts, opt{name, []string{val}, true})
 			continue
 		}
 		if takesNoValue(name) {
-			opts = append(opts, opt{name, nil})
+			opts = append(opts, opt{name, nil, false})
 			continue
 		}
 		var vals []string
@@ -195,7 +198,7 @@ func scan(args []string) (opts []opt, positional []string) {
 				break
 			}
 		}
-		opts = append(opts, opt{name, vals})
+		opts = append(opts, opt{name, vals, false})
 	}
 	return opts, positional
 }
@@ -232,21 +235,26 @@ func Parse(command, extra []string, workdir string, env Env) (*Args, error) {
 		a.Model = pos[0]
 	}
 
-	// The --config file's keys come first, so the command line overrides them.
+	// The --config file's keys come first, so the command line overrides
+	// them. vLLM expands only "--config PATH": "--config=PATH" reaches its
+	// parser as a plain option and the file is never read.
 	var all []opt
 	for _, o := range opts {
-		if o.name != "--config" {
+		if o.name != "--config" || o.inline {
 			continue
 		}
 		if len(o.values) == 0 || o.values[0] == "" {
 			return nil, errorf("vLLM's --config has no file name; write --config FILE.yaml or remove it")
 		}
 		path := o.values[0]
+		if ext := strings.ToLower(filepath.Ext(path)); ext != ".yaml" && ext != ".yml" {
+			return nil, errorf("vLLM's --config file %s is not a .yaml or .yml file; vLLM refuses any other (\"Config file must be of a yaml/yml type\"): rename it", path)
+		}
 		if !filepath.IsAbs(path) && workdir != "" {
 			path = filepath.Join(workdir, path)
 		}
 		a.ConfigFile = path
-		data, err := os.ReadFile(path)
+		data, err := readCapped(path)
 		if err != nil {
 			return nil, errorf("vLLM's --config file %s cannot be read (%v); it is read relative to [vllm] workdir: fix the path", path, err)
 		}
@@ -260,10 +268,7 @@ func Parse(command, extra []string, workdir string, env Env) (*Args, error) {
 				a.Model = e.values[0]
 				continue
 			}
-			if e.isFalse {
-				continue
-			}
-			all = append(all, opt{name, e.values})
+			all = append(all, opt{name: name, values: e.values})
 		}
 	}
 	all = append(all, opts...)
@@ -313,7 +318,10 @@ func Parse(command, extra []string, workdir string, env Env) (*Args, error) {
 			}
 		}
 	}
+	// --task is gone from vllm serve (vLLM refuses it); it is still read so
+	// that `check` can say so, and for older vLLM run directly.
 	a.Task, _ = first("--task")
+	a.Convert, _ = first("--convert")
 	a.Runner, _ = first("--runner")
 	a.Host, _ = first("--host")
 	if v, ok := first("--port"); ok {
@@ -345,6 +353,17 @@ func Parse(command, extra []string, workdir string, env Env) (*Args, error) {
 		a.TensorParallelSize = n
 	}
 	return a, nil
+}
+
+// readCapped reads a --config file up to maxConfigBytes (and one more, so
+// that parseYAML says it is too large).
+func readCapped(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
 }
 
 var humanRe = regexp.MustCompile(`^(\d+(?:\.\d+)?)([kKmMgGtT])$`)
@@ -426,10 +445,14 @@ func MaskText(s string, secrets []string) string {
 }
 
 // Pooling says whether a task or runner names a pooling model (no
-// completions; vLLM serves its pooling endpoints instead).
+// completions; vLLM serves its pooling endpoints instead): the runner
+// "pooling", today's pooling tasks (embed, classify, token_embed,
+// token_classify, plugin) and older names (embedding, score, reward,
+// encode).
 func Pooling(taskOrRunner string) bool {
 	switch taskOrRunner {
-	case "embed", "embedding", "classify", "score", "reward", "pooling", "encode":
+	case "pooling", "embed", "classify", "token_embed", "token_classify", "plugin",
+		"embedding", "score", "reward", "encode":
 		return true
 	}
 	return false

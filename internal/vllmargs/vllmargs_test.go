@@ -84,10 +84,96 @@ task: embed
 		!strings.Contains(err.Error(), "workdir") {
 		t.Errorf("missing file: %v", err)
 	}
-	os.WriteFile(filepath.Join(dir, "bad.yaml"), []byte("a:\n  b: 1\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "bad.yaml"), []byte("a: [1\n"), 0o644)
 	if _, err := Parse([]string{"vllm", "serve", "m", "--config", "bad.yaml"}, nil, dir, noEnv); err == nil ||
-		!strings.Contains(err.Error(), "line 2") {
-		t.Errorf("nested map: %v", err)
+		!strings.Contains(err.Error(), "bad.yaml") {
+		t.Errorf("broken YAML: %v", err)
+	}
+}
+
+// TestParseConfigYAMLAsVLLMReadsIt: a nested map is one JSON-valued
+// argument, false is the --no- flag, a list the flag and its items; only
+// .yaml/.yml files, and only "--config PATH" is expanded (issue 23 item 2:
+// a compilation config made check and run exit 78).
+func TestParseConfigYAMLAsVLLMReadsIt(t *testing.T) {
+	dir := t.TempDir()
+	yaml := `model: org/m
+compilation-config:
+  level: 3
+  cudagraph_capture_sizes: [1, 2, 4]
+speculative_config: {method: ngram, num_speculative_tokens: 5, enabled: true}
+served-model-name:
+  - a
+  - b
+enable-prefix-caching: false
+shutdown_timeout: 45
+`
+	os.WriteFile(filepath.Join(dir, "c.yml"), []byte(yaml), 0o644)
+	a, err := Parse([]string{"vllm", "serve", "--config", "c.yml"}, nil, dir, noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(a.ServedNames, []string{"a", "b"}) || a.ShutdownTimeout != 45*time.Second {
+		t.Errorf("names %q shutdown %s", a.ServedNames, a.ShutdownTimeout)
+	}
+	entries, err := parseYAML([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, e := range entries {
+		got[e.key] = e.values
+	}
+	want := map[string][]string{
+		"model":                    {"org/m"},
+		"compilation-config":       {`{"level": 3, "cudagraph_capture_sizes": [1, 2, 4]}`},
+		"speculative_config":       {`{"method": "ngram", "num_speculative_tokens": 5, "enabled": true}`},
+		"served-model-name":        {"a", "b"},
+		"no-enable-prefix-caching": nil,
+		"shutdown_timeout":         {"45"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("entries %q\nwant    %q", got, want)
+	}
+
+	// Only .yaml and .yml, as vLLM.
+	os.WriteFile(filepath.Join(dir, "c.json"), []byte("{}"), 0o644)
+	if _, err := Parse([]string{"vllm", "serve", "m", "--config", "c.json"}, nil, dir, noEnv); err == nil ||
+		!strings.Contains(err.Error(), ".yaml") {
+		t.Errorf("a .json config: %v", err)
+	}
+	// --config=PATH is not expanded by vLLM: its keys do not count.
+	a, err = Parse([]string{"vllm", "serve", "m", "--config=c.yml"}, nil, dir, noEnv)
+	if err != nil || a.ConfigFile != "" || a.ShutdownTimeout != 0 || !reflect.DeepEqual(a.ServedNames, []string{"m"}) {
+		t.Errorf("--config=PATH: %+v %v", a, err)
+	}
+}
+
+// TestShutdownTimeoutSpellings: every spelling vLLM's parser takes, from
+// the command, the extra arguments or the --config file; the last wins.
+func TestShutdownTimeoutSpellings(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "c.yaml"), []byte("shutdown-timeout: 50\n"), 0o644)
+	for _, tc := range []struct {
+		command, extra []string
+		want           time.Duration
+	}{
+		{[]string{"vllm", "serve", "m", "--shutdown-timeout", "120"}, nil, 120 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown-timeout=120"}, nil, 120 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown_timeout=120"}, nil, 120 * time.Second},
+		{[]string{"vllm", "serve", "m"}, []string{"--shutdown_timeout", "120"}, 120 * time.Second},
+		{[]string{"vllm", "serve", "m", "--config", "c.yaml"}, nil, 50 * time.Second},
+		{[]string{"vllm", "serve", "m", "--config", "c.yaml"}, []string{"--shutdown-timeout=7"}, 7 * time.Second},
+		{[]string{"vllm", "serve", "m"}, nil, 0},
+	} {
+		a, err := Parse(tc.command, tc.extra, dir, noEnv)
+		if err != nil || a.ShutdownTimeout != tc.want {
+			t.Errorf("%q -- %q: %v %v, want %s", tc.command, tc.extra, a.ShutdownTimeout, err, tc.want)
+		}
+	}
+	// vLLM takes an integer number of seconds.
+	if _, err := Parse([]string{"vllm", "serve", "m", "--shutdown-timeout", "2.5"}, nil, "", noEnv); err == nil {
+		t.Error("--shutdown-timeout 2.5: no error (vLLM's argparse refuses it)")
 	}
 }
 
@@ -153,6 +239,7 @@ func FuzzParse(f *testing.F) {
 	f.Add("vllm serve --config c.yaml -tp 2", "served-model-name: [a, 'b']\napi-key:\n  - k\n")
 	f.Add("python -m vllm.entrypoints.openai.api_server --model=m --kv-cache-memory-bytes 2G", "# empty\n")
 	f.Add("vllm serve m --api-key=a=b --no-enable-prefix-caching", "x: \"unterminated\n")
+	f.Add("vllm serve m", "compilation-config:\n  level: 3\n  sizes: [1, {a: b}]\nx: &a [1]\ny: *a\n")
 	f.Fuzz(func(t *testing.T, cmdline, yaml string) {
 		dir := t.TempDir()
 		if err := os.WriteFile(filepath.Join(dir, "c.yaml"), []byte(yaml), 0o644); err != nil {

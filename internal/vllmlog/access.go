@@ -92,3 +92,24 @@ func ParseAccess(line string) (Access, bool) {
 	}
 	return a, true
 }
+
+// IsClientText reports whether a line carries what a client sent: one of
+// uvicorn's access lines (the client's path and query, copied as sent) or
+// one of vLLM's request-log lines ("Received request …: prompt: '…'",
+// "Generated response …: output: …", with --enable-log-requests and
+// --enable-log-outputs). Such lines are never evidence of a failure and
+// never say what vLLM serves: a client could write anything in them.
+func IsClientText(line string) bool {
+	if strings.Contains(line, "HTTP/") {
+		if _, ok := ParseAccess(line); ok {
+			return true
+		}
+	}
+	if !strings.Contains(line, "Received request ") && !strings.Contains(line, "Generated response ") {
+		return false
+	}
+	if msg, ok := LoggerMessage(line); ok {
+		return strings.HasPrefix(msg, "Received request ") || strings.HasPrefix(msg, "Generated response ")
+	}
+	return false
+}

@@ -20,7 +20,9 @@ var phaseMarks = []struct {
 	{PhaseServer, []string{"Starting vLLM API server", "Starting vLLM server", "Available routes are", "Started server process", "Waiting for application startup", "Application startup complete"}},
 	{PhaseGraphs, []string{"Capturing CUDA graphs", "Capturing cudagraphs", "Graph capturing finished", "init engine (profile"}},
 	{PhaseKVCache, []string{"Available KV cache memory", "GPU KV cache size", "# GPU blocks", "Maximum concurrency for", "memory profiling"}},
-	{PhaseCompile, []string{"Dynamo bytecode transform", "torch.compile", "Compiling a graph"}},
+	// Not "torch.compile" alone: vLLM 0.32.0 says "Enforce eager set,
+	// disabling torch.compile, CUDAGraphs ..." before it loads anything.
+	{PhaseCompile, []string{"Dynamo bytecode transform", "torch.compile takes", "Compiling a graph", "Warming up model for the compilation"}},
 	{PhaseWeights, []string{"Starting to load model", "Loading safetensors checkpoint shards", "Loading weights took", "Model loading took", "Loading model weights took", "Loading pt checkpoint shards"}},
 }
 

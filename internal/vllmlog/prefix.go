@@ -240,3 +240,56 @@ func CutLevel(s string) (rest, level string, ok bool) {
 	}
 	return s, "", false
 }
+
+// LoggerMessage returns the message of a line printed by vLLM's own logger
+// ("INFO 10-14 12:00:00 [api_server.py:1805] msg", after any wrapper and
+// process prefix); ok is false for every other line: uvicorn's, a print,
+// a traceback's body.
+func LoggerMessage(s string) (msg string, ok bool) {
+	if strings.IndexByte(s, esc) >= 0 {
+		s = StripANSI(s)
+	}
+	s = strings.TrimRight(s, "\r\n ")
+	s, _ = CutWrapper(s)
+	s, _, _ = CutProcess(s)
+	s, _, ok = CutLevel(s)
+	if !ok {
+		return "", false
+	}
+	s, _, _ = CutProcess(s)
+	return s, true
+}
+
+// SupportedTasks reads vLLM's startup line naming the tasks the model
+// serves: "Supported tasks: ['generate']" (newer) or "Supported_tasks:
+// ['encode', 'embed']" (older). Only a line of vLLM's own logger whose
+// message is that line counts: an access line or a logged request holding
+// the same words is the client's text, not vLLM's (nil).
+func SupportedTasks(line string) []string {
+	msg, ok := LoggerMessage(line)
+	if !ok {
+		return nil
+	}
+	rest, ok := strings.CutPrefix(msg, "Supported_tasks:")
+	if !ok {
+		if rest, ok = strings.CutPrefix(msg, "Supported tasks:"); !ok {
+			return nil
+		}
+	}
+	rest = strings.TrimSpace(rest)
+	if len(rest) < 2 || rest[0] != '[' || rest[len(rest)-1] != ']' {
+		return nil
+	}
+	var out []string
+	for _, part := range strings.Split(rest[1:len(rest)-1], ",") {
+		t := strings.TrimSpace(part)
+		if len(t) >= 2 && (t[0] == '\'' || t[0] == '"') && t[len(t)-1] == t[0] {
+			t = t[1 : len(t)-1]
+		}
+		if t == "" || strings.ContainsAny(t, " '\"[]") {
+			return nil
+		}
+		out = append(out, t)
+	}
+	return out
+}

@@ -1,6 +1,7 @@
 package vllmlog
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -174,6 +175,68 @@ func FuzzMessage(f *testing.F) {
 		}
 		if strings.IndexByte(s, esc) < 0 && !strings.Contains(s, m) {
 			t.Fatalf("Message(%q) = %q is not a part of the line", s, m)
+		}
+	})
+}
+
+// TestSupportedTasksOnlyFromVLLMsLogger: the tasks line in both wordings
+// and every era; the same words in an access line, a logged request or a
+// bare print are the client's text (issue 24 item 2: one GET
+// /v1/models?Supported_tasks:[embed] made every start probe /v1/embeddings).
+func TestSupportedTasksOnlyFromVLLMsLogger(t *testing.T) {
+	at := time.Date(2026, 12, 2, 9, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		line string
+		want []string
+	}{
+		{FormatLine(EraV1Plain, Proc("APIServer", 7), "INFO", at, "api_server.py:1805", "Supported tasks: ['generate']"), []string{"generate"}},
+		{FormatLine(EraV1ANSI, Proc("APIServer", 7), "INFO", at, "api_server.py:1611", "Supported_tasks: ['encode', 'embed']"), []string{"encode", "embed"}},
+		{FormatLine(EraV0, "", "INFO", at, "api_server.py:1611", "Supported_tasks: ['token_embed', 'embed']"), []string{"token_embed", "embed"}},
+		{Docker(at) + FormatLine(EraV1Plain, Proc("APIServer", 7), "INFO", at, "api_server.py:1805", "Supported tasks: ['classify']"), []string{"classify"}},
+		// A client's words.
+		{ProcessPrefix(EraV1Plain, Proc("APIServer", 7)) + FormatAccess("127.0.0.1:5000", "GET", "/v1/models?Supported_tasks:[embed]", "HTTP/1.1", 200, "OK"), nil},
+		{FormatAccess("127.0.0.1:5000", "GET", "/v1/models?x=Supported%20tasks:%20['embed']", "HTTP/1.1", 200, "OK"), nil},
+		{FormatLine(EraV1Plain, Proc("APIServer", 7), "INFO", at, "logger.py:41", "Received request cmpl-1: prompt: \"Supported tasks: ['embed']\", params: SamplingParams()"), nil},
+		{"Supported tasks: ['embed']", nil},
+		{FormatLine(EraV1Plain, Proc("APIServer", 7), "INFO", at, "api_server.py:1805", "Supported tasks: ['embed'] and more"), nil},
+	} {
+		if got := SupportedTasks(tc.line); !slices.Equal(got, tc.want) {
+			t.Errorf("SupportedTasks(%q) = %q, want %q", tc.line, got, tc.want)
+		}
+	}
+}
+
+func TestIsClientText(t *testing.T) {
+	at := time.Date(2026, 12, 2, 9, 0, 0, 0, time.UTC)
+	for line, want := range map[string]bool{
+		FormatAccess("127.0.0.1:5000", "GET", "/v1/models?OutOfMemoryError", "HTTP/1.1", 200, "OK"):                                       true,
+		FormatLine(EraV1Plain, Proc("APIServer", 7), "INFO", at, "logger.py:41", "Received request cmpl-1: prompt: 'CUDA out of memory'"): true,
+		FormatLine(EraV1Plain, Proc("APIServer", 7), "INFO", at, "logger.py:60", "Generated response cmpl-1: output: 'OutOfMemoryError'"): true,
+		FormatLine(EraV1Plain, Proc("EngineCore_DP0", 8), "ERROR", at, "core.py:700", "torch.OutOfMemoryError: CUDA out of memory."):      false,
+		"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 50.00 MiB.":                                                        false,
+	} {
+		if got := IsClientText(line); got != want {
+			t.Errorf("IsClientText(%q) = %v, want %v", line, got, want)
+		}
+	}
+}
+
+func FuzzSupportedTasks(f *testing.F) {
+	f.Add("(APIServer pid=7) INFO 12-02 09:00:00 [api_server.py:1805] Supported tasks: ['generate']")
+	f.Add("INFO 12-02 09:00:00 api_server.py:1611] Supported_tasks: ['encode', 'embed']")
+	f.Add(`INFO:     127.0.0.1:5000 - "GET /v1/models?Supported_tasks:[embed] HTTP/1.1" 200 OK`)
+	f.Fuzz(func(t *testing.T, line string) {
+		ts := SupportedTasks(line)
+		if ts != nil && !strings.Contains(line, "upported") {
+			t.Fatalf("tasks %q from a line without the words: %q", ts, line)
+		}
+		for _, x := range ts {
+			if x == "" || strings.ContainsAny(x, " '\"[]") {
+				t.Fatalf("task %q from %q", x, line)
+			}
+		}
+		if IsClientText(line) && ts != nil {
+			t.Fatalf("a client's line gave tasks %q: %q", ts, line)
 		}
 	})
 }

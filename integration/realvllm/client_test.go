@@ -19,6 +19,7 @@ type answer struct {
 	body   string
 	finish string // choices[0].finish_reason
 	tokens int    // usage.completion_tokens, or stream chunks with text
+	errEv  bool   // a stream carried an error event
 	err    error  // the connection failed
 }
 
@@ -110,6 +111,10 @@ func startStream(t *testing.T, url, key, modelName string, maxTokens int) *strea
 			if line == "[DONE]" {
 				a.body = "[DONE]"
 				break
+			}
+			if strings.HasPrefix(line, `{"error"`) {
+				a.errEv = true
+				continue
 			}
 			var chunk struct {
 				Choices []struct {

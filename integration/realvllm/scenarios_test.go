@@ -473,12 +473,15 @@ func memoryCgroup(t *testing.T, limit int64) (string, int64, error) {
 	return "", 0, fmt.Errorf("%s", strings.Join(errs, "; "))
 }
 
-// Stop with a stream in flight under --shutdown-timeout N, written three
-// ways: the guard waits N + 10 s before any SIGKILL, vLLM drains, the
-// stream completes. What vLLM and the guard's proxy answer to a request
-// that arrives during the drain is written down.
+// Stop with a stream in flight through the guard's proxy under
+// --shutdown-timeout N, written three ways. vLLM 0.32.0 cuts the requests
+// in flight a few seconds into its own drain (TestSimulatorAgreesWithRealVLLM
+// shows it on a direct stream); the guard waits for the proxy's requests
+// before vLLM gets SIGTERM, so the stream completes; no SIGKILL before
+// N + 10 s. What the proxy answers a request that arrives meanwhile is
+// written down.
 func TestStopDrainsAStream(t *testing.T) {
-	scenario(t, "stop with a stream in flight under --shutdown-timeout (3 spellings): the stream completes, no SIGKILL")
+	scenario(t, "stop with a stream in flight through the proxy under --shutdown-timeout (3 spellings): it completes, no SIGKILL")
 	for _, form := range []struct {
 		name string
 		args []string
@@ -490,7 +493,7 @@ func TestStopDrainsAStream(t *testing.T) {
 	} {
 		t.Run(form.name, func(t *testing.T) {
 			s := newScene(t)
-			s.args = tiny("tiny-llama", 2048, append([]string{"--enforce-eager"}, form.args...)...)
+			s.args = tiny("tiny-llama", 4096, append([]string{"--enforce-eager"}, form.args...)...)
 			if form.yaml != "" {
 				cfg := filepath.Join(s.dir, "serve.yaml")
 				if err := os.WriteFile(cfg, []byte(form.yaml), 0o644); err != nil {
@@ -505,39 +508,41 @@ func TestStopDrainsAStream(t *testing.T) {
 			}
 			s.start()
 			s.waitEvent("ready", 1, startBound, isReady)
-			st := startStream(t, s.vllmURL("/v1/completions"), "", model("tiny-llama"), 1900)
+			proxyURL := fmt.Sprintf("http://127.0.0.1:%d/v1/completions", s.proxy)
+			st := startStream(t, proxyURL, "", model("tiny-llama"), 3000)
 			<-st.first
 			s.signal(syscall.SIGTERM)
 			s.waitEvent("stop", 1, exitBound, decided(events.DecisionStop))
-			s.waitLine("shutdown triggered", exitBound)
+			var late chan answer
 			if form.name == "flag" {
-				direct := post(s.vllmURL("/v1/completions"), "", completion(model("tiny-llama"), 5, false))
-				viaProxy := post(fmt.Sprintf("http://127.0.0.1:%d/v1/completions", s.proxy), "", completion(model("tiny-llama"), 5, false))
-				say := func(a answer) string {
-					if a.err != nil {
-						return "refused"
-					}
-					return fmt.Sprintf("%d finish=%q tokens=%d", a.status, a.finish, a.tokens)
+				reason := fmt.Sprint(s.status()["guard"].(map[string]any)["reason"])
+				if !strings.Contains(reason, "in flight through the proxy") {
+					t.Errorf("status while stopping says %q; want the wait for the proxy's requests", reason)
 				}
-				t.Logf("a new request during the drain: vLLM answers %s; the guard's proxy answers %s", say(direct), say(viaProxy))
-				figure("drain_new_request_direct", say(direct))
-				figure("drain_new_request_via_proxy", say(viaProxy))
-				if direct.err == nil && (direct.status != 200 || direct.finish != "abort") {
-					t.Errorf("vLLM %s answered a request during its drain with %s; merged vLLM finishes it at once with finish_reason abort", real.version, say(direct))
-				}
-				if viaProxy.err == nil && viaProxy.status == 200 && viaProxy.tokens == 0 {
-					t.Errorf("the guard's proxy handed its client an empty aborted answer: %s", say(viaProxy))
-				}
+				late = make(chan answer, 1)
+				go func() { late <- post(proxyURL, "", completion(model("tiny-llama"), 5, false)) }()
 			}
 			a := <-st.done
-			if a.err != nil || a.finish != "length" || a.body != "[DONE]" {
-				t.Fatalf("the stream in flight did not complete: %+v", a)
+			if a.err != nil || a.finish != "length" || a.body != "[DONE]" || a.errEv {
+				t.Fatalf("the stream in flight through the proxy did not complete: %+v", a)
 			}
 			if code := s.waitExit(exitBound); code != 0 {
 				t.Fatalf("guard exit %d, want 0", code)
 			}
 			if n := s.countEvents(decided(events.DecisionKill)); n != 0 {
 				t.Fatal("the guard sent SIGKILL during a drain it had N + 10 s for")
+			}
+			if late != nil {
+				l := <-late
+				say := "refused"
+				if l.err == nil {
+					say = fmt.Sprintf("%d finish=%q tokens=%d", l.status, l.finish, l.tokens)
+				}
+				t.Logf("a new request through the proxy during the stop: %s", say)
+				figure("stop_new_request_via_proxy", say)
+				if l.err == nil && l.status == 200 && l.tokens == 0 {
+					t.Errorf("the proxy handed its client an empty answer during the stop: %s", say)
+				}
 			}
 		})
 	}

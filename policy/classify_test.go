@@ -246,6 +246,11 @@ func TestClassifyCases(t *testing.T) {
 			"(EngineCore pid=2025) INFO 08-13 11:27:02 [shm_broadcast.py:802] No available shared memory broadcast block found in 60 seconds.",
 			"(APIServer pid=1) INFO:     127.0.0.1:56038 - \"GET /health HTTP/1.1\" 200 OK")},
 			CauseHang, "low", []int{3}, "1 shared-memory broadcast warning(s)"},
+		{"uvicorn's access lines alone say it serves (the log starts after its startup line)", Exit{Offline: true, Lines: lines(
+			"(APIServer pid=1) INFO:     127.0.0.1:56038 - \"GET /v1/videos/x HTTP/1.1\" 200 OK",
+			"(EngineCore pid=2025) INFO 08-13 11:27:02 [shm_broadcast.py:802] No available shared memory broadcast block found in 60 seconds.",
+			"(APIServer pid=1) INFO:     127.0.0.1:56038 - \"GET /v1/videos/x HTTP/1.1\" 200 OK")},
+			CauseHang, "low", []int{2}, "1 shared-memory broadcast warning(s)"},
 		{"broadcast warnings while compiling, then ready, are no hang", Exit{Offline: true, Lines: lines(
 			"(EngineCore pid=2025) INFO 08-13 11:27:02 [shm_broadcast.py:802] No available shared memory broadcast block found in 60 seconds.",
 			"(EngineCore pid=2025) INFO 08-13 11:28:02 [shm_broadcast.py:802] No available shared memory broadcast block found in 60 seconds.",

@@ -231,7 +231,7 @@ func unitValues(unit, key string) []string {
 // Both units carry the hardening vLLM tolerates (issue 17 item 2): a
 // read-only system but for the folders the guard and vLLM write, only
 // NVIDIA's devices, no privileges; and systemd-analyze security scores
-// them no worse than the README says.
+// them no worse than docs/operations.md says.
 func TestSystemdHardening(t *testing.T) {
 	for _, c := range []struct{ src, as string }{{"vllm-guard.service", "vllm-guard.service"}, {"vllm-guard@.service", "vllm-guard@gpu0.service"}} {
 		t.Run(c.src, func(t *testing.T) {
@@ -279,7 +279,7 @@ func TestSystemdHardening(t *testing.T) {
 			// --threshold is the exposure × 10 above which it fails: 3.2 here.
 			out, err := exec.Command(sa, "security", "--offline=yes", "--threshold=32", filepath.Join(dir, c.as)).CombinedOutput()
 			if err != nil {
-				t.Errorf("systemd-analyze security: %v (exposure above 3.2, the README's figure):\n%s", err, out)
+				t.Errorf("systemd-analyze security: %v (exposure above 3.2, docs/operations.md's figure):\n%s", err, out)
 			}
 		})
 	}

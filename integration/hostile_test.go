@@ -1,7 +1,7 @@
 package integration
 
 // Hostile and unlucky inputs (issue 15, items 3, 7, 8, 9 (in alerts/), 12):
-// the README's "hostile and unlucky inputs" table names these tests.
+// the "hostile and unlucky inputs" table of docs/testing.md names these tests.
 
 import (
 	"bufio"

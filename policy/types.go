@@ -6,7 +6,7 @@ package policy
 
 import "time"
 
-// Cause is one of the causes the README lists.
+// Cause is one of the causes docs/how-it-decides.md lists.
 type Cause string
 
 const (
@@ -26,7 +26,7 @@ const (
 // a failure with a cause (crash when nothing better is known).
 const CauseUnknown Cause = "unknown"
 
-// Causes lists every cause, in the README's order (metrics pre-create one series each).
+// Causes lists every cause, in docs/how-it-decides.md's order (metrics pre-create one series each).
 var Causes = []Cause{CauseOOM, CauseKVInsufficient, CauseGPUBusy, CauseConfigError, CauseHang, CauseCrash, CauseHostOOM}
 
 // Rung is one step of the degrade ladder. Rung 0 is [profile] as written.

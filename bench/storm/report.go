@@ -206,7 +206,7 @@ func leadText(p *float64) string {
 	return (time.Duration(*p) * time.Second).String()
 }
 
-// markdown writes the report as the README shows it.
+// markdown writes the report as docs/measured.md shows it.
 func (rep Report) markdown(w io.Writer) {
 	fmt.Fprintf(w, "## Restart storms: the same failing vLLM under each supervisor\n\n")
 	fmt.Fprintf(w, "Date: %s. Command: `%s`. Scale %g: one scenario minute runs in %s here; every time below is in scenario time. Wall time %.0f s.\n\n",

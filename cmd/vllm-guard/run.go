@@ -4,33 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/vllm-guard/vllm-guard/exitcode"
 	"io"
-	"net"
 	"os"
 	"os/signal"
-	"sync"
 	"syscall"
-	"time"
 
 	"go.uber.org/zap"
 
-	"github.com/vllm-guard/vllm-guard/alerts"
 	"github.com/vllm-guard/vllm-guard/config"
-	"github.com/vllm-guard/vllm-guard/control"
-	"github.com/vllm-guard/vllm-guard/events"
-	"github.com/vllm-guard/vllm-guard/gpumon"
-	"github.com/vllm-guard/vllm-guard/incident"
-	"github.com/vllm-guard/vllm-guard/internal/ownconns"
-	"github.com/vllm-guard/vllm-guard/metrics"
-	"github.com/vllm-guard/vllm-guard/notify"
-	"github.com/vllm-guard/vllm-guard/policy"
-	"github.com/vllm-guard/vllm-guard/proxy"
-	"github.com/vllm-guard/vllm-guard/state"
+	"github.com/vllm-guard/vllm-guard/exitcode"
+	"github.com/vllm-guard/vllm-guard/guard"
+	"github.com/vllm-guard/vllm-guard/logging"
 	"github.com/vllm-guard/vllm-guard/supervisor"
-	"github.com/vllm-guard/vllm-guard/vllmstats"
 )
 
+// cmdRun is `vllm-guard run`: flags, the config, the logger and the
+// signals here; the guard itself (package guard) does the rest.
 func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("run", "run [--config FILE | --instance NAME] [--init] [--events FILE] [-- EXTRA_VLLM_ARGS...]", stderr)
 	cf := addConfigFlags(fs, "")
@@ -48,7 +37,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "vllm-guard: %v\n", err)
 		return exitcode.Config
 	}
-	log, err := newLogger(cfg.Log.Level, cfg.Log.Format)
+	log, err := logging.New(cfg.Log.Level, cfg.Log.Format)
 	if err != nil {
 		fmt.Fprintf(stderr, "vllm-guard: %v\n", err)
 		return exitcode.Config
@@ -70,9 +59,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 
-	g, err := newGuard(cfg, fs.Args(), log)
+	g, err := guard.New(cfg, fs.Args(), log)
 	if err == nil && *eventsPath != "" {
-		err = g.writeEvents(*eventsPath)
+		err = g.WriteEvents(*eventsPath)
 	}
 	if err != nil {
 		log.Error("vllm-guard cannot start", zap.Error(err))
@@ -91,404 +80,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		log.Info("running as an instance", zap.String("instance", instance), zap.String("config", path),
 			zap.String("socket", cfg.Control.Socket), zap.String("state_dir", cfg.Control.StateDir))
 	}
-	go g.handleSignals(sigs, done, stop, path, instance)
-	code := g.run(ctx)
+	go g.HandleSignals(sigs, done, stop, path, instance)
+	code := g.Run(ctx)
 	log.Info("vllm-guard exiting", zap.Int("exit_code", code))
 	return code
-}
-
-// guard wires the supervisor to everything around it: the state store, the
-// GPU monitor, and the consumers of the event stream (log, metrics,
-// systemd, alerts, incidents, the proxy).
-type guard struct {
-	cfg   *config.Config
-	log   *zap.Logger
-	store *state.Store
-	gpu   *gpumon.Monitor
-	pol   *policy.Policy
-	sup   *supervisor.Supervisor
-	met   *metrics.Metrics
-	sd    *notify.Notifier
-	alert *alerts.Dispatcher
-	stats *vllmstats.Scraper
-	proxy *proxy.Proxy // nil unless [proxy] listen is set
-	adm   *admission   // the proxy's memory-aware limit; nil without the proxy
-	up    upstream     // what the proxy asks, kept ready
-	extra []string
-	bus   *events.Bus
-	inc   *incident.Recorder
-	jsonl *events.JSONLines // --events, nil when not asked for
-}
-
-func newGuard(cfg *config.Config, extra []string, log *zap.Logger) (*guard, error) {
-	// vLLM's effective command line, read once: names, keys, KV bytes.
-	args, err := cfg.VLLMArgs(extra)
-	if err != nil {
-		return nil, err
-	}
-	conns := ownconns.New() // the guard's own connections to vLLM: their access lines are dropped
-	g := &guard{cfg: cfg, log: log, met: metrics.New(), sd: notify.New(log.Named("systemd")),
-		alert: alerts.New(cfg.Alerts, log.Named("alerts")), bus: events.NewBus(),
-		stats: vllmstats.NewScraper(cfg.GPU.SampleInterval.Duration, log.Named("vllm-metrics")), extra: extra}
-	g.stats.Dial(conns.Dial(&net.Dialer{Timeout: 5 * time.Second}))
-	if len(args.APIKeys) > 0 {
-		g.stats.SetAPIKey(args.APIKeys[0])
-	}
-	store, warnings, err := state.Open(cfg.Control.StateDir, log.Named("state"))
-	if err != nil {
-		return nil, err
-	}
-	for _, w := range warnings {
-		log.Warn(w)
-	}
-	g.store = store
-	var pst policy.State
-	if found, warning := store.Load(&pst); warning != "" {
-		log.Warn(warning)
-	} else if found {
-		log.Info("resuming from the saved state", zap.String("path", store.StatePath()), zap.Int("rung", pst.Rung))
-	}
-	g.pol = policy.New(cfg, pst, realClock{})
-	g.pol.SetKVCacheBytes(args.KVCacheMemoryBytes)
-
-	cuda, _ := childEnvValue(cfg, "CUDA_VISIBLE_DEVICES")
-	g.gpu = gpumon.Open(gpumon.Options{
-		Devices:            cfg.GPU.Devices,
-		CUDAVisibleDevices: cuda,
-		SampleInterval:     cfg.GPU.SampleInterval.Duration,
-		Thresholds:         cfg.GPU.Thresholds,
-		PredictHorizon:     cfg.GPU.PredictHorizon.Duration,
-	}, log.Named("gpu"))
-
-	g.inc = incident.New(store, g.gpu.Snapshot, cfg.Log.ChildLines, cfg.GPU.SampleInterval.Duration, log.Named("incidents"))
-	// The event stream's consumers, in order: the log, then what acts on it.
-	g.bus.Handle(events.Log(log))
-	g.bus.Handle(g.onEvent)
-	g.bus.Handle(g.inc.Handle)
-	g.alert.Publish(g.bus.Publish)
-	g.inc.Publish(g.bus.Publish)
-	var awaiting func() (int, float64)
-	var inFlight func() int
-	if cfg.Proxy.Listen != "" {
-		// The proxy is made below, before the supervisor runs.
-		awaiting = func() (int, float64) { return g.proxy.Awaiting() }
-		inFlight = func() int { return g.proxy.Stats().Inflight }
-	}
-	sup, err := supervisor.New(cfg, supervisor.Options{
-		Log:       log,
-		Policy:    g.pol,
-		GPU:       supervisor.MonitorGPU(g.gpu),
-		Events:    g.bus,
-		Persist:   g.savePolicy,
-		ExtraArgs: extra,
-		Load:      g.vllmLoad,
-		Progress:  g.vllmProgress,
-		Awaiting:  awaiting,
-		InFlight:  inFlight,
-		Args:      args,
-		Conns:     conns,
-	})
-	if err != nil {
-		return nil, err
-	}
-	g.sup = sup
-	g.refreshUpstream(sup.Status())
-	if cfg.Proxy.Listen != "" {
-		g.adm = newAdmission(store, pst.CostSamples, log.Named("admission"))
-		g.stepAdmission()
-		g.proxy = proxy.New(cfg.Proxy, g, g.met.Registry(), log.Named("proxy"))
-	}
-	return g, nil
-}
-
-func (g *guard) run(ctx context.Context) int {
-	// Before the first start, so the free-memory check sees the GPUs; Run
-	// reports a failure.
-	_ = g.gpu.Open()
-	g.met.SetProfile(g.pol.Current())
-	var wg sync.WaitGroup
-	gctx, cancel := context.WithCancel(context.Background())
-	background := func(f func(context.Context)) {
-		wg.Add(1)
-		go func() { defer wg.Done(); f(gctx) }()
-	}
-	background(g.gpu.Run)
-	background(g.alert.Run)
-	background(func(ctx context.Context) { g.sd.RunWatchdog(ctx, g.sup.LastTurn) })
-	background(g.forwardGPUAlerts)
-	background(g.refreshMetrics)
-	go func() {
-		<-ctx.Done()
-		g.sd.Stopping()
-	}()
-
-	// The control socket and HTTP endpoints: a socket that cannot be made
-	// is a configuration problem an operator must fix (exit 78).
-	sock, err := control.ListenSocket(g.cfg.Control.Socket, g, g.log.Named("control"))
-	if err != nil {
-		g.log.Error("cannot serve the control socket: fix [control] socket", zap.Error(err))
-		cancel()
-		wg.Wait()
-		return exitcode.Config
-	}
-	defer sock.Close()
-	if addr := g.cfg.Control.HTTPListen; addr != "" {
-		hs, err := control.ListenHTTP(addr, control.NewHTTPHandler(g, g.met.Handler()), g.log.Named("http"))
-		if err != nil {
-			g.log.Error("cannot listen for HTTP: fix [control] http_listen", zap.Error(err))
-			cancel()
-			wg.Wait()
-			return exitcode.Config
-		}
-		defer hs.Close()
-	}
-	background(g.stats.Run)
-	if addr := g.cfg.Proxy.Listen; addr != "" {
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			g.log.Error("cannot listen for the proxy: fix [proxy] listen", zap.Error(err))
-			cancel()
-			wg.Wait()
-			return exitcode.Config
-		}
-		g.log.Info("admission-control proxy listening", zap.String("listen", ln.Addr().String()))
-		// The proxy drains after the supervisor stops (Serve returns when
-		// its context ends), so it outlives vLLM only to answer 503s.
-		background(func(ctx context.Context) {
-			if err := g.proxy.Serve(ctx, ln); err != nil {
-				g.log.Warn("proxy stopped", zap.Error(err))
-			}
-		})
-		background(g.sampleAdmission)
-	}
-
-	code := g.sup.Run(ctx)
-	g.inc.Close()
-
-	// Deliver what is queued (gave_up above all) before going.
-	fctx, fcancel := context.WithTimeout(context.Background(), 15*time.Second)
-	if err := g.alert.Flush(fctx); err != nil {
-		g.log.Warn("alerts still queued at exit were not delivered", zap.Error(err))
-	}
-	fcancel()
-	cancel()
-	wg.Wait()
-	g.gpu.Close()
-	if g.jsonl != nil {
-		g.jsonl.Close()
-	}
-	return code
-}
-
-// handleSignals turns signals into a stop, an escalation or a reload,
-// until done.
-func (g *guard) handleSignals(sigs <-chan os.Signal, done <-chan struct{}, stop func(), path, instance string) {
-	stopping := false
-	for {
-		select {
-		case <-done:
-			return
-		case sig := <-sigs:
-			switch sig {
-			case syscall.SIGHUP:
-				g.reload(path, instance)
-			case syscall.SIGUSR1, syscall.SIGUSR2:
-				g.log.Info("signal ignored: SIGUSR1 and SIGUSR2 mean nothing to the guard", zap.String("signal", sig.String()))
-			default:
-				if stopping {
-					g.log.Warn("asked to stop again: killing vLLM's process tree now", zap.String("signal", sig.String()))
-					g.sup.Kill()
-					continue
-				}
-				stopping = true
-				g.log.Info("stopping on request", zap.String("signal", sig.String()))
-				stop()
-			}
-		}
-	}
-}
-
-// reload re-reads the config on SIGHUP. A broken file changes nothing:
-// every error is logged with file:line:key and the guard runs on. What
-// does not touch the running vLLM applies at once (log level, alerts'
-// command and webhook, intervals and timeouts of readiness, liveness and
-// stuck detection); vLLM's command, environment and profile apply at its
-// next start. Listen addresses, the state folder and the GPU view apply
-// when the guard itself restarts.
-func (g *guard) reload(path, instance string) {
-	said := func(reason string) {
-		g.bus.Publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionReload, Reason: reason})
-	}
-	cfg, err := config.LoadFor(path, instance)
-	if err != nil {
-		g.log.Error("config reload failed: the running configuration stays in force; fix the file and send SIGHUP again",
-			zap.String("config", path), zap.Error(err))
-		said("refused: " + err.Error())
-		return
-	}
-	if _, err := cfg.VLLMArgs(g.extra); err != nil {
-		g.log.Error("config reload failed: vLLM's command line cannot be read; the running configuration stays in force",
-			zap.String("config", path), zap.Error(err))
-		said("refused: " + err.Error())
-		return
-	}
-	if err := logLevel.UnmarshalText([]byte(cfg.Log.Level)); err != nil {
-		g.log.Error("config reload: [log] level not applied", zap.Error(err))
-	}
-	g.alert.Configure(cfg.Alerts)
-	g.gpu.SetThresholds(cfg.GPU.Thresholds)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pending, err := g.sup.Reload(ctx, cfg)
-	if err != nil {
-		g.log.Error("config reload: the supervisor did not take it", zap.Error(err))
-		return
-	}
-	fields := []zap.Field{zap.String("config", path)}
-	if pending {
-		g.log.Info("config reloaded; vLLM's command, environment or profile changed: they apply at its next restart (vllm-guard restart applies them now)", fields...)
-		said("applied; vLLM's command, environment or profile at its next start")
-		return
-	}
-	g.log.Info("config reloaded and applied", fields...)
-	said("applied")
-}
-
-// writeEvents also writes the event stream as JSON lines to path (the test
-// tools, the soak, the storm benchmark and the demo read it).
-func (g *guard) writeEvents(path string) error {
-	f, err := events.OpenFile(path)
-	if err != nil {
-		return err
-	}
-	g.jsonl = events.NewJSONLines(f, g.log.Named("events"))
-	g.bus.Handle(g.jsonl.Put)
-	return nil
-}
-
-// onEvent is how the guard's parts hear about vLLM.
-func (g *guard) onEvent(e events.Event) {
-	switch e.Kind {
-	case events.KindStarting:
-		g.met.Started()
-	case events.KindState:
-		setGuardState(e.State)
-		g.onState(g.sup.Status())
-	case events.KindProgress:
-		g.onProgress(e.Phase)
-	case events.KindReady:
-		g.onReady(e.First, e.TimeToReady)
-	case events.KindExited:
-		g.onFailure(*e.Failure)
-	case events.KindAlert:
-		g.met.SetAlert(e.Alert.Name, e.Alert.Active)
-		g.refreshPressure()
-		if g.proxy != nil {
-			g.proxy.Notify()
-		}
-	}
-}
-
-func (g *guard) onState(st supervisor.Status) {
-	g.refreshUpstream(st)
-	if g.proxy != nil {
-		g.proxy.Notify()
-	}
-	if st.State == supervisor.StateReady {
-		g.stats.SetTarget(g.up.view.Load().url)
-	} else {
-		g.stats.SetTarget("")
-	}
-	g.met.SetState(st.State)
-	g.met.SetProfile(st.Rung)
-	g.sd.Status(notify.StatusLine(st, g.gpu.Snapshot()))
-	// Starting again after a failure: systemd's start timeout must not
-	// run out while the guard backs off before the first ready.
-	if st.State == supervisor.StateBackoff || st.State == supervisor.StateWaitingGPU {
-		g.onProgress("")
-	}
-}
-
-// onProgress keeps systemd's start timeout ahead of the guard's own stall
-// detection while vLLM loads.
-func (g *guard) onProgress(string) {
-	g.sd.Extend(g.cfg.Readiness.StallTimeout.Duration + time.Minute)
-}
-
-func (g *guard) onReady(first bool, ttr time.Duration) {
-	g.sd.Ready()
-	g.met.Ready(ttr)
-	g.alert.Clear(alerts.OOM)
-}
-
-func (g *guard) onFailure(f supervisor.Failure) {
-	g.met.Exited(f.Verdict.Cause)
-	if g.adm != nil && f.Verdict.Cause == policy.CauseOOM {
-		g.admissionOOM()
-	}
-	for _, e := range alerts.FromFailure(f) {
-		g.alert.Send(e)
-	}
-}
-
-// forwardGPUAlerts sends the monitor's memory alerts to the dispatcher and
-// the metrics.
-func (g *guard) forwardGPUAlerts(ctx context.Context) {
-	ch, unsubscribe := g.gpu.Subscribe()
-	defer unsubscribe()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case a := <-ch:
-			g.alert.Send(alerts.FromGPU(a, g.sup.Status().Rung))
-		}
-	}
-}
-
-// refreshMetrics copies the GPU monitor's view into the metrics each sample.
-func (g *guard) refreshMetrics(ctx context.Context) {
-	t := time.NewTicker(g.cfg.GPU.SampleInterval.Duration)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			g.met.SetGPU(g.gpu.Snapshot())
-			v := g.stats.Latest()
-			g.met.SetVLLM(v.Running, v.Waiting, v.KVUsage, v.Up)
-		}
-	}
-}
-
-func (g *guard) savePolicy(st policy.State) {
-	if err := g.store.Save(st); err != nil {
-		g.log.Warn("could not save the guard's state: a restarted guard will start on rung 0", zap.Error(err))
-	}
-}
-
-// childEnvValue is what vLLM will see for k: [vllm] env first, then the guard's.
-func childEnvValue(cfg *config.Config, k string) (string, bool) {
-	if v, ok := cfg.VLLM.Env[k]; ok {
-		return v, true
-	}
-	return os.LookupEnv(k)
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
-
-// vllmProgress is vLLM's running requests and token counters from its
-// last scrape, for stuck detection.
-func (g *guard) vllmProgress() (running, tokens float64, ok bool) {
-	v := g.stats.Latest()
-	return v.Running, v.PromptTokens + v.GenerationTokens, v.Up && v.TokensKnown
-}
-
-// vllmLoad is vLLM's running and waiting requests from its last scrape.
-func (g *guard) vllmLoad() (running, waiting float64, ok bool) {
-	v := g.stats.Latest()
-	return v.Running, v.Waiting, v.Up
 }

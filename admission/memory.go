@@ -1,4 +1,4 @@
-package main
+package admission
 
 import (
 	"context"
@@ -31,7 +31,8 @@ const admissionFile = "admission.json"
 // admissionSaveEvery: samples between two saves of admission.json.
 const admissionSaveEvery = 20
 
-type admission struct {
+// memory is the memory-aware limit's state.
+type memory struct {
 	mu         sync.Mutex
 	dec        policy.Admission
 	samples    []policy.CostSample // newest last, at most maxAdmissionSamples
@@ -54,7 +55,7 @@ type admission struct {
 
 // noteLocked is the event to publish, after unlocking, when the bound or
 // the model's confidence changed; nil otherwise.
-func (a *admission) noteLocked() *events.Event {
+func (a *memory) noteLocked() *events.Event {
 	b := a.bound
 	if b.Bound == a.saidBound && a.model.Confident == a.saidConfident {
 		return nil
@@ -66,16 +67,23 @@ func (a *admission) noteLocked() *events.Event {
 
 // say publishes e when not nil (never with a.mu held: handlers step
 // admission in turn).
-func (g *guard) say(e *events.Event) {
+func (g *Gate) say(e *events.Event) {
 	if e != nil {
-		g.bus.Publish(*e)
+		g.src.Publish(*e)
 	}
 }
 
 const maxAdmissionSamples = 600
 
-func newAdmission(store *state.Store, seed []policy.CostSample, log *zap.Logger) *admission {
-	a := &admission{}
+// EnableMemory turns the memory-aware limit on (the proxy is on): its
+// samples from the state folder, else seed (the rung's cost samples).
+func (g *Gate) EnableMemory(store *state.Store, seed []policy.CostSample) {
+	g.adm = loadMemory(store, seed, g.src.Log.Named("admission"))
+	g.stepAdmission()
+}
+
+func loadMemory(store *state.Store, seed []policy.CostSample, log *zap.Logger) *memory {
+	a := &memory{}
 	if store.Persistent() {
 		a.path = filepath.Join(store.Dir(), admissionFile)
 		data, err := os.ReadFile(a.path)
@@ -98,10 +106,10 @@ func newAdmission(store *state.Store, seed []policy.CostSample, log *zap.Logger)
 }
 
 // facts are the admission inputs that do not come from a sample.
-func (g *guard) admissionFacts(tick bool) policy.AdmissionFacts {
-	v := g.up.view.Load()
+func (g *Gate) admissionFacts(tick bool) policy.AdmissionFacts {
+	v := g.view.Load()
 	f := policy.AdmissionFacts{Rung: v.rung, InflightFactor: g.cfg.Proxy.InflightFactor, Headroom: g.cfg.Profile.Headroom,
-		CriticalFraction: g.cfg.GPU.CriticalFraction, Pressure: g.up.pressure.Load(), SecondsToCritical: -1,
+		CriticalFraction: g.cfg.GPU.CriticalFraction, Pressure: g.pressure.Load(), SecondsToCritical: -1,
 		Horizon: admissionHorizon(g.cfg.GPU.SampleInterval.Duration).Seconds()}
 	if g.proxy != nil {
 		f.Inflight = g.proxy.Stats().Inflight
@@ -116,7 +124,7 @@ func admissionHorizon(sample time.Duration) time.Duration { return 10 * sample }
 
 // stepAdmission recomputes the bound (a change of rung or alerts); it
 // does not take a sample.
-func (g *guard) stepAdmission() {
+func (g *Gate) stepAdmission() {
 	a := g.adm
 	f := g.admissionFacts(false)
 	a.mu.Lock()
@@ -128,15 +136,18 @@ func (g *guard) stepAdmission() {
 }
 
 // Admission is the bound the proxy applies now.
-func (g *guard) Admission() policy.AdmissionBound {
+func (g *Gate) Admission() policy.AdmissionBound {
 	g.adm.mu.Lock()
 	defer g.adm.mu.Unlock()
 	return g.adm.bound
 }
 
-// admissionOOM: vLLM ran out of memory.
-func (g *guard) admissionOOM() {
+// OnOOM: vLLM ran out of memory (nothing without the memory-aware limit).
+func (g *Gate) OnOOM() {
 	a := g.adm
+	if a == nil {
+		return
+	}
 	f := g.admissionFacts(false)
 	a.mu.Lock()
 	f.Model, f.MeanTokens = a.model, a.meanTokens
@@ -147,9 +158,10 @@ func (g *guard) admissionOOM() {
 	g.say(e)
 }
 
-// sampleAdmission runs one sample each sample_interval while the proxy is on.
-func (g *guard) sampleAdmission(ctx context.Context) {
-	// The bound at start, on the stream (newGuard's came before the
+// Run takes one sample each sample_interval until ctx ends, with the
+// memory-aware limit on and the proxy attached.
+func (g *Gate) Run(ctx context.Context) {
+	// The bound at start, on the stream (EnableMemory's came before the
 	// stream's consumers were all attached).
 	g.adm.mu.Lock()
 	g.adm.saidBound = ""
@@ -170,12 +182,12 @@ func (g *guard) sampleAdmission(ctx context.Context) {
 	}
 }
 
-func (g *guard) admissionTick() {
+func (g *Gate) admissionTick() {
 	now := time.Now()
-	st := g.sup.Status()
+	st := g.src.Status()
 	win := g.proxy.Window()
-	snap := g.gpu.Snapshot()
-	v := g.stats.Latest()
+	snap := g.src.GPU()
+	v := g.src.VLLM()
 	f := g.admissionFacts(true)
 	var used, total uint64
 	var readAt time.Time
@@ -217,19 +229,19 @@ func (g *guard) admissionTick() {
 		if ok {
 			a.lastRead = readAt
 			f.Observed = seen
-			a.addSampleLocked(sample, g.log)
+			a.addSampleLocked(sample, g.src.Log)
 		}
 	}
 	f.Model, f.MeanTokens = a.model, a.meanTokens
 	a.bound = a.dec.Step(f)
 	e = a.noteLocked()
-	g.log.Debug("admission step", zap.Int("limit", a.bound.Limit), zap.String("bound", a.bound.Bound), zap.Int("observed", f.Observed),
+	g.src.Log.Debug("admission step", zap.Int("limit", a.bound.Limit), zap.String("bound", a.bound.Bound), zap.Int("observed", f.Observed),
 		zap.Int("seen", a.dec.Seen()), zap.Int("span_min", a.span.Min), zap.Int("span_max", a.span.Max), zap.Bool("span_still", a.span.Still()),
 		zap.Int("win_min", win.MinInflight), zap.Int("win_max", win.MaxInflight), zap.Float64("vllm_running", v.Running),
 		zap.Int("samples", len(a.samples)), zap.Bool("confident", a.model.Confident))
 }
 
-func (a *admission) addSampleLocked(s policy.CostSample, log *zap.Logger) {
+func (a *memory) addSampleLocked(s policy.CostSample, log *zap.Logger) {
 	a.samples = policy.KeepSample(a.samples, s, maxAdmissionSamples)
 	was := a.model.Confident
 	a.model = policy.FitAdmission(a.samples)
@@ -243,13 +255,13 @@ func (a *admission) addSampleLocked(s policy.CostSample, log *zap.Logger) {
 	}
 }
 
-func (g *guard) saveAdmission() {
+func (g *Gate) saveAdmission() {
 	g.adm.mu.Lock()
 	defer g.adm.mu.Unlock()
-	g.adm.saveLocked(g.log)
+	g.adm.saveLocked(g.src.Log)
 }
 
-func (a *admission) saveLocked(log *zap.Logger) {
+func (a *memory) saveLocked(log *zap.Logger) {
 	a.unsaved = 0
 	if a.path == "" {
 		return

@@ -1,4 +1,4 @@
-package main
+package logging
 
 import (
 	"bytes"
@@ -33,7 +33,7 @@ func TestJournalEntries(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer logLevel.SetLevel(zapcore.InfoLevel)
-	setGuardState("backoff")
+	SetGuardState("backoff")
 	defer guardState.Store(nil)
 
 	vllm := log.Named("vllm")

@@ -1,4 +1,4 @@
-package main
+package guard
 
 import (
 	"context"
@@ -12,10 +12,10 @@ import (
 )
 
 // The guard answers the control socket and the HTTP endpoints.
-var _ control.Backend = (*guard)(nil)
+var _ control.Backend = (*Guard)(nil)
 
 // Doc builds the status document from the parts' snapshots.
-func (g *guard) Doc() control.Doc {
+func (g *Guard) Doc() control.Doc {
 	st := g.sup.Status()
 	gpu := g.gpu.Snapshot()
 	d := control.Doc{Version: buildinfo.Get().Version, Now: time.Now(), Guard: st, GPU: gpu, VLLM: g.stats.Latest(),
@@ -28,19 +28,19 @@ func (g *guard) Doc() control.Doc {
 	return d
 }
 
-func (g *guard) Restart(ctx context.Context, peer string) error { return g.sup.Restart(ctx, peer) }
+func (g *Guard) Restart(ctx context.Context, peer string) error { return g.sup.Restart(ctx, peer) }
 
-func (g *guard) ResetProfile(ctx context.Context, peer string) error {
+func (g *Guard) ResetProfile(ctx context.Context, peer string) error {
 	return g.sup.ResetProfile(ctx, peer)
 }
 
-func (g *guard) Incidents(n int) ([]state.Incident, error) { return g.store.Incidents(n) }
+func (g *Guard) Incidents(n int) ([]state.Incident, error) { return g.store.Incidents(n) }
 
 // wedgedAfter is how long the supervisor's loop may go without turning
 // before /livez calls the guard wedged (it turns at least every second).
 const wedgedAfter = 30 * time.Second
 
-func (g *guard) Alive() (bool, string) {
+func (g *Guard) Alive() (bool, string) {
 	if st := g.sup.Status(); st.State == supervisor.StateFailed {
 		return false, "gave up: " + st.Reason
 	}

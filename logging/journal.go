@@ -1,4 +1,4 @@
-package main
+package logging
 
 import (
 	"encoding/json"
@@ -31,7 +31,9 @@ import (
 // event).
 var guardState atomic.Pointer[string]
 
-func setGuardState(s string) { guardState.Store(&s) }
+// SetGuardState is the guard's state every journal entry carries from now
+// on (VLLM_GUARD_STATE).
+func SetGuardState(s string) { guardState.Store(&s) }
 
 // journalSend is journal.Send; tests replace it.
 type journalSend func(message string, priority journal.Priority, vars map[string]string) error

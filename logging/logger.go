@@ -1,4 +1,9 @@
-package main
+// Package logging owns the guard's log: the zap logger every part writes
+// to (console, JSON, or native journal entries under journald), the level a
+// reload changes, and what may reach the log at all (secrets masked, control
+// characters escaped, invalid UTF-8 replaced) for the guard's lines and
+// vLLM's alike.
+package logging
 
 import (
 	"encoding/json"
@@ -19,12 +24,15 @@ import (
 // logLevel is the guard's log level; a config reload changes it.
 var logLevel = zap.NewAtomicLevel()
 
-// newLogger builds the guard's logger. format "auto": native journal
+// SetLevel changes the level of every logger New made (a config reload).
+func SetLevel(level string) error { return logLevel.UnmarshalText([]byte(level)) }
+
+// New builds the guard's logger. format "auto": native journal
 // entries when stderr is the journal (journal.go), console lines on a
 // terminal, JSON otherwise. A format named in the config is written to
 // stderr as it is, under journald without timestamps of our own (the
 // journal stamps every line already).
-func newLogger(level, format string) (*zap.Logger, error) {
+func New(level, format string) (*zap.Logger, error) {
 	journald, _ := journal.StderrIsJournalStream()
 	if journald && (format == "auto" || format == "") {
 		return newJournalLogger(zapcore.Lock(os.Stderr), level, journal.Send)
@@ -42,7 +50,7 @@ func newJournalLogger(w zapcore.WriteSyncer, level string, send journalSend) (*z
 	return zap.New(&journalCore{LevelEnabler: logLevel, send: send, fallback: fallback.Core()}), nil
 }
 
-// newLoggerTo is newLogger writing to w, for tests.
+// newLoggerTo is New writing to w, for tests.
 func newLoggerTo(w zapcore.WriteSyncer, level, format string, terminal, journald bool) (*zap.Logger, error) {
 	var lvl zapcore.Level
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {

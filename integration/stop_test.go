@@ -107,6 +107,11 @@ func TestRestartThroughTheProxyIsAPause(t *testing.T) {
 	proxyPort := freePort(t)
 	s.command = fmt.Sprintf("[%q, \"serve\", \"test-model\", \"--shutdown-timeout\", \"20\"]", bins.fakevllm)
 	s.env["FAKEVLLM_TOKEN_INTERVAL"] = "20ms"
+	// vLLM 0.32.0's own drain (the simulator's v1 era): new requests 500,
+	// requests in flight cut after a few seconds; through the proxy no
+	// client sees either.
+	s.env["FAKEVLLM_ERA"] = "v1"
+	s.env["FAKEVLLM_DRAIN_CUT"] = "200ms"
 	s.extra = fmt.Sprintf("\n[proxy]\nlisten = \"127.0.0.1:%d\"\nqueue_timeout = \"60s\"\n", proxyPort)
 	s.start()
 	ready := s.waitEvent("ready", 1, 60*time.Second, isReady)

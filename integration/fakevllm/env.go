@@ -40,6 +40,7 @@ type simEnv struct {
 	TokenInterval time.Duration
 	Tick          time.Duration
 	OrphanTTL     time.Duration
+	DrainCut      time.Duration // v1 era: how long a drain lets requests in flight run before it cuts them
 
 	StateDir       string // FAKENVML_STATE; "" = no shared state
 	GPUTotal       int64
@@ -137,6 +138,7 @@ func loadEnv(lookup func(string) (string, bool)) (*simEnv, error) {
 		e.Tick = 50 * time.Millisecond
 	}
 	e.OrphanTTL = dur("FAKEVLLM_ORPHAN_TTL", 10*time.Minute)
+	e.DrainCut = dur("FAKEVLLM_DRAIN_CUT", 4*time.Second)
 
 	e.StateDir = get("FAKENVML_STATE")
 	e.GPUTotal = size("FAKEVLLM_GPU_TOTAL_GIB", 80, gib)

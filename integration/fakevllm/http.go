@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -129,6 +130,20 @@ func writeError(w http.ResponseWriter, code int, typ, message string, param stri
 
 const engineDeadMessage = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
+// vLLM 0.32.0's error bodies nest the error (ErrorResponse{"error": ...});
+// these are the exact bytes the real server sent during its drain.
+const (
+	drainNewRequestBody = `{"error":{"message":"cannot schedule new futures after shutdown","type":"InternalServerError","param":null,"code":500}}`
+	drainCutEvent       = `data: {"error": {"message": "` + engineDeadMessage + `", "type": "InternalServerError", "param": null, "code": 500}}` + "\n\n"
+	drainCutBody        = `{"error":{"message":"` + engineDeadMessage + `","type":"InternalServerError","param":null,"code":500}}`
+)
+
+func writeRaw500(w http.ResponseWriter, body string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusInternalServerError)
+	io.WriteString(w, body)
+}
+
 type route struct{ path, methods string }
 
 // routes are the routes the app registers for the model's task, in the
@@ -138,6 +153,7 @@ type route struct{ path, methods string }
 func (a *apiServer) routes() []route {
 	rs := []route{
 		{"/openapi.json", "GET, HEAD"}, {"/docs", "GET, HEAD"}, {"/health", "GET"},
+		{"/tokenize", "POST"}, {"/detokenize", "POST"},
 		{"/metrics", "GET"}, {"/version", "GET"}, {"/v1/models", "GET"},
 	}
 	switch a.task {
@@ -159,7 +175,13 @@ func (a *apiServer) handler() http.Handler {
 	mux.HandleFunc("/v1/models", a.handleModels)
 	mux.HandleFunc("/version", a.handleVersion)
 	mux.HandleFunc("/metrics", a.handleMetrics)
+	mux.HandleFunc("/tokenize", a.handleTokenize)
+	mux.HandleFunc("/detokenize", a.handleDetokenize)
+	engineRoute := map[string]bool{"/tokenize": true, "/detokenize": true}
 	for _, r := range a.routes() {
+		if r.methods == "POST" {
+			engineRoute[r.path] = true
+		}
 		switch r.path {
 		case "/v1/completions":
 			mux.HandleFunc(r.path, func(w http.ResponseWriter, r *http.Request) { a.handleCompletion(w, r, false) })
@@ -179,7 +201,7 @@ func (a *apiServer) handler() http.Handler {
 		if a.accessLogOn() {
 			rw = &accessLog{ResponseWriter: w, a: a, r: r}
 		}
-		if a.draining.Load() && r.Method == http.MethodPost && (r.URL.Path == "/v1/completions" || r.URL.Path == "/v1/chat/completions") {
+		if a.env.Era != eraV1Plain && a.draining.Load() && r.Method == http.MethodPost && (r.URL.Path == "/v1/completions" || r.URL.Path == "/v1/chat/completions") {
 			// Merged vLLM's drain: uvicorn keeps serving and a new request
 			// is finished at once by the engine with finish_reason "abort",
 			// nothing generated (status 200, no 503).
@@ -190,6 +212,12 @@ func (a *apiServer) handler() http.Handler {
 		// "Authorization: Bearer K" (any of the keys); OPTIONS passes.
 		if len(a.apiKeys) > 0 && r.Method != http.MethodOptions && strings.HasPrefix(r.URL.Path, "/v1") && !a.authorized(r) {
 			writeJSON(rw, http.StatusUnauthorized, map[string]string{"error": "Unauthorized"})
+			return
+		}
+		if a.env.Era == eraV1Plain && a.draining.Load() && r.Method == http.MethodPost && engineRoute[r.URL.Path] {
+			// vLLM 0.32.0's drain as observed: uvicorn still serves, and
+			// a new request fails at once on the stopped executor.
+			writeRaw500(rw, drainNewRequestBody)
 			return
 		}
 		a.inflight.Add(1)
@@ -400,8 +428,10 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 		return
 	}
 
-	ctx := r.Context()
-	if err := a.sched.admit(ctx, prompt); err != nil {
+	if err := a.admit(r, prompt); err != nil {
+		if a.drainCut() {
+			writeRaw500(w, drainCutBody)
+		}
 		return // the client went away while waiting
 	}
 	generated := 0
@@ -428,7 +458,9 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 	for i := 0; i < maxTokens; i++ {
 		if !a.nextToken(r) {
 			a.cutIfAborted()
-			if a.dead.Load() {
+			if a.drainCut() {
+				writeRaw500(w, drainCutBody)
+			} else if a.dead.Load() {
 				writeError(w, http.StatusInternalServerError, "InternalServerError", engineDeadMessage, "")
 			}
 			return
@@ -470,6 +502,7 @@ func (a *apiServer) nextToken(r *http.Request) bool {
 		case <-r.Context().Done():
 		case <-a.deadCh:
 		case <-a.abortCh:
+		case <-a.drainCutCh:
 		}
 		return false
 	}
@@ -484,6 +517,8 @@ func (a *apiServer) nextToken(r *http.Request) bool {
 			return false
 		case <-a.abortCh:
 			return false
+		case <-a.drainCutCh:
+			return false
 		}
 	}
 	select {
@@ -492,6 +527,8 @@ func (a *apiServer) nextToken(r *http.Request) bool {
 	case <-a.deadCh:
 		return false
 	case <-a.abortCh:
+		return false
+	case <-a.drainCutCh:
 		return false
 	default:
 	}
@@ -557,7 +594,11 @@ func (g *generation) stream(w http.ResponseWriter, r *http.Request, maxTokens in
 	for i := 0; i < maxTokens; i++ {
 		if !g.a.nextToken(r) {
 			g.a.cutIfAborted()
-			if g.a.dead.Load() {
+			if g.a.drainCut() {
+				// vLLM 0.32.0's drain cut: its stream generator's error.
+				send([]byte(drainCutEvent))
+				send([]byte("data: [DONE]\n\n"))
+			} else if g.a.dead.Load() {
 				b, _ := json.Marshal(apiError{Object: "error", Message: engineDeadMessage, Type: "InternalServerError", Code: 500})
 				send([]byte("data: " + string(b) + "\n\n"))
 				send([]byte("data: [DONE]\n\n"))
@@ -716,14 +757,19 @@ func (a *apiServer) handlePooling(w http.ResponseWriter, r *http.Request, kind s
 		writeError(w, http.StatusBadRequest, "BadRequestError", "input is required", "input")
 		return
 	}
-	if err := a.sched.admit(r.Context(), prompt); err != nil {
+	if err := a.admit(r, prompt); err != nil {
+		if a.drainCut() {
+			writeRaw500(w, drainCutBody)
+		}
 		return
 	}
 	defer a.sched.finish(prompt, 0)
 	defer a.requestDone()
 	if !a.nextToken(r) {
 		a.cutIfAborted()
-		if a.dead.Load() {
+		if a.drainCut() {
+			writeRaw500(w, drainCutBody)
+		} else if a.dead.Load() {
 			writeError(w, http.StatusInternalServerError, "InternalServerError", engineDeadMessage, "")
 		}
 		return
@@ -802,4 +848,114 @@ func (a *apiServer) abortAtOnce(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	b, _ := json.Marshal(map[string]any{"id": id, "object": obj, "created": now, "model": a.respModel(req.Model), "choices": []any{choice}})
 	fmt.Fprintf(w, "data: %s\n\ndata: [DONE]\n\n", b)
+}
+
+// admit waits for a running slot until the client leaves or the v1
+// era's drain cuts the requests in flight (waiting ones included).
+func (a *apiServer) admit(r *http.Request, prompt int) error {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	go func() {
+		select {
+		case <-a.drainCutCh:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return a.sched.admit(ctx, prompt)
+}
+
+// tokenizeRequest is /tokenize's input: a prompt, or chat messages.
+type tokenizeRequest struct {
+	Model    string          `json:"model"`
+	Prompt   json.RawMessage `json:"prompt"`
+	Messages []chatMessage   `json:"messages"`
+}
+
+// tokenIDs stands in for the tokenizer: one id per four characters of
+// text (as promptTokens counts), in a 32000-token vocabulary; token-id
+// prompts are their own ids.
+func tokenIDs(text string) []int {
+	n := textTokens(text)
+	ids := make([]int, n)
+	for i := range ids {
+		chunk := text[min(len(text), i*4):min(len(text), i*4+4)]
+		h := 0
+		for _, c := range []byte(chunk) {
+			h = (h*131 + int(c)) % 31000
+		}
+		ids[i] = 1000 + h // clear of the special tokens
+	}
+	return ids
+}
+
+// handleTokenize is vLLM's POST /tokenize (open without the API key):
+// {"count", "max_model_len", "tokens", "token_strs": null}.
+func (a *apiServer) handleTokenize(w http.ResponseWriter, r *http.Request) {
+	if !allow(w, r, http.MethodPost) {
+		return
+	}
+	var req tokenizeRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<20)).Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "invalid JSON body: "+err.Error(), "")
+		return
+	}
+	if !a.servesModel(req.Model) {
+		writeError(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model), "model")
+		return
+	}
+	var ids []int
+	switch {
+	case len(req.Messages) > 0:
+		var text strings.Builder
+		for _, m := range req.Messages {
+			var s string
+			if json.Unmarshal(m.Content, &s) == nil {
+				text.WriteString(s)
+			}
+		}
+		ids = tokenIDs(text.String())
+	default:
+		var s string
+		var given []int
+		switch {
+		case json.Unmarshal(req.Prompt, &s) == nil:
+			ids = tokenIDs(s)
+		case json.Unmarshal(req.Prompt, &given) == nil && len(given) > 0:
+			ids = given
+		default:
+			writeError(w, http.StatusBadRequest, "BadRequestError", "prompt must be a string or a list of token ids (or give messages)", "prompt")
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"count": len(ids), "max_model_len": a.maxModelLen.Load(), "tokens": ids, "token_strs": nil})
+}
+
+// handleDetokenize is vLLM's POST /detokenize: {"tokens": [...]} →
+// {"prompt": "..."} (the simulator's words, one per id).
+func (a *apiServer) handleDetokenize(w http.ResponseWriter, r *http.Request) {
+	if !allow(w, r, http.MethodPost) {
+		return
+	}
+	var req struct {
+		Model  string `json:"model"`
+		Tokens []int  `json:"tokens"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<20)).Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "invalid JSON body: "+err.Error(), "")
+		return
+	}
+	if !a.servesModel(req.Model) {
+		writeError(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model), "model")
+		return
+	}
+	var text strings.Builder
+	for _, id := range req.Tokens {
+		if id < 0 {
+			writeError(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf("token id %d is out of vocabulary", id), "tokens")
+			return
+		}
+		text.WriteString(words[id%len(words)])
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"prompt": text.String()})
 }

@@ -46,17 +46,21 @@ func summaryFor(c Cause, ev []Line) string {
 	if len(ev) == 0 {
 		return t
 	}
-	// A traceback's evidence may start at the frame's code ("raise
-	// ValueError(") when the message wraps to the next line: say the
-	// exception itself.
-	pick := ev[0]
+	l := keyLine(ev)
+	return fmt.Sprintf("%s: line %d: %s", t, l.N, clip(vllmlog.Message(l.Text), 200))
+}
+
+// keyLine is the evidence line to quote: the exception itself when the
+// evidence holds one. A traceback's evidence may start at the frame's code
+// ("raise ValueError(") when the message wraps to the next line, as vLLM
+// 0.32.0's KV error does.
+func keyLine(ev []Line) Line {
 	for _, l := range ev {
 		if _, ok := vllmlog.ExceptionType(vllmlog.Message(l.Text)); ok {
-			pick = l
-			break
+			return l
 		}
 	}
-	return fmt.Sprintf("%s: line %d: %s", t, pick.N, clip(vllmlog.Message(pick.Text), 200))
+	return ev[0]
 }
 
 // adviceFor gives the operator's next steps for a verdict, most specific first.

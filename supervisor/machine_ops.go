@@ -58,6 +58,8 @@ func (m *machine) applyPending() {
 func (m *machine) onKill() {
 	if m.phase == phStopping && m.child != nil {
 		m.disarm(tStopKill)
+		m.disarm(tDrain)
+		m.drainUntil = time.Time{}
 		m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.child.pid(),
 			Reason: "asked to stop again"})
 		m.child.kill()

@@ -1237,6 +1237,29 @@ func TestMachineStopDrainsTheProxyFirst(t *testing.T) {
 	}
 }
 
+// A second stop while the guard waits for the proxy's requests kills the
+// tree at once, and no SIGTERM follows later from the abandoned wait.
+func TestMachineSecondStopDuringTheProxyDrainKills(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(cfg *config.Config) {
+			cfg.VLLM.Command = []string{"vllm", "serve", "m", "--shutdown-timeout", "20"}
+		})
+		s.inFlight = func() int { return 1 }
+		s.start()
+		s.ready()
+		p := s.l.last()
+		s.cancel()
+		synctest.Wait()
+		s.sup.Kill()
+		synctest.Wait()
+		s.advance(30 * time.Second)
+		if p.kills.Load() != 1 || p.stops.Load() != 0 {
+			t.Fatalf("kills %d, stops %d: want the tree killed at once and no SIGTERM after", p.kills.Load(), p.stops.Load())
+		}
+		s.exited()
+	})
+}
+
 // Without vLLM's --shutdown-timeout (it aborts at once) there is nothing
 // to wait for: SIGTERM at once.
 func TestMachineStopWithoutShutdownTimeoutDoesNotWait(t *testing.T) {

@@ -85,8 +85,10 @@ func TestStatusAndMetricsAfterOOMAndRestart(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		scrape = get(t, base+"/metrics", 200)
-		// The sample line, not the HELP line (which starts "… 1 when").
-		if strings.Contains(scrape, "\nvllm_guard_vllm_metrics_up 1\n") {
+		// The sample line, not the HELP line (which starts "… 1 when"),
+		// and vLLM's gauges themselves: they are published a step after
+		// the scrape's success, which a loaded machine can stretch.
+		if strings.Contains(scrape, "\nvllm_guard_vllm_metrics_up 1\n") && strings.Contains(scrape, "\nvllm_guard_vllm_requests_running ") {
 			break
 		}
 		if time.Now().After(deadline) {

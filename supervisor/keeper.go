@@ -136,8 +136,20 @@ func RunKeeper(args []string) int {
 			}
 		}
 	}
+	// What killTree starts from: it stops each process before reading its
+	// children, so a tree that forks as fast as it can is frozen from the
+	// top instead of chased.
+	roots := func() []int {
+		kids, _ := childrenOf(self)
+		for _, p := range groupMembers(self) {
+			if p != self {
+				kids = append(kids, p)
+			}
+		}
+		return kids
+	}
 	var survivors []int
-	killAll := func() { survivors = killTree(tree, reap) }
+	killAll := func() { survivors = killTree(roots, reap) }
 	done := func() {
 		reap()
 		ids := identify(survivors)

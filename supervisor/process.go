@@ -67,6 +67,9 @@ type child struct {
 	mu       sync.Mutex
 	reaped   bool
 	backstop sync.Once
+	// backstopAfter is how long kill() leaves the keeper before the
+	// guard kills the tree itself: keeperKillWait.
+	backstopAfter time.Duration
 }
 
 // start launches the keeper (which launches vLLM) from a goroutine that
@@ -93,7 +96,7 @@ func start(spec launchSpec) (*child, error) {
 	cmd.WaitDelay = time.Second
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: keeperDeathSignal}
 
-	c := &child{doneC: make(chan struct{}), apiGoneC: make(chan struct{})}
+	c := &child{doneC: make(chan struct{}), apiGoneC: make(chan struct{}), backstopAfter: keeperKillWait}
 	pidc := make(chan int, 1)
 	final := make(chan exitInfo, 1)
 	started := make(chan error, 1)
@@ -282,33 +285,54 @@ func (c *child) stop() {
 // kill asks the keeper to kill the whole tree at once: it is the subreaper,
 // so orphans of processes that called setsid come back to it and it keeps
 // killing until the tree is empty (killTree), then reports what survived
-// and exits. The guard does not kill the keeper: that would send the
+// and exits. The guard does not kill the keeper first: that would send the
 // orphans to init, out of anyone's reach. If the keeper has not finished
-// within keeperKillWait the guard kills the tree itself, keeper included.
+// within keeperKillWait (it was stopped, or is wedged) the guard kills
+// everything below the keeper itself, while the keeper is still there to
+// take the orphans back, and the keeper last.
 func (c *child) kill() {
 	c.signalKeeper(keeperKillSignal)
 	c.backstop.Do(func() {
 		go func() {
-			t := time.NewTimer(keeperKillWait)
+			t := time.NewTimer(c.backstopAfter)
 			defer t.Stop()
 			select {
 			case <-c.doneC:
 			case <-t.C:
+				killTree(c.below, nil)
 				killTree(c.walk, nil)
 			}
 		}()
 	})
 }
 
-// walk is the keeper (while not reaped), its group and its descendants.
+// below is the keeper's group and children, the keeper left out, while it
+// is not reaped; killTree takes in everything below them.
+func (c *child) below() []int {
+	c.mu.Lock()
+	reaped := c.reaped
+	c.mu.Unlock()
+	if reaped {
+		return nil // its children went to init: nothing is below it now
+	}
+	kids, _ := childrenOf(c.keeperPID)
+	for _, p := range groupMembers(c.keeperPID) {
+		if p != c.keeperPID {
+			kids = append(kids, p)
+		}
+	}
+	return kids
+}
+
+// walk is the keeper (while not reaped) and what is below it.
 func (c *child) walk() []int {
 	c.mu.Lock()
 	reaped := c.reaped
 	c.mu.Unlock()
 	if reaped {
-		return Descendants(c.keeperPID) // nothing left below a reaped keeper: its children went to init
+		return nil
 	}
-	return append(append([]int{c.keeperPID}, groupMembers(c.keeperPID)...), Descendants(c.keeperPID)...)
+	return append([]int{c.keeperPID}, c.below()...)
 }
 
 // refresh reads the tree from /proc, keeps it for tree(), and remembers
@@ -377,7 +401,6 @@ func (c *child) killLeftovers() []int {
 		for _, p := range left {
 			if info, ok := readStat(p.pid); ok && info.start == p.start && info.state != 'Z' {
 				out = append(out, p.pid)
-				out = append(out, Descendants(p.pid)...)
 			}
 		}
 		return out

@@ -81,27 +81,46 @@ func childrenFiles(root int) ([]int, bool) {
 	for len(queue) > 0 {
 		pid := queue[0]
 		queue = queue[1:]
-		tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
-		if err != nil {
-			continue // exited meanwhile
+		kids, ok := childrenOf(pid)
+		if !ok {
+			if pid == root {
+				return nil, false
+			}
+			continue
 		}
-		for _, t := range tasks {
-			b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + t.Name() + "/children")
-			if err != nil {
-				if os.IsNotExist(err) && pid == root {
+		for _, c := range kids {
+			if p, ok := readStat(c); ok && p.state != 'Z' {
+				out = append(out, c)
+			}
+			queue = append(queue, c)
+		}
+	}
+	return out, true
+}
+
+// childrenOf lists pid's children from its threads' children files; ok is
+// false when the kernel does not provide those files (a process gone
+// meanwhile has no children: ok).
+func childrenOf(pid int) ([]int, bool) {
+	dir := "/proc/" + strconv.Itoa(pid) + "/task/"
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, true
+	}
+	var out []int
+	for _, t := range tasks {
+		b, err := os.ReadFile(dir + t.Name() + "/children")
+		if err != nil {
+			if os.IsNotExist(err) && alive(pid) {
+				if _, err := os.Stat(dir + t.Name()); err == nil {
 					return nil, false
 				}
-				continue
 			}
-			for _, f := range bytes.Fields(b) {
-				c, err := strconv.Atoi(string(f))
-				if err != nil {
-					continue
-				}
-				if p, ok := readStat(c); ok && p.state != 'Z' {
-					out = append(out, c)
-				}
-				queue = append(queue, c)
+			continue
+		}
+		for _, f := range bytes.Fields(b) {
+			if c, err := strconv.Atoi(string(f)); err == nil {
+				out = append(out, c)
 			}
 		}
 	}

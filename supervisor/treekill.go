@@ -84,17 +84,22 @@ const (
 	killWait     = 5 * time.Second // wait per round for the killed to exit
 )
 
-// killTree kills every process walk returns, and those that appear while
-// it does so, until a walk finds none alive. Each round stops every process
-// found (SIGSTOP: a stopped process can neither fork nor exit and orphan its
-// children), walks again until the walk adds nothing new, SIGKILLs them all
-// through their pidfds, and waits (up to killWait; reap runs on each wake,
-// for the caller's zombies) until each of them has exited. At most
-// killRounds rounds of at most killMaxProcs processes each. It returns the
-// PIDs a last walk still finds alive: nil when the tree is empty.
-func killTree(walk func() []int, reap func()) []int {
+// killTree kills every process roots returns and everything below them,
+// and those that appear while it does so, until a pass finds none alive.
+// Each round stops the tree top-down (SIGSTOP: a stopped process can
+// neither fork nor exit and orphan its children): every process is stopped
+// before its children are read, so a parent cannot add a child behind the
+// walk's back, and a tree that forks as fast as it can is frozen in one
+// pass over what exists, not chased by whole-tree walks that each take
+// longer than the tree needs to grow. Passes repeat until one adds nothing
+// new (a fork that was under way when its parent was stopped). Then it
+// SIGKILLs them all through their pidfds and waits (up to killWait; reap
+// runs on each wake, for the caller's zombies) until each has exited. At
+// most killRounds rounds of at most killMaxProcs processes each. It returns
+// the PIDs a last pass still finds alive: nil when the tree is empty.
+func killTree(roots func() []int, reap func()) []int {
 	for range killRounds {
-		found := stopAll(walk)
+		found := stopAll(roots)
 		if len(found) == 0 {
 			if reap != nil {
 				reap()
@@ -106,36 +111,85 @@ func killTree(walk func() []int, reap func()) []int {
 	if reap != nil {
 		reap()
 	}
-	return pidsOf(identify(walk()))
+	return pidsOf(identify(treeBelow(roots())))
 }
 
-// stopAll stops what walk finds, walking again until nothing new appears,
-// and returns the processes stopped with their pidfds (-1 without pidfds).
-func stopAll(walk func() []int) map[procID]int {
+// stopAll stops what roots returns and everything below it, top-down,
+// passing again until a pass stops nothing new, and returns the processes
+// stopped with their pidfds (-1 without pidfds).
+func stopAll(roots func() []int) map[procID]int {
 	found := map[procID]int{}
 	for len(found) < killMaxProcs {
 		added := false
-		for _, p := range identify(walk()) {
-			if _, ok := found[p]; ok || len(found) >= killMaxProcs {
+		kids := childLister{}
+		queue := roots()
+		for len(queue) > 0 && len(found) < killMaxProcs {
+			pid := queue[0]
+			queue = queue[1:]
+			info, ok := readStat(pid)
+			if !ok || info.state == 'Z' {
 				continue
 			}
-			fd, err := openProc(p)
-			if err != nil {
-				continue
+			p := procID{pid: pid, start: info.start}
+			if _, ok := found[p]; !ok {
+				fd, err := openProc(p)
+				if err != nil {
+					continue
+				}
+				if fd < 0 {
+					_ = syscall.Kill(p.pid, syscall.SIGSTOP)
+				} else {
+					_ = unix.PidfdSendSignal(fd, unix.SIGSTOP, nil, 0)
+				}
+				found[p] = fd
+				added = true
 			}
-			if fd < 0 {
-				_ = syscall.Kill(p.pid, syscall.SIGSTOP)
-			} else {
-				_ = unix.PidfdSendSignal(fd, unix.SIGSTOP, nil, 0)
-			}
-			found[p] = fd
-			added = true
+			queue = append(queue, kids.of(pid)...)
 		}
 		if !added {
 			break
 		}
 	}
 	return found
+}
+
+// treeBelow is roots and every live process below them.
+func treeBelow(roots []int) []int {
+	kids := childLister{}
+	seen := map[int]bool{}
+	var out []int
+	for len(roots) > 0 {
+		pid := roots[0]
+		roots = roots[1:]
+		if seen[pid] || !alive(pid) {
+			continue
+		}
+		seen[pid] = true
+		out = append(out, pid)
+		roots = append(roots, kids.of(pid)...)
+	}
+	return out
+}
+
+// childLister lists a process's children: from its children files, or,
+// where the kernel has none, from one scan of /proc per lister.
+type childLister struct {
+	byParent map[int][]int // nil until the kernel is found to lack children files
+}
+
+func (l *childLister) of(pid int) []int {
+	if l.byParent == nil {
+		if out, ok := childrenOf(pid); ok {
+			return out
+		}
+		l.byParent = map[int][]int{}
+		for _, p := range allProcs() {
+			if p.state != 'Z' {
+				l.byParent[p.ppid] = append(l.byParent[p.ppid], p.pid)
+			}
+		}
+	}
+	return l.byParent[pid]
 }
 
 // killAndWait SIGKILLs every process of found and waits, up to killWait,
@@ -222,8 +276,7 @@ func pidsOf(ps []procID) []int {
 // returns the PIDs still alive at the end. For a command the caller started
 // (an alert command): the caller reaps root itself.
 func KillTree(root int) []int {
-	walk := func() []int { return append([]int{root}, Descendants(root)...) }
-	left := killTree(walk, nil)
+	left := killTree(func() []int { return []int{root} }, nil)
 	_ = syscall.Kill(-root, syscall.SIGKILL) // a group member the walks missed
 	return left
 }

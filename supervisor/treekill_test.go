@@ -156,6 +156,23 @@ func TestKeeperEmptiesTheTreeWhenTheGuardDies(t *testing.T) {
 	}
 }
 
+// A keeper that cannot do its work (stopped here) must not keep the tree
+// alive: after keeperKillWait the guard kills everything below the keeper
+// while the keeper is still there to take the orphans of setsid back, and
+// the keeper last. Killing the keeper first (the old fallback) sent what
+// the walk had not reached yet to init.
+func TestAStoppedKeepersTreeIsKilledBelowItFirst(t *testing.T) {
+	c, mark := startSpawner(t)
+	c.signalKeeper(syscall.SIGSTOP)
+	c.backstopAfter = 100 * time.Millisecond
+	c.stop()
+	c.kill()
+	waitDone(t, c)
+	if left := marked(mark); len(left) != 0 {
+		t.Fatalf("%d processes of the tree outlived a stopped keeper: %v", len(left), left)
+	}
+}
+
 // Issue 15 item 11: vLLM starts with /dev/null on fd 0, not a closed fd 0.
 func TestVLLMGetsDevNullOnStdin(t *testing.T) {
 	var out bytes.Buffer

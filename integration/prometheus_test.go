@@ -56,8 +56,9 @@ func scaleRanges(t testing.TB, expr string) string {
 // leaves and the guard starts vLLM again on rung 1. Through Prometheus's
 // HTTP API: VLLMGuardOOM fires after the OOM and clears once the OOM has
 // left its window (an hour, here a minute), VLLMGuardNotReady fires while
-// vLLM is down and clears once it is ready again, VLLMGuardDown and
-// VLLMGuardGaveUp never fire. promtool check metrics finds nothing wrong
+// vLLM is down and clears once it is ready again, VLLMGuardDown never
+// fires (a scrape missed under load may make it pending) and
+// VLLMGuardGaveUp is never even pending. promtool check metrics finds nothing wrong
 // with a scrape taken while ready and one taken while down. The alert
 // timeline is logged, never asserted on (it moves with the machine's speed).
 func TestLivePrometheus(t *testing.T) {
@@ -119,9 +120,14 @@ func TestLivePrometheus(t *testing.T) {
 	// alert clears, with vLLM serving.
 	w.waitState("VLLMGuardOOM", "inactive", 3*time.Minute)
 	w.close()
+	// VLLMGuardGaveUp reads a value the guard publishes: it may not even be
+	// pending. VLLMGuardDown reads up == 0, which one scrape that missed its
+	// 1 s timeout on a loaded machine sets: pending is that, and is logged
+	// in the timeline; firing takes every scrape failing for its whole
+	// `for:` (5 s here), which a guard that answers cannot cause.
 	for _, c := range w.changes {
-		if c.alert == "VLLMGuardDown" || c.alert == "VLLMGuardGaveUp" {
-			t.Errorf("%s went %s: the guard answered every scrape and never gave up", c.alert, c.state)
+		if c.alert == "VLLMGuardGaveUp" || (c.alert == "VLLMGuardDown" && c.state == "firing") {
+			t.Errorf("%s went %s: the guard answered the scrapes and never gave up", c.alert, c.state)
 		}
 	}
 

@@ -62,40 +62,43 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			if !ok {
 				return nil, errAbortedNoReplay
 			}
-			t.p.retries.Add(1)
 			t.p.log.Debug("vLLM answered nothing while draining for a restart; holding the request until it is back")
-			if err := t.waitReady(req.Context(), st.deadline); err != nil {
+			if req, err = t.again(req, st); err != nil {
 				return nil, err
 			}
-			u, err := t.p.targetURL()
-			if err != nil {
-				return nil, err
-			}
-			req = req.Clone(req.Context())
-			req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
 			req.Body = body
 			continue
 		}
 		if err == nil || st == nil || !isDialError(err) || (st.body != nil && st.body.touched()) {
 			return resp, err
 		}
-		t.p.retries.Add(1)
 		t.p.log.Debug("vLLM refused a connection; waiting for it", zap.Error(err))
-		if err := t.waitReady(req.Context(), st.deadline); err != nil {
+		if req, err = t.again(req, st); err != nil {
 			return nil, err
 		}
-		u, err := t.p.targetURL()
-		if err != nil {
-			return nil, err
-		}
-		req = req.Clone(req.Context())
-		req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
 		if st.body != nil {
 			// The transport closed the ReverseProxy's wrapper of the
 			// body; the body itself was not read.
 			req.Body = st.body
 		}
 	}
+}
+
+// again counts a retry, waits until vLLM is back (or the request's queue
+// deadline passes) and returns req aimed at vLLM as it is now; the caller
+// sets its body.
+func (t *retryTransport) again(req *http.Request, st *reqState) (*http.Request, error) {
+	t.p.retries.Add(1)
+	if err := t.waitReady(req.Context(), st.deadline); err != nil {
+		return nil, err
+	}
+	u, err := t.p.targetURL()
+	if err != nil {
+		return nil, err
+	}
+	req = req.Clone(req.Context())
+	req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
+	return req, nil
 }
 
 // readyNow is whether the guard calls vLLM ready at this moment, asked of

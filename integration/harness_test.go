@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/events"
+	"github.com/vllm-guard/vllm-guard/internal/procmark"
 	"github.com/vllm-guard/vllm-guard/internal/testbin"
 	"github.com/vllm-guard/vllm-guard/vllmstats"
 )
@@ -415,27 +416,7 @@ func (s *scene) waitExit(timeout time.Duration) int {
 }
 
 // ours lists live processes of this scene (they carry FAKEVLLM_TEST_ID).
-func (s *scene) ours() []int {
-	var out []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		var pid int
-		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
-			continue
-		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err != nil || !strings.Contains(string(env), "FAKEVLLM_TEST_ID="+s.testID+"\x00") {
-			continue
-		}
-		if st, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil {
-			if i := strings.LastIndexByte(string(st), ')'); i > 0 && i+2 < len(st) && st[i+2] == 'Z' {
-				continue
-			}
-		}
-		out = append(out, pid)
-	}
-	return out
-}
+func (s *scene) ours() []int { return procmark.Live("FAKEVLLM_TEST_ID=" + s.testID) }
 
 func (s *scene) killLeftovers() {
 	for _, pid := range s.ours() {

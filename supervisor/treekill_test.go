@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/procmark"
 )
 
 // readyWriter is an output sink that closes seen once a line equal to want
@@ -51,22 +53,10 @@ func (w *readyWriter) String() string {
 // processes, wherever they were reparented.
 func marked(mark string) []string {
 	var out []string
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err != nil || !bytes.Contains(env, []byte(mark+"\x00")) {
-			continue
-		}
-		if info, ok := readStat(pid); !ok || info.state == 'Z' {
-			continue
-		}
-		cmd, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		out = append(out, fmt.Sprintf("%d(ppid %d): %s", pid, func() int { i, _ := readStat(pid); return i.ppid }(),
-			strings.ReplaceAll(string(cmd), "\x00", " ")))
+	for _, pid := range procmark.Live(mark) {
+		info, _ := readStat(pid)
+		cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		out = append(out, fmt.Sprintf("%d(ppid %d): %s", pid, info.ppid, strings.ReplaceAll(string(cmd), "\x00", " ")))
 	}
 	return out
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/events"
 	"github.com/vllm-guard/vllm-guard/internal/benchnginx"
+	"github.com/vllm-guard/vllm-guard/internal/procmark"
 )
 
 // front is what the clients talk to: vLLM itself, nginx in front of it,
@@ -552,17 +553,8 @@ func merge(ms ...map[string]string) map[string]string {
 // killTagged SIGKILLs every live process carrying the run's tag (a
 // simulator that outlived its parent), and reports how many there were.
 func killTagged(tag string) int {
-	ents, _ := os.ReadDir("/proc")
 	n := 0
-	for _, ent := range ents {
-		pid, err := strconv.Atoi(ent.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile("/proc/" + ent.Name() + "/environ")
-		if err != nil || !bytes.Contains(append([]byte{0}, env...), []byte("\x00FAKEVLLM_TEST_ID="+tag+"\x00")) {
-			continue
-		}
+	for _, pid := range procmark.Live("FAKEVLLM_TEST_ID=" + tag) {
 		if syscall.Kill(pid, syscall.SIGKILL) == nil {
 			n++
 		}

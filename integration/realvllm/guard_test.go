@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/events"
+	"github.com/vllm-guard/vllm-guard/internal/procmark"
 )
 
 // Bounds, not measurements: a scenario is correct at any speed below them.
@@ -388,27 +389,7 @@ func (s *scene) signal(sig syscall.Signal) {
 }
 
 // ours lists the live processes of this scene's vLLM (they carry its test ID).
-func (s *scene) ours() []int {
-	var out []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err != nil || !strings.Contains(string(env), "REALVLLM_TEST_ID="+s.testID+"\x00") {
-			continue
-		}
-		if st, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil {
-			if i := strings.LastIndexByte(string(st), ')'); i > 0 && i+2 < len(st) && st[i+2] == 'Z' {
-				continue
-			}
-		}
-		out = append(out, pid)
-	}
-	return out
-}
+func (s *scene) ours() []int { return procmark.Live("REALVLLM_TEST_ID=" + s.testID) }
 
 // byTitle is the scene's live vLLM process whose title starts with title
 // (VLLM::EngineCore, VLLM::Worker), 0 when none.

@@ -5,7 +5,6 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/events"
+	"github.com/vllm-guard/vllm-guard/internal/procmark"
 )
 
 type figures struct {
@@ -171,24 +171,7 @@ func metric(scrape []byte, name string) float64 {
 
 // ours lists the live (not zombie) processes of this soak's vLLM trees.
 func ours(testID string) []int {
-	var out []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err != nil || !bytes.Contains(env, []byte("FAKEVLLM_TEST_ID="+testID+"\x00")) {
-			continue
-		}
-		if st, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil {
-			if i := bytes.LastIndexByte(st, ')'); i > 0 && i+2 < len(st) && st[i+2] == 'Z' {
-				continue
-			}
-		}
-		out = append(out, pid)
-	}
+	out := procmark.Live("FAKEVLLM_TEST_ID=" + testID)
 	slices.Sort(out)
 	return out
 }

@@ -388,15 +388,14 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 	}
 	var req completionRequest
 	if err := json.Unmarshal(body, &req); err != nil {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "invalid JSON body: "+err.Error(), "")
+		badJSON(w, err)
 		return
 	}
 	if a.faults.has(fNeverReady) {
 		writeError(w, http.StatusInternalServerError, "InternalServerError", "The model is not ready: no model is loaded.", "")
 		return
 	}
-	if !a.servesModel(req.Model) {
-		writeError(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model), "model")
+	if a.refuseUnknownModel(w, req.Model) {
 		return
 	}
 	if a.dead.Load() {
@@ -723,11 +722,10 @@ func (a *apiServer) handlePooling(w http.ResponseWriter, r *http.Request, kind s
 	}
 	var req poolingRequest
 	if err := json.Unmarshal(body, &req); err != nil {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "invalid JSON body: "+err.Error(), "")
+		badJSON(w, err)
 		return
 	}
-	if !a.servesModel(req.Model) {
-		writeError(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model), "model")
+	if a.refuseUnknownModel(w, req.Model) {
 		return
 	}
 	if a.dead.Load() {
@@ -889,6 +887,21 @@ func tokenIDs(text string) []int {
 	return ids
 }
 
+// badJSON answers a body that is not the JSON the route takes, as vLLM does.
+func badJSON(w http.ResponseWriter, err error) {
+	writeError(w, http.StatusBadRequest, "BadRequestError", "invalid JSON body: "+err.Error(), "")
+}
+
+// refuseUnknownModel answers 404 as vLLM does when model is not one it
+// serves, and says whether it did.
+func (a *apiServer) refuseUnknownModel(w http.ResponseWriter, model string) bool {
+	if a.servesModel(model) {
+		return false
+	}
+	writeError(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", model), "model")
+	return true
+}
+
 // handleTokenize is vLLM's POST /tokenize (open without the API key):
 // {"count", "max_model_len", "tokens", "token_strs": null}.
 func (a *apiServer) handleTokenize(w http.ResponseWriter, r *http.Request) {
@@ -897,11 +910,10 @@ func (a *apiServer) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	}
 	var req tokenizeRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<20)).Decode(&req); err != nil {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "invalid JSON body: "+err.Error(), "")
+		badJSON(w, err)
 		return
 	}
-	if !a.servesModel(req.Model) {
-		writeError(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model), "model")
+	if a.refuseUnknownModel(w, req.Model) {
 		return
 	}
 	var ids []int
@@ -942,11 +954,10 @@ func (a *apiServer) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 		Tokens []int  `json:"tokens"`
 	}
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<20)).Decode(&req); err != nil {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "invalid JSON body: "+err.Error(), "")
+		badJSON(w, err)
 		return
 	}
-	if !a.servesModel(req.Model) {
-		writeError(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model), "model")
+	if a.refuseUnknownModel(w, req.Model) {
 		return
 	}
 	var text strings.Builder

@@ -27,9 +27,9 @@ $(BIN)/vllm-guard: FORCE
 	$(GO) build -ldflags "$(LDFLAGS)" -o $@ ./cmd/vllm-guard
 
 $(BIN)/fakevllm: FORCE
-	$(GO) build -o $@ ./integration/fakevllm
+	$(GO) build -o $@ ./internal/integration/fakevllm
 
-$(LIB)/libnvidia-ml.so.1: integration/fakenvml/fakenvml.c
+$(LIB)/libnvidia-ml.so.1: internal/integration/fakenvml/fakenvml.c
 	@mkdir -p $(LIB)
 	gcc -shared -fPIC -O2 -Wall -Wno-deprecated-declarations -I $(NVML_INC) -o $@ $<
 
@@ -43,7 +43,7 @@ lint:
 # files; then the two modules of their own: the Helm chart's and the
 # packaging's (builds the packages, installs the .deb into a temporary root);
 # then the guard over the real vLLM (test-vllm).
-REALVLLM := ./integration/realvllm
+REALVLLM := ./internal/integration/realvllm
 test: setup lint
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/integration/realvllm$$')
 	$(MAKE) test-helm test-packaging test-vllm
@@ -108,7 +108,7 @@ fuzz:
 soak: build
 	bash scripts/soak.sh
 
-# The classifier on real vLLM logs from public issues (policy/testdata/real)
+# The classifier on real vLLM logs from public issues (internal/policy/testdata/real)
 # and on the synthetic corpus: confusion tables, per-cause precision and
 # recall, every miss with its source.
 diagnose-report:

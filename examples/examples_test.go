@@ -16,10 +16,10 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/vllm-guard/vllm-guard/config"
-	"github.com/vllm-guard/vllm-guard/gpumon"
+	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/gpumon"
+	"github.com/vllm-guard/vllm-guard/internal/metrics"
 	"github.com/vllm-guard/vllm-guard/internal/testbin"
-	"github.com/vllm-guard/vllm-guard/metrics"
 )
 
 func TestMain(m *testing.M) {

@@ -4,9 +4,9 @@
 # warm-up, against vLLM directly, nginx with limit_conn at max_num_seqs,
 # and the guard's proxy (at its default 1s GPU sampling and at 100ms).
 # Prints the Markdown table (the README quotes it) and writes
-# bench/admission/results.json. Extra arguments go to the benchmark
+# internal/bench/admission/results.json. Extra arguments go to the benchmark
 # (e.g. -fronts guard -shapes burst -sample-interval 1s -keep); see
-# `go run ./bench/admission -h`. Takes about 8 minutes on 2 cores.
+# `go run ./internal/bench/admission -h`. Takes about 8 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CGO_CFLAGS="${CGO_CFLAGS:--O2 -Wno-deprecated-declarations}"
@@ -22,6 +22,6 @@ if ! command -v nginx >/dev/null && ! [ -x /usr/sbin/nginx ]; then
 fi
 work=$(mktemp -d /tmp/vllm-guard-bench-admission.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-go build -o "$work/admission" ./bench/admission
+go build -o "$work/admission" ./internal/bench/admission
 export BENCH_ADMISSION_COMMAND="make bench-admission${*:+ (args: $*)}"
-"$work/admission" -guard bin/vllm-guard -fakevllm bin/fakevllm -nvml-lib build/lib -json bench/admission/results.json "$@"
+"$work/admission" -guard bin/vllm-guard -fakevllm bin/fakevllm -nvml-lib build/lib -json internal/bench/admission/results.json "$@"

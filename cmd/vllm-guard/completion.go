@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/vllm-guard/vllm-guard/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 )
 
 // completions is what shell completion offers after each command: its

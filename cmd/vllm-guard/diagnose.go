@@ -3,16 +3,16 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/vllm-guard/vllm-guard/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 	"io"
 	"os"
 	"strings"
 
 	"go.uber.org/zap"
 
-	"github.com/vllm-guard/vllm-guard/config"
-	"github.com/vllm-guard/vllm-guard/policy"
-	"github.com/vllm-guard/vllm-guard/state"
+	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/state"
 )
 
 // cmdDiagnose classifies a saved vLLM log (or the last incident) offline,

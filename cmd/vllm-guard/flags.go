@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/vllm-guard/vllm-guard/config"
-	"github.com/vllm-guard/vllm-guard/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 )
 
 // newFlags makes a subcommand's flag set. Its usage goes to stdout when

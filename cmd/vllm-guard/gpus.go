@@ -3,13 +3,13 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/vllm-guard/vllm-guard/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 	"io"
 
 	"go.uber.org/zap"
 
-	"github.com/vllm-guard/vllm-guard/config"
-	"github.com/vllm-guard/vllm-guard/gpumon"
+	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 )
 
 // cmdGPUs prints what NVML sees; it needs no running guard.

@@ -7,10 +7,10 @@ import (
 	"os"
 	"slices"
 
-	"github.com/vllm-guard/vllm-guard/control"
-	"github.com/vllm-guard/vllm-guard/drill"
-	"github.com/vllm-guard/vllm-guard/exitcode"
-	"github.com/vllm-guard/vllm-guard/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/control"
+	"github.com/vllm-guard/vllm-guard/internal/drill"
+	"github.com/vllm-guard/vllm-guard/internal/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/supervisor"
 )
 
 const usage = `vllm-guard keeps vLLM serving: it launches vLLM, says ready only when the model

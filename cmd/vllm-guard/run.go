@@ -11,11 +11,11 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/vllm-guard/vllm-guard/config"
-	"github.com/vllm-guard/vllm-guard/exitcode"
-	"github.com/vllm-guard/vllm-guard/guard"
-	"github.com/vllm-guard/vllm-guard/logging"
-	"github.com/vllm-guard/vllm-guard/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/guard"
+	"github.com/vllm-guard/vllm-guard/internal/logging"
+	"github.com/vllm-guard/vllm-guard/internal/supervisor"
 )
 
 // cmdRun is `vllm-guard run`: flags, the config, the logger and the

@@ -6,9 +6,9 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/vllm-guard/vllm-guard/exitcode"
-	"github.com/vllm-guard/vllm-guard/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/buildinfo"
+	"github.com/vllm-guard/vllm-guard/internal/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 )
 
 // cmdVersion is `vllm-guard version` and `vllm-guard --version`: the

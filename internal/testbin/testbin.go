@@ -99,7 +99,7 @@ func Guard() (string, error) { return goBuild("vllm-guard", "./cmd/vllm-guard", 
 func GuardPlain() (string, error) { return goBuild("vllm-guard", "./cmd/vllm-guard", false) }
 
 // FakeVLLM builds the vLLM simulator.
-func FakeVLLM() (string, error) { return goBuild("fakevllm", "./integration/fakevllm", false) }
+func FakeVLLM() (string, error) { return goBuild("fakevllm", "./internal/integration/fakevllm", false) }
 
 // FakeNVML builds the stand-in libnvidia-ml.so.1 and returns the folder that
 // holds it, ready for LD_LIBRARY_PATH.
@@ -128,7 +128,7 @@ func FakeNVML() (string, error) {
 	cmd := exec.Command("gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Wno-deprecated-declarations",
 		"-I", filepath.Join(strings.TrimSpace(string(inc)), "pkg", "nvml"),
 		"-o", filepath.Join(libDir, "libnvidia-ml.so.1"),
-		filepath.Join(root, "integration", "fakenvml", "fakenvml.c"))
+		filepath.Join(root, "internal", "integration", "fakenvml", "fakenvml.c"))
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("testbin: gcc fakenvml: %v\n%s", err, b)

@@ -1,0 +1,111 @@
+// Package admission is where the proxy and the policy meet. It keeps the
+// answers the proxy asks on every request ready (vLLM's address, whether it
+// is ready, the rung in force, memory pressure) and, with the proxy on, the
+// memory-aware limit: GPU samples paired with the requests in flight, the
+// cost model policy.FitAdmission fits to them, and the bound
+// policy.Admission decides from the fit, the rung, the trend and the alerts.
+// The guard (cmd/vllm-guard) wires it; the proxy reads it through
+// proxy.Upstream and proxy.Admitter.
+package admission
+
+import (
+	"slices"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/internal/alerts"
+	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/gpumon"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/proxy"
+	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/vllmstats"
+)
+
+// The proxy sees vLLM through the gate. It asks on every request, so the
+// answers are kept ready in atomics, refreshed on each state change and
+// each memory alert, not computed per request.
+var (
+	_ proxy.Upstream = (*Gate)(nil)
+	_ proxy.Admitter = (*Gate)(nil)
+)
+
+// Sources are what the gate reads: the supervisor's status, the GPU
+// monitor's and vLLM's last samples, and where it says a change of bound.
+type Sources struct {
+	Status  func() supervisor.Status
+	GPU     func() gpumon.Snapshot
+	VLLM    func() vllmstats.Stats
+	Publish func(events.Event)
+	Log     *zap.Logger
+}
+
+// Proxy is what the memory-aware limit asks of the proxy.
+type Proxy interface {
+	Stats() proxy.Stats
+	Window() proxy.Window
+	Notify()
+}
+
+type upstreamView struct {
+	url        string
+	ready      bool
+	maxNumSeqs int
+	rung       policy.Rung
+}
+
+// Gate is vLLM as the proxy sees it.
+type Gate struct {
+	cfg      *config.Config
+	extra    []string
+	src      Sources
+	proxy    Proxy   // nil until Attach
+	adm      *memory // the proxy's memory-aware limit; nil until EnableMemory
+	view     atomic.Pointer[upstreamView]
+	pressure atomic.Bool
+}
+
+// New is a gate for vLLM run with cfg and the extra arguments; Refresh
+// must be called once before the proxy asks.
+func New(cfg *config.Config, extra []string, src Sources) *Gate {
+	return &Gate{cfg: cfg, extra: extra, src: src}
+}
+
+// Attach is the proxy the memory-aware limit reads and wakes.
+func (g *Gate) Attach(p Proxy) { g.proxy = p }
+
+// Refresh records vLLM's address, readiness and rung from st.
+func (g *Gate) Refresh(st supervisor.Status) {
+	_, ep := supervisor.BuildArgv(g.cfg.VLLM.Command, g.extra, st.Rung, g.cfg.VLLM.Host, g.cfg.VLLM.Port)
+	g.view.Store(&upstreamView{url: ep.URL(), ready: st.State == supervisor.StateReady, maxNumSeqs: st.Rung.MaxNumSeqs, rung: st.Rung})
+	if g.adm != nil {
+		g.stepAdmission()
+	}
+}
+
+// SetPressure: memory critical or an OOM predicted halves admission.
+func (g *Gate) SetPressure(inForce []alerts.Event) {
+	g.pressure.Store(slices.ContainsFunc(inForce, func(a alerts.Event) bool {
+		return a.Alert == alerts.GPUMemoryCritical || a.Alert == alerts.OOMPredicted
+	}))
+	if g.adm != nil {
+		g.stepAdmission()
+	}
+}
+
+// URL is vLLM's base URL on the rung in force.
+func (g *Gate) URL() string { return g.view.Load().url }
+
+// Target is vLLM's base URL and whether it is ready now.
+func (g *Gate) Target() (string, bool) {
+	v := g.view.Load()
+	return v.url, v.ready
+}
+
+// MaxNumSeqs is the rung in force: the proxy's limit follows it.
+func (g *Gate) MaxNumSeqs() int { return g.view.Load().maxNumSeqs }
+
+// Pressure is true while memory is critical or an OOM is predicted.
+func (g *Gate) Pressure() bool { return g.pressure.Load() }

@@ -1,0 +1,265 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vllm-guard/vllm-guard/internal/state"
+)
+
+// DefaultSocket is [control] socket's default.
+const DefaultSocket = "/run/vllm-guard/guard.sock"
+
+// ErrNoGuard means no guard answers on the socket: not running, or not
+// reachable by this user. The commands exit 3 (exitcode.NoGuard) on it.
+var ErrNoGuard = errors.New("no vllm-guard reachable")
+
+// noGuardError names the socket and why connecting failed.
+type noGuardError struct {
+	path string
+	err  error
+}
+
+func (e *noGuardError) Error() string {
+	if errors.Is(e.err, syscall.EACCES) || errors.Is(e.err, syscall.EPERM) {
+		return fmt.Sprintf("cannot connect to the vllm-guard socket %s: permission denied; run as root or as a member of the socket's group (connect: %v)", e.path, e.err)
+	}
+	return fmt.Sprintf("no vllm-guard answers on %s: is it running? (connect: %v)", e.path, e.err)
+}
+
+func (e *noGuardError) Is(target error) bool { return target == ErrNoGuard }
+func (e *noGuardError) Unwrap() error        { return e.err }
+
+// untrustedServerError is a socket served by a process the client does
+// not trust: not root, not this user, and not the owner of a socket
+// folder nobody else could have written in. Whoever could write there
+// could have put it there; its answer is not read.
+type untrustedServerError struct {
+	path     string
+	uid, pid int
+	ours     int
+	why      string // why the folder does not vouch for the server
+}
+
+func (e *untrustedServerError) Error() string {
+	return fmt.Sprintf("the process serving %s (pid %d) runs as uid %d, neither root nor this user (uid %d), and %s: not a guard this command trusts, so its answer was not read; check who owns the socket and its folders, or run as the guard's user", e.path, e.pid, e.uid, e.ours, e.why)
+}
+
+// Is makes the commands treat it as no guard reachable (exit 3).
+func (e *untrustedServerError) Is(target error) bool { return target == ErrNoGuard }
+
+// TrustedServer reports whether a control socket at socketPath served by
+// uid may be believed: root's, this user's own, or the server's own
+// folder's. The last is how root and the members of the socket's group
+// ask a guard running as its own user (User=vllm): its folder is uid's and
+// writable by nobody else, and so is every folder above it (root's, or
+// sticky like /tmp), so nobody but uid or root could have bound a socket
+// there. When it says no, the string says why.
+func TrustedServer(uid int, socketPath string) (bool, string) {
+	if uid == 0 || uid == os.Geteuid() {
+		return true, ""
+	}
+	why := folderVouchesFor(filepath.Dir(socketPath), uid)
+	return why == "", why
+}
+
+// folderVouchesFor returns "" when only uid or root could have made dir
+// and put a socket in it, else what lets someone else.
+func folderVouchesFor(dir string, uid int) string {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Sprintf("its folder %s cannot be checked (%v)", dir, err)
+	}
+	info, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Sprintf("its folder %s cannot be checked (%v)", dir, err)
+	}
+	if info.Mode()&os.ModeSymlink != 0 {
+		return fmt.Sprintf("its folder %s is a symlink", dir)
+	}
+	if why := ownedAndClosed(dir, info, uid, false); why != "" {
+		return why
+	}
+	// The folders above may be links (/var/run to /run); what counts is
+	// the folder they lead to and the folders above that.
+	parent, err := filepath.EvalSymlinks(filepath.Dir(dir))
+	if err != nil {
+		return fmt.Sprintf("the folder above %s cannot be checked (%v)", dir, err)
+	}
+	for d := parent; ; d = filepath.Dir(d) {
+		info, err := os.Lstat(d)
+		if err != nil {
+			return fmt.Sprintf("the folder %s above it cannot be checked (%v)", d, err)
+		}
+		if why := ownedAndClosed(d, info, uid, true); why != "" {
+			return why
+		}
+		if d == filepath.Dir(d) {
+			return ""
+		}
+	}
+}
+
+// ownedAndClosed says what is wrong with folder d for a server running as
+// uid: owned by someone else than uid or root, or writable by group or
+// others (a sticky folder above the socket's is fine: nobody can rename or
+// remove what they do not own in it).
+func ownedAndClosed(d string, info os.FileInfo, uid int, above bool) string {
+	st, ok := info.Sys().(*syscall.Stat_t)
+	if !ok || !info.IsDir() {
+		return fmt.Sprintf("%s is not a folder", d)
+	}
+	if int(st.Uid) != uid && st.Uid != 0 {
+		return fmt.Sprintf("the folder %s belongs to uid %d", d, st.Uid)
+	}
+	if perm := info.Mode().Perm(); perm&0o022 != 0 && !(above && info.Mode()&os.ModeSticky != 0) {
+		return fmt.Sprintf("the folder %s is mode %04o, writable by other users", d, perm)
+	}
+	return ""
+}
+
+// checkServer asks the kernel who serves the socket (SO_PEERCRED: the
+// credentials of the process that bound it).
+func checkServer(c net.Conn, path string) error {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return fmt.Errorf("control: %s is not a unix socket connection", path)
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("control: the peer of %s: %w", path, err)
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		credErr = err
+	}
+	if credErr != nil {
+		return fmt.Errorf("control: cannot tell who serves %s (SO_PEERCRED: %w); its answer was not read", path, credErr)
+	}
+	if ok, why := TrustedServer(int(cred.Uid), path); !ok {
+		return &untrustedServerError{path: path, uid: int(cred.Uid), pid: int(cred.Pid), ours: os.Geteuid(), why: why}
+	}
+	return nil
+}
+
+// Client talks to a guard over its control socket.
+type Client struct {
+	path string
+	http *http.Client
+}
+
+// NewClient returns a client for the guard on socketPath.
+func NewClient(socketPath string) *Client {
+	var d net.Dialer
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, "unix", socketPath)
+			if err != nil {
+				return nil, err
+			}
+			if err := checkServer(c, socketPath); err != nil {
+				c.Close()
+				return nil, err
+			}
+			return c, nil
+		},
+		MaxIdleConns:          1,
+		IdleConnTimeout:       5 * time.Second,
+		ResponseHeaderTimeout: 30 * time.Second,
+	}
+	return &Client{path: socketPath, http: &http.Client{Transport: tr, Timeout: time.Minute}}
+}
+
+// Path is the socket the client talks to.
+func (c *Client) Path() string { return c.path }
+
+// CloseIdleConnections releases the kept connection, if any.
+func (c *Client) CloseIdleConnections() { c.http.CloseIdleConnections() }
+
+// Status returns the guard's status document.
+func (c *Client) Status(ctx context.Context) (Doc, error) {
+	var d Doc
+	err := c.do(ctx, http.MethodGet, "/status", func(r io.Reader) (err error) {
+		d, err = DecodeDoc(r)
+		return err
+	})
+	return d, err
+}
+
+// Incidents returns up to n incident records (all when n ≤ 0), newest
+// first.
+func (c *Client) Incidents(ctx context.Context, n int) ([]state.Incident, error) {
+	var incs []state.Incident
+	err := c.do(ctx, http.MethodGet, "/incidents?n="+strconv.Itoa(max(n, 0)), func(r io.Reader) error {
+		return json.NewDecoder(io.LimitReader(r, maxDoc)).Decode(&incs)
+	})
+	return incs, err
+}
+
+// Restart asks the guard to restart vLLM.
+func (c *Client) Restart(ctx context.Context) error {
+	return c.do(ctx, http.MethodPost, "/restart", nil)
+}
+
+// ResetProfile asks the guard to return to rung 0 at the next restart.
+func (c *Client) ResetProfile(ctx context.Context) error {
+	return c.do(ctx, http.MethodPost, "/profile/reset", nil)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, decode func(io.Reader) error) error {
+	// The host is a placeholder: the transport always dials the socket.
+	req, err := http.NewRequestWithContext(ctx, method, "http://vllm-guard"+path, nil)
+	if err != nil {
+		return fmt.Errorf("control: build request %s %s: %w", method, path, err)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		var up *untrustedServerError
+		if errors.As(err, &up) {
+			return up
+		}
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" {
+			return &noGuardError{path: c.path, err: op.Err}
+		}
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // the URL is our placeholder, not worth showing
+		}
+		return fmt.Errorf("vllm-guard on %s: %s %s: %w", c.path, method, path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		var eb errorBody
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		msg := string(data)
+		if json.Unmarshal(data, &eb) == nil && eb.Error != "" {
+			msg = eb.Error
+		}
+		return fmt.Errorf("vllm-guard on %s: %s %s: %s (HTTP %d)", c.path, method, path, msg, resp.StatusCode)
+	}
+	if decode == nil {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return nil
+	}
+	if err := decode(resp.Body); err != nil {
+		return fmt.Errorf("vllm-guard on %s: %s %s: %w", c.path, method, path, err)
+	}
+	return nil
+}

@@ -1,0 +1,147 @@
+package control
+
+import (
+	"bytes"
+	"flag"
+	"github.com/vllm-guard/vllm-guard/internal/alerts"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./control -run %s -update to create it)", err, t.Name())
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs (rerun with -update if the change is intended)\n--- got:\n%s\n--- want:\n%s", path, got, want)
+	}
+}
+
+func TestWriteStatusGolden(t *testing.T) {
+	var b bytes.Buffer
+	WriteStatus(&b, fixtureDoc())
+	golden(t, "status.golden", b.Bytes())
+	if bytes.Contains(b.Bytes(), []byte("\x1b")) {
+		t.Error("the human view holds an escape sequence")
+	}
+	// Rendering is a function of the document alone.
+	var again bytes.Buffer
+	WriteStatus(&again, fixtureDoc())
+	if !bytes.Equal(b.Bytes(), again.Bytes()) {
+		t.Error("two renderings of the same document differ")
+	}
+}
+
+func TestWriteStatusNotReady(t *testing.T) {
+	cases := []struct {
+		name string
+		edit func(*Doc)
+		want []string
+	}{
+		{"backoff", func(d *Doc) {
+			d.Guard.State, d.Guard.Reason, d.Guard.PID = supervisor.StateBackoff, "after oom: backoff 5s", 0
+			d.Guard.NextStartAt = d.Now.Add(4 * time.Second)
+			d.VLLM.Up = false
+		}, []string{"BACKOFF since", "next start     in 4s (12:10:04 UTC)", "vLLM           not running", "not scraped (vLLM not ready)"}},
+		{"starting", func(d *Doc) {
+			d.Guard.State, d.Guard.Phase, d.Guard.LastProbe = supervisor.StateStarting, "weights", "GET /health: connection refused"
+			d.VLLM.Up = false
+		}, []string{"STARTING since", "phase weights", "last probe     GET /health: connection refused"}},
+		{"failed", func(d *Doc) {
+			d.Guard.State, d.Guard.Reason, d.Guard.ExitCode, d.Guard.PID = supervisor.StateFailed, "config_error: unrecognized arguments", 78, 0
+			d.Alerts = append(d.Alerts, ActiveAlert{Name: alerts.GaveUp, Since: d.Guard.Since, Message: "the guard gave up: " + d.Guard.Reason})
+		}, []string{"FAILED since", "exit code      78", "gave_up", "the guard gave up: config_error"}},
+		{"gpu down, scrape failing", func(d *Doc) {
+			d.GPU.Up, d.GPU.Reason = false, "GPU metrics unavailable: built without cgo"
+			d.VLLM.Up, d.VLLM.LastError, d.VLLM.Failures, d.VLLM.Scrapes = false, "HTTP 500", 2, 9
+		}, []string{"GPUs: unavailable (GPU metrics unavailable: built without cgo)", "unknown: vLLM's /metrics failed 2 of 9 scrapes; last: HTTP 500"}},
+		{"no incident, no alert, hostile text", func(d *Doc) {
+			d.LastIncident, d.Alerts = nil, nil
+			d.Guard.Reason = "evil\x1b[2Jreason\nsecond line"
+			d.Guard.Restarts = map[policy.Cause]int{}
+		}, []string{"Alerts: none", "Last incident: none", "restarts       none", "evil [2Jreason second line"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := fixtureDoc()
+			c.edit(&d)
+			var b bytes.Buffer
+			WriteStatus(&b, d)
+			out := b.String()
+			for _, w := range c.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("missing %q in:\n%s", w, out)
+				}
+			}
+			if strings.Contains(out, "\x1b") {
+				t.Errorf("escape sequence in:\n%q", out)
+			}
+		})
+	}
+}
+
+func TestSparkline(t *testing.T) {
+	cases := []struct {
+		in     []float64
+		width  int
+		lo, hi float64
+		want   string
+	}{
+		{nil, 40, 0, 1, "-"},
+		{[]float64{0, 0.13, 0.26, 0.38, 0.51, 0.63, 0.76, 0.88, 1, 1.5, -1}, 40, 0, 1, "▁▂▃▄▅▆▇███▁"},
+		{[]float64{0.80, 0.85, 0.90, 0.95}, 40, 0.80, 0.95, "▁▃▆█"},
+		// 80 samples in 4 buckets of 20: each bucket shows its peak.
+		{append(append(append(make([]float64, 20), append([]float64{0.99}, make([]float64, 19)...)...), make([]float64, 20)...), make([]float64, 20)...), 4, 0, 1, "▁█▁▁"},
+	}
+	for _, c := range cases {
+		if got := Sparkline(c.in, c.width, c.lo, c.hi); got != c.want {
+			t.Errorf("Sparkline(%v, %d, %v, %v) = %q, want %q", c.in, c.width, c.lo, c.hi, got, c.want)
+		}
+	}
+	if n := len([]rune(Sparkline(make([]float64, 600), sparkWidth, 0, 1))); n != sparkWidth {
+		t.Errorf("600 samples drew %d characters, want %d", n, sparkWidth)
+	}
+}
+
+func TestSparkScale(t *testing.T) {
+	cases := []struct {
+		in     []float64
+		lo, hi float64
+	}{
+		{[]float64{0.05, 0.93}, 0.05, 0.93},
+		{[]float64{0.775, 0.78}, 0.775, 0.875}, // noise is not drawn full height
+		{[]float64{0.98, 0.99}, 0.9, 1},
+		{[]float64{-3, 7}, 0, 1},
+		{[]float64{math.NaN()}, 0, 1},
+	}
+	for _, c := range cases {
+		lo, hi := SparkScale(c.in)
+		if math.Abs(lo-c.lo) > 1e-9 || math.Abs(hi-c.hi) > 1e-9 {
+			t.Errorf("SparkScale(%v) = %v, %v; want %v, %v", c.in, lo, hi, c.lo, c.hi)
+		}
+	}
+}
+
+func TestAlertsInForceKeepTheOwnersOrder(t *testing.T) {
+	d := fixtureDoc()
+	if len(d.Alerts) != 2 || d.Alerts[0].Name != "gpu_memory_warn" || d.Alerts[1].Name != "oom_predicted" {
+		t.Fatalf("%+v; want the two memory alerts, oldest first", d.Alerts)
+	}
+}

@@ -1,0 +1,109 @@
+// Package events owns the guard's one typed event stream: what happened to
+// vLLM (state changes with their reason, launches with the profile and argv,
+// ready with the time it took, exits with cause and evidence, decisions,
+// load progress, failed probes) and to the guard's alerts. The supervisor and
+// the alert owner publish; logging, metrics, sd_notify, incident records, the
+// status document and the test tools consume. Nothing downstream matches log
+// text: it reads these events, in process or as JSON lines (`run --events`).
+package events
+
+import (
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+)
+
+// Kind names what an Event says; it is the "kind" field of the JSON line.
+type Kind string
+
+const (
+	KindState       Kind = "state"        // State changed: From → State, with Reason
+	KindStarting    Kind = "starting"     // vLLM launched: Rung, Argv, PID
+	KindReady       Kind = "ready"        // vLLM answered its readiness probe: TimeToReady, First
+	KindExited      Kind = "exited"       // vLLM died or was killed: Failure (cause, evidence, decision)
+	KindDecision    Kind = "decision"     // a planned action: Decision, Reason (restart, restore, profile reset)
+	KindProgress    Kind = "progress"     // load progress while starting: Phase
+	KindProbeFailed Kind = "probe_failed" // a readiness or liveness probe failed: Probe
+	KindAlert       Kind = "alert"        // an alert was raised or cleared: Alert
+	KindStopped     Kind = "stopped"      // the supervisor ended: ExitCode, Reason
+	KindIncident    Kind = "incident"     // an incident record was written (Reason: its path) or not ("not written: why")
+	KindAdmission   Kind = "admission"    // the proxy's limit changed bound, or its cost model became confident: Admission
+)
+
+// Decisions a KindDecision event names.
+const (
+	DecisionRestart      = "restart"       // an operator asked for a restart
+	DecisionRestore      = "restore"       // a stable stretch on a lower rung: one rung up
+	DecisionProfileReset = "profile_reset" // back to rung 0 at the next start
+	DecisionStop         = "stop"          // the guard was asked to stop
+	DecisionKill         = "kill"          // vLLM did not stop in time (or a second stop signal): SIGKILL of its tree
+	DecisionReload       = "reload"        // SIGHUP: Reason says applied, pending vLLM's next start, or refused (why)
+)
+
+// Event is one thing that happened. Only the fields of its Kind are set.
+type Event struct {
+	Seq    uint64    `json:"seq"`
+	Time   time.Time `json:"time"`
+	Kind   Kind      `json:"kind"`
+	State  string    `json:"state,omitempty"`
+	From   string    `json:"from,omitempty"`
+	Reason string    `json:"reason,omitempty"`
+
+	Rung *policy.Rung `json:"rung,omitempty"`
+	Argv []string     `json:"argv,omitempty"` // secrets masked by the publisher
+	PID  int          `json:"pid,omitempty"`
+
+	TimeToReady time.Duration `json:"time_to_ready_ns,omitempty"`
+	First       bool          `json:"first,omitempty"` // the first ready of this guard
+
+	Failure  *Failure `json:"failure,omitempty"`
+	Decision string   `json:"decision,omitempty"`
+	Phase    string   `json:"phase,omitempty"`
+	Probe    *Probe   `json:"probe,omitempty"`
+	Alert    *Alert   `json:"alert,omitempty"`
+	ExitCode *int     `json:"exit_code,omitempty"`
+
+	Admission *Admission `json:"admission,omitempty"`
+}
+
+// Admission is the proxy's limit: the bound in force (rung, memory, trend,
+// reopening, pressure), the limit, why, and whether the memory cost model
+// is confident.
+type Admission struct {
+	Bound     string `json:"bound"`
+	Limit     int    `json:"limit"`
+	Why       string `json:"why"`
+	Confident bool   `json:"confident"`
+}
+
+// Failure is one death of vLLM with its cause and what the guard did about it.
+type Failure struct {
+	Time         time.Time       `json:"time"`
+	PID          int             `json:"pid"`
+	Exit         string          `json:"exit"` // "exit code 0", "killed by SIGKILL", ...
+	ExitCode     int             `json:"exit_code"`
+	Signal       string          `json:"signal,omitempty"`
+	Phase        policy.Phase    `json:"phase"`
+	Verdict      policy.Verdict  `json:"verdict"`
+	Decision     policy.Decision `json:"decision"`
+	RungBefore   policy.Rung     `json:"rung_before"`
+	Uptime       time.Duration   `json:"uptime_ns"`
+	Lines        []policy.Line   `json:"-"` // the kept output, oldest first (incidents)
+	MemFractions []float64       `json:"-"` // GPU fraction of the last samples, oldest first
+}
+
+// Probe is a failed probe: which step, what it answered.
+type Probe struct {
+	Step   string `json:"step"` // health | models | completion | ...
+	Status int    `json:"status,omitempty"`
+	Error  string `json:"error"`
+}
+
+// Alert is an alert raised (Active) or cleared.
+type Alert struct {
+	Name     string `json:"name"`
+	Active   bool   `json:"active"`
+	Severity string `json:"severity,omitempty"`
+	Message  string `json:"message,omitempty"`
+	GPU      int    `json:"gpu"`
+}

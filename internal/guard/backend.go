@@ -1,0 +1,51 @@
+package guard
+
+import (
+	"context"
+	"fmt"
+	"github.com/vllm-guard/vllm-guard/internal/buildinfo"
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/control"
+	"github.com/vllm-guard/vllm-guard/internal/state"
+	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+)
+
+// The guard answers the control socket and the HTTP endpoints.
+var _ control.Backend = (*Guard)(nil)
+
+// Doc builds the status document from the parts' snapshots.
+func (g *Guard) Doc() control.Doc {
+	st := g.sup.Status()
+	gpu := g.gpu.Snapshot()
+	d := control.Doc{Version: buildinfo.Get().Version, Now: time.Now(), Guard: st, GPU: gpu, VLLM: g.stats.Latest(),
+		Alerts: control.AlertsInForce(g.alert.InForce())}
+	d.LastIncident = g.inc.Last()
+	if g.proxy != nil {
+		st := g.proxy.Stats()
+		d.Proxy = &st
+	}
+	return d
+}
+
+func (g *Guard) Restart(ctx context.Context, peer string) error { return g.sup.Restart(ctx, peer) }
+
+func (g *Guard) ResetProfile(ctx context.Context, peer string) error {
+	return g.sup.ResetProfile(ctx, peer)
+}
+
+func (g *Guard) Incidents(n int) ([]state.Incident, error) { return g.store.Incidents(n) }
+
+// wedgedAfter is how long the supervisor's loop may go without turning
+// before /livez calls the guard wedged (it turns at least every second).
+const wedgedAfter = 30 * time.Second
+
+func (g *Guard) Alive() (bool, string) {
+	if st := g.sup.Status(); st.State == supervisor.StateFailed {
+		return false, "gave up: " + st.Reason
+	}
+	if since := time.Since(g.sup.LastTurn()); since > wedgedAfter {
+		return false, fmt.Sprintf("the supervisor's loop has not turned for %s", since.Round(time.Second))
+	}
+	return true, ""
+}

@@ -1,0 +1,361 @@
+// Package guard is `vllm-guard run` once its flags are read: it wires the
+// supervisor to everything around it (the state store, the GPU monitor,
+// the event stream's consumers: log, metrics, systemd, alerts, incidents,
+// the proxy and its admission) and serves the control socket and HTTP.
+// It owns what a signal to the guard means and what a reload applies.
+package guard
+
+import (
+	"context"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/internal/admission"
+	"github.com/vllm-guard/vllm-guard/internal/alerts"
+	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/control"
+	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/gpumon"
+	"github.com/vllm-guard/vllm-guard/internal/incident"
+	"github.com/vllm-guard/vllm-guard/internal/logging"
+	"github.com/vllm-guard/vllm-guard/internal/metrics"
+	"github.com/vllm-guard/vllm-guard/internal/notify"
+	"github.com/vllm-guard/vllm-guard/internal/ownconns"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/proxy"
+	"github.com/vllm-guard/vllm-guard/internal/state"
+	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/vllmstats"
+)
+
+// Guard wires the supervisor to everything around it: the state store, the
+// GPU monitor, and the consumers of the event stream (log, metrics,
+// systemd, alerts, incidents, the proxy).
+type Guard struct {
+	cfg   *config.Config
+	log   *zap.Logger
+	store *state.Store
+	gpu   *gpumon.Monitor
+	pol   *policy.Policy
+	sup   *supervisor.Supervisor
+	met   *metrics.Metrics
+	sd    *notify.Notifier
+	alert *alerts.Dispatcher
+	stats *vllmstats.Scraper
+	proxy *proxy.Proxy    // nil unless [proxy] listen is set
+	gate  *admission.Gate // what the proxy asks, kept ready; its memory-aware limit
+	extra []string
+	bus   *events.Bus
+	inc   *incident.Recorder
+	jsonl *events.JSONLines // --events, nil when not asked for
+}
+
+// New wires a guard for cfg; extra are the arguments after "--" for vLLM.
+// An error that is the operator's to fix in the config is a *config.Error.
+func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
+	// vLLM's effective command line, read once: names, keys, KV bytes.
+	args, err := cfg.VLLMArgs(extra)
+	if err != nil {
+		return nil, err
+	}
+	conns := ownconns.New() // the guard's own connections to vLLM: their access lines are dropped
+	g := &Guard{cfg: cfg, log: log, met: metrics.New(), sd: notify.New(log.Named("systemd")),
+		alert: alerts.New(cfg.Alerts, log.Named("alerts")), bus: events.NewBus(),
+		stats: vllmstats.NewScraper(cfg.GPU.SampleInterval.Duration, log.Named("vllm-metrics")), extra: extra}
+	g.stats.Dial(conns.Dial(&net.Dialer{Timeout: 5 * time.Second}))
+	if len(args.APIKeys) > 0 {
+		g.stats.SetAPIKey(args.APIKeys[0])
+	}
+	store, warnings, err := state.Open(cfg.Control.StateDir, log.Named("state"))
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range warnings {
+		log.Warn(w)
+	}
+	g.store = store
+	var pst policy.State
+	if found, warning := store.Load(&pst); warning != "" {
+		log.Warn(warning)
+	} else if found {
+		log.Info("resuming from the saved state", zap.String("path", store.StatePath()), zap.Int("rung", pst.Rung))
+	}
+	g.pol = policy.New(cfg, pst, realClock{})
+	g.pol.SetKVCacheBytes(args.KVCacheMemoryBytes)
+
+	cuda, _ := childEnvValue(cfg, "CUDA_VISIBLE_DEVICES")
+	g.gpu = gpumon.Open(gpumon.Options{
+		Devices:            cfg.GPU.Devices,
+		CUDAVisibleDevices: cuda,
+		SampleInterval:     cfg.GPU.SampleInterval.Duration,
+		Thresholds:         cfg.GPU.Thresholds,
+		PredictHorizon:     cfg.GPU.PredictHorizon.Duration,
+	}, log.Named("gpu"))
+
+	g.inc = incident.New(store, g.gpu.Snapshot, cfg.Log.ChildLines, cfg.GPU.SampleInterval.Duration, log.Named("incidents"))
+	// The event stream's consumers, in order: the log, then what acts on it.
+	g.bus.Handle(events.Log(log))
+	g.bus.Handle(g.onEvent)
+	g.bus.Handle(g.inc.Handle)
+	g.alert.Publish(g.bus.Publish)
+	g.inc.Publish(g.bus.Publish)
+	var awaiting func() (int, float64)
+	var inFlight func() int
+	if cfg.Proxy.Listen != "" {
+		// The proxy is made below, before the supervisor runs.
+		awaiting = func() (int, float64) { return g.proxy.Awaiting() }
+		inFlight = func() int { return g.proxy.Stats().Inflight }
+	}
+	sup, err := supervisor.New(cfg, supervisor.Options{
+		Log:       log,
+		Policy:    g.pol,
+		GPU:       supervisor.MonitorGPU(g.gpu),
+		Events:    g.bus,
+		Persist:   g.savePolicy,
+		ExtraArgs: extra,
+		Load:      g.vllmLoad,
+		Progress:  g.vllmProgress,
+		Awaiting:  awaiting,
+		InFlight:  inFlight,
+		Args:      args,
+		Conns:     conns,
+	})
+	if err != nil {
+		return nil, err
+	}
+	g.sup = sup
+	g.gate = admission.New(cfg, extra, admission.Sources{Status: sup.Status, GPU: g.gpu.Snapshot,
+		VLLM: g.stats.Latest, Publish: g.bus.Publish, Log: log})
+	g.gate.Refresh(sup.Status())
+	if cfg.Proxy.Listen != "" {
+		g.gate.EnableMemory(store, pst.CostSamples)
+		g.proxy = proxy.New(cfg.Proxy, g.gate, g.met.Registry(), log.Named("proxy"))
+		g.gate.Attach(g.proxy)
+	}
+	return g, nil
+}
+
+// Run supervises vLLM until ctx ends or the supervisor gives up, and
+// returns the exit code.
+func (g *Guard) Run(ctx context.Context) int {
+	// Before the first start, so the free-memory check sees the GPUs; Run
+	// reports a failure.
+	_ = g.gpu.Open()
+	g.met.SetProfile(g.pol.Current())
+	var wg sync.WaitGroup
+	gctx, cancel := context.WithCancel(context.Background())
+	background := func(f func(context.Context)) {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(gctx) }()
+	}
+	background(g.gpu.Run)
+	background(g.alert.Run)
+	background(func(ctx context.Context) { g.sd.RunWatchdog(ctx, g.sup.LastTurn) })
+	background(g.forwardGPUAlerts)
+	background(g.refreshMetrics)
+	go func() {
+		<-ctx.Done()
+		g.sd.Stopping()
+	}()
+
+	// The control socket and HTTP endpoints: a socket that cannot be made
+	// is a configuration problem an operator must fix (exit 78).
+	sock, err := control.ListenSocket(g.cfg.Control.Socket, g, g.log.Named("control"))
+	if err != nil {
+		g.log.Error("cannot serve the control socket: fix [control] socket", zap.Error(err))
+		cancel()
+		wg.Wait()
+		return exitcode.Config
+	}
+	defer sock.Close()
+	if addr := g.cfg.Control.HTTPListen; addr != "" {
+		hs, err := control.ListenHTTP(addr, control.NewHTTPHandler(g, g.met.Handler()), g.log.Named("http"))
+		if err != nil {
+			g.log.Error("cannot listen for HTTP: fix [control] http_listen", zap.Error(err))
+			cancel()
+			wg.Wait()
+			return exitcode.Config
+		}
+		defer hs.Close()
+	}
+	background(g.stats.Run)
+	if addr := g.cfg.Proxy.Listen; addr != "" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			g.log.Error("cannot listen for the proxy: fix [proxy] listen", zap.Error(err))
+			cancel()
+			wg.Wait()
+			return exitcode.Config
+		}
+		g.log.Info("admission-control proxy listening", zap.String("listen", ln.Addr().String()))
+		// The proxy drains after the supervisor stops (Serve returns when
+		// its context ends), so it outlives vLLM only to answer 503s.
+		background(func(ctx context.Context) {
+			if err := g.proxy.Serve(ctx, ln); err != nil {
+				g.log.Warn("proxy stopped", zap.Error(err))
+			}
+		})
+		background(g.gate.Run)
+	}
+
+	code := g.sup.Run(ctx)
+	g.inc.Close()
+
+	// Deliver what is queued (gave_up above all) before going.
+	fctx, fcancel := context.WithTimeout(context.Background(), 15*time.Second)
+	if err := g.alert.Flush(fctx); err != nil {
+		g.log.Warn("alerts still queued at exit were not delivered", zap.Error(err))
+	}
+	fcancel()
+	cancel()
+	wg.Wait()
+	g.gpu.Close()
+	if g.jsonl != nil {
+		g.jsonl.Close()
+	}
+	return code
+}
+
+// WriteEvents also writes the event stream as JSON lines to path (the test
+// tools, the soak, the storm benchmark and the demo read it).
+func (g *Guard) WriteEvents(path string) error {
+	f, err := events.OpenFile(path)
+	if err != nil {
+		return err
+	}
+	g.jsonl = events.NewJSONLines(f, g.log.Named("events"))
+	g.bus.Handle(g.jsonl.Put)
+	return nil
+}
+
+// onEvent is how the guard's parts hear about vLLM.
+func (g *Guard) onEvent(e events.Event) {
+	switch e.Kind {
+	case events.KindStarting:
+		g.met.Started()
+	case events.KindState:
+		logging.SetGuardState(e.State)
+		g.onState(g.sup.Status())
+	case events.KindProgress:
+		g.onProgress(e.Phase)
+	case events.KindReady:
+		g.onReady(e.First, e.TimeToReady)
+	case events.KindExited:
+		g.onFailure(*e.Failure)
+	case events.KindAlert:
+		g.met.SetAlert(e.Alert.Name, e.Alert.Active)
+		g.gate.SetPressure(g.alert.InForce())
+		if g.proxy != nil {
+			g.proxy.Notify()
+		}
+	}
+}
+
+func (g *Guard) onState(st supervisor.Status) {
+	g.gate.Refresh(st)
+	if g.proxy != nil {
+		g.proxy.Notify()
+	}
+	if st.State == supervisor.StateReady {
+		g.stats.SetTarget(g.gate.URL())
+	} else {
+		g.stats.SetTarget("")
+	}
+	g.met.SetState(st.State)
+	g.met.SetProfile(st.Rung)
+	g.sd.Status(notify.StatusLine(st, g.gpu.Snapshot()))
+	// Starting again after a failure: systemd's start timeout must not
+	// run out while the guard backs off before the first ready.
+	if st.State == supervisor.StateBackoff || st.State == supervisor.StateWaitingGPU {
+		g.onProgress("")
+	}
+}
+
+// onProgress keeps systemd's start timeout ahead of the guard's own stall
+// detection while vLLM loads.
+func (g *Guard) onProgress(string) {
+	g.sd.Extend(g.cfg.Readiness.StallTimeout.Duration + time.Minute)
+}
+
+func (g *Guard) onReady(first bool, ttr time.Duration) {
+	g.sd.Ready()
+	g.met.Ready(ttr)
+	g.alert.Clear(alerts.OOM)
+}
+
+func (g *Guard) onFailure(f supervisor.Failure) {
+	g.met.Exited(f.Verdict.Cause)
+	if f.Verdict.Cause == policy.CauseOOM {
+		g.gate.OnOOM()
+	}
+	for _, e := range alerts.FromFailure(f) {
+		g.alert.Send(e)
+	}
+}
+
+// forwardGPUAlerts sends the monitor's memory alerts to the dispatcher and
+// the metrics.
+func (g *Guard) forwardGPUAlerts(ctx context.Context) {
+	ch, unsubscribe := g.gpu.Subscribe()
+	defer unsubscribe()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case a := <-ch:
+			g.alert.Send(alerts.FromGPU(a, g.sup.Status().Rung))
+		}
+	}
+}
+
+// refreshMetrics copies the GPU monitor's view into the metrics each sample.
+func (g *Guard) refreshMetrics(ctx context.Context) {
+	t := time.NewTicker(g.cfg.GPU.SampleInterval.Duration)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			g.met.SetGPU(g.gpu.Snapshot())
+			v := g.stats.Latest()
+			g.met.SetVLLM(v.Running, v.Waiting, v.KVUsage, v.Up)
+		}
+	}
+}
+
+func (g *Guard) savePolicy(st policy.State) {
+	if err := g.store.Save(st); err != nil {
+		g.log.Warn("could not save the guard's state: a restarted guard will start on rung 0", zap.Error(err))
+	}
+}
+
+// childEnvValue is what vLLM will see for k: [vllm] env first, then the guard's.
+func childEnvValue(cfg *config.Config, k string) (string, bool) {
+	if v, ok := cfg.VLLM.Env[k]; ok {
+		return v, true
+	}
+	return os.LookupEnv(k)
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// vllmProgress is vLLM's running requests and token counters from its
+// last scrape, for stuck detection.
+func (g *Guard) vllmProgress() (running, tokens float64, ok bool) {
+	v := g.stats.Latest()
+	return v.Running, v.PromptTokens + v.GenerationTokens, v.Up && v.TokensKnown
+}
+
+// vllmLoad is vLLM's running and waiting requests from its last scrape.
+func (g *Guard) vllmLoad() (running, waiting float64, ok bool) {
+	v := g.stats.Latest()
+	return v.Running, v.Waiting, v.Up
+}

@@ -1,0 +1,75 @@
+package incident
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/gpumon"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/state"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type memStore struct {
+	mu   sync.Mutex
+	err  error
+	recs []state.Incident
+}
+
+func (s *memStore) AddIncident(inc state.Incident) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return "", s.err
+	}
+	s.recs = append(s.recs, inc)
+	return "/state/incidents/x.json", nil
+}
+
+func oomFailure(at time.Time) *events.Failure {
+	lines := make([]policy.Line, 0, 300)
+	for i := 1; i <= 300; i++ {
+		lines = append(lines, policy.Line{N: i, Text: "line"})
+	}
+	return &events.Failure{Time: at, ExitCode: 1, Phase: policy.PhaseReady, Lines: lines,
+		Verdict:  policy.Verdict{Cause: policy.CauseOOM, Confidence: "high", Summary: "GPU out of memory"},
+		Decision: policy.Decision{Action: policy.ActionRestart, Rung: policy.Rung{Index: 1}, Delay: 5 * time.Second}}
+}
+
+func TestRecorderWritesOneRecordPerFailure(t *testing.T) {
+	store := &memStore{}
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	snap := gpumon.Snapshot{Devices: []gpumon.Device{{Trend: gpumon.TrendClimbing, History: []float64{0.80, 0.90, 0.99}}}}
+	r := New(store, func() gpumon.Snapshot { return snap }, 200, time.Second, zap.NewNop())
+	r.Handle(events.Event{Kind: events.KindReady})
+	r.Handle(events.Event{Kind: events.KindExited, Failure: oomFailure(at)})
+	r.Close()
+	if len(store.recs) != 1 {
+		t.Fatalf("%d records", len(store.recs))
+	}
+	inc := store.recs[0]
+	if inc.Cause != policy.CauseOOM || len(inc.LastLines) != 200 || inc.RungAfter.Index != 1 || inc.MemoryTrend != "climbing" ||
+		len(inc.Memory) != 3 || !inc.Memory[0].T.Equal(at.Add(-2*time.Second)) || inc.Memory[2].Fraction != 0.99 {
+		t.Fatalf("record %+v", inc)
+	}
+	if last := r.Last(); last == nil || last.Cause != policy.CauseOOM {
+		t.Fatalf("last %+v", last)
+	}
+}
+
+func TestAFailedWriteStillShowsTheIncident(t *testing.T) {
+	store := &memStore{err: errors.New("no space left on device")}
+	r := New(store, func() gpumon.Snapshot { return gpumon.Snapshot{} }, 10, time.Second, zap.NewNop())
+	r.Handle(events.Event{Kind: events.KindExited, Failure: oomFailure(time.Now())})
+	r.Close()
+	if last := r.Last(); last == nil || last.Cause != policy.CauseOOM || len(last.LastLines) != 10 {
+		t.Fatalf("last %+v after a failed write", last)
+	}
+}

@@ -1,0 +1,262 @@
+// One request through the proxy: which requests take a slot (IsInference),
+// admission and its refusals (413, 429, 503), and the rewrite to vLLM.
+
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+)
+
+type ctxKey struct{}
+
+// reqState travels with a request through the ReverseProxy.
+type reqState struct {
+	deadline time.Time // the queue bound: also for waiting out a refused connection
+	body     *trackBody
+	tokens   float64 // the prompt's estimated tokens (Awaiting)
+}
+
+// replayBody is the request's body to send again (none: http.NoBody).
+func (st *reqState) replayBody() (io.ReadCloser, bool) {
+	if st.body == nil {
+		return http.NoBody, true
+	}
+	return st.body.replay()
+}
+
+// IsInference reports whether a request takes an admission slot: a POST
+// under /v1/ or /v2/ (completions, chat, embeddings, responses, audio,
+// rerank, scoring) or to vLLM's pooling and tokenizer endpoints at the root,
+// and a protocol upgrade (a WebSocket: realtime) to any of those paths.
+// Everything else (/health, /ping, /metrics, /version, /v1/models, /load, a
+// GET of anything) passes straight through. The method is compared in any
+// case and the path as cleanPath leaves it, so that what is checked is what
+// vLLM routes (issue 24: //v1/completions and "post" went round the slots).
+func IsInference(r *http.Request) bool {
+	upgrade := r.Header.Get("Upgrade") != ""
+	if !strings.EqualFold(r.Method, http.MethodPost) && !upgrade {
+		return false
+	}
+	path := cleanPath(r.URL.Path)
+	if strings.HasPrefix(path, "/v1/") || strings.HasPrefix(path, "/v2/") {
+		return true
+	}
+	switch path {
+	case "/pooling", "/classify", "/score", "/rerank", "/tokenize", "/detokenize", "/invocations":
+		return true
+	}
+	return false
+}
+
+// cleanPath is p with repeated slashes and dot segments removed, as a
+// router that normalises paths sees it.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	return path.Clean("/" + p)
+}
+
+// normalize makes r what the inference check and vLLM both see: the method
+// in upper case, the path cleaned.
+func normalize(r *http.Request) {
+	if m := strings.ToUpper(r.Method); m != r.Method {
+		r.Method = m
+	}
+	if c := cleanPath(r.URL.Path); c != r.URL.Path {
+		r.URL.Path, r.URL.RawPath = c, ""
+	}
+}
+
+// ServeHTTP admits, forwards and accounts for one request.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rec := &recorder{ResponseWriter: w, rc: http.NewResponseController(w), writeTimeout: p.cfg.WriteTimeout.Duration}
+	defer func() {
+		if rec.stalled {
+			p.log.Info("client read none of its answer within write_timeout; request ended, cancelled at vLLM, slot freed",
+				zap.String("path", r.URL.Path), zap.String("client", r.RemoteAddr), zap.Duration("write_timeout", p.cfg.WriteTimeout.Duration))
+		}
+		code := rec.code
+		if code == 0 {
+			code = 499 // the client left before any answer (nginx's convention)
+		}
+		p.m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
+		p.m.duration.Observe(time.Since(start).Seconds())
+	}()
+
+	if limit := p.cfg.MaxBodyBytes; limit > 0 && r.ContentLength > limit {
+		p.tooLarge(rec, r.ContentLength)
+		return
+	}
+	normalize(r)
+	if !IsInference(r) {
+		// Probes, scrapes and listings pass straight through: a load
+		// balancer's health check or Prometheus must never wait behind
+		// generation requests, be refused for load, or take their slots.
+		// A body with no length is still bounded (upstreamError: 413).
+		if r.Body != nil && r.Body != http.NoBody && p.cfg.MaxBodyBytes > 0 {
+			r.Body = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
+		}
+		p.rp.ServeHTTP(rec, r)
+		return
+	}
+	deadline := start.Add(p.cfg.QueueTimeout.Duration)
+	// The body is read before admission, unless the client waits for
+	// 100 Continue: it is told to send once admitted, and until its body
+	// is read its prompt is guessed from its length (a quarter of its
+	// bytes, at most the room: base64 images would make it far too much).
+	expect := expectsContinue(r)
+	var body *bufferedBody
+	var tokens float64
+	if expect {
+		tokens = float64(r.ContentLength) / 4
+	} else {
+		sc := newPromptScanner()
+		var ok bool
+		if body, ok = p.readBody(rec, r, sc, fixedDeadline(start.Add(bodyReadTimeout))); !ok {
+			return
+		}
+		defer body.release()
+		if body.size > 0 {
+			tokens = sc.tokens(body.size)
+		}
+	}
+	p.refresh()
+	bound := p.bound.Load()
+	var cost float64
+	if bound != nil && bound.RoomBytes > 0 {
+		cost = bound.Model.RequestBytes(tokens)
+		if cost > bound.RoomBytes {
+			if !expect {
+				p.tooLargeForMemory(rec, tokens, cost, bound)
+				return
+			}
+			cost = bound.RoomBytes // decided once the body is read
+		}
+	}
+	queued, err := p.lim.acquire(r.Context(), deadline, cost, tokens)
+	if err != nil {
+		if rj, ok := isRejection(err); ok {
+			p.reject(rec, rj)
+		}
+		return // else the client left while waiting: nobody to answer
+	}
+	defer func() { p.lim.release(cost, tokens) }()
+	// A deadline left by an earlier request on this kept-alive connection
+	// may have passed: renew it before anything (a 100 Continue) is written.
+	rec.renew()
+	if queued {
+		rec.Header().Set(QueueWaitHeader, strconv.FormatFloat(float64(time.Since(start).Microseconds())/1000, 'f', 1, 64))
+	}
+	if expect {
+		// Reading sends the 100 Continue; a slot is held now, so the body
+		// must come at a minimum rate. Then the guess gives way to the
+		// count.
+		sc := newPromptScanner()
+		var ok bool
+		if body, ok = p.readBody(rec, r, sc, minRateDeadline(time.Now())); !ok {
+			return
+		}
+		defer body.release()
+		counted, newCost := sc.tokens(body.size), 0.0
+		if bound != nil && bound.RoomBytes > 0 {
+			if newCost = bound.Model.RequestBytes(counted); newCost > bound.RoomBytes {
+				p.tooLargeForMemory(rec, counted, newCost, bound)
+				return
+			}
+		}
+		p.lim.adjust(cost, tokens, newCost, counted)
+		cost, tokens = newCost, counted
+	}
+
+	// The body is here: vLLM has nothing to wait for (and its 100
+	// Continue would reach the client a second time).
+	r.Header.Del("Expect")
+	st := &reqState{deadline: deadline, tokens: tokens}
+	if body.size > 0 {
+		st.body = newTrackBody(body)
+		r.Body, r.ContentLength = st.body, body.size
+	} else {
+		r.Body, r.ContentLength = http.NoBody, 0
+	}
+	p.rp.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), ctxKey{}, st)))
+}
+
+func (p *Proxy) tooLargeForMemory(w http.ResponseWriter, tokens, cost float64, b *policy.AdmissionBound) {
+	p.lim.reject(reasonTooLargeForMemory)
+	p.m.rejected.WithLabelValues(reasonTooLargeForMemory).Inc()
+	writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error",
+		fmt.Sprintf("request of about %.0f prompt tokens would need about %.0f MiB of GPU memory while it runs; vllm-guard admits at most %.0f MiB "+
+			"for all requests in flight (the memory admission limit: predicted peak under 1 − [profile] headroom of the device); shorten the prompt",
+			tokens, cost/(1<<20), b.RoomBytes/(1<<20)))
+}
+
+func (p *Proxy) tooLarge(w http.ResponseWriter, n int64) {
+	p.lim.reject(reasonBodyTooLarge)
+	p.m.rejected.WithLabelValues(reasonBodyTooLarge).Inc()
+	w.Header().Set("Connection", "close")
+	writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error",
+		fmt.Sprintf("request body of %d bytes is larger than the proxy's limit of %d bytes ([proxy] max_body_bytes)", n, p.cfg.MaxBodyBytes))
+}
+
+func (p *Proxy) reject(w http.ResponseWriter, rj *rejection) {
+	p.m.rejected.WithLabelValues(rj.reason).Inc()
+	switch {
+	case rj.shutdown:
+		w.Header().Set("Retry-After", retryAfterNotReady)
+		writeError(w, http.StatusServiceUnavailable, "server_error", "vllm-guard is shutting down; retry shortly")
+	case rj.reason == reasonNotReady:
+		w.Header().Set("Retry-After", retryAfterNotReady)
+		writeError(w, http.StatusServiceUnavailable, "server_error",
+			fmt.Sprintf("vLLM is not ready (restarting or loading) and did not come back within %s; retry shortly", p.cfg.QueueTimeout.Duration))
+	case rj.reason == reasonQueueFull:
+		w.Header().Set("Retry-After", retryAfterBusy)
+		writeError(w, http.StatusTooManyRequests, "rate_limit_error",
+			fmt.Sprintf("vllm-guard admission queue is full (%d waiting, %d in flight); retry shortly", p.cfg.QueueSize, p.Stats().Limit))
+	default:
+		w.Header().Set("Retry-After", retryAfterBusy)
+		writeError(w, http.StatusTooManyRequests, "rate_limit_error",
+			fmt.Sprintf("no free slot within %s (vllm-guard admission control); retry shortly", p.cfg.QueueTimeout.Duration))
+	}
+}
+
+// rewrite points the outgoing request at vLLM.
+func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
+	if u, err := p.targetURL(); err == nil {
+		pr.SetURL(u)
+	}
+	pr.SetXForwarded()
+}
+
+var errNoTarget = errors.New("vLLM's address is not known yet")
+
+// targetURL parses the Upstream's base URL, once per distinct value.
+func (p *Proxy) targetURL() (*url.URL, error) {
+	raw, _ := p.up.Target()
+	if t := p.target.Load(); t != nil && t.raw == raw {
+		return t.u, t.err
+	}
+	t := &parsedTarget{raw: raw}
+	if raw == "" {
+		t.err = errNoTarget
+	} else if t.u, t.err = url.Parse(raw); t.err == nil && (t.u.Scheme == "" || t.u.Host == "") {
+		t.err = fmt.Errorf("vLLM's address %q is not a base URL such as http://127.0.0.1:8000", raw)
+	}
+	p.target.Store(t)
+	return t.u, t.err
+}

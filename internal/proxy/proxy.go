@@ -1,0 +1,281 @@
+// Package proxy owns the admission-control reverse proxy in front of vLLM:
+// at most the rung's max_num_seqs × inflight_factor requests in
+// flight, fewer when the guard's cost model predicts memory would not hold
+// them (requests are then admitted by their predicted memory, from their
+// prompt tokens, and one that alone would not fit is refused with 413), a
+// bounded FIFO queue with a timeout, a pause (not errors) while vLLM
+// restarts, half the admission under memory pressure, SSE passed through
+// unbuffered, a stream cut by a vLLM death ended with an error event, and
+// the proxy_* metrics. Only inference requests take slots (IsInference);
+// probes, scrapes and listings pass straight through. It decides nothing about vLLM itself: an Upstream
+// (the supervisor's wiring) says where vLLM is, whether it is ready, the
+// rung in force and whether a memory alert is active; one that is also an
+// Admitter says the bound in force (policy.Admission decides it).
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/connlimit"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+)
+
+// Upstream is what the proxy asks the supervisor. Its methods are called
+// from request goroutines, concurrently, and must be cheap.
+type Upstream interface {
+	// Target is vLLM's base URL (http://host:port) and whether it is
+	// ready now.
+	Target() (baseURL string, ready bool)
+	// MaxNumSeqs is the max_num_seqs of the rung in force.
+	MaxNumSeqs() int
+	// Pressure reports whether gpu_memory_critical or oom_predicted is
+	// active: admission halves while it is.
+	Pressure() bool
+}
+
+// Admitter is an Upstream that decides the limit itself (the guard, from its
+// cost model). Admission is called on every request and must be cheap.
+type Admitter interface {
+	Admission() policy.AdmissionBound
+}
+
+// Stats is the proxy's admission state, for status and the drill.
+type Stats struct {
+	Ready      bool              `json:"ready"`
+	Limit      int               `json:"limit"`
+	Inflight   int               `json:"inflight"`
+	Queued     int               `json:"queued"`
+	QueueSize  int               `json:"queue_size"`
+	Admitted   uint64            `json:"admitted"`
+	Rejected   uint64            `json:"rejected"`
+	RejectedBy map[string]uint64 `json:"rejected_by_reason"` // queue_full, queue_timeout, not_ready, body_too_large, too_large_for_memory, buffer_full
+	// Bound is what sets Limit (rung, memory, trend, reopening, pressure)
+	// and Why says it in words.
+	Bound string `json:"bound"`
+	Why   string `json:"bound_reason,omitempty"`
+	// MemoryRoomBytes > 0: the memory bound is in force; the predicted
+	// memory of the requests in flight is MemoryInflightBytes.
+	MemoryRoomBytes      float64 `json:"memory_room_bytes,omitempty"`
+	MemoryInflightBytes  float64 `json:"memory_inflight_bytes,omitempty"`
+	PromptTokensInflight float64 `json:"prompt_tokens_inflight"`
+	// Engaged: some request ever waited for a slot or was refused one
+	// (queue_full, queue_timeout). Waiting for vLLM to be ready is not
+	// admission control at work and does not count.
+	Engaged bool `json:"engaged"`
+	// UpstreamRetries counts connections vLLM refused that the proxy
+	// retried (vLLM restarting before the supervisor noticed).
+	UpstreamRetries uint64 `json:"upstream_retries"`
+}
+
+// QueueWaitHeader is set on responses to requests that waited in the
+// queue: the wait in milliseconds. The drill counts queueing with it.
+const QueueWaitHeader = "X-Vllm-Guard-Queue-Wait-Ms"
+
+// Bounds of the proxy's connections. Generation can take minutes before
+// the first byte of a non-streaming answer, so nothing bounds a response
+// in flight: vLLM's liveness is the supervisor's job.
+const (
+	readHeaderTimeout = 5 * time.Second  // a client's request headers
+	bodyReadTimeout   = 60 * time.Second // a client's request body
+	// A kept-alive client connection between requests (vLLM's own uvicorn
+	// keeps one 5 s). Under pressure an idle connection gives its place
+	// to a newcomer sooner (connlimit).
+	clientIdleTimeout = 30 * time.Second
+	maxHeaderBytes    = 64 << 10
+	dialTimeout       = 5 * time.Second
+	upstreamIdle      = 90 * time.Second // a pooled connection to vLLM
+	drainTimeout      = 30 * time.Second // in-flight requests at shutdown
+	// retryPoll: after vLLM refused a connection while still said to be
+	// ready, try again this often until the supervisor says otherwise or
+	// the request's queue deadline passes.
+	retryPoll = 100 * time.Millisecond
+)
+
+// Retry-After values (seconds): a full queue drains in about a request's
+// time; a restart takes longer.
+const (
+	retryAfterBusy     = "1"
+	retryAfterNotReady = "5"
+)
+
+// Proxy is the admission-control reverse proxy. It is an http.Handler;
+// Serve runs it on a listener.
+type Proxy struct {
+	cfg     config.Proxy
+	up      Upstream
+	log     *zap.Logger
+	lim     *limiter
+	tr      *http.Transport
+	rp      *httputil.ReverseProxy
+	m       *metrics
+	budget  *bodyBudget
+	target  atomic.Pointer[parsedTarget]
+	retries atomic.Uint64
+	bound   atomic.Pointer[policy.AdmissionBound] // the last applied
+	await   awaiting                              // sent to vLLM, no byte of the answer yet
+}
+
+type parsedTarget struct {
+	raw string
+	u   *url.URL
+	err error
+}
+
+// New builds a proxy over up. reg may be nil (metrics are then not
+// registered anywhere); log may be nil.
+func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logger) *Proxy {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if cfg.InflightFactor <= 0 {
+		cfg.InflightFactor = 1
+	}
+	if cfg.WriteTimeout.Duration <= 0 {
+		cfg.WriteTimeout = config.Default().Proxy.WriteTimeout
+	}
+	if cfg.MaxConnections <= 0 {
+		cfg.MaxConnections = config.Default().Proxy.MaxConnections
+	}
+	if cfg.MaxConnectionsPerClient <= 0 {
+		cfg.MaxConnectionsPerClient = config.Default().Proxy.MaxConnectionsPerClient
+	}
+	if cfg.MaxBufferedBytes <= 0 {
+		cfg.MaxBufferedBytes = max(config.Default().Proxy.MaxBufferedBytes, cfg.MaxBodyBytes)
+	}
+	p := &Proxy{cfg: cfg, up: up, log: log.Named("proxy"), lim: newLimiter(max(cfg.QueueSize, 0)),
+		budget: &bodyBudget{max: cfg.MaxBufferedBytes}}
+	p.tr = &http.Transport{
+		Proxy:                 nil, // never an environment proxy between the guard and its vLLM
+		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          0,
+		MaxIdleConnsPerHost:   4096,
+		IdleConnTimeout:       upstreamIdle,
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true, // pass encodings through as they are
+	}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite:        p.rewrite,
+		Transport:      &retryTransport{p: p},
+		FlushInterval:  -1, // every write reaches the client at once: SSE events are not held back
+		BufferPool:     bufferPool{},
+		ErrorHandler:   p.upstreamError,
+		ModifyResponse: p.modifyResponse,
+		// Its messages are per request (a client gone mid-copy): debug.
+		ErrorLog: newStdLog(p.log, zap.DebugLevel),
+	}
+	p.m = newMetrics(reg, p.lim, p.budget)
+	p.refresh()
+	return p
+}
+
+// Notify tells the proxy that readiness, the rung or the alerts changed:
+// it recomputes the limit and wakes waiters. Call it on every change.
+func (p *Proxy) Notify() { p.refresh() }
+
+// Stats returns the admission state now.
+func (p *Proxy) Stats() Stats {
+	s := p.lim.stats()
+	s.UpstreamRetries = p.retries.Load()
+	if b := p.bound.Load(); b != nil {
+		s.Bound, s.Why = b.Bound, b.Why
+	}
+	return s
+}
+
+// Window is what was in flight since the previous call (the guard's cost
+// samples pair it with the GPU memory).
+func (p *Proxy) Window() Window { return p.lim.window() }
+
+// limitFor is the admission limit for a rung and pressure.
+func limitFor(maxNumSeqs int, factor float64, pressure bool) int {
+	n := max(int(float64(maxNumSeqs)*factor), 1)
+	if pressure {
+		n = max(n/2, 1)
+	}
+	return n
+}
+
+func (p *Proxy) refresh() {
+	_, ready := p.up.Target()
+	var b policy.AdmissionBound
+	if a, ok := p.up.(Admitter); ok {
+		b = a.Admission()
+	} else {
+		b = policy.AdmissionBound{Limit: limitFor(p.up.MaxNumSeqs(), p.cfg.InflightFactor, p.up.Pressure()), Bound: policy.BoundRung,
+			Why: "max_num_seqs × inflight_factor"}
+		if p.up.Pressure() {
+			b.Bound, b.Why = policy.BoundPressure, "halved while gpu_memory_critical or oom_predicted is active"
+		}
+	}
+	if old := p.bound.Load(); old == nil || old.Bound != b.Bound || old.Limit != b.Limit || old.RoomBytes != b.RoomBytes {
+		// The guard says a change of bound on its event stream.
+		p.bound.Store(&b)
+		p.m.setBound(b.Bound)
+	}
+	if p.lim.set(b.Limit, b.RoomBytes, ready) {
+		// vLLM went away: its pooled connections are dead or about to be.
+		p.tr.CloseIdleConnections()
+	}
+}
+
+// Serve answers on l until ctx is done, then stops accepting, refuses the
+// queued requests (503) and lets those in flight finish (up to 30 s). At
+// most [proxy] max_connections client connections are open at once, fewer
+// if the descriptor limit leaves less after the supervision reserve
+// (connlimit.Caps), and at most max_connections_per_client of one client
+// address have a request in progress; more are answered 503 and closed at
+// accept. Idle connections (and those still sending their headers) give
+// their place to a newcomer, so they cannot shut clients out.
+func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
+	nofile := connlimit.NoFile()
+	capN, _ := connlimit.Caps(nofile, p.cfg.MaxConnections)
+	if capN < p.cfg.MaxConnections {
+		p.log.Warn("proxy connections capped below [proxy] max_connections by the file-descriptor limit; raise LimitNOFILE to allow more",
+			zap.Int("max_connections", p.cfg.MaxConnections), zap.Int("cap", capN), zap.Uint64("nofile", nofile),
+			zap.Int("reserved_for_supervision", connlimit.Reserve))
+	}
+	cl := connlimit.NewPerSource(l, capN, p.cfg.MaxConnectionsPerClient)
+	l = cl
+	srv := &http.Server{
+		Handler:           p,
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       clientIdleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          newStdLog(p.log, zap.WarnLevel),
+		ConnState:         cl.ConnState,
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	p.log.Info("proxy listening", zap.String("addr", l.Addr().String()), zap.Int("limit", p.Stats().Limit), zap.Int("max_connections", capN),
+		zap.Int("max_connections_per_client", cl.PerSource()),
+		zap.Int("queue_size", p.cfg.QueueSize), zap.Duration("queue_timeout", p.cfg.QueueTimeout.Duration))
+	select {
+	case err := <-errc:
+		p.lim.close()
+		p.tr.CloseIdleConnections()
+		return fmt.Errorf("proxy on %s: %w", l.Addr(), err)
+	case <-ctx.Done():
+	}
+	p.lim.close()
+	sctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	if err != nil {
+		p.log.Warn("proxy drain timed out; closing the remaining connections", zap.Duration("timeout", drainTimeout))
+		srv.Close()
+	}
+	<-errc
+	p.tr.CloseIdleConnections()
+	return nil
+}

@@ -1,0 +1,299 @@
+package state
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/redact"
+)
+
+// Incident is one failure of vLLM as `vllm-guard incidents` shows it and
+// as incidents/<time>-<cause>.json keeps it.
+type Incident struct {
+	ID          string        `json:"id"` // the file name without .json; set by AddIncident when empty
+	Time        time.Time     `json:"time"`
+	Cause       policy.Cause  `json:"cause"`
+	Confidence  string        `json:"confidence,omitempty"` // "high" | "low"
+	Summary     string        `json:"summary"`
+	Evidence    []policy.Line `json:"evidence"`
+	ExitCode    int           `json:"exit_code"`        // -1 when killed by a signal
+	Signal      string        `json:"signal,omitempty"` // "SIGKILL" etc.
+	Phase       policy.Phase  `json:"phase,omitempty"`
+	RungBefore  policy.Rung   `json:"rung_before"`
+	RungAfter   policy.Rung   `json:"rung_after"`
+	Action      policy.Action `json:"action"`
+	Reason      string        `json:"reason,omitempty"`
+	Delay       time.Duration `json:"-"` // written as "delay": "5s"
+	LastLines   []string      `json:"last_lines"`
+	Memory      []MemSample   `json:"memory"` // GPU memory of the last minutes, oldest first
+	MemoryTrend string        `json:"memory_trend,omitempty"`
+}
+
+// MemSample is one GPU memory reading: used/total (the highest over the
+// watched GPUs) at time T.
+type MemSample struct {
+	T        time.Time `json:"t"`
+	Fraction float64   `json:"fraction"`
+}
+
+// incidentFields has Incident's fields without its JSON methods.
+type incidentFields Incident
+
+// MarshalJSON writes Delay as a duration string an operator can read.
+func (inc Incident) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		incidentFields
+		Delay string `json:"delay"`
+	}{incidentFields(inc), inc.Delay.String()})
+}
+
+func (inc *Incident) UnmarshalJSON(b []byte) error {
+	aux := struct {
+		*incidentFields
+		Delay string `json:"delay"`
+	}{incidentFields: (*incidentFields)(inc)}
+	if err := json.Unmarshal(b, &aux); err != nil {
+		return err
+	}
+	inc.Delay = 0
+	if aux.Delay != "" {
+		d, err := time.ParseDuration(aux.Delay)
+		if err != nil {
+			return fmt.Errorf("delay %q: %w", aux.Delay, err)
+		}
+		inc.Delay = d
+	}
+	return nil
+}
+
+// AddIncident writes inc to incidents/<time>-<cause>.json atomically and
+// removes the oldest records beyond MaxIncidents. A zero Time is set to
+// now. Secrets in its text (vLLM's lines, evidence) are masked first. When
+// the records are kept in memory (no usable incidents folder) it keeps the
+// record there and returns "".
+func (s *Store) AddIncident(inc Incident) (path string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	inc = Redacted(inc)
+	if inc.Time.IsZero() {
+		inc.Time = s.now()
+	}
+	inc.Time = inc.Time.UTC()
+	base := inc.Time.Format("20060102T150405.000000Z") + "-" + fileSafe(string(inc.Cause))
+	if s.inc == nil {
+		if inc.ID == "" {
+			inc.ID = base
+		}
+		s.memIncidents = append(s.memIncidents, inc)
+		if over := len(s.memIncidents) - s.maxIncidents(); over > 0 {
+			s.memIncidents = slices.Delete(s.memIncidents, 0, over)
+		}
+		return "", nil
+	}
+	name := base + ".json"
+	for i := 2; s.exists(s.inc, name); i++ {
+		name = fmt.Sprintf("%s-%d.json", base, i)
+	}
+	if inc.ID == "" {
+		inc.ID = strings.TrimSuffix(name, ".json")
+	}
+	data, err := json.MarshalIndent(inc, "", "  ")
+	if err != nil {
+		return "", fmt.Errorf("state: encode incident %s: %w", inc.ID, err)
+	}
+	path = filepath.Join(s.dir, incidentsDir, name)
+	if err := writeAtomic(s.inc, name, append(data, '\n'), fileMode); err != nil {
+		return "", fmt.Errorf("state: incident record: %w", err)
+	}
+	s.prune()
+	return path, nil
+}
+
+// Redacted returns inc with the secrets in its text masked: vLLM's lines
+// carry its command line and `non-default args` (api_key).
+func Redacted(inc Incident) Incident {
+	inc.Summary = redact.String(inc.Summary)
+	inc.Reason = redact.String(inc.Reason)
+	if inc.Evidence != nil {
+		ev := make([]policy.Line, len(inc.Evidence))
+		for i, l := range inc.Evidence {
+			l.Text = redact.String(l.Text)
+			ev[i] = l
+		}
+		inc.Evidence = ev
+	}
+	if inc.LastLines != nil {
+		lines := make([]string, len(inc.LastLines))
+		for i, l := range inc.LastLines {
+			lines[i] = redact.String(l)
+		}
+		inc.LastLines = lines
+	}
+	return inc
+}
+
+func (s *Store) maxIncidents() int {
+	if s.MaxIncidents <= 0 {
+		return DefaultMaxIncidents
+	}
+	return s.MaxIncidents
+}
+
+// prune removes the oldest records beyond the bound. File names start with
+// a fixed-width UTC time, so name order is time order. Only regular files
+// inside the incidents folder itself are ever removed.
+func (s *Store) prune() {
+	dir := filepath.Join(s.dir, incidentsDir)
+	names, err := recordNames(s.inc)
+	if err != nil {
+		s.log.Warn("cannot list incident records to prune them", zap.String("dir", dir), zap.Error(err))
+		return
+	}
+	for _, n := range names[:max(0, len(names)-s.maxIncidents())] {
+		if err := s.inc.Remove(n); err != nil && !errors.Is(err, os.ErrNotExist) {
+			s.log.Warn("cannot remove an old incident record", zap.String("file", filepath.Join(dir, n)), zap.Error(err))
+		}
+	}
+}
+
+// recordNames lists the incident files, oldest first.
+func recordNames(root *os.Root) ([]string, error) {
+	entries, err := readDir(root)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range entries {
+		if n := e.Name(); e.Type().IsRegular() && strings.HasSuffix(n, ".json") && !strings.HasPrefix(n, ".") {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// Incidents returns up to n records (all when n ≤ 0), newest first. A file
+// that cannot be read or decoded is skipped with a warning in the log.
+func (s *Store) Incidents(n int) ([]Incident, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inc == nil {
+		out := slices.Clone(s.memIncidents)
+		slices.Reverse(out)
+		if n > 0 && len(out) > n {
+			out = out[:n]
+		}
+		return out, nil
+	}
+	dir := filepath.Join(s.dir, incidentsDir)
+	names, err := recordNames(s.inc)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("state: list incident records in %s: %w", dir, err)
+	}
+	var out []Incident
+	for i := len(names) - 1; i >= 0 && (n <= 0 || len(out) < n); i-- {
+		data, err := readCapped(s.inc, names[i], maxIncidentBytes)
+		var inc Incident
+		if err == nil {
+			err = json.Unmarshal(data, &inc)
+		}
+		if err != nil {
+			s.log.Warn("skipping an unreadable incident record", zap.String("file", filepath.Join(dir, names[i])), zap.Error(err))
+			continue
+		}
+		// Records written before masking existed may hold secrets.
+		out = append(out, Redacted(inc))
+	}
+	// Records written by hand or by another version may not match their
+	// names; the recorded time decides.
+	slices.SortStableFunc(out, func(a, b Incident) int { return b.Time.Compare(a.Time) })
+	return out, nil
+}
+
+func fileSafe(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' {
+			return r
+		}
+		return '_'
+	}, s)
+}
+
+// evidenceWidth bounds the evidence column so a row fits a wide terminal.
+const evidenceWidth = 100
+
+// WriteIncidents writes the `vllm-guard incidents` table: time, cause, rung
+// before → after, memory trend and the first evidence line.
+func WriteIncidents(w io.Writer, incs []Incident) error {
+	if len(incs) == 0 {
+		_, err := io.WriteString(w, "no incidents recorded\n")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TIME (UTC)\tCAUSE\tRUNG (max_num_seqs, gpu_util)\tMEMORY\tEVIDENCE")
+	for _, inc := range incs {
+		after := rung(inc.RungAfter)
+		if inc.Action == policy.ActionGiveUp {
+			after = "gave up"
+		}
+		trend := oneLine(inc.MemoryTrend)
+		if trend == "" {
+			trend = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s → %s\t%s\t%s\n",
+			inc.Time.UTC().Format("2006-01-02 15:04:05"),
+			oneLine(string(inc.Cause)),
+			rung(inc.RungBefore), after,
+			trend,
+			evidence(inc))
+	}
+	return tw.Flush()
+}
+
+func rung(r policy.Rung) string {
+	return fmt.Sprintf("%d (%d, %.2f)", r.Index, r.MaxNumSeqs, r.GPUMemoryUtilization)
+}
+
+func evidence(inc Incident) string {
+	s := inc.Summary
+	if len(inc.Evidence) > 0 {
+		s = fmt.Sprintf("L%d: %s", inc.Evidence[0].N, strings.TrimSpace(inc.Evidence[0].Text))
+	}
+	s = oneLine(s)
+	if s == "" {
+		return "-"
+	}
+	if r := []rune(s); len(r) > evidenceWidth {
+		s = string(r[:evidenceWidth-1]) + "…"
+	}
+	return s
+}
+
+// oneLine keeps a table cell on one line: tabs, newlines and other control
+// characters from vLLM's output become spaces.
+func oneLine(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+}

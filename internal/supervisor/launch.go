@@ -1,0 +1,123 @@
+package supervisor
+
+import (
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+)
+
+// profileFlags are the flags the guard owns: whatever the operator wrote for
+// them is replaced by the rung in force. --kv-cache-memory-bytes is one of
+// them when the rung carries bytes (the operator's value is rung 0's).
+var profileFlags = []string{"--max-num-seqs", "--gpu-memory-utilization"}
+
+const kvFlag = "--kv-cache-memory-bytes"
+
+// Endpoint is where the guard reaches vLLM.
+type Endpoint struct {
+	Host string
+	Port int
+}
+
+// URL is the endpoint's base URL, http://host:port.
+func (e Endpoint) URL() string { return "http://" + net.JoinHostPort(e.Host, strconv.Itoa(e.Port)) }
+
+// BuildArgv returns vLLM's argv for one start: the configured command and
+// the extra arguments with any profile flag removed, then the rung's profile
+// flags (--kv-cache-memory-bytes too when the rung sizes the KV cache in
+// bytes), then --host/--port unless the operator already set them. It also
+// returns where vLLM will listen, as the guard must probe it. The rung's
+// flags come on the command line, so they override a --config file's.
+func BuildArgv(command, extra []string, r policy.Rung, host string, port int) ([]string, Endpoint) {
+	ep := Endpoint{Host: host, Port: port}
+	var argv []string
+	hasHost, hasPort := false, false
+	for _, part := range [][]string{command, extra} {
+		for i := 0; i < len(part); i++ {
+			a := part[i]
+			name, val, inline := strings.Cut(a, "=")
+			if !strings.HasPrefix(name, "--") {
+				argv = append(argv, a)
+				continue
+			}
+			takesValue := !inline && i+1 < len(part) && !strings.HasPrefix(part[i+1], "--")
+			if !inline && takesValue {
+				val = part[i+1]
+			}
+			switch {
+			case isProfileFlag(name) || (r.KVCacheMemoryBytes > 0 && isFlagName(name, kvFlag)):
+				if takesValue {
+					i++
+				}
+				continue
+			case name == "--host":
+				hasHost, ep.Host = true, val
+			case name == "--port":
+				if p, err := strconv.Atoi(val); err == nil {
+					hasPort, ep.Port = true, p
+				}
+			}
+			argv = append(argv, a)
+			if takesValue && (name == "--host" || name == "--port") {
+				argv = append(argv, part[i+1])
+				i++
+			}
+		}
+	}
+	argv = append(argv,
+		"--max-num-seqs", strconv.Itoa(r.MaxNumSeqs),
+		"--gpu-memory-utilization", strconv.FormatFloat(r.GPUMemoryUtilization, 'f', -1, 64))
+	if r.KVCacheMemoryBytes > 0 {
+		argv = append(argv, kvFlag, strconv.FormatUint(r.KVCacheMemoryBytes, 10))
+	}
+	if !hasHost {
+		argv = append(argv, "--host", host)
+	}
+	if !hasPort {
+		argv = append(argv, "--port", strconv.Itoa(port))
+	}
+	if ep.Host == "" || ep.Host == "0.0.0.0" || ep.Host == "::" {
+		ep.Host = "127.0.0.1"
+	}
+	return argv, ep
+}
+
+func isProfileFlag(name string) bool {
+	for _, f := range profileFlags {
+		if isFlagName(name, f) {
+			return true
+		}
+	}
+	return false
+}
+
+// isFlagName: name is flag, with any of its dashes written as underscores.
+func isFlagName(name, flag string) bool {
+	return strings.HasPrefix(name, "--") && strings.ReplaceAll(name[2:], "_", "-") == flag[2:]
+}
+
+// ChildEnv is the guard's environment plus [vllm] env, without the systemd
+// variables that belong to the guard alone: a child that saw NOTIFY_SOCKET
+// could claim readiness or feed the watchdog in the guard's name.
+func ChildEnv(base []string, extra map[string]string) []string {
+	out := make([]string, 0, len(base)+len(extra))
+	for _, kv := range base {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, over := extra[k]; over || guardOnlyEnv(k) {
+			continue
+		}
+		out = append(out, kv)
+	}
+	for k, v := range extra {
+		if !guardOnlyEnv(k) {
+			out = append(out, k+"="+v)
+		}
+	}
+	return out
+}
+
+func guardOnlyEnv(k string) bool {
+	return k == "NOTIFY_SOCKET" || strings.HasPrefix(k, "WATCHDOG_")
+}

@@ -1,0 +1,311 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+)
+
+// The step machine. One goroutine (Run) owns every field below and turns
+// one event at a time into a new state plus effects: launch, signal, probe,
+// arm a timer, persist, publish. Nothing in it blocks: a probe runs on its
+// own goroutine and comes back as an event; every wait (the stop timeout,
+// the memory release, backoff, free memory before a start) is a state with
+// a timer, so the heartbeat turns all the while.
+//
+//	waiting_gpu (free memory) → starting → ready
+//	      ↑                        ↓ exit, hang, stop, restart, restore
+//	   backoff ← waiting_gpu (release) ← stopping
+//	failed (gave up)   stopped (asked to)
+
+// After "Application startup complete." a refused readiness probe is tried
+// again every fastRetryEvery, for fastRetryFor.
+const (
+	fastRetryEvery = time.Millisecond
+	fastRetryFor   = 2 * time.Second
+)
+
+// refusedProbeLimit: a start whose readiness probe vLLM answers with a 4xx
+// for this long ends (as a hang, with the probe's answer as the reason)
+// instead of waiting for max_start_time, which may be unbounded. vLLM
+// registers every route before it listens, so a 4xx does not heal.
+const refusedProbeLimit = 30 * time.Second
+
+// timerKind names what a timer is for; each kind has at most one armed.
+type timerKind int
+
+const (
+	tPoll       timerKind = iota // readiness poll and stall check while starting
+	tLive                        // liveness probe while ready
+	tCost                        // a cost-model sample while ready
+	tDying                       // grace after /health said the engine is dead
+	tStopKill                    // SIGTERM sent: SIGKILL when it fires
+	tRelease                     // read NVML again while waiting for the release
+	tBackoff                     // the decided delay before the next start
+	tFreeMemory                  // read NVML again while waiting for free memory
+	tFastRetry                   // a refused probe right after the startup line, tried again
+	tDrain                       // the proxy's requests in flight looked at again before SIGTERM
+	timerKinds
+)
+
+// evKind is what an event from outside the loop says.
+type evKind int
+
+const (
+	evTimer           evKind = iota
+	evAPIGone                // vLLM's API server exited
+	evTreeGone               // the whole tree is gone (the keeper exited)
+	evStartupComplete        // "Application startup complete." was printed
+	evProgress               // a new load phase was recognised
+	evProbe                  // a probe answered
+)
+
+type event struct {
+	kind  evKind
+	run   int // the run of vLLM it belongs to; events of an older run are dropped
+	timer timerKind
+	id    uint64 // the timer's arming; a re-armed or disarmed timer's event is dropped
+	probe probeResult
+}
+
+// ending is why the run in progress ends.
+type ending int
+
+const (
+	endNone    ending = iota
+	endExited         // vLLM exited by itself, or hung and is being killed: a failure
+	endStop           // the guard was asked to stop
+	endRestart        // an operator asked for a restart
+	endRestore        // a stable stretch on a lower rung: one rung up
+)
+
+// phase is the machine's own state; the public State is derived from it.
+type phase int
+
+const (
+	phIdle      phase = iota
+	phFree            // waiting for free GPU memory before a start
+	phRunning         // vLLM runs (starting or ready)
+	phStopping        // the run is ending; waiting for the tree to go
+	phReleasing       // waiting for the old tree's GPU memory
+	phBackoff         // waiting the decided delay
+	phFailed          // gave up, staying to answer status
+	phDone            // Run returns
+)
+
+type machine struct {
+	s      *Supervisor
+	ev     chan event
+	quit   chan struct{}
+	timers [timerKinds]struct {
+		t  *time.Timer
+		id uint64
+	}
+	timerSeq uint64
+
+	phase     phase
+	stopAsked bool // the guard is stopping: no new start
+	code      int  // the exit code once phDone
+
+	// The run in progress.
+	runN         int
+	rung         policy.Rung
+	child        proc
+	lastChild    proc // the run that ended, for the release wait
+	out          *output
+	stdout       *streamWriter
+	stderr       *streamWriter
+	prober       checker
+	runCtx       context.Context // cancelled when the run ends: in-flight probes stop
+	runCancel    context.CancelFunc
+	probing      bool
+	startedAt    time.Time
+	ready        bool
+	failures     int       // consecutive liveness failures
+	peak         float64   // highest GPU fraction since ready (restore)
+	lastLine     time.Time // the last output line's time seen by the stall check (monotonic)
+	fastUntil    time.Time // refused probes retry fast until then (uvicorn listens just after its line)
+	refusedSince time.Time // since when every readiness probe got a 4xx (zero: the last did not)
+	baseline     []uint64
+	oomBefore    int64
+	end          ending
+	hang         string
+	peer         string
+	costObs      int
+	ioSeen       map[int]uint64 // per process: storage I/O at the last poll
+	ioBytes      uint64         // storage I/O of the tree since launch
+	lastIO       time.Time      // when the tree's I/O last grew
+	ioAnnounced  time.Time      // when I/O progress was last published
+	stuckTokens  float64        // the token counters' sum seen last while ready
+	stuckSince   time.Time      // since when they stand still with requests running
+	stuckProbe   bool           // the probe in flight is the stuck check's request
+	stuckAsked   time.Time      // when that request was last sent
+	drainUntil   time.Time      // a planned stop waits for the proxy's requests until then (zero: not draining)
+	stuckVerdict string         // a stuck verdict waiting on vLLM's /is_paused ("": none asked)
+	pausedSaid   bool           // "vLLM is paused" was logged for this pause
+
+	// After a failure.
+	decision       policy.Decision
+	releasePIDs    []int
+	releaseBase    []uint64
+	releaseUntil   time.Time
+	releaseKilled  bool
+	releaseStarted time.Time
+
+	everReady bool
+
+	pending *config.Config // a reloaded config for vLLM's next start
+}
+
+// Run supervises vLLM until ctx is cancelled (exit 0) or the policy gives
+// up (exit 1, or 78 for a configuration error).
+func (s *Supervisor) Run(ctx context.Context) int {
+	s.startPolicyWriter()
+	defer s.stopPolicyWriter()
+	sink := newLogSink(s.log)
+	sink.filter = s.pumpFilter()
+	defer sink.close()
+	m := &machine{s: s, ev: make(chan event, 64), quit: make(chan struct{})}
+	defer m.shutdown()
+	heartbeat := time.NewTicker(time.Second)
+	defer heartbeat.Stop()
+	stop := ctx.Done()
+	m.next(sink)
+	for m.phase != phDone {
+		select {
+		case <-stop:
+			stop = nil
+			m.onStop()
+		case <-s.kill:
+			m.onKill()
+		case e := <-m.ev:
+			m.handle(e, sink)
+		case r := <-s.reqs:
+			m.onRequest(r, sink)
+		case <-heartbeat.C:
+			s.beat()
+			m.onHeartbeat()
+		}
+	}
+	code := m.code
+	s.publish(events.Event{Kind: events.KindStopped, State: string(s.Status().State), Reason: s.Status().Reason, ExitCode: &code})
+	return code
+}
+
+// shutdown releases what the machine holds when Run returns.
+func (m *machine) shutdown() {
+	for k := range m.timers {
+		m.disarm(timerKind(k))
+	}
+	if m.runCancel != nil {
+		m.runCancel()
+	}
+	close(m.quit)
+}
+
+// post hands an event to the loop from another goroutine; it gives up when
+// the loop has ended.
+func (m *machine) post(e event) {
+	select {
+	case m.ev <- e:
+	case <-m.quit:
+	}
+}
+
+func (m *machine) arm(k timerKind, d time.Duration) {
+	m.disarm(k)
+	m.timerSeq++
+	id, run := m.timerSeq, m.runN
+	m.timers[k].id = id
+	m.timers[k].t = time.AfterFunc(d, func() { m.post(event{kind: evTimer, timer: k, id: id, run: run}) })
+}
+
+func (m *machine) disarm(k timerKind) {
+	if t := m.timers[k].t; t != nil {
+		t.Stop()
+	}
+	m.timers[k].t, m.timers[k].id = nil, 0
+}
+
+// handle turns one event into the next state.
+func (m *machine) handle(e event, sink *logSink) {
+	if e.kind == evTimer {
+		if m.timers[e.timer].id != e.id {
+			return // re-armed or disarmed since
+		}
+		m.timers[e.timer].t, m.timers[e.timer].id = nil, 0
+		m.onTimer(e.timer, sink)
+		return
+	}
+	if e.run != m.runN {
+		return // an older run's
+	}
+	switch e.kind {
+	case evAPIGone:
+		m.endRun(endExited)
+	case evTreeGone:
+		if m.child != nil {
+			m.finishRun(sink)
+		}
+	case evStartupComplete:
+		if m.phase == phRunning && !m.ready {
+			// uvicorn logs the line, then starts listening: the first probe
+			// is usually refused, so refused probes retry at a short, bounded
+			// cadence instead of waiting for the next poll.
+			m.fastUntil = time.Now().Add(fastRetryFor)
+			m.probeReady()
+		}
+	case evProgress:
+		if m.phase == phRunning && !m.ready {
+			ph := m.out.Phase()
+			m.s.update(func(st *Status) { st.Phase, st.Reason = ph, "loading: "+ph })
+			m.s.publish(events.Event{Kind: events.KindProgress, Phase: ph, PID: m.child.pid()})
+		}
+	case evProbe:
+		m.probing = false
+		if m.phase == phRunning {
+			m.onProbe(e.probe)
+		}
+	}
+}
+
+func (m *machine) onTimer(k timerKind, sink *logSink) {
+	switch k {
+	case tPoll:
+		m.onPoll()
+	case tLive:
+		lc := m.s.cfg.Liveness
+		m.probe(func(ctx context.Context, p checker) probeResult { return p.health(ctx, lc.Timeout.Duration) })
+		m.arm(tLive, lc.Interval.Duration)
+	case tCost:
+		m.observeCost()
+		m.arm(tCost, m.s.cfg.GPU.SampleInterval.Duration)
+	case tDying:
+		m.hung(fmt.Sprintf("/health said vLLM's engine is dead and vLLM did not exit within %s", m.s.engineDeadGrace()))
+	case tDrain:
+		m.drainStep()
+	case tStopKill:
+		m.s.log.Warn("vLLM did not stop within its stop timeout: the keeper kills its whole tree",
+			zap.Duration("stop_timeout", m.s.stopTimeout()))
+		m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.child.pid(),
+			Reason: fmt.Sprintf("vLLM did not stop within %s", m.s.stopTimeout())})
+		m.child.kill()
+	case tRelease:
+		m.checkReleased()
+	case tBackoff:
+		m.s.update(func(st *Status) { st.NextStartAt = time.Time{} })
+		m.next(sink)
+	case tFreeMemory:
+		m.next(sink)
+	case tFastRetry:
+		if m.phase == phRunning && !m.ready {
+			m.probeReady()
+		}
+	}
+}

@@ -1,0 +1,347 @@
+package supervisor
+
+import (
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+)
+
+// Ending a run: the stop (a drain, or a kill for a hang), the tree gone,
+// the failure classified and decided, the memory release, backoff, giving up.
+
+// hung ends the run as a hang.
+func (m *machine) hung(reason string) {
+	m.hang = reason
+	m.endRun(endExited)
+}
+
+// endRun starts ending the run in progress: SIGTERM, then SIGKILL after
+// stop_timeout, unless the tree is already gone.
+func (m *machine) endRun(why ending) {
+	if m.phase != phRunning {
+		return
+	}
+	m.end = why
+	m.phase = phStopping
+	m.endProbing()
+	m.s.transition(StateStopping, m.stopReason())
+	select {
+	case <-m.child.done():
+		return // evTreeGone is on its way
+	default:
+	}
+	if m.hang != "" {
+		// vLLM is wedged: a drain would only wait on requests that never end.
+		m.s.log.Warn("vLLM hung: killing its process tree", zap.String("reason", m.hang))
+		m.child.kill()
+		return
+	}
+	select {
+	case <-m.child.apiGone():
+		// The API server is gone (the keeper cleans up the rest): nothing
+		// drains any more; give the keeper its grace, then kill.
+		m.arm(tStopKill, m.s.cfg.VLLM.StopTimeout.Duration)
+		return
+	default:
+	}
+	if m.drainFirst() {
+		return
+	}
+	m.child.stop()
+	m.arm(tStopKill, m.s.stopTimeout())
+}
+
+// drainFirst: a planned stop (an operator's stop or restart, a restore)
+// with vLLM's --shutdown-timeout and the guard's proxy in front waits for
+// the requests in flight through the proxy to end before vLLM gets
+// SIGTERM, for at most that timeout. vLLM 0.32.0 (seen on its CPU build)
+// cuts the requests in flight a few seconds into its own drain: its
+// process manager's SIGTERM reaches the workers. New requests wait in the
+// proxy meanwhile (the guard no longer says ready). True when draining.
+func (m *machine) drainFirst() bool {
+	if m.s.inFlight == nil || m.s.shutdownTimeout() <= 0 || m.end == endExited || m.s.inFlight() == 0 {
+		return false
+	}
+	m.drainUntil = time.Now().Add(m.s.shutdownTimeout())
+	n := m.s.inFlight()
+	m.s.log.Info("waiting for the requests in flight through the proxy before vLLM gets SIGTERM",
+		zap.Int("requests", n), zap.Duration("at_most", m.s.shutdownTimeout()))
+	m.s.transition(StateStopping, fmt.Sprintf("%s: waiting for %d requests in flight through the proxy (at most %s)", m.stopReason(), n, m.s.shutdownTimeout()))
+	m.arm(tDrain, drainPoll)
+	return true
+}
+
+// drainPoll is how often the proxy's count is looked at while draining.
+const drainPoll = 50 * time.Millisecond
+
+// drainStep: the proxy's requests ended (or the time is up): now SIGTERM.
+func (m *machine) drainStep() {
+	if m.phase != phStopping || m.drainUntil.IsZero() {
+		return
+	}
+	if n := m.s.inFlight(); n > 0 && time.Now().Before(m.drainUntil) {
+		m.arm(tDrain, drainPoll)
+		return
+	}
+	// The whole stop stays within the effective stop timeout that `check`
+	// prints (the units' TimeoutStopSec is set from it), leaving vLLM at
+	// least 10 s to stop its engine.
+	left := max(m.s.stopTimeout()-(m.s.shutdownTimeout()-time.Until(m.drainUntil)), 10*time.Second)
+	m.drainUntil = time.Time{}
+	select {
+	case <-m.child.done():
+		return
+	default:
+	}
+	m.child.stop()
+	m.arm(tStopKill, left)
+}
+
+func (m *machine) stopReason() string {
+	switch {
+	case m.hang != "":
+		return "vLLM hung: " + m.hang
+	case m.end == endRestart:
+		return "restart requested"
+	case m.end == endRestore:
+		return "restoring one rung up after a stable stretch"
+	case m.end == endExited:
+		return "vLLM exited: cleaning up its process tree"
+	default:
+		return "stop requested"
+	}
+}
+
+// finishRun: the whole tree is gone. Decide what comes next.
+func (m *machine) finishRun(sink *logSink) {
+	s := m.s
+	c := m.child
+	if m.phase == phRunning {
+		// The tree went before the API server's exit was handled.
+		m.end = endExited
+	}
+	m.disarm(tStopKill)
+	m.disarm(tDrain)
+	m.drainUntil = time.Time{}
+	m.endProbing()
+	m.prober.close()
+	c.refresh()
+	if left := c.killLeftovers(); len(left) > 0 {
+		s.log.Warn("vLLM processes outlived their keeper: killing them", zap.Ints("pids", left))
+	}
+	m.stdout.Close()
+	m.stderr.Close()
+	if s.gpu != nil {
+		s.gpu.SetTree(nil)
+		s.gpu.SetLoading(false)
+	}
+	exit := c.exit()
+	killedByGuard := m.end != endExited || m.hang != ""
+	res := outcome{exit: exit, pid: c.pid(), phase: policy.PhaseStarting, hang: m.hang, killedByGuard: killedByGuard,
+		lines: m.out.ring.snapshot(), uptime: time.Since(m.startedAt)}
+	if m.ready {
+		res.phase = policy.PhaseReady
+	}
+	// Any end the guard did not cause, after the kernel's OOM killer acted
+	// in vLLM's cgroup: it mostly picks the biggest process, the EngineCore
+	// or a worker, and the API server then exits by itself.
+	res.hostOOM = !killedByGuard && m.oomBefore >= 0 && s.hostOOM() > m.oomBefore
+	m.releasePIDs, m.releaseBase = c.seen(), m.baseline
+	s.update(func(st *Status) { st.LogDropped = sink.dropped.Load(); st.PID = 0 })
+	end := m.end
+	m.child, m.lastChild = nil, c
+	switch end {
+	case endStop:
+		m.finish(exitcode.OK, StateStopped, "stopped on request")
+	case endRestart:
+		s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestart, Reason: "restarting vLLM on request from " + m.peer})
+		m.next(sink)
+	case endRestore:
+		s.pol.OnRestore(time.Now())
+		s.savePolicy()
+		r := s.pol.Current()
+		s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestore, Rung: &r,
+			Reason: "stepped one rung up after a stable stretch"})
+		m.next(sink)
+	default:
+		m.fail(res)
+	}
+}
+
+// outcome is how one run of vLLM ended, as the classifier needs it.
+type outcome struct {
+	exit          exitInfo
+	pid           int
+	phase         policy.Phase
+	hang          string
+	killedByGuard bool
+	hostOOM       bool
+	lines         []policy.Line
+	uptime        time.Duration
+}
+
+// fail classifies a death, asks the policy what next, publishes it, and
+// moves on: give up, or wait for the memory, then back off.
+func (m *machine) fail(res outcome) {
+	s := m.s
+	now := time.Now()
+	exit := policy.Exit{
+		Lines:         res.lines,
+		ExitCode:      res.exit.Code,
+		Signal:        res.exit.Signal,
+		SignalByGuard: res.killedByGuard,
+		Hang:          res.hang,
+		HostOOMKill:   res.hostOOM,
+		Phase:         res.phase,
+		Critical:      s.criticalFraction(),
+		StartFailure:  res.exit.StartFailure,
+		GuardFailure:  res.exit.GuardFailure,
+	}
+	if s.gpu != nil {
+		exit.MemFractions = s.gpu.RecentFractions(10)
+	}
+	v := policy.Classify(exit)
+	d := s.pol.OnFailure(now, v)
+	s.savePolicy()
+	m.describeCost()
+	f := Failure{Time: now, PID: res.pid, Exit: res.exit.String(), ExitCode: res.exit.Code, Signal: res.exit.Signal,
+		Phase: res.phase, Verdict: v, Decision: d, RungBefore: m.rung, Lines: res.lines, MemFractions: exit.MemFractions, Uptime: res.uptime}
+	s.update(func(st *Status) {
+		st.Restarts[v.Cause]++
+		st.LastFailure = &f
+		st.PID = 0
+	})
+	s.publish(events.Event{Kind: events.KindExited, Failure: &f, PID: res.pid})
+	m.decision = d
+	if d.Action == policy.ActionGiveUp {
+		m.giveUp(f)
+		return
+	}
+	if m.stopAsked {
+		m.finish(exitcode.OK, StateStopped, "stopped on request")
+		return
+	}
+	if s.gpu != nil && res.pid != 0 {
+		m.phase = phReleasing
+		m.releaseStarted = time.Now()
+		m.releaseUntil = m.releaseStarted.Add(s.cfg.GPU.ReleaseTimeout.Duration)
+		m.releaseKilled = false
+		s.transition(StateWaitingGPU, "waiting for the old vLLM's GPU memory to be released")
+		m.checkReleased()
+		return
+	}
+	m.backoff()
+}
+
+// checkReleased reads NVML once: released → back off; not yet → read again
+// at the next sample; after release_timeout, survivors of the old tree that
+// still hold memory are killed (they would make the next start fail vLLM's
+// free-memory check) and the wait starts once more.
+func (m *machine) checkReleased() {
+	s := m.s
+	released, held := s.gpu.Released(m.releasePIDs, m.releaseBase)
+	if released {
+		m.backoff()
+		return
+	}
+	now := time.Now()
+	if now.Before(m.releaseUntil) {
+		m.arm(tRelease, min(s.cfg.GPU.SampleInterval.Duration, m.releaseUntil.Sub(now)))
+		return
+	}
+	if !m.releaseKilled {
+		m.releaseKilled = true
+		if m.killHolders(held) {
+			m.releaseUntil = now.Add(s.cfg.GPU.ReleaseTimeout.Duration)
+			m.arm(tRelease, s.cfg.GPU.SampleInterval.Duration)
+			return
+		}
+	}
+	s.log.Warn("GPU memory still held after release_timeout", zap.String("holders", holdersText(held)),
+		zap.Duration("release_timeout", s.cfg.GPU.ReleaseTimeout.Duration))
+	m.backoff()
+}
+
+// killHolders kills the holders that are still the very processes of the
+// old tree (never a reused PID), and says whether it killed any.
+func (m *machine) killHolders(held []Holder) bool {
+	ours := map[int]bool{}
+	for _, p := range m.releasePIDs {
+		ours[p] = true
+	}
+	killed := false
+	for _, h := range held {
+		if ours[h.PID] && m.lastChild != nil && m.lastChild.killIfOurs(h.PID) {
+			m.s.log.Warn("killed a survivor of the old vLLM that still held GPU memory",
+				zap.Int("pid", h.PID), zap.String("command", h.Command), zap.Uint64("bytes", h.Bytes))
+			killed = true
+		}
+	}
+	return killed
+}
+
+func (m *machine) backoff() {
+	if m.stopAsked {
+		m.finish(exitcode.OK, StateStopped, "stopped on request")
+		return
+	}
+	d := m.decision
+	m.phase = phBackoff
+	next := time.Now().Add(d.Delay)
+	m.s.update(func(st *Status) {
+		st.State, st.Reason, st.NextStartAt, st.Rung = StateBackoff,
+			fmt.Sprintf("restarting in %s on rung %d: %s", d.Delay.Round(time.Millisecond), d.Rung.Index, d.Reason), next, d.Rung
+	})
+	m.arm(tBackoff, d.Delay)
+}
+
+func (m *machine) giveUp(f Failure) {
+	s := m.s
+	code := f.Decision.ExitCode
+	s.update(func(st *Status) {
+		st.State, st.Reason, st.PID, st.ExitCode = StateFailed, "gave up: "+f.Decision.Reason, 0, code
+	})
+	s.log.Error("gave up on vLLM", zap.String("cause", string(f.Verdict.Cause)), zap.String("reason", f.Decision.Reason),
+		zap.Int("exit_code", code))
+	if s.cfg.Restart.OnGiveUp != "stay" || m.stopAsked {
+		m.phase, m.code = phDone, code
+		return
+	}
+	m.phase = phFailed // "stay": keep answering status until asked to stop
+}
+
+func (m *machine) finish(code int, state State, reason string) {
+	for k := range m.timers {
+		m.disarm(timerKind(k))
+	}
+	m.s.update(func(st *Status) {
+		st.State, st.Reason, st.PID, st.ExitCode, st.NextStartAt = state, reason, 0, code, time.Time{}
+	})
+	m.phase, m.code = phDone, code
+}
+
+// stopTimeout is how long a graceful stop may take before the tree is
+// killed: stop_timeout, or vLLM's own --shutdown-timeout (its drain) plus
+// 10 s for it to stop its engine, whichever is longer.
+func (s *Supervisor) stopTimeout() time.Duration {
+	return EffectiveStopTimeout(s.cfg.VLLM.StopTimeout.Duration, s.shutdownTimeout())
+}
+
+// EffectiveStopTimeout is max(stop_timeout, --shutdown-timeout + 10 s)
+// when vLLM is given a shutdown timeout (0 when not).
+func EffectiveStopTimeout(stopTimeout, vllmShutdown time.Duration) time.Duration {
+	if vllmShutdown <= 0 {
+		return stopTimeout
+	}
+	return max(stopTimeout, vllmShutdown+10*time.Second)
+}
+
+// shutdownTimeout is vLLM's --shutdown-timeout as its parser reads the
+// command line in force (internal/vllmargs: every spelling, a --config
+// file, the extra arguments), 0 when absent.
+func (s *Supervisor) shutdownTimeout() time.Duration { return s.args.ShutdownTimeout }

@@ -1,0 +1,176 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+)
+
+// While ready: the heartbeat, stuck detection, restore and the cost model.
+
+// onHeartbeat runs every second: the tree is re-read, and a stable stretch
+// on a lower rung may call for a restore.
+func (m *machine) onHeartbeat() {
+	if m.phase != phRunning {
+		return
+	}
+	m.child.refresh()
+	if !m.ready {
+		return
+	}
+	if m.checkStuck() {
+		return
+	}
+	if r, ok := m.restoreDue(); ok {
+		m.s.log.Info("stable on a lower rung: restarting one rung up", zap.Int("to_rung", r.Index),
+			zap.Int("max_num_seqs", r.MaxNumSeqs), zap.Float64("peak_gpu_fraction", m.peak))
+		m.endRun(endRestore)
+	}
+}
+
+// endProbing stops what watches a run: its timers and in-flight probes.
+func (m *machine) endProbing() {
+	for _, k := range []timerKind{tPoll, tLive, tCost, tDying, tFastRetry} {
+		m.disarm(k)
+	}
+	if m.runCancel != nil {
+		m.runCancel()
+	}
+}
+
+// minPrefillRate is the slowest prefill the stuck check allows for, in
+// prompt tokens a second (a small model on a CPU build prefills a few
+// hundred): vLLM counts prompt tokens only when a prefill completes, so a
+// long one shows no counter moving until it is done.
+const minPrefillRate = 100.0
+
+// checkStuck: /health only checks an error flag, so a wedged engine still
+// answers 200. vLLM is stuck when it has work in flight and none of its
+// token counters advances for stuck_timeout, plus the time the largest
+// prompt awaiting its first byte may take to prefill. Work in flight is
+// vLLM's running requests, or the requests the guard's proxy sent that have
+// no answer yet (vLLM publishes its gauges only after an engine step, so
+// an engine that hangs in its first step after idle still shows 0
+// running). Without its metrics, a 1-token request bounded by
+// stuck_timeout is sent every stuck_timeout. A busy vLLM that makes
+// progress, an idle one, or one an operator paused (/is_paused, asked
+// before the verdict) is never stuck.
+func (m *machine) checkStuck() bool {
+	s := m.s
+	limit := s.cfg.Liveness.StuckTimeout.Duration
+	if limit <= 0 || s.tokens == nil || m.stuckVerdict != "" {
+		return false
+	}
+	now := time.Now()
+	running, tokens, ok := s.tokens()
+	if !ok {
+		if !m.probing && now.Sub(m.stuckAsked) >= limit {
+			m.stuckAsked, m.stuckProbe = now, true
+			level := s.cfg.Readiness.Probe
+			m.probe(func(ctx context.Context, p checker) probeResult { return p.ready(ctx, level, limit) })
+		}
+		return false
+	}
+	awaiting, prompt := 0, 0.0
+	if s.waiting != nil {
+		awaiting, prompt = s.waiting()
+	}
+	if (running <= 0 && awaiting <= 0) || tokens != m.stuckTokens || m.stuckSince.IsZero() {
+		m.stuckTokens, m.stuckSince, m.pausedSaid = tokens, now, false
+		return false
+	}
+	prefill := time.Duration(prompt / minPrefillRate * float64(time.Second))
+	still := now.Sub(m.stuckSince)
+	if still < limit+prefill {
+		return false
+	}
+	m.askPaused(fmt.Sprintf("stuck: %g requests running, %d sent through the guard's proxy with no answer, and no token counter advanced for %s "+
+		"(prompt+generation tokens at %g; stuck_timeout %s, plus %s for a prefill of the largest prompt awaiting an answer, %.0f tokens)",
+		running, awaiting, still.Round(time.Second), tokens, limit, prefill.Round(time.Second), prompt))
+	return false
+}
+
+// askPaused asks vLLM whether an operator paused it before calling it
+// stuck: a paused vLLM holds its requests on purpose. The verdict is
+// given (or dropped) when the answer comes, in onPausedAnswer.
+func (m *machine) askPaused(verdict string) {
+	if m.probing {
+		return // a probe is in flight: ask at the next heartbeat
+	}
+	m.stuckVerdict = verdict
+	timeout := m.s.cfg.Liveness.Timeout.Duration
+	m.probe(func(ctx context.Context, p checker) probeResult { return p.paused(ctx, timeout) })
+}
+
+// onPausedAnswer gives the stuck verdict unless vLLM said it is paused;
+// then the stuck clock starts again, and the next check asks again.
+func (m *machine) onPausedAnswer(r probeResult) {
+	verdict := m.stuckVerdict
+	m.stuckVerdict = ""
+	if r.paused {
+		if !m.pausedSaid {
+			m.pausedSaid = true
+			m.s.log.Info("vLLM holds requests without progress, but an operator paused it (/is_paused): not stuck; waiting for /resume")
+		}
+		m.stuckSince, m.stuckAsked = time.Now(), time.Now()
+		return
+	}
+	m.hung(verdict)
+}
+
+// restoreDue tracks the peak GPU fraction since ready and asks the policy
+// whether to step one rung up.
+func (m *machine) restoreDue() (policy.Rung, bool) {
+	s := m.s
+	if s.cfg.Profile.RestoreAfter.Duration <= 0 {
+		return policy.Rung{}, false
+	}
+	if s.gpu != nil {
+		for _, f := range s.gpu.RecentFractions(1) {
+			m.peak = max(m.peak, f)
+		}
+	}
+	idle := false
+	if s.load != nil {
+		running, waiting, ok := s.load()
+		idle = ok && running == 0 && waiting == 0
+	}
+	return s.pol.RestoreDue(time.Now(), m.peak, idle)
+}
+
+// observeCost feeds the cost model one (running sequences, memory) pair.
+func (m *machine) observeCost() {
+	s := m.s
+	if s.gpu == nil || s.load == nil {
+		return
+	}
+	running, _, ok := s.load()
+	used, total, gok := s.gpu.Fullest()
+	if !ok || !gok {
+		return
+	}
+	s.pol.ObserveCost(running, used, total)
+	m.costObs++
+	if m.costObs%10 == 1 {
+		m.describeCost()
+	}
+}
+
+// describeCost puts the cost model's one-line summary in the status.
+func (m *machine) describeCost() {
+	r := m.s.pol.Current()
+	d := m.s.pol.Cost().Describe(r.GPUMemoryUtilization, m.s.cfg.Profile.Headroom)
+	m.s.update(func(st *Status) { st.Cost = d })
+}
+
+// engineDeadGrace is how long the guard waits, after /health says vLLM's
+// engine is dead, for vLLM to exit by itself (its watchdog runs every 5 s,
+// and it prints the root cause) before it kills it as hung: one liveness
+// interval, between 1 and 10 seconds.
+func (s *Supervisor) engineDeadGrace() time.Duration {
+	return min(10*time.Second, max(time.Second, s.cfg.Liveness.Interval.Duration))
+}

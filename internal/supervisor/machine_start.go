@@ -1,0 +1,320 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+)
+
+// Starting a run: room on the GPU, the launch, load progress (output and
+// disk I/O), the stall check and readiness.
+
+// next starts the next run once the GPU has room for it: the free-memory
+// check vLLM itself makes and fails on. While there is no room, the state
+// is waiting_gpu, naming the holders.
+func (m *machine) next(sink *logSink) {
+	if m.stopAsked {
+		m.finish(exitcode.OK, StateStopped, "stopped on request")
+		return
+	}
+	m.applyPending()
+	rung := m.s.pol.Current()
+	m.s.update(func(st *Status) { st.Rung = rung })
+	if m.s.gpu != nil {
+		ok, why, holders := m.s.gpu.CheckFree(rung)
+		if !ok {
+			reason := "not enough free GPU memory to start: " + why
+			if m.phase != phFree || m.s.Status().Reason != reason {
+				m.s.log.Warn("waiting for GPU memory before starting vLLM", zap.String("why", why), zap.String("holders", holdersText(holders)))
+			}
+			m.phase = phFree
+			m.s.update(func(st *Status) { st.State, st.Reason = StateWaitingGPU, reason })
+			m.arm(tFreeMemory, m.s.cfg.GPU.SampleInterval.Duration)
+			return
+		}
+	}
+	m.launch(sink, rung)
+}
+
+// launch starts vLLM on rung.
+func (m *machine) launch(sink *logSink, rung policy.Rung) {
+	s := m.s
+	cfg := s.cfg
+	argv, ep := BuildArgv(cfg.VLLM.Command, s.extra, rung, cfg.VLLM.Host, cfg.VLLM.Port)
+	m.runN++
+	m.phase = phRunning
+	m.rung = rung
+	m.ready, m.failures, m.peak, m.end, m.hang, m.peer, m.probing = false, 0, 0, endNone, "", "", false
+	m.lastChild = nil
+	m.ioSeen, m.ioBytes, m.lastIO, m.stuckProbe, m.stuckVerdict = map[int]uint64{}, 0, time.Time{}, false, ""
+	// What vLLM serves is read afresh from this run's own startup line.
+	s.tasks.Store(nil)
+	m.refusedSince = time.Time{}
+	m.out = newOutput(sink, max(cfg.Log.ChildLines, 1000))
+	m.lastLine = m.out.lastLine.Load()
+	m.stdout, m.stderr = m.out.writer("stdout"), m.out.writer("stderr")
+	m.oomBefore = s.hostOOM()
+	m.baseline = nil
+	if s.gpu != nil {
+		m.baseline = s.gpu.UsedBytes()
+	}
+	s.pol.OnStart(time.Now())
+	s.savePolicy()
+	m.startedAt = time.Now()
+	s.update(func(st *Status) {
+		st.State, st.Reason, st.Phase, st.LastProbe, st.PID, st.StartedAt, st.ReadySince, st.Rung =
+			StateStarting, "launching vLLM", "", "", 0, m.startedAt, time.Time{}, rung
+		st.Starts++
+	})
+	env := ChildEnv(os.Environ(), cfg.VLLM.Env)
+	c, err := s.launcher.launch(launchSpec{keeper: s.keeper, argv: argv, env: env,
+		dir: cfg.VLLM.Workdir, grace: cfg.VLLM.StopTimeout.Duration, stdout: m.stdout, stderr: m.stderr})
+	r := rung
+	s.publish(events.Event{Kind: events.KindStarting, Rung: &r, Argv: s.MaskedArgv(argv), PID: pidOf(c)})
+	if err != nil {
+		// The guard could not even run its keeper.
+		m.child = nil
+		m.stdout.Close()
+		m.stderr.Close()
+		m.fail(outcome{exit: exitInfo{Code: -1, GuardFailure: err.Error()}, phase: policy.PhaseStarting, lines: m.out.ring.snapshot()})
+		return
+	}
+	m.child = c
+	c.refresh() // the API server is known (with its start time) from the first moment
+	m.out.pid.Store(int64(c.pid()))
+	s.update(func(st *Status) { st.PID = c.pid() })
+	if s.gpu != nil {
+		s.gpu.SetBudget(rung)
+		s.gpu.SetTree(c.tree)
+		s.gpu.SetLoading(true)
+	}
+	m.prober = s.newProber(ep, s.model)
+	m.runCtx, m.runCancel = context.WithCancel(context.Background())
+	m.forward(c)
+	m.arm(tPoll, cfg.Readiness.PollInterval.Duration)
+}
+
+func pidOf(c proc) int {
+	if c == nil {
+		return 0
+	}
+	return c.pid()
+}
+
+// forward turns the run's channels into events for the loop, until the
+// tree is gone.
+func (m *machine) forward(c proc) {
+	run, out := m.runN, m.out
+	go func() {
+		apiGone := c.apiGone()
+		for {
+			select {
+			case <-apiGone:
+				apiGone = nil
+				m.post(event{kind: evAPIGone, run: run})
+			case <-out.startupEnd:
+				m.post(event{kind: evStartupComplete, run: run})
+			case <-out.progress:
+				m.post(event{kind: evProgress, run: run})
+			case <-c.done():
+				m.post(event{kind: evTreeGone, run: run})
+				return
+			}
+		}
+	}()
+}
+
+// probe runs one probe on its own goroutine, at most one at a time.
+func (m *machine) probe(f func(context.Context, checker) probeResult) {
+	if m.probing {
+		return
+	}
+	m.probing = true
+	run, p, ctx := m.runN, m.prober, m.runCtx
+	go func() { m.post(event{kind: evProbe, run: run, probe: f(ctx, p)}) }()
+}
+
+func (m *machine) probeReady() {
+	rc := m.s.cfg.Readiness
+	m.probe(func(ctx context.Context, p checker) probeResult {
+		return p.ready(ctx, rc.Probe, rc.ProbeTimeout.Duration)
+	})
+}
+
+// ioGrew reads the tree's storage I/O and says whether any process did
+// more since the last poll. CPU time is not progress (NCCL hangs spin).
+func (m *machine) ioGrew() bool {
+	grew := false
+	now := m.child.io()
+	for pid, n := range now {
+		if before, ok := m.ioSeen[pid]; ok && n > before {
+			m.ioBytes += n - before
+			grew = true
+		} else if !ok && n > 0 && len(m.ioSeen) > 0 {
+			m.ioBytes += n
+			grew = true
+		}
+	}
+	m.ioSeen = now
+	return grew
+}
+
+func gibText(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+
+// onPoll: while starting, look for load progress, a stall, the start-time
+// cap, and probe readiness.
+func (m *machine) onPoll() {
+	if m.phase != phRunning || m.ready {
+		return
+	}
+	rc := m.s.cfg.Readiness
+	now := time.Now()
+	if seen := m.out.lastLine.Load(); !seen.Equal(m.lastLine) {
+		m.lastLine = seen
+		m.s.publish(events.Event{Kind: events.KindProgress, Phase: m.out.Phase(), PID: m.child.pid()})
+	}
+	lastLine := m.lastLine
+	if m.ioGrew() {
+		m.lastIO = now
+		// A silent download or load: say it, as progress.
+		if quiet := now.Sub(lastLine); quiet >= time.Second {
+			reason := fmt.Sprintf("downloading or loading: %s read/written, no log output for %s", gibText(m.ioBytes), quiet.Round(time.Second))
+			m.s.update(func(st *Status) { st.Reason = reason })
+			if now.Sub(m.ioAnnounced) >= 10*time.Second {
+				m.ioAnnounced = now
+				m.s.publish(events.Event{Kind: events.KindProgress, Phase: "io", Reason: reason, PID: m.child.pid()})
+			}
+		}
+	}
+	last := lastLine
+	if m.lastIO.After(last) {
+		last = m.lastIO
+	}
+	if silent := now.Sub(last); silent > rc.StallTimeout.Duration {
+		m.hung(fmt.Sprintf("no load progress (no output, no disk I/O) for %s while starting (stall_timeout %s), last phase %q",
+			silent.Round(time.Second), rc.StallTimeout.Duration, m.out.Phase()))
+		return
+	}
+	if limit := rc.MaxStartTime.Duration; limit > 0 && now.Sub(m.startedAt) > limit {
+		m.hung(fmt.Sprintf("not ready after max_start_time %s", limit))
+		return
+	}
+	m.probeReady()
+	m.arm(tPoll, rc.PollInterval.Duration)
+}
+
+// refusedTooLong ends a start whose readiness probe vLLM keeps refusing
+// with a 4xx: its server is up and answers, so the request the guard sends
+// does not fit this vLLM (a task it does not serve, a name, a key), and
+// waiting longer changes nothing. Any other answer starts the count again.
+func (m *machine) refusedTooLong(r probeResult) bool {
+	if r.status < 400 || r.status > 499 || r.status == http.StatusRequestTimeout || r.status == http.StatusTooManyRequests {
+		m.refusedSince = time.Time{}
+		return false
+	}
+	now := time.Now()
+	if m.refusedSince.IsZero() {
+		m.refusedSince = now
+		return false
+	}
+	if now.Sub(m.refusedSince) < refusedProbeLimit {
+		return false
+	}
+	m.hung(fmt.Sprintf("vLLM's server is up but has refused the readiness probe for %s (%s: %s); "+
+		"the probe does not fit this vLLM: check the served name, the API key and the task, or set [readiness] probe = \"health\"",
+		refusedProbeLimit, r.step, r.err))
+	return true
+}
+
+func (m *machine) onProbe(r probeResult) {
+	s := m.s
+	if !m.ready {
+		if !r.ok {
+			if r.refused && time.Now().Before(m.fastUntil) {
+				m.arm(tFastRetry, fastRetryEvery)
+			}
+			if m.refusedTooLong(r) {
+				return
+			}
+			if !r.refused {
+				s.update(func(st *Status) {
+					st.LastProbe = r.step + ": " + r.err
+					if r.explains { // an API key or a name the operator must fix
+						st.Reason = r.err
+					}
+				})
+				s.publish(events.Event{Kind: events.KindProbeFailed, Probe: &events.Probe{Step: r.step, Status: r.status, Error: r.err}, PID: m.child.pid()})
+			}
+			return
+		}
+		m.becomeReady(r)
+		return
+	}
+	if m.stuckVerdict != "" {
+		m.onPausedAnswer(r)
+		return
+	}
+	if m.stuckProbe {
+		m.stuckProbe = false
+		if !r.ok && r.status == 0 && !r.refused {
+			m.askPaused(fmt.Sprintf("stuck: a 1-token request did not answer within stuck_timeout %s (%s)", s.cfg.Liveness.StuckTimeout.Duration, r.err))
+		}
+		return
+	}
+	switch {
+	case r.ok:
+		m.failures = 0
+	case r.status == 503 || r.status == 500:
+		// vLLM exits by itself after its engine dies (its watchdog runs
+		// every 5 s), printing why: wait for that, and kill only if it
+		// does not come.
+		if m.timers[tDying].t == nil {
+			grace := s.engineDeadGrace()
+			s.log.Warn("vLLM's engine is dead (/health answered "+strconv.Itoa(r.status)+"): waiting for vLLM to exit",
+				zap.Duration("grace", grace))
+			m.arm(tDying, grace)
+		}
+	default:
+		m.failures++
+		s.publish(events.Event{Kind: events.KindProbeFailed, Probe: &events.Probe{Step: r.step, Status: r.status, Error: r.err}, PID: m.child.pid()})
+		s.log.Warn("liveness probe failed", zap.String("error", r.err), zap.Int("consecutive", m.failures),
+			zap.Int("failures_allowed", s.cfg.Liveness.Failures))
+		if m.failures >= s.cfg.Liveness.Failures {
+			m.hung(fmt.Sprintf("%d consecutive liveness failures, last: %s", m.failures, r.err))
+		}
+	}
+}
+
+func (m *machine) becomeReady(r probeResult) {
+	s := m.s
+	m.ready = true
+	m.out.loaded.Store(true)
+	m.child.refresh()
+	ttr := time.Since(m.startedAt)
+	s.pol.OnReady(time.Now())
+	s.savePolicy()
+	first := !m.everReady
+	m.everReady = true
+	m.disarm(tPoll)
+	s.update(func(st *Status) {
+		st.State, st.Reason, st.ReadySince, st.TimeToReady, st.Phase, st.LastProbe, st.Probe =
+			StateReady, "vLLM answered the "+s.cfg.Readiness.Probe+" probe", time.Now(), ttr, "", "", r.probe
+	})
+	rung := s.pol.Current()
+	s.publish(events.Event{Kind: events.KindReady, TimeToReady: ttr, First: first, PID: m.child.pid(), Rung: &rung})
+	if s.gpu != nil {
+		s.gpu.SetLoading(false)
+	}
+	m.stuckSince, m.stuckAsked = time.Time{}, time.Now()
+	m.arm(tLive, s.cfg.Liveness.Interval.Duration)
+	m.arm(tCost, s.cfg.GPU.SampleInterval.Duration)
+}

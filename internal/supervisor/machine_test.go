@@ -1,0 +1,1580 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+)
+
+// The step machine's scenarios, in fake time (testing/synctest), with no
+// process, socket or GPU: a fake vLLM tree, a fake prober and a fake GPU
+// stand behind the machine's ports. Each scenario drives events and checks
+// the states, the effects and the published events.
+
+// fakeVLLM is one launched "vLLM tree".
+type fakeVLLM struct {
+	spec     launchSpec
+	apiPID   int
+	apiGoneC chan struct{}
+	doneC    chan struct{}
+	exitv    exitInfo
+	gone     sync.Once
+
+	listening  atomic.Bool  // the fake prober answers only when set
+	ioBytes    atomic.Int64 // storage I/O so far
+	stops      atomic.Int32 // SIGTERMs received
+	kills      atomic.Int32 // SIGKILLs received
+	ignoreTERM bool         // a vLLM that ignores SIGTERM
+	survivors  []int        // PIDs that outlive the keeper (killLeftovers)
+	ours       map[int]bool // PIDs still ours (killIfOurs)
+	killed     []int        // PIDs killIfOurs killed
+	mu         sync.Mutex
+}
+
+func (p *fakeVLLM) pid() int                 { return p.apiPID }
+func (p *fakeVLLM) apiGone() <-chan struct{} { return p.apiGoneC }
+func (p *fakeVLLM) done() <-chan struct{}    { return p.doneC }
+func (p *fakeVLLM) exit() exitInfo           { return p.exitv }
+func (p *fakeVLLM) refresh()                 {}
+func (p *fakeVLLM) tree() []int              { return []int{p.apiPID} }
+func (p *fakeVLLM) seen() []int              { return []int{p.apiPID, p.apiPID + 1} }
+func (p *fakeVLLM) killLeftovers() []int     { return p.survivors }
+
+// io is the tree's storage I/O: ioBytes grows while the fake "downloads".
+func (p *fakeVLLM) io() map[int]uint64 { return map[int]uint64{p.apiPID: uint64(p.ioBytes.Load())} }
+
+func (p *fakeVLLM) killIfOurs(pid int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.ours[pid] {
+		return false
+	}
+	p.killed = append(p.killed, pid)
+	return true
+}
+
+func (p *fakeVLLM) stop() {
+	p.stops.Add(1)
+	if !p.ignoreTERM {
+		p.end(exitInfo{Code: 0})
+	}
+}
+
+func (p *fakeVLLM) kill() {
+	p.kills.Add(1)
+	p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
+}
+
+// end: the API server exits, then the keeper cleans up and exits.
+func (p *fakeVLLM) end(e exitInfo) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.gone.Do(func() {
+		p.exitv = e
+		close(p.apiGoneC)
+		close(p.doneC)
+	})
+}
+
+// print writes lines to the fake's stdout (or stderr with "stderr:"); a
+// tree that is gone prints nothing (as a real one: its pipes are closed).
+func (p *fakeVLLM) print(lines ...string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.doneC:
+		return
+	default:
+	}
+	for _, l := range lines {
+		if rest, ok := strings.CutPrefix(l, "stderr:"); ok {
+			fmt.Fprintln(p.spec.stderr, rest)
+			continue
+		}
+		fmt.Fprintln(p.spec.stdout, l)
+	}
+}
+
+// fakeLauncher hands out fakeVLLMs and keeps them.
+type fakeLauncher struct {
+	mu      sync.Mutex
+	started []*fakeVLLM
+	fail    error // the launch itself fails
+	setup   func(p *fakeVLLM)
+}
+
+func (l *fakeLauncher) launch(spec launchSpec) (proc, error) {
+	if l.fail != nil {
+		return nil, l.fail
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p := &fakeVLLM{spec: spec, apiPID: 1000 + 10*len(l.started), apiGoneC: make(chan struct{}), doneC: make(chan struct{}),
+		ours: map[int]bool{}}
+	if l.setup != nil {
+		l.setup(p)
+	}
+	l.started = append(l.started, p)
+	return p, nil
+}
+
+func (l *fakeLauncher) n() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.started)
+}
+
+func (l *fakeLauncher) last() *fakeVLLM {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.started[len(l.started)-1]
+}
+
+// fakeProber answers for the last launched fake: refused until it listens,
+// then what the scenario says.
+type fakeProber struct {
+	l       *fakeLauncher
+	mu      sync.Mutex
+	readyR  func() probeResult // nil: ok
+	healthR func() probeResult // nil: ok
+	pausedR func() probeResult // nil: 404, as vLLM without dev mode answers /is_paused
+	calls   atomic.Int64       // readiness probes asked
+}
+
+func (f *fakeProber) ready(ctx context.Context, level string, timeout time.Duration) probeResult {
+	f.calls.Add(1)
+	if !f.l.last().listening.Load() {
+		return probeResult{step: "health", refused: true, err: "connection refused"}
+	}
+	f.mu.Lock()
+	r := f.readyR
+	f.mu.Unlock()
+	if r != nil {
+		return r()
+	}
+	return probeResult{ok: true, step: level, status: 200}
+}
+
+func (f *fakeProber) health(ctx context.Context, timeout time.Duration) probeResult {
+	f.mu.Lock()
+	h := f.healthR
+	f.mu.Unlock()
+	if h != nil {
+		return h()
+	}
+	return probeResult{ok: true, step: "health", status: 200}
+}
+
+func (f *fakeProber) paused(ctx context.Context, timeout time.Duration) probeResult {
+	f.mu.Lock()
+	h := f.pausedR
+	f.mu.Unlock()
+	if h != nil {
+		return h()
+	}
+	return probeResult{step: "paused", status: 404, err: "GET /is_paused answered 404"}
+}
+
+func (f *fakeProber) setPaused(p bool) {
+	f.mu.Lock()
+	f.pausedR = func() probeResult { return probeResult{ok: true, step: "paused", status: 200, paused: p} }
+	f.mu.Unlock()
+}
+
+func (f *fakeProber) setHealth(h func() probeResult) { f.mu.Lock(); f.healthR = h; f.mu.Unlock() }
+func (f *fakeProber) setReady(r func() probeResult)  { f.mu.Lock(); f.readyR = r; f.mu.Unlock() }
+func (f *fakeProber) close()                         {}
+
+// fakeGPU is a GPU whose answers the scenario sets.
+type fakeGPU struct {
+	mu         sync.Mutex
+	free       bool     // CheckFree's answer
+	released   bool     // Released's answer
+	held       []Holder // what Released names while not released
+	fractions  []float64
+	used       uint64
+	total      uint64
+	freeChecks int
+	relChecks  int
+	loading    bool
+}
+
+func (g *fakeGPU) SetTree(func() []int) {}
+func (g *fakeGPU) SetLoading(l bool)    { g.mu.Lock(); g.loading = l; g.mu.Unlock() }
+func (g *fakeGPU) RecentFractions(n int) []float64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.fractions)
+}
+func (g *fakeGPU) UsedBytes() []uint64 { return []uint64{g.used} }
+func (g *fakeGPU) Fullest() (uint64, uint64, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.used, g.total, g.total > 0
+}
+func (g *fakeGPU) Released([]int, []uint64) (bool, []Holder) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.relChecks++
+	return g.released, g.held
+}
+func (g *fakeGPU) SetBudget(policy.Rung)     {}
+func (g *fakeGPU) CriticalFraction() float64 { return 0.97 }
+func (g *fakeGPU) CheckFree(r policy.Rung) (bool, string, []Holder) {
+	u := r.GPUMemoryUtilization
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.freeChecks++
+	if g.free {
+		return true, "", nil
+	}
+	return false, fmt.Sprintf("GPU 0: not enough for utilization %.2f", u), []Holder{{PID: 4242, Bytes: 40 << 30, Command: "python train.py"}}
+}
+func (g *fakeGPU) set(f func(g *fakeGPU)) { g.mu.Lock(); f(g); g.mu.Unlock() }
+
+// scenario is one supervisor over fakes, running in a synctest bubble.
+type scenario struct {
+	t        *testing.T
+	cfg      *config.Config
+	sup      *Supervisor
+	l        *fakeLauncher
+	pr       *fakeProber
+	gpu      *fakeGPU
+	noGPU    bool
+	load     func() (float64, float64, bool)
+	progress func() (float64, float64, bool)
+	awaiting func() (int, float64)
+	inFlight func() int
+	pstate   policy.State
+	oom      atomic.Int64
+
+	mu     sync.Mutex
+	events []events.Event
+	saved  int
+
+	persist func(policy.State) // the state file; nil: saves are counted
+
+	cancel context.CancelFunc
+	code   chan int
+}
+
+func newScenario(t *testing.T, edit func(c *config.Config)) *scenario {
+	cfg := config.Default()
+	cfg.VLLM.Command = []string{"vllm", "serve", "m"}
+	cfg.VLLM.StopTimeout = config.Duration{Duration: 30 * time.Second}
+	cfg.Readiness.PollInterval = config.Duration{Duration: 250 * time.Millisecond}
+	cfg.Readiness.StallTimeout = config.Duration{Duration: 10 * time.Minute}
+	cfg.Restart.Jitter = 0
+	if edit != nil {
+		edit(cfg)
+	}
+	l := &fakeLauncher{}
+	return &scenario{t: t, cfg: cfg, l: l, pr: &fakeProber{l: l}, gpu: &fakeGPU{free: true, released: true, total: 80 << 30}}
+}
+
+// start runs the supervisor; call inside synctest.Test.
+func (s *scenario) start() {
+	bus := events.NewBus()
+	bus.Handle(func(e events.Event) {
+		s.mu.Lock()
+		s.events = append(s.events, e)
+		s.mu.Unlock()
+	})
+	persist := s.persist
+	if persist == nil {
+		persist = func(policy.State) { s.mu.Lock(); s.saved++; s.mu.Unlock() }
+	}
+	opts := Options{Policy: policy.New(s.cfg, s.pstate, realClockForTest{}), Events: bus, Keeper: []string{"keeper"},
+		Persist: persist, Load: s.load, Progress: s.progress, Awaiting: s.awaiting, InFlight: s.inFlight}
+	if !s.noGPU {
+		opts.GPU = s.gpu
+	}
+	sup, err := New(s.cfg, opts)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	sup.launcher = s.l
+	sup.newProber = func(Endpoint, string) checker { return s.pr }
+	sup.hostOOM = s.oom.Load
+	s.sup = sup
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	s.code = make(chan int, 1)
+	go func() { s.code <- sup.Run(ctx) }()
+	// A failed scenario still ends its supervisor, or the bubble would
+	// report a deadlock over the test's own message.
+	s.t.Cleanup(func() {
+		cancel()
+		s.l.mu.Lock()
+		for _, p := range s.l.started {
+			p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
+		}
+		s.l.mu.Unlock()
+		synctest.Wait()
+	})
+	synctest.Wait()
+}
+
+type realClockForTest struct{}
+
+func (realClockForTest) Now() time.Time { return time.Now() }
+
+// advance lets fake time pass, then waits until every goroutine is blocked.
+func (s *scenario) advance(d time.Duration) {
+	time.Sleep(d)
+	synctest.Wait()
+}
+
+// state is the public state now.
+func (s *scenario) state() State { return s.sup.Status().State }
+
+func (s *scenario) wantState(want State) {
+	s.t.Helper()
+	if st := s.sup.Status(); st.State != want {
+		s.t.Fatalf("state %s (%s), want %s", st.State, st.Reason, want)
+	}
+}
+
+// ready makes the last fake load and listen, and waits for ready.
+func (s *scenario) ready() {
+	s.t.Helper()
+	p := s.l.last()
+	p.print("INFO 10-14 12:00:00 [loader.py:1] Loading weights took 1.13 seconds")
+	p.listening.Store(true)
+	p.print("stderr:INFO:     Application startup complete.")
+	synctest.Wait()
+	s.wantState(StateReady)
+}
+
+// stop cancels Run and returns its exit code.
+func (s *scenario) stop() int {
+	s.t.Helper()
+	s.cancel()
+	synctest.Wait()
+	select {
+	case c := <-s.code:
+		return c
+	default:
+		s.t.Fatalf("Run did not return after the stop; state %s (%s)", s.state(), s.sup.Status().Reason)
+		return -1
+	}
+}
+
+// exited waits for Run to return by itself.
+func (s *scenario) exited() int {
+	s.t.Helper()
+	synctest.Wait()
+	select {
+	case c := <-s.code:
+		return c
+	default:
+		s.t.Fatalf("Run has not returned; state %s (%s)", s.state(), s.sup.Status().Reason)
+		return -1
+	}
+}
+
+func (s *scenario) kinds(k events.Kind) []events.Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []events.Event
+	for _, e := range s.events {
+		if e.Kind == k {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// failure is the n-th (from 1) exited event's failure.
+func (s *scenario) failure(n int) *events.Failure {
+	s.t.Helper()
+	ex := s.kinds(events.KindExited)
+	if len(ex) < n {
+		s.t.Fatalf("%d failures published, want at least %d", len(ex), n)
+	}
+	return ex[n-1].Failure
+}
+
+func (s *scenario) states() []string {
+	var out []string
+	for _, e := range s.kinds(events.KindState) {
+		out = append(out, e.State)
+	}
+	return out
+}
+
+func argvHas(argv []string, flag, value string) bool {
+	for i, a := range argv {
+		if a == flag && i+1 < len(argv) && argv[i+1] == value {
+			return true
+		}
+	}
+	return false
+}
+
+func TestMachineStartsAndBecomesReadyOnStartupComplete(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Hour} })
+		s.start()
+		s.wantState(StateStarting)
+		if s.l.n() != 1 {
+			t.Fatalf("%d launches", s.l.n())
+		}
+		p := s.l.last()
+		if !argvHas(p.spec.argv, "--max-num-seqs", "256") || !argvHas(p.spec.argv, "--gpu-memory-utilization", "0.85") {
+			t.Fatalf("argv %v lacks rung 0's profile", p.spec.argv)
+		}
+		// Loading: a phase is progress, and no probe has been answered.
+		p.print("INFO 10-14 12:00:00 [loader.py:1] Loading weights took 1.13 seconds")
+		synctest.Wait()
+		if st := s.sup.Status(); st.State != StateStarting || st.Phase == "" {
+			t.Fatalf("while loading: %+v", st)
+		}
+		if len(s.kinds(events.KindProgress)) == 0 {
+			t.Fatal("no progress event for a load phase")
+		}
+		// The startup line probes at once, without waiting for the (hour-long) poll.
+		p.listening.Store(true)
+		p.print("stderr:INFO:     Application startup complete.")
+		synctest.Wait()
+		s.wantState(StateReady)
+		r := s.kinds(events.KindReady)
+		if len(r) != 1 || !r[0].First || r[0].PID != p.apiPID {
+			t.Fatalf("ready events %+v", r)
+		}
+		if s.gpu.loading {
+			t.Fatal("the GPU monitor still thinks vLLM is loading")
+		}
+		if code := s.stop(); code != exitcode.OK {
+			t.Fatalf("exit %d", code)
+		}
+		if p.stops.Load() != 1 || p.kills.Load() != 0 {
+			t.Fatalf("stop: %d SIGTERM, %d SIGKILL; want one SIGTERM", p.stops.Load(), p.kills.Load())
+		}
+		s.wantState(StateStopped)
+		if got := s.kinds(events.KindStopped); len(got) != 1 || *got[0].ExitCode != 0 {
+			t.Fatalf("stopped events %+v", got)
+		}
+	})
+}
+
+func TestMachineNotReadyWhileProbesFail(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		p := s.l.last()
+		p.listening.Store(true)
+		s.pr.setReady(func() probeResult {
+			return probeResult{step: "completion", status: 500, err: "POST /v1/completions answered 500"}
+		})
+		s.advance(5 * time.Second)
+		st := s.sup.Status()
+		if st.State != StateStarting || !strings.Contains(st.LastProbe, "answered 500") {
+			t.Fatalf("status %+v", st)
+		}
+		if len(s.kinds(events.KindProbeFailed)) == 0 {
+			t.Fatal("no probe_failed event")
+		}
+		s.pr.setReady(nil)
+		s.advance(time.Second)
+		s.wantState(StateReady)
+		s.stop()
+	})
+}
+
+// TestMachineStartEndsWhenTheProbeKeepsGettingA4xx: vLLM's server is up
+// and refuses the readiness request (a task it does not serve, say): the
+// start ends with that answer as its reason instead of waiting for ever
+// (issue 24 item 2). A 5xx while starting keeps waiting (the test above).
+func TestMachineStartEndsWhenTheProbeKeepsGettingA4xx(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Readiness.MaxStartTime = config.Duration{} })
+		s.start()
+		s.l.last().listening.Store(true)
+		s.pr.setReady(func() probeResult {
+			return probeResult{step: "embeddings", status: 404, err: "POST /v1/embeddings answered 404"}
+		})
+		s.advance(refusedProbeLimit - time.Second)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("ended before refusedProbeLimit")
+		}
+		s.advance(2 * time.Second)
+		f := s.failure(1)
+		if f.Verdict.Cause != policy.CauseHang || !strings.Contains(f.Verdict.Summary, "refused the readiness probe") ||
+			!strings.Contains(f.Verdict.Summary, "/v1/embeddings answered 404") {
+			t.Fatalf("failure %+v", f.Verdict)
+		}
+		s.stop()
+	})
+}
+
+// The fault matrix, one scenario per row that the machine decides.
+
+func TestMachineFaultOOMStepsDownAfterTheRelease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) {
+			c.GPU.ReleaseTimeout = config.Duration{Duration: 60 * time.Second}
+		})
+		s.gpu.released = false
+		s.start()
+		s.ready()
+		p := s.l.last()
+		p.print("ERROR 10-14 12:01:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
+		p.end(exitInfo{Code: 0}) // vLLM exits 0 after an engine death
+		synctest.Wait()
+		f := s.failure(1)
+		if f.Verdict.Cause != policy.CauseOOM || f.Decision.Rung.Index != 1 || f.Phase != policy.PhaseReady {
+			t.Fatalf("failure %+v", f)
+		}
+		st := s.sup.Status()
+		if st.State != StateWaitingGPU || st.Restarts[policy.CauseOOM] != 1 {
+			t.Fatalf("after the OOM: %+v", st)
+		}
+		// The release takes 40 s: the loop keeps turning all the while.
+		for range 40 {
+			before := s.sup.LastTurn()
+			s.advance(time.Second)
+			if !s.sup.LastTurn().After(before) {
+				t.Fatal("the heartbeat stopped during the release wait")
+			}
+		}
+		s.wantState(StateWaitingGPU)
+		s.gpu.set(func(g *fakeGPU) { g.released = true })
+		s.advance(time.Second)
+		s.wantState(StateBackoff)
+		s.advance(s.cfg.Restart.InitialDelay.Duration)
+		if s.l.n() != 2 {
+			t.Fatalf("%d launches after the backoff", s.l.n())
+		}
+		if argv := s.l.last().spec.argv; !argvHas(argv, "--max-num-seqs", "128") || !argvHas(argv, "--gpu-memory-utilization", "0.8") {
+			t.Fatalf("rung 1 argv %v", argv)
+		}
+		s.ready()
+		if got := s.sup.Status().Rung.Index; got != 1 {
+			t.Fatalf("rung %d", got)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineFaultReleaseTimeoutKillsOnlyOurSurvivors(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.GPU.ReleaseTimeout = config.Duration{Duration: 10 * time.Second} })
+		s.gpu.released = false
+		s.start()
+		s.ready()
+		p := s.l.last()
+		p.mu.Lock()
+		p.ours[p.apiPID+1] = true
+		p.mu.Unlock()
+		// NVML lists the orphaned EngineCore (ours) and a reused PID (not ours).
+		s.gpu.set(func(g *fakeGPU) {
+			g.held = []Holder{{PID: p.apiPID + 1, Bytes: 60 << 30, Command: "VLLM::EngineCore"}, {PID: p.apiPID, Bytes: 1 << 30, Command: "sleep 1000"}}
+		})
+		p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
+		synctest.Wait()
+		s.advance(10 * time.Second)
+		p.mu.Lock()
+		killed := slices.Clone(p.killed)
+		p.mu.Unlock()
+		if !slices.Equal(killed, []int{p.apiPID + 1}) {
+			t.Fatalf("killed %v, want only the orphan %d", killed, p.apiPID+1)
+		}
+		// A second wait after the kill; still held: give up waiting and back off.
+		s.wantState(StateWaitingGPU)
+		s.advance(10 * time.Second)
+		s.wantState(StateBackoff)
+		s.stop()
+	})
+}
+
+func TestMachineFaultIgnoredSIGTERMIsEscalated(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true }
+		s.start()
+		s.ready()
+		p := s.l.last()
+		s.cancel()
+		synctest.Wait()
+		s.wantState(StateStopping)
+		for range 29 {
+			before := s.sup.LastTurn()
+			s.advance(time.Second)
+			if !s.sup.LastTurn().After(before) {
+				t.Fatal("the heartbeat stopped during the stop timeout")
+			}
+		}
+		if p.kills.Load() != 0 {
+			t.Fatal("SIGKILL before stop_timeout")
+		}
+		s.advance(time.Second)
+		if p.kills.Load() != 1 {
+			t.Fatal("no SIGKILL after stop_timeout")
+		}
+		if code := s.exited(); code != exitcode.OK {
+			t.Fatalf("exit %d", code)
+		}
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("a stop on request was recorded as a failure")
+		}
+	})
+}
+
+func TestMachineFaultExitZeroIsAFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		s.ready()
+		s.l.last().print("ERROR 10-14 12:01:00 [core.py:1] EngineCore encountered a fatal error.")
+		s.l.last().end(exitInfo{Code: 0})
+		synctest.Wait()
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseCrash || f.Decision.Action != policy.ActionRestart || f.Decision.Rung.Index != 0 {
+			t.Fatalf("failure %+v", f)
+		}
+		s.advance(s.cfg.Restart.InitialDelay.Duration)
+		if s.l.n() != 2 {
+			t.Fatalf("%d launches", s.l.n())
+		}
+		s.ready()
+		s.stop()
+	})
+}
+
+func TestMachineFaultSegfaultAndKilledAPIServer(t *testing.T) {
+	for _, sig := range []string{"SIGSEGV", "SIGKILL"} {
+		t.Run(sig, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := newScenario(t, nil)
+				s.start()
+				s.ready()
+				s.l.last().survivors = []int{77}
+				s.l.last().end(exitInfo{Code: -1, Signal: sig})
+				synctest.Wait()
+				f := s.failure(1)
+				if f.Verdict.Cause != policy.CauseCrash || f.Exit != "killed by "+sig {
+					t.Fatalf("failure %+v", f)
+				}
+				s.stop()
+			})
+		})
+	}
+}
+
+func TestMachineFaultHostOOMKill(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		s.ready()
+		s.oom.Add(1) // the cgroup's oom_kill counter went up
+		s.l.last().end(exitInfo{Code: -1, Signal: "SIGKILL"})
+		synctest.Wait()
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseHostOOM {
+			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
+}
+
+// The OOM killer took a child (the EngineCore, a worker) and the API
+// server exited by itself: still the host's memory.
+func TestMachineFaultHostOOMKillOfAChild(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		s.ready()
+		s.oom.Add(1)
+		s.l.last().end(exitInfo{Code: 0})
+		synctest.Wait()
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseHostOOM {
+			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineFaultStallWhileLoadingIsAHang(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) {
+			c.Readiness.StallTimeout = config.Duration{Duration: 8 * time.Second}
+			c.VLLM.StopTimeout = config.Duration{Duration: 3 * time.Second}
+		})
+		s.start()
+		p := s.l.last()
+		// Lines keep coming for 20 s: progress, not a stall.
+		for range 10 {
+			p.print("INFO 10-14 12:00:00 [loader.py:1] Loading safetensors checkpoint shards:  50% Completed | 1/2")
+			s.advance(2 * time.Second)
+		}
+		s.wantState(StateStarting)
+		// Then silence.
+		s.advance(9 * time.Second)
+		if p.stops.Load() != 0 || p.kills.Load() != 1 {
+			t.Fatalf("after the stall: %d SIGTERM, %d SIGKILL; a hung vLLM is killed without a drain", p.stops.Load(), p.kills.Load())
+		}
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+			t.Fatalf("failure %+v", f)
+		}
+		stopping := false
+		for _, e := range s.kinds(events.KindState) {
+			stopping = stopping || e.State == "stopping" && strings.Contains(e.Reason, "no load progress (no output, no disk I/O) for 8s while starting (stall_timeout 8s)")
+		}
+		if !stopping {
+			t.Fatalf("no stopping state naming the stall: %v", s.kinds(events.KindState))
+		}
+		s.stop()
+	})
+}
+
+func TestMachineFaultNeverReadyHitsMaxStartTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Readiness.MaxStartTime = config.Duration{Duration: 20 * time.Second} })
+		s.start()
+		p := s.l.last()
+		for range 15 {
+			p.print("INFO 10-14 12:00:00 [loader.py:1] still loading")
+			s.advance(2 * time.Second)
+		}
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineFaultHangWhileReady(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) {
+			c.Liveness.Interval = config.Duration{Duration: 10 * time.Second}
+			c.Liveness.Failures = 3
+		})
+		s.start()
+		s.ready()
+		s.pr.setHealth(func() probeResult {
+			return probeResult{step: "health", err: "context deadline exceeded"}
+		})
+		s.advance(20 * time.Second)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("killed before `failures` consecutive failures")
+		}
+		s.advance(10 * time.Second)
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang || f.Phase != policy.PhaseReady {
+			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineFaultHealth503(t *testing.T) {
+	t.Run("vLLM exits by itself within the grace", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := newScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: 5 * time.Second} })
+			s.start()
+			s.ready()
+			s.pr.setHealth(func() probeResult { return probeResult{step: "health", status: 503, err: "GET /health answered 503"} })
+			s.advance(5 * time.Second)
+			p := s.l.last()
+			if len(s.kinds(events.KindExited)) != 0 || p.stops.Load() != 0 {
+				t.Fatal("killed at the first 503")
+			}
+			p.print("ERROR 10-14 12:01:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.")
+			p.end(exitInfo{Code: 0})
+			synctest.Wait()
+			if f := s.failure(1); f.Verdict.Cause != policy.CauseOOM {
+				t.Fatalf("failure %+v", f)
+			}
+			s.stop()
+		})
+	})
+	t.Run("vLLM stays up", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := newScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: 5 * time.Second} })
+			s.start()
+			s.ready()
+			s.pr.setHealth(func() probeResult { return probeResult{step: "health", status: 503, err: "GET /health answered 503"} })
+			s.advance(5*time.Second + s.sup.engineDeadGrace())
+			if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+				t.Fatalf("failure %+v", f)
+			}
+			s.stop()
+		})
+	})
+}
+
+func TestMachineFaultBadFlagGivesUpWith78(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		p := s.l.last()
+		p.print("stderr:usage: vllm serve [-h] [--max-num-seqs MAX_NUM_SEQS]",
+			"stderr:vllm serve: error: unrecognized arguments: --max-num-seq 8")
+		p.end(exitInfo{Code: 2})
+		if code := s.exited(); code != exitcode.Config {
+			t.Fatalf("exit %d, want 78", code)
+		}
+		s.wantState(StateFailed)
+		if s.l.n() != 1 {
+			t.Fatalf("%d starts", s.l.n())
+		}
+	})
+}
+
+func TestMachineFaultLaunchFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.l.fail = errors.New("fork/exec /usr/bin/vllm-guard: no such file or directory")
+		s.start()
+		f := s.failure(1)
+		if !strings.Contains(f.Exit, "could not start") {
+			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineFaultCrashLoopGivesUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) {
+			c.Restart.GiveUpAfter = 3
+			c.Restart.InitialDelay = config.Duration{Duration: time.Second}
+		})
+		s.start()
+		var delays []time.Duration
+		for i := range 3 {
+			s.l.last().print("ERROR 10-14 12:00:00 [core.py:1] RuntimeError: boom")
+			s.l.last().end(exitInfo{Code: 1})
+			synctest.Wait()
+			f := s.failure(i + 1)
+			if i < 2 {
+				delays = append(delays, f.Decision.Delay)
+				s.advance(f.Decision.Delay)
+			}
+		}
+		if code := s.exited(); code != exitcode.Failed {
+			t.Fatalf("exit %d, want 1", code)
+		}
+		if s.l.n() != 3 || len(delays) != 2 || delays[1] <= delays[0] {
+			t.Fatalf("%d starts, delays %v: want 3 starts and a growing backoff", s.l.n(), delays)
+		}
+	})
+}
+
+func TestMachineGiveUpAndStay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Restart.OnGiveUp = "stay" })
+		s.start()
+		s.l.last().print("stderr:vllm serve: error: unrecognized arguments: --bogus")
+		s.l.last().end(exitInfo{Code: 2})
+		synctest.Wait()
+		s.wantState(StateFailed)
+		s.advance(10 * time.Second)
+		if err := s.sup.Restart(context.Background(), "test"); err == nil || !strings.Contains(err.Error(), "gave up") {
+			t.Fatalf("restart after giving up: %v", err)
+		}
+		if code := s.stop(); code != exitcode.OK {
+			t.Fatalf("exit %d", code)
+		}
+	})
+}
+
+func TestMachineWaitsForFreeGPUMemoryBeforeStarting(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.gpu.free = false
+		s.start()
+		st := s.sup.Status()
+		if st.State != StateWaitingGPU || !strings.Contains(st.Reason, "not enough free GPU memory") || s.l.n() != 0 {
+			t.Fatalf("status %+v, %d starts", st, s.l.n())
+		}
+		s.advance(30 * time.Second)
+		if s.l.n() != 0 {
+			t.Fatal("started without free memory")
+		}
+		s.gpu.set(func(g *fakeGPU) { g.free = true })
+		s.advance(s.cfg.GPU.SampleInterval.Duration)
+		s.wantState(StateStarting)
+		s.stop()
+	})
+}
+
+func TestMachineStopWhileWaiting(t *testing.T) {
+	for _, where := range []string{"free memory", "backoff", "release"} {
+		t.Run(where, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := newScenario(t, nil)
+				switch where {
+				case "free memory":
+					s.gpu.free = false
+					s.start()
+				case "backoff":
+					s.start()
+					s.l.last().end(exitInfo{Code: 1})
+					synctest.Wait()
+					s.wantState(StateBackoff)
+				case "release":
+					s.gpu.released = false
+					s.start()
+					s.l.last().end(exitInfo{Code: 1})
+					synctest.Wait()
+					s.wantState(StateWaitingGPU)
+				}
+				if code := s.stop(); code != exitcode.OK {
+					t.Fatalf("exit %d", code)
+				}
+				s.wantState(StateStopped)
+			})
+		})
+	}
+}
+
+func TestMachineStopWhileLoading(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		if code := s.stop(); code != exitcode.OK {
+			t.Fatalf("exit %d", code)
+		}
+		if s.l.last().stops.Load() != 1 || len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("a stop while loading is a SIGTERM and no failure")
+		}
+	})
+}
+
+func TestMachineOperatorRestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		s.ready()
+		first := s.l.last()
+		if err := s.sup.Restart(context.Background(), "uid 0"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if first.stops.Load() != 1 || s.l.n() != 2 {
+			t.Fatalf("%d SIGTERMs, %d launches", first.stops.Load(), s.l.n())
+		}
+		s.ready()
+		st := s.sup.Status()
+		if len(st.Restarts) != 0 || st.Starts != 2 {
+			t.Fatalf("a requested restart counted as a failure: %+v", st)
+		}
+		if d := s.kinds(events.KindDecision); len(d) != 1 || d[0].Decision != events.DecisionRestart {
+			t.Fatalf("decisions %+v", d)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineOperatorRestartSkipsTheBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Restart.InitialDelay = config.Duration{Duration: time.Hour} })
+		s.start()
+		s.l.last().end(exitInfo{Code: 1})
+		synctest.Wait()
+		s.wantState(StateBackoff)
+		if err := s.sup.Restart(context.Background(), "uid 0"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if s.l.n() != 2 {
+			t.Fatalf("%d launches", s.l.n())
+		}
+		s.stop()
+	})
+}
+
+func TestMachineResetProfile(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.pstate = policy.State{Rung: 2}
+		s.start()
+		if got := s.sup.Status().Rung.Index; got != 2 {
+			t.Fatalf("resumed on rung %d", got)
+		}
+		s.ready()
+		if err := s.sup.ResetProfile(context.Background(), "uid 0"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.sup.Restart(context.Background(), "uid 0"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if argv := s.l.last().spec.argv; !argvHas(argv, "--max-num-seqs", "256") {
+			t.Fatalf("after the reset: %v", argv)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineRestoreStepsUpWhenIdleAndCool(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Profile.RestoreAfter = config.Duration{Duration: 10 * time.Minute} })
+		s.pstate = policy.State{Rung: 1}
+		s.load = func() (float64, float64, bool) { return 0, 0, true }
+		s.gpu.fractions = []float64{0.5}
+		s.start()
+		s.ready()
+		s.advance(10*time.Minute + 2*time.Second)
+		synctest.Wait()
+		if s.l.n() != 2 {
+			t.Fatalf("%d launches after a stable stretch", s.l.n())
+		}
+		if d := s.kinds(events.KindDecision); len(d) != 1 || d[0].Decision != events.DecisionRestore || d[0].Rung.Index != 0 {
+			t.Fatalf("decisions %+v", d)
+		}
+		if !argvHas(s.l.last().spec.argv, "--max-num-seqs", "256") {
+			t.Fatalf("restored argv %v", s.l.last().spec.argv)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineCostModelSamplesWhileReady(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		var running atomic.Int64
+		s.load = func() (float64, float64, bool) { return float64(running.Load()), 0, true }
+		s.start()
+		s.ready()
+		for n := range int64(12) {
+			running.Store(8 * n)
+			s.gpu.set(func(g *fakeGPU) { g.used = uint64(40<<30) + uint64(n)*(1<<30) })
+			s.advance(10 * s.cfg.GPU.SampleInterval.Duration)
+		}
+		if c := s.sup.Status().Cost; !strings.Contains(c, "GiB") {
+			t.Fatalf("cost model summary %q after samples at 12 levels", c)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineKeeperKilledIsAFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		s.ready()
+		p := s.l.last()
+		p.survivors = []int{p.apiPID, p.apiPID + 1}
+		// The keeper is gone: the tree's done closes together with apiGone.
+		p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
+		synctest.Wait()
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseCrash {
+			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineWithoutGPU(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.noGPU = true
+		s.start()
+		s.ready()
+		s.l.last().end(exitInfo{Code: 1})
+		synctest.Wait()
+		s.wantState(StateBackoff) // no release wait without a GPU view
+		s.stop()
+	})
+}
+
+func TestMachinePublishesEveryTransitionOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		s.ready()
+		s.l.last().end(exitInfo{Code: 1})
+		synctest.Wait()
+		s.advance(s.cfg.Restart.InitialDelay.Duration)
+		s.ready()
+		s.stop()
+		want := []string{"ready", "stopping", "waiting_gpu", "backoff", "starting", "ready", "stopping", "stopped"}
+		if got := s.states(); !slices.Equal(got, want) {
+			t.Fatalf("states %v, want %v", got, want)
+		}
+		if n := len(s.kinds(events.KindStarting)); n != 2 {
+			t.Fatalf("%d starting events", n)
+		}
+	})
+}
+
+func TestMachineRetriesFastWhileUvicornStartsListening(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Minute} })
+		s.start()
+		p := s.l.last()
+		// uvicorn's order: the line first, the socket listens a moment later.
+		p.print("stderr:INFO:     Application startup complete.")
+		synctest.Wait()
+		s.advance(40 * time.Millisecond)
+		s.wantState(StateStarting)
+		p.listening.Store(true)
+		s.advance(fastRetryEvery)
+		s.wantState(StateReady)
+		if ttr := s.sup.Status().TimeToReady; ttr > 50*time.Millisecond {
+			t.Fatalf("ready %s after the line; want within one retry of listening", ttr)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineFastRetryIsBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Minute} })
+		s.start()
+		p := s.l.last()
+		p.print("stderr:INFO:     Application startup complete.")
+		s.advance(5 * time.Second)
+		// Never listening: refused probes stop after fastRetryFor, until the next poll.
+		after := s.pr.calls.Load()
+		s.advance(5 * time.Second)
+		s.wantState(StateStarting)
+		if want := int64(fastRetryFor / fastRetryEvery); after < want/2 || after > want+10 || s.pr.calls.Load() != after {
+			t.Fatalf("%d probes in the first 5 s, %d after 10 s; want about %d, then none until the poll", after, s.pr.calls.Load(), want)
+		}
+		if n := s.sup.Status().Starts; n != 1 {
+			t.Fatalf("%d starts", n)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineStopWaitsForVLLMsOwnDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) {
+			c.VLLM.Command = []string{"vllm", "serve", "m", "--shutdown-timeout", "45"}
+			c.VLLM.StopTimeout = config.Duration{Duration: 30 * time.Second}
+		})
+		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true } // draining: it takes its time
+		s.start()
+		s.ready()
+		p := s.l.last()
+		s.cancel()
+		synctest.Wait()
+		if p.stops.Load() != 1 {
+			t.Fatal("no SIGTERM to the API server")
+		}
+		// stop_timeout alone would kill at 30 s: the drain of 45 s + 10 s wins.
+		s.advance(54 * time.Second)
+		if p.kills.Load() != 0 {
+			t.Fatal("killed in the middle of vLLM's drain")
+		}
+		s.advance(time.Second)
+		if p.kills.Load() != 1 {
+			t.Fatal("no SIGKILL after the drain's bound")
+		}
+		if code := s.exited(); code != exitcode.OK {
+			t.Fatalf("exit %d", code)
+		}
+	})
+}
+
+// With the proxy in front and vLLM's --shutdown-timeout, a stop waits for
+// the requests in flight through the proxy before vLLM gets SIGTERM
+// (vLLM 0.32.0's own drain cuts them), for at most that timeout.
+func TestMachineStopDrainsTheProxyFirst(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		endAfter time.Duration // when the proxy's last request ends; 0: never
+		termAt   time.Duration // when vLLM must get SIGTERM
+	}{
+		{"the requests end", 7 * time.Second, 7 * time.Second},
+		{"they outlast the timeout", 0, 20 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var inflight atomic.Int64
+				inflight.Store(2)
+				s := newScenario(t, func(cfg *config.Config) {
+					cfg.VLLM.Command = []string{"vllm", "serve", "m", "--shutdown-timeout", "20"}
+				})
+				s.inFlight = func() int { return int(inflight.Load()) }
+				s.start()
+				s.ready()
+				p := s.l.last()
+				s.cancel()
+				synctest.Wait()
+				if p.stops.Load() != 0 {
+					t.Fatal("SIGTERM while requests were in flight through the proxy")
+				}
+				if st := s.sup.Status(); st.State != StateStopping || !strings.Contains(st.Reason, "2 requests in flight through the proxy") {
+					t.Fatalf("status %s %q", st.State, st.Reason)
+				}
+				if c.endAfter > 0 {
+					s.advance(c.endAfter - time.Millisecond)
+					if p.stops.Load() != 0 {
+						t.Fatal("SIGTERM before the requests ended")
+					}
+					inflight.Store(0)
+					s.advance(time.Second)
+				} else {
+					s.advance(c.termAt - time.Millisecond)
+					if p.stops.Load() != 0 {
+						t.Fatal("SIGTERM before the timeout")
+					}
+					s.advance(time.Second)
+				}
+				if p.stops.Load() != 1 {
+					t.Fatalf("no SIGTERM after %s", c.termAt)
+				}
+				if code := s.exited(); code != exitcode.OK {
+					t.Fatalf("exit %d", code)
+				}
+			})
+		})
+	}
+}
+
+// A second stop while the guard waits for the proxy's requests kills the
+// tree at once, and no SIGTERM follows later from the abandoned wait.
+func TestMachineSecondStopDuringTheProxyDrainKills(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(cfg *config.Config) {
+			cfg.VLLM.Command = []string{"vllm", "serve", "m", "--shutdown-timeout", "20"}
+		})
+		s.inFlight = func() int { return 1 }
+		s.start()
+		s.ready()
+		p := s.l.last()
+		s.cancel()
+		synctest.Wait()
+		s.sup.Kill()
+		synctest.Wait()
+		s.advance(30 * time.Second)
+		if p.kills.Load() != 1 || p.stops.Load() != 0 {
+			t.Fatalf("kills %d, stops %d: want the tree killed at once and no SIGTERM after", p.kills.Load(), p.stops.Load())
+		}
+		s.exited()
+	})
+}
+
+// Without vLLM's --shutdown-timeout (it aborts at once) there is nothing
+// to wait for: SIGTERM at once.
+func TestMachineStopWithoutShutdownTimeoutDoesNotWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.inFlight = func() int { return 3 }
+		s.start()
+		s.ready()
+		p := s.l.last()
+		s.cancel()
+		synctest.Wait()
+		if p.stops.Load() != 1 {
+			t.Fatal("no SIGTERM at once")
+		}
+		s.exited()
+	})
+}
+
+func TestMachineASecondStopKillsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true }
+		s.start()
+		s.ready()
+		s.cancel()
+		s.advance(time.Second)
+		s.wantState(StateStopping)
+		s.sup.Kill()
+		synctest.Wait()
+		if s.l.last().kills.Load() != 1 {
+			t.Fatal("the second signal did not kill the tree")
+		}
+		if code := s.exited(); code != exitcode.OK {
+			t.Fatalf("exit %d", code)
+		}
+	})
+}
+
+func TestMachineDrainingVLLMThatExitsIsNoFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = p.apiPID == 1000 } // the first run drains slowly
+		s.start()
+		s.ready()
+		if err := s.sup.Restart(context.Background(), "uid 0"); err != nil {
+			t.Fatal(err)
+		}
+		s.advance(3 * time.Second)
+		s.l.last().end(exitInfo{Code: 0}) // the drain ended; vLLM exits by itself
+		synctest.Wait()
+		if len(s.kinds(events.KindExited)) != 0 || s.l.n() != 2 {
+			t.Fatalf("a drain that ended by itself: %d failures, %d launches", len(s.kinds(events.KindExited)), s.l.n())
+		}
+		s.stop()
+	})
+}
+
+// TestEffectiveStopTimeout: the run reads --shutdown-timeout as vLLM's
+// parser does, in every spelling and in the extra arguments (issue 23:
+// "=" or an underscore used to leave the drain killed at stop_timeout).
+func TestEffectiveStopTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		argv, extra []string
+		want        time.Duration
+	}{
+		{[]string{"vllm", "serve", "m"}, nil, 30 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown-timeout", "5"}, nil, 30 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown-timeout=60"}, nil, 70 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown_timeout=120"}, nil, 130 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown_timeout", "90", "--shutdown-timeout", "100"}, nil, 110 * time.Second},
+		{[]string{"vllm", "serve", "m"}, []string{"--shutdown_timeout=120"}, 130 * time.Second},
+		{[]string{"vllm", "serve", "m", "--shutdown-timeout", "0"}, nil, 30 * time.Second},
+	} {
+		cfg := config.Default()
+		cfg.VLLM.Command = tc.argv
+		cfg.VLLM.StopTimeout = config.Duration{Duration: 30 * time.Second}
+		sup, err := New(cfg, Options{Policy: policy.New(cfg, policy.State{}, realClockForTest{}), Keeper: []string{"keeper"}, ExtraArgs: tc.extra})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := sup.stopTimeout(); got != tc.want {
+			t.Errorf("%v -- %v: %s, want %s", tc.argv, tc.extra, got, tc.want)
+		}
+	}
+}
+
+func TestMachineSilentDownloadIsProgressButASilentIdleTreeIsAHang(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Readiness.StallTimeout = config.Duration{Duration: 8 * time.Second} })
+		s.start()
+		p := s.l.last()
+		// 30 s without a line, writing weights to the cache all the while.
+		for range 60 {
+			p.ioBytes.Add(200 << 20)
+			s.advance(500 * time.Millisecond)
+		}
+		st := s.sup.Status()
+		if st.State != StateStarting || !strings.Contains(st.Reason, "downloading or loading:") || !strings.Contains(st.Reason, "no log output for") {
+			t.Fatalf("during a silent download: %+v", st)
+		}
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("a silent download was killed")
+		}
+		// Then neither output nor I/O: still a hang.
+		s.advance(9 * time.Second)
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineStuckEngineIsAHang(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} })
+		var running, tokens atomic.Int64
+		s.progress = func() (float64, float64, bool) { return float64(running.Load()), float64(tokens.Load()), true }
+		s.start()
+		s.ready()
+		// Busy and progressing for 10 × stuck_timeout: never stuck.
+		running.Store(40)
+		for range 600 {
+			tokens.Add(7)
+			s.advance(time.Second)
+		}
+		// Idle with counters still: never stuck.
+		running.Store(0)
+		s.advance(5 * time.Minute)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("a progressing or idle vLLM was called stuck")
+		}
+		// Wedged: requests running, no counter moves (/health still 200).
+		running.Store(12)
+		s.advance(59 * time.Second)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("stuck before stuck_timeout")
+		}
+		s.advance(2 * time.Second)
+		f := s.failure(1)
+		if f.Verdict.Cause != policy.CauseHang || s.l.last().kills.Load() != 1 {
+			t.Fatalf("failure %+v, kills %d", f, s.l.last().kills.Load())
+		}
+		s.stop()
+	})
+}
+
+func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 30 * time.Second} })
+		s.progress = func() (float64, float64, bool) { return 0, 0, false } // --disable-log-stats
+		s.start()
+		s.ready()
+		s.advance(2 * time.Minute)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("answering requests, yet called stuck")
+		}
+		// The engine wedges: the 1-token request never answers within its bound.
+		s.pr.setReady(func() probeResult { return probeResult{step: "completion", err: "context deadline exceeded"} })
+		s.advance(time.Minute)
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
+}
+
+// vLLM counts prompt tokens only when a prefill completes: one long
+// prefill shows running 1 and no counter moving. The guard's proxy knows
+// the prompt awaiting its answer and allows it time to prefill.
+func TestMachineLongPrefillIsNotStuck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} })
+		var running, prompt atomic.Int64
+		s.progress = func() (float64, float64, bool) { return float64(running.Load()), 1000, true }
+		s.awaiting = func() (int, float64) {
+			if prompt.Load() == 0 {
+				return 0, 0
+			}
+			return 1, float64(prompt.Load())
+		}
+		s.start()
+		s.ready()
+		// A 20 000-token prompt: 200 s of prefill allowed at the slowest rate.
+		running.Store(1)
+		prompt.Store(20000)
+		s.advance(4 * time.Minute)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatalf("a long prefill was called stuck: %+v", s.failure(1))
+		}
+		// Still nothing after stuck_timeout plus the prefill's time: stuck.
+		s.advance(30 * time.Second)
+		f := s.failure(1)
+		if f.Verdict.Cause != policy.CauseHang || !strings.Contains(s.sup.Status().Reason+f.Verdict.Summary, "prefill") {
+			t.Fatalf("failure %+v, status %q", f, s.sup.Status().Reason)
+		}
+		s.stop()
+	})
+}
+
+// vLLM publishes running/waiting after each engine step: an engine that
+// hangs in its first step after idle shows 0 running for ever. The
+// requests the guard's proxy sent, with no answer, are work in flight.
+func TestMachineHangInTheFirstStepAfterIdleIsStuck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} })
+		var sent atomic.Int64
+		s.progress = func() (float64, float64, bool) { return 0, 500, true } // the gauges of the last step before idle
+		s.awaiting = func() (int, float64) { return int(sent.Load()), 8 }
+		s.start()
+		s.ready()
+		s.advance(5 * time.Minute)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("an idle vLLM was called stuck")
+		}
+		sent.Store(3)
+		s.advance(59 * time.Second)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatal("stuck before stuck_timeout")
+		}
+		s.advance(3 * time.Second)
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
+}
+
+// An operator's POST /pause holds requests on purpose: vLLM answers
+// /is_paused with {"is_paused": true}, and the guard does not kill it.
+// Once resumed, a vLLM that still makes no progress is stuck.
+func TestMachinePausedVLLMIsNotStuck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} })
+		s.progress = func() (float64, float64, bool) { return 4, 1000, true }
+		s.pr.setPaused(true)
+		s.start()
+		s.ready()
+		s.advance(10 * time.Minute)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatalf("a paused vLLM was called stuck: %+v", s.failure(1))
+		}
+		s.pr.setPaused(false)
+		s.advance(2 * time.Minute)
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+			t.Fatalf("failure %+v", f)
+		}
+		s.stop()
+	})
+}
+
+// Without vLLM's metrics the stuck check sends a 1-token request; a
+// paused vLLM holds it too, and is not stuck.
+func TestMachinePausedVLLMWithoutMetricsIsNotStuck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 30 * time.Second} })
+		s.progress = func() (float64, float64, bool) { return 0, 0, false }
+		s.pr.setPaused(true)
+		s.start()
+		s.ready()
+		s.pr.setReady(func() probeResult { return probeResult{step: "completion", err: "context deadline exceeded"} })
+		s.advance(5 * time.Minute)
+		if len(s.kinds(events.KindExited)) != 0 {
+			t.Fatalf("a paused vLLM was called stuck: %+v", s.failure(1))
+		}
+		s.stop()
+	})
+}
+
+func TestMachineReloadAppliesLiveSettingsNowAndVLLMsAtTheNextStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: time.Minute} })
+		var healthChecks atomic.Int64
+		s.start()
+		s.ready()
+		s.pr.setHealth(func() probeResult { healthChecks.Add(1); return probeResult{ok: true, step: "health", status: 200} })
+
+		next := *s.cfg
+		next.Liveness.Interval = config.Duration{Duration: 5 * time.Second}
+		next.VLLM.Command = []string{"vllm", "serve", "m", "--max-model-len", "8192"}
+		pending, err := s.sup.Reload(context.Background(), &next)
+		if err != nil || !pending {
+			t.Fatalf("reload: pending %v, %v; want the command pending", pending, err)
+		}
+		synctest.Wait()
+		if s.l.n() != 1 {
+			t.Fatal("a reload restarted vLLM")
+		}
+		// The liveness interval applies from the next check on: 1 minute,
+		// then every 5 s.
+		s.advance(time.Minute + 20*time.Second)
+		if n := healthChecks.Load(); n < 4 {
+			t.Fatalf("%d health checks in 80 s; the reloaded 5 s interval is not in force", n)
+		}
+		// The command applies at the next start.
+		if err := s.sup.Restart(context.Background(), "uid 0"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if !argvHas(s.l.last().spec.argv, "--max-model-len", "8192") {
+			t.Fatalf("the reloaded command is not in force after the restart: %v", s.l.last().spec.argv)
+		}
+		s.stop()
+	})
+}
+
+func TestMachineReloadWithoutVLLMChangesIsNotPending(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		s.ready()
+		next := *s.cfg
+		next.GPU.WarnFraction = 0.5
+		if pending, err := s.sup.Reload(context.Background(), &next); err != nil || pending {
+			t.Fatalf("pending %v, %v", pending, err)
+		}
+		s.stop()
+	})
+}

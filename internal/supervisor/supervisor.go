@@ -1,0 +1,308 @@
+// Package supervisor owns the life of one vLLM: launch with the profile in
+// force, its process tree (through the keeper), the log pump, readiness,
+// liveness, stopping, reaping, and the state machine. The machine
+// (machine.go) is one goroutine that turns events — child output and exit,
+// probe answers, timers, operators' requests, the stop signal — into a new
+// state plus effects, and never blocks: every wait is a state with a timer.
+// It asks package policy what every failure means and what to do next, and
+// publishes what happens on the event stream (package events).
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/ownconns"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
+)
+
+// GPU is what the supervisor needs of the GPU monitor. nil means no GPU
+// view: the guard supervises without it. Every method returns at once.
+type GPU interface {
+	// SetTree tells the monitor which PIDs are vLLM's (nil: none running).
+	SetTree(tree func() []int)
+	// SetLoading says whether vLLM is loading (memory climbs by design then).
+	SetLoading(loading bool)
+	// RecentFractions is used/total of the last n samples, oldest first.
+	RecentFractions(n int) []float64
+	// UsedBytes is the memory in use per chosen device now.
+	UsedBytes() []uint64
+	// Fullest is the memory in use and the total of the fullest device at
+	// the last sample; ok is false when unknown.
+	Fullest() (used, total uint64, ok bool)
+	// Released reports, from one reading, whether NVML shows none of pids
+	// (or used memory back to baseline where PIDs are not visible), and
+	// what still holds memory when not.
+	Released(pids []int, baseline []uint64) (released bool, held []Holder)
+	// CheckFree reports whether free memory on every device is enough for
+	// the rung (utilization × total, or its --kv-cache-memory-bytes), and
+	// who holds it when not.
+	CheckFree(r policy.Rung) (ok bool, why string, holders []Holder)
+	// SetBudget tells the monitor what vLLM will hold by design on rung r,
+	// so that memory alerts mean memory beyond it.
+	SetBudget(r policy.Rung)
+	// CriticalFraction is the used/total at which memory is critical now.
+	CriticalFraction() float64
+}
+
+// Holder is a process holding GPU memory.
+type Holder struct {
+	PID     int
+	Bytes   uint64
+	Command string
+}
+
+// Options are the supervisor's collaborators.
+type Options struct {
+	Log    *zap.Logger
+	Policy *policy.Policy
+	GPU    GPU // may be nil
+	// Events receives everything that happens (may be nil).
+	Events *events.Bus
+	// Persist saves the policy's state (rung, history) after it changed.
+	Persist func(policy.State)
+	// Keeper is the argv prefix that runs the keeper: [exe, KeeperArg].
+	// Default: this executable.
+	Keeper []string
+	// ExtraArgs are appended to [vllm] command (after `--` on the command line).
+	ExtraArgs []string
+	// Load reports vLLM's running and waiting requests (from its /metrics);
+	// ok is false when not known. It feeds restore (which waits for idle)
+	// and the cost model. nil: never known, so restore never interrupts
+	// traffic it cannot see.
+	Load func() (running, waiting float64, ok bool)
+	// Progress reports vLLM's running requests and the sum of its token
+	// counters (prompt and generation tokens) from its /metrics; ok is
+	// false when they are not known (metrics off with --disable-log-stats,
+	// or not scraped yet). It feeds stuck detection while ready.
+	Progress func() (running, tokens float64, ok bool)
+	// Awaiting reports the requests the guard's proxy sent to vLLM that
+	// have had no byte of their answer yet, and the largest estimated
+	// prompt (tokens) among them; nil without the proxy. vLLM's gauges
+	// move only after an engine step and its prompt counter only after a
+	// prefill, so the stuck check counts these as work in flight and
+	// allows the largest prompt time to prefill.
+	Awaiting func() (requests int, largestPrompt float64)
+	// InFlight is the number of requests in flight through the guard's
+	// proxy; nil without the proxy. A planned stop with vLLM's
+	// --shutdown-timeout waits for them before vLLM gets SIGTERM (see
+	// drainFirst).
+	InFlight func() int
+	// Args is vLLM's effective command line; nil: read from the config and
+	// ExtraArgs.
+	Args *vllmargs.Args
+	// Conns records the guard's own connections to vLLM, whose access-log
+	// lines are dropped (nil: a new set).
+	Conns *ownconns.Set
+}
+
+// Supervisor runs vLLM until stopped. Make one with New, then Run it.
+type Supervisor struct {
+	cfg      *config.Config
+	log      *zap.Logger
+	pol      *policy.Policy
+	gpu      GPU
+	bus      *events.Bus
+	persist  func(policy.State)
+	keeper   []string
+	extra    []string
+	model    string
+	load     func() (running, waiting float64, ok bool)
+	tokens   func() (running, tokens float64, ok bool)
+	waiting  func() (requests int, largestPrompt float64) // Options.Awaiting
+	inFlight func() int                                   // Options.InFlight
+	args     *vllmargs.Args
+	conns    *ownconns.Set
+	tasks    atomic.Pointer[[]string] // vLLM's Supported tasks, from this run's log before ready
+
+	// The machine's ports: real processes and HTTP unless a test sets them.
+	launcher  launcher
+	newProber func(ep Endpoint, model string) checker
+	hostOOM   func() int64 // the cgroup's oom_kill counter, -1 when unknown
+
+	status   atomic.Pointer[Status]
+	lastTurn monoTime
+	reqs     chan request
+	kill     chan struct{}
+
+	pendingReload atomic.Bool // a reloaded config waits for vLLM's next start
+
+	writer *policyWriter // saves the policy's state while Run runs (Run's goroutine only)
+}
+
+type request struct {
+	kind  string // "restart" | "reset_profile" | "reload"
+	peer  string
+	cfg   *config.Config // reload: the new configuration
+	reply chan error
+}
+
+// New makes a supervisor; it starts nothing.
+func New(cfg *config.Config, opts Options) (*Supervisor, error) {
+	if opts.Log == nil {
+		opts.Log = zap.NewNop()
+	}
+	if opts.Policy == nil {
+		return nil, errors.New("supervisor: no policy")
+	}
+	keeper := opts.Keeper
+	if len(keeper) == 0 {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("supervisor: find own executable for the keeper: %w", err)
+		}
+		keeper = []string{exe, KeeperArg}
+	}
+	persist := opts.Persist
+	if persist == nil {
+		persist = func(policy.State) {}
+	}
+	args := opts.Args
+	if args == nil {
+		var err error
+		if args, err = cfg.VLLMArgs(opts.ExtraArgs); err != nil {
+			return nil, err
+		}
+	}
+	conns := opts.Conns
+	if conns == nil {
+		conns = ownconns.New()
+	}
+	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, bus: opts.Events, persist: persist,
+		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, tokens: opts.Progress, waiting: opts.Awaiting, inFlight: opts.InFlight, reqs: make(chan request), kill: make(chan struct{}, 1),
+		launcher: processLauncher{}, hostOOM: hostOOMKills, args: args, conns: conns}
+	if names := cfg.ServedModelNames(args); len(names) > 0 {
+		s.model = names[0]
+	}
+	s.newProber = func(ep Endpoint, model string) checker { return newProber(ep, s.probeSpec()) }
+	st := Status{State: StateStarting, Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[policy.Cause]int{},
+		Cost: s.pol.Cost().Describe(s.pol.Current().GPUMemoryUtilization, cfg.Profile.Headroom)}
+	s.status.Store(&st)
+	s.lastTurn.Store(time.Now())
+	return s, nil
+}
+
+// Status returns a copy of the current status; safe from any goroutine.
+func (s *Supervisor) Status() Status { return s.status.Load().clone() }
+
+// LastTurn is when the supervisor's loop last proved it is turning.
+//
+// It carries the monotonic clock, so time.Since(LastTurn()) is immune to
+// steps of the wall clock.
+func (s *Supervisor) LastTurn() time.Time { return s.lastTurn.Load() }
+
+// Kill asks a stopping supervisor to stop waiting: SIGKILL of vLLM's whole
+// tree now (a second SIGTERM or SIGINT). Safe from any goroutine.
+func (s *Supervisor) Kill() {
+	select {
+	case s.kill <- struct{}{}:
+	default:
+	}
+}
+
+// Restart asks for a graceful restart on the current rung (not a failure).
+func (s *Supervisor) Restart(ctx context.Context, peer string) error {
+	return s.ask(ctx, request{kind: "restart", peer: peer})
+}
+
+// ResetProfile returns to rung 0 at the next start.
+func (s *Supervisor) ResetProfile(ctx context.Context, peer string) error {
+	return s.ask(ctx, request{kind: "reset_profile", peer: peer})
+}
+
+// Reload takes a new configuration: what the running vLLM does not depend
+// on (intervals, timeouts, liveness, stuck detection) applies at once;
+// vLLM's command, environment and profile at its next start. It says which.
+func (s *Supervisor) Reload(ctx context.Context, cfg *config.Config) (pending bool, err error) {
+	r := request{kind: "reload", cfg: cfg}
+	err = s.ask(ctx, r)
+	return s.pendingReload.Load(), err
+}
+
+func (s *Supervisor) ask(ctx context.Context, r request) error {
+	r.reply = make(chan error, 1)
+	select {
+	case s.reqs <- r:
+	case <-ctx.Done():
+		return fmt.Errorf("the supervisor did not take the request: %w", ctx.Err())
+	}
+	select {
+	case err := <-r.reply:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *Supervisor) beat() { s.lastTurn.Store(time.Now()) }
+
+// probeSpec is what the prober must know of vLLM's command line.
+func (s *Supervisor) probeSpec() probeSpec {
+	sp := probeSpec{names: s.cfg.ServedModelNames(s.args), taskHint: cmpOr(s.args.Convert, cmpOr(s.args.Task, s.args.Runner)), conns: s.conns,
+		tasks: func() []string {
+			if t := s.tasks.Load(); t != nil {
+				return *t
+			}
+			return nil
+		}}
+	if len(s.args.APIKeys) > 0 {
+		sp.key = s.args.APIKeys[0]
+	}
+	return sp
+}
+
+// pumpFilter is how the log pump treats vLLM's lines for this guard: its
+// secrets masked, its own requests' access lines dropped, the tasks line
+// noted.
+func (s *Supervisor) pumpFilter() *lineFilter {
+	return &lineFilter{secrets: s.args.Secrets(), own: s.conns.Has, tasks: &s.tasks}
+}
+
+// criticalFraction is the used/total that counts as critical for the
+// classifier's memory evidence.
+func (s *Supervisor) criticalFraction() float64 {
+	if s.gpu != nil {
+		return s.gpu.CriticalFraction()
+	}
+	_, c := s.cfg.GPU.Thresholds(s.pol.Current().GPUMemoryUtilization)
+	return c
+}
+
+// Conns records the guard's own connections to vLLM: the metrics scraper
+// dials through it too, so that its access lines are dropped.
+func (s *Supervisor) Conns() *ownconns.Set { return s.conns }
+
+// MaskedArgv is argv with vLLM's secrets (API keys) replaced by ***.
+func (s *Supervisor) MaskedArgv(argv []string) []string { return s.args.Masked(argv) }
+
+func (s *Supervisor) publish(e events.Event) { s.bus.Publish(e) }
+
+// update changes the status; a change of state is published once, with its
+// reason.
+func (s *Supervisor) update(f func(*Status)) {
+	old := s.status.Load()
+	st := old.clone()
+	f(&st)
+	changed := st.State != old.State
+	if changed {
+		st.Since = time.Now()
+	}
+	s.status.Store(&st)
+	if changed {
+		r := st.Rung
+		s.publish(events.Event{Kind: events.KindState, State: string(st.State), From: string(old.State), Reason: st.Reason, Rung: &r})
+	}
+}
+
+func (s *Supervisor) transition(state State, reason string) {
+	s.update(func(st *Status) { st.State, st.Reason = state, reason })
+}

@@ -46,8 +46,8 @@ func TestChildTracksItsTreeAndKillsOnlyItsOwn(t *testing.T) {
 	default:
 		t.Fatal("done before apiGone")
 	}
-	if left := p.killLeftovers(); len(left) != 0 {
-		t.Fatalf("leftovers %v after a clean stop", left)
+	if left, stuck := p.killLeftovers(); len(left) != 0 || len(stuck) != 0 {
+		t.Fatalf("leftovers %v (unkillable %v) after a clean stop", left, stuck)
 	}
 	if e := p.exit(); e.Signal != "SIGTERM" && e.Code != 0 && e.Code != 143 {
 		t.Fatalf("exit %+v", e)

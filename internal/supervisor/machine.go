@@ -64,6 +64,7 @@ const (
 	evStartupComplete        // "Application startup complete." was printed
 	evProgress               // a new load phase was recognised
 	evProbe                  // a probe answered
+	evCleaned                // what outlived the keeper was killed (or declared unkillable)
 )
 
 type event struct {
@@ -72,6 +73,8 @@ type event struct {
 	timer timerKind
 	id    uint64 // the timer's arming; a re-armed or disarmed timer's event is dropped
 	probe probeResult
+	// cleaned: evCleaned's report.
+	cleaned cleanup
 }
 
 // ending is why the run in progress ends.
@@ -93,6 +96,7 @@ const (
 	phFree            // waiting for free GPU memory before a start
 	phRunning         // vLLM runs (starting or ready)
 	phStopping        // the run is ending; waiting for the tree to go
+	phCleaning        // the keeper is gone; what outlived it is being killed off the loop
 	phReleasing       // waiting for the old tree's GPU memory
 	phBackoff         // waiting the decided delay
 	phFailed          // gave up, staying to answer status
@@ -114,41 +118,42 @@ type machine struct {
 	code      int  // the exit code once phDone
 
 	// The run in progress.
-	runN         int
-	rung         policy.Rung
-	child        proc
-	lastChild    proc // the run that ended, for the release wait
-	out          *output
-	stdout       *streamWriter
-	stderr       *streamWriter
-	prober       checker
-	runCtx       context.Context // cancelled when the run ends: in-flight probes stop
-	runCancel    context.CancelFunc
-	probing      bool
-	startedAt    time.Time
-	ready        bool
-	failures     int       // consecutive liveness failures
-	peak         float64   // highest GPU fraction since ready (restore)
-	lastLine     time.Time // the last output line's time seen by the stall check (monotonic)
-	fastUntil    time.Time // refused probes retry fast until then (uvicorn listens just after its line)
-	refusedSince time.Time // since when every readiness probe got a 4xx (zero: the last did not)
-	baseline     []uint64
-	oomBefore    int64
-	end          ending
-	hang         string
-	peer         string
-	costObs      int
-	ioSeen       map[int]uint64 // per process: storage I/O at the last poll
-	ioBytes      uint64         // storage I/O of the tree since launch
-	lastIO       time.Time      // when the tree's I/O last grew
-	ioAnnounced  time.Time      // when I/O progress was last published
-	stuckTokens  float64        // the token counters' sum seen last while ready
-	stuckSince   time.Time      // since when they stand still with requests running
-	stuckProbe   bool           // the probe in flight is the stuck check's request
-	stuckAsked   time.Time      // when that request was last sent
-	drainUntil   time.Time      // a planned stop waits for the proxy's requests until then (zero: not draining)
-	stuckVerdict string         // a stuck verdict waiting on vLLM's /is_paused ("": none asked)
-	pausedSaid   bool           // "vLLM is paused" was logged for this pause
+	runN          int
+	rung          policy.Rung
+	child         proc
+	lastChild     proc // the run that ended, for the release wait
+	out           *output
+	stdout        *streamWriter
+	stderr        *streamWriter
+	prober        checker
+	runCtx        context.Context // cancelled when the run ends: in-flight probes stop
+	runCancel     context.CancelFunc
+	probing       bool
+	startedAt     time.Time
+	ready         bool
+	failures      int       // consecutive liveness failures
+	peak          float64   // highest GPU fraction since ready (restore)
+	lastLine      time.Time // the last output line's time seen by the stall check (monotonic)
+	fastUntil     time.Time // refused probes retry fast until then (uvicorn listens just after its line)
+	refusedSince  time.Time // since when every readiness probe got a 4xx (zero: the last did not)
+	baseline      []uint64
+	oomBefore     int64
+	end           ending
+	hang          string
+	peer          string
+	costObs       int
+	ioSeen        map[int]uint64 // per process: storage I/O at the last poll
+	ioBytes       uint64         // storage I/O of the tree since launch
+	lastIO        time.Time      // when the tree's I/O last grew
+	ioAnnounced   time.Time      // when I/O progress was last published
+	stuckTokens   float64        // the token counters' sum seen last while ready
+	stuckSince    time.Time      // since when they stand still with requests running
+	stuckProbe    bool           // the probe in flight is the stuck check's request
+	stuckAsked    time.Time      // when that request was last sent
+	drainUntil    time.Time      // a planned stop waits for the proxy's requests until then (zero: not draining)
+	stuckVerdict  string         // a stuck verdict waiting on vLLM's /is_paused ("": none asked)
+	pausedSaid    bool           // "vLLM is paused" was logged for this pause
+	cleaningSince time.Time      // when the kill of what outlived the keeper began
 
 	// After a failure.
 	decision       policy.Decision
@@ -250,8 +255,12 @@ func (m *machine) handle(e event, sink *logSink) {
 	case evAPIGone:
 		m.endRun(endExited)
 	case evTreeGone:
-		if m.child != nil {
-			m.finishRun(sink)
+		if m.child != nil && m.phase != phCleaning {
+			m.finishRun()
+		}
+	case evCleaned:
+		if m.phase == phCleaning {
+			m.settleRun(sink, e.cleaned)
 		}
 	case evStartupComplete:
 		if m.phase == phRunning && !m.ready {

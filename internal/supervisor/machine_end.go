@@ -117,9 +117,11 @@ func (m *machine) stopReason() string {
 	}
 }
 
-// finishRun: the whole tree is gone. Decide what comes next.
-func (m *machine) finishRun(sink *logSink) {
-	s := m.s
+// finishRun: the keeper is gone. What outlived it (a process stuck in the
+// kernel, as after a GPU fault, does not die at once; the tree kill can take
+// up to killRounds × killWait) is killed off the loop, so the loop keeps
+// turning (status, /livez, signals); settleRun goes on when that reports.
+func (m *machine) finishRun() {
 	c := m.child
 	if m.phase == phRunning {
 		// The tree went before the API server's exit was handled.
@@ -131,8 +133,49 @@ func (m *machine) finishRun(sink *logSink) {
 	m.endProbing()
 	m.prober.close()
 	c.refresh()
-	if left := c.killLeftovers(); len(left) > 0 {
-		s.log.Warn("vLLM processes outlived their keeper: killing them", zap.Ints("pids", left))
+	m.phase = phCleaning
+	m.cleaningSince = time.Now()
+	run := m.runN
+	go func() {
+		outlived, unkillable := c.killLeftovers()
+		m.post(event{kind: evCleaned, run: run, cleaned: cleanup{outlived: outlived, unkillable: unkillable}})
+	}()
+}
+
+// cleanup is what the kill of a run's leftovers reports.
+type cleanup struct {
+	outlived   []int // processes that outlived the keeper
+	unkillable []int // of those, still alive after every kill round
+}
+
+// cleaningStatus says, while the leftovers are being killed, which process
+// does not die and where it is stuck.
+func (m *machine) cleaningStatus() {
+	if m.phase != phCleaning {
+		return
+	}
+	left := m.child.lingering()
+	if len(left) == 0 {
+		return
+	}
+	for_ := time.Since(m.cleaningSince).Round(time.Second)
+	m.s.update(func(st *Status) {
+		st.Reason = fmt.Sprintf("cleaning up the old vLLM: %s for %s (killed, waiting for the kernel to let it go; the next start waits for it)",
+			lingeringText(left), for_)
+	})
+}
+
+// settleRun: the whole tree is gone, or what is left was declared
+// unkillable. Decide what comes next.
+func (m *machine) settleRun(sink *logSink, cl cleanup) {
+	s := m.s
+	c := m.child
+	if len(cl.outlived) > 0 {
+		s.log.Warn("vLLM processes outlived their keeper: killed them", zap.Ints("pids", cl.outlived))
+	}
+	if len(cl.unkillable) > 0 {
+		s.log.Error("vLLM processes do not die after every kill round: declared unkillable (stuck in the kernel; a GPU fault or a driver problem: check dmesg and nvidia-smi)",
+			zap.Ints("pids", cl.unkillable), zap.Duration("for", time.Since(m.cleaningSince).Round(time.Second)))
 	}
 	m.stdout.Close()
 	m.stderr.Close()

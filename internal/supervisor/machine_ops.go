@@ -73,7 +73,7 @@ func (m *machine) onStop() {
 	switch m.phase {
 	case phRunning:
 		m.endRun(endStop)
-	case phStopping:
+	case phStopping, phCleaning:
 		if m.end != endExited {
 			m.end = endStop
 		}

@@ -15,6 +15,7 @@ import (
 // onHeartbeat runs every second: the tree is re-read, and a stable stretch
 // on a lower rung may call for a restore.
 func (m *machine) onHeartbeat() {
+	m.cleaningStatus()
 	if m.phase != phRunning {
 		return
 	}

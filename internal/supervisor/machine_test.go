@@ -38,6 +38,11 @@ type fakeVLLM struct {
 	kills      atomic.Int32 // SIGKILLs received
 	ignoreTERM bool         // a vLLM that ignores SIGTERM
 	survivors  []int        // PIDs that outlive the keeper (killLeftovers)
+	// stuckFor: the survivors take this long to die (stuck in the kernel);
+	// unkillable: they never do (killLeftovers reports them after its rounds).
+	stuckFor   time.Duration
+	unkillable bool
+	cleaning   atomic.Bool  // killLeftovers is in progress
 	ours       map[int]bool // PIDs still ours (killIfOurs)
 	killed     []int        // PIDs killIfOurs killed
 	mu         sync.Mutex
@@ -50,7 +55,27 @@ func (p *fakeVLLM) exit() exitInfo           { return p.exitv }
 func (p *fakeVLLM) refresh()                 {}
 func (p *fakeVLLM) tree() []int              { return []int{p.apiPID} }
 func (p *fakeVLLM) seen() []int              { return []int{p.apiPID, p.apiPID + 1} }
-func (p *fakeVLLM) killLeftovers() []int     { return p.survivors }
+
+func (p *fakeVLLM) killLeftovers() (outlived, unkillable []int) {
+	p.cleaning.Store(true)
+	defer p.cleaning.Store(false)
+	time.Sleep(p.stuckFor) // fake time (synctest): what a wait in the kernel costs
+	if p.unkillable {
+		return p.survivors, p.survivors
+	}
+	return p.survivors, nil
+}
+
+func (p *fakeVLLM) lingering() []lingerer {
+	if !p.cleaning.Load() {
+		return nil
+	}
+	var out []lingerer
+	for _, pid := range p.survivors {
+		out = append(out, lingerer{pid: pid, state: 'D', wchan: "nvidia_wait_for_gpu"})
+	}
+	return out
+}
 
 // io is the tree's storage I/O: ioBytes grows while the fake "downloads".
 func (p *fakeVLLM) io() map[int]uint64 { return map[int]uint64{p.apiPID: uint64(p.ioBytes.Load())} }
@@ -1576,5 +1601,76 @@ func TestMachineReloadWithoutVLLMChangesIsNotPending(t *testing.T) {
 			t.Fatalf("pending %v, %v", pending, err)
 		}
 		s.stop()
+	})
+}
+
+// A process of the old tree stuck in the kernel (as after a GPU fault) does
+// not die for 60 s: the loop keeps turning all the while (the heartbeat
+// behind WATCHDOG=1 and /livez), status says which pid and where it is
+// stuck, a stop request is taken, and the next start waits for the tree to
+// be gone.
+func TestMachineStuckLeftoverNeverBlocksTheLoop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		s.ready()
+		p := s.l.last()
+		p.survivors = []int{4242}
+		p.stuckFor = 60 * time.Second
+		p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
+		synctest.Wait()
+		for i := range 58 {
+			before := s.sup.LastTurn()
+			s.advance(time.Second)
+			if !s.sup.LastTurn().After(before) {
+				t.Fatalf("the loop stopped turning %d s into the cleanup", i+1)
+			}
+			st := s.sup.Status()
+			if i >= 2 && !strings.Contains(st.Reason, "pid 4242 does not die: state D in nvidia_wait_for_gpu") {
+				t.Fatalf("%d s in, status reason %q does not say what the cleanup waits for", i+1, st.Reason)
+			}
+			if st.State != StateStopping || s.l.n() != 1 || len(s.kinds(events.KindExited)) != 0 {
+				t.Fatalf("%d s in: state %s, %d launches, %d failures recorded before the tree was gone", i+1, st.State, s.l.n(), len(s.kinds(events.KindExited)))
+			}
+		}
+		s.advance(3 * time.Second)
+		if f := s.failure(1); f.Verdict.Cause != policy.CauseCrash {
+			t.Fatalf("failure %+v", f)
+		}
+		s.advance(s.cfg.Restart.InitialDelay.Duration)
+		if s.l.n() != 2 {
+			t.Fatalf("%d launches once the stuck process was gone; want the restart", s.l.n())
+		}
+		s.ready()
+		s.stop()
+	})
+}
+
+// Survivors that never die are declared unkillable after the kill rounds;
+// a stop asked meanwhile waits for that and then stops.
+func TestMachineUnkillableLeftoverIsDeclaredAndStopWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		s.ready()
+		p := s.l.last()
+		p.survivors = []int{4243}
+		p.stuckFor = 50 * time.Second
+		p.unkillable = true
+		p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
+		synctest.Wait()
+		s.advance(5 * time.Second)
+		s.cancel()
+		s.advance(time.Second)
+		if s.state() != StateStopping {
+			t.Fatalf("state %s while the cleanup runs; want stopping", s.state())
+		}
+		s.advance(50 * time.Second)
+		if code := s.exited(); code != exitcode.OK {
+			t.Fatalf("exit %d", code)
+		}
+		if s.l.n() != 1 {
+			t.Fatalf("%d launches; a stop asked during the cleanup must not start vLLM again", s.l.n())
+		}
 	})
 }

@@ -2,7 +2,9 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"strings"
 	"time"
 )
 
@@ -51,8 +53,13 @@ type proc interface {
 	// killLeftovers kills what outlived the keeper (what it reported as
 	// survivors, and what was seen and is still alive if the keeper itself
 	// was killed; same processes only, never a reused PID) and returns
-	// their PIDs.
-	killLeftovers() []int
+	// their PIDs, and those still alive after every kill round. It may take
+	// long (a process stuck in the kernel): the machine calls it off its
+	// loop.
+	killLeftovers() (outlived, unkillable []int)
+	// lingering is what outlived the keeper and is still alive, with where
+	// each is stuck; it reads /proc only and never waits.
+	lingering() []lingerer
 	// io is the storage I/O (bytes read plus written) of each live process
 	// of the tree: its growth is load progress (a silent download).
 	io() map[int]uint64
@@ -80,4 +87,25 @@ func (processLauncher) launch(spec launchSpec) (proc, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// lingerer is a process that outlived the keeper and is not dead yet.
+type lingerer struct {
+	pid   int
+	state byte   // /proc/PID/stat's state: D is uninterruptible sleep (stuck in the kernel)
+	wchan string // the kernel function it waits in, when readable
+}
+
+// lingeringText says which processes do not die and where they are stuck:
+// "pid 1234 does not die: state D in nvidia_…".
+func lingeringText(ls []lingerer) string {
+	parts := make([]string, 0, len(ls))
+	for _, l := range ls {
+		t := fmt.Sprintf("pid %d does not die: state %c", l.pid, l.state)
+		if l.wchan != "" && l.wchan != "0" {
+			t += " in " + l.wchan
+		}
+		parts = append(parts, t)
+	}
+	return strings.Join(parts, "; ")
 }

@@ -59,13 +59,16 @@ type child struct {
 	doneC     chan struct{} // closed when the keeper exited: the whole tree is gone
 	exitInfo  exitInfo      // valid after doneC
 	treeCache atomic.Pointer[[]int]
-	seenPIDs  treeSeen // only the machine's goroutine touches it
+	// seenPIDs: only the machine's goroutine touches it, and the cleanup
+	// after the keeper (killLeftovers) it hands off and waits for.
+	seenPIDs treeSeen
 
 	// mu guards reaped: until the keeper is reaped its PID, and the process
 	// group it leads, cannot name anything else, so signals to them are
 	// sent under mu and only while reaped is false.
 	mu       sync.Mutex
 	reaped   bool
+	outlived []procID // what outlived the keeper, being killed (lingering)
 	backstop sync.Once
 	// backstopAfter is how long kill() leaves the keeper before the
 	// guard kills the tree itself: keeperKillWait.
@@ -385,27 +388,59 @@ func (c *child) io() map[int]uint64 {
 // could not kill (its survivors report) or what outlived it because the
 // keeper itself was killed (the processes seen, still alive) is killed
 // here, with its descendants, through pidfds. It returns the PIDs that had
-// outlived the keeper.
-func (c *child) killLeftovers() []int {
+// outlived the keeper, and those still alive after every kill round.
+func (c *child) killLeftovers() (outlived, unkillable []int) {
+	left := c.leftovers()
+	if len(left) == 0 {
+		return nil, nil
+	}
+	c.mu.Lock()
+	c.outlived = left
+	c.mu.Unlock()
+	unkillable = killTree(func() []int { return pidsOf(stillAlive(left)) }, nil)
+	return pidsOf(left), unkillable
+}
+
+// leftovers is what outlived the keeper: the processes seen in the tree
+// that are still alive, and the survivors the keeper reported.
+func (c *child) leftovers() []procID {
 	left := c.seenPIDs.survivors()
 	for _, p := range c.exitInfo.Survivors {
 		if info, ok := readStat(p.pid); ok && info.start == p.start && info.state != 'Z' && !slices.Contains(left, p) {
 			left = append(left, p)
 		}
 	}
-	if len(left) == 0 {
-		return nil
-	}
-	killTree(func() []int {
-		var out []int
-		for _, p := range left {
-			if info, ok := readStat(p.pid); ok && info.start == p.start && info.state != 'Z' {
-				out = append(out, p.pid)
-			}
+	return left
+}
+
+// stillAlive is the processes of ps that are still the very ones seen and not
+// yet dead.
+func stillAlive(ps []procID) []procID {
+	var out []procID
+	for _, p := range ps {
+		if info, ok := readStat(p.pid); ok && info.start == p.start && info.state != 'Z' {
+			out = append(out, p)
 		}
-		return out
-	}, nil)
-	return pidsOf(left)
+	}
+	return out
+}
+
+// lingering: what outlived the keeper and is still alive, with its state
+// and the kernel function it waits in.
+func (c *child) lingering() []lingerer {
+	c.mu.Lock()
+	left := c.outlived
+	c.mu.Unlock()
+	var out []lingerer
+	for _, p := range left {
+		info, ok := readStat(p.pid)
+		if !ok || info.start != p.start || info.state == 'Z' {
+			continue
+		}
+		wchan, _ := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/wchan")
+		out = append(out, lingerer{pid: p.pid, state: info.state, wchan: strings.TrimSpace(string(wchan))})
+	}
+	return out
 }
 
 // killIfOurs kills pid if it is still the very process seen in the tree

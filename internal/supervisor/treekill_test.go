@@ -130,7 +130,7 @@ func TestKillEmptiesATreeThatKeepsCallingSetsid(t *testing.T) {
 	if e := c.exit(); e.Signal != "SIGKILL" || len(e.Survivors) != 0 {
 		t.Fatalf("exit %+v, want the API server killed by SIGKILL and no survivors", e)
 	}
-	if left := c.killLeftovers(); len(left) != 0 {
+	if left, _ := c.killLeftovers(); len(left) != 0 {
 		t.Fatalf("leftovers %v after the keeper emptied the tree", left)
 	}
 }
@@ -209,7 +209,7 @@ func TestAReusedPIDIsNeverSignalled(t *testing.T) {
 	if c.killIfOurs(pid) {
 		t.Fatal("killIfOurs signalled a reused PID")
 	}
-	if left := c.killLeftovers(); len(left) != 0 {
+	if left, _ := c.killLeftovers(); len(left) != 0 {
 		t.Fatalf("killLeftovers took the reused PID %v for a survivor", left)
 	}
 	if signalProc(reused, syscall.SIGKILL) {

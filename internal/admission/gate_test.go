@@ -10,7 +10,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/state"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // The gate answers the proxy from the last status and alerts it was given;
@@ -24,14 +24,14 @@ func TestGateFollowsStatusAndPressure(t *testing.T) {
 	g := New(cfg, nil, Sources{Publish: func(e events.Event) { said = append(said, e) }, Log: zap.NewNop()})
 
 	rung := policy.Rung{Index: 1, MaxNumSeqs: 16, GPUMemoryUtilization: 0.8}
-	g.Refresh(supervisor.Status{State: supervisor.StateStarting, Rung: rung})
+	g.Refresh(status.Status{State: status.StateStarting, Rung: rung})
 	if url, ready := g.Target(); url != "http://127.0.0.1:8123" || ready {
 		t.Errorf("Target() = %q, %v; want http://127.0.0.1:8123, not ready", url, ready)
 	}
 	if n := g.MaxNumSeqs(); n != 16 {
 		t.Errorf("MaxNumSeqs() = %d, want the rung's 16", n)
 	}
-	g.Refresh(supervisor.Status{State: supervisor.StateReady, Rung: rung})
+	g.Refresh(status.Status{State: status.StateReady, Rung: rung})
 	if _, ready := g.Target(); !ready {
 		t.Error("Target() not ready after a ready status")
 	}

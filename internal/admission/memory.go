@@ -15,7 +15,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/state"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // Memory-aware admission (the proxy's limit). Each GPU sample pairs the
@@ -212,7 +212,7 @@ func (g *Gate) admissionTick() {
 			a.meanTokens += (win.MeanTokens - a.meanTokens) / 8
 		}
 	}
-	serving := st.State == supervisor.StateReady
+	serving := st.State == status.StateReady
 	if !a.winStart.IsZero() && serving {
 		a.span = a.span.Extend(policy.InflightSpan{Since: a.winStart, Min: win.MinInflight, Max: win.MaxInflight, MinTokens: win.MinTokens})
 	} else {

@@ -20,6 +20,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/proxy"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 	"github.com/vllm-guard/vllm-guard/internal/supervisor"
 	"github.com/vllm-guard/vllm-guard/internal/vllmstats"
 )
@@ -35,7 +36,7 @@ var (
 // Sources are what the gate reads: the supervisor's status, the GPU
 // monitor's and vLLM's last samples, and where it says a change of bound.
 type Sources struct {
-	Status  func() supervisor.Status
+	Status  func() status.Status
 	GPU     func() gpumon.Snapshot
 	VLLM    func() vllmstats.Stats
 	Publish func(events.Event)
@@ -77,9 +78,9 @@ func New(cfg *config.Config, extra []string, src Sources) *Gate {
 func (g *Gate) Attach(p Proxy) { g.proxy = p }
 
 // Refresh records vLLM's address, readiness and rung from st.
-func (g *Gate) Refresh(st supervisor.Status) {
+func (g *Gate) Refresh(st status.Status) {
 	_, ep := supervisor.BuildArgv(g.cfg.VLLM.Command, g.extra, st.Rung, g.cfg.VLLM.Host, g.cfg.VLLM.Port)
-	g.view.Store(&upstreamView{url: ep.URL(), ready: st.State == supervisor.StateReady, maxNumSeqs: st.Rung.MaxNumSeqs, rung: st.Rung})
+	g.view.Store(&upstreamView{url: ep.URL(), ready: st.State == status.StateReady, maxNumSeqs: st.Rung.MaxNumSeqs, rung: st.Rung})
 	if g.adm != nil {
 		g.stepAdmission()
 	}

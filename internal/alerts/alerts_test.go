@@ -24,7 +24,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -402,7 +402,7 @@ func TestFromGPUAndFailure(t *testing.T) {
 		t.Errorf("FromGPU = %+v", e)
 	}
 
-	f := supervisor.Failure{Exit: "exit code 1", MemFractions: []float64{0.9, 0.99, 0.5}, RungBefore: rung,
+	f := status.Failure{Exit: "exit code 1", MemFractions: []float64{0.9, 0.99, 0.5}, RungBefore: rung,
 		Verdict:  policy.Verdict{Cause: policy.CauseOOM, Evidence: []policy.Line{{N: 812, Text: "torch.OutOfMemoryError: CUDA out of memory."}}},
 		Decision: policy.Decision{Action: policy.ActionRestart, Rung: policy.Rung{Index: 3, MaxNumSeqs: 32, GPUMemoryUtilization: 0.7}}}
 	evs := FromFailure(f)

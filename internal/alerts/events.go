@@ -6,7 +6,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // FromGPU turns a GPU monitor alert (raised or cleared) into an Event.
@@ -19,7 +19,7 @@ func FromGPU(a gpumon.Alert, rung policy.Rung) Event {
 // classified so, gave_up when the policy gave up (both for an OOM that ends
 // the crash loop), none for other failures (they are logged and counted,
 // not alerted).
-func FromFailure(f supervisor.Failure) []Event {
+func FromFailure(f status.Failure) []Event {
 	base := func() Event {
 		details := map[string]any{
 			"exit":     f.Exit,

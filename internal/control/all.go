@@ -11,7 +11,7 @@ import (
 	"sync"
 	"text/tabwriter"
 
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // RuntimeDirEnv overrides where `status --all` looks for sockets (tests,
@@ -95,7 +95,7 @@ func allCode(insts []Instance) int {
 			continue
 		}
 		answered++
-		if in.Status.Guard.State == supervisor.StateReady {
+		if in.Status.Guard.State == status.StateReady {
 			ready++
 		}
 	}

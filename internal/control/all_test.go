@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // listenIn serves b on dir/name.sock.
@@ -36,12 +36,12 @@ func staleSocket(t *testing.T, path string) {
 
 func TestStatusAll(t *testing.T) {
 	dir := shortDir(t)
-	a, b := newFakeBackend(supervisor.StateReady), newFakeBackend(supervisor.StateBackoff)
+	a, b := newFakeBackend(status.StateReady), newFakeBackend(status.StateBackoff)
 	listenIn(t, dir, "a", a)
 	listenIn(t, dir, "b", b)
 	os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("not a socket"), 0o600)
 
-	code, out, errs := runCmd(status, "--all", "--runtime-dir", dir)
+	code, out, errs := runCmd(statusCmd, "--all", "--runtime-dir", dir)
 	if code != 1 || errs != "" {
 		t.Errorf("one ready, one in backoff: exit %d, want 1\n%s\n%s", code, out, errs)
 	}
@@ -57,22 +57,22 @@ func TestStatusAll(t *testing.T) {
 		}
 	}
 
-	b.setState(supervisor.StateReady, "")
+	b.setState(status.StateReady, "")
 	t.Setenv(RuntimeDirEnv, dir) // the variable stands for --runtime-dir
-	if code, out, errs := runCmd(status, "--all"); code != 0 {
+	if code, out, errs := runCmd(statusCmd, "--all"); code != 0 {
 		t.Errorf("both ready: exit %d, want 0\n%s\n%s", code, out, errs)
 	}
 
-	code, out, _ = runCmd(status, "--all", "--json")
+	code, out, _ = runCmd(statusCmd, "--all", "--json")
 	var insts []Instance
 	if err := json.Unmarshal([]byte(out), &insts); code != 0 || err != nil || len(insts) != 2 ||
-		insts[0].Name != "a" || insts[1].Status == nil || insts[1].Status.Guard.State != supervisor.StateReady {
+		insts[0].Name != "a" || insts[1].Status == nil || insts[1].Status.Guard.State != status.StateReady {
 		t.Errorf("--json: exit %d, %v\n%s", code, err, out)
 	}
 
 	// A socket left by a killed guard: listed as not answering, exit 1.
 	staleSocket(t, filepath.Join(dir, "c.sock"))
-	code, out, _ = runCmd(status, "--all")
+	code, out, _ = runCmd(statusCmd, "--all")
 	if code != 1 || !strings.Contains(out, "c  ") || !strings.Contains(out, "no answer") || !strings.Contains(out, "no vllm-guard answers on") {
 		t.Errorf("a stale socket: exit %d, want 1 and the socket listed as not answering\n%s", code, out)
 	}
@@ -80,16 +80,16 @@ func TestStatusAll(t *testing.T) {
 
 func TestStatusAllNoGuard(t *testing.T) {
 	empty := shortDir(t)
-	code, out, errs := runCmd(status, "--all", "--runtime-dir", empty)
+	code, out, errs := runCmd(statusCmd, "--all", "--runtime-dir", empty)
 	if code != 3 || out != "" || !strings.Contains(errs, "no guard socket (*.sock) in "+empty) {
 		t.Errorf("no socket: exit %d, want 3\n%s\n%s", code, out, errs)
 	}
 	staleSocket(t, filepath.Join(empty, "x.sock"))
-	if code, out, _ := runCmd(status, "--all", "--runtime-dir", empty); code != 3 || !strings.Contains(out, "no answer") {
+	if code, out, _ := runCmd(statusCmd, "--all", "--runtime-dir", empty); code != 3 || !strings.Contains(out, "no answer") {
 		t.Errorf("only a stale socket: exit %d, want 3\n%s", code, out)
 	}
 	for _, args := range [][]string{{"--all", "--watch"}, {"--all", "--socket", "/x.sock"}, {"--all", "--instance", "a"}} {
-		if code, _, errs := runCmd(status, args...); code != 2 || !strings.Contains(errs, "--all lists every instance") {
+		if code, _, errs := runCmd(statusCmd, args...); code != 2 || !strings.Contains(errs, "--all lists every instance") {
 			t.Errorf("%v: exit %d, want 2 (usage)\n%s", args, code, errs)
 		}
 	}
@@ -98,20 +98,20 @@ func TestStatusAllNoGuard(t *testing.T) {
 func TestSocketCommandsTakeAnInstance(t *testing.T) {
 	t.Setenv("VLLM_GUARD_CONFIG", "")
 	// No such instance runs here: the error names its socket.
-	code, _, errs := runCmd(status, "--instance", "nosuch-vg-test")
+	code, _, errs := runCmd(statusCmd, "--instance", "nosuch-vg-test")
 	if code != 3 || !strings.Contains(errs, "/run/vllm-guard/nosuch-vg-test.sock") {
 		t.Errorf("--instance: exit %d, want 3 naming the instance's socket\n%s", code, errs)
 	}
 	t.Setenv("VLLM_GUARD_INSTANCE", "nosuch-vg-env")
-	if code, _, errs := runCmd(status); code != 3 || !strings.Contains(errs, "/run/vllm-guard/nosuch-vg-env.sock") {
+	if code, _, errs := runCmd(statusCmd); code != 3 || !strings.Contains(errs, "/run/vllm-guard/nosuch-vg-env.sock") {
 		t.Errorf("$VLLM_GUARD_INSTANCE: exit %d\n%s", code, errs)
 	}
 	if code, _, errs := runCmd(func(a []string, o, e *bytes.Buffer) int { return ActionCommand("restart", a, o, e) }, "--instance", "../up"); code != 2 || !strings.Contains(errs, "--instance") {
 		t.Errorf("a bad instance name: exit %d, want 2\n%s", code, errs)
 	}
 	// An explicit socket wins over the instance's.
-	_, path := startSocket(t, newFakeBackend(supervisor.StateReady), nil)
-	if code, _, errs := runCmd(status, "--instance", "other", "--socket", path); code != 0 {
+	_, path := startSocket(t, newFakeBackend(status.StateReady), nil)
+	if code, _, errs := runCmd(statusCmd, "--instance", "other", "--socket", path); code != 0 {
 		t.Errorf("--socket with --instance: exit %d\n%s", code, errs)
 	}
 }

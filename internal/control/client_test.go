@@ -10,11 +10,11 @@ import (
 	"testing"
 
 	"github.com/vllm-guard/vllm-guard/internal/state"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 func TestClient(t *testing.T) {
-	b := newFakeBackend(supervisor.StateReady)
+	b := newFakeBackend(status.StateReady)
 	b.incs = []state.Incident{{ID: "x", Cause: "oom", Summary: "out of memory"}}
 	_, path := startSocket(t, b, nil)
 	c := NewClient(path)

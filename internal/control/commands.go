@@ -20,7 +20,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 	"github.com/vllm-guard/vllm-guard/internal/state"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // Exit codes of the socket commands (package exitcode names them all).
@@ -233,7 +233,7 @@ func drawStatus(ctx context.Context, c *Client, asJSON, watch bool, stdout, errw
 		WriteStatus(&frame, d)
 	}
 	stdout.Write(frame.Bytes())
-	if d.Guard.State == supervisor.StateReady {
+	if d.Guard.State == status.StateReady {
 		return ExitReady, false
 	}
 	return ExitNotReady, false

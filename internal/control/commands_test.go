@@ -16,7 +16,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/state"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 func runCmd(f func([]string, *bytes.Buffer, *bytes.Buffer) int, args ...string) (int, string, string) {
@@ -25,16 +25,16 @@ func runCmd(f func([]string, *bytes.Buffer, *bytes.Buffer) int, args ...string) 
 	return code, out.String(), errb.String()
 }
 
-func status(args []string, out, errb *bytes.Buffer) int { return StatusCommand(args, out, errb) }
+func statusCmd(args []string, out, errb *bytes.Buffer) int { return StatusCommand(args, out, errb) }
 func incidents(args []string, out, errb *bytes.Buffer) int {
 	return IncidentsCommand(args, out, errb)
 }
 
 func TestStatusCommandExitCodes(t *testing.T) {
-	b := newFakeBackend(supervisor.StateReady)
+	b := newFakeBackend(status.StateReady)
 	_, path := startSocket(t, b, nil)
 
-	code, out, errs := runCmd(status, "--socket", path)
+	code, out, errs := runCmd(statusCmd, "--socket", path)
 	if code != 0 || !strings.Contains(out, "READY since") || !strings.Contains(out, "climbing +21 MiB/s") || errs != "" {
 		t.Errorf("ready: exit %d\n%s\n%s", code, out, errs)
 	}
@@ -44,56 +44,56 @@ func TestStatusCommandExitCodes(t *testing.T) {
 		t.Errorf("the command's view differs from WriteStatus of the same document:\n%s", out)
 	}
 
-	b.setState(supervisor.StateBackoff, "after oom: backoff 5s")
-	if code, out, _ := runCmd(status, "--socket", path); code != 1 || !strings.Contains(out, "BACKOFF") {
+	b.setState(status.StateBackoff, "after oom: backoff 5s")
+	if code, out, _ := runCmd(statusCmd, "--socket", path); code != 1 || !strings.Contains(out, "BACKOFF") {
 		t.Errorf("backoff: exit %d\n%s", code, out)
 	}
 
-	code, out, _ = runCmd(status, "--socket", path, "--json")
+	code, out, _ = runCmd(statusCmd, "--socket", path, "--json")
 	d, err := DecodeDoc(strings.NewReader(out))
-	if code != 1 || err != nil || d.Guard.State != supervisor.StateBackoff {
+	if code != 1 || err != nil || d.Guard.State != status.StateBackoff {
 		t.Errorf("--json: exit %d, %v, state %q", code, err, d.Guard.State)
 	}
 
 	missing := filepath.Join(shortDir(t), "none.sock")
-	code, out, errs = runCmd(status, "--socket", missing)
+	code, out, errs = runCmd(statusCmd, "--socket", missing)
 	if code != 3 || out != "" || !strings.Contains(errs, "no vllm-guard answers on "+missing+": is it running?") {
 		t.Errorf("no guard: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 }
 
 func TestStatusCommandFlags(t *testing.T) {
-	code, out, _ := runCmd(status, "--help")
+	code, out, _ := runCmd(statusCmd, "--help")
 	if code != 0 || !strings.Contains(out, "Usage: vllm-guard status") || !strings.Contains(out, "-watch") {
 		t.Errorf("--help: exit %d\n%s", code, out)
 	}
-	code, _, errs := runCmd(status, "--bogus")
+	code, _, errs := runCmd(statusCmd, "--bogus")
 	if code != 2 || !strings.Contains(errs, "flag provided but not defined: -bogus") || !strings.Contains(errs, "Usage:") {
 		t.Errorf("bad flag: exit %d\n%s", code, errs)
 	}
-	if code, _, errs := runCmd(status, "extra"); code != 2 || !strings.Contains(errs, "unexpected arguments: extra") {
+	if code, _, errs := runCmd(statusCmd, "extra"); code != 2 || !strings.Contains(errs, "unexpected arguments: extra") {
 		t.Errorf("extra argument: exit %d\n%s", code, errs)
 	}
 }
 
 func TestStatusCommandSocketFromConfig(t *testing.T) {
-	_, path := startSocket(t, newFakeBackend(supervisor.StateReady), nil)
+	_, path := startSocket(t, newFakeBackend(status.StateReady), nil)
 	cfg := filepath.Join(shortDir(t), "vllm-guard.toml")
 	if err := os.WriteFile(cfg, []byte("[control]\nsocket = \""+path+"\"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if code, out, errs := runCmd(status, "--config", cfg); code != 0 || !strings.Contains(out, "READY") {
+	if code, out, errs := runCmd(statusCmd, "--config", cfg); code != 0 || !strings.Contains(out, "READY") {
 		t.Errorf("socket from --config: exit %d\n%s\n%s", code, out, errs)
 	}
 	t.Setenv("VLLM_GUARD_CONFIG", cfg)
-	if code, _, errs := runCmd(status); code != 0 {
+	if code, _, errs := runCmd(statusCmd); code != 0 {
 		t.Errorf("socket from $VLLM_GUARD_CONFIG: exit %d\n%s", code, errs)
 	}
 	// A config that does not load falls back to the default socket and
 	// says so.
 	bad := filepath.Join(filepath.Dir(cfg), "bad.toml")
 	os.WriteFile(bad, []byte("[control]\nsockett = 1\n"), 0o600)
-	code, _, errs := runCmd(status, "--config", bad)
+	code, _, errs := runCmd(statusCmd, "--config", bad)
 	if code != 3 || !strings.Contains(errs, "trying the default socket "+DefaultSocket) || !strings.Contains(errs, DefaultSocket) {
 		t.Errorf("bad config: exit %d\n%s", code, errs)
 	}
@@ -130,14 +130,14 @@ func lastFrameReady(out string, asJSON bool) bool {
 	if asJSON {
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		d, err := DecodeDoc(strings.NewReader(lines[len(lines)-1]))
-		return err == nil && d.Guard.State == supervisor.StateReady
+		return err == nil && d.Guard.State == status.StateReady
 	}
 	frames := strings.Split(out, clearScreen)
 	return strings.Contains(frames[len(frames)-1], "READY since")
 }
 
 func TestStatusCommandWatch(t *testing.T) {
-	b := newFakeBackend(supervisor.StateStarting)
+	b := newFakeBackend(status.StateStarting)
 	_, path := startSocket(t, b, nil)
 	for _, asJSON := range []bool{false, true} {
 		out := &syncBuffer{frames: make(chan struct{}, 1)}
@@ -156,7 +156,7 @@ func TestStatusCommandWatch(t *testing.T) {
 			}
 		}
 		frame()
-		b.setState(supervisor.StateReady, "vLLM answered a 1-token completion")
+		b.setState(status.StateReady, "vLLM answered a 1-token completion")
 		// Wait until a frame shows the change, then interrupt.
 		for !lastFrameReady(out.String(), asJSON) {
 			frame()
@@ -188,12 +188,12 @@ func TestStatusCommandWatch(t *testing.T) {
 		} else if n := strings.Count(text, clearScreen); n < 2 || !strings.Contains(text, "STARTING") || !strings.Contains(text, "READY") {
 			t.Errorf("--watch: %d frames; output:\n%s", n, text)
 		}
-		b.setState(supervisor.StateStarting, "loading")
+		b.setState(status.StateStarting, "loading")
 	}
 }
 
 func TestIncidentsCommand(t *testing.T) {
-	b := newFakeBackend(supervisor.StateReady)
+	b := newFakeBackend(status.StateReady)
 	b.incs = []state.Incident{{ID: "2", Time: fixtureNow, Cause: policy.CauseOOM, Summary: "CUDA out of memory",
 		RungBefore: policy.Rung{Index: 0, MaxNumSeqs: 256, GPUMemoryUtilization: 0.85},
 		RungAfter:  policy.Rung{Index: 1, MaxNumSeqs: 128, GPUMemoryUtilization: 0.8}, Action: policy.ActionRestart}}
@@ -264,7 +264,7 @@ func action(name string) func([]string, *bytes.Buffer, *bytes.Buffer) int {
 }
 
 func TestActionCommand(t *testing.T) {
-	b := newFakeBackend(supervisor.StateReady)
+	b := newFakeBackend(status.StateReady)
 	_, path := startSocket(t, b, nil)
 	if code, out, errs := runCmd(action("restart"), "--socket", path); code != 0 || !strings.Contains(out, "vLLM will be restarted") {
 		t.Errorf("restart: exit %d %q %q", code, out, errs)

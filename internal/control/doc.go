@@ -20,21 +20,21 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/proxy"
 	"github.com/vllm-guard/vllm-guard/internal/state"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 	"github.com/vllm-guard/vllm-guard/internal/vllmstats"
 )
 
 // Doc is the status document: JSON of GET /status (socket and HTTP) and of
 // `vllm-guard status --json`.
 type Doc struct {
-	Version      string            `json:"version"`
-	Now          time.Time         `json:"now"` // when the guard built the document; the human view's clock
-	Guard        supervisor.Status `json:"guard"`
-	GPU          gpumon.Snapshot   `json:"gpu"`
-	VLLM         vllmstats.Stats   `json:"vllm"`
-	Alerts       []ActiveAlert     `json:"alerts"`
-	LastIncident *state.Incident   `json:"last_incident,omitempty"`
-	Proxy        *proxy.Stats      `json:"proxy,omitempty"` // nil when [proxy] listen is off
+	Version      string          `json:"version"`
+	Now          time.Time       `json:"now"` // when the guard built the document; the human view's clock
+	Guard        status.Status   `json:"guard"`
+	GPU          gpumon.Snapshot `json:"gpu"`
+	VLLM         vllmstats.Stats `json:"vllm"`
+	Alerts       []ActiveAlert   `json:"alerts"`
+	LastIncident *state.Incident `json:"last_incident,omitempty"`
+	Proxy        *proxy.Stats    `json:"proxy,omitempty"` // nil when [proxy] listen is off
 	// Note is set on the summary the TCP /status serves (SummaryNote).
 	Note string `json:"note,omitempty"`
 }

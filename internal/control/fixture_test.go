@@ -8,7 +8,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/state"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 	"github.com/vllm-guard/vllm-guard/internal/vllmstats"
 )
 
@@ -22,8 +22,8 @@ func fixtureDoc() Doc {
 	rung0 := policy.Rung{Index: 0, MaxNumSeqs: 256, GPUMemoryUtilization: 0.85}
 	rung1 := policy.Rung{Index: 1, MaxNumSeqs: 128, GPUMemoryUtilization: 0.80}
 	evidence := []policy.Line{{N: 812, Stream: "stderr", Text: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of 79.19 GiB of which 1.10 GiB is free. Including non-PyTorch memory, this process has 78.09 GiB memory in use."}}
-	guard := supervisor.Status{
-		State:       supervisor.StateReady,
+	guard := status.Status{
+		State:       status.StateReady,
 		Since:       fixtureNow.Add(-5*time.Minute - 55*time.Second),
 		Reason:      "vLLM answered a 1-token completion",
 		PID:         4242,
@@ -33,7 +33,7 @@ func fixtureDoc() Doc {
 		Starts:      2,
 		Restarts:    map[policy.Cause]int{policy.CauseOOM: 1},
 		TimeToReady: 41230 * time.Millisecond,
-		LastFailure: &supervisor.Failure{
+		LastFailure: &status.Failure{
 			Time: oomAt, PID: 4100, Exit: "exit code 1", ExitCode: 1, Phase: policy.PhaseReady,
 			Verdict:    policy.Verdict{Cause: policy.CauseOOM, Confidence: "high", Evidence: evidence, Summary: "GPU out of memory while serving"},
 			Decision:   policy.Decision{Action: policy.ActionRestart, Rung: rung1, Delay: 5 * time.Second, WaitGPU: true, Reason: "OOM: one rung down"},

@@ -21,7 +21,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/state"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // impostorEnv makes the test binary serve a READY status on the named
@@ -72,7 +72,7 @@ func secretDoc() Doc {
 // TCP /status is a bounded summary: no log lines, no command lines, no
 // secret; the socket serves the whole document, with its secrets masked.
 func TestHTTPStatusIsARedactedSummary(t *testing.T) {
-	b := newFakeBackend(supervisor.StateReady)
+	b := newFakeBackend(status.StateReady)
 	b.doc = secretDoc()
 	s, err := ListenHTTP("127.0.0.1:0", NewHTTPHandler(b, nil), nil)
 	if err != nil {
@@ -92,7 +92,7 @@ func TestHTTPStatusIsARedactedSummary(t *testing.T) {
 		t.Errorf("TCP /status is %d bytes, over the %d bound", len(body), maxSummaryBytes)
 	}
 	d, err := DecodeDoc(strings.NewReader(body))
-	if err != nil || d.Note != SummaryNote || d.Guard.State != supervisor.StateReady || d.LastIncident == nil || d.LastIncident.Cause != policy.CauseCrash ||
+	if err != nil || d.Note != SummaryNote || d.Guard.State != status.StateReady || d.LastIncident == nil || d.LastIncident.Cause != policy.CauseCrash ||
 		len(d.LastIncident.LastLines) != 0 || len(d.LastIncident.Evidence) != 0 || len(d.Guard.LastFailure.Verdict.Evidence) != 0 {
 		t.Errorf("summary: %v note=%q state=%s incident=%+v", err, d.Note, d.Guard.State, d.LastIncident)
 	}
@@ -124,7 +124,7 @@ func TestHTTPHostHeaderChecked(t *testing.T) {
 		{"0.0.0.0:0", []string{"10.1.2.3", "[fd00::1]", "localhost", hostname, "guard.ns.svc", "guard.ns.svc.cluster.local"},
 			[]string{"evil.example", "rebind.attacker.test", "svc.evil.example"}},
 	} {
-		s, err := ListenHTTP(c.listen, NewHTTPHandler(newFakeBackend(supervisor.StateReady), nil), nil)
+		s, err := ListenHTTP(c.listen, NewHTTPHandler(newFakeBackend(status.StateReady), nil), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -162,7 +162,7 @@ func TestHTTPHostHeaderChecked(t *testing.T) {
 // a symlink, or one owned by another user is refused, and nothing is
 // bound there.
 func TestSocketFolderMustBeTheGuards(t *testing.T) {
-	b := newFakeBackend(supervisor.StateReady)
+	b := newFakeBackend(status.StateReady)
 	base := shortDir(t)
 	open := filepath.Join(base, "open")
 	os.Mkdir(open, 0o777)
@@ -261,7 +261,7 @@ func TestClientRefusesAnImpostorServer(t *testing.T) {
 // connections that never finish their headers, /livez still answers 200;
 // the newcomer takes an idle connection's place.
 func TestLivezNotStarvedByIdleConnections(t *testing.T) {
-	b := newFakeBackend(supervisor.StateReady)
+	b := newFakeBackend(status.StateReady)
 	s, err := ListenHTTP("127.0.0.1:0", NewHTTPHandler(b, nil), nil)
 	if err != nil {
 		t.Fatal(err)

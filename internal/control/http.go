@@ -14,13 +14,13 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/connlimit"
 
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // Readiness is the body of /readyz.
 type Readiness struct {
-	State  supervisor.State `json:"state"`
-	Reason string           `json:"reason"`
+	State  status.State `json:"state"`
+	Reason string       `json:"reason"`
 }
 
 // NewHTTPHandler serves the guard's HTTP endpoints: /livez (200 while the
@@ -41,7 +41,7 @@ func NewHTTPHandler(b Backend, metrics http.Handler) http.Handler {
 		}
 		// A guard that gave up (on_give_up = "stay") keeps serving status
 		// but no longer keeps vLLM up: let an orchestrator replace it.
-		if g := b.Doc().Guard; g.State == supervisor.StateFailed {
+		if g := b.Doc().Guard; g.State == status.StateFailed {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintf(w, "not alive: the guard gave up: %s\n", g.Reason)
 			return
@@ -51,7 +51,7 @@ func NewHTTPHandler(b Backend, metrics http.Handler) http.Handler {
 	mux.HandleFunc("/readyz", only(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
 		g := b.Doc().Guard
 		code := http.StatusOK
-		if g.State != supervisor.StateReady {
+		if g.State != status.StateReady {
 			code = http.StatusServiceUnavailable
 		}
 		writeJSON(w, code, Readiness{State: g.State, Reason: g.Reason})

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 func get(t *testing.T, method, url string) (int, string) {
@@ -29,7 +29,7 @@ func get(t *testing.T, method, url string) (int, string) {
 }
 
 func TestHTTPEndpoints(t *testing.T) {
-	b := newFakeBackend(supervisor.StateReady)
+	b := newFakeBackend(status.StateReady)
 	metrics := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "vllm_guard_ready 1\n")
 	})
@@ -48,13 +48,13 @@ func TestHTTPEndpoints(t *testing.T) {
 	}
 
 	// Loading: alive, not ready; /readyz says why.
-	b.setState(supervisor.StateStarting, "loading weights")
+	b.setState(status.StateStarting, "loading weights")
 	if code, _ := get(t, "GET", base+"/livez"); code != 200 {
 		t.Errorf("/livez while vLLM loads: %d, want 200", code)
 	}
 	code, body := get(t, "GET", base+"/readyz")
 	var r Readiness
-	if err := json.Unmarshal([]byte(body), &r); code != 503 || err != nil || r.State != supervisor.StateStarting || r.Reason != "loading weights" {
+	if err := json.Unmarshal([]byte(body), &r); code != 503 || err != nil || r.State != status.StateStarting || r.Reason != "loading weights" {
 		t.Errorf("/readyz while loading: %d %s (%v)", code, body, err)
 	}
 	var raw map[string]any
@@ -64,11 +64,11 @@ func TestHTTPEndpoints(t *testing.T) {
 	}
 
 	// Gave up: not alive, even though the loop runs.
-	b.setState(supervisor.StateFailed, "crash loop: 10 failed starts in 1h")
+	b.setState(status.StateFailed, "crash loop: 10 failed starts in 1h")
 	if code, body := get(t, "GET", base+"/livez"); code != 503 || !strings.Contains(body, "gave up: crash loop") {
 		t.Errorf("/livez after giving up: %d %q", code, body)
 	}
-	b.setState(supervisor.StateBackoff, "after crash: backoff 5s")
+	b.setState(status.StateBackoff, "after crash: backoff 5s")
 	if code, _ := get(t, "GET", base+"/livez"); code != 200 {
 		t.Errorf("/livez in backoff: %d, want 200", code)
 	}
@@ -102,7 +102,7 @@ func TestHTTPEndpoints(t *testing.T) {
 }
 
 func TestHTTPNoMetricsHandler(t *testing.T) {
-	s, err := ListenHTTP("127.0.0.1:0", NewHTTPHandler(newFakeBackend(supervisor.StateReady), nil), nil)
+	s, err := ListenHTTP("127.0.0.1:0", NewHTTPHandler(newFakeBackend(status.StateReady), nil), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestHTTPNoMetricsHandler(t *testing.T) {
 }
 
 func TestServeHTTP(t *testing.T) {
-	h := NewHTTPHandler(newFakeBackend(supervisor.StateReady), nil)
+	h := NewHTTPHandler(newFakeBackend(status.StateReady), nil)
 	taken, err := ListenHTTP("127.0.0.1:0", h, nil)
 	if err != nil {
 		t.Fatal(err)

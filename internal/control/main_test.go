@@ -13,7 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/vllm-guard/vllm-guard/internal/state"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // helperEnv makes the test binary a client that asks the guard on the
@@ -74,10 +74,10 @@ type fakeBackend struct {
 	why       string
 }
 
-func newFakeBackend(st supervisor.State) *fakeBackend {
+func newFakeBackend(st status.State) *fakeBackend {
 	d := fixtureDoc()
 	d.Guard.State = st
-	if st != supervisor.StateReady {
+	if st != status.StateReady {
 		d.Guard.Reason = "loading: probe refused"
 	}
 	return &fakeBackend{doc: d, alive: true}
@@ -89,7 +89,7 @@ func (f *fakeBackend) Doc() Doc {
 	return f.doc
 }
 
-func (f *fakeBackend) setState(st supervisor.State, reason string) {
+func (f *fakeBackend) setState(st status.State, reason string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.doc.Guard.State, f.doc.Guard.Reason = st, reason

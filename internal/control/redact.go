@@ -6,7 +6,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/redact"
 	"github.com/vllm-guard/vllm-guard/internal/state"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // SummaryNote is the note of the summary the TCP /status serves.
@@ -42,7 +42,7 @@ func Redacted(d Doc) Doc {
 	return d
 }
 
-func redactStatus(g supervisor.Status) supervisor.Status {
+func redactStatus(g status.Status) status.Status {
 	g.Reason = redact.String(g.Reason)
 	g.LastProbe = redact.String(g.LastProbe)
 	if g.LastFailure != nil {

@@ -21,7 +21,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/vllm-guard/vllm-guard/internal/state"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // startSocket serves b on a fresh socket in a folder ListenSocket creates.
@@ -65,7 +65,7 @@ func TestSocketModes(t *testing.T) {
 	// A strict umask must not leave the socket unusable for the group, nor
 	// a loose one open to others: the modes are set, not inherited.
 	old := syscall.Umask(0o077)
-	_, path := startSocket(t, newFakeBackend(supervisor.StateReady), nil)
+	_, path := startSocket(t, newFakeBackend(status.StateReady), nil)
 	syscall.Umask(old)
 
 	info, err := os.Lstat(path)
@@ -89,7 +89,7 @@ func TestSocketExistingFolderKept(t *testing.T) {
 	if err := os.Chmod(dir, 0o711); err != nil {
 		t.Fatal(err)
 	}
-	s, err := ListenSocket(filepath.Join(dir, "g.sock"), newFakeBackend(supervisor.StateReady), nil)
+	s, err := ListenSocket(filepath.Join(dir, "g.sock"), newFakeBackend(status.StateReady), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestSocketStaleReplaced(t *testing.T) {
 	}
 
 	core, logs := observer.New(zap.InfoLevel)
-	s, err := ListenSocket(path, newFakeBackend(supervisor.StateReady), zap.New(core))
+	s, err := ListenSocket(path, newFakeBackend(status.StateReady), zap.New(core))
 	if err != nil {
 		t.Fatalf("ListenSocket over a stale socket: %v", err)
 	}
@@ -134,8 +134,8 @@ func TestSocketStaleReplaced(t *testing.T) {
 }
 
 func TestSocketLiveRefused(t *testing.T) {
-	_, path := startSocket(t, newFakeBackend(supervisor.StateReady), nil)
-	_, err := ListenSocket(path, newFakeBackend(supervisor.StateReady), nil)
+	_, path := startSocket(t, newFakeBackend(status.StateReady), nil)
+	_, err := ListenSocket(path, newFakeBackend(status.StateReady), nil)
 	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("another vllm-guard (pid %d) holds %s.lock and serves %s", os.Getpid(), path, path)) {
 		t.Fatalf("second ListenSocket: %v; want it refused, naming the holder and the path", err)
 	}
@@ -150,7 +150,7 @@ func TestSocketNotASocket(t *testing.T) {
 	if err := os.WriteFile(path, []byte("keep me"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err := ListenSocket(path, newFakeBackend(supervisor.StateReady), nil)
+	_, err := ListenSocket(path, newFakeBackend(status.StateReady), nil)
 	if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "not a socket") {
 		t.Fatalf("ListenSocket over a regular file: %v", err)
 	}
@@ -158,14 +158,14 @@ func TestSocketNotASocket(t *testing.T) {
 		t.Error("the regular file was touched")
 	}
 	// A parent that is a file is named too.
-	_, err = ListenSocket(filepath.Join(path, "x.sock"), newFakeBackend(supervisor.StateReady), nil)
+	_, err = ListenSocket(filepath.Join(path, "x.sock"), newFakeBackend(status.StateReady), nil)
 	if err == nil || !strings.Contains(err.Error(), "is not a folder") {
 		t.Fatalf("ListenSocket under a file: %v", err)
 	}
 }
 
 func TestSocketEndpoints(t *testing.T) {
-	b := newFakeBackend(supervisor.StateReady)
+	b := newFakeBackend(status.StateReady)
 	b.incs = []state.Incident{{ID: "b", Cause: "oom"}, {ID: "a", Cause: "crash"}}
 	_, path := startSocket(t, b, nil)
 
@@ -226,7 +226,7 @@ func TestSocketEndpoints(t *testing.T) {
 }
 
 func TestSocketHeaderBound(t *testing.T) {
-	_, path := startSocket(t, newFakeBackend(supervisor.StateReady), nil)
+	_, path := startSocket(t, newFakeBackend(status.StateReady), nil)
 	req, _ := http.NewRequest("GET", "http://vllm-guard/status", nil)
 	req.Header.Set("X-Big", strings.Repeat("x", 64<<10))
 	c := NewClient(path)
@@ -242,7 +242,7 @@ func TestSocketHeaderBound(t *testing.T) {
 }
 
 func TestSocketErrors(t *testing.T) {
-	b := newFakeBackend(supervisor.StateReady)
+	b := newFakeBackend(status.StateReady)
 	b.incErr = errors.New("state: list incident records in /x: permission denied")
 	b.actionErr = errors.New("the guard is stopping")
 	_, path := startSocket(t, b, nil)
@@ -256,7 +256,7 @@ func TestSocketErrors(t *testing.T) {
 
 func TestSocketPeerLogged(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
-	b := newFakeBackend(supervisor.StateReady)
+	b := newFakeBackend(status.StateReady)
 	_, path := startSocket(t, b, zap.New(core))
 	c := NewClient(path)
 	defer c.CloseIdleConnections()
@@ -316,7 +316,7 @@ func TestSocketOtherUsers(t *testing.T) {
 	}
 
 	path := filepath.Join(root, "run", "g.sock")
-	s, err := ListenSocket(path, newFakeBackend(supervisor.StateReady), nil)
+	s, err := ListenSocket(path, newFakeBackend(status.StateReady), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

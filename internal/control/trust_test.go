@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // guardEnv makes the test binary serve the control API on the named
@@ -26,7 +26,7 @@ const guardEnv = "VLLM_GUARD_CONTROL_TEST_GUARD"
 const guardUID = 1000
 
 func serveGuard(path string) int {
-	s, err := ListenSocket(path, newFakeBackend(supervisor.StateReady), nil)
+	s, err := ListenSocket(path, newFakeBackend(status.StateReady), nil)
 	if err != nil {
 		fmt.Println(err)
 		return 1
@@ -118,7 +118,7 @@ func TestRootAndTheSocketsGroupTrustTheGuardsOwnFolder(t *testing.T) {
 	if err := c.Restart(ctx); err != nil {
 		t.Errorf("root asks for a restart: %v", err)
 	}
-	code, out, errs := runCmd(status, "--all", "--runtime-dir", own)
+	code, out, errs := runCmd(statusCmd, "--all", "--runtime-dir", own)
 	if code != ExitReady || strings.Contains(out, "no answer") {
 		t.Errorf("status --all as root: exit %d\n%s\n%s", code, out, errs)
 	}

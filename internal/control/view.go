@@ -13,7 +13,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/state"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // sparkWidth is the most characters a sparkline takes.
@@ -41,7 +41,7 @@ func WriteStatus(w io.Writer, d Doc) {
 		row("reason", "%s", g.Reason)
 	}
 	switch g.State {
-	case supervisor.StateStarting:
+	case status.StateStarting:
 		phase := g.Phase
 		if phase == "" {
 			phase = "launched"
@@ -50,11 +50,11 @@ func WriteStatus(w io.Writer, d Doc) {
 		if g.LastProbe != "" {
 			row("last probe", "%s", g.LastProbe)
 		}
-	case supervisor.StateBackoff:
+	case status.StateBackoff:
 		if !g.NextStartAt.IsZero() {
 			row("next start", "in %s (%s)", age(g.NextStartAt.Sub(d.Now)), clock(g.NextStartAt))
 		}
-	case supervisor.StateFailed, supervisor.StateStopped:
+	case status.StateFailed, status.StateStopped:
 		row("exit code", "%d", g.ExitCode)
 	}
 	if g.PID != 0 {
@@ -227,7 +227,7 @@ func vllmLine(d Doc) string {
 		}
 		return s
 	}
-	if v.LastError != "" && d.Guard.State == supervisor.StateReady {
+	if v.LastError != "" && d.Guard.State == status.StateReady {
 		return fmt.Sprintf("unknown: vLLM's /metrics failed %d of %d scrapes; last: %s", v.Failures, v.Scrapes, v.LastError)
 	}
 	return "not scraped (vLLM not ready)"

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/policy"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -56,16 +56,16 @@ func TestWriteStatusNotReady(t *testing.T) {
 		want []string
 	}{
 		{"backoff", func(d *Doc) {
-			d.Guard.State, d.Guard.Reason, d.Guard.PID = supervisor.StateBackoff, "after oom: backoff 5s", 0
+			d.Guard.State, d.Guard.Reason, d.Guard.PID = status.StateBackoff, "after oom: backoff 5s", 0
 			d.Guard.NextStartAt = d.Now.Add(4 * time.Second)
 			d.VLLM.Up = false
 		}, []string{"BACKOFF since", "next start     in 4s (12:10:04 UTC)", "vLLM           not running", "not scraped (vLLM not ready)"}},
 		{"starting", func(d *Doc) {
-			d.Guard.State, d.Guard.Phase, d.Guard.LastProbe = supervisor.StateStarting, "weights", "GET /health: connection refused"
+			d.Guard.State, d.Guard.Phase, d.Guard.LastProbe = status.StateStarting, "weights", "GET /health: connection refused"
 			d.VLLM.Up = false
 		}, []string{"STARTING since", "phase weights", "last probe     GET /health: connection refused"}},
 		{"failed", func(d *Doc) {
-			d.Guard.State, d.Guard.Reason, d.Guard.ExitCode, d.Guard.PID = supervisor.StateFailed, "config_error: unrecognized arguments", 78, 0
+			d.Guard.State, d.Guard.Reason, d.Guard.ExitCode, d.Guard.PID = status.StateFailed, "config_error: unrecognized arguments", 78, 0
 			d.Alerts = append(d.Alerts, ActiveAlert{Name: alerts.GaveUp, Since: d.Guard.Since, Message: "the guard gave up: " + d.Guard.Reason})
 		}, []string{"FAILED since", "exit code      78", "gave_up", "the guard gave up: config_error"}},
 		{"gpu down, scrape failing", func(d *Doc) {

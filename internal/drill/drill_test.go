@@ -22,7 +22,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/state"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -329,11 +329,11 @@ func (b *scriptBackend) ResetProfile(context.Context, string) error { return nil
 func (b *scriptBackend) Incidents(int) ([]state.Incident, error)    { return nil, nil }
 func (b *scriptBackend) Alive() (bool, string)                      { return true, "" }
 
-func doc(st supervisor.State, ooms int, fail time.Time, frac float64, alerts ...gpumon.Alert) control.Doc {
-	d := control.Doc{Guard: supervisor.Status{State: st, Restarts: map[policy.Cause]int{policy.CauseOOM: ooms}},
+func doc(st status.State, ooms int, fail time.Time, frac float64, alerts ...gpumon.Alert) control.Doc {
+	d := control.Doc{Guard: status.Status{State: st, Restarts: map[policy.Cause]int{policy.CauseOOM: ooms}},
 		GPU: gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{Fraction: frac}}, Active: alerts}}
 	if !fail.IsZero() {
-		d.Guard.LastFailure = &supervisor.Failure{Time: fail, Verdict: policy.Verdict{Cause: policy.CauseOOM}}
+		d.Guard.LastFailure = &status.Failure{Time: fail, Verdict: policy.Verdict{Cause: policy.CauseOOM}}
 	}
 	return d
 }
@@ -342,9 +342,9 @@ func TestDrillSamplesTheGuardOverItsSocket(t *testing.T) {
 	now := time.Now()
 	warn := gpumon.Alert{Name: "gpu_memory_critical", Active: true, At: now.Add(-time.Second)}
 	b := &scriptBackend{docs: []control.Doc{
-		doc(supervisor.StateReady, 0, time.Time{}, 0.85),
-		doc(supervisor.StateReady, 0, time.Time{}, 0.98, warn),
-		doc(supervisor.StateBackoff, 1, now, 0.10),
+		doc(status.StateReady, 0, time.Time{}, 0.85),
+		doc(status.StateReady, 0, time.Time{}, 0.98, warn),
+		doc(status.StateBackoff, 1, now, 0.10),
 	}}
 	sock := filepath.Join(t.TempDir(), "guard.sock")
 	srv, err := control.ListenSocket(sock, b, nil)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/control"
 	"github.com/vllm-guard/vllm-guard/internal/state"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // The guard answers the control socket and the HTTP endpoints.
@@ -41,7 +41,7 @@ func (g *Guard) Incidents(n int) ([]state.Incident, error) { return g.store.Inci
 const wedgedAfter = 30 * time.Second
 
 func (g *Guard) Alive() (bool, string) {
-	if st := g.sup.Status(); st.State == supervisor.StateFailed {
+	if st := g.sup.Status(); st.State == status.StateFailed {
 		return false, "gave up: " + st.Reason
 	}
 	if since := time.Since(g.sup.LastTurn()); since > wedgedAfter {

@@ -29,6 +29,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/proxy"
 	"github.com/vllm-guard/vllm-guard/internal/state"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 	"github.com/vllm-guard/vllm-guard/internal/supervisor"
 	"github.com/vllm-guard/vllm-guard/internal/vllmstats"
 )
@@ -256,12 +257,12 @@ func (g *Guard) onEvent(e events.Event) {
 	}
 }
 
-func (g *Guard) onState(st supervisor.Status) {
+func (g *Guard) onState(st status.Status) {
 	g.gate.Refresh(st)
 	if g.proxy != nil {
 		g.proxy.Notify()
 	}
-	if st.State == supervisor.StateReady {
+	if st.State == status.StateReady {
 		g.stats.SetTarget(g.gate.URL())
 	} else {
 		g.stats.SetTarget("")
@@ -271,7 +272,7 @@ func (g *Guard) onState(st supervisor.Status) {
 	g.sd.Status(notify.StatusLine(st, g.gpu.Snapshot()))
 	// Starting again after a failure: systemd's start timeout must not
 	// run out while the guard backs off before the first ready.
-	if st.State == supervisor.StateBackoff || st.State == supervisor.StateWaitingGPU {
+	if st.State == status.StateBackoff || st.State == status.StateWaitingGPU {
 		g.onProgress("")
 	}
 }
@@ -288,7 +289,7 @@ func (g *Guard) onReady(first bool, ttr time.Duration) {
 	g.alert.Clear(alerts.OOM)
 }
 
-func (g *Guard) onFailure(f supervisor.Failure) {
+func (g *Guard) onFailure(f status.Failure) {
 	g.met.Exited(f.Verdict.Cause)
 	if f.Verdict.Cause == policy.CauseOOM {
 		g.gate.OnOOM()

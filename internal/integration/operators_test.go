@@ -10,7 +10,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/control"
 	"github.com/vllm-guard/vllm-guard/internal/events"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // 200 operators ask for the status at once, each on its own connection,
@@ -51,7 +51,7 @@ func TestConcurrentOperatorsOneRestart(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			d, err := c.Status(ctx)
-			if err == nil && !slices.Contains(supervisor.States, d.Guard.State) {
+			if err == nil && !slices.Contains(status.States, d.Guard.State) {
 				err = &badState{string(d.Guard.State)}
 			}
 			if err != nil {

@@ -29,7 +29,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/buildinfo"
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // Namespace is the prefix of every series the guard exports.
@@ -136,7 +136,7 @@ func New() *Metrics {
 		m.vllmUp, m.vllmRunning, m.vllmWaiting, m.vllmKV,
 		m.alertActive,
 	)
-	for _, s := range supervisor.States {
+	for _, s := range status.States {
 		m.state.WithLabelValues(string(s))
 	}
 	for _, c := range policy.Causes {
@@ -158,11 +158,11 @@ func (m *Metrics) Handler() http.Handler {
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
 // SetState sets state{state} one-hot and ready.
-func (m *Metrics) SetState(s supervisor.State) {
-	for _, x := range supervisor.States {
+func (m *Metrics) SetState(s status.State) {
+	for _, x := range status.States {
 		m.state.WithLabelValues(string(x)).Set(b2f(x == s))
 	}
-	m.ready.Set(b2f(s == supervisor.StateReady))
+	m.ready.Set(b2f(s == status.StateReady))
 }
 
 // Started counts a launch.

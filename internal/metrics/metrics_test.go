@@ -21,7 +21,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
@@ -90,28 +90,28 @@ func script(m *Metrics) {
 	rung1 := policy.Rung{Index: 1, MaxNumSeqs: 128, GPUMemoryUtilization: 0.80}
 	m.SetProfile(rung0)
 	m.SetVLLM(0, 0, 0, false)
-	m.SetState(supervisor.StateStarting)
+	m.SetState(status.StateStarting)
 	m.Started()
 	m.SetGPU(gpu(0.10, -1))
 	m.SetGPU(gpu(0.86, -1))
-	m.SetState(supervisor.StateReady)
+	m.SetState(status.StateReady)
 	m.Ready(42 * time.Second)
 	m.SetVLLM(200, 17, 0.93, true)
 	m.SetGPU(gpu(0.95, 45))
 	m.SetAlert("gpu_memory_warn", true)
 	m.SetAlert("oom_predicted", true)
-	m.SetState(supervisor.StateStopping)
+	m.SetState(status.StateStopping)
 	m.Exited(policy.CauseOOM)
 	m.SetVLLM(0, 0, 0, false)
 	m.SetGPU(gpu(0.01, -1))
 	m.SetAlert("gpu_memory_warn", false)
 	m.SetAlert("oom_predicted", false)
-	m.SetState(supervisor.StateWaitingGPU)
-	m.SetState(supervisor.StateBackoff)
+	m.SetState(status.StateWaitingGPU)
+	m.SetState(status.StateBackoff)
 	m.SetProfile(rung1)
-	m.SetState(supervisor.StateStarting)
+	m.SetState(status.StateStarting)
 	m.Started()
-	m.SetState(supervisor.StateReady)
+	m.SetState(status.StateReady)
 	m.Ready(31500 * time.Millisecond)
 	m.SetGPU(gpu(0.81, -1))
 	m.SetVLLM(120, 0, 0.6, true)
@@ -211,10 +211,10 @@ func TestNoSentinelValues(t *testing.T) {
 
 func TestSetStateOneHot(t *testing.T) {
 	m := New()
-	for _, s := range supervisor.States {
+	for _, s := range status.States {
 		m.SetState(s)
 		body := scrape(t, m)
-		for _, x := range supervisor.States {
+		for _, x := range status.States {
 			want := `vllm_guard_state{state="` + string(x) + `"} 0`
 			if x == s {
 				want = `vllm_guard_state{state="` + string(x) + `"} 1`
@@ -224,7 +224,7 @@ func TestSetStateOneHot(t *testing.T) {
 			}
 		}
 		ready := "vllm_guard_ready 0\n"
-		if s == supervisor.StateReady {
+		if s == status.StateReady {
 			ready = "vllm_guard_ready 1\n"
 		}
 		if !strings.Contains(body, ready) {

@@ -17,7 +17,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/notify/notifytest"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -182,21 +182,21 @@ func waitLog(t *testing.T, logs *observer.ObservedLogs, snippet string) {
 func TestStatusLine(t *testing.T) {
 	rung1 := policy.Rung{Index: 1, MaxNumSeqs: 128, GPUMemoryUtilization: 0.8}
 	oneGPU := gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{Index: 0, Fraction: 0.834}}}
-	oom := &supervisor.Failure{Verdict: policy.Verdict{Cause: policy.CauseOOM}}
+	oom := &status.Failure{Verdict: policy.Verdict{Cause: policy.CauseOOM}}
 	for _, tc := range []struct {
 		name string
-		st   supervisor.Status
+		st   status.Status
 		gpu  gpumon.Snapshot
 		want string
 	}{
-		{"ready after oom", supervisor.Status{State: supervisor.StateReady, Rung: rung1, LastFailure: oom}, oneGPU,
+		{"ready after oom", status.Status{State: status.StateReady, Rung: rung1, LastFailure: oom}, oneGPU,
 			"ready · rung 1 (max_num_seqs 128, util 0.80) · GPU 83% · last: oom"},
 		{"starting with phase, no NVML",
-			supervisor.Status{State: supervisor.StateStarting, Phase: "weights", Rung: policy.Rung{MaxNumSeqs: 256, GPUMemoryUtilization: 0.85}},
+			status.Status{State: status.StateStarting, Phase: "weights", Rung: policy.Rung{MaxNumSeqs: 256, GPUMemoryUtilization: 0.85}},
 			gpumon.Snapshot{Up: false, Reason: "GPU metrics unavailable"},
 			"starting (weights) · rung 0 (max_num_seqs 256, util 0.85) · GPU n/a"},
 		{"failed with alerts on two GPUs",
-			supervisor.Status{State: supervisor.StateFailed, ExitCode: 78, Rung: rung1},
+			status.Status{State: status.StateFailed, ExitCode: 78, Rung: rung1},
 			gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{Index: 0, Fraction: 0.5}, {Index: 1, Fraction: 0.97}},
 				Active: []gpumon.Alert{{Name: "gpu_memory_warn", Device: 1, Active: true}, {Name: "gpu_memory_critical", Device: 1, Active: true},
 					{Name: "gpu_memory_warn", Device: 0, Active: true}}},
@@ -217,10 +217,10 @@ func TestStatusChangesOnOOM(t *testing.T) {
 	n := New(nil)
 	rung0 := policy.Rung{MaxNumSeqs: 256, GPUMemoryUtilization: 0.85}
 	gpu := gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{Fraction: 0.99}}}
-	n.Status(StatusLine(supervisor.Status{State: supervisor.StateReady, Rung: rung0}, gpu))
+	n.Status(StatusLine(status.Status{State: status.StateReady, Rung: rung0}, gpu))
 	before, _ := s.Read(wait)
-	n.Status(StatusLine(supervisor.Status{State: supervisor.StateBackoff, Rung: policy.Rung{Index: 1, MaxNumSeqs: 128, GPUMemoryUtilization: 0.8},
-		LastFailure: &supervisor.Failure{Verdict: policy.Verdict{Cause: policy.CauseOOM}}}, gpu))
+	n.Status(StatusLine(status.Status{State: status.StateBackoff, Rung: policy.Rung{Index: 1, MaxNumSeqs: 128, GPUMemoryUtilization: 0.8},
+		LastFailure: &status.Failure{Verdict: policy.Verdict{Cause: policy.CauseOOM}}}, gpu))
 	after, _ := s.Read(wait)
 	if before == after || !strings.HasPrefix(after, "STATUS=backoff") || !strings.HasSuffix(after, "last: oom") {
 		t.Fatalf("STATUS before the OOM %q, after %q: want a backoff line ending in \"last: oom\"", before, after)
@@ -231,8 +231,8 @@ func FuzzStatusLine(f *testing.F) {
 	f.Add("starting", "weights", "oom", 0.5)
 	f.Add("ready\n", "graphs\r\n", "crash\x00", 1.2)
 	f.Fuzz(func(t *testing.T, state, phase, cause string, frac float64) {
-		st := supervisor.Status{State: supervisor.State(state), Phase: phase,
-			LastFailure: &supervisor.Failure{Verdict: policy.Verdict{Cause: policy.Cause(cause)}}}
+		st := status.Status{State: status.State(state), Phase: phase,
+			LastFailure: &status.Failure{Verdict: policy.Verdict{Cause: policy.Cause(cause)}}}
 		line := StatusLine(st, gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{Fraction: frac}}})
 		if strings.ContainsAny(line, "\n\r\x00") {
 			t.Fatalf("StatusLine is not one line: %q", line)

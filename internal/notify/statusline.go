@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // StatusLine is the one-line summary for STATUS=, for example
@@ -15,15 +15,15 @@ import (
 //
 // The GPU part is the fullest watched device ("GPU n/a" without NVML); active
 // memory alerts and the cause of the last failure follow when there are any.
-func StatusLine(st supervisor.Status, gpu gpumon.Snapshot) string {
+func StatusLine(st status.Status, gpu gpumon.Snapshot) string {
 	state := string(st.State)
 	if state == "" {
 		state = "unknown"
 	}
 	switch {
-	case st.State == supervisor.StateStarting && st.Phase != "":
+	case st.State == status.StateStarting && st.Phase != "":
 		state += " (" + st.Phase + ")"
-	case st.State == supervisor.StateFailed:
+	case st.State == status.StateFailed:
 		state += fmt.Sprintf(" (exit %d)", st.ExitCode)
 	}
 	parts := []string{state,

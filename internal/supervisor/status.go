@@ -1,60 +1,21 @@
 package supervisor
 
-import (
-	"time"
+import "github.com/vllm-guard/vllm-guard/internal/status"
 
-	"github.com/vllm-guard/vllm-guard/internal/events"
-
-	"github.com/vllm-guard/vllm-guard/internal/policy"
+// The supervisor's public state lives in the leaf package status, which its
+// readers import; these names keep the supervisor's own code short.
+type (
+	State   = status.State
+	Status  = status.Status
+	Failure = status.Failure
 )
-
-// State is one of the supervisor's states (docs/design.md).
-type State string
 
 const (
-	StateStarting   State = "starting"
-	StateReady      State = "ready"
-	StateStopping   State = "stopping"
-	StateWaitingGPU State = "waiting_gpu"
-	StateBackoff    State = "backoff"
-	StateFailed     State = "failed"
-	StateStopped    State = "stopped"
+	StateStarting   = status.StateStarting
+	StateReady      = status.StateReady
+	StateStopping   = status.StateStopping
+	StateWaitingGPU = status.StateWaitingGPU
+	StateBackoff    = status.StateBackoff
+	StateFailed     = status.StateFailed
+	StateStopped    = status.StateStopped
 )
-
-// States lists every state (metrics create one series each).
-var States = []State{StateStarting, StateReady, StateStopping, StateWaitingGPU, StateBackoff, StateFailed, StateStopped}
-
-// Status is the supervisor's state as readers see it: a copy, never shared.
-type Status struct {
-	State       State                `json:"state"`
-	Since       time.Time            `json:"since"`
-	Reason      string               `json:"reason"`
-	PID         int                  `json:"pid,omitempty"`
-	StartedAt   time.Time            `json:"started_at,omitzero"`
-	ReadySince  time.Time            `json:"ready_since,omitzero"`
-	Phase       string               `json:"phase,omitempty"`      // load phase while starting
-	LastProbe   string               `json:"last_probe,omitempty"` // why the last readiness probe failed
-	Probe       string               `json:"probe,omitempty"`      // the readiness probe in use, as it last answered
-	Rung        policy.Rung          `json:"rung"`
-	Starts      int                  `json:"starts"`
-	Restarts    map[policy.Cause]int `json:"restarts_by_cause"`
-	TimeToReady time.Duration        `json:"last_time_to_ready_ns,omitempty"`
-	NextStartAt time.Time            `json:"next_start_at,omitzero"`
-	LastFailure *Failure             `json:"last_failure,omitempty"`
-	ExitCode    int                  `json:"exit_code,omitempty"` // when failed or stopped
-	LogDropped  uint64               `json:"log_lines_dropped"`
-	Cost        string               `json:"cost_model,omitempty"` // what a running sequence costs, and the safe max_num_seqs
-}
-
-// Failure is one death of vLLM with its cause and what the guard did about
-// it; it travels on the event stream.
-type Failure = events.Failure
-
-func (s Status) clone() Status {
-	m := make(map[policy.Cause]int, len(s.Restarts))
-	for k, v := range s.Restarts {
-		m[k] = v
-	}
-	s.Restarts = m
-	return s
-}

@@ -192,7 +192,7 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 }
 
 // Status returns a copy of the current status; safe from any goroutine.
-func (s *Supervisor) Status() Status { return s.status.Load().clone() }
+func (s *Supervisor) Status() Status { return s.status.Load().Clone() }
 
 // LastTurn is when the supervisor's loop last proved it is turning.
 //
@@ -290,7 +290,7 @@ func (s *Supervisor) publish(e events.Event) { s.bus.Publish(e) }
 // reason.
 func (s *Supervisor) update(f func(*Status)) {
 	old := s.status.Load()
-	st := old.clone()
+	st := old.Clone()
 	f(&st)
 	changed := st.State != old.State
 	if changed {

@@ -1,0 +1,100 @@
+package docs
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/vllm-guard/vllm-guard/"
+
+// levels reads design.md's table of which package may import which: each
+// row a level and its packages; a package imports only from lower levels.
+func levels(t *testing.T) map[string]int {
+	t.Helper()
+	md := read(t, "design.md")
+	_, table, ok := strings.Cut(md, "## Which package may import which")
+	if !ok {
+		t.Fatal("design.md has no section \"Which package may import which\"")
+	}
+	if i := strings.Index(table, "\n## "); i >= 0 {
+		table = table[:i]
+	}
+	row := regexp.MustCompile("^\\| (\\d+) \\|([^|]*)\\|")
+	pkg := regexp.MustCompile("`([a-z0-9/_-]+)`")
+	out := map[string]int{}
+	for _, line := range strings.Split(table, "\n") {
+		m := row.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		n, _ := strconv.Atoi(m[1])
+		for _, p := range pkg.FindAllStringSubmatch(m[2], -1) {
+			if _, dup := out[p[1]]; dup {
+				t.Errorf("design.md names %s at two levels", p[1])
+			}
+			out[p[1]] = n
+		}
+	}
+	if len(out) == 0 {
+		t.Fatal("design.md's import table has no rows")
+	}
+	return out
+}
+
+type listed struct {
+	ImportPath                         string
+	Imports, TestImports, XTestImports []string
+}
+
+// The import arrows point down: every package of the guard is in
+// design.md's table, and its code and tests import only packages of a
+// lower level (an arrow that points up, or a new package left out of the
+// table, fails here).
+func TestImportsPointDown(t *testing.T) {
+	lv := levels(t)
+	cmd := exec.Command("go", "list", "-json=ImportPath,Imports,TestImports,XTestImports", "./cmd/...", "./internal/...")
+	cmd.Dir = filepath.Join("..")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	dec := json.NewDecoder(bufio.NewReader(bytes.NewReader(out)))
+	seen := 0
+	for dec.More() {
+		var p listed
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		seen++
+		name := strings.TrimPrefix(p.ImportPath, module)
+		from, ok := lv[name]
+		if !ok {
+			t.Errorf("%s is not in design.md's table of which package may import which: give it a level", name)
+			continue
+		}
+		for _, imp := range slices.Concat(p.Imports, p.TestImports, p.XTestImports) {
+			dep, ours := strings.CutPrefix(imp, module)
+			if !ours || dep == name {
+				continue
+			}
+			to, ok := lv[dep]
+			if !ok {
+				continue // reported for its own package
+			}
+			if to >= from {
+				t.Errorf("%s (level %d) imports %s (level %d): an arrow that does not point down", name, from, dep, to)
+			}
+		}
+	}
+	if seen < 20 {
+		t.Fatalf("go list found %d packages; want the guard's", seen)
+	}
+}

@@ -65,6 +65,7 @@ const (
 	evProgress               // a new load phase was recognised
 	evProbe                  // a probe answered
 	evCleaned                // what outlived the keeper was killed (or declared unkillable)
+	evGPURead                // an NVML read made off the loop (free memory, the release) answered
 )
 
 type event struct {
@@ -75,6 +76,30 @@ type event struct {
 	probe probeResult
 	// cleaned: evCleaned's report.
 	cleaned cleanup
+	// gpu: evGPURead's answer; id is its read's number (a newer read
+	// makes it stale).
+	gpu gpuRead
+}
+
+// gpuRead is one NVML read made off the loop: a free-memory check before a
+// start, or a release check after a death.
+type gpuRead struct {
+	free     bool // free-memory check: enough room on every device
+	why      string
+	holders  []Holder
+	rung     policy.Rung
+	released bool // release check: none of the old tree's memory held
+	held     []Holder
+}
+
+// readGPU runs read (an NVML read) on its own goroutine and posts its
+// answer back; only the newest read's answer is taken. An NVML call cannot
+// be cancelled: one still running when Run returns ends in its own time,
+// and its answer goes nowhere (post gives up once the loop has ended).
+func (m *machine) readGPU(read func() gpuRead) {
+	m.gpuReads++
+	id, run := m.gpuReads, m.runN
+	go func() { m.post(event{kind: evGPURead, run: run, id: id, gpu: read()}) }()
 }
 
 // ending is why the run in progress ends.
@@ -112,6 +137,7 @@ type machine struct {
 		id uint64
 	}
 	timerSeq uint64
+	gpuReads uint64 // NVML reads made off the loop; only the newest one's answer counts
 
 	phase     phase
 	stopAsked bool // the guard is stopping: no new start
@@ -261,6 +287,16 @@ func (m *machine) handle(e event, sink *logSink) {
 	case evCleaned:
 		if m.phase == phCleaning {
 			m.settleRun(sink, e.cleaned)
+		}
+	case evGPURead:
+		if e.id != m.gpuReads {
+			return // a newer read is on its way
+		}
+		switch m.phase {
+		case phFree:
+			m.onFreeRead(e.gpu, sink)
+		case phReleasing:
+			m.onReleaseRead(e.gpu)
 		}
 	case evStartupComplete:
 		if m.phase == phRunning && !m.ready {

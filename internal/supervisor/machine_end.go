@@ -281,14 +281,25 @@ func (m *machine) fail(res outcome) {
 	m.backoff()
 }
 
-// checkReleased reads NVML once: released → back off; not yet → read again
-// at the next sample; after release_timeout, survivors of the old tree that
-// still hold memory are killed (they would make the next start fail vLLM's
-// free-memory check) and the wait starts once more.
+// checkReleased reads NVML once, off the loop; onReleaseRead goes on:
+// released → back off; not yet → read again at the next sample; after
+// release_timeout, survivors of the old tree that still hold memory are
+// killed (they would make the next start fail vLLM's free-memory check) and
+// the wait starts once more.
 func (m *machine) checkReleased() {
+	gpu, pids, base := m.s.gpu, m.releasePIDs, m.releaseBase
+	m.readGPU(func() gpuRead {
+		released, held := gpu.Released(pids, base)
+		return gpuRead{released: released, held: held}
+	})
+}
+
+func (m *machine) onReleaseRead(r gpuRead) {
+	if m.phase != phReleasing {
+		return
+	}
 	s := m.s
-	released, held := s.gpu.Released(m.releasePIDs, m.releaseBase)
-	if released {
+	if r.released {
 		m.backoff()
 		return
 	}
@@ -299,13 +310,13 @@ func (m *machine) checkReleased() {
 	}
 	if !m.releaseKilled {
 		m.releaseKilled = true
-		if m.killHolders(held) {
+		if m.killHolders(r.held) {
 			m.releaseUntil = now.Add(s.cfg.GPU.ReleaseTimeout.Duration)
 			m.arm(tRelease, s.cfg.GPU.SampleInterval.Duration)
 			return
 		}
 	}
-	s.log.Warn("GPU memory still held after release_timeout", zap.String("holders", holdersText(held)),
+	s.log.Warn("GPU memory still held after release_timeout", zap.String("holders", holdersText(r.held)),
 		zap.Duration("release_timeout", s.cfg.GPU.ReleaseTimeout.Duration))
 	m.backoff()
 }

@@ -19,8 +19,9 @@ import (
 // disk I/O), the stall check and readiness.
 
 // next starts the next run once the GPU has room for it: the free-memory
-// check vLLM itself makes and fails on. While there is no room, the state
-// is waiting_gpu, naming the holders.
+// check vLLM itself makes and fails on. NVML is read off the loop (a GPU in
+// trouble can make one read take seconds); onFreeRead goes on. While there
+// is no room, the state is waiting_gpu, naming the holders.
 func (m *machine) next(sink *logSink) {
 	if m.stopAsked {
 		m.finish(exitcode.OK, StateStopped, "stopped on request")
@@ -29,20 +30,33 @@ func (m *machine) next(sink *logSink) {
 	m.applyPending()
 	rung := m.s.pol.Current()
 	m.s.update(func(st *Status) { st.Rung = rung })
-	if m.s.gpu != nil {
-		ok, why, holders := m.s.gpu.CheckFree(rung)
-		if !ok {
-			reason := "not enough free GPU memory to start: " + why
-			if m.phase != phFree || m.s.Status().Reason != reason {
-				m.s.log.Warn("waiting for GPU memory before starting vLLM", zap.String("why", why), zap.String("holders", holdersText(holders)))
-			}
-			m.phase = phFree
-			m.s.update(func(st *Status) { st.State, st.Reason = StateWaitingGPU, reason })
-			m.arm(tFreeMemory, m.s.cfg.GPU.SampleInterval.Duration)
-			return
-		}
+	if m.s.gpu == nil {
+		m.launch(sink, rung)
+		return
 	}
-	m.launch(sink, rung)
+	m.phase = phFree
+	gpu := m.s.gpu
+	m.readGPU(func() gpuRead {
+		ok, why, holders := gpu.CheckFree(rung)
+		return gpuRead{free: ok, why: why, holders: holders, rung: rung}
+	})
+}
+
+// onFreeRead: room → launch; none → wait a sample interval and read again.
+func (m *machine) onFreeRead(r gpuRead, sink *logSink) {
+	if m.phase != phFree {
+		return
+	}
+	if r.free {
+		m.launch(sink, r.rung)
+		return
+	}
+	reason := "not enough free GPU memory to start: " + r.why
+	if st := m.s.Status(); st.State != StateWaitingGPU || st.Reason != reason {
+		m.s.log.Warn("waiting for GPU memory before starting vLLM", zap.String("why", r.why), zap.String("holders", holdersText(r.holders)))
+	}
+	m.s.update(func(st *Status) { st.State, st.Reason = StateWaitingGPU, reason })
+	m.arm(tFreeMemory, m.s.cfg.GPU.SampleInterval.Duration)
 }
 
 // launch starts vLLM on rung.

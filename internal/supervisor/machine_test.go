@@ -234,6 +234,7 @@ type fakeGPU struct {
 	freeChecks int
 	relChecks  int
 	loading    bool
+	slow       time.Duration // each NVML read takes this long (a GPU in trouble)
 }
 
 func (g *fakeGPU) SetTree(func() []int) {}
@@ -250,6 +251,7 @@ func (g *fakeGPU) Fullest() (uint64, uint64, bool) {
 	return g.used, g.total, g.total > 0
 }
 func (g *fakeGPU) Released([]int, []uint64) (bool, []Holder) {
+	time.Sleep(g.slowRead())
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.relChecks++
@@ -257,7 +259,14 @@ func (g *fakeGPU) Released([]int, []uint64) (bool, []Holder) {
 }
 func (g *fakeGPU) SetBudget(policy.Rung)     {}
 func (g *fakeGPU) CriticalFraction() float64 { return 0.97 }
+func (g *fakeGPU) slowRead() time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.slow
+}
+
 func (g *fakeGPU) CheckFree(r policy.Rung) (bool, string, []Holder) {
+	time.Sleep(g.slowRead())
 	u := r.GPUMemoryUtilization
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -911,6 +920,9 @@ func TestMachineGiveUpAndStay(t *testing.T) {
 		if code := s.stop(); code != exitcode.OK {
 			t.Fatalf("exit %d", code)
 		}
+		// The read in flight is an NVML call that cannot be cancelled: it
+		// ends in its own time, and its answer goes nowhere.
+		s.advance(time.Minute)
 	})
 }
 
@@ -1672,5 +1684,37 @@ func TestMachineUnkillableLeftoverIsDeclaredAndStopWaits(t *testing.T) {
 		if s.l.n() != 1 {
 			t.Fatalf("%d launches; a stop asked during the cleanup must not start vLLM again", s.l.n())
 		}
+	})
+}
+
+// An NVML read that takes a minute (a GPU in trouble) is made off the loop:
+// the loop keeps turning, the start waits for the answer, and a stop asked
+// meanwhile is taken at once.
+func TestMachineSlowNVMLNeverBlocksTheLoop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		s.ready()
+		s.gpu.mu.Lock()
+		s.gpu.slow = time.Minute
+		s.gpu.mu.Unlock()
+		s.l.last().end(exitInfo{Code: -1, Signal: "SIGKILL"})
+		synctest.Wait()
+		for i := range 50 {
+			before := s.sup.LastTurn()
+			s.advance(time.Second)
+			if !s.sup.LastTurn().After(before) {
+				t.Fatalf("the loop stopped turning %d s into a slow release read", i+1)
+			}
+		}
+		if s.state() != StateWaitingGPU || s.l.n() != 1 {
+			t.Fatalf("state %s, %d launches during the slow release read", s.state(), s.l.n())
+		}
+		if code := s.stop(); code != exitcode.OK {
+			t.Fatalf("exit %d", code)
+		}
+		// The read in flight is an NVML call that cannot be cancelled: it
+		// ends in its own time, and its answer goes nowhere.
+		s.advance(time.Minute)
 	})
 }

@@ -1,5 +1,5 @@
-// Package connlimit caps the open connections of the guard's TCP listeners
-// (the proxy and [control] http_listen) so that clients cannot take the
+// Package connlimit caps the open connections of the guard's listeners
+// (the proxy, [control] http_listen and the control socket) so that clients cannot take the
 // file descriptors that supervising vLLM needs: pipes for its output, the
 // keeper, the control socket, state files. A connection over the cap is
 // answered with a short 503 and closed as soon as it is accepted: it never
@@ -125,6 +125,9 @@ func (l *Listener) Evicted() uint64 { return l.evicted.Load() }
 
 // source is the client's address as the per-source cap counts it.
 func source(a net.Addr) netip.Prefix {
+	if a == nil {
+		return netip.Prefix{} // a unix socket's peer: one source
+	}
 	ap, err := netip.ParseAddrPort(a.String())
 	if err != nil {
 		return netip.Prefix{}
@@ -250,6 +253,10 @@ type conn struct {
 	elem     *list.Element // in l.waiting while no request is in progress
 	released bool          // guarded by l.mu
 }
+
+// NetConn is the accepted connection itself (for its socket options: the
+// control socket reads its peer's credentials from it).
+func (c *conn) NetConn() net.Conn { return c.Conn }
 
 func (c *conn) Close() error {
 	err := c.Conn.Close()

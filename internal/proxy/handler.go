@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"path"
 	"strconv"
@@ -235,12 +236,73 @@ func (p *Proxy) reject(w http.ResponseWriter, rj *rejection) {
 	}
 }
 
-// rewrite points the outgoing request at vLLM.
+// rewrite points the outgoing request at vLLM and says who asked.
+//
+// No client field is evidence: vLLM's uvicorn trusts the guard (127.0.0.1)
+// and prints X-Forwarded-For as the client of its access lines, so a
+// client's own value would be text of its choosing in vLLM's output
+// (issue 32: "CUDA out of memory" there once made a crash an OOM). The
+// ReverseProxy has already removed the client's X-Forwarded-* and
+// Forwarded headers; they come back only from a peer in [proxy]
+// trusted_proxies, with the peer appended, as nginx's
+// $proxy_add_x_forwarded_for does. From anyone else X-Forwarded-For is
+// the peer's address alone.
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	if u, err := p.targetURL(); err == nil {
 		pr.SetURL(u)
 	}
-	pr.SetXForwarded()
+	if !p.trustedPeer(pr.In.RemoteAddr) {
+		pr.SetXForwarded()
+		return
+	}
+	in, out := pr.In.Header, pr.Out.Header
+	if v := in.Values("X-Forwarded-For"); len(v) > 0 {
+		out["X-Forwarded-For"] = v
+	}
+	pr.SetXForwarded() // appends the peer
+	// What the load balancer saw (its scheme, the name asked for) is
+	// what vLLM should see.
+	for _, h := range []string{"X-Forwarded-Host", "X-Forwarded-Proto"} {
+		if v := in.Get(h); v != "" {
+			out.Set(h, v)
+		}
+	}
+	if v := in.Values("Forwarded"); len(v) > 0 {
+		out.Set("Forwarded", strings.Join(v, ", ")+", for="+forwardedNode(pr.In.RemoteAddr))
+	}
+}
+
+// trustedPeer reports whether the connection's peer is in [proxy]
+// trusted_proxies.
+func (p *Proxy) trustedPeer(remote string) bool {
+	if len(p.trusted) == 0 {
+		return false
+	}
+	ap, err := netip.ParseAddrPort(remote)
+	if err != nil {
+		return false
+	}
+	a := ap.Addr().Unmap()
+	for _, t := range p.trusted {
+		if t.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// forwardedNode is the peer as a Forwarded header's for= names it (RFC
+// 7239: an IPv6 address is bracketed and quoted).
+func forwardedNode(remote string) string {
+	ap, err := netip.ParseAddrPort(remote)
+	if err != nil {
+		return "unknown"
+	}
+	a := ap.Addr().Unmap()
+	if a.Is6() {
+		return `"[` + a.String() + `]"`
+	}
+	return a.String()
 }
 
 var errNoTarget = errors.New("vLLM's address is not known yet")

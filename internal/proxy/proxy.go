@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"sync/atomic"
 	"time"
@@ -124,6 +125,7 @@ type Proxy struct {
 	retries atomic.Uint64
 	bound   atomic.Pointer[policy.AdmissionBound] // the last applied
 	await   awaiting                              // sent to vLLM, no byte of the answer yet
+	trusted []netip.Prefix                        // [proxy] trusted_proxies
 }
 
 type parsedTarget struct {
@@ -155,6 +157,13 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 	}
 	p := &Proxy{cfg: cfg, up: up, log: log.Named("proxy"), lim: newLimiter(max(cfg.QueueSize, 0)),
 		budget: &bodyBudget{max: cfg.MaxBufferedBytes}}
+	trusted, err := config.TrustedPrefixes(cfg.TrustedProxies)
+	if err != nil {
+		// config.Load refuses such a file; a caller that skipped it
+		// trusts nobody rather than a guess.
+		p.log.Error("[proxy] trusted_proxies not applied: no client's X-Forwarded-For is passed on", zap.Error(err))
+	}
+	p.trusted = trusted
 	p.tr = &http.Transport{
 		Proxy:                 nil, // never an environment proxy between the guard and its vLLM
 		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,

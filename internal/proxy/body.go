@@ -176,6 +176,10 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, sc *promptScann
 		w.Header().Set("Connection", "close")
 		writeError(w, http.StatusRequestTimeout, "invalid_request_error",
 			fmt.Sprintf("request body not received in time (%s, or at least %d KiB/s after a 100 Continue); send it at once", bodyReadTimeout, expectMinRate>>10))
+	default:
+		// A malformed chunk or trailer: 400 (it was answered with
+		// nothing, a bare 200); nothing when the client left.
+		badBody(w, r, err)
 	}
 	body.release()
 	return nil, false // else the client went away

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
@@ -15,6 +16,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -23,6 +25,9 @@ import (
 )
 
 type ctxKey struct{}
+
+// clientBodyKey holds a pass-through request's *clientBody.
+type clientBodyKey struct{}
 
 // reqState travels with a request through the ReverseProxy.
 type reqState struct {
@@ -110,8 +115,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// balancer's health check or Prometheus must never wait behind
 		// generation requests, be refused for load, or take their slots.
 		// A body with no length is still bounded (upstreamError: 413).
-		if r.Body != nil && r.Body != http.NoBody && p.cfg.MaxBodyBytes > 0 {
-			r.Body = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
+		if r.Body != nil && r.Body != http.NoBody {
+			if p.cfg.MaxBodyBytes > 0 {
+				r.Body = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
+			}
+			cb := &clientBody{ReadCloser: r.Body}
+			r.Body = cb
+			r = r.WithContext(context.WithValue(r.Context(), clientBodyKey{}, cb))
 		}
 		p.rp.ServeHTTP(rec, r)
 		return
@@ -251,6 +261,10 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	if u, err := p.targetURL(); err == nil {
 		pr.SetURL(u)
 	}
+	// A request's trailers are dropped: vLLM reads none, and one the
+	// transport will not write (Content-Length, Host) failed the request
+	// with a 502 and a warning each time (issue 32).
+	pr.Out.Trailer = nil
 	if !p.trustedPeer(pr.In.RemoteAddr) {
 		pr.SetXForwarded()
 		return
@@ -306,6 +320,58 @@ func forwardedNode(remote string) string {
 }
 
 var errNoTarget = errors.New("vLLM's address is not known yet")
+
+// clientBody is a pass-through request's body as the transport reads it:
+// it keeps the error of reading it from the client (a malformed chunk or
+// trailer, the client gone), so that a failure of the client's is not
+// answered as vLLM's (502 and a warning per request).
+// The ReverseProxy hands its error handler its own copy of the request,
+// body wrapped: the clientBody travels in the context.
+type clientBody struct {
+	io.ReadCloser
+	err atomic.Pointer[error]
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.err.CompareAndSwap(nil, &err)
+	}
+	return n, err
+}
+
+// failed is the error of reading the body from the client, if any.
+func (b *clientBody) failed() error {
+	if e := b.err.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// proxyError answers a request the ReverseProxy could not complete. A
+// body the client sent wrong is the client's fault: 400 (or nothing, when
+// it left), never vLLM's 502; everything else is upstreamError's.
+func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if cb, ok := r.Context().Value(clientBodyKey{}).(*clientBody); ok {
+		var mbe *http.MaxBytesError
+		if cerr := cb.failed(); cerr != nil && !errors.As(cerr, &mbe) {
+			badBody(w, r, cerr)
+			return
+		}
+	}
+	p.upstreamError(w, r, err)
+}
+
+// badBody answers a request whose body could not be read from its client:
+// 400 for a malformed one, nothing when the client left.
+func badBody(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+		return // the client went away: nobody to answer
+	}
+	w.Header().Set("Connection", "close")
+	writeError(w, http.StatusBadRequest, "invalid_request_error",
+		fmt.Sprintf("the request body could not be read (%v); send a well-formed body", err))
+}
 
 // targetURL parses the Upstream's base URL, once per distinct value.
 func (p *Proxy) targetURL() (*url.URL, error) {

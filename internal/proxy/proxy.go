@@ -178,7 +178,7 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 		Transport:      &retryTransport{p: p},
 		FlushInterval:  -1, // every write reaches the client at once: SSE events are not held back
 		BufferPool:     bufferPool{},
-		ErrorHandler:   p.upstreamError,
+		ErrorHandler:   p.proxyError,
 		ModifyResponse: p.modifyResponse,
 		// Its messages are per request (a client gone mid-copy): debug.
 		ErrorLog: newStdLog(p.log, zap.DebugLevel),

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -83,4 +84,67 @@ func TestRequestTrailersAreDropped(t *testing.T) {
 	if n := logs.FilterLevelExact(zap.WarnLevel).Len() + logs.FilterLevelExact(zap.ErrorLevel).Len(); n != 0 {
 		t.Errorf("%d warnings for clients' trailers: %v", n, logs.All())
 	}
+}
+
+// Issue 32 item 5: during the guard's final stop this instance serves
+// nothing new. A request waiting in the queue, and one that arrives, are
+// answered 503 at once with Connection: close (they were held until the
+// stop ended, 5 s and more); a request in flight goes on to its answer.
+func TestFinalStopRefusesNewRequestsAtOnce(t *testing.T) {
+	cfg := proxyConfig()
+	cfg.QueueTimeout.Duration = time.Hour // without the refusal, a wait past the test's bound
+	g := newGate()
+	r := newRig(t, cfg, 1, g.handler)
+	inflight := r.goGet("/v1/completions")
+	waitFor(t, "the first request at vLLM", func() bool { return g.n() == 1 })
+	queued := r.goGet("/v1/chat/completions")
+	waitFor(t, "the second request queued", func() bool { return r.p.Stats().Queued == 1 })
+
+	r.p.Stopping()
+	closed := map[string]bool{} // path: the answer closed its connection
+	var mu sync.Mutex
+	get := func(method, path string) <-chan result {
+		ch := make(chan result, 1)
+		go func() {
+			req, _ := http.NewRequest(method, r.front.URL+path, strings.NewReader(`{"prompt":"x"}`))
+			resp, err := r.client.Do(req)
+			if err != nil {
+				ch <- result{err: err}
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			mu.Lock()
+			closed[path] = resp.Close
+			mu.Unlock()
+			ch <- result{code: resp.StatusCode, hdr: resp.Header, body: string(b)}
+		}()
+		return ch
+	}
+	for what, ch := range map[string]<-chan result{
+		"the queued request":      queued,
+		"a new inference request": get(http.MethodPost, "/v1/completions"),
+		"a new pass-through GET":  get(http.MethodGet, "/health"),
+	} {
+		select {
+		case res := <-ch:
+			if res.err != nil || res.code != http.StatusServiceUnavailable || !strings.Contains(res.body, "will not serve") {
+				t.Errorf("%s during the final stop: %d %q (%v); want 503 saying this instance will not serve it", what, res.code, res.body, res.err)
+			}
+			path := map[string]string{"a new inference request": "/v1/completions", "a new pass-through GET": "/health"}[what]
+			mu.Lock()
+			kept := path != "" && !closed[path]
+			mu.Unlock()
+			if res.err == nil && kept {
+				t.Errorf("%s during the final stop: the connection is kept; want Connection: close", what)
+			}
+		case <-time.After(30 * time.Second): // a bound: the refusal is at once
+			t.Fatalf("%s during the final stop was held, not refused", what)
+		}
+	}
+	if g.n() != 1 {
+		t.Errorf("%d requests reached vLLM; want only the one in flight before the stop", g.n())
+	}
+	g.release <- struct{}{}
+	mustOK(t, <-inflight)
 }

@@ -105,6 +105,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.m.duration.Observe(time.Since(start).Seconds())
 	}()
 
+	if p.stopping.Load() {
+		p.stoppingRefusal(rec)
+		return
+	}
 	if limit := p.cfg.MaxBodyBytes; limit > 0 && r.ContentLength > limit {
 		p.tooLarge(rec, r.ContentLength)
 		return
@@ -225,12 +229,22 @@ func (p *Proxy) tooLarge(w http.ResponseWriter, n int64) {
 		fmt.Sprintf("request body of %d bytes is larger than the proxy's limit of %d bytes ([proxy] max_body_bytes)", n, p.cfg.MaxBodyBytes))
 }
 
+// stoppingRefusal answers a request that arrived during the guard's final
+// stop: at once, the connection closed, so that a client or load balancer
+// goes to another instance.
+func (p *Proxy) stoppingRefusal(w http.ResponseWriter) {
+	p.lim.reject(reasonNotReady)
+	p.reject(w, errShutdown)
+}
+
 func (p *Proxy) reject(w http.ResponseWriter, rj *rejection) {
 	p.m.rejected.WithLabelValues(rj.reason).Inc()
 	switch {
 	case rj.shutdown:
-		w.Header().Set("Retry-After", retryAfterNotReady)
-		writeError(w, http.StatusServiceUnavailable, "server_error", "vllm-guard is shutting down; retry shortly")
+		w.Header().Set("Retry-After", retryAfterBusy)
+		w.Header().Set("Connection", "close")
+		writeError(w, http.StatusServiceUnavailable, "server_error",
+			"vllm-guard is stopping: this instance will not serve the request; send it to another or retry once it is back")
 	case rj.reason == reasonNotReady:
 		w.Header().Set("Retry-After", retryAfterNotReady)
 		writeError(w, http.StatusServiceUnavailable, "server_error",

@@ -126,6 +126,9 @@ type Proxy struct {
 	bound   atomic.Pointer[policy.AdmissionBound] // the last applied
 	await   awaiting                              // sent to vLLM, no byte of the answer yet
 	trusted []netip.Prefix                        // [proxy] trusted_proxies
+	// stopping: the guard is stopping for good (Stopping); every new
+	// request is refused at once.
+	stopping atomic.Bool
 }
 
 type parsedTarget struct {
@@ -186,6 +189,17 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 	p.m = newMetrics(reg, p.lim, p.budget)
 	p.refresh()
 	return p
+}
+
+// Stopping tells the proxy the guard is stopping for good (SIGTERM): this
+// instance will serve nothing new, so a request that arrives now, or waits
+// in the queue, is answered 503 at once with Connection: close, to be sent
+// to another instance, instead of being held until the stop ends (issue
+// 32: 5 s and more). Requests in flight go on; the guard waits for them
+// before vLLM gets its SIGTERM. Serve calls it when its context ends.
+func (p *Proxy) Stopping() {
+	p.stopping.Store(true)
+	p.lim.close()
 }
 
 // Notify tells the proxy that readiness, the rung or the alerts changed:
@@ -276,7 +290,7 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
 		return fmt.Errorf("proxy on %s: %w", l.Addr(), err)
 	case <-ctx.Done():
 	}
-	p.lim.close()
+	p.Stopping()
 	sctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
 	err := srv.Shutdown(sctx)

@@ -126,6 +126,9 @@ type Proxy struct {
 	// at once, all requests together (read before admission, sent to vLLM
 	// and again after a planned restart from the one copy).
 	MaxBufferedBytes int64 `toml:"max_buffered_bytes"`
+	// MaxBufferedBytesPerClient is one client address's share of
+	// MaxBufferedBytes; 0: a quarter of it (at least MaxBodyBytes).
+	MaxBufferedBytesPerClient int64 `toml:"max_buffered_bytes_per_client"`
 	// TrustedProxies are the addresses (CIDRs or IPs) of load balancers
 	// whose X-Forwarded-* and Forwarded headers the proxy passes on, its
 	// peer appended; anyone else's are dropped (vLLM's uvicorn prints

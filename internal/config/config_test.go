@@ -165,6 +165,8 @@ func TestLoadErrors(t *testing.T) {
 		{"max_connections", "[proxy]\nmax_connections = 0\n", 2, "[proxy] max_connections", "allowed: 1 to 1048576"},
 		{"max_connections_per_client", "[proxy]\nmax_connections_per_client = 0\n", 2, "[proxy] max_connections_per_client", "allowed: 1 to 1048576"},
 		{"max_buffered_bytes below a body", "[proxy]\nmax_buffered_bytes = 1024\n", 2, "[proxy] max_buffered_bytes", "allowed: max_body_bytes (16777216)"},
+		{"max_buffered_bytes_per_client below a body", "[proxy]\nmax_buffered_bytes_per_client = 1024\n", 2, "[proxy] max_buffered_bytes_per_client", "allowed: 0 (a quarter of max_buffered_bytes) or max_body_bytes (16777216)"},
+		{"max_buffered_bytes_per_client above the budget", "[proxy]\nmax_buffered_bytes_per_client = 1073741824\n", 2, "[proxy] max_buffered_bytes_per_client", "to max_buffered_bytes (536870912)"},
 		{"trusted_proxies not an address", "[proxy]\ntrusted_proxies = [\"10.0.0.0/8\", \"lb.internal\"]\n", 2, "[proxy] trusted_proxies", `"lb.internal" is neither a CIDR`},
 		{"trusted_proxies bad mask", "[proxy]\ntrusted_proxies = [\"10.0.0.0/33\"]\n", 2, "[proxy] trusted_proxies", `"10.0.0.0/33" is neither a CIDR`},
 		{"inflight_factor huge", "[proxy]\ninflight_factor = 1e300\n", 2, "[proxy] inflight_factor", "at most 64"},

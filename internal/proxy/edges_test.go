@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -147,4 +148,74 @@ func TestFinalStopRefusesNewRequestsAtOnce(t *testing.T) {
 	}
 	g.release <- struct{}{}
 	mustOK(t, <-inflight)
+}
+
+// Issue 32 item 5: one client address holds at most its share of
+// max_buffered_bytes (a quarter by default), so bandwidth alone (a body
+// sent nearly whole, then a stall) cannot take the whole budget: its next
+// body is refused 429, another address's goes through, and once the stalled
+// body is gone the first address may send again.
+func TestOneClientHoldsAtMostItsShareOfTheBodyBudget(t *testing.T) {
+	cfg := proxyConfig()
+	cfg.MaxBodyBytes, cfg.MaxBufferedBytes = 1<<20, 4<<20 // a share of 1 MiB
+	r := newRig(t, cfg, 8, func(w http.ResponseWriter, req *http.Request) {
+		n, _ := io.Copy(io.Discard, req.Body)
+		fmt.Fprint(w, n)
+	})
+	if got := r.p.budget.perClient; got != 1<<20 {
+		t.Fatalf("a client's share is %d bytes; want a quarter of max_buffered_bytes, 1 MiB", got)
+	}
+	from := func(ip string) *http.Client {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		tr := &http.Transport{DialContext: d.DialContext}
+		t.Cleanup(tr.CloseIdleConnections)
+		return &http.Client{Transport: tr}
+	}
+	post := func(c *http.Client, body string) (int, string) {
+		resp, err := c.Post(r.front.URL+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	small := `{"prompt": "` + strings.Repeat("a", 64<<10) + `"}`
+
+	// 127.0.0.1 sends all of a 1 MiB body but its last bytes, and stalls.
+	stall, err := net.Dial("tcp", r.front.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stall.Close()
+	fmt.Fprintf(stall, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", 1<<20)
+	if _, err := stall.Write([]byte(`{"prompt": "` + strings.Repeat("a", 1<<20-100))); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the stalled body held", func() bool { return r.p.budget.inUse() == 1<<20 })
+
+	if code, body := post(from("127.0.0.1"), small); code != http.StatusTooManyRequests || !strings.Contains(body, "max_buffered_bytes_per_client") {
+		t.Errorf("a second body from the stalled client's address: %d %.200s; want 429 naming max_buffered_bytes_per_client", code, body)
+	}
+	if code, body := post(from("127.0.0.2"), small); code != http.StatusOK {
+		t.Errorf("a body from another address: %d %.200s; want 200", code, body)
+	}
+	stall.Close()
+	waitFor(t, "the stalled body's share given back", func() bool { return r.p.budget.inUse() == 0 })
+	if code, body := post(from("127.0.0.1"), small); code != http.StatusOK {
+		t.Errorf("the first address once its stalled body is gone: %d %.200s; want 200", code, body)
+	}
+}
+
+func TestClientOf(t *testing.T) {
+	for in, want := range map[string]string{
+		"10.1.2.3:5":               "10.1.2.3/32",
+		"[::ffff:10.1.2.3]:5":      "10.1.2.3/32",
+		"[2001:db8:1:2:3:4:5:6]:5": "2001:db8:1:2::/64",
+		"@":                        "invalid Prefix",
+	} {
+		if got := clientOf(in).String(); got != want {
+			t.Errorf("clientOf(%q) = %s; want %s", in, got, want)
+		}
+	}
 }

@@ -159,7 +159,7 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 		cfg.MaxBufferedBytes = max(config.Default().Proxy.MaxBufferedBytes, cfg.MaxBodyBytes)
 	}
 	p := &Proxy{cfg: cfg, up: up, log: log.Named("proxy"), lim: newLimiter(max(cfg.QueueSize, 0)),
-		budget: &bodyBudget{max: cfg.MaxBufferedBytes}}
+		budget: newBodyBudget(cfg.MaxBufferedBytes, perClientBuffered(cfg))}
 	trusted, err := config.TrustedPrefixes(cfg.TrustedProxies)
 	if err != nil {
 		// config.Load refuses such a file; a caller that skipped it
@@ -189,6 +189,16 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 	p.m = newMetrics(reg, p.lim, p.budget)
 	p.refresh()
 	return p
+}
+
+// perClientBuffered is one client address's share of the body budget:
+// [proxy] max_buffered_bytes_per_client, or when 0 a quarter of
+// max_buffered_bytes, and never less than one largest body.
+func perClientBuffered(cfg config.Proxy) int64 {
+	if cfg.MaxBufferedBytesPerClient > 0 {
+		return cfg.MaxBufferedBytesPerClient
+	}
+	return max(cfg.MaxBufferedBytes/4, cfg.MaxBodyBytes)
 }
 
 // Stopping tells the proxy the guard is stopping for good (SIGTERM): this

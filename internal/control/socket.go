@@ -86,13 +86,14 @@ func ListenSocket(path string, b Backend, log *zap.Logger) (*Server, error) {
 		return nil, fmt.Errorf("control: chmod %s to %o: %w", path, SocketMode, err)
 	}
 	s := &Server{path: path, ln: ln, lock: lock, done: make(chan struct{}), log: log}
-	// The socket's clients (its owner and group) share the control port's
+	// The socket's clients (its owner and group) get the control port's
 	// small cap, within the descriptors reserved for supervision: a script
 	// that opens connections in a loop cannot take the pipes a restart of
-	// vLLM needs. Idle connections give their place to a newcomer, so
+	// vLLM needs. Past it they wait in the backlog rather than be refused
+	// (they are the operators), and idle connections give their place, so
 	// `status` still gets in.
 	_, capN := connlimit.Caps(connlimit.NoFile(), 0)
-	cl := connlimit.New(ln, capN)
+	cl := connlimit.NewWaiting(ln, capN)
 	s.srv = &http.Server{
 		Handler:           socketHandler(b, log),
 		ReadHeaderTimeout: 5 * time.Second,

@@ -2,7 +2,12 @@
 // strict decoding (file:line:key errors) and validation.
 package config
 
-import "time"
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+)
 
 // Duration is a TOML string such as "5s" or "10m". A bare number is an error:
 // it would otherwise silently become nanoseconds.
@@ -121,6 +126,38 @@ type Proxy struct {
 	// at once, all requests together (read before admission, sent to vLLM
 	// and again after a planned restart from the one copy).
 	MaxBufferedBytes int64 `toml:"max_buffered_bytes"`
+	// MaxBufferedBytesPerClient is one client address's share of
+	// MaxBufferedBytes; 0: a quarter of it (at least MaxBodyBytes).
+	MaxBufferedBytesPerClient int64 `toml:"max_buffered_bytes_per_client"`
+	// TrustedProxies are the addresses (CIDRs or IPs) of load balancers
+	// whose X-Forwarded-* and Forwarded headers the proxy passes on, its
+	// peer appended; anyone else's are dropped (vLLM's uvicorn prints
+	// X-Forwarded-For as the client in its access lines).
+	TrustedProxies []string `toml:"trusted_proxies"`
+}
+
+// TrustedPrefixes parses [proxy] trusted_proxies: each entry a CIDR
+// ("10.0.0.0/8") or one address ("10.0.0.5", "::1"). IPv4-mapped IPv6
+// addresses are read as IPv4.
+func TrustedPrefixes(list []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range list {
+		s = strings.TrimSpace(s)
+		if p, err := netip.ParsePrefix(s); err == nil {
+			if p.Addr().Is4In6() && p.Bits() >= 96 {
+				p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+			}
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("%q is neither a CIDR (such as \"10.0.0.0/8\") nor an IP address (such as \"10.0.0.5\")", s)
+		}
+		a = a.Unmap()
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out, nil
 }
 
 type Log struct {
@@ -201,6 +238,7 @@ func Default() *Config {
 			// load balancer in front needs max_connections).
 			MaxConnectionsPerClient: 512,
 			MaxBufferedBytes:        512 << 20,
+			TrustedProxies:          []string{},
 		},
 		Log: Log{Level: "info", Format: "auto", ChildLines: 200},
 	}

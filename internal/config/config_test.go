@@ -165,6 +165,10 @@ func TestLoadErrors(t *testing.T) {
 		{"max_connections", "[proxy]\nmax_connections = 0\n", 2, "[proxy] max_connections", "allowed: 1 to 1048576"},
 		{"max_connections_per_client", "[proxy]\nmax_connections_per_client = 0\n", 2, "[proxy] max_connections_per_client", "allowed: 1 to 1048576"},
 		{"max_buffered_bytes below a body", "[proxy]\nmax_buffered_bytes = 1024\n", 2, "[proxy] max_buffered_bytes", "allowed: max_body_bytes (16777216)"},
+		{"max_buffered_bytes_per_client below a body", "[proxy]\nmax_buffered_bytes_per_client = 1024\n", 2, "[proxy] max_buffered_bytes_per_client", "allowed: 0 (a quarter of max_buffered_bytes) or max_body_bytes (16777216)"},
+		{"max_buffered_bytes_per_client above the budget", "[proxy]\nmax_buffered_bytes_per_client = 1073741824\n", 2, "[proxy] max_buffered_bytes_per_client", "to max_buffered_bytes (536870912)"},
+		{"trusted_proxies not an address", "[proxy]\ntrusted_proxies = [\"10.0.0.0/8\", \"lb.internal\"]\n", 2, "[proxy] trusted_proxies", `"lb.internal" is neither a CIDR`},
+		{"trusted_proxies bad mask", "[proxy]\ntrusted_proxies = [\"10.0.0.0/33\"]\n", 2, "[proxy] trusted_proxies", `"10.0.0.0/33" is neither a CIDR`},
 		{"inflight_factor huge", "[proxy]\ninflight_factor = 1e300\n", 2, "[proxy] inflight_factor", "at most 64"},
 		{"max_body_bytes huge", "[proxy]\nmax_body_bytes = 4611686018427387904\n", 2, "[proxy] max_body_bytes", "allowed: 1 to 1073741824"},
 		{"string for int", "[vllm]\nport = \"8000\"\n", 2, "[vllm] port", "write a whole number without quotes"},
@@ -582,5 +586,24 @@ func TestOneNanosecondIntervalsAreRefused(t *testing.T) {
 		if !strings.HasPrefix(errs[i].Error(), want) {
 			t.Errorf("error %d = %q; want it to start with %q", i, errs[i].Error(), want)
 		}
+	}
+}
+
+func TestTrustedPrefixes(t *testing.T) {
+	got, err := TrustedPrefixes([]string{"10.0.0.0/8", " 192.0.2.7 ", "::1", "::ffff:172.16.0.0/108", "10.1.2.3/8"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"10.0.0.0/8", "192.0.2.7/32", "::1/128", "172.16.0.0/12", "10.0.0.0/8"}
+	if len(got) != len(want) {
+		t.Fatalf("got %v; want %v", got, want)
+	}
+	for i := range want {
+		if got[i].String() != want[i] {
+			t.Errorf("entry %d: %s; want %s", i, got[i], want[i])
+		}
+	}
+	if p, err := TrustedPrefixes(nil); err != nil || len(p) != 0 {
+		t.Errorf("none: %v %v; want nothing trusted", p, err)
 	}
 }

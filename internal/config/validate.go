@@ -307,6 +307,13 @@ func (c *checker) validate(cfg *Config) {
 		c.add(k("proxy", "max_buffered_bytes"), "%d is out of range; allowed: max_body_bytes (%d) to %d (request bodies held in memory at once, all requests together, such as 536870912)",
 			px.MaxBufferedBytes, px.MaxBodyBytes, int64(MaxBufferedBytes))
 	}
+	if pc := px.MaxBufferedBytesPerClient; pc != 0 && (pc < 0 || pc > px.MaxBufferedBytes || (bodyOK && pc < px.MaxBodyBytes)) {
+		c.add(k("proxy", "max_buffered_bytes_per_client"), "%d is out of range; allowed: 0 (a quarter of max_buffered_bytes) or max_body_bytes (%d) to max_buffered_bytes (%d); behind a load balancer, max_buffered_bytes",
+			pc, px.MaxBodyBytes, px.MaxBufferedBytes)
+	}
+	if _, err := TrustedPrefixes(px.TrustedProxies); err != nil {
+		c.add(k("proxy", "trusted_proxies"), "%s; list the addresses of your load balancers, or [] to trust no client's X-Forwarded-For", err.Error())
+	}
 
 	lg := cfg.Log
 	switch lg.Level {

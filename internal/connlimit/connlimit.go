@@ -1,5 +1,5 @@
-// Package connlimit caps the open connections of the guard's TCP listeners
-// (the proxy and [control] http_listen) so that clients cannot take the
+// Package connlimit caps the open connections of the guard's listeners
+// (the proxy, [control] http_listen and the control socket) so that clients cannot take the
 // file descriptors that supervising vLLM needs: pipes for its output, the
 // keeper, the control socket, state files. A connection over the cap is
 // answered with a short 503 and closed as soon as it is accepted: it never
@@ -85,6 +85,12 @@ type Listener struct {
 	open     int
 	bySource map[netip.Prefix]int
 	waiting  list.List // of *conn not working on a request, oldest first
+
+	// wait: past the cap Accept waits for a place instead of refusing,
+	// and only idle connections give theirs (NewWaiting).
+	wait   bool
+	cond   sync.Cond // with mu: a place freed, a connection went idle, or Close
+	closed bool
 }
 
 // New caps l at max open connections (at least 1), none per source.
@@ -100,7 +106,30 @@ func NewPerSource(l net.Listener, limit, perSource int) *Listener {
 	}
 	ln := &Listener{Listener: l, max: limit, perSource: perSource, bySource: map[netip.Prefix]int{}}
 	ln.waiting.Init()
+	ln.cond.L = &ln.mu
 	return ln
+}
+
+// NewWaiting caps l at limit open connections for clients that would
+// rather wait than be refused (the control socket: its owner's and group's
+// scripts, 200 `status` at once must all be answered). Past the cap Accept
+// waits for a place: the newcomers wait in the kernel's backlog, holding no
+// descriptor of the guard's. A connection idle between requests gives its
+// place to a newcomer; one still sending its headers does not (the
+// server's header timeout ends it).
+func NewWaiting(l net.Listener, limit int) *Listener {
+	ln := NewPerSource(l, limit, 0)
+	ln.wait = true
+	return ln
+}
+
+// Close closes the listener and wakes an Accept waiting for a place.
+func (l *Listener) Close() error {
+	l.mu.Lock()
+	l.closed = true
+	l.cond.Broadcast()
+	l.mu.Unlock()
+	return l.Listener.Close()
 }
 
 // Max is the cap.
@@ -125,6 +154,9 @@ func (l *Listener) Evicted() uint64 { return l.evicted.Load() }
 
 // source is the client's address as the per-source cap counts it.
 func source(a net.Addr) netip.Prefix {
+	if a == nil {
+		return netip.Prefix{} // a unix socket's peer: one source
+	}
 	ap, err := netip.ParseAddrPort(a.String())
 	if err != nil {
 		return netip.Prefix{}
@@ -152,6 +184,17 @@ func (l *Listener) Accept() (net.Conn, error) {
 		var victims []*conn
 		ok := true
 		l.mu.Lock()
+		// A waiting listener holds the newcomer (one descriptor over the
+		// cap at most) until a place frees or an idle connection can give
+		// its own; those behind it wait in the kernel's backlog.
+		for l.wait && !l.closed && l.open >= l.max && l.oldestWaitingLocked(netip.Prefix{}, false) == nil {
+			l.cond.Wait()
+		}
+		if l.closed {
+			l.mu.Unlock()
+			_ = c.Close()
+			return nil, net.ErrClosed
+		}
 		if l.bySource[nc.src] >= l.perSource {
 			if v := l.oldestWaitingLocked(nc.src, true); v != nil {
 				l.dropLocked(v)
@@ -209,6 +252,7 @@ func (l *Listener) dropLocked(c *conn) {
 	}
 	c.released = true
 	l.open--
+	l.cond.Broadcast()
 	if l.bySource[c.src]--; l.bySource[c.src] <= 0 {
 		delete(l.bySource, c.src)
 	}
@@ -236,9 +280,10 @@ func (l *Listener) ConnState(nc net.Conn, s http.ConnState) {
 		l.waiting.Remove(c.elem)
 		c.elem = nil
 	}
-	switch s {
-	case http.StateNew, http.StateIdle:
+	switch {
+	case s == http.StateIdle, s == http.StateNew && !l.wait:
 		c.elem = l.waiting.PushBack(c)
+		l.cond.Broadcast()
 	}
 }
 
@@ -250,6 +295,10 @@ type conn struct {
 	elem     *list.Element // in l.waiting while no request is in progress
 	released bool          // guarded by l.mu
 }
+
+// NetConn is the accepted connection itself (for its socket options: the
+// control socket reads its peer's credentials from it).
+func (c *conn) NetConn() net.Conn { return c.Conn }
 
 func (c *conn) Close() error {
 	err := c.Conn.Close()

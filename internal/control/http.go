@@ -115,7 +115,10 @@ func ListenHTTP(addr string, h http.Handler, log *zap.Logger) (*HTTPServer, erro
 	}
 	go func() {
 		defer close(s.done)
-		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		// The capped listener, never ln itself: serving ln left the port
+		// with no cap at all (issue 32: 1,000 keep-alive connections took
+		// 1,000 descriptors, and under LimitNOFILE vLLM's restart failed).
+		if err := s.srv.Serve(cl); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("HTTP endpoints stopped serving", zap.String("listen", addr), zap.Error(err))
 		}
 	}()

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/vllm-guard/vllm-guard/internal/connlimit"
 	"github.com/vllm-guard/vllm-guard/internal/state"
 )
 
@@ -85,6 +86,14 @@ func ListenSocket(path string, b Backend, log *zap.Logger) (*Server, error) {
 		return nil, fmt.Errorf("control: chmod %s to %o: %w", path, SocketMode, err)
 	}
 	s := &Server{path: path, ln: ln, lock: lock, done: make(chan struct{}), log: log}
+	// The socket's clients (its owner and group) get the control port's
+	// small cap, within the descriptors reserved for supervision: a script
+	// that opens connections in a loop cannot take the pipes a restart of
+	// vLLM needs. Past it they wait in the backlog rather than be refused
+	// (they are the operators), and idle connections give their place, so
+	// `status` still gets in.
+	_, capN := connlimit.Caps(connlimit.NoFile(), 0)
+	cl := connlimit.NewWaiting(ln, capN)
 	s.srv = &http.Server{
 		Handler:           socketHandler(b, log),
 		ReadHeaderTimeout: 5 * time.Second,
@@ -93,11 +102,12 @@ func ListenSocket(path string, b Backend, log *zap.Logger) (*Server, error) {
 		IdleTimeout:       time.Minute,
 		MaxHeaderBytes:    maxHeaderBytes,
 		ConnContext:       withPeer,
+		ConnState:         cl.ConnState,
 		ErrorLog:          zap.NewStdLog(log.Named("control-socket")),
 	}
 	go func() {
 		defer close(s.done)
-		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.srv.Serve(cl); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("control socket stopped serving", zap.String("socket", path), zap.Error(err))
 		}
 	}()
@@ -270,6 +280,9 @@ type peerKey struct{}
 // withPeer stashes the connection's credentials for the handlers: the
 // kernel vouches for them, so they name who asked for an action.
 func withPeer(ctx context.Context, c net.Conn) context.Context {
+	if w, ok := c.(interface{ NetConn() net.Conn }); ok {
+		c = w.NetConn() // the cap's wrapper
+	}
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
 		return ctx

@@ -162,6 +162,11 @@ func (g *Guard) Run(ctx context.Context) int {
 	go func() {
 		<-ctx.Done()
 		g.sd.Stopping()
+		if g.proxy != nil {
+			// Nothing new is served from here: refused at once, not
+			// held until vLLM has stopped.
+			g.proxy.Stopping()
+		}
 	}()
 
 	// The control socket and HTTP endpoints: a socket that cannot be made

@@ -71,6 +71,7 @@ type scene struct {
 	noNVML     bool                // run without any libnvidia-ml.so.1
 	httpListen string              // [control] http_listen; default off
 	guardEnv   map[string]string   // more environment for the guard itself (NOTIFY_SOCKET, WATCHDOG_USEC)
+	nofile     int                 // the guard's descriptor limit (LimitNOFILE), soft and hard; default inherited
 	skipVLLM   bool                // do not keep vLLM's own lines (benchmarks that flood)
 	editConfig func(string) string // edits the config text before start (keys the scene does not expose)
 	dir        string
@@ -152,6 +153,12 @@ func (s *scene) start(args ...string) {
 		bin = bins.guard
 	}
 	s.cmd = exec.Command(bin, append([]string{"run", "--config", cfg, "--events", "/dev/fd/3"}, args...)...)
+	if s.nofile > 0 {
+		// As systemd's LimitNOFILE: the shell sets both limits, then
+		// becomes the guard (same pid), which raises its soft limit to
+		// the hard one as every Go program does.
+		s.cmd = exec.Command("/bin/sh", append([]string{"-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, s.nofile), s.cmd.Path}, s.cmd.Args[1:]...)...)
+	}
 	evr, evw, err := os.Pipe()
 	if err != nil {
 		s.t.Fatal(err)
@@ -240,7 +247,7 @@ func (s *scene) restart() *scene {
 	s.t.Helper()
 	n := &scene{t: s.t, dir: s.dir, port: s.port, gpuDir: s.gpuDir, testID: s.testID, env: s.env, extra: s.extra,
 		command: s.command, guardBin: s.guardBin, logLevel: s.logLevel, noNVML: s.noNVML, httpListen: s.httpListen, skipVLLM: s.skipVLLM,
-		guardEnv: s.guardEnv}
+		guardEnv: s.guardEnv, nofile: s.nofile}
 	n.start()
 	return n
 }

@@ -257,10 +257,8 @@ func scanWith(lines []Line, severalRuns bool, off map[string]bool, fired map[str
 		if vllmlog.IsClientText(lines[i].Text) {
 			// That uvicorn logged an access at all is the server's own
 			// fact (it serves); only the line's content is the client's.
-			if strings.HasPrefix(vllmlog.Message(lines[i].Text), vllmlog.UvicornPrefix) {
-				if _, ok := vllmlog.ParseAccess(vllmlog.Message(lines[i].Text)); ok {
-					s.serving = true
-				}
+			if vllmlog.IsAccessShape(lines[i].Text) {
+				s.serving = true
 			}
 			continue
 		}

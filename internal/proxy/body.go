@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -33,26 +34,65 @@ const (
 	expectMinRate = 1 << 20 // bytes a second
 )
 
-// bodyBudget is the process-wide bound on buffered body bytes.
+// bodyBudget is the process-wide bound on buffered body bytes, and each
+// client address's share of it ([proxy] max_buffered_bytes_per_client):
+// one address cannot hold the whole budget with bandwidth alone (issue 32:
+// 16 MiB then a stall held it 60 s; 32 such filled 512 MiB).
 type bodyBudget struct {
 	mu        sync.Mutex
 	used, max int64
+	perClient int64                  // <= 0: no share
+	byClient  map[netip.Prefix]int64 // held now, by client address
 }
 
-func (b *bodyBudget) take(n int64) bool {
+// newBodyBudget bounds bodies at max bytes in all, perClient bytes from
+// one client address (<= 0 or above max: max).
+func newBodyBudget(max, perClient int64) *bodyBudget {
+	if perClient <= 0 || perClient > max {
+		perClient = max
+	}
+	return &bodyBudget{max: max, perClient: perClient, byClient: map[netip.Prefix]int64{}}
+}
+
+// take reserves n bytes for a body of client: errBudget when the bodies
+// held leave no room, errClientBudget when client's own do.
+func (b *bodyBudget) take(client netip.Prefix, n int64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.used+n > b.max {
-		return false
+		return errBudget
+	}
+	if b.byClient[client]+n > b.perClient {
+		return errClientBudget
 	}
 	b.used += n
-	return true
+	b.byClient[client] += n
+	return nil
 }
 
-func (b *bodyBudget) give(n int64) {
+func (b *bodyBudget) give(client netip.Prefix, n int64) {
 	b.mu.Lock()
 	b.used -= n
+	if b.byClient[client] -= n; b.byClient[client] <= 0 {
+		delete(b.byClient, client)
+	}
 	b.mu.Unlock()
+}
+
+// clientOf is the client address a request's body counts against: its
+// peer's IP, an IPv6 /64 as one (a host's privacy addresses share it).
+func clientOf(remoteAddr string) netip.Prefix {
+	ap, err := netip.ParseAddrPort(remoteAddr)
+	if err != nil {
+		return netip.Prefix{}
+	}
+	ip := ap.Addr().Unmap()
+	bits := 32
+	if ip.Is6() {
+		bits = 64
+	}
+	p, _ := ip.Prefix(bits)
+	return p
 }
 
 func (b *bodyBudget) inUse() int64 {
@@ -66,6 +106,7 @@ type bufferedBody struct {
 	chunks [][]byte
 	size   int64
 	budget *bodyBudget
+	client netip.Prefix // whose share holds it
 	held   atomic.Int64 // budget bytes to give back
 }
 
@@ -77,7 +118,7 @@ func (b *bufferedBody) release() {
 		return
 	}
 	if n := b.held.Swap(0); n > 0 {
-		b.budget.give(n)
+		b.budget.give(b.client, n)
 	}
 }
 
@@ -104,12 +145,16 @@ func (c *chunkReader) Read(p []byte) (int, error) {
 // errBudget: the bodies held leave no room for this one.
 var errBudget = errors.New("buffered request bodies at [proxy] max_buffered_bytes")
 
+// errClientBudget: the bodies of this request's client address leave no
+// room in its share.
+var errClientBudget = errors.New("buffered request bodies of one client at [proxy] max_buffered_bytes_per_client")
+
 // readBody reads r's body whole into memory within the budget and
 // max_body_bytes, by deadline, feeding sc (nil: no estimate) as it goes.
 // ok is false when it answered the request itself (too large, too slow,
 // no room) or the client left; the caller releases body once done with it.
 func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, sc *promptScanner, deadline func(read int64) time.Time) (body *bufferedBody, ok bool) {
-	body = &bufferedBody{budget: p.budget}
+	body = &bufferedBody{budget: p.budget, client: clientOf(r.RemoteAddr)}
 	if r.Body == nil || r.Body == http.NoBody {
 		return body, true
 	}
@@ -138,8 +183,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, sc *promptScann
 			if known {
 				n = min(n, r.ContentLength-body.size)
 			}
-			if !p.budget.take(n) {
-				err = errBudget
+			if err = p.budget.take(body.client, n); err != nil {
 				break
 			}
 			body.held.Add(n)
@@ -172,10 +216,16 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, sc *promptScann
 		p.tooLarge(w, mbe.Limit+1)
 	case errors.Is(err, errBudget):
 		p.bufferFull(w)
+	case errors.Is(err, errClientBudget):
+		p.clientBufferFull(w)
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		w.Header().Set("Connection", "close")
 		writeError(w, http.StatusRequestTimeout, "invalid_request_error",
 			fmt.Sprintf("request body not received in time (%s, or at least %d KiB/s after a 100 Continue); send it at once", bodyReadTimeout, expectMinRate>>10))
+	default:
+		// A malformed chunk or trailer: 400 (it was answered with
+		// nothing, a bare 200); nothing when the client left.
+		badBody(w, r, err)
 	}
 	body.release()
 	return nil, false // else the client went away
@@ -189,6 +239,19 @@ func (p *Proxy) bufferFull(w http.ResponseWriter) {
 	w.Header().Set("Retry-After", retryAfterBusy)
 	writeError(w, http.StatusServiceUnavailable, "server_error",
 		fmt.Sprintf("vllm-guard holds %d bytes of request bodies already, its limit ([proxy] max_buffered_bytes); retry shortly", p.cfg.MaxBufferedBytes))
+}
+
+// clientBufferFull answers a request whose body finds no room in its
+// client address's share of the budget: that client is sending more at
+// once than its share, so it is the one told to slow down (429).
+func (p *Proxy) clientBufferFull(w http.ResponseWriter) {
+	p.lim.reject(reasonBufferFull)
+	p.m.rejected.WithLabelValues(reasonBufferFull).Inc()
+	w.Header().Set("Connection", "close")
+	w.Header().Set("Retry-After", retryAfterBusy)
+	writeError(w, http.StatusTooManyRequests, "rate_limit_error",
+		fmt.Sprintf("vllm-guard holds %d bytes of request bodies from this client address already, its share ([proxy] max_buffered_bytes_per_client); send fewer large requests at once, or retry shortly",
+			p.budget.perClient))
 }
 
 // expectsContinue: the client waits for 100 Continue before it sends its

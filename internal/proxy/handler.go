@@ -8,12 +8,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"path"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -22,6 +25,9 @@ import (
 )
 
 type ctxKey struct{}
+
+// clientBodyKey holds a pass-through request's *clientBody.
+type clientBodyKey struct{}
 
 // reqState travels with a request through the ReverseProxy.
 type reqState struct {
@@ -99,6 +105,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.m.duration.Observe(time.Since(start).Seconds())
 	}()
 
+	if p.stopping.Load() {
+		p.stoppingRefusal(rec)
+		return
+	}
 	if limit := p.cfg.MaxBodyBytes; limit > 0 && r.ContentLength > limit {
 		p.tooLarge(rec, r.ContentLength)
 		return
@@ -109,8 +119,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// balancer's health check or Prometheus must never wait behind
 		// generation requests, be refused for load, or take their slots.
 		// A body with no length is still bounded (upstreamError: 413).
-		if r.Body != nil && r.Body != http.NoBody && p.cfg.MaxBodyBytes > 0 {
-			r.Body = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
+		if r.Body != nil && r.Body != http.NoBody {
+			if p.cfg.MaxBodyBytes > 0 {
+				r.Body = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
+			}
+			cb := &clientBody{ReadCloser: r.Body}
+			r.Body = cb
+			r = r.WithContext(context.WithValue(r.Context(), clientBodyKey{}, cb))
 		}
 		p.rp.ServeHTTP(rec, r)
 		return
@@ -214,12 +229,22 @@ func (p *Proxy) tooLarge(w http.ResponseWriter, n int64) {
 		fmt.Sprintf("request body of %d bytes is larger than the proxy's limit of %d bytes ([proxy] max_body_bytes)", n, p.cfg.MaxBodyBytes))
 }
 
+// stoppingRefusal answers a request that arrived during the guard's final
+// stop: at once, the connection closed, so that a client or load balancer
+// goes to another instance.
+func (p *Proxy) stoppingRefusal(w http.ResponseWriter) {
+	p.lim.reject(reasonNotReady)
+	p.reject(w, errShutdown)
+}
+
 func (p *Proxy) reject(w http.ResponseWriter, rj *rejection) {
 	p.m.rejected.WithLabelValues(rj.reason).Inc()
 	switch {
 	case rj.shutdown:
-		w.Header().Set("Retry-After", retryAfterNotReady)
-		writeError(w, http.StatusServiceUnavailable, "server_error", "vllm-guard is shutting down; retry shortly")
+		w.Header().Set("Retry-After", retryAfterBusy)
+		w.Header().Set("Connection", "close")
+		writeError(w, http.StatusServiceUnavailable, "server_error",
+			"vllm-guard is stopping: this instance will not serve the request; send it to another or retry once it is back")
 	case rj.reason == reasonNotReady:
 		w.Header().Set("Retry-After", retryAfterNotReady)
 		writeError(w, http.StatusServiceUnavailable, "server_error",
@@ -235,15 +260,132 @@ func (p *Proxy) reject(w http.ResponseWriter, rj *rejection) {
 	}
 }
 
-// rewrite points the outgoing request at vLLM.
+// rewrite points the outgoing request at vLLM and says who asked.
+//
+// No client field is evidence: vLLM's uvicorn trusts the guard (127.0.0.1)
+// and prints X-Forwarded-For as the client of its access lines, so a
+// client's own value would be text of its choosing in vLLM's output
+// (issue 32: "CUDA out of memory" there once made a crash an OOM). The
+// ReverseProxy has already removed the client's X-Forwarded-* and
+// Forwarded headers; they come back only from a peer in [proxy]
+// trusted_proxies, with the peer appended, as nginx's
+// $proxy_add_x_forwarded_for does. From anyone else X-Forwarded-For is
+// the peer's address alone.
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	if u, err := p.targetURL(); err == nil {
 		pr.SetURL(u)
 	}
-	pr.SetXForwarded()
+	// A request's trailers are dropped: vLLM reads none, and one the
+	// transport will not write (Content-Length, Host) failed the request
+	// with a 502 and a warning each time (issue 32).
+	pr.Out.Trailer = nil
+	if !p.trustedPeer(pr.In.RemoteAddr) {
+		pr.SetXForwarded()
+		return
+	}
+	in, out := pr.In.Header, pr.Out.Header
+	if v := in.Values("X-Forwarded-For"); len(v) > 0 {
+		out["X-Forwarded-For"] = v
+	}
+	pr.SetXForwarded() // appends the peer
+	// What the load balancer saw (its scheme, the name asked for) is
+	// what vLLM should see.
+	for _, h := range []string{"X-Forwarded-Host", "X-Forwarded-Proto"} {
+		if v := in.Get(h); v != "" {
+			out.Set(h, v)
+		}
+	}
+	if v := in.Values("Forwarded"); len(v) > 0 {
+		out.Set("Forwarded", strings.Join(v, ", ")+", for="+forwardedNode(pr.In.RemoteAddr))
+	}
+}
+
+// trustedPeer reports whether the connection's peer is in [proxy]
+// trusted_proxies.
+func (p *Proxy) trustedPeer(remote string) bool {
+	if len(p.trusted) == 0 {
+		return false
+	}
+	ap, err := netip.ParseAddrPort(remote)
+	if err != nil {
+		return false
+	}
+	a := ap.Addr().Unmap()
+	for _, t := range p.trusted {
+		if t.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// forwardedNode is the peer as a Forwarded header's for= names it (RFC
+// 7239: an IPv6 address is bracketed and quoted).
+func forwardedNode(remote string) string {
+	ap, err := netip.ParseAddrPort(remote)
+	if err != nil {
+		return "unknown"
+	}
+	a := ap.Addr().Unmap()
+	if a.Is6() {
+		return `"[` + a.String() + `]"`
+	}
+	return a.String()
 }
 
 var errNoTarget = errors.New("vLLM's address is not known yet")
+
+// clientBody is a pass-through request's body as the transport reads it:
+// it keeps the error of reading it from the client (a malformed chunk or
+// trailer, the client gone), so that a failure of the client's is not
+// answered as vLLM's (502 and a warning per request).
+// The ReverseProxy hands its error handler its own copy of the request,
+// body wrapped: the clientBody travels in the context.
+type clientBody struct {
+	io.ReadCloser
+	err atomic.Pointer[error]
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.err.CompareAndSwap(nil, &err)
+	}
+	return n, err
+}
+
+// failed is the error of reading the body from the client, if any.
+func (b *clientBody) failed() error {
+	if e := b.err.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// proxyError answers a request the ReverseProxy could not complete. A
+// body the client sent wrong is the client's fault: 400 (or nothing, when
+// it left), never vLLM's 502; everything else is upstreamError's.
+func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if cb, ok := r.Context().Value(clientBodyKey{}).(*clientBody); ok {
+		var mbe *http.MaxBytesError
+		if cerr := cb.failed(); cerr != nil && !errors.As(cerr, &mbe) {
+			badBody(w, r, cerr)
+			return
+		}
+	}
+	p.upstreamError(w, r, err)
+}
+
+// badBody answers a request whose body could not be read from its client:
+// 400 for a malformed one, nothing when the client left.
+func badBody(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+		return // the client went away: nobody to answer
+	}
+	w.Header().Set("Connection", "close")
+	writeError(w, http.StatusBadRequest, "invalid_request_error",
+		fmt.Sprintf("the request body could not be read (%v); send a well-formed body", err))
+}
 
 // targetURL parses the Upstream's base URL, once per distinct value.
 func (p *Proxy) targetURL() (*url.URL, error) {

@@ -283,6 +283,7 @@ func TestChunkedPassThroughBodyCapped(t *testing.T) {
 func TestBufferedBodiesWithinBudget(t *testing.T) {
 	cfg := proxyConfig()
 	cfg.MaxBodyBytes, cfg.MaxBufferedBytes = 1<<20, 3<<20
+	cfg.MaxBufferedBytesPerClient = cfg.MaxBufferedBytes // the whole budget: one address here
 	g := newGate()
 	r := newRig(t, cfg, 1, func(w http.ResponseWriter, req *http.Request) {
 		n, _ := io.Copy(io.Discard, req.Body)

@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"sync/atomic"
 	"time"
@@ -124,6 +125,10 @@ type Proxy struct {
 	retries atomic.Uint64
 	bound   atomic.Pointer[policy.AdmissionBound] // the last applied
 	await   awaiting                              // sent to vLLM, no byte of the answer yet
+	trusted []netip.Prefix                        // [proxy] trusted_proxies
+	// stopping: the guard is stopping for good (Stopping); every new
+	// request is refused at once.
+	stopping atomic.Bool
 }
 
 type parsedTarget struct {
@@ -154,7 +159,14 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 		cfg.MaxBufferedBytes = max(config.Default().Proxy.MaxBufferedBytes, cfg.MaxBodyBytes)
 	}
 	p := &Proxy{cfg: cfg, up: up, log: log.Named("proxy"), lim: newLimiter(max(cfg.QueueSize, 0)),
-		budget: &bodyBudget{max: cfg.MaxBufferedBytes}}
+		budget: newBodyBudget(cfg.MaxBufferedBytes, perClientBuffered(cfg))}
+	trusted, err := config.TrustedPrefixes(cfg.TrustedProxies)
+	if err != nil {
+		// config.Load refuses such a file; a caller that skipped it
+		// trusts nobody rather than a guess.
+		p.log.Error("[proxy] trusted_proxies not applied: no client's X-Forwarded-For is passed on", zap.Error(err))
+	}
+	p.trusted = trusted
 	p.tr = &http.Transport{
 		Proxy:                 nil, // never an environment proxy between the guard and its vLLM
 		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
@@ -169,7 +181,7 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 		Transport:      &retryTransport{p: p},
 		FlushInterval:  -1, // every write reaches the client at once: SSE events are not held back
 		BufferPool:     bufferPool{},
-		ErrorHandler:   p.upstreamError,
+		ErrorHandler:   p.proxyError,
 		ModifyResponse: p.modifyResponse,
 		// Its messages are per request (a client gone mid-copy): debug.
 		ErrorLog: newStdLog(p.log, zap.DebugLevel),
@@ -177,6 +189,27 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 	p.m = newMetrics(reg, p.lim, p.budget)
 	p.refresh()
 	return p
+}
+
+// perClientBuffered is one client address's share of the body budget:
+// [proxy] max_buffered_bytes_per_client, or when 0 a quarter of
+// max_buffered_bytes, and never less than one largest body.
+func perClientBuffered(cfg config.Proxy) int64 {
+	if cfg.MaxBufferedBytesPerClient > 0 {
+		return cfg.MaxBufferedBytesPerClient
+	}
+	return max(cfg.MaxBufferedBytes/4, cfg.MaxBodyBytes)
+}
+
+// Stopping tells the proxy the guard is stopping for good (SIGTERM): this
+// instance will serve nothing new, so a request that arrives now, or waits
+// in the queue, is answered 503 at once with Connection: close, to be sent
+// to another instance, instead of being held until the stop ends (issue
+// 32: 5 s and more). Requests in flight go on; the guard waits for them
+// before vLLM gets its SIGTERM. Serve calls it when its context ends.
+func (p *Proxy) Stopping() {
+	p.stopping.Store(true)
+	p.lim.close()
 }
 
 // Notify tells the proxy that readiness, the rung or the alerts changed:
@@ -267,7 +300,7 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
 		return fmt.Errorf("proxy on %s: %w", l.Addr(), err)
 	case <-ctx.Done():
 	}
-	p.lim.close()
+	p.Stopping()
 	sctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
 	err := srv.Shutdown(sctx)

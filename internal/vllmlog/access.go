@@ -1,6 +1,7 @@
 package vllmlog
 
 import (
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -93,17 +94,37 @@ func ParseAccess(line string) (Access, bool) {
 	return a, true
 }
 
+// accessShape is uvicorn's access line whatever its client field holds:
+// `INFO:     <client> - "<METHOD> <path> HTTP/<version>" <status>[ <reason>]`.
+// The client field is not necessarily host:port: behind a proxy uvicorn
+// trusts (vLLM's trusts 127.0.0.1) it prints X-Forwarded-For's client,
+// text of the client's choosing, spaces, colons and quotes included. The
+// method is any token (uvicorn prints it as sent).
+var accessShape = regexp.MustCompile("(?s)^INFO: +.* - \"[!#$%&'*+.^_`|~0-9A-Za-z-]+ .* HTTP/[^ ]*\" [1-9][0-9][0-9](?: .*)?$")
+
+// IsAccessShape reports whether line (with any wrapper and process
+// prefix) has the shape of one of uvicorn's access lines. Every line
+// ParseAccess reads has it, and more: one whose client field is not an
+// address. Such a line is the client's text however it reads.
+func IsAccessShape(line string) bool {
+	if !strings.Contains(line, "HTTP/") {
+		return false
+	}
+	return accessShape.MatchString(Message(line))
+}
+
 // IsClientText reports whether a line carries what a client sent: one of
 // uvicorn's access lines (the client's path and query, copied as sent) or
 // one of vLLM's request-log lines ("Received request …: prompt: '…'",
 // "Generated response …: output: …", with --enable-log-requests and
 // --enable-log-outputs). Such lines are never evidence of a failure and
-// never say what vLLM serves: a client could write anything in them.
+// never say what vLLM serves: a client could write anything in them. An
+// access line counts by its shape (IsAccessShape), whatever its client
+// field holds: X-Forwarded-For: torch.OutOfMemoryError: CUDA out of
+// memory…, 127.0.0.1 makes that text the client (issue 32).
 func IsClientText(line string) bool {
-	if strings.Contains(line, "HTTP/") {
-		if _, ok := ParseAccess(line); ok {
-			return true
-		}
+	if IsAccessShape(line) {
+		return true
 	}
 	if !strings.Contains(line, "Received request ") && !strings.Contains(line, "Generated response ") {
 		return false

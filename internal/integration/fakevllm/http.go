@@ -293,7 +293,7 @@ func (l *accessLog) WriteHeader(code int) {
 	if !l.logged {
 		l.logged = true
 		l.a.log.out.write([]byte(l.a.log.prefix +
-			vllmlog.FormatAccess(l.r.RemoteAddr, l.r.Method, l.r.URL.RequestURI(), l.r.Proto, code, http.StatusText(code)) + "\n"))
+			vllmlog.FormatAccess(uvicornClient(l.r), l.r.Method, l.r.URL.RequestURI(), l.r.Proto, code, http.StatusText(code)) + "\n"))
 	}
 	l.ResponseWriter.WriteHeader(code)
 }

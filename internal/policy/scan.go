@@ -184,12 +184,20 @@ type scan struct {
 	shutdownEnd bool
 	errLines    []int // lines vLLM logged at level ERROR or CRITICAL (at most maxHits)
 	pydantic    pydanticError
+	bindFailed  bool // vLLM could not bind its port ("Address already in use", errno 98)
 
 	// off and fired serve the report's leave-one-group-out pass (see
 	// real_test.go): off switches rules off by id, fired records the id and
 	// cause of every rule that decided a line. Both are nil in production.
 	off   map[string]bool
 	fired map[string]Cause
+}
+
+// isBindFailure recognises a failed bind of vLLM's port: Python's
+// "OSError: [Errno 98] Address already in use" and uvicorn's "[Errno 98]
+// error while attempting to bind on address (…): address already in use".
+func isBindFailure(msg string) bool {
+	return strings.Contains(msg, "ddress already in use") || strings.Contains(msg, "[Errno 98]")
 }
 
 // pydanticError is pydantic's exception line ("1 validation error for
@@ -329,6 +337,9 @@ func scanWith(lines []Line, severalRuns bool, off map[string]bool, fired map[str
 		kind, cause, score, id := matchLine(msg, off)
 		if fired != nil && kind != kindNone {
 			recordAll(msg, fired)
+		}
+		if kind == kindRoot && cause == CauseConfigError && isBindFailure(msg) {
+			s.bindFailed = true
 		}
 		if kind == kindRoot {
 			if _, ok := pydanticHeader(msg); ok {

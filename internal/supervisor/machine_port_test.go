@@ -54,3 +54,19 @@ func TestMachineAnswerBeforeVLLMsServerLineIsNotReady(t *testing.T) {
 		s.stop()
 	})
 }
+
+// An answer before the server line counts when the listener on the port
+// is a process of this run's own tree (a vLLM whose startup lines the
+// guard does not know).
+func TestMachineAnswerFromItsOwnListenerIsReady(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		p := s.l.last()
+		s.owners = []int{p.pid()}
+		p.listening.Store(true)
+		s.advance(2 * time.Second)
+		s.wantState(StateReady)
+		s.stop()
+	})
+}

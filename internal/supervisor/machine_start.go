@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -114,10 +115,27 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 		s.gpu.SetTree(c.tree)
 		s.gpu.SetLoading(true)
 	}
-	m.prober = s.newProber(ep, s.model)
+	m.prober, m.port = s.newProber(ep, s.model), ep.Port
 	m.runCtx, m.runCancel = context.WithCancel(context.Background())
 	m.forward(c)
 	m.arm(tPoll, cfg.Readiness.PollInterval.Duration)
+}
+
+// listensItself says whether a process of this run's tree holds the
+// listener on its port: an answer is its own then, even before its server
+// line (a vLLM whose startup lines the guard does not know).
+func (m *machine) listensItself() bool {
+	if m.s.listenerOwners == nil || m.child == nil {
+		return false
+	}
+	m.child.refresh()
+	tree := m.child.tree()
+	for _, pid := range m.s.listenerOwners(m.port) {
+		if slices.Contains(tree, pid) {
+			return true
+		}
+	}
+	return false
 }
 
 // bindHost is the --host vLLM's argv ends with (the last one wins, under any
@@ -293,7 +311,7 @@ func (m *machine) onProbe(r probeResult) {
 			}
 			return
 		}
-		if !m.out.serverUp.Load() {
+		if !m.out.serverUp.Load() && !m.listensItself() {
 			// Something answered on vLLM's port before vLLM started its
 			// server: another process's listener, not this vLLM (issue 32
 			// item 4). Its answers count only after this vLLM's own line.

@@ -254,6 +254,7 @@ type scenario struct {
 	gpu      *fakeGPU
 	noGPU    bool
 	holder   string // who holds vLLM's port, as portHolder says ("" = free)
+	owners   []int  // who listens on vLLM's port, as listenerOwners says
 	load     func() (float64, float64, bool)
 	progress func() (float64, float64, bool)
 	awaiting func() (int, float64)
@@ -310,6 +311,7 @@ func (s *scenario) start() {
 	sup.newProber = func(Endpoint, string) checker { return s.pr }
 	sup.hostOOM = s.oom.Load
 	sup.portHolder = func(string, int) string { return s.holder }
+	sup.listenerOwners = func(int) []int { return s.owners }
 	s.sup = sup
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel

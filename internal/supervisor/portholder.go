@@ -51,6 +51,25 @@ func portHolder(host string, port int) string {
 	return ""
 }
 
+// listenerOwners are the processes that hold a listening socket on port.
+func listenerOwners(port int) []int {
+	var out []int
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, l := range parseListeners(b) {
+			if l.port == port {
+				if pid := socketOwner(l.inode); pid > 0 {
+					out = append(out, pid)
+				}
+			}
+		}
+	}
+	return out
+}
+
 // parseListeners reads the LISTEN (state 0A) sockets of a /proc/net/tcp or
 // tcp6 table: "sl local_address rem_address st … uid timeout inode".
 func parseListeners(b []byte) []listener {

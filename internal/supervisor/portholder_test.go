@@ -54,3 +54,18 @@ func TestParseListeners(t *testing.T) {
 		t.Error("clashes misjudges a wildcard or a specific IPv6 address")
 	}
 }
+
+// FuzzParseListeners: any text (a truncated or future /proc/net/tcp) is
+// read without a panic, and what it yields is a listener on a real port.
+func FuzzParseListeners(f *testing.F) {
+	f.Add([]byte("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 12345 1 0000000000000000 100 0 0 10 0\n"))
+	f.Add([]byte("h\n 0: 00000000000000000000000001000000:1F41 0:0 0A 0 0 0 0 0 778\n"))
+	f.Add([]byte("h\n 0: ZZ:1F41 0:0 0A 0 0 0 0 0 1\n 1: 0100007F: x 0A a b c d e f\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, l := range parseListeners(b) {
+			if l.port < 0 || l.port > 65535 || (len(l.ip) != 4 && len(l.ip) != 16) {
+				t.Fatalf("listener %+v from %q", l, b)
+			}
+		}
+	})
+}

@@ -45,3 +45,34 @@ func TestPortHeldByAnotherVLLMIsAConfigError(t *testing.T) {
 		t.Errorf("this guard's vLLM processes left: %v", describe(left))
 	}
 }
+
+// The issue's own case: two guard instances whose configs share vLLM's
+// port. The first runs and is ready; the second says no READY, exits 78
+// after one start naming the first instance's vLLM (its API server's pid),
+// and the first instance is untouched: still ready, same vLLM, no restart.
+func TestSecondGuardOnTheSamePortLeavesTheFirstAlone(t *testing.T) {
+	first := newScene(t)
+	first.start()
+	first.waitEvent("the first instance ready", 1, 60*time.Second, isReady)
+	before := waitState(t, first.socket(), "ready", 10*time.Second)
+
+	second := newScene(t)
+	second.port = first.port
+	second.start()
+	if code := second.waitExit(60 * time.Second); code != 78 {
+		t.Fatalf("second guard: exit %d, want 78", code)
+	}
+	if n := second.countEvents(isReady); n != 0 {
+		t.Fatalf("second guard: %d ready events", n)
+	}
+	ex := second.waitEvent("exit", 1, time.Second, exitedWith("config_error"))
+	if text := verdictText(ex); !strings.Contains(text, "pid "+strconv.Itoa(before.Guard.PID)) {
+		t.Errorf("the second guard's verdict does not name the first vLLM (pid %d):\n%s", before.Guard.PID, text)
+	}
+	after := waitState(t, first.socket(), "ready", 10*time.Second)
+	if after.Guard.PID != before.Guard.PID || first.countEvents(isStarting) != 1 || first.countEvents(isExited) != 0 {
+		t.Errorf("the first instance was disturbed: pid %d then %d, %d starts, %d exits",
+			before.Guard.PID, after.Guard.PID, first.countEvents(isStarting), first.countEvents(isExited))
+	}
+	first.stopCleanly(30*time.Second, 10*time.Second)
+}

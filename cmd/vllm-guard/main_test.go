@@ -266,3 +266,25 @@ func TestCheckReadsVLLMsCommandLineAsVLLMDoes(t *testing.T) {
 		t.Errorf("check with a nested --config map: want the names from the file\n%s", out)
 	}
 }
+
+// vLLM reads --api-ke as --api-key (argparse's abbreviations): `check`
+// masks it wherever it prints the command line, from the config and from
+// the extra arguments (issue 32 item 3).
+func TestCheckMasksAnAbbreviatedAPIKey(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "g.toml")
+	os.WriteFile(cfg, []byte("[vllm]\ncommand = [\"vllm\", \"serve\", \"m\", \"--api-ke\", \"sk-abbrev-cmd-0001\"]\n"+
+		"[control]\nstate_dir = \""+dir+"/state\"\n"), 0o600)
+	code, out, errs := call("check", "--config", cfg, "--", "--hf_tok=hf-abbrev-extra-0002")
+	if code != 0 {
+		t.Fatalf("check: exit %d\n%s\n%s", code, out, errs)
+	}
+	for _, s := range []string{"sk-abbrev-cmd-0001", "hf-abbrev-extra-0002"} {
+		if strings.Contains(out+errs, s) {
+			t.Errorf("check prints %q:\n%s%s", s, out, errs)
+		}
+	}
+	if !strings.Contains(out, `"--api-ke", "***"`) || !strings.Contains(out, "--api-ke *** --hf_tok=***") {
+		t.Errorf("check output does not show the masked flags:\n%s", out)
+	}
+}

@@ -2,10 +2,15 @@ package helm
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -282,6 +287,11 @@ func TestChartRefuses(t *testing.T) {
 		// release's history), the ConfigMap or the pod's command line.
 		{[]string{"extraArgs={--api-key,sk-plain-0001}"}, []string{"extraArgs: --api-key is set by the chart", "apiKeySecret"}},
 		{[]string{"extraArgs={--api_key=sk-plain-0001}"}, []string{"extraArgs: --api-key is set by the chart", "apiKeySecret"}},
+		// Under every spelling vLLM reads as --api-key (issue 32 item 3).
+		{[]string{"extraArgs={--api-ke,sk-plain-0001}"}, []string{"extraArgs: --api-ke (vLLM reads it as --api-key) is set by the chart", "apiKeySecret"}},
+		{[]string{"extraArgs={--api_k=sk-plain-0001}"}, []string{"extraArgs: --api-k (vLLM reads it as --api-key) is set by the chart", "apiKeySecret"}},
+		{[]string{"extraArgs={--max-num-se,8}"}, []string{"--max-num-se (vLLM reads it as --max-num-seqs) is set by the chart", "profile.maxNumSeqs"}},
+		{[]string{"extraArgs={--shu=60}"}, []string{"--shu=60 (vLLM reads it as --shutdown-timeout) is set by the chart"}},
 		{[]string{"env[0].name=VLLM_API_KEY", "env[0].value=sk-plain-0001"}, []string{"env: VLLM_API_KEY", "apiKeySecret"}},
 		{[]string{"guardConfig.vllm.env.VLLM_API_KEY=sk-plain-0001"}, []string{"guardConfig.vllm.env.VLLM_API_KEY", "apiKeySecret"}},
 	} {
@@ -350,5 +360,41 @@ func TestChartNotes(t *testing.T) {
 		if !strings.Contains(notes, want) {
 			t.Errorf("NOTES.txt does not say %q:\n%s", want, notes)
 		}
+	}
+}
+
+// An ambiguous prefix is not the key: vLLM refuses `--api` ("could match
+// --api-server-count, --api-key"), and the chart renders it as given; a
+// flag that only starts like an owned one is not that flag.
+func TestChartLeavesAmbiguousAndOtherFlags(t *testing.T) {
+	r := render(t, "extraArgs={--api,4,--gpu-memory-utilization-x,1,--api-server-count,2}")
+	cmd := checkGuardPod(t, decodeAll(t, r.Manifests)).cfg.VLLM.Command
+	for _, a := range []string{"--api", "--gpu-memory-utilization-x", "--api-server-count"} {
+		if !slices.Contains(cmd, a) {
+			t.Errorf("command %q lacks %s", cmd, a)
+		}
+	}
+}
+
+// The chart's shortest abbreviations are vllmargs': one reading of vLLM's
+// flags for the guard and the chart.
+func TestChartKnowsVLLMsAbbreviations(t *testing.T) {
+	tpl, err := os.ReadFile(filepath.Join(ChartDir, "templates", "_helpers.tpl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(tpl), "{{- $shortest := dict")
+	block, _, ok2 := strings.Cut(block, "-}}")
+	pairs := regexp.MustCompile(`"(-[^"]*)" "(-[^"]*)"`).FindAllStringSubmatch(block, -1)
+	if !ok || !ok2 || len(pairs) == 0 {
+		t.Fatal("_helpers.tpl has no $shortest dict")
+	}
+	for _, p := range pairs {
+		if want := vllmargs.ShortestAbbrev(p[1]); p[2] != want {
+			t.Errorf("_helpers.tpl: $shortest %s is %q; vLLM reads every name from %q as %s", p[1], p[2], want, p[1])
+		}
+	}
+	if !strings.Contains(block, `"--api-key" "--api-k"`) {
+		t.Errorf("$shortest lacks --api-key:\n%s", block)
 	}
 }

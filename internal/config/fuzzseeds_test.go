@@ -131,6 +131,13 @@ func fuzzLoadSeeds(tb testing.TB) [][]byte {
 	add("[vllm]\nenv = { MY_KEY = \"x\" }\n")
 	add("[vllm]\ncommand = [\"vllm\", \"serve\", \"m\", \"--api-key\", \"s\"]\n")
 	add("[alerts]\nwebhook = \"https://u:p@hooks.example/x\"\n")
+	// Just past prescan's bounds (nesting, dotted parts), and brackets it
+	// must skip inside strings and comments.
+	add("[vllm]\nenv = " + strings.Repeat("{a = ", maxNesting+1) + "1" + strings.Repeat("}", maxNesting+1) + "\n")
+	add("[vllm]\nenv." + strings.Repeat("a.", maxKeyParts) + "b = \"x\"\n")
+	add(`[vllm]
+command = ["{[\"", '{[', """{[""""", '''[{'''''] # {[
+`)
 	return out
 }
 

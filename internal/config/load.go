@@ -81,6 +81,9 @@ func readCapped(path string) ([]byte, error) {
 func parse(path string, data []byte) (*Config, error) { return parseFor(path, data, "") }
 
 func parseFor(path string, data []byte, instance string) (*Config, error) {
+	if err := prescan(path, data); err != nil {
+		return nil, err
+	}
 	src := string(data)
 	var raw map[string]any
 	if _, err := toml.Decode(src, &raw); err != nil {

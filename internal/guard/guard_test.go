@@ -60,6 +60,25 @@ func TestReloadOfABrokenFileIsRefused(t *testing.T) {
 	}
 }
 
+// A SIGHUP reload of nested inline tables, which took a running guard to
+// 1.7 GB in BurntSushi/toml (issue 32 item 5), is refused before decoding,
+// naming the line; the input is deep enough that decoding would take
+// minutes.
+func TestReloadOfADeeplyNestedFileIsRefusedBeforeDecoding(t *testing.T) {
+	g, said := newTestGuard(t)
+	deep := filepath.Join(t.TempDir(), "deep.toml")
+	const n = 13000
+	body := "[vllm]\nenv = " + strings.Repeat("{a = ", n) + "1" + strings.Repeat("}", n) + "\n"
+	if err := os.WriteFile(deep, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g.reload(deep, "")
+	got := said()
+	if len(got) != 1 || !strings.HasPrefix(got[0].Reason, "refused: "+deep+":2: ") || !strings.Contains(got[0].Reason, "nest more than 32 deep") {
+		t.Fatalf("reload of a deeply nested file said %+v; want one reload refused at line 2", got)
+	}
+}
+
 // SIGUSR1 means nothing; the first SIGTERM stops gracefully, the second
 // kills vLLM's tree (it never stops twice).
 func TestSignals(t *testing.T) {

@@ -46,21 +46,72 @@ func summaryFor(c Cause, ev []Line) string {
 	if len(ev) == 0 {
 		return t
 	}
-	l := keyLine(ev)
-	return fmt.Sprintf("%s: line %d: %s", t, l.N, clip(vllmlog.Message(l.Text), 200))
+	n, msg := quote(ev)
+	return fmt.Sprintf("%s: line %d: %s", t, n, clip(msg, 200))
 }
 
-// keyLine is the evidence line to quote: the exception itself when the
-// evidence holds one. A traceback's evidence may start at the frame's code
-// ("raise ValueError(") when the message wraps to the next line, as vLLM
-// 0.32.0's KV error does.
-func keyLine(ev []Line) Line {
-	for _, l := range ev {
-		if _, ok := vllmlog.ExceptionType(vllmlog.Message(l.Text)); ok {
-			return l
+// quote is the evidence line to quote and its message: the exception
+// itself when the evidence holds one. A traceback's evidence may start at
+// the frame's code ("raise ValueError(") when the message wraps to the
+// next line, as vLLM 0.32.0's KV error does. Pydantic's exception line
+// only counts ("1 validation error for ModelConfig"); what is wrong is on
+// the line below it, which is quoted instead.
+func quote(ev []Line) (int, string) {
+	for i, l := range ev {
+		msg := vllmlog.Message(l.Text)
+		if _, ok := vllmlog.ExceptionType(msg); !ok {
+			continue
 		}
+		if model, ok := pydanticHeader(msg); ok {
+			for j := i + 1; j < len(ev); j++ {
+				what, ok := pydanticDetail(vllmlog.Message(ev[j].Text))
+				if !ok {
+					continue
+				}
+				// A field's error has the field's name on the line above.
+				if f := ev[j-1]; j-1 > i && f.N == ev[j].N-1 {
+					model += "." + strings.TrimSpace(vllmlog.Message(f.Text))
+				}
+				return ev[j].N, model + ": " + what
+			}
+		}
+		return l.N, msg
 	}
-	return ev[0]
+	return ev[0].N, vllmlog.Message(ev[0].Text)
+}
+
+// pydanticHeader recognises pydantic's exception line, "…ValidationError:
+// 1 validation error for ModelConfig" (2 validation errors …), and returns
+// the class it names.
+func pydanticHeader(msg string) (string, bool) {
+	_, rest, ok := strings.Cut(msg, "ValidationError: ")
+	if !ok {
+		return "", false
+	}
+	_, model, ok := strings.Cut(rest, " validation error")
+	if !ok {
+		return "", false
+	}
+	_, model, ok = strings.Cut(model, " for ")
+	return strings.TrimSpace(model), ok && model != ""
+}
+
+// pydanticDetail recognises one error under pydantic's exception line,
+// "  Value error, User-specified max_model_len (4096) is greater than …
+// [type=value_error, input_value=…]" or "  Input should be greater than 0
+// [type=greater_than, …]", and returns what it says without pydantic's
+// framing.
+func pydanticDetail(msg string) (string, bool) {
+	if !strings.HasPrefix(msg, "  ") || strings.HasPrefix(msg, "    ") {
+		return "", false
+	}
+	m := strings.TrimLeft(msg, " ")
+	body, _, typed := strings.Cut(m, " [type=")
+	if !typed && !strings.HasPrefix(m, "Value error, ") {
+		return "", false
+	}
+	body = strings.TrimPrefix(body, "Value error, ")
+	return strings.TrimSpace(body), body != ""
 }
 
 // adviceFor gives the operator's next steps for a verdict, most specific first.

@@ -16,7 +16,11 @@ func (s *scan) best(phase Phase, min int) (Cause, *hits) {
 	var bh *hits
 	for _, c := range Causes {
 		h := s.byCause[c]
-		if h == nil || h.score < min || (c == CauseConfigError && phase == PhaseReady) {
+		// After ready, a configuration error is no longer the cause: the
+		// configuration served. A failed bind is the exception: a vLLM that
+		// could not take its port never served, whatever answered the
+		// probes (another instance's vLLM on the same port).
+		if h == nil || h.score < min || (c == CauseConfigError && phase == PhaseReady && !s.bindFailed) {
 			continue
 		}
 		if bh == nil || h.score > bh.score {

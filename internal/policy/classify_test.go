@@ -137,6 +137,16 @@ func TestClassifyCases(t *testing.T) {
 			"", "", nil, "became ready"},
 		{"explicit phase overrides the log", Exit{ExitCode: 1, Phase: PhaseReady, Lines: lines("vllm serve: error: unrecognized arguments: --x")},
 			CauseCrash, "low", nil, ""},
+		// A failed bind is a configuration error in any phase (issue 32 item
+		// 4): "ready" may have been another instance's vLLM on the port.
+		{"bind failure after ready", Exit{ExitCode: 1, Phase: PhaseReady, Lines: lines(
+			"(APIServer pid=9) Traceback (most recent call last):",
+			"(APIServer pid=9)     sock.bind(addr)",
+			"(APIServer pid=9) OSError: [Errno 98] Address already in use")},
+			CauseConfigError, "high", []int{3}, "Address already in use"},
+		{"uvicorn bind failure after ready", Exit{ExitCode: 1, Phase: PhaseReady, Lines: lines(
+			"ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use")},
+			CauseConfigError, "high", []int{1}, "address already in use"},
 
 		// Issue 13: more OOM strings.
 		{"nccl driver path with the error number", Exit{ExitCode: 1, Lines: lines(

@@ -8,7 +8,6 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
-	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
 
 // Clock is the only way the backoff learns the time: callers pass theirs in.
@@ -541,8 +540,8 @@ func causeWord(c Cause) string {
 // evidenceWords names the evidence of a verdict in one short phrase.
 func evidenceWords(v Verdict) string {
 	if len(v.Evidence) > 0 {
-		l := keyLine(v.Evidence)
-		return fmt.Sprintf("line %d: %s", l.N, clip(vllmlog.Message(l.Text), 160))
+		n, msg := quote(v.Evidence)
+		return fmt.Sprintf("line %d: %s", n, clip(msg, 160))
 	}
 	if v.Summary != "" {
 		return clip(v.Summary, 160)

@@ -183,12 +183,31 @@ type scan struct {
 	shutdown    int   // index of the start of a shutdown that never finished, -1 if none
 	shutdownEnd bool
 	errLines    []int // lines vLLM logged at level ERROR or CRITICAL (at most maxHits)
+	pydantic    pydanticError
+	bindFailed  bool // vLLM could not bind its port ("Address already in use", errno 98)
 
 	// off and fired serve the report's leave-one-group-out pass (see
 	// real_test.go): off switches rules off by id, fired records the id and
 	// cause of every rule that decided a line. Both are nil in production.
 	off   map[string]bool
 	fired map[string]Cause
+}
+
+// isBindFailure recognises a failed bind of vLLM's port: Python's
+// "OSError: [Errno 98] Address already in use" and uvicorn's "[Errno 98]
+// error while attempting to bind on address (…): address already in use".
+func isBindFailure(msg string) bool {
+	return strings.Contains(msg, "ddress already in use") || strings.Contains(msg, "[Errno 98]")
+}
+
+// pydanticError is pydantic's exception line ("1 validation error for
+// ModelConfig"), matched as a root at index at (-1: none pending), whose
+// field and message lines below it are evidence of the same weight.
+type pydanticError struct {
+	at    int
+	cause Cause
+	score int
+	id    string
 }
 
 // shutdownStarts open a shutdown: uvicorn's (uvicorn/server.py, "Shutting
@@ -236,7 +255,7 @@ var runMarkers = []string{"vLLM API server version", "vLLM server version", "non
 func scanLines(lines []Line, severalRuns bool) *scan { return scanWith(lines, severalRuns, nil, nil) }
 
 func scanWith(lines []Line, severalRuns bool, off map[string]bool, fired map[string]Cause) *scan {
-	s := &scan{byCause: make(map[Cause]*hits, 4), wrapper: -1, readyLine: -1, lastFrame: -1, lastTB: -1, shutdown: -1, off: off, fired: fired}
+	s := &scan{byCause: make(map[Cause]*hits, 4), wrapper: -1, readyLine: -1, lastFrame: -1, lastTB: -1, shutdown: -1, off: off, fired: fired, pydantic: pydanticError{at: -1}}
 	for i := range lines {
 		if !severalRuns {
 			break
@@ -316,6 +335,24 @@ func scanWith(lines []Line, severalRuns bool, off map[string]bool, fired map[str
 		kind, cause, score, id := matchLine(msg, off)
 		if fired != nil && kind != kindNone {
 			recordAll(msg, fired)
+		}
+		if kind == kindRoot && cause == CauseConfigError && isBindFailure(msg) {
+			s.bindFailed = true
+		}
+		if kind == kindRoot {
+			if _, ok := pydanticHeader(msg); ok {
+				s.pydantic = pydanticError{at: i, cause: cause, score: score, id: id}
+			}
+		} else if p := s.pydantic; kind == kindNone && p.at >= 0 && i-p.at <= 2 && !off[p.id] {
+			// Pydantic's exception line says only that a validation
+			// failed; the error's field and message are on the next lines.
+			if _, ok := pydanticDetail(msg); ok {
+				if i-p.at == 2 {
+					s.root(i-1, p.cause, p.score, p.id)
+				}
+				s.root(i, p.cause, p.score, p.id)
+				s.pydantic.at = -1
+			}
 		}
 		if kind == kindNone && s.lastFrame >= 0 && s.lastFrame == i-1 {
 			// The source line under a frame: a raise in a known check.

@@ -11,7 +11,10 @@ package redact
 
 import (
 	"regexp"
+	"slices"
 	"strings"
+
+	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 )
 
 // Mask replaces a secret.
@@ -24,8 +27,13 @@ const secretName = `(?:api[-_]?key|(?:secret|access|private)[-_]?key|token|secre
 
 var (
 	// A command-line flag and its value: --api-key X, --hf-token=X, and
-	// argv rendered as a Python or JSON list: '--api-key', 'X'.
-	flagRE = regexp.MustCompile(`(?i)(--[\w-]*?` + secretName + `)(=|\s+|["']\s*,\s*["'])("[^"]*"|'[^']*'|[^\s"',\]-][^\s"',\]]*)`)
+	// argv rendered as a Python or JSON list: '--api-key', 'X'. A quoted
+	// value starting with two dashes is the next flag: '--api-key',
+	// '--hf-tok', 'X' is two flags.
+	flagRE = regexp.MustCompile(`(?i)(--[\w-]*?` + secretName + `)(=|\s+|["']\s*,\s*["'])("(?:-?[^"-][^"]*|-)?"|'(?:-?[^'-][^']*|-)?'|[^\s"',\]-][^\s"',\]]*)`)
+	// Any long flag and its value, for the flags vLLM reads as secret ones
+	// under another spelling: --api-ke X is vLLM's --api-key X.
+	anyFlagRE = regexp.MustCompile(`(--[A-Za-z][\w-]*)(=|\s+|["']\s*,\s*["'])("(?:-?[^"-][^"]*|-)?"|'(?:-?[^'-][^']*|-)?'|[^\s"',\]-][^\s"',\]]*)`)
 	// An assignment or a dict entry: api_key='X', "api_key": "X",
 	// 'api_key': ['X'], VLLM_API_KEY=X, HF_TOKEN: X.
 	assignRE = regexp.MustCompile(`(?i)(\b[\w.-]*?` + secretName + `["']?\s*[:=]\s*)(\[[^\]]*\]|"[^"]*"|'[^']*'|[^\s"',;\]\})&-][^\s"',;\]\})&]*)`)
@@ -45,9 +53,24 @@ var (
 // needs after them (a quote, = or :, a space): vLLM's stats lines say
 // "tokens/s" many times a second, and must stay cheap.
 var (
-	triggers     = []string{"passw", "bearer", "authorization", "hf_", "sk-", "@"}
+	triggers     = append([]string{"passw", "bearer", "authorization", "hf_", "sk-", "@"}, abbrevTriggers()...)
 	nameTriggers = []string{"key", "token", "secret"}
 )
+
+// abbrevTriggers are the first words of vLLM's secret flags ("--api",
+// "--hf", "--ssl"): an abbreviation (--api-k) holds none of the names.
+func abbrevTriggers() []string {
+	var out []string
+	for _, f := range vllmargs.SecretFlags() {
+		w, _, _ := strings.Cut(f[2:], "-")
+		for _, t := range []string{"--" + w + "-", "--" + w + "_"} {
+			if !slices.Contains(out, t) {
+				out = append(out, t)
+			}
+		}
+	}
+	return out
+}
 
 // String returns s with every secret it recognises replaced by Mask.
 func String(s string) string {
@@ -61,6 +84,13 @@ func String(s string) string {
 	s = maskAssignments(s)
 	s = flagRE.ReplaceAllStringFunc(s, func(m string) string {
 		sub := flagRE.FindStringSubmatch(m)
+		return sub[1] + sub[2] + maskValue(sub[3])
+	})
+	s = anyFlagRE.ReplaceAllStringFunc(s, func(m string) string {
+		sub := anyFlagRE.FindStringSubmatch(m)
+		if !vllmargs.IsSecretFlag(strings.ToLower(sub[1])) {
+			return m
+		}
 		return sub[1] + sub[2] + maskValue(sub[3])
 	})
 	s = authRE.ReplaceAllString(s, "${1}"+Mask)
@@ -81,7 +111,10 @@ func maskAssignments(s string) string {
 			break
 		}
 		nameEnd, valStart, valEnd := from+loc[3], from+loc[4], from+loc[5]
-		if nameRE.MatchString(strings.Trim(s[valStart:valEnd], `'"`)) && nextIsAssignment(s[valEnd:]) {
+		if v := s[valStart:valEnd]; nameRE.MatchString(strings.Trim(v, `'"`)) && nextIsAssignment(s[valEnd:]) ||
+			len(v) > 2 && (v[0] == '\'' || v[0] == '"') && strings.HasPrefix(v[1:], "--") {
+			// The next flag of a rendered argv list ('--hf-tok', 'X') is no
+			// value either: the flags' pass masks what follows it.
 			from = valStart
 			continue
 		}
@@ -144,9 +177,11 @@ func Args(args []string) []string {
 var secretFlagRE = regexp.MustCompile(`(?i)^--[\w-]*?` + secretName + `$`)
 
 // IsSecretFlag reports whether arg is a flag whose next argument is a
-// secret: --api-key, --hf-token.
+// secret: --api-key, --hf-token, any flag named like them, and every
+// spelling vLLM reads as one of vLLM's (--api-ke, --api_k).
 func IsSecretFlag(arg string) bool {
-	return strings.HasPrefix(arg, "--") && secretFlagRE.MatchString(arg)
+	return strings.HasPrefix(arg, "--") && !strings.Contains(arg, "=") &&
+		(secretFlagRE.MatchString(arg) || vllmargs.IsSecretFlag(strings.ToLower(arg)))
 }
 
 func mayHoldSecret(s string) bool {

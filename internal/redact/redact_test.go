@@ -30,6 +30,12 @@ var cases = []struct {
 	{"POST https://alice:pa55@hooks.example.com/x failed", []string{"alice", "pa55"}, "POST https://***@hooks.example.com/x failed"},
 	{"POST https://u:p@ss@hooks.example.com/x", []string{"p@ss"}, "POST https://***@hooks.example.com/x"},
 	{"webhook https://hooks.example.com/x?token=qs-secret&a=1", []string{"qs-secret"}, "webhook https://hooks.example.com/x?token=***&a=1"},
+	// vLLM reads an unambiguous abbreviation, with underscores, as the flag
+	// (issue 32 item 3); an ambiguous one (--api) it refuses.
+	{"vllm serve m --api-ke abbrevkey1 --port 8000", []string{"abbrevkey1"}, "vllm serve m --api-ke *** --port 8000"},
+	{"vllm serve m --api_k=abbrevkey2", []string{"abbrevkey2"}, "vllm serve m --api_k=***"},
+	{"['vllm', 'serve', '--hf-tok', 'abbrevkey3']", []string{"abbrevkey3"}, "['vllm', 'serve', '--hf-tok', '***']"},
+	{"vllm serve m --api 4 --api-server-c 2 --max-num-se 8", nil, "vllm serve m --api 4 --api-server-c 2 --max-num-se 8"},
 	// Not secrets: left alone.
 	{"max_tokens=16 tokenizer=gpt2 --tokenizer-mode auto --max-num-seqs 8 key cache 4.5 GiB", nil,
 		"max_tokens=16 tokenizer=gpt2 --tokenizer-mode auto --max-num-seqs 8 key cache 4.5 GiB"},
@@ -70,7 +76,13 @@ func TestArgs(t *testing.T) {
 	if got := Args(in); !slices.Equal(got, want) {
 		t.Errorf("Args:\n got %q\nwant %q", got, want)
 	}
-	if !IsSecretFlag("--api-key") || !IsSecretFlag("--HF-TOKEN") || IsSecretFlag("--tokenizer") || IsSecretFlag("api_key") {
+	in = []string{"vllm", "serve", "m", "--api-ke", "sk-plain", "--api_k", "k2", "--api", "x", "--hf-t=k3"}
+	want = []string{"vllm", "serve", "m", "--api-ke", Mask, "--api_k", Mask, "--api", "x", "--hf-t=***"}
+	if got := Args(in); !slices.Equal(got, want) {
+		t.Errorf("Args:\n got %q\nwant %q", got, want)
+	}
+	if !IsSecretFlag("--api-key") || !IsSecretFlag("--HF-TOKEN") || IsSecretFlag("--tokenizer") || IsSecretFlag("api_key") ||
+		!IsSecretFlag("--api-ke") || IsSecretFlag("--api") || IsSecretFlag("--api-key=x") {
 		t.Error("IsSecretFlag misjudges a flag")
 	}
 }
@@ -86,7 +98,7 @@ func FuzzString(f *testing.F) {
 	shapes := []string{
 		"%s --api-key SECRET %s", "%s --api-key=SECRET%s", "%s'api_key': 'SECRET'%s", `%s"api_key": "SECRET"%s`,
 		"%s VLLM_API_KEY=SECRET %s", "%s HF_TOKEN=SECRET %s", "%s Authorization: Bearer SECRET %s",
-		"%s https://user:SECRET@host/p %s",
+		"%s https://user:SECRET@host/p %s", "%s --api-ke SECRET %s", "%s --api_k=SECRET%s", "%s'--hf-tok', 'SECRET'%s",
 	}
 	f.Fuzz(func(t *testing.T, around, secret string) {
 		out := String(around)

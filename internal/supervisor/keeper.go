@@ -76,8 +76,22 @@ func RunKeeper(args []string) int {
 	}
 
 	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+	// SIGCHLD has a channel of its own: signal.Notify drops what does not
+	// fit, and a burst of children ending must never crowd out the guard's
+	// death or kill signal. One pending SIGCHLD is enough (reap waits for
+	// every zombie).
 	sigs := make(chan os.Signal, 16)
-	signal.Notify(sigs, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, keeperDeathSignal, keeperKillSignal)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, keeperDeathSignal, keeperKillSignal)
+	chld := make(chan os.Signal, 1)
+	signal.Notify(chld, syscall.SIGCHLD)
+	next := func() os.Signal {
+		select {
+		case sig := <-sigs:
+			return sig
+		case <-chld:
+			return syscall.SIGCHLD
+		}
+	}
 	// The guard may have died before the handler was in place.
 	if *parent != 0 && os.Getppid() != *parent {
 		return 1
@@ -162,7 +176,7 @@ func RunKeeper(args []string) int {
 	guardGone := func(sig os.Signal) bool { return sig == keeperDeathSignal || os.Getppid() != *parent }
 
 	for mainStatus == nil {
-		sig := <-sigs
+		sig := next()
 		switch {
 		case guardGone(sig):
 			// The guard is gone: nobody is left to supervise, so nothing may survive.
@@ -197,17 +211,20 @@ func RunKeeper(args []string) int {
 		defer timer.Stop()
 	grace:
 		for len(tree()) > 0 {
+			var sig os.Signal
 			select {
-			case sig := <-sigs:
-				if guardGone(sig) {
-					killAll()
-					done()
-					return 1
-				}
-				if sig == keeperKillSignal {
-					break grace
-				}
+			case sig = <-sigs:
+			case <-chld:
+				sig = syscall.SIGCHLD
 			case <-timer.C:
+				break grace
+			}
+			if guardGone(sig) {
+				killAll()
+				done()
+				return 1
+			}
+			if sig == keeperKillSignal {
 				break grace
 			}
 			reap()

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 )
 
 // profileFlags are the flags the guard owns: whatever the operator wrote for
@@ -46,6 +47,9 @@ func BuildArgv(command, extra []string, r policy.Rung, host string, port int) ([
 			if !inline && takesValue {
 				val = part[i+1]
 			}
+			// Any spelling vLLM reads as the flag: --max_num_seqs, --por (an
+			// unambiguous abbreviation of --port), --max_num_se.
+			name, _ = vllmargs.ResolveFlag(name)
 			switch {
 			case isProfileFlag(name) || (r.KVCacheMemoryBytes > 0 && isFlagName(name, kvFlag)):
 				if takesValue {

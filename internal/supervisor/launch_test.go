@@ -23,6 +23,9 @@ func TestBuildArgvReplacesProfileFlags(t *testing.T) {
 			"vllm serve m --enforce-eager --max-num-seqs 128 --gpu-memory-utilization 0.8 --host 127.0.0.1 --port 8000", Endpoint{"127.0.0.1", 8000}},
 		{"keeps the operator's host and port", []string{"vllm", "serve", "m", "--port", "9000", "--host=0.0.0.0"}, nil,
 			"vllm serve m --port 9000 --host=0.0.0.0 --max-num-seqs 128 --gpu-memory-utilization 0.8", Endpoint{"127.0.0.1", 9000}},
+		// vLLM reads an unambiguous abbreviation as its flag (issue 32 item 3).
+		{"abbreviations, as vLLM reads them", []string{"vllm", "serve", "m", "--por", "9000", "--max-num-se", "4", "--gpu_mem=0.9"}, nil,
+			"vllm serve m --por 9000 --max-num-seqs 128 --gpu-memory-utilization 0.8 --host 127.0.0.1", Endpoint{"127.0.0.1", 9000}},
 		{"extra args after --, profile flags there too", []string{"vllm", "serve", "m"}, []string{"--max-model-len", "4096", "--max-num-seqs=1"},
 			"vllm serve m --max-model-len 4096 --max-num-seqs 128 --gpu-memory-utilization 0.8 --host 127.0.0.1 --port 8000", Endpoint{"127.0.0.1", 8000}},
 	}

@@ -157,6 +157,10 @@ type output struct {
 	loaded     atomic.Bool   // vLLM is ready: load phases are no longer looked for
 	progress   chan struct{} // a new load phase was recognised (coalesced)
 	startupEnd chan struct{} // "Application startup complete." seen (coalesced)
+	// serverUp: this run printed a line of its server's start ("Starting
+	// vLLM API server", uvicorn's lines): only then is an answer on its
+	// port its own.
+	serverUp atomic.Bool
 }
 
 func newOutput(sink *logSink, ringSize int) *output {
@@ -258,7 +262,11 @@ func (w *streamWriter) line(b []byte) {
 		if f := o.sink.filter; f != nil {
 			f.noteTasks(text)
 		}
-		if ph := vllmlog.LoadPhase(text); ph != "" && ph != o.Phase() {
+		ph := vllmlog.LoadPhase(text)
+		if ph == vllmlog.PhaseServer {
+			o.serverUp.Store(true)
+		}
+		if ph != "" && ph != o.Phase() {
 			o.phase.Store(&ph)
 			select {
 			case o.progress <- struct{}{}:

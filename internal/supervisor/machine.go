@@ -152,6 +152,7 @@ type machine struct {
 	stdout        *streamWriter
 	stderr        *streamWriter
 	prober        checker
+	port          int             // where this run's vLLM listens (the probes' endpoint)
 	runCtx        context.Context // cancelled when the run ends: in-flight probes stop
 	runCancel     context.CancelFunc
 	probing       bool

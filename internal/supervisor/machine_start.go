@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -13,6 +15,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 )
 
 // Starting a run: room on the GPU, the launch, load progress (output and
@@ -89,6 +92,21 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 			StateStarting, "launching vLLM", "", "", 0, m.startedAt, time.Time{}, rung
 		st.Starts++
 	})
+	if s.portHolder != nil {
+		if holder := s.portHolder(bindHost(argv, cfg.VLLM.Host), ep.Port); holder != "" {
+			// Not launched: vLLM would fail to bind, and meanwhile the holder
+			// would answer the probes in its name.
+			r := rung
+			s.publish(events.Event{Kind: events.KindStarting, Rung: &r, Argv: s.MaskedArgv(argv)})
+			m.child = nil
+			m.stdout.Close()
+			m.stderr.Close()
+			m.fail(outcome{exit: exitInfo{Code: -1, StartFailure: fmt.Sprintf("vLLM's port %d is already in use by %s: "+
+				"another vLLM (another guard instance's?) or server holds it; give this instance its own port ([vllm] port, or --port in [vllm] command)",
+				ep.Port, holder)}, phase: policy.PhaseStarting, lines: m.out.ring.snapshot()})
+			return
+		}
+	}
 	env := ChildEnv(os.Environ(), cfg.VLLM.Env)
 	c, err := s.launcher.launch(launchSpec{keeper: s.keeper, argv: argv, env: env,
 		dir: cfg.VLLM.Workdir, grace: cfg.VLLM.StopTimeout.Duration, stdout: m.stdout, stderr: m.stderr})
@@ -111,10 +129,47 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 		s.gpu.SetTree(c.tree)
 		s.gpu.SetLoading(true)
 	}
-	m.prober = s.newProber(ep, s.model)
+	m.prober, m.port = s.newProber(ep, s.model), ep.Port
 	m.runCtx, m.runCancel = context.WithCancel(context.Background())
 	m.forward(c)
 	m.arm(tPoll, cfg.Readiness.PollInterval.Duration)
+}
+
+// listensItself says whether a process of this run's tree holds the
+// listener on its port: an answer is its own then, even before its server
+// line (a vLLM whose startup lines the guard does not know).
+func (m *machine) listensItself() bool {
+	if m.s.listenerOwners == nil || m.child == nil {
+		return false
+	}
+	m.child.refresh()
+	tree := m.child.tree()
+	for _, pid := range m.s.listenerOwners(m.port) {
+		if slices.Contains(tree, pid) {
+			return true
+		}
+	}
+	return false
+}
+
+// bindHost is the --host vLLM's argv ends with (the last one wins, under any
+// spelling vLLM reads as --host), else host.
+func bindHost(argv []string, host string) string {
+	for i, a := range argv {
+		name, val, inline := strings.Cut(a, "=")
+		if !strings.HasPrefix(name, "--") {
+			continue
+		}
+		if f, _ := vllmargs.ResolveFlag(name); f != "--host" {
+			continue
+		}
+		if inline {
+			host = val
+		} else if i+1 < len(argv) {
+			host = argv[i+1]
+		}
+	}
+	return host
 }
 
 func pidOf(c proc) int {
@@ -268,6 +323,15 @@ func (m *machine) onProbe(r probeResult) {
 				})
 				s.publish(events.Event{Kind: events.KindProbeFailed, Probe: &events.Probe{Step: r.step, Status: r.status, Error: r.err}, PID: m.child.pid()})
 			}
+			return
+		}
+		if !m.out.serverUp.Load() && !m.listensItself() {
+			// Something answered on vLLM's port before vLLM started its
+			// server: another process's listener, not this vLLM (issue 32
+			// item 4). Its answers count only after this vLLM's own line.
+			s.update(func(st *Status) {
+				st.LastProbe = r.step + ": answered before vLLM's own server started (another process on the port?); waiting for vLLM's startup line"
+			})
 			return
 		}
 		m.becomeReady(r)

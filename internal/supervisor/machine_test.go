@@ -287,6 +287,8 @@ type scenario struct {
 	pr       *fakeProber
 	gpu      *fakeGPU
 	noGPU    bool
+	holder   string // who holds vLLM's port, as portHolder says ("" = free)
+	owners   []int  // who listens on vLLM's port, as listenerOwners says
 	load     func() (float64, float64, bool)
 	progress func() (float64, float64, bool)
 	awaiting func() (int, float64)
@@ -342,6 +344,8 @@ func (s *scenario) start() {
 	sup.launcher = s.l
 	sup.newProber = func(Endpoint, string) checker { return s.pr }
 	sup.hostOOM = s.oom.Load
+	sup.portHolder = func(string, int) string { return s.holder }
+	sup.listenerOwners = func(int) []int { return s.owners }
 	s.sup = sup
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -509,6 +513,7 @@ func TestMachineNotReadyWhileProbesFail(t *testing.T) {
 		s := newScenario(t, nil)
 		s.start()
 		p := s.l.last()
+		p.print("INFO 12-03 12:00:00 [api_server.py:1] Starting vLLM API server 0 on http://127.0.0.1:8000")
 		p.listening.Store(true)
 		s.pr.setReady(func() probeResult {
 			return probeResult{step: "completion", status: 500, err: "POST /v1/completions answered 500"}

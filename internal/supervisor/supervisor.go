@@ -128,6 +128,10 @@ type Supervisor struct {
 	launcher  launcher
 	newProber func(ep Endpoint, model string) checker
 	hostOOM   func() int64 // the cgroup's oom_kill counter, -1 when unknown
+	// portHolder names who listens where vLLM will bind ("" when free).
+	portHolder func(host string, port int) string
+	// listenerOwners are the PIDs that listen on a port.
+	listenerOwners func(port int) []int
 
 	status   atomic.Pointer[Status]
 	lastTurn monoTime
@@ -179,7 +183,7 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 	}
 	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, bus: opts.Events, persist: persist,
 		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, tokens: opts.Progress, waiting: opts.Awaiting, inFlight: opts.InFlight, reqs: make(chan request), kill: make(chan struct{}, 1),
-		launcher: processLauncher{}, hostOOM: hostOOMKills, args: args, conns: conns}
+		launcher: processLauncher{}, hostOOM: hostOOMKills, portHolder: portHolder, listenerOwners: listenerOwners, args: args, conns: conns}
 	if names := cfg.ServedModelNames(args); len(names) > 0 {
 		s.model = names[0]
 	}

@@ -115,25 +115,43 @@ func killTree(roots func() []int, reap func()) []int {
 }
 
 // stopAll stops what roots returns and everything below it, top-down,
-// passing again until a pass stops nothing new, and returns the processes
-// stopped with their pidfds (-1 without pidfds).
+// passing again until a pass stops nothing new and sees nothing die, and
+// returns the processes stopped with their pidfds (-1 without pidfds).
+//
+// A process that dies during a pass (vLLM's API server ending by itself
+// as the guard dies, its output pipes gone) hands its children to the
+// keeper, the subreaper, after the pass read the roots: they are in
+// neither the roots it read nor below a process it could walk. Such a
+// pass stopping nothing new used to end the walk, the tree was called
+// empty and the EngineCore lived on (issue 32 item 6). A pass that finds a
+// process dead or gone for the first time therefore counts as a change,
+// and the next pass reads the roots again.
 func stopAll(roots func() []int) map[procID]int {
 	found := map[procID]int{}
+	dead := map[int]bool{} // PIDs seen dying or gone during the walk: one more pass each
 	for len(found) < killMaxProcs {
 		added := false
 		kids := childLister{}
 		queue := roots()
+		gone := func(pid int) {
+			if !dead[pid] {
+				dead[pid] = true
+				added = true
+			}
+		}
 		for len(queue) > 0 && len(found) < killMaxProcs {
 			pid := queue[0]
 			queue = queue[1:]
 			info, ok := readStat(pid)
 			if !ok || info.state == 'Z' {
+				gone(pid)
 				continue
 			}
 			p := procID{pid: pid, start: info.start}
 			if _, ok := found[p]; !ok {
 				fd, err := openProc(p)
 				if err != nil {
+					gone(pid)
 					continue
 				}
 				if fd < 0 {

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vllm-guard/vllm-guard/internal/procmark"
 )
 
@@ -258,5 +260,56 @@ func TestTreeSeenIsCapped(t *testing.T) {
 	full.add([]int{info.pid})
 	if full.same(info.pid) || !full.same(os.Getpid()) || full.dropped != 1 {
 		t.Fatalf("full of live entries: %v, dropped %d", full.pids(), full.dropped)
+	}
+}
+
+// Issue 32 item 6: a process of the tree dies while the walk reads it (the
+// API server ending by itself as the guard dies) and its child is handed
+// to the keeper after the roots were read. The pass that found the death
+// and stopped nothing new ended the walk: the tree was called empty and
+// the child (the EngineCore) lived on. Here the shell A is dead (a zombie)
+// when the walk reaches it, and the roots the walk reads first are from
+// before A's child E was handed over; later reads name E, as the keeper's
+// children do once A has died.
+func TestKillTreeFindsAChildHandedOverDuringTheWalk(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "sleep 300 & echo $!")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	var line string
+	if _, err := fmt.Fscanln(out, &line); err != nil {
+		t.Fatal(err)
+	}
+	e, err := strconv.Atoi(line)
+	if err != nil {
+		t.Fatalf("sleep's pid %q: %v", line, err)
+	}
+	defer syscall.Kill(e, syscall.SIGKILL)
+	a := cmd.Process.Pid
+	// A has exited and stays a zombie: waited for without being reaped.
+	var info unix.Siginfo
+	for unix.Waitid(unix.P_PID, a, &info, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
+	}
+	if !alive(e) {
+		t.Fatal("sleep is not running")
+	}
+	reads := 0
+	roots := func() []int {
+		reads++
+		if reads == 1 {
+			return []int{a} // read just before A died
+		}
+		return []int{a, e} // the keeper's children since
+	}
+	if left := killTree(roots, nil); len(left) != 0 {
+		t.Fatalf("killTree left %v", left)
+	}
+	if alive(e) {
+		t.Fatalf("the child handed over during the walk (pid %d) is still alive after killTree (roots read %d times)", e, reads)
 	}
 }

@@ -7,8 +7,9 @@
 // bytes, the shutdown timeout, the tensor-parallel size — and renders it
 // with every secret masked. It reads the way vLLM's FlexibleArgumentParser
 // does: `--flag=value` and `--flag value`, underscores in flag names taken
-// as dashes, a repeated flag's last value wins, the positional model
-// anywhere after `serve`, the deprecated `--model`.
+// as dashes, unambiguous abbreviations (ResolveFlag), a repeated flag's
+// last value wins, the positional model anywhere after `serve`, the
+// deprecated `--model`.
 package vllmargs
 
 import (
@@ -165,6 +166,7 @@ type opt struct {
 	name   string // canonical
 	values []string
 	inline bool // written --flag=value
+	abbrev bool // written as an abbreviation of name
 }
 
 // scan splits args (the part after the program, or after `serve`) into
@@ -180,14 +182,15 @@ func scan(args []string) (opts []opt, positional []string) {
 			positional = append(positional, a)
 			continue
 		}
-		name, val, inline := strings.Cut(a, "=")
-		name = normName(name)
+		written, val, inline := strings.Cut(a, "=")
+		name, _ := ResolveFlag(written)
+		abbrev := name != normName(written)
 		if inline {
-			opts = append(opts, opt{name, []string{val}, true})
+			opts = append(opts, opt{name, []string{val}, true, abbrev})
 			continue
 		}
 		if takesNoValue(name) {
-			opts = append(opts, opt{name, nil, false})
+			opts = append(opts, opt{name, nil, false, abbrev})
 			continue
 		}
 		var vals []string
@@ -198,7 +201,7 @@ func scan(args []string) (opts []opt, positional []string) {
 				break
 			}
 		}
-		opts = append(opts, opt{name, vals, false})
+		opts = append(opts, opt{name, vals, false, abbrev})
 	}
 	return opts, positional
 }
@@ -236,11 +239,12 @@ func Parse(command, extra []string, workdir string, env Env) (*Args, error) {
 	}
 
 	// The --config file's keys come first, so the command line overrides
-	// them. vLLM expands only "--config PATH": "--config=PATH" reaches its
-	// parser as a plain option and the file is never read.
+	// them. vLLM expands only "--config PATH": "--config=PATH" or an
+	// abbreviation reaches its parser as a plain option and the file is
+	// never read.
 	var all []opt
 	for _, o := range opts {
-		if o.name != "--config" || o.inline {
+		if o.name != "--config" || o.inline || o.abbrev {
 			continue
 		}
 		if len(o.values) == 0 || o.values[0] == "" {
@@ -263,7 +267,7 @@ func Parse(command, extra []string, workdir string, env Env) (*Args, error) {
 			return nil, errorf("vLLM's --config file %s: %v", path, err)
 		}
 		for _, e := range entries {
-			name := normName("--" + e.key)
+			name, _ := ResolveFlag("--" + e.key)
 			if name == "--model" && a.Model == "" && len(e.values) > 0 {
 				a.Model = e.values[0]
 				continue
@@ -417,7 +421,7 @@ func MaskArgv(argv []string, secrets []string) []string {
 	for i, x := range argv {
 		if isFlag(x) {
 			name, _, inline := strings.Cut(x, "=")
-			name = normName(name)
+			name, _ = ResolveFlag(name)
 			inSecret = secretFlags[name] && !inline
 			if secretFlags[name] && inline {
 				x = x[:strings.IndexByte(x, '=')+1] + Mask

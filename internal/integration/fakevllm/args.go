@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 )
 
 // serveArgs is the part of `vllm serve`'s command line the simulator
@@ -157,9 +159,39 @@ var choices = map[string][]string{
 }
 
 // normalizeFlag turns "--max_num_seqs" into "--max-num-seqs" (vLLM's
-// FlexibleArgumentParser accepts underscores in flag names) and resolves
-// short aliases. The value after '=' is kept as is.
+// FlexibleArgumentParser accepts underscores in flag names), an
+// unambiguous abbreviation ("--api-ke") into its flag, as argparse's
+// allow_abbrev does over all of vLLM's flags (vllmargs.ResolveFlag), and
+// resolves short aliases. The value after '=' is kept as is.
 func normalizeFlag(tok string) string {
+	t := spellFlag(tok)
+	name, value, has := strings.Cut(t, "=")
+	if !strings.HasPrefix(name, "--") {
+		return t
+	}
+	name, _ = vllmargs.ResolveFlag(name)
+	if has {
+		return name + "=" + value
+	}
+	return name
+}
+
+// ambiguous is argparse's refusal of an abbreviation that several of
+// vLLM's flags share ("--api" could be --api-key or --api-server-count).
+func ambiguous(tok string) error {
+	name, _, _ := strings.Cut(spellFlag(tok), "=")
+	if !strings.HasPrefix(name, "--") {
+		return nil
+	}
+	if _, amb := vllmargs.ResolveFlag(name); len(amb) > 1 {
+		return &argError{msg: fmt.Sprintf("ambiguous option: %s could match %s", tok, strings.Join(amb, ", "))}
+	}
+	return nil
+}
+
+// spellFlag is normalizeFlag without abbreviations: vLLM finds "--config"
+// by its exact spelling before argparse sees the command line.
+func spellFlag(tok string) string {
 	if !strings.HasPrefix(tok, "--") {
 		if long, ok := shortFlags[tok]; ok {
 			return long
@@ -180,7 +212,7 @@ func normalizeFlag(tok string) string {
 
 // parseServeArgs parses the arguments after `serve` the way vLLM's
 // argparse parser does: `--flag value` and `--flag=value`, underscores as
-// dashes, no abbreviations, `--config FILE` expanded right after the
+// dashes, unambiguous abbreviations, `--config FILE` expanded right after the
 // model, repeated flags last-wins (with a warning), every unknown token
 // collected into one "unrecognized arguments" error. It parses as the
 // default era does; parseServeArgsFor takes the era.
@@ -254,6 +286,9 @@ func parseServeArgsFor(argv []string, e era) (*serveArgs, error) {
 			}
 			positional++
 			continue
+		}
+		if err := ambiguous(tok); err != nil {
+			return nil, err
 		}
 		tok = normalizeFlag(tok)
 		name, value, hasValue := strings.Cut(tok, "=")
@@ -519,7 +554,7 @@ func (a *serveArgs) expandConfig(argv []string) ([]string, error) {
 		if tok == "--" {
 			break
 		}
-		n := normalizeFlag(tok)
+		n := spellFlag(tok)
 		if n == "--config" {
 			if i+1 >= len(argv) {
 				return nil, &argError{msg: "argument --config: expected one argument"}
@@ -563,7 +598,7 @@ func (a *serveArgs) expandConfig(argv []string) ([]string, error) {
 		}
 	}
 	rest := append(append([]string{}, argv[:idx]...), argv[idx+2:]...)
-	if idx < len(argv) && strings.HasPrefix(normalizeFlag(argv[idx]), "--config=") {
+	if idx < len(argv) && strings.HasPrefix(spellFlag(argv[idx]), "--config=") {
 		rest = append(append([]string{}, argv[:idx]...), argv[idx+1:]...)
 	}
 	a.ConfigFile = path

@@ -29,7 +29,9 @@
 //	    [--uvicorn-log-level L] [--disable-log-stats]
 //
 // Both "--flag value" and "--flag=value" work, underscores in flag names
-// are dashes (vLLM's FlexibleArgumentParser); no abbreviations. The
+// are dashes (vLLM's FlexibleArgumentParser), an unambiguous prefix is
+// the flag (argparse's allow_abbrev: --api-ke is --api-key; --api is
+// "ambiguous option", exit 2), as vllmargs.ResolveFlag reads it. The
 // model is the positional argument anywhere after serve; --model M still
 // works but prints vLLM's deprecation warning (unprefixed, before the
 // banner; wording from vLLM logs, argparse_utils.py). A flag given twice

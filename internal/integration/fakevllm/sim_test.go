@@ -118,7 +118,7 @@ func TestStartupSequenceAndReady(t *testing.T) {
 
 func TestUnknownFlagIsUsageError(t *testing.T) {
 	t.Parallel()
-	cmd := exec.Command(simBin(t), "serve", "org/model", "--max-num-seq", "8")
+	cmd := exec.Command(simBin(t), "serve", "org/model", "--max-num-seqz", "8")
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -129,7 +129,7 @@ func TestUnknownFlagIsUsageError(t *testing.T) {
 	if !strings.HasPrefix(stderr.String(), "usage: vllm serve [-h]") {
 		t.Errorf("stderr does not start with the usage: %q", stderr.String())
 	}
-	if !strings.Contains(stderr.String(), "vllm serve: error: unrecognized arguments: --max-num-seq 8\n") {
+	if !strings.Contains(stderr.String(), "vllm serve: error: unrecognized arguments: --max-num-seqz 8\n") {
 		t.Errorf("stderr lacks the argparse error: %q", stderr.String())
 	}
 	if stdout.Len() != 0 {

@@ -38,7 +38,10 @@ func TestParseServeArgs(t *testing.T) {
 		argv []string
 		want string
 	}{
-		{[]string{"m", "--max-num-seq", "8"}, "unrecognized arguments: --max-num-seq 8"},
+		{[]string{"m", "--max-num-seqz", "8"}, "unrecognized arguments: --max-num-seqz 8"},
+		// argparse's allow_abbrev over vLLM's flags (issue 32 item 3).
+		{[]string{"m", "--api", "k"}, "ambiguous option: --api could match --api-key, --api-server-count"},
+		{[]string{"m", "--por", "x"}, "argument --port: invalid int value: 'x'"},
 		{[]string{"m", "--bogus=1", "extra"}, "unrecognized arguments: --bogus=1 extra"},
 		{[]string{"m", "--port"}, "argument --port: expected one argument"},
 		{[]string{"m", "--port", "x"}, "argument --port: invalid int value: 'x'"},
@@ -55,6 +58,18 @@ func TestParseServeArgs(t *testing.T) {
 	}
 	if _, err := parseServeArgs([]string{"-h"}); err != errHelp {
 		t.Errorf("-h: %v", err)
+	}
+}
+
+// An unambiguous abbreviation is its flag, as in vLLM: --api-ke sets the
+// API key, --max_num_se the sequences.
+func TestParseServeArgsAbbreviations(t *testing.T) {
+	a, err := parseServeArgs([]string{"m", "--api-ke", "k1", "k2", "--max_num_se=8", "--enforce-ea"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(a.APIKeys, []string{"k1", "k2"}) || a.MaxNumSeqs != 8 || !a.EnforceEager {
+		t.Errorf("parsed %+v", a)
 	}
 }
 

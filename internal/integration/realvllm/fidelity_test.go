@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -281,4 +282,25 @@ func waitLine(t *testing.T, s *server, text string, bound time.Duration) {
 		time.Sleep(20 * time.Millisecond) // the pace of the output polls
 	}
 	t.Fatalf("%s printed no line with %q within %s:\n%s", s.name, text, bound, s.tail())
+}
+
+// The guard reads vLLM's flags as vLLM's parser does (abbreviations among
+// all of vLLM's flags, internal/vllmargs): the list it reads them against
+// is the pinned vLLM's own, as scripts/vllm-flags.py writes it.
+func TestFlagListIsThePinnedVLLMs(t *testing.T) {
+	cmd := exec.Command(real.python, filepath.Join(real.root, "scripts", "vllm-flags.py"))
+	cmd.Env = append(os.Environ(), "VLLM_TARGET_DEVICE=cpu")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	got, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("scripts/vllm-flags.py: %v\n%s", err, stderr.String())
+	}
+	want, err := os.ReadFile(filepath.Join(real.root, "internal", "vllmargs", "flags_vllm.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(want) {
+		t.Fatalf("internal/vllmargs/flags_vllm.go is not the pinned vLLM's flag list: run\n  %s scripts/vllm-flags.py > internal/vllmargs/flags_vllm.go", real.python)
+	}
 }

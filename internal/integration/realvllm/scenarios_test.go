@@ -114,6 +114,24 @@ func TestAPIKey(t *testing.T) {
 			t.Fatalf("vLLM answered %d without the key, want 401 (is the key in force?)", a.status)
 		}
 	})
+	// vLLM's parser reads an unambiguous abbreviation as the flag (issue
+	// 32 item 3): the guard reads the key the same way for its probes, and
+	// masks it in its log.
+	t.Run("abbreviated flag", func(t *testing.T) {
+		s := newScene(t, generate("--api-ke", "sk-real-abbrev-0001")...)
+		s.start()
+		s.waitEvent("ready", 1, startBound, isReady)
+		if a := get(s.vllmURL("/v1/models"), ""); a.status != 401 {
+			t.Fatalf("vLLM answered %d without the key, want 401 (did vLLM read --api-ke as --api-key?)", a.status)
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, l := range s.raw {
+			if strings.Contains(l, "real-abbrev-0001") {
+				t.Fatalf("the guard's log carries the key: %s", l)
+			}
+		}
+	})
 	t.Run("env", func(t *testing.T) {
 		s := newScene(t, generate()...)
 		s.env["VLLM_API_KEY"] = "sk-real-env"

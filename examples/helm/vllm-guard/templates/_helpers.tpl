@@ -60,7 +60,11 @@ when vLLM is given a shutdown timeout, else stop_timeout.
 {{/*
 vLLM's command line ([vllm] command), as a JSON array. Flags the chart sets
 from other values are refused in extraArgs, so that what the chart derives
-(the grace period, the GPU count) is what vLLM runs with.
+(the grace period, the GPU count) is what vLLM runs with. vLLM's parser takes
+any unambiguous prefix of a flag for the flag, with underscores for dashes
+(--api-ke is --api-key): $shortest is each flag's shortest such prefix among
+vLLM's flags, from internal/vllmargs (TestChartKnowsVLLMsAbbreviations keeps
+them equal), and every name from it up to the flag is refused.
 */}}
 {{- define "vllm-guard.command" -}}
 {{- $owned := dict
@@ -70,14 +74,25 @@ from other values are refused in extraArgs, so that what the chart derives
   "--max-num-seqs" "profile.maxNumSeqs (the guard lowers it after an out-of-memory crash)"
   "--gpu-memory-utilization" "profile.gpuMemoryUtilization (the guard lowers it after an out-of-memory crash)"
   "--api-key" "apiKeySecret: put the key in a Secret (a key in the values sits in the release's history, the ConfigMap and the pod's command line)" -}}
+{{- $shortest := dict
+  "--shutdown-timeout" "--shu"
+  "--tensor-parallel-size" "--te"
+  "-tp" "-tp"
+  "--max-num-seqs" "--max-num-se"
+  "--gpu-memory-utilization" "--gp"
+  "--api-key" "--api-k" -}}
 {{- $extra := list -}}
 {{- range $arg := .Values.extraArgs -}}
 {{- $arg = toString $arg -}}
 {{- $extra = append $extra $arg -}}
 {{- $flag := regexReplaceAll "=.*$" $arg "" | replace "_" "-" -}}
-{{- if hasKey $owned $flag -}}
+{{- range $owner, $short := $shortest -}}
+{{- if and (hasPrefix $short $flag) (hasPrefix $flag $owner) -}}
 {{- /* The key itself is not repeated in the error (it lands in CI logs). */}}
-{{- fail (printf "extraArgs: %s is set by the chart; set %s instead" (ternary $flag $arg (eq $flag "--api-key")) (get $owned $flag)) -}}
+{{- $named := ternary $flag $arg (eq $owner "--api-key") -}}
+{{- if ne $flag $owner -}}{{- $named = printf "%s (vLLM reads it as %s)" $named $owner -}}{{- end -}}
+{{- fail (printf "extraArgs: %s is set by the chart; set %s instead" $named (get $owned $owner)) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- $tp := include "vllm-guard.tensorParallelSize" . | int -}}

@@ -103,6 +103,9 @@ func (s *nvmlSource) read(indices []int) ([]reading, error) {
 			return nil, fmt.Errorf("GPU %d is no longer listed by NVML", i)
 		}
 		r, err := s.readOne(i, s.handles[i])
+		if errors.Is(err, nvml.ERROR_GPU_IS_LOST) {
+			return nil, &lostError{index: i, err: err}
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -62,6 +62,9 @@ func verdictOf(e Exit, s *scan) Verdict {
 		}
 	}
 	v := classify(e, s, phase)
+	if v.Cause == CauseGPUFault && v.GPU == nil {
+		v.GPU = gpuFromLog(v.Evidence)
+	}
 	if v.Cause != "" {
 		v.Advice = adviceFor(v)
 	}
@@ -80,6 +83,12 @@ func classify(e Exit, s *scan, phase Phase) Verdict {
 	if e.StartFailure != "" {
 		return Verdict{Cause: CauseConfigError, Confidence: "high",
 			Summary: "vLLM could not be started: " + e.StartFailure}
+	}
+	// The GPU's own word first: a run that ended with an XID, a lost GPU
+	// or new uncorrected ECC errors ended on the GPU, whatever the log
+	// says after (a crash, a hang, a kill by the guard).
+	if v, ok := gpuVerdict(e, s); ok {
+		return v
 	}
 	if e.Hang != "" {
 		// A dead engine also fails liveness; if the log names a memory cause,

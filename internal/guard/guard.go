@@ -115,6 +115,7 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		Log:       log,
 		Policy:    g.pol,
 		GPU:       supervisor.MonitorGPU(g.gpu),
+		Health:    supervisor.MonitorGPUHealth(g.gpu),
 		Events:    g.bus,
 		Persist:   g.savePolicy,
 		ExtraArgs: extra,

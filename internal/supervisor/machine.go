@@ -161,6 +161,9 @@ type machine struct {
 	everReady bool
 
 	pending *config.Config // a reloaded config for vLLM's next start
+
+	gpuBefore []policy.GPUDevice // the GPUs' hardware state at the launch (gpufault.go)
+	gpuKilled bool               // the run was ended for a GPU fault
 }
 
 // Run supervises vLLM until ctx is cancelled (exit 0) or the policy gives

@@ -106,6 +106,8 @@ func (m *machine) stopReason() string {
 	switch {
 	case m.hang != "":
 		return "vLLM hung: " + m.hang
+	case m.gpuKilled:
+		return "the GPU failed under vLLM: killing its process tree"
 	case m.end == endRestart:
 		return "restart requested"
 	case m.end == endRestore:
@@ -205,6 +207,7 @@ func (m *machine) fail(res outcome) {
 	if s.gpu != nil {
 		exit.MemFractions = s.gpu.RecentFractions(10)
 	}
+	exit.GPU = m.gpuEvidence()
 	v := policy.Classify(exit)
 	d := s.pol.OnFailure(now, v)
 	s.savePolicy()
@@ -308,7 +311,11 @@ func (m *machine) giveUp(f Failure) {
 	})
 	s.log.Error("gave up on vLLM", zap.String("cause", string(f.Verdict.Cause)), zap.String("reason", f.Decision.Reason),
 		zap.Int("exit_code", code))
-	if s.cfg.Restart.OnGiveUp != "stay" || m.stopAsked {
+	stay := s.cfg.Restart.OnGiveUp == "stay"
+	if f.Verdict.Cause == policy.CauseGPUFault && code == exitcode.GPUFault {
+		stay = s.cfg.GPU.OnGPUFault == "stay" // [gpu] on_gpu_fault decides for a GPU that needs a reset
+	}
+	if !stay || m.stopAsked {
 		m.phase, m.code = phDone, code
 		return
 	}

@@ -29,6 +29,9 @@ func (m *machine) next(sink *logSink) {
 	m.applyPending()
 	rung := m.s.pol.Current()
 	m.s.update(func(st *Status) { st.Rung = rung })
+	if m.gpuBlocked() {
+		return
+	}
 	if m.s.gpu != nil {
 		ok, why, holders := m.s.gpu.CheckFree(rung)
 		if !ok {
@@ -69,6 +72,8 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 	}
 	s.pol.OnStart(time.Now())
 	s.savePolicy()
+	m.markGPU()
+	m.gpuKilled = false
 	m.startedAt = time.Now()
 	s.update(func(st *Status) {
 		st.State, st.Reason, st.Phase, st.LastProbe, st.PID, st.StartedAt, st.ReadySince, st.Rung =

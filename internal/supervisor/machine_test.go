@@ -253,6 +253,7 @@ type scenario struct {
 	pr       *fakeProber
 	gpu      *fakeGPU
 	noGPU    bool
+	health   GPUHealth // nil: no hardware view (gpufault_test.go)
 	load     func() (float64, float64, bool)
 	progress func() (float64, float64, bool)
 	awaiting func() (int, float64)
@@ -301,6 +302,7 @@ func (s *scenario) start() {
 	if !s.noGPU {
 		opts.GPU = s.gpu
 	}
+	opts.Health = s.health
 	sup, err := New(s.cfg, opts)
 	if err != nil {
 		s.t.Fatal(err)

@@ -313,6 +313,9 @@ func exported(t *testing.T) map[string]string {
 	m.SetGPU(gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{UUID: "GPU-x", Used: 1, Total: 2, Fraction: 0.5,
 		Trend: gpumon.TrendClimbing, SecondsToCritical: 300}}})
 	m.SetVLLM(3, 1, 0.5, true)
+	pending := false
+	m.SetGPUHealth(gpumon.Health{Known: true, Devices: []gpumon.DeviceHealth{{UUID: "GPU-x", XIDCounts: map[uint64]uint64{79: 1},
+		ECC: &gpumon.ECCCounts{}, Remap: &gpumon.RemappedRows{}, RetiredPagesPending: &pending}}})
 	fams, err := m.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)

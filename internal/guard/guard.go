@@ -287,6 +287,7 @@ func (g *Guard) onReady(first bool, ttr time.Duration) {
 	g.sd.Ready()
 	g.met.Ready(ttr)
 	g.alert.Clear(alerts.OOM)
+	g.alert.Clear(alerts.GPUFault) // a survivable fault: vLLM serves again
 }
 
 func (g *Guard) onFailure(f supervisor.Failure) {
@@ -324,6 +325,7 @@ func (g *Guard) refreshMetrics(ctx context.Context) {
 			return
 		case <-t.C:
 			g.met.SetGPU(g.gpu.Snapshot())
+			g.met.SetGPUHealth(g.gpu.Health())
 			v := g.stats.Latest()
 			g.met.SetVLLM(v.Running, v.Waiting, v.KVUsage, v.Up)
 		}

@@ -5,6 +5,7 @@ package gpumon
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -199,5 +200,25 @@ func TestXIDWaiter(t *testing.T) {
 	m.Close()
 	if m.Snapshot().Up {
 		t.Fatal("closed monitor still up")
+	}
+}
+
+// TestOnceReadsHealth: `vllm-guard gpus` (Once) reads the counters with
+// its one sample and prints them.
+func TestOnceReadsHealth(t *testing.T) {
+	f := newFake(t, twoGPUs)
+	f.write("health", "0 ecc_volatile_uncorrected 1\n0 ecc_aggregate_uncorrected 4\n0 remap_corr 2\n1 unsupported remap\n")
+	m := New(f.nvml(), Options{}, nil)
+	if s := m.Once(); !s.Up {
+		t.Fatalf("Once: %s", s.Reason)
+	}
+	var b strings.Builder
+	WriteHealth(&b, m.Health())
+	out := b.String()
+	for _, want := range []string{"GPU 0 health: uncorrected ECC volatile 1 aggregate 4; remapped rows correctable 2 uncorrectable 0 pending no failure no",
+		"GPU 1 health:", "not reported: remapped rows"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("health table lacks %q:\n%s", want, out)
+		}
 	}
 }

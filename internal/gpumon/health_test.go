@@ -222,3 +222,93 @@ func TestOnceReadsHealth(t *testing.T) {
 		}
 	}
 }
+
+// FuzzFakeNVMLHealth: any health and events file gives answers within
+// NVML's contract (no crash, no hang, a known return code) on every query
+// of the stand-in's health half.
+func FuzzFakeNVMLHealth(f *testing.F) {
+	f.Add("0 ecc_volatile_uncorrected 2\n0 remap_pending 1\n1 unsupported ecc\n", "0 xid 79\n1 dbe\n")
+	f.Add("0 lost 1\n", "0 xid\n")
+	f.Add("", "")
+	f.Add("x y z\n0 remap_unc -1\n0 ecc_volatile_uncorrected 99999999999999999999999\n", "-1 xid 3\n64 xid 1\n0 sbe 7\n0 xid 18446744073709551615")
+	f.Add("0 unsupported events\n0 unsupported retired\n0 unsupported remap\n", strings.Repeat("0 xid 13\n", 600))
+	fk := newFake(f, twoGPUs)
+	f.Fuzz(func(t *testing.T, health, evs string) {
+		fk.t = t
+		fk.write("health", health)
+		os.Remove(filepath.Join(fk.dir, "events"))
+		lib := fk.nvml()
+		if ret := lib.Init(); ret != nvml.SUCCESS {
+			t.Fatalf("Init: %v", ret)
+		}
+		defer lib.Shutdown()
+		set, ret := lib.EventSetCreate()
+		if ret != nvml.SUCCESS {
+			t.Fatalf("EventSetCreate: %v", ret)
+		}
+		defer set.Free()
+		ok := func(what string, ret nvml.Return) {
+			switch ret {
+			case nvml.SUCCESS, nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_GPU_IS_LOST, nvml.ERROR_TIMEOUT:
+			default:
+				t.Fatalf("%s: %v", what, ret)
+			}
+		}
+		for i := range 2 {
+			d, ret := lib.DeviceGetHandleByIndex(i)
+			if ret != nvml.SUCCESS {
+				t.Fatalf("handle %d: %v", i, ret)
+			}
+			_, r := d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC)
+			ok("ecc", r)
+			_, _, _, _, r = d.GetRemappedRows()
+			ok("remap", r)
+			_, r = d.GetRetiredPagesPendingStatus()
+			ok("retired", r)
+			types, r := d.GetSupportedEventTypes()
+			ok("event types", r)
+			if r == nvml.SUCCESS && types != 0 {
+				ok("register", d.RegisterEvents(types, set))
+			}
+		}
+		fk.appendEvent(evs)
+		for range 700 {
+			data, r := set.Wait(0)
+			ok("wait", r)
+			if r != nvml.SUCCESS {
+				break
+			}
+			if data.EventType == uint64(nvml.EventTypeXidCriticalError) {
+				if i, r := data.Device.GetIndex(); (r == nvml.SUCCESS && i > 1) || (r != nvml.SUCCESS && r != nvml.ERROR_GPU_IS_LOST) {
+					t.Fatalf("event on device %d, %v", i, r)
+				}
+			}
+		}
+	})
+}
+
+// TestFakeNVMLLongEventLine: a line longer than the stand-in's read buffer
+// is skipped; the events after it still arrive.
+func TestFakeNVMLLongEventLine(t *testing.T) {
+	f := newFake(t, twoGPUs)
+	lib := f.nvml()
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		t.Fatalf("Init: %v", ret)
+	}
+	defer lib.Shutdown()
+	set, _ := lib.EventSetCreate()
+	defer set.Free()
+	d0, _ := lib.DeviceGetHandleByIndex(0)
+	if ret := d0.RegisterEvents(uint64(nvml.EventTypeXidCriticalError), set); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	f.appendEvent("0 xid 1" + strings.Repeat("9", 10000))
+	f.appendEvent("0 xid 79")
+	for range 10 {
+		data, ret := set.Wait(0)
+		if ret == nvml.SUCCESS && data.EventData == 79 {
+			return
+		}
+	}
+	t.Fatal("the XID after a long line never arrived")
+}

@@ -1389,6 +1389,9 @@ static int next_event(const char *dir, struct nvmlEventSet_st *s, nvmlEventData_
     for (;;) {
         char *nl = strchr(p, '\n');
         if (nl == NULL) {
+            if (p == buf && (size_t)n == sizeof buf - 1) {
+                off += n; /* a line longer than the buffer: skipped, not waited on forever */
+            }
             break; /* a line still being written */
         }
         *nl = '\0';

@@ -286,8 +286,9 @@ func (m *Monitor) recordEvent(ev hwEvent, at time.Time) {
 	}
 }
 
-// sampleHealth reads every watched device's counters, once per sample.
-func (m *Monitor) sampleHealth() {
+// sampleHealth reads every watched device's counters, once per sample;
+// lost is the NVML index the memory query found lost (-1: none).
+func (m *Monitor) sampleHealth(lost int) {
 	hs, ok := m.src.(healthSource)
 	if !ok {
 		return
@@ -303,6 +304,7 @@ func (m *Monitor) sampleHealth() {
 	got := make([]devHealth, len(devs))
 	for i, d := range devs {
 		got[i] = hs.health(d.Index)
+		got[i].lost = got[i].lost || d.Index == lost
 	}
 	m.callMu.Unlock()
 	var notes []unsupportedNote
@@ -325,8 +327,12 @@ func (m *Monitor) applyHealth(devs []deviceInfo, got []devHealth) {
 		if h.lost && !d.Lost {
 			m.log.Error("GPU is lost (fallen off the bus): it needs a reset or the node a reboot", zap.Int("gpu", d.Index), zap.String("uuid", d.UUID))
 		}
-		d.Lost = d.Lost || h.lost // a lost GPU does not come back without a reset of the guard's view
-		d.ResetRequired = d.ResetRequired || h.reset != ""
+		if !h.lost && d.Lost {
+			m.log.Info("GPU answers again (reset)", zap.Int("gpu", d.Index), zap.String("uuid", d.UUID))
+		}
+		// The latest reading: a GPU that was reset answers again (the XIDs
+		// it reported stay in its record).
+		d.Lost, d.ResetRequired = h.lost, h.reset != ""
 		if h.lost || h.reset != "" {
 			continue // the other counters could not be read
 		}
@@ -345,21 +351,6 @@ func (m *Monitor) applyHealth(devs []deviceInfo, got []devHealth) {
 			if !slices.Contains(d.Unsupported, n.feature) {
 				d.Unsupported = append(d.Unsupported, n.feature)
 			}
-		}
-	}
-}
-
-// markLost records that a memory query found the GPU lost.
-func (m *Monitor) markLost(index int) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.hw == nil {
-		return
-	}
-	for i := range m.hw.devs {
-		if d := &m.hw.devs[i]; d.Index == index && !d.Lost {
-			d.Lost = true
-			m.log.Error("GPU is lost (fallen off the bus): it needs a reset or the node a reboot", zap.Int("gpu", d.Index), zap.String("uuid", d.UUID))
 		}
 	}
 }

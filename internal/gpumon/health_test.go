@@ -312,3 +312,27 @@ func TestFakeNVMLLongEventLine(t *testing.T) {
 	}
 	t.Fatal("the XID after a long line never arrived")
 }
+
+// TestLostGPUComesBackAfterAReset: lost is the latest reading, so a GPU
+// that was reset can be started on again; a memory query that says the GPU
+// is lost counts as lost.
+func TestLostGPUComesBackAfterAReset(t *testing.T) {
+	f := newFake(t, twoGPUs)
+	m := New(f.nvml(), Options{}, nil)
+	mustOpen(t, m)
+	f.write("health", "1 lost 1\n")
+	m.tick()
+	if h := m.Health(); !h.Devices[1].Lost {
+		t.Fatal("GPU 1 not lost")
+	}
+	f.write("health", "")
+	m.tick()
+	if h := m.Health(); h.Devices[1].Lost {
+		t.Fatal("GPU 1 still lost after the reset")
+	}
+	f.write("fault", "15\n") // the memory query answers NVML_ERROR_GPU_IS_LOST
+	m.tick()
+	if h := m.Health(); !h.Devices[0].Lost {
+		t.Fatal("a memory query's \"GPU is lost\" not counted")
+	}
+}

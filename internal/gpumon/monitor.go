@@ -328,10 +328,11 @@ func (m *Monitor) tick() {
 	if _, ok := errors.AsType[*unavailableError](err); ok {
 		return
 	}
-	if i, lost := isLost(err); lost {
-		m.markLost(i)
+	lost := -1
+	if i, ok := isLost(err); ok {
+		lost = i
 	}
-	m.sampleHealth()
+	m.sampleHealth(lost)
 	visible := map[int]bool{}
 	if err == nil && len(ours) > 0 {
 		m.reattribute(procs, ours)

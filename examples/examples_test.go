@@ -315,7 +315,7 @@ func exported(t *testing.T) map[string]string {
 	m.SetVLLM(3, 1, 0.5, true)
 	pending := false
 	m.SetGPUHealth(gpumon.Health{Known: true, Devices: []gpumon.DeviceHealth{{UUID: "GPU-x", XIDCounts: map[uint64]uint64{79: 1},
-		ECC: &gpumon.ECCCounts{}, Remap: &gpumon.RemappedRows{}, RetiredPagesPending: &pending}}})
+		ECC: &gpumon.ECCCounts{}, Remap: &gpumon.RemappedRows{}, RetiredPagesPending: &pending, ThrottleKnown: true}}})
 	fams, err := m.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -102,11 +102,12 @@ r = h.get("remapped_rows")
 print("  remapped rows:   " + (f"correctable {r['correctable']}  uncorrectable {r['uncorrectable']}  pending {r['pending']}  failure {r['failure']}" if r else "not reported"))
 p = h.get("retired_pages_pending")
 print("  retired pages pending: " + ("not reported" if p is None else str(p)))
+print("  hardware clock slowdown: " + ((", ".join(h.get("throttle") or []) or "none") if h.get("throttle_known") else "not reported"))
 print(f"  XIDs seen: {h.get('xid_counts') or 'none'}")
 print(f"  not reported by this GPU/driver: {', '.join(h.get('unsupported') or []) or 'nothing'}")
 PY
-echo "nvidia-smi -q -i $DEV -d ECC,ROW_REMAPPER,PAGE_RETIREMENT:"
-nvidia-smi -q -i "$DEV" -d ECC,ROW_REMAPPER,PAGE_RETIREMENT | sed -n '/Attached GPUs/,$p' | sed 's/^/  /'
+echo "nvidia-smi -q -i $DEV -d ECC,ROW_REMAPPER,PAGE_RETIREMENT,PERFORMANCE:"
+nvidia-smi -q -i "$DEV" -d ECC,ROW_REMAPPER,PAGE_RETIREMENT,PERFORMANCE | sed -n '/Attached GPUs/,$p' | sed 's/^/  /'
 
 echo
 echo "== the guard over a command whose allocating child is orphaned by a SIGKILL"
@@ -164,7 +165,8 @@ import sys, urllib.request
 port, dev = sys.argv[1], sys.argv[2]
 body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
 names = ("vllm_guard_gpu_xid_total", "vllm_guard_gpu_ecc_uncorrected_errors", "vllm_guard_gpu_remapped_rows",
-         "vllm_guard_gpu_remap_pending", "vllm_guard_gpu_remap_failure", "vllm_guard_gpu_retired_pages_pending", "vllm_guard_gpu_lost")
+         "vllm_guard_gpu_remap_pending", "vllm_guard_gpu_remap_failure", "vllm_guard_gpu_retired_pages_pending", "vllm_guard_gpu_hw_throttle",
+         "vllm_guard_gpu_lost")
 seen = set()
 for line in body.splitlines():
     if line.startswith(names) and f'gpu="{dev}"' in line:

@@ -58,6 +58,8 @@ type devHealth struct {
 	remapPending, remapKO bool
 	retiredKnown          bool
 	retiredPending        bool
+	throttleKnown         bool
+	throttle              []string // hardware clock event reasons in force
 
 	unsupported []unsupportedNote // features this device does not report
 }
@@ -96,6 +98,12 @@ type DeviceHealth struct {
 	// RetiredPagesPending: pages retired by dynamic page retirement (before
 	// A100) that wait for a reboot or reset; nil: not supported.
 	RetiredPagesPending *bool `json:"retired_pages_pending,omitempty"`
+	// Throttle: the hardware reasons the GPU's clocks are held down now
+	// (hw_slowdown, hw_thermal, hw_power_brake, sw_thermal); nil: not
+	// reported, empty: none.
+	Throttle []string `json:"throttle,omitempty"`
+	// ThrottleKnown: the driver reports clock event reasons on this GPU.
+	ThrottleKnown bool `json:"throttle_known,omitempty"`
 	// XIDs are the last XID events on the device, oldest first (at most
 	// maxXIDsKept); XIDCounts counts every one since the guard started.
 	XIDs      []XIDEvent        `json:"xids,omitempty"`
@@ -347,6 +355,10 @@ func (m *Monitor) applyHealth(devs []deviceInfo, got []devHealth) {
 			p := h.retiredPending
 			d.RetiredPagesPending = &p
 		}
+		if h.throttleKnown && len(h.throttle) > 0 && !slices.Equal(h.throttle, d.Throttle) {
+			m.log.Warn("GPU clocks held down by the hardware", zap.Int("gpu", d.Index), zap.Strings("reasons", h.throttle))
+		}
+		d.ThrottleKnown, d.Throttle = h.throttleKnown, slices.Clone(h.throttle)
 		for _, n := range h.unsupported {
 			if !slices.Contains(d.Unsupported, n.feature) {
 				d.Unsupported = append(d.Unsupported, n.feature)
@@ -396,6 +408,7 @@ func (m *Monitor) Health() Health {
 			c.XIDCounts[k] = v
 		}
 		c.Unsupported = slices.Clone(d.Unsupported)
+		c.Throttle = slices.Clone(d.Throttle)
 		if d.ECC != nil {
 			e := *d.ECC
 			c.ECC = &e

@@ -207,7 +207,7 @@ func TestXIDWaiter(t *testing.T) {
 // its one sample and prints them.
 func TestOnceReadsHealth(t *testing.T) {
 	f := newFake(t, twoGPUs)
-	f.write("health", "0 ecc_volatile_uncorrected 1\n0 ecc_aggregate_uncorrected 4\n0 remap_corr 2\n1 unsupported remap\n")
+	f.write("health", "0 ecc_volatile_uncorrected 1\n0 ecc_aggregate_uncorrected 4\n0 remap_corr 2\n0 throttle 72\n1 unsupported remap\n1 unsupported throttle\n")
 	m := New(f.nvml(), Options{}, nil)
 	if s := m.Once(); !s.Up {
 		t.Fatalf("Once: %s", s.Reason)
@@ -216,7 +216,7 @@ func TestOnceReadsHealth(t *testing.T) {
 	WriteHealth(&b, m.Health())
 	out := b.String()
 	for _, want := range []string{"GPU 0 health: uncorrected ECC volatile 1 aggregate 4; remapped rows correctable 2 uncorrectable 0 pending no failure no",
-		"GPU 1 health:", "not reported: remapped rows"} {
+		"hardware clock slowdown hw_slowdown, hw_thermal", "GPU 1 health:", "not reported: remapped rows, clock throttle reasons"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("health table lacks %q:\n%s", want, out)
 		}

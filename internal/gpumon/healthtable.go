@@ -28,6 +28,13 @@ func WriteHealth(w io.Writer, h Health) {
 		if p := d.RetiredPagesPending; p != nil {
 			parts = append(parts, "retired pages pending "+yesNo(*p))
 		}
+		if d.ThrottleKnown {
+			t := "none"
+			if len(d.Throttle) > 0 {
+				t = strings.Join(d.Throttle, ", ")
+			}
+			parts = append(parts, "hardware clock slowdown "+t)
+		}
 		if len(d.XIDCounts) > 0 {
 			xs := make([]uint64, 0, len(d.XIDCounts))
 			for x := range d.XIDCounts {

@@ -30,6 +30,9 @@ type nvmlSource struct {
 	lib     nvml.Interface
 	handles []nvml.Device // by NVML index
 	v2      bool          // nvmlDeviceGetMemoryInfo_v2 exists and works
+	// throttleFn: 0 not looked up yet, 1 ClocksEventReasons, 2 the older
+	// ClocksThrottleReasons (nvml_health_cgo.go).
+	throttleFn int
 }
 
 func (s *nvmlSource) open() (string, []deviceInfo, error) {

@@ -85,7 +85,49 @@ func (s *nvmlSource) health(i int) devHealth {
 	case notSupported(ret):
 		unsup("retired pages", ret)
 	}
+
+	// The clock event reasons that mean hardware (nvmlDeviceGetCurrentClocks
+	// EventReasons since driver 535; the older ThrottleReasons name before).
+	// Checked before calling: a missing symbol ends the process.
+	if s.throttleFn == 0 {
+		s.throttleFn = 2
+		if ext := s.lib.Extensions(); ext != nil && ext.LookupSymbol("nvmlDeviceGetCurrentClocksEventReasons") == nil {
+			s.throttleFn = 1
+		}
+	}
+	var mask uint64
+	if s.throttleFn == 1 {
+		mask, ret = d.GetCurrentClocksEventReasons()
+	} else {
+		mask, ret = d.GetCurrentClocksThrottleReasons()
+	}
+	if fatal(ret) {
+		return h
+	}
+	switch {
+	case ret == nvml.SUCCESS:
+		h.throttleKnown = true
+		for _, r := range hwThrottleReasons {
+			if mask&r.bit != 0 {
+				h.throttle = append(h.throttle, r.name)
+			}
+		}
+	case notSupported(ret):
+		unsup("clock throttle reasons", ret)
+	}
 	return h
+}
+
+// hwThrottleReasons are the clock event reasons that mean hardware: the
+// GPU slowed itself for heat, power or an external signal.
+var hwThrottleReasons = []struct {
+	bit  uint64
+	name string
+}{
+	{nvml.ClocksThrottleReasonHwSlowdown, "hw_slowdown"},
+	{nvml.ClocksThrottleReasonHwThermalSlowdown, "hw_thermal"},
+	{nvml.ClocksThrottleReasonHwPowerBrakeSlowdown, "hw_power_brake"},
+	{nvml.ClocksThrottleReasonSwThermalSlowdown, "sw_thermal"},
 }
 
 // nvmlEvents waits on one NVML event set.

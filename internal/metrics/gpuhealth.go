@@ -35,6 +35,9 @@ var (
 	descRetiredPending = prometheus.NewDesc(Namespace+"_gpu_retired_pages_pending",
 		"1 while retired memory pages wait for a reset or reboot (GPUs before A100), else 0; absent where not reported.",
 		[]string{"gpu", "uuid"}, nil)
+	descThrottle = prometheus.NewDesc(Namespace+"_gpu_hw_throttle",
+		"1 while the GPU's clocks are held down for a hardware reason (reason=\"hw_slowdown\"|\"hw_thermal\"|\"hw_power_brake\"|\"sw_thermal\"), else 0; absent where not reported.",
+		[]string{"gpu", "uuid", "reason"}, nil)
 	descLost = prometheus.NewDesc(Namespace+"_gpu_lost",
 		"1 once NVML said the GPU is lost (fallen off the bus, or asking for a reset), else 0.",
 		[]string{"gpu", "uuid"}, nil)
@@ -47,7 +50,7 @@ type healthCollector struct {
 }
 
 func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descXID, descECC, descRemapped, descRemapPending, descRemapFailure, descRetiredPending, descLost} {
+	for _, d := range []*prometheus.Desc{descXID, descECC, descRemapped, descRemapPending, descRemapFailure, descRetiredPending, descThrottle, descLost} {
 		ch <- d
 	}
 }
@@ -79,6 +82,11 @@ func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
 		if p := d.RetiredPagesPending; p != nil {
 			ch <- prometheus.MustNewConstMetric(descRetiredPending, prometheus.GaugeValue, b2f(*p), gpu, d.UUID)
 		}
+		if d.ThrottleKnown {
+			for _, r := range ThrottleReasons {
+				ch <- prometheus.MustNewConstMetric(descThrottle, prometheus.GaugeValue, b2f(slices.Contains(d.Throttle, r)), gpu, d.UUID, r)
+			}
+		}
 		ch <- prometheus.MustNewConstMetric(descLost, prometheus.GaugeValue, b2f(d.Lost || d.ResetRequired), gpu, d.UUID)
 	}
 }
@@ -89,3 +97,6 @@ func (m *Metrics) SetGPUHealth(h gpumon.Health) {
 	m.health.h = h
 	m.health.mu.Unlock()
 }
+
+// ThrottleReasons are the hardware clock event reasons exported, in order.
+var ThrottleReasons = []string{"hw_slowdown", "hw_thermal", "hw_power_brake", "sw_thermal"}

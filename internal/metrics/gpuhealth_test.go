@@ -19,7 +19,8 @@ func TestGPUHealthSeries(t *testing.T) {
 	m.SetGPUHealth(gpumon.Health{Known: true, Devices: []gpumon.DeviceHealth{
 		{Index: 0, UUID: "GPU-a", XIDCounts: map[uint64]uint64{79: 1, 13: 2},
 			ECC:   &gpumon.ECCCounts{VolatileUncorrected: 2, AggregateUncorrected: 9},
-			Remap: &gpumon.RemappedRows{Correctable: 1, Uncorrectable: 3, Pending: true}, RetiredPagesPending: &yes},
+			Remap: &gpumon.RemappedRows{Correctable: 1, Uncorrectable: 3, Pending: true}, RetiredPagesPending: &yes,
+			ThrottleKnown: true, Throttle: []string{"hw_thermal"}},
 		{Index: 1, UUID: "GPU-b", Lost: true},
 	}})
 	body := scrape(t, m)
@@ -30,7 +31,8 @@ func TestGPUHealthSeries(t *testing.T) {
 		`vllm_guard_gpu_remapped_rows{gpu="0",kind="uncorrectable",uuid="GPU-a"} 3`,
 		`vllm_guard_gpu_remap_pending{gpu="0",uuid="GPU-a"} 1`, `vllm_guard_gpu_remap_failure{gpu="0",uuid="GPU-a"} 0`,
 		`vllm_guard_gpu_retired_pages_pending{gpu="0",uuid="GPU-a"} 1`,
-		`vllm_guard_gpu_lost{gpu="0",uuid="GPU-a"} 0`, `vllm_guard_gpu_lost{gpu="1",uuid="GPU-b"} 1`,
+		`vllm_guard_gpu_lost{gpu="0",uuid="GPU-a"} 0`,
+		`vllm_guard_gpu_hw_throttle{gpu="0",reason="hw_thermal",uuid="GPU-a"} 1`, `vllm_guard_gpu_hw_throttle{gpu="0",reason="hw_slowdown",uuid="GPU-a"} 0`, `vllm_guard_gpu_lost{gpu="1",uuid="GPU-b"} 1`,
 	} {
 		if !strings.Contains(body, want+"\n") {
 			t.Errorf("scrape lacks %q", want)

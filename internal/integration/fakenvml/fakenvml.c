@@ -35,7 +35,9 @@
  *                           remap_corr N, remap_unc N, remap_pending 0|1,
  *                           remap_failure 0|1:         nvmlDeviceGetRemappedRows
  *                           retired_pending 0|1:       nvmlDeviceGetRetiredPagesPendingStatus
- *                           unsupported ecc|remap|retired|events (one line
+ *                           throttle MASK: clock event (throttle) reasons, as
+ *                               nvmlDeviceGetCurrentClocksEventReasons answers
+ *                           unsupported ecc|remap|retired|events|throttle (one line
  *                               each): that query answers NVML_ERROR_NOT_SUPPORTED
  *   DIR/events            optional, appended (O_APPEND) by the tests: lines
  *                         "<device_index> xid <n>", "<device_index> dbe" or
@@ -58,7 +60,7 @@
  * list nothing), nvmlDeviceGetTotalEccErrors, nvmlDeviceGetRemappedRows,
  * nvmlDeviceGetRetiredPagesPendingStatus, nvmlDeviceGetSupportedEventTypes,
  * nvmlDeviceRegisterEvents, nvmlEventSetCreate, nvmlEventSetWait(_v2),
- * nvmlEventSetFree. Calls before nvmlInit return NVML_ERROR_UNINITIALIZED.
+ * nvmlEventSetFree, nvmlDeviceGetCurrentClocks{Event,Throttle}Reasons. Calls before nvmlInit return NVML_ERROR_UNINITIALIZED.
  * Thread-safe: the global state sits behind one mutex; scans use the stack
  * and the heap.
  */
@@ -1082,13 +1084,15 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t dev
 #define FAKE_UNSUP_REMAP 2u
 #define FAKE_UNSUP_RETIRED 4u
 #define FAKE_UNSUP_EVENTS 8u
+#define FAKE_UNSUP_THROTTLE 16u
 
 typedef struct {
     int lost;
     unsigned long long ecc[2][2]; /* [nvmlMemoryErrorType_t][nvmlEccCounterType_t] */
     unsigned int remap_corr, remap_unc, remap_pending, remap_failure;
     int retired_pending;
-    unsigned int unsupported; /* FAKE_UNSUP_* */
+    unsigned long long throttle; /* clock event reasons mask */
+    unsigned int unsupported;    /* FAKE_UNSUP_* */
 } fake_health;
 
 /* load_health reads device index's lines of DIR/health (all zero when the
@@ -1120,6 +1124,8 @@ static void load_health(const char *dir, int index, fake_health *h)
                 h->unsupported |= FAKE_UNSUP_RETIRED;
             } else if (strcmp(val, "events") == 0) {
                 h->unsupported |= FAKE_UNSUP_EVENTS;
+            } else if (strcmp(val, "throttle") == 0) {
+                h->unsupported |= FAKE_UNSUP_THROTTLE;
             }
             continue;
         }
@@ -1149,6 +1155,8 @@ static void load_health(const char *dir, int index, fake_health *h)
             h->remap_failure = v != 0;
         } else if (strcmp(key, "retired_pending") == 0) {
             h->retired_pending = v != 0;
+        } else if (strcmp(key, "throttle") == 0) {
+            h->throttle = v;
         }
     }
     fclose(f);
@@ -1465,4 +1473,30 @@ nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *da
 nvmlReturn_t DECLDIR nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
 {
     return nvmlEventSetWait_v2(set, data, timeoutms);
+}
+
+/* ---- clock event (throttle) reasons ------------------------------------- */
+
+nvmlReturn_t DECLDIR nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *clocksEventReasons)
+{
+    char dir[PATH_MAX];
+    fake_health h;
+    int index;
+    nvmlReturn_t ret = health_of(device, &h, &index, dir, sizeof dir);
+    if (ret != NVML_SUCCESS) {
+        return ret;
+    }
+    if (clocksEventReasons == NULL) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if (h.unsupported & FAKE_UNSUP_THROTTLE) {
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    *clocksEventReasons = h.throttle;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *clocksThrottleReasons)
+{
+    return nvmlDeviceGetCurrentClocksEventReasons(device, clocksThrottleReasons);
 }

@@ -36,10 +36,13 @@ type XIDInfo struct {
 // Errors" guide and its catalogue of resolutions): the XIDs an inference
 // server meets, what they mean and whether a reset is needed.
 var xids = map[int]XIDInfo{
-	13:  {Meaning: "graphics engine exception (usually the application: an illegal instruction or address)", App: true},
-	31:  {Meaning: "GPU memory page fault (usually the application: an illegal address)", App: true},
-	43:  {Meaning: "GPU stopped processing (the application's context hit a fault)", App: true},
-	45:  {Meaning: "preemptive cleanup after an earlier error (the contexts on the GPU were torn down)", Ends: true},
+	13: {Meaning: "graphics engine exception (usually the application: an illegal instruction or address)", App: true},
+	31: {Meaning: "GPU memory page fault (usually the application: an illegal address)", App: true},
+	43: {Meaning: "GPU stopped processing (the application's context hit a fault)", App: true},
+	// 45 is also what the driver logs for the channels of any process
+	// killed while it used the GPU (an OOM kill, the guard's own stop):
+	// evidence, never a reason to stop vLLM by itself.
+	45:  {Meaning: "preemptive cleanup after an earlier error or a killed process (its contexts on the GPU were torn down)"},
 	48:  {Meaning: "double-bit (uncorrectable) ECC error", Reset: true, Ends: true},
 	61:  {Meaning: "internal micro-controller breakpoint/warning", Reset: true, Ends: true},
 	62:  {Meaning: "internal micro-controller halt", Reset: true, Ends: true},
@@ -228,11 +231,27 @@ func gpuFaults(ev *GPUEvidence) []fault {
 	return out
 }
 
-// gpuVerdict decides gpu_fault from NVML, before the log.
+// gpuVerdict decides gpu_fault from NVML, before the log. A finding that
+// is only evidence (an XID usually the application's, a record, new ECC
+// counts alone) decides only when nothing else explains the death: a log
+// that names another cause (an OOM, a bad argument), the kernel's OOM
+// killer or a hang kill comes first.
 func gpuVerdict(e Exit, s *scan) (Verdict, bool) {
 	fs := gpuFaults(e.GPU)
 	if len(fs) == 0 {
 		return Verdict{}, false
+	}
+	if fs[0].rank < 2 {
+		phase := e.Phase
+		if phase == "" {
+			phase = PhaseStarting
+		}
+		if c, h := s.best(phase, scoreDied); h != nil && c != CauseCrash && c != CauseGPUFault {
+			return Verdict{}, false
+		}
+		if e.HostOOMKill || e.Hang != "" {
+			return Verdict{}, false
+		}
 	}
 	g := fs[0].g
 	var ev []Line

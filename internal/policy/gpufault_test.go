@@ -154,3 +154,27 @@ func TestDiagnoseGPUFaultLogs(t *testing.T) {
 		t.Fatalf("with an Xid line: %+v gpu %+v", rep.Verdict, rep.GPU)
 	}
 }
+
+// TestGPUEvidenceOnlyDoesNotOverrideTheLog: an XID that is only evidence
+// (45 after a killed process, 13 of the application) does not turn an OOM
+// into a GPU fault; with a plain crash it names the GPU.
+func TestGPUEvidenceOnlyDoesNotOverrideTheLog(t *testing.T) {
+	oom := []Line{{N: 1, Text: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."}}
+	v := Classify(Exit{Lines: oom, ExitCode: 1, Phase: PhaseReady, GPU: &GPUEvidence{After: []GPUDevice{dev(45)}}})
+	if v.Cause != CauseOOM {
+		t.Fatalf("OOM with an XID 45: %s, want oom", v.Cause)
+	}
+	crash := []Line{{N: 1, Text: "RuntimeError: CUDA error: an illegal memory access was encountered"}}
+	v = Classify(Exit{Lines: crash, ExitCode: 1, Phase: PhaseReady, GPU: &GPUEvidence{After: []GPUDevice{dev(13)}}})
+	if v.Cause != CauseGPUFault || v.GPU.XID != 13 || v.GPU.Reset {
+		t.Fatalf("illegal address with an XID 13: %+v", v)
+	}
+	// A reset-class XID decides whatever the log says.
+	v = Classify(Exit{Lines: oom, ExitCode: 1, Phase: PhaseReady, GPU: &GPUEvidence{After: []GPUDevice{dev(79)}}})
+	if v.Cause != CauseGPUFault {
+		t.Fatalf("OOM line with an XID 79: %s", v.Cause)
+	}
+	if _, ends := LiveFault(GPUEvidence{After: []GPUDevice{dev(45)}}); ends {
+		t.Fatal("an XID 45 ended the run")
+	}
+}

@@ -392,6 +392,14 @@ func (m *Monitor) sayOnce(key, msg string, fields ...zap.Field) {
 	}
 }
 
+// HealthNow reads every watched device's counters now (not waiting for
+// the next sample), then returns Health: the check before a start must not
+// miss a state the sampler has not read yet.
+func (m *Monitor) HealthNow() Health {
+	m.sampleHealth(-1)
+	return m.Health()
+}
+
 // Health returns the hardware health of every watched device.
 func (m *Monitor) Health() Health {
 	m.mu.Lock()

@@ -336,3 +336,18 @@ func TestLostGPUComesBackAfterAReset(t *testing.T) {
 		t.Fatal("a memory query's \"GPU is lost\" not counted")
 	}
 }
+
+// TestHealthNowReadsBeforeTheFirstSample: the check before a start sees a
+// pending remap even before the sampler ran once.
+func TestHealthNowReadsBeforeTheFirstSample(t *testing.T) {
+	f := newFake(t, twoGPUs)
+	f.write("health", "0 remap_pending 1\n")
+	m := New(f.nvml(), Options{}, nil)
+	mustOpen(t, m)
+	if r := m.Health().Devices[0].Remap; r != nil {
+		t.Fatalf("counters before any read: %+v", r)
+	}
+	if r := m.HealthNow().Devices[0].Remap; r == nil || !r.Pending {
+		t.Fatalf("HealthNow: remap %+v, want pending", r)
+	}
+}

@@ -19,9 +19,10 @@ import (
 // GPUHealth is what the supervisor needs of the GPU's hardware health;
 // nil: no such view (no NVML). Every method returns at once.
 type GPUHealth interface {
-	// GPUs is every watched GPU's hardware state now, with the XID events
-	// since since; nil when NVML cannot tell.
-	GPUs(since time.Time) []policy.GPUDevice
+	// GPUs is every watched GPU's hardware state, with the XID events
+	// since since; nil when NVML cannot tell. fresh: read the counters now
+	// rather than take the last sample's.
+	GPUs(since time.Time, fresh bool) []policy.GPUDevice
 }
 
 // MonitorGPUHealth adapts the NVML monitor's health snapshot.
@@ -29,8 +30,11 @@ func MonitorGPUHealth(m *gpumon.Monitor) GPUHealth { return monitorHealth{m} }
 
 type monitorHealth struct{ m *gpumon.Monitor }
 
-func (h monitorHealth) GPUs(since time.Time) []policy.GPUDevice {
+func (h monitorHealth) GPUs(since time.Time, fresh bool) []policy.GPUDevice {
 	hs := h.m.Health()
+	if fresh {
+		hs = h.m.HealthNow()
+	}
 	if !hs.Known || len(hs.Devices) == 0 {
 		return nil
 	}
@@ -64,7 +68,7 @@ func (m *machine) gpuBlocked() bool {
 	if h == nil {
 		return false
 	}
-	why := policy.StartBlock(h.GPUs(time.Now()))
+	why := policy.StartBlock(h.GPUs(time.Now(), true))
 	if why == "" {
 		return false
 	}
@@ -82,16 +86,18 @@ func (m *machine) gpuBlocked() bool {
 func (m *machine) markGPU() {
 	m.gpuBefore = nil
 	if m.s.health != nil {
-		m.gpuBefore = m.s.health.GPUs(time.Now())
+		m.gpuBefore = m.s.health.GPUs(time.Now(), true)
 	}
 }
 
-// gpuEvidence is NVML's word on the run that ended (nil without NVML).
-func (m *machine) gpuEvidence() *policy.GPUEvidence {
+// gpuEvidence is NVML's word on the run (nil without NVML); fresh: read
+// the counters now (after a death) rather than take the last sample's (the
+// heartbeat's look while vLLM runs).
+func (m *machine) gpuEvidence(fresh bool) *policy.GPUEvidence {
 	if m.s.health == nil {
 		return nil
 	}
-	after := m.s.health.GPUs(m.startedAt)
+	after := m.s.health.GPUs(m.startedAt, fresh)
 	if after == nil {
 		return nil
 	}
@@ -107,7 +113,7 @@ func (m *machine) checkGPUFault() bool {
 	if m.s.health == nil || m.phase != phRunning {
 		return false
 	}
-	ev := m.gpuEvidence()
+	ev := m.gpuEvidence(false)
 	if ev == nil {
 		return false
 	}

@@ -26,7 +26,7 @@ func newFakeHealth() *fakeHealth {
 	return &fakeHealth{dev: policy.GPUDevice{Index: 0, UUID: "GPU-0000", ECCKnown: true, RemapKnown: true}}
 }
 
-func (h *fakeHealth) GPUs(since time.Time) []policy.GPUDevice {
+func (h *fakeHealth) GPUs(since time.Time, _ bool) []policy.GPUDevice {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	d := h.dev

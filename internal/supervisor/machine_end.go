@@ -207,7 +207,7 @@ func (m *machine) fail(res outcome) {
 	if s.gpu != nil {
 		exit.MemFractions = s.gpu.RecentFractions(10)
 	}
-	exit.GPU = m.gpuEvidence()
+	exit.GPU = m.gpuEvidence(true)
 	v := policy.Classify(exit)
 	d := s.pol.OnFailure(now, v)
 	s.savePolicy()

@@ -64,6 +64,12 @@ func verdictOf(e Exit, s *scan) Verdict {
 	v := classify(e, s, phase)
 	if v.Cause == CauseGPUFault && v.GPU == nil {
 		v.GPU = gpuFromLog(v.Evidence)
+		if v.GPU.XID > 0 {
+			v.Summary += fmt.Sprintf(" (XID %d: %s)", v.GPU.XID, v.GPU.Meaning)
+		}
+		if v.GPU.Reset {
+			v.Summary += "; the GPU needs a reset (nvidia-smi -r -i <index>) or the node a drain and reboot"
+		}
 	}
 	if v.Cause != "" {
 		v.Advice = adviceFor(v)

@@ -271,13 +271,16 @@ var xidLine = regexp.MustCompile(`Xid \(PCI:[0-9a-fA-F:.]+\): (\d+)`)
 // gpuFromLog fills the GPU fault a log-decided gpu_fault names.
 func gpuFromLog(ev []Line) *GPUFault {
 	g := &GPUFault{Device: -1, Source: "log"}
-	for _, l := range ev {
+	for _, l := range ev { // the first XID, or the first that needs a reset
 		if m := xidLine.FindStringSubmatch(l.Text); m != nil {
 			x, _ := strconv.Atoi(m[1])
-			info := xids[x]
-			g.XID, g.Meaning, g.Reset = x, XIDMeaning(x), info.Reset
-			return g
+			if g.XID == 0 || (xids[x].Reset && !g.Reset) {
+				g.XID, g.Meaning, g.Reset = x, XIDMeaning(x), xids[x].Reset
+			}
 		}
+	}
+	if g.XID > 0 {
+		return g
 	}
 	for _, l := range ev {
 		switch t := l.Text; {

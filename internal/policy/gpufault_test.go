@@ -178,3 +178,15 @@ func TestGPUEvidenceOnlyDoesNotOverrideTheLog(t *testing.T) {
 		t.Fatal("an XID 45 ended the run")
 	}
 }
+
+// TestGPUFromLogPrefersTheResetXID: of several Xid lines, the one that
+// needs a reset names the fault.
+func TestGPUFromLogPrefersTheResetXID(t *testing.T) {
+	g := gpuFromLog([]Line{
+		{N: 1, Text: "NVRM: Xid (PCI:0000:3b:00): 13, pid=1, Graphics Exception"},
+		{N: 2, Text: "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."},
+	})
+	if g.XID != 79 || !g.Reset {
+		t.Fatalf("%+v", g)
+	}
+}

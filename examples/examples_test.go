@@ -153,7 +153,7 @@ func timespan(t *testing.T, s string) time.Duration {
 func TestSystemdUnitSettings(t *testing.T) {
 	keys := unitKeys(read(t, "vllm-guard.service"))
 	for k, want := range map[string]string{"Type": "notify", "NotifyAccess": "main", "Restart": "on-failure",
-		"RestartPreventExitStatus": "78", "KillMode": "mixed", "OOMPolicy": "continue"} {
+		"RestartPreventExitStatus": "78 69", "KillMode": "mixed", "OOMPolicy": "continue"} {
 		if keys[k] != want {
 			t.Errorf("%s=%q, want %q", k, keys[k], want)
 		}
@@ -313,6 +313,9 @@ func exported(t *testing.T) map[string]string {
 	m.SetGPU(gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{UUID: "GPU-x", Used: 1, Total: 2, Fraction: 0.5,
 		Trend: gpumon.TrendClimbing, SecondsToCritical: 300}}})
 	m.SetVLLM(3, 1, 0.5, true)
+	pending := false
+	m.SetGPUHealth(gpumon.Health{Known: true, Devices: []gpumon.DeviceHealth{{UUID: "GPU-x", XIDCounts: map[uint64]uint64{79: 1},
+		ECC: &gpumon.ECCCounts{}, Remap: &gpumon.RemappedRows{}, RetiredPagesPending: &pending, ThrottleKnown: true}}})
 	fams, err := m.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -8,7 +8,12 @@
 #  2. compares `vllm-guard gpus --json` (device used/total, the allocating
 #     process's bytes) with nvidia-smi before, during and after a 1 GiB
 #     allocation that is freed with cuMemFree;
-#  3. runs the guard over a command that allocates 2 GiB in a child, kills
+#  3. prints the guard's view of the GPU's hardware health (uncorrected ECC
+#     counts, remapped rows, retired pages pending, lost, XIDs and whether
+#     XID events can be watched) next to `nvidia-smi -q -d
+#     ECC,ROW_REMAPPER,PAGE_RETIREMENT` (no fault needed: both should read
+#     the same counters), and later the guard's /metrics series of them;
+#  4. runs the guard over a command that allocates 2 GiB in a child, kills
 #     that command's leader with SIGKILL (the child is orphaned, holding its
 #     memory, as vLLM's EngineCore is), and shows that the memory is
 #     released before the guard's next start.
@@ -80,7 +85,33 @@ sleep 1
 compare after
 
 echo
+echo "== hardware health: the guard (NVML through go-nvml) next to nvidia-smi"
+"$GUARD" gpus --json >"$WORK/gpus.json" || true
+python3 - "$WORK/gpus.json" "$DEV" <<'PY'
+import json, sys
+snap, dev = json.load(open(sys.argv[1])), int(sys.argv[2])
+h = next((x for x in snap.get("health") or [] if x["index"] == dev), None)
+if h is None:
+    print(f"guard: no health for GPU {dev}: {snap.get('reason', '')}")
+    sys.exit(0)
+ecc = h.get("ecc")
+print(f"guard: GPU {dev} {h['uuid']}")
+print(f"  lost {h['lost']}  reset required {h['reset_required']}")
+print("  uncorrected ECC: " + (f"volatile {ecc['volatile_uncorrected']}  aggregate {ecc['aggregate_uncorrected']}" if ecc else "not reported"))
+r = h.get("remapped_rows")
+print("  remapped rows:   " + (f"correctable {r['correctable']}  uncorrectable {r['uncorrectable']}  pending {r['pending']}  failure {r['failure']}" if r else "not reported"))
+p = h.get("retired_pages_pending")
+print("  retired pages pending: " + ("not reported" if p is None else str(p)))
+print("  hardware clock slowdown: " + ((", ".join(h.get("throttle") or []) or "none") if h.get("throttle_known") else "not reported"))
+print(f"  XIDs seen: {h.get('xid_counts') or 'none'}")
+print(f"  not reported by this GPU/driver: {', '.join(h.get('unsupported') or []) or 'nothing'}")
+PY
+echo "nvidia-smi -q -i $DEV -d ECC,ROW_REMAPPER,PAGE_RETIREMENT,PERFORMANCE:"
+nvidia-smi -q -i "$DEV" -d ECC,ROW_REMAPPER,PAGE_RETIREMENT,PERFORMANCE | sed -n '/Attached GPUs/,$p' | sed 's/^/  /'
+
+echo
 echo "== the guard over a command whose allocating child is orphaned by a SIGKILL"
+MPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 cat >"$WORK/leader.sh" <<EOF
 #!/usr/bin/env bash
@@ -107,7 +138,7 @@ sample_interval = "500ms"
 release_timeout = "30s"
 [control]
 socket = "$WORK/guard.sock"
-http_listen = ""
+http_listen = "127.0.0.1:$MPORT"
 state_dir = "$WORK/state"
 [log]
 format = "json"
@@ -128,6 +159,23 @@ done
 child=$(pgrep -P "$leader" -f cudalloc | head -1)
 sleep 1
 compare held "$child"
+echo "the guard's hardware-health series (its /metrics) for GPU $DEV:"
+python3 - "$MPORT" "$DEV" <<'PY'
+import sys, urllib.request
+port, dev = sys.argv[1], sys.argv[2]
+body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+names = ("vllm_guard_gpu_xid_total", "vllm_guard_gpu_ecc_uncorrected_errors", "vllm_guard_gpu_remapped_rows",
+         "vllm_guard_gpu_remap_pending", "vllm_guard_gpu_remap_failure", "vllm_guard_gpu_retired_pages_pending", "vllm_guard_gpu_hw_throttle",
+         "vllm_guard_gpu_lost")
+seen = set()
+for line in body.splitlines():
+    if line.startswith(names) and f'gpu="{dev}"' in line:
+        print("  " + line)
+        seen.add(line.split("{")[0])
+for n in names:
+    if n not in seen:
+        print(f"  {n}: no series (none yet, or not reported by this GPU/driver)")
+PY
 echo "SIGKILL to the command's leader (pid $leader); its child $child keeps 2 GiB, as an orphaned EngineCore would"
 kill -KILL "$leader"
 # Wait for the second start, then read the memory at once.

@@ -28,13 +28,19 @@ func cmdGPUs(args []string, stdout, stderr io.Writer) int {
 	if cfg, err := config.LoadFor(path, instance); err == nil {
 		opts.Devices = cfg.GPU.Devices
 	}
-	snap := gpumon.Open(opts, zap.NewNop()).Once()
+	mon := gpumon.Open(opts, zap.NewNop())
+	snap := mon.Once()
+	health := mon.Health() // read with the sample: ECC, remapped rows, retired pages, lost
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		enc.Encode(snap)
+		enc.Encode(struct {
+			gpumon.Snapshot
+			Health []gpumon.DeviceHealth `json:"health"`
+		}{snap, health.Devices})
 	} else if snap.Up {
 		gpumon.WriteTable(stdout, snap)
+		gpumon.WriteHealth(stdout, health)
 	}
 	if !snap.Up {
 		fmt.Fprintf(stderr, "vllm-guard gpus: %s\n", snap.Reason)

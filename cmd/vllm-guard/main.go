@@ -43,6 +43,7 @@ Exit codes:
   1   failed; status: a guard answers, vLLM is not ready; run: gave up (crash loop) or a fatal error
   2   usage: an unknown command or flag, a bad argument
   3   no guard answers on the control socket (status, restart, profile reset)
+  69  GPU fault (run): the GPU needs a reset (nvidia-smi -r -i N) or the node a drain and reboot
   78  configuration error (run, check): fix the config; systemd's RestartPreventExitStatus=78
 `
 

@@ -35,10 +35,13 @@ const (
 	OOMPredicted      = gpumon.AlertPredicted
 	OOM               = "oom"
 	GaveUp            = "gave_up"
+	// GPUFault: vLLM's GPU failed (package policy's gpu_fault): which GPU,
+	// what it said (the XID and its meaning) and what to do.
+	GPUFault = "gpu_fault"
 )
 
 // Names lists every alert.
-var Names = []string{GPUMemoryWarn, GPUMemoryCritical, OOMPredicted, OOM, GaveUp}
+var Names = []string{GPUMemoryWarn, GPUMemoryCritical, OOMPredicted, OOM, GaveUp, GPUFault}
 
 // Severities.
 const (
@@ -50,7 +53,7 @@ const (
 // warn; those that say it has come (or will within seconds) are critical.
 func SeverityOf(alert string) string {
 	switch alert {
-	case GPUMemoryCritical, OOM, GaveUp:
+	case GPUMemoryCritical, OOM, GaveUp, GPUFault:
 		return Critical
 	default:
 		return Warning
@@ -59,7 +62,7 @@ func SeverityOf(alert string) string {
 
 // oneShot alerts are events, not episodes: each occurrence is delivered and
 // none stays active.
-func oneShot(alert string) bool { return alert == OOM || alert == GaveUp }
+func oneShot(alert string) bool { return alert == OOM || alert == GaveUp || alert == GPUFault }
 
 // Event is one alert raised or cleared; its JSON is what the command reads
 // on stdin and the webhook receives.

@@ -22,6 +22,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/status"
@@ -495,5 +496,26 @@ func TestWebhookRedirectIsRefused(t *testing.T) {
 	}
 	if n := elsewhere.Load(); n != 0 {
 		t.Errorf("the redirect was followed: %d POSTs reached its target", n)
+	}
+}
+
+// TestFromFailureGPUFault: a gpu_fault raises gpu_fault naming the GPU, the
+// XID and what to do; when the policy gave up, gave_up follows.
+func TestFromFailureGPUFault(t *testing.T) {
+	g := &policy.GPUFault{Device: 0, UUID: "GPU-aaaa", XID: 79, Meaning: policy.XIDMeaning(79), Reset: true, Source: "nvml"}
+	f := status.Failure{Exit: "signal SIGKILL", Verdict: policy.Verdict{Cause: policy.CauseGPUFault, GPU: g},
+		Decision: policy.Decision{Action: policy.ActionGiveUp, ExitCode: exitcode.GPUFault, Reason: "GPU fault, not restarted into: " + g.What()}}
+	evs := FromFailure(f)
+	if len(evs) != 2 || evs[0].Alert != GPUFault || evs[1].Alert != GaveUp || evs[1].Details["exit_code"] != exitcode.GPUFault {
+		t.Fatalf("FromFailure(gpu_fault, give up) = %+v", evs)
+	}
+	e := evs[0]
+	for _, want := range []string{"GPU 0", "XID 79", "fallen off the bus", "nvidia-smi -r -i 0", "not restarted"} {
+		if !strings.Contains(e.Message, want) {
+			t.Errorf("message %q lacks %q", e.Message, want)
+		}
+	}
+	if e.GPU != 0 || e.Severity != Critical || e.Details["xid"] != 79 || e.Details["needs_reset"] != true {
+		t.Errorf("event %+v", e)
 	}
 }

@@ -57,6 +57,23 @@ func FromFailure(f status.Failure) []Event {
 		}
 		out = append(out, e)
 	}
+	if g := f.Verdict.GPU; f.Verdict.Cause == policy.CauseGPUFault && g != nil {
+		e := base()
+		e.Alert, e.Severity, e.GPU = GPUFault, SeverityOf(GPUFault), g.Device
+		e.Message = "GPU fault: " + g.What()
+		if f.Decision.Action == policy.ActionRestart {
+			e.Message += "; restarting vLLM on the same rung (a second fault within give_up_window is treated as needing a reset)"
+		} else {
+			e.Message += "; vLLM is not restarted onto it"
+		}
+		e.Details["gpu_uuid"] = g.UUID
+		e.Details["xid"] = g.XID
+		e.Details["xid_meaning"] = g.Meaning
+		e.Details["needs_reset"] = g.Reset
+		e.Details["ecc_uncorrected_before"] = g.ECCBefore
+		e.Details["ecc_uncorrected_after"] = g.ECCAfter
+		out = append(out, e)
+	}
 	if f.Decision.Action == policy.ActionGiveUp {
 		e := base()
 		e.Alert, e.Severity = GaveUp, SeverityOf(GaveUp)

@@ -83,6 +83,10 @@ type GPU struct {
 	CriticalFraction float64  `toml:"critical_fraction"`
 	PredictHorizon   Duration `toml:"predict_horizon"`
 	ReleaseTimeout   Duration `toml:"release_timeout"`
+	// OnGPUFault: after a GPU fault that needs a reset, "exit" (exit code
+	// 69, so systemd does not restart and an orchestrator reschedules) or
+	// "stay" (state failed, the GPU and what to do in the reason).
+	OnGPUFault string `toml:"on_gpu_fault"`
 }
 
 type Restart struct {
@@ -209,6 +213,7 @@ func Default() *Config {
 			CriticalOverBudget: 0.05,
 			PredictHorizon:     d("10m"),
 			ReleaseTimeout:     d("60s"),
+			OnGPUFault:         "exit",
 		},
 		Restart: Restart{
 			InitialDelay: d("5s"),

@@ -251,6 +251,11 @@ func (c *checker) validate(cfg *Config) {
 	if rs.GiveUpAfter < 1 {
 		c.add(k("restart", "give_up_after"), "%d is out of range; allowed: 1 or more (failed starts within give_up_window before giving up)", rs.GiveUpAfter)
 	}
+	switch cfg.GPU.OnGPUFault {
+	case "exit", "stay":
+	default:
+		c.add(k("gpu", "on_gpu_fault"), "%s is not allowed; write \"exit\" (exit 69 after a GPU fault that needs a reset, so systemd does not restart and Kubernetes can reschedule) or \"stay\" (keep serving status, state failed, naming the GPU)", tomlQuote(cfg.GPU.OnGPUFault))
+	}
 	switch rs.OnGiveUp {
 	case "exit", "stay":
 	default:

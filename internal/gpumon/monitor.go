@@ -110,6 +110,8 @@ type Monitor struct {
 	learned     []float64 // per device, what vLLM held when it became ready
 	subs        map[chan Alert]struct{}
 	dropped     uint64
+	hw          *hwState                   // hardware health (health.go)
+	healthSubs  map[chan struct{}]struct{} // HealthChanged's subscribers
 }
 
 func newMonitor(src source, opts Options, log *zap.Logger) *Monitor {
@@ -196,6 +198,7 @@ func (m *Monitor) Close() {
 	m.callMu.Lock()
 	defer m.callMu.Unlock()
 	if m.opened {
+		m.closeHealth()
 		m.src.close()
 		m.opened = false
 		m.mu.Lock()
@@ -236,6 +239,7 @@ func (m *Monitor) open() error {
 	m.hist = nil
 	m.up, m.reason, m.downLogged, m.failing = true, "", false, false
 	m.mu.Unlock()
+	m.openHealth(chosen)
 	idx := make([]int, len(chosen))
 	for i, d := range chosen {
 		idx[i] = d.Index
@@ -324,6 +328,11 @@ func (m *Monitor) tick() {
 	if _, ok := errors.AsType[*unavailableError](err); ok {
 		return
 	}
+	lost := -1
+	if i, ok := isLost(err); ok {
+		lost = i
+	}
+	m.sampleHealth(lost)
 	visible := map[int]bool{}
 	if err == nil && len(ours) > 0 {
 		m.reattribute(procs, ours)

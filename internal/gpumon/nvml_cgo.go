@@ -30,6 +30,9 @@ type nvmlSource struct {
 	lib     nvml.Interface
 	handles []nvml.Device // by NVML index
 	v2      bool          // nvmlDeviceGetMemoryInfo_v2 exists and works
+	// throttleFn: 0 not looked up yet, 1 ClocksEventReasons, 2 the older
+	// ClocksThrottleReasons (nvml_health_cgo.go).
+	throttleFn int
 }
 
 func (s *nvmlSource) open() (string, []deviceInfo, error) {
@@ -103,6 +106,9 @@ func (s *nvmlSource) read(indices []int) ([]reading, error) {
 			return nil, fmt.Errorf("GPU %d is no longer listed by NVML", i)
 		}
 		r, err := s.readOne(i, s.handles[i])
+		if errors.Is(err, nvml.ERROR_GPU_IS_LOST) {
+			return nil, &lostError{index: i, err: err}
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -116,6 +116,7 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		Log:       log,
 		Policy:    g.pol,
 		GPU:       supervisor.MonitorGPU(g.gpu),
+		Health:    supervisor.MonitorGPUHealth(g.gpu),
 		Events:    g.bus,
 		Persist:   g.savePolicy,
 		ExtraArgs: extra,
@@ -292,6 +293,7 @@ func (g *Guard) onReady(first bool, ttr time.Duration) {
 	g.sd.Ready()
 	g.met.Ready(ttr)
 	g.alert.Clear(alerts.OOM)
+	g.alert.Clear(alerts.GPUFault) // a survivable fault: vLLM serves again
 }
 
 func (g *Guard) onFailure(f status.Failure) {
@@ -329,6 +331,7 @@ func (g *Guard) refreshMetrics(ctx context.Context) {
 			return
 		case <-t.C:
 			g.met.SetGPU(g.gpu.Snapshot())
+			g.met.SetGPUHealth(g.gpu.Health())
 			v := g.stats.Latest()
 			g.met.SetVLLM(v.Running, v.Waiting, v.KVUsage, v.Up)
 		}

@@ -109,7 +109,7 @@ func Assemble(f events.Failure, snap gpumon.Snapshot, childLines int, interval t
 		Time: f.Time, Cause: f.Verdict.Cause, Confidence: f.Verdict.Confidence, Summary: f.Verdict.Summary,
 		Evidence: f.Verdict.Evidence, ExitCode: f.ExitCode, Signal: f.Signal, Phase: f.Phase,
 		RungBefore: f.RungBefore, RungAfter: f.Decision.Rung, Action: f.Decision.Action, Reason: f.Decision.Reason,
-		Delay: f.Decision.Delay,
+		Delay: f.Decision.Delay, GPU: f.Verdict.GPU,
 	}
 	from := max(0, len(f.Lines)-childLines)
 	for _, l := range f.Lines[from:] {

@@ -1,7 +1,9 @@
 package incident
 
 import (
+	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -71,5 +73,21 @@ func TestAFailedWriteStillShowsTheIncident(t *testing.T) {
 	r.Close()
 	if last := r.Last(); last == nil || last.Cause != policy.CauseOOM || len(last.LastLines) != 10 {
 		t.Fatalf("last %+v after a failed write", last)
+	}
+}
+
+// TestAssembleKeepsTheGPUFault: a gpu_fault's record names the GPU, the
+// XID and the ECC counts.
+func TestAssembleKeepsTheGPUFault(t *testing.T) {
+	g := &policy.GPUFault{Device: 0, UUID: "GPU-a", XID: 94, Meaning: policy.XIDMeaning(94), ECCBefore: 1, ECCAfter: 2, Source: "nvml"}
+	inc := Assemble(events.Failure{Time: time.Unix(1, 0), Verdict: policy.Verdict{Cause: policy.CauseGPUFault, GPU: g}}, gpumon.Snapshot{}, 10, time.Second)
+	b, err := json.Marshal(inc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"gpu":{"device":0,"uuid":"GPU-a","xid":94`, `"ecc_uncorrected_before":1`, `"ecc_uncorrected_after":2`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("record %s lacks %s", b, want)
+		}
 	}
 }

@@ -36,7 +36,7 @@ import (
 const Namespace = "vllm_guard"
 
 // AlertNames are every alert, in the order the series are created.
-var AlertNames = []string{"gpu_memory_warn", "gpu_memory_critical", "oom_predicted", "oom", "gave_up"}
+var AlertNames = []string{"gpu_memory_warn", "gpu_memory_critical", "oom_predicted", "oom", "gave_up", "gpu_fault"}
 
 // TimeToReadyBuckets span a small model on a fast disk (1 s) to a large one
 // pulled from a hub and compiled (1 h).
@@ -78,6 +78,8 @@ type Metrics struct {
 
 	mu      sync.Mutex
 	gpuSeen map[[2]string]bool // {gpu, uuid} label pairs exported by the last SetGPU
+
+	health *healthCollector // the GPUs' hardware health (gpuhealth.go)
 }
 
 // New makes the series and registers them, with the Go runtime and process
@@ -120,6 +122,7 @@ func New() *Metrics {
 		vllmKV:      gv("vllm_kv_cache_usage_ratio", "vLLM's KV cache usage, 0..1 (vllm:kv_cache_usage_perc, formerly gpu_cache_usage_perc); absent while vllm_metrics_up is 0."),
 		alertActive: gv("alert_active", "1 while the alert is in force: a memory episode until it clears, oom until vLLM is ready again, gave_up once the guard gave up.", "alert"),
 		gpuSeen:     map[[2]string]bool{},
+		health:      &healthCollector{},
 	}
 	bi := buildinfo.Get()
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "build_info",
@@ -135,6 +138,7 @@ func New() *Metrics {
 		m.nvmlUp, m.gpuUsed, m.gpuTotal, m.gpuRatio, m.gpuCritical, m.gpuClimbing, m.gpuBudget, m.gpuWarnAt, m.gpuCritAt, m.kvBytes,
 		m.vllmUp, m.vllmRunning, m.vllmWaiting, m.vllmKV,
 		m.alertActive,
+		m.health,
 	)
 	for _, s := range status.States {
 		m.state.WithLabelValues(string(s))

@@ -38,6 +38,7 @@ var causeTitle = map[Cause]string{
 	CauseHang:           "vLLM hung",
 	CauseCrash:          "vLLM crashed",
 	CauseHostOOM:        "host memory ran out (kernel OOM killer)",
+	CauseGPUFault:       "the GPU failed (hardware)",
 	CauseUnknown:        "unknown: the log cannot decide",
 }
 
@@ -173,6 +174,8 @@ func adviceFor(v Verdict) []string {
 			"the log does not decide: pass more of it (the lines after the last one here, and the minutes before the first sign) or the guard's incident record",
 			"for a suspected hang: check whether requests still finish (vllm:generation_tokens_total keeps rising) and whether a worker is busy compiling (CPU at 100 %) or stuck (py-spy dump --pid of the EngineCore and workers)",
 		}
+	case CauseGPUFault:
+		return gpuAdvice(v)
 	case CauseHostOOM:
 		return []string{
 			"host RAM ran out, not GPU memory: raise the memory limit of the unit or container (MemoryMax=, --memory, resources.limits.memory)",

@@ -66,6 +66,15 @@ func verdictOf(e Exit, s *scan) Verdict {
 		}
 	}
 	v := classify(e, s, phase)
+	if v.Cause == CauseGPUFault && v.GPU == nil {
+		v.GPU = gpuFromLog(v.Evidence)
+		if v.GPU.XID > 0 {
+			v.Summary += fmt.Sprintf(" (XID %d: %s)", v.GPU.XID, v.GPU.Meaning)
+		}
+		if v.GPU.Reset {
+			v.Summary += "; the GPU needs a reset (nvidia-smi -r -i <index>) or the node a drain and reboot"
+		}
+	}
 	if v.Cause != "" {
 		v.Advice = adviceFor(v)
 	}
@@ -84,6 +93,12 @@ func classify(e Exit, s *scan, phase Phase) Verdict {
 	if e.StartFailure != "" {
 		return Verdict{Cause: CauseConfigError, Confidence: "high",
 			Summary: "vLLM could not be started: " + e.StartFailure}
+	}
+	// The GPU's own word first: a run that ended with an XID, a lost GPU
+	// or new uncorrected ECC errors ended on the GPU, whatever the log
+	// says after (a crash, a hang, a kill by the guard).
+	if v, ok := gpuVerdict(e, s); ok {
+		return v
 	}
 	if e.Hang != "" {
 		// A dead engine also fails liveness; if the log names a memory cause,

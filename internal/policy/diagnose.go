@@ -226,6 +226,8 @@ func nextSteps(r Report) []string {
 	switch r.Cause {
 	case CauseHostOOM:
 		out = append(out, "memory trend: look at host (not GPU) memory of the unit or container before the kill (systemd-cgtop, container memory metrics, the kernel's oom-kill line): a climb points at CPU offload, many API server processes or a leak")
+	case CauseGPUFault:
+		out = append(out, "the GPU's own record: the kernel's Xid lines around the time of the death (dmesg -T | grep -i xid, journalctl -k), nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT, and whether the same GPU failed before (vllm-guard incidents): a repeat on one GPU is the hardware, the same fault on every GPU is more likely the software")
 	case CauseOOM, CauseKVInsufficient, CauseGPUBusy:
 		out = append(out, "memory trend: look at GPU memory in the minutes before the death (vllm-guard incidents keeps the samples; vllm-guard status shows the trend): a steady climb means growth outside the KV cache (long prefills, fragmentation, a leak), a jump means one burst; memory already high at start means another tenant or an orphan")
 	default:

@@ -304,6 +304,10 @@ func (p *Policy) OnFailure(now time.Time, v Verdict) Decision {
 		return p.giveUp(exitcode.Config, fmt.Sprintf("configuration error: %s; fix the vLLM command or config and start again (not retried)", evidenceWords(v)))
 	}
 
+	if v.Cause == CauseGPUFault {
+		return p.onGPUFault(now, v)
+	}
+
 	d := Decision{Action: ActionRestart}
 	switch v.Cause {
 	case CauseOOM:

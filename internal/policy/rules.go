@@ -12,6 +12,7 @@ import (
 // and a configuration error beats the generic crash lines it produces.
 const (
 	scoreOOM       = 100
+	scoreGPUFault  = 95 // the GPU's hardware said so: beats the crash it causes
 	scoreHostOOM   = 90
 	scoreGPUBusy   = 80
 	scoreKV        = 70
@@ -200,6 +201,29 @@ var rules = []rule{
 	{"Timed out waiting for object available to read", CauseHang, scoreTimeout},
 	{shmStall, CauseHang, scoreStuck},
 
+	// The GPU's hardware (gpu_fault). CUDA's error strings
+	// (cudaGetErrorString / cuGetErrorString): cudaErrorECCUncorrectable
+	// "uncorrectable ECC error encountered" (the driver's
+	// CUDA_ERROR_ECC_UNCORRECTABLE), cudaErrorLaunchFailure "unspecified
+	// launch failure" (a kernel died on the GPU; the driver logs an XID
+	// beside it), cudaErrorNvlinkUncorrectable "uncorrectable NVLink error
+	// was detected during the execution"; NVML's NVML_ERROR_GPU_IS_LOST
+	// "GPU is lost" (nvidia-smi: "Unable to determine the device handle for
+	// GPU …: GPU is lost. Reboot the system to recover this GPU"); the
+	// kernel driver's XID report "NVRM: Xid (PCI:0000:3b:00): 79, pid=…,
+	// GPU has fallen off the bus." pasted beside vLLM's output. An illegal
+	// memory access or NCCL's unhandled CUDA error with an Xid line in the
+	// same log is the GPU's (the Xid line decides, it scores above them);
+	// without one it stays a crash (usually a software bug). They come
+	// before the generic "CUDA error:" rule below.
+	{"uncorrectable ECC error encountered", CauseGPUFault, scoreGPUFault},
+	{"CUDA_ERROR_ECC_UNCORRECTABLE", CauseGPUFault, scoreGPUFault},
+	{"unspecified launch failure", CauseGPUFault, scoreGPUFault},
+	{"uncorrectable NVLink error", CauseGPUFault, scoreGPUFault},
+	{"GPU is lost", CauseGPUFault, scoreGPUFault},
+	{"fallen off the bus", CauseGPUFault, scoreGPUFault},
+	{"Xid (PCI:", CauseGPUFault, scoreGPUFault},
+
 	// NCCL's result names (src/include/nccl.h ncclResult_t, printed by
 	// torch as "NCCL error: …"), CUDA's kernel faults, the C runtime's and
 	// Python's fatal signals, and the executors' words for a dead worker.
@@ -284,7 +308,8 @@ var wrappers = []string{
 var prefilter = []string{"rror", "emory", "died", "NCCL", "nccl", "fault", "Fatal", "ound", "in use",
 	"unrecognized", "OOM", "oom-kill", "dumped", "illegal", "assert", "xception", "ngine", "_FAILED", "Value error",
 	"stored in KV", "model identifier", "path_or_model_id", "repository ID", "gated repo", "file named", "Watchdog", "SIGSEGV", "output_handler",
-	"Timed out", "auto-fit", "exit code", "exited with code", "killed", "fatal signal", "blocks: 0,", "oom-killer", "Address family"}
+	"Timed out", "auto-fit", "exit code", "exited with code", "killed", "fatal signal", "blocks: 0,", "oom-killer", "Address family",
+	"ECC", "launch failure", "NVLink", "GPU is lost", "off the bus", "Xid"}
 
 func mayMatch(msg string) bool {
 	for _, p := range prefilter {

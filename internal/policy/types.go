@@ -17,6 +17,9 @@ const (
 	CauseHang           Cause = "hang"
 	CauseCrash          Cause = "crash"
 	CauseHostOOM        Cause = "host_oom"
+	// CauseGPUFault: the GPU itself failed (an XID, uncorrectable ECC, a
+	// GPU fallen off the bus); see gpufault.go.
+	CauseGPUFault Cause = "gpu_fault"
 )
 
 // CauseUnknown is an answer of diagnose (offline) only: the log shows signs
@@ -27,7 +30,7 @@ const (
 const CauseUnknown Cause = "unknown"
 
 // Causes lists every cause, in docs/how-it-decides.md's order (metrics pre-create one series each).
-var Causes = []Cause{CauseOOM, CauseKVInsufficient, CauseGPUBusy, CauseConfigError, CauseHang, CauseCrash, CauseHostOOM}
+var Causes = []Cause{CauseOOM, CauseKVInsufficient, CauseGPUBusy, CauseConfigError, CauseHang, CauseCrash, CauseHostOOM, CauseGPUFault}
 
 // Rung is one step of the degrade ladder. Rung 0 is [profile] as written.
 type Rung struct {
@@ -72,6 +75,9 @@ type Exit struct {
 	// descriptors, process slots or memory; its keeper missing): not vLLM's
 	// configuration, so it is retried.
 	GuardFailure string
+	// GPU is the GPU's own word (NVML) on the run, nil when not known; it
+	// decides gpu_fault before the log does.
+	GPU *GPUEvidence
 	// Offline is set for a saved log (vllm-guard diagnose): the exit status is
 	// unknown, Phase is read from the log when empty, and a log with no
 	// failure in it yields Cause "" instead of crash.
@@ -85,6 +91,8 @@ type Verdict struct {
 	Evidence   []Line   `json:"evidence"`   // root-cause lines, not the wrappers
 	Summary    string   `json:"summary"`    // one line an operator reads first
 	Advice     []string `json:"advice,omitempty"`
+	// GPU: for gpu_fault, which GPU, what it said and what it needs.
+	GPU *GPUFault `json:"gpu,omitempty"`
 	// guardStart: the guard's own start of vLLM failed (Exit.GuardFailure);
 	// the decision says so instead of "vLLM died".
 	guardStart bool

@@ -39,6 +39,9 @@ type Incident struct {
 	LastLines   []string      `json:"last_lines"`
 	Memory      []MemSample   `json:"memory"` // GPU memory of the last minutes, oldest first
 	MemoryTrend string        `json:"memory_trend,omitempty"`
+	// GPU: for a gpu_fault, the GPU (index, UUID), the XID and its meaning,
+	// the uncorrected ECC counts before and after, whether it needs a reset.
+	GPU *policy.GPUFault `json:"gpu,omitempty"`
 }
 
 // MemSample is one GPU memory reading: used/total (the highest over the

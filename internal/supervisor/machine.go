@@ -90,6 +90,8 @@ type gpuRead struct {
 	rung     policy.Rung
 	released bool // release check: none of the old tree's memory held
 	held     []Holder
+	gpus     []policy.GPUDevice // the GPUs' hardware state, read with the free-memory check
+	blocked  string             // a GPU that must not be started on, and why
 }
 
 // readGPU runs read (an NVML read) on its own goroutine and posts its
@@ -193,6 +195,9 @@ type machine struct {
 	everReady bool
 
 	pending *config.Config // a reloaded config for vLLM's next start
+
+	gpuBefore []policy.GPUDevice // the GPUs' hardware state at the launch (gpufault.go)
+	gpuKilled bool               // the run was ended for a GPU fault
 }
 
 // Run supervises vLLM until ctx is cancelled (exit 0) or the policy gives

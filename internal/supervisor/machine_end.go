@@ -106,6 +106,8 @@ func (m *machine) stopReason() string {
 	switch {
 	case m.hang != "":
 		return "vLLM hung: " + m.hang
+	case m.gpuKilled:
+		return "the GPU failed under vLLM: killing its process tree"
 	case m.end == endRestart:
 		return "restart requested"
 	case m.end == endRestore:
@@ -135,17 +137,24 @@ func (m *machine) finishRun() {
 	c.refresh()
 	m.phase = phCleaning
 	m.cleaningSince = time.Now()
-	run := m.runN
+	run, health, since := m.runN, m.s.health, m.startedAt
 	go func() {
 		outlived, unkillable := c.killLeftovers()
-		m.post(event{kind: evCleaned, run: run, cleaned: cleanup{outlived: outlived, unkillable: unkillable}})
+		cl := cleanup{outlived: outlived, unkillable: unkillable}
+		if health != nil {
+			// NVML's word on the run, read now that the tree is gone (the
+			// classifier's first evidence), off the loop as every read.
+			cl.gpuAfter = health.GPUs(since, true)
+		}
+		m.post(event{kind: evCleaned, run: run, cleaned: cl})
 	}()
 }
 
 // cleanup is what the kill of a run's leftovers reports.
 type cleanup struct {
-	outlived   []int // processes that outlived the keeper
-	unkillable []int // of those, still alive after every kill round
+	outlived   []int              // processes that outlived the keeper
+	unkillable []int              // of those, still alive after every kill round
+	gpuAfter   []policy.GPUDevice // the GPUs' hardware state once the tree was gone
 }
 
 // cleaningStatus says, while the leftovers are being killed, which process
@@ -186,7 +195,7 @@ func (m *machine) settleRun(sink *logSink, cl cleanup) {
 	exit := c.exit()
 	killedByGuard := m.end != endExited || m.hang != ""
 	res := outcome{exit: exit, pid: c.pid(), phase: policy.PhaseStarting, hang: m.hang, killedByGuard: killedByGuard,
-		lines: m.out.ring.snapshot(), uptime: time.Since(m.startedAt)}
+		lines: m.out.ring.snapshot(), uptime: time.Since(m.startedAt), gpuAfter: cl.gpuAfter}
 	if m.ready {
 		res.phase = policy.PhaseReady
 	}
@@ -226,6 +235,7 @@ type outcome struct {
 	hostOOM       bool
 	lines         []policy.Line
 	uptime        time.Duration
+	gpuAfter      []policy.GPUDevice // NVML's word once the tree was gone (nil: none)
 }
 
 // fail classifies a death, asks the policy what next, publishes it, and
@@ -248,6 +258,7 @@ func (m *machine) fail(res outcome) {
 	if s.gpu != nil {
 		exit.MemFractions = s.gpu.RecentFractions(10)
 	}
+	exit.GPU = m.gpuEvidenceFrom(res.gpuAfter)
 	v := policy.Classify(exit)
 	d := s.pol.OnFailure(now, v)
 	s.savePolicy()
@@ -362,7 +373,11 @@ func (m *machine) giveUp(f Failure) {
 	})
 	s.log.Error("gave up on vLLM", zap.String("cause", string(f.Verdict.Cause)), zap.String("reason", f.Decision.Reason),
 		zap.Int("exit_code", code))
-	if s.cfg.Restart.OnGiveUp != "stay" || m.stopAsked {
+	stay := s.cfg.Restart.OnGiveUp == "stay"
+	if f.Verdict.Cause == policy.CauseGPUFault && code == exitcode.GPUFault {
+		stay = s.cfg.GPU.OnGPUFault == "stay" // [gpu] on_gpu_fault decides for a GPU that needs a reset
+	}
+	if !stay || m.stopAsked {
 		m.phase, m.code = phDone, code
 		return
 	}

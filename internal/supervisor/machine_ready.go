@@ -19,6 +19,9 @@ func (m *machine) onHeartbeat() {
 	if m.phase != phRunning {
 		return
 	}
+	if m.checkGPUFault() {
+		return
+	}
 	m.child.refresh()
 	if !m.ready {
 		return

@@ -33,15 +33,27 @@ func (m *machine) next(sink *logSink) {
 	m.applyPending()
 	rung := m.s.pol.Current()
 	m.s.update(func(st *Status) { st.Rung = rung })
-	if m.s.gpu == nil {
+	if m.s.gpu == nil && m.s.health == nil {
+		m.gpuBefore = nil
 		m.launch(sink, rung)
 		return
 	}
 	m.phase = phFree
-	gpu := m.s.gpu
+	gpu, health := m.s.gpu, m.s.health
 	m.readGPU(func() gpuRead {
-		ok, why, holders := gpu.CheckFree(rung)
-		return gpuRead{free: ok, why: why, holders: holders, rung: rung}
+		r := gpuRead{rung: rung, free: true}
+		if health != nil {
+			// A GPU lost, asking for a reset or with a row remap pending
+			// or failed is not started on (read fresh: a reset clears it).
+			r.gpus = health.GPUs(time.Now(), true)
+			if r.blocked = policy.StartBlock(r.gpus); r.blocked != "" {
+				return r
+			}
+		}
+		if gpu != nil {
+			r.free, r.why, r.holders = gpu.CheckFree(rung)
+		}
+		return r
 	})
 }
 
@@ -50,7 +62,12 @@ func (m *machine) onFreeRead(r gpuRead, sink *logSink) {
 	if m.phase != phFree {
 		return
 	}
+	if r.blocked != "" {
+		m.gpuBlocked(r.blocked)
+		return
+	}
 	if r.free {
+		m.gpuBefore = r.gpus // the ECC counts before the run
 		m.launch(sink, r.rung)
 		return
 	}
@@ -86,6 +103,7 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 	}
 	s.pol.OnStart(time.Now())
 	s.savePolicy()
+	m.gpuKilled = false
 	m.startedAt = time.Now()
 	s.update(func(st *Status) {
 		st.State, st.Reason, st.Phase, st.LastProbe, st.PID, st.StartedAt, st.ReadySince, st.Rung =

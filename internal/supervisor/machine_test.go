@@ -287,8 +287,9 @@ type scenario struct {
 	pr       *fakeProber
 	gpu      *fakeGPU
 	noGPU    bool
-	holder   string // who holds vLLM's port, as portHolder says ("" = free)
-	owners   []int  // who listens on vLLM's port, as listenerOwners says
+	holder   string    // who holds vLLM's port, as portHolder says ("" = free)
+	owners   []int     // who listens on vLLM's port, as listenerOwners says
+	health   GPUHealth // nil: no hardware view (gpufault_test.go)
 	load     func() (float64, float64, bool)
 	progress func() (float64, float64, bool)
 	awaiting func() (int, float64)
@@ -337,6 +338,7 @@ func (s *scenario) start() {
 	if !s.noGPU {
 		opts.GPU = s.gpu
 	}
+	opts.Health = s.health
 	sup, err := New(s.cfg, opts)
 	if err != nil {
 		s.t.Fatal(err)

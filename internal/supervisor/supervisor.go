@@ -66,6 +66,9 @@ type Options struct {
 	Log    *zap.Logger
 	Policy *policy.Policy
 	GPU    GPU // may be nil
+	// Health is the GPUs' hardware health (XIDs, ECC, remapped rows, a
+	// lost GPU); nil: not known (gpufault.go).
+	Health GPUHealth
 	// Events receives everything that happens (may be nil).
 	Events *events.Bus
 	// Persist saves the policy's state (rung, history) after it changed.
@@ -111,6 +114,7 @@ type Supervisor struct {
 	log      *zap.Logger
 	pol      *policy.Policy
 	gpu      GPU
+	health   GPUHealth
 	bus      *events.Bus
 	persist  func(policy.State)
 	keeper   []string
@@ -181,7 +185,7 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 	if conns == nil {
 		conns = ownconns.New()
 	}
-	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, bus: opts.Events, persist: persist,
+	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, health: opts.Health, bus: opts.Events, persist: persist,
 		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, tokens: opts.Progress, waiting: opts.Awaiting, inFlight: opts.InFlight, reqs: make(chan request), kill: make(chan struct{}, 1),
 		launcher: processLauncher{}, hostOOM: hostOOMKills, portHolder: portHolder, listenerOwners: listenerOwners, args: args, conns: conns}
 	if names := cfg.ServedModelNames(args); len(names) > 0 {

@@ -24,6 +24,28 @@
  *                         process queries while the file exists.
  *   DIR/init_fault        optional nvmlReturn_t returned by nvmlInit.
  *   DIR/driver_version    optional driver version string.
+ *   DIR/health            optional, per-device hardware health: lines
+ *                         "<device_index> <key> <value>", the last line of
+ *                         a key wins (rewritten atomically by the tests):
+ *                           lost 1                      every query on the
+ *                               device returns NVML_ERROR_GPU_IS_LOST
+ *                           ecc_volatile_uncorrected N  and
+ *                           ecc_aggregate_uncorrected, ecc_volatile_corrected,
+ *                           ecc_aggregate_corrected: nvmlDeviceGetTotalEccErrors
+ *                           remap_corr N, remap_unc N, remap_pending 0|1,
+ *                           remap_failure 0|1:         nvmlDeviceGetRemappedRows
+ *                           retired_pending 0|1:       nvmlDeviceGetRetiredPagesPendingStatus
+ *                           throttle MASK: clock event (throttle) reasons, as
+ *                               nvmlDeviceGetCurrentClocksEventReasons answers
+ *                           unsupported ecc|remap|retired|events|throttle (one line
+ *                               each): that query answers NVML_ERROR_NOT_SUPPORTED
+ *   DIR/events            optional, appended (O_APPEND) by the tests: lines
+ *                         "<device_index> xid <n>", "<device_index> dbe" or
+ *                         "<device_index> sbe". An event set delivers each
+ *                         complete line appended after nvmlEventSetCreate,
+ *                         once, when the device registered that event type
+ *                         on the set (nvmlEventSetWait_v2 polls the file
+ *                         every 5 ms until its timeout).
  *
  * Memory v1: used = reserved + sum(live procs), free = total - used
  * (clamped at 0; used is reported as is even above total). Memory v2:
@@ -35,7 +57,10 @@
  * nvmlDeviceGetCount/_v2, nvmlDeviceGetHandleByIndex/_v2, ...ByUUID,
  * nvmlDeviceGet{UUID,Name,Index,MinorNumber}, nvmlDeviceGetMemoryInfo/_v2,
  * nvmlDeviceGetComputeRunningProcesses (v1, _v2, _v3; graphics and MPS _v3
- * list nothing). Calls before nvmlInit return NVML_ERROR_UNINITIALIZED.
+ * list nothing), nvmlDeviceGetTotalEccErrors, nvmlDeviceGetRemappedRows,
+ * nvmlDeviceGetRetiredPagesPendingStatus, nvmlDeviceGetSupportedEventTypes,
+ * nvmlDeviceRegisterEvents, nvmlEventSetCreate, nvmlEventSetWait(_v2),
+ * nvmlEventSetFree, nvmlDeviceGetCurrentClocks{Event,Throttle}Reasons. Calls before nvmlInit return NVML_ERROR_UNINITIALIZED.
  * Thread-safe: the global state sits behind one mutex; scans use the stack
  * and the heap.
  */
@@ -516,7 +541,11 @@ static int load_uses(const char *dir, fake_use *uses, int max)
     return n;
 }
 
-/* device_of resolves a handle against the current devices file. */
+static int device_lost(const char *dir, int index);
+
+/* device_of resolves a handle against the current devices file; a device
+ * DIR/health marks lost answers NVML_ERROR_GPU_IS_LOST, as the driver does
+ * for every query once a GPU has fallen off the bus. */
 static nvmlReturn_t device_of(nvmlDevice_t device, char *dir, size_t dirlen,
                               fake_device *devs, int *ndevs, int *index)
 {
@@ -530,7 +559,7 @@ static nvmlReturn_t device_of(nvmlDevice_t device, char *dir, size_t dirlen,
     }
     *ndevs = load_devices(dir, devs);
     *index = (int)(h - g_handles);
-    if (*index >= *ndevs) {
+    if (*index >= *ndevs || device_lost(dir, *index)) {
         return NVML_ERROR_GPU_IS_LOST;
     }
     return NVML_SUCCESS;
@@ -1047,4 +1076,427 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t dev
 {
     (void)infos;
     return no_processes(device, infoCount);
+}
+
+/* ---- health: ECC, row remapping, retired pages, a lost GPU -------------- */
+
+#define FAKE_UNSUP_ECC 1u
+#define FAKE_UNSUP_REMAP 2u
+#define FAKE_UNSUP_RETIRED 4u
+#define FAKE_UNSUP_EVENTS 8u
+#define FAKE_UNSUP_THROTTLE 16u
+
+typedef struct {
+    int lost;
+    unsigned long long ecc[2][2]; /* [nvmlMemoryErrorType_t][nvmlEccCounterType_t] */
+    unsigned int remap_corr, remap_unc, remap_pending, remap_failure;
+    int retired_pending;
+    unsigned long long throttle; /* clock event reasons mask */
+    unsigned int unsupported;    /* FAKE_UNSUP_* */
+} fake_health;
+
+/* load_health reads device index's lines of DIR/health (all zero when the
+ * file is absent). Malformed lines are skipped. */
+static void load_health(const char *dir, int index, fake_health *h)
+{
+    memset(h, 0, sizeof *h);
+    char path[PATH_MAX];
+    if (!pathf(path, sizeof path, "%s/health", dir)) {
+        return;
+    }
+    FILE *f = fopen(path, "re");
+    if (f == NULL) {
+        return;
+    }
+    char line[256];
+    while (fgets(line, sizeof line, f) != NULL) {
+        int dev;
+        char key[64], val[64];
+        if (line[0] == '#' || sscanf(line, "%d %63s %63s", &dev, key, val) != 3 || dev != index) {
+            continue;
+        }
+        if (strcmp(key, "unsupported") == 0) {
+            if (strcmp(val, "ecc") == 0) {
+                h->unsupported |= FAKE_UNSUP_ECC;
+            } else if (strcmp(val, "remap") == 0) {
+                h->unsupported |= FAKE_UNSUP_REMAP;
+            } else if (strcmp(val, "retired") == 0) {
+                h->unsupported |= FAKE_UNSUP_RETIRED;
+            } else if (strcmp(val, "events") == 0) {
+                h->unsupported |= FAKE_UNSUP_EVENTS;
+            } else if (strcmp(val, "throttle") == 0) {
+                h->unsupported |= FAKE_UNSUP_THROTTLE;
+            }
+            continue;
+        }
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(val, &end, 10);
+        if (end == val || *end != '\0' || errno != 0) {
+            continue;
+        }
+        if (strcmp(key, "lost") == 0) {
+            h->lost = v != 0;
+        } else if (strcmp(key, "ecc_volatile_corrected") == 0) {
+            h->ecc[NVML_MEMORY_ERROR_TYPE_CORRECTED][NVML_VOLATILE_ECC] = v;
+        } else if (strcmp(key, "ecc_aggregate_corrected") == 0) {
+            h->ecc[NVML_MEMORY_ERROR_TYPE_CORRECTED][NVML_AGGREGATE_ECC] = v;
+        } else if (strcmp(key, "ecc_volatile_uncorrected") == 0) {
+            h->ecc[NVML_MEMORY_ERROR_TYPE_UNCORRECTED][NVML_VOLATILE_ECC] = v;
+        } else if (strcmp(key, "ecc_aggregate_uncorrected") == 0) {
+            h->ecc[NVML_MEMORY_ERROR_TYPE_UNCORRECTED][NVML_AGGREGATE_ECC] = v;
+        } else if (strcmp(key, "remap_corr") == 0) {
+            h->remap_corr = (unsigned int)v;
+        } else if (strcmp(key, "remap_unc") == 0) {
+            h->remap_unc = (unsigned int)v;
+        } else if (strcmp(key, "remap_pending") == 0) {
+            h->remap_pending = v != 0;
+        } else if (strcmp(key, "remap_failure") == 0) {
+            h->remap_failure = v != 0;
+        } else if (strcmp(key, "retired_pending") == 0) {
+            h->retired_pending = v != 0;
+        } else if (strcmp(key, "throttle") == 0) {
+            h->throttle = v;
+        }
+    }
+    fclose(f);
+}
+
+static int device_lost(const char *dir, int index)
+{
+    fake_health h;
+    load_health(dir, index, &h);
+    return h.lost;
+}
+
+/* health_of resolves device and loads its health. */
+static nvmlReturn_t health_of(nvmlDevice_t device, fake_health *h, int *index, char *dir, size_t dirlen)
+{
+    fake_device devs[FAKE_MAX_DEVICES];
+    int n;
+    nvmlReturn_t ret = device_of(device, dir, dirlen, devs, &n, index);
+    if (ret != NVML_SUCCESS) {
+        return ret;
+    }
+    load_health(dir, *index, h);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType,
+                                                 nvmlEccCounterType_t counterType, unsigned long long *eccCounts)
+{
+    char dir[PATH_MAX];
+    fake_health h;
+    int index;
+    nvmlReturn_t ret = health_of(device, &h, &index, dir, sizeof dir);
+    if (ret != NVML_SUCCESS) {
+        return ret;
+    }
+    if (eccCounts == NULL || (unsigned)errorType > 1 || (unsigned)counterType > 1) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if (h.unsupported & FAKE_UNSUP_ECC) {
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    *eccCounts = h.ecc[errorType][counterType];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows,
+                                               unsigned int *isPending, unsigned int *failureOccurred)
+{
+    char dir[PATH_MAX];
+    fake_health h;
+    int index;
+    nvmlReturn_t ret = health_of(device, &h, &index, dir, sizeof dir);
+    if (ret != NVML_SUCCESS) {
+        return ret;
+    }
+    if (corrRows == NULL || uncRows == NULL || isPending == NULL || failureOccurred == NULL) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if (h.unsupported & FAKE_UNSUP_REMAP) {
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    *corrRows = h.remap_corr;
+    *uncRows = h.remap_unc;
+    *isPending = h.remap_pending;
+    *failureOccurred = h.remap_failure;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, nvmlEnableState_t *isPending)
+{
+    char dir[PATH_MAX];
+    fake_health h;
+    int index;
+    nvmlReturn_t ret = health_of(device, &h, &index, dir, sizeof dir);
+    if (ret != NVML_SUCCESS) {
+        return ret;
+    }
+    if (isPending == NULL) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if (h.unsupported & FAKE_UNSUP_RETIRED) {
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    *isPending = h.retired_pending ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
+}
+
+/* ---- events: XID and ECC ------------------------------------------------ */
+
+#define FAKE_MAX_SETS 16
+#define FAKE_EVENT_TYPES (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypeXidCriticalError)
+
+struct nvmlEventSet_st {
+    int used;
+    long long offset;                             /* bytes of DIR/events already consumed */
+    unsigned long long types[FAKE_MAX_DEVICES];  /* registered event types, by device */
+};
+
+static struct nvmlEventSet_st g_sets[FAKE_MAX_SETS]; /* guarded by g_mu */
+
+static unsigned long long supported_events(const fake_health *h)
+{
+    if (h->unsupported & FAKE_UNSUP_EVENTS) {
+        return 0;
+    }
+    if (h->unsupported & FAKE_UNSUP_ECC) {
+        return nvmlEventTypeXidCriticalError;
+    }
+    return FAKE_EVENT_TYPES;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes)
+{
+    char dir[PATH_MAX];
+    fake_health h;
+    int index;
+    nvmlReturn_t ret = health_of(device, &h, &index, dir, sizeof dir);
+    if (ret != NVML_SUCCESS) {
+        return ret;
+    }
+    if (eventTypes == NULL) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    *eventTypes = supported_events(&h);
+    return NVML_SUCCESS;
+}
+
+static long long events_size(const char *dir)
+{
+    char path[PATH_MAX];
+    struct stat st;
+    if (!pathf(path, sizeof path, "%s/events", dir) || stat(path, &st) != 0) {
+        return 0;
+    }
+    return (long long)st.st_size;
+}
+
+nvmlReturn_t DECLDIR nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    char dir[PATH_MAX];
+    nvmlReturn_t ret = state_dir(dir, sizeof dir);
+    if (ret != NVML_SUCCESS) {
+        return ret;
+    }
+    if (set == NULL) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    long long off = events_size(dir);
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < FAKE_MAX_SETS; i++) {
+        if (!g_sets[i].used) {
+            memset(&g_sets[i], 0, sizeof g_sets[i]);
+            g_sets[i].used = 1;
+            g_sets[i].offset = off;
+            set->handle = &g_sets[i];
+            pthread_mutex_unlock(&g_mu);
+            return NVML_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return NVML_ERROR_MEMORY;
+}
+
+/* set_of checks a set handle (g_mu held). */
+static struct nvmlEventSet_st *set_of(nvmlEventSet_t set)
+{
+    struct nvmlEventSet_st *s = set.handle;
+    if (s < g_sets || s >= g_sets + FAKE_MAX_SETS || !s->used) {
+        return NULL;
+    }
+    return s;
+}
+
+nvmlReturn_t DECLDIR nvmlEventSetFree(nvmlEventSet_t set)
+{
+    char dir[PATH_MAX];
+    nvmlReturn_t ret = state_dir(dir, sizeof dir);
+    if (ret != NVML_SUCCESS) {
+        return ret;
+    }
+    pthread_mutex_lock(&g_mu);
+    struct nvmlEventSet_st *s = set_of(set);
+    if (s != NULL) {
+        s->used = 0;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return s == NULL ? NVML_ERROR_INVALID_ARGUMENT : NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set)
+{
+    char dir[PATH_MAX];
+    fake_health h;
+    int index;
+    nvmlReturn_t ret = health_of(device, &h, &index, dir, sizeof dir);
+    if (ret != NVML_SUCCESS) {
+        return ret;
+    }
+    if ((eventTypes & ~supported_events(&h)) != 0) {
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    pthread_mutex_lock(&g_mu);
+    struct nvmlEventSet_st *s = set_of(set);
+    if (s != NULL) {
+        s->types[index] |= eventTypes;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return s == NULL ? NVML_ERROR_INVALID_ARGUMENT : NVML_SUCCESS;
+}
+
+/* next_event reads DIR/events from the set's offset and returns 1 with data
+ * filled for the first complete line the set registered; every complete
+ * line read is consumed. */
+static int next_event(const char *dir, struct nvmlEventSet_st *s, nvmlEventData_t *data)
+{
+    char path[PATH_MAX];
+    if (!pathf(path, sizeof path, "%s/events", dir)) {
+        return 0;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return 0;
+    }
+    pthread_mutex_lock(&g_mu);
+    long long off = s->offset;
+    unsigned long long types[FAKE_MAX_DEVICES];
+    memcpy(types, s->types, sizeof types);
+    pthread_mutex_unlock(&g_mu);
+    char buf[4096];
+    ssize_t n = pread(fd, buf, sizeof buf - 1, (off_t)off);
+    close(fd);
+    if (n <= 0) {
+        return 0;
+    }
+    buf[n] = '\0';
+    int found = 0;
+    char *p = buf;
+    for (;;) {
+        char *nl = strchr(p, '\n');
+        if (nl == NULL) {
+            if (p == buf && (size_t)n == sizeof buf - 1) {
+                off += n; /* a line longer than the buffer: skipped, not waited on forever */
+            }
+            break; /* a line still being written */
+        }
+        *nl = '\0';
+        off += (long long)(nl - p) + 1;
+        int dev;
+        char kind[16];
+        unsigned long long xid = 0;
+        int k = sscanf(p, "%d %15s %llu", &dev, kind, &xid);
+        p = nl + 1;
+        if (k < 2 || dev < 0 || dev >= FAKE_MAX_DEVICES) {
+            continue;
+        }
+        unsigned long long type = 0;
+        if (strcmp(kind, "xid") == 0 && k == 3) {
+            type = nvmlEventTypeXidCriticalError;
+        } else if (strcmp(kind, "dbe") == 0) {
+            type = nvmlEventTypeDoubleBitEccError;
+            xid = 0;
+        } else if (strcmp(kind, "sbe") == 0) {
+            type = nvmlEventTypeSingleBitEccError;
+            xid = 0;
+        }
+        if (type == 0 || (types[dev] & type) == 0) {
+            continue;
+        }
+        data->device.handle = &g_handles[dev];
+        data->eventType = type;
+        data->eventData = xid;
+        data->gpuInstanceId = 0xFFFFFFFFu;
+        data->computeInstanceId = 0xFFFFFFFFu;
+        found = 1;
+        break;
+    }
+    pthread_mutex_lock(&g_mu);
+    if (s->used && s->offset < off) {
+        s->offset = off;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return found;
+}
+
+nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    char dir[PATH_MAX];
+    nvmlReturn_t ret = state_dir(dir, sizeof dir);
+    if (ret != NVML_SUCCESS) {
+        return ret;
+    }
+    if (data == NULL) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    pthread_mutex_lock(&g_mu);
+    struct nvmlEventSet_st *s = set_of(set);
+    pthread_mutex_unlock(&g_mu);
+    if (s == NULL) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    long long deadline = now_ms() + timeoutms;
+    for (;;) {
+        if (next_event(dir, s, data)) {
+            return NVML_SUCCESS;
+        }
+        if (now_ms() >= deadline) {
+            return NVML_ERROR_TIMEOUT;
+        }
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+nvmlReturn_t DECLDIR nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    return nvmlEventSetWait_v2(set, data, timeoutms);
+}
+
+/* ---- clock event (throttle) reasons ------------------------------------- */
+
+nvmlReturn_t DECLDIR nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *clocksEventReasons)
+{
+    char dir[PATH_MAX];
+    fake_health h;
+    int index;
+    nvmlReturn_t ret = health_of(device, &h, &index, dir, sizeof dir);
+    if (ret != NVML_SUCCESS) {
+        return ret;
+    }
+    if (clocksEventReasons == NULL) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if (h.unsupported & FAKE_UNSUP_THROTTLE) {
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    *clocksEventReasons = h.throttle;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *clocksThrottleReasons)
+{
+    return nvmlDeviceGetCurrentClocksEventReasons(device, clocksThrottleReasons);
 }

@@ -268,7 +268,13 @@
 // atomically (temp file + rename) by each process whenever its memory
 // changes and removed on a clean exit; a SIGKILLed process leaves it, and
 // readers ignore dead or zombie pids. The API process, the engine and the
-// grandchild each publish their own file.
+// grandchild each publish their own file. The simulator never reads the
+// GPU's hardware state: DIR/health (per-device ECC counts, remapped rows,
+// retired pages, a lost GPU) and DIR/events (XID and ECC events, appended)
+// are the tests' to write and the stand-in's to report (fakenvml.c); the
+// simulator keeps serving through an XID, as vLLM often does until its
+// next CUDA call, so the guard's reaction to the GPU's word is what a test
+// sees.
 //
 // # Faults (FAKEVLLM_FAULT)
 //

@@ -99,6 +99,38 @@ func scenarios() map[string]string {
 		l.noiseAfter()
 		out["v0-2024-crash-illegal-memory.log"] = l.String()
 	}
+	{
+		// The same illegal memory access with the kernel's Xid line pasted
+		// beside it: the GPU's (gpu_fault), not a software crash.
+		l := newLog(v0, plain, "2024-12-02 03:11:00", 61)
+		l.noiseBefore()
+		healthyStart(l, r0, 0, 23648)
+		l.serve(40)
+		l.raw("", "[Mon Dec  2 03:40:12 2024] NVRM: Xid (PCI:0000:3b:00): 31, pid=41822, name=python3, Ch 00000008, intr 10000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f1a_c0000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ")
+		l.err("", "async_llm_engine.py", 63, "Engine background task failed")
+		l.raw("", traceback([][]string{
+			frame("vllm/worker/model_runner.py", 1703, "execute_model", "hidden_or_intermediate_states = model_executable("),
+			frame("vllm/attention/backends/flash_attn.py", 719, "forward", "flash_attn_varlen_func("),
+		}, "RuntimeError: CUDA error: an illegal memory access was encountered", "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.", "For debugging consider passing CUDA_LAUNCH_BLOCKING=1", "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.")...)
+		l.err("", "client.py", 250, "RuntimeError('Engine loop has died')")
+		l.shutdownTail()
+		l.noiseAfter()
+		out["v0-2024-illegal-memory-xid31.log"] = l.String()
+	}
+	{
+		// An uncorrectable ECC error while serving (V1): gpu_fault.
+		l := newLog(v1ansi, plain, "2025-08-14 02:00:00", 62)
+		l.noiseBefore()
+		healthyStart(l, qwen, 16.23, 425424)
+		l.serve(60)
+		l.raw(l.core, traceback([][]string{
+			frame("vllm/v1/engine/core.py", 701, "run_engine_core", "engine_core.run_busy_loop()"),
+			frame("vllm/v1/worker/gpu_model_runner.py", 1523, "execute_model", "model_output = self.model("),
+		}, "RuntimeError: CUDA error: uncorrectable ECC error encountered", "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.", "For debugging consider passing CUDA_LAUNCH_BLOCKING=1", "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.")...)
+		l.engineRuntimeDeath([]string{"vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause."})
+		l.noiseAfter()
+		out["v1-2025-ecc-uncorrectable.log"] = l.String()
+	}
 
 	// --- V1, 2025, ANSI ----------------------------------------------------
 	{

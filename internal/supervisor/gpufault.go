@@ -1,0 +1,120 @@
+package supervisor
+
+import (
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/gpumon"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+)
+
+// GPU faults: the GPU's own word (NVML) read before a start (a GPU that
+// needs a reset is not started on), while vLLM runs (a fault after which
+// the driver tore the contexts down ends the run now) and after it ended
+// (the classifier's first evidence).
+
+// GPUHealth is what the supervisor needs of the GPU's hardware health;
+// nil: no such view (no NVML). Every method returns at once.
+type GPUHealth interface {
+	// GPUs is every watched GPU's hardware state, with the XID events
+	// since since; nil when NVML cannot tell. fresh: read the counters now
+	// rather than take the last sample's.
+	GPUs(since time.Time, fresh bool) []policy.GPUDevice
+}
+
+// MonitorGPUHealth adapts the NVML monitor's health snapshot.
+func MonitorGPUHealth(m *gpumon.Monitor) GPUHealth { return monitorHealth{m} }
+
+type monitorHealth struct{ m *gpumon.Monitor }
+
+func (h monitorHealth) GPUs(since time.Time, fresh bool) []policy.GPUDevice {
+	hs := h.m.Health()
+	if fresh {
+		hs = h.m.HealthNow()
+	}
+	if !hs.Known || len(hs.Devices) == 0 {
+		return nil
+	}
+	out := make([]policy.GPUDevice, 0, len(hs.Devices))
+	for _, d := range hs.Devices {
+		g := policy.GPUDevice{Index: d.Index, UUID: d.UUID, Lost: d.Lost, ResetRequired: d.ResetRequired}
+		for _, x := range d.XIDs {
+			if !x.At.Before(since) {
+				g.XIDs = append(g.XIDs, int(x.XID))
+			}
+		}
+		if d.ECC != nil {
+			g.ECCKnown, g.ECCVolatile = true, d.ECC.VolatileUncorrected
+		}
+		if d.Remap != nil {
+			g.RemapKnown, g.RemapPending, g.RemapFailure = true, d.Remap.Pending, d.Remap.Failure
+		}
+		if d.RetiredPagesPending != nil {
+			g.RetiredKnown, g.RetiredPend = true, *d.RetiredPagesPending
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
+// gpuBlocked: before a start, a GPU lost, asking for a reset or with a row
+// remap pending or failed (why, policy.StartBlock's words) is not started
+// on; the state is waiting_gpu with why, looked at again every sample (a
+// reset clears it).
+func (m *machine) gpuBlocked(why string) {
+	reason := "not starting vLLM on a GPU that needs a reset: " + why
+	if st := m.s.Status(); st.State != StateWaitingGPU || st.Reason != reason {
+		m.s.log.Error("not starting vLLM: a GPU needs a reset", zap.String("why", why))
+	}
+	m.s.update(func(st *Status) { st.State, st.Reason = StateWaitingGPU, reason })
+	m.arm(tFreeMemory, m.s.cfg.GPU.SampleInterval.Duration)
+}
+
+// gpuEvidence is NVML's word on the run as last sampled (nil without
+// NVML): the heartbeat's look while vLLM runs.
+func (m *machine) gpuEvidence() *policy.GPUEvidence {
+	if m.s.health == nil {
+		return nil
+	}
+	return m.gpuEvidenceFrom(m.s.health.GPUs(m.startedAt, false))
+}
+
+// gpuEvidenceFrom pairs a reading (made off the loop after a death) with the
+// GPUs' state at the launch; nil when NVML could not tell.
+func (m *machine) gpuEvidenceFrom(after []policy.GPUDevice) *policy.GPUEvidence {
+	if after == nil {
+		return nil
+	}
+	return &policy.GPUEvidence{Before: m.gpuBefore, After: after}
+}
+
+// checkGPUFault ends the run at once when the GPU said something after
+// which vLLM cannot go on (an XID that tears the contexts down or needs a
+// reset, a lost GPU): vLLM may not notice for a long time, or hang in the
+// driver. Its tree is killed; the failure is then classified from the
+// same evidence. True when it ended the run.
+func (m *machine) checkGPUFault() bool {
+	if m.s.health == nil || m.phase != phRunning {
+		return false
+	}
+	ev := m.gpuEvidence()
+	if ev == nil {
+		return false
+	}
+	what, ends := policy.LiveFault(*ev)
+	if !ends {
+		return false
+	}
+	m.s.log.Error("the GPU failed under vLLM: killing its process tree", zap.String("gpu", what))
+	m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.child.pid(),
+		Reason: fmt.Sprintf("GPU fault while vLLM ran: %s", what)})
+	m.gpuKilled = true
+	m.endRun(endExited)
+	if m.child != nil {
+		m.child.kill()
+	}
+	return true
+}

@@ -1,0 +1,161 @@
+package supervisor
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+)
+
+// fakeHealth is the GPUs' hardware state as a test sets it.
+type fakeHealth struct {
+	mu   sync.Mutex
+	dev  policy.GPUDevice
+	xids []struct {
+		xid int
+		at  time.Time
+	}
+}
+
+func newFakeHealth() *fakeHealth {
+	return &fakeHealth{dev: policy.GPUDevice{Index: 0, UUID: "GPU-0000", ECCKnown: true, RemapKnown: true}}
+}
+
+func (h *fakeHealth) GPUs(since time.Time, _ bool) []policy.GPUDevice {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	d := h.dev
+	d.XIDs = nil
+	for _, x := range h.xids {
+		if !x.at.Before(since) {
+			d.XIDs = append(d.XIDs, x.xid)
+		}
+	}
+	return []policy.GPUDevice{d}
+}
+
+func (h *fakeHealth) xid(n int) {
+	h.mu.Lock()
+	h.xids = append(h.xids, struct {
+		xid int
+		at  time.Time
+	}{n, time.Now()})
+	h.mu.Unlock()
+}
+
+func (h *fakeHealth) set(f func(d *policy.GPUDevice)) { h.mu.Lock(); f(&h.dev); h.mu.Unlock() }
+
+// TestMachineGPUFaultXID79: an XID 79 while ready ends the run (vLLM is
+// killed, never restarted), the cause is gpu_fault with the GPU and the
+// XID, and the guard exits with the GPU-fault code.
+func TestMachineGPUFaultXID79(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		h := newFakeHealth()
+		s.health = h
+		s.start()
+		s.ready()
+		h.xid(79)
+		s.advance(2 * time.Second) // the heartbeat sees it
+		if code := s.exited(); code != exitcode.GPUFault {
+			t.Fatalf("exit code %d, want %d; status %+v", code, exitcode.GPUFault, s.sup.Status())
+		}
+		f := s.failure(1)
+		if f.Verdict.Cause != policy.CauseGPUFault || f.Verdict.GPU == nil || f.Verdict.GPU.XID != 79 || f.Decision.Action != policy.ActionGiveUp {
+			t.Fatalf("failure %+v", f)
+		}
+		if s.l.n() != 1 || s.l.last().kills.Load() == 0 {
+			t.Fatalf("%d launches, %d kills: want one launch, killed", s.l.n(), s.l.last().kills.Load())
+		}
+		if st := s.sup.Status(); st.State != StateFailed || !strings.Contains(st.Reason, "GPU 0") || !strings.Contains(st.Reason, "nvidia-smi -r -i 0") {
+			t.Fatalf("status %s: %s", st.State, st.Reason)
+		}
+	})
+}
+
+// TestMachineGPUFaultStay: with on_gpu_fault = "stay" the guard stays up,
+// failed, naming the GPU.
+func TestMachineGPUFaultStay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.GPU.OnGPUFault = "stay" })
+		h := newFakeHealth()
+		s.health = h
+		s.start()
+		s.ready()
+		h.xid(48)
+		s.advance(2 * time.Second)
+		s.wantState(StateFailed)
+		if st := s.sup.Status(); !strings.Contains(st.Reason, "XID 48") || st.ExitCode != exitcode.GPUFault {
+			t.Fatalf("status %+v", st)
+		}
+		if s.l.n() != 1 {
+			t.Fatalf("%d launches", s.l.n())
+		}
+		if code := s.stop(); code != exitcode.OK {
+			t.Fatalf("stop: exit %d", code)
+		}
+	})
+}
+
+// TestMachineGPUFaultXID94: a contained ECC error ends the run and restarts
+// it on the same rung; a second within the window gives up.
+func TestMachineGPUFaultXID94(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		h := newFakeHealth()
+		s.health = h
+		s.start()
+		s.ready()
+		h.xid(94)
+		s.advance(2 * time.Second)
+		f := s.failure(1)
+		if f.Verdict.Cause != policy.CauseGPUFault || f.Decision.Action != policy.ActionRestart || f.Decision.Rung.Index != 0 {
+			t.Fatalf("first XID 94: %+v", f)
+		}
+		s.advance(s.cfg.GPU.SampleInterval.Duration + s.cfg.Restart.InitialDelay.Duration + time.Second)
+		if s.l.n() != 2 {
+			t.Fatalf("%d launches after an XID 94, want 2", s.l.n())
+		}
+		s.ready()
+		h.xid(94)
+		s.advance(2 * time.Second)
+		if code := s.exited(); code != exitcode.GPUFault {
+			t.Fatalf("second XID 94: exit %d", code)
+		}
+		if s.l.n() != 2 {
+			t.Fatalf("%d launches", s.l.n())
+		}
+	})
+}
+
+// TestMachineGPUPendingRemapBlocksStart: no start on a GPU with a row
+// remap pending; waiting_gpu says why; a reset (the flag cleared) lets it
+// start.
+func TestMachineGPUPendingRemapBlocksStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		h := newFakeHealth()
+		h.set(func(d *policy.GPUDevice) { d.RemapPending = true })
+		s.health = h
+		s.start()
+		s.advance(5 * time.Second)
+		s.wantState(StateWaitingGPU)
+		if st := s.sup.Status(); !strings.Contains(st.Reason, "row remap pending") || !strings.Contains(st.Reason, "GPU 0") {
+			t.Fatalf("reason %q", st.Reason)
+		}
+		if s.l.n() != 0 {
+			t.Fatalf("%d launches on a GPU with a remap pending", s.l.n())
+		}
+		h.set(func(d *policy.GPUDevice) { d.RemapPending = false })
+		s.advance(2 * time.Second)
+		if s.l.n() != 1 {
+			t.Fatalf("%d launches after the reset", s.l.n())
+		}
+		s.stop()
+	})
+}

@@ -184,6 +184,9 @@ func TestSimulatorAgreesWithRealVLLM(t *testing.T) {
 		s := serve(t, label, bin, env, append([]string{modelArg}, common...)...)
 		s.waitUp()
 		obs := observe(s, key, name)
+		for k, v := range observeTokens(s, key, name) {
+			obs[k] = v
+		}
 		for k, v := range startupSeen(s.output()) {
 			obs[k] = v
 		}

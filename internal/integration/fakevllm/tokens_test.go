@@ -252,3 +252,42 @@ func TestStopRule(t *testing.T) {
 		t.Error("stop 3 accepted")
 	}
 }
+
+// Whatever the stop strings and ids, the text sent is the text kept, none
+// is sent twice or lost, and without include_stop_str_in_output no stop
+// string reaches the client (past min_tokens).
+func FuzzStopRule(f *testing.F) {
+	f.Add(" brown|.", []byte{0, 1, 2, 3}, false, uint8(0))
+	f.Add("ui", []byte{1, 1, 9, 2}, true, uint8(2))
+	f.Add("", []byte{5}, false, uint8(1))
+	f.Fuzz(func(t *testing.T, stops string, ids []byte, include bool, minTokens uint8) {
+		list, _ := json.Marshal(strings.Split(stops, "|"))
+		req := completionRequest{Stop: list, IncludeStopStrInOutput: include, MinTokens: int(minTokens % 8), StopTokenIDs: []int{firstWordID + 7}}
+		r, err := newStopRule(&req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sent, all strings.Builder
+		var stoppedBy any
+		for i, b := range ids {
+			id := firstWordID + int(b%10)
+			all.WriteString(tokenText(id))
+			delta, reason, stopped := r.step(id, i == len(ids)-1)
+			sent.WriteString(delta)
+			if stopped {
+				stoppedBy = reason
+				break
+			}
+		}
+		if sent.String() != r.outputText && (stoppedBy != nil || len(ids) > 0) {
+			t.Fatalf("sent %q, kept %q", sent.String(), r.outputText)
+		}
+		if stoppedBy == nil && len(ids) > 0 && sent.String() != all.String() {
+			t.Fatalf("no stop, sent %q, generated %q", sent.String(), all.String())
+		}
+		// (Text from the first min_tokens ids is never searched, as in vLLM.)
+		if s, ok := stoppedBy.(string); ok && !include && req.MinTokens == 0 && strings.Contains(sent.String(), s) {
+			t.Fatalf("stop string %q sent: %q", s, sent.String())
+		}
+	})
+}

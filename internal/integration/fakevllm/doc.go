@@ -185,6 +185,8 @@
 //	FAKEVLLM_SERVER           API server setup after the engine loaded (default 50ms)
 //	FAKEVLLM_PROGRESS_EVERY   during a phase, a progress line at least this often (default 1s)
 //	FAKEVLLM_TOKEN_INTERVAL   time per generated token (default 1ms)
+//	FAKEVLLM_SPLIT_CHARS      1: some characters take two ids, as with a byte-level
+//	                          tokenizer (see Tokens); default 0
 //	FAKEVLLM_TICK             memory recomputation period (default 50ms); also on
 //	                          every request change, so a burst runs the engine out
 //	                          of memory as its requests are admitted, not at a tick
@@ -344,12 +346,29 @@
 // The tokenizer: one id per four characters of text (at least one), ids
 // 1000..31999 (below 1000: special, never generated; 32000 and up: out of
 // vocabulary, 400 "Token id N is out of vocabulary"). A chat prompt's ids
-// are its messages' text tokenized (no template tokens); /tokenize with
+// are its template's, like the tiny model's: per message a role token (3
+// user, 4 assistant, 5 system), the content's ids and an end token (1),
+// then the assistant's token (add_generation_prompt, default true); so
+// chat prompt tokens = content tokens + 2 per message + 1. /tokenize with
 // the messages gives the same ids. A completion prompt may be a list of
 // ids, used as given ([] → 400 "You must pass at least one prompt"); a
 // list of strings or of id lists is taken as one prompt (vLLM answers a
-// choice per element). The text of id N is the Nth of ten words (" the",
-// " quick", ...), so /detokenize agrees with the answers.
+// choice per element). The text of id N is the (N mod 10)th of ten words
+// (" the", " quick", ...); special ids have none (skip_special_tokens), so
+// /detokenize agrees with the answers.
+//
+// With FAKEVLLM_SPLIT_CHARS=1 some characters take two ids, as the real
+// tiny model's byte-level tokenizer (and emoji or CJK on real models)
+// does: an id whose tens digit is 0 ends with the first byte of "é", one
+// whose tens digit is 1 starts with its second byte, and a first byte not
+// followed by a second is U+FFFD. Text comes out as vLLM's incremental
+// detokenizer (tokenizers' DecodeStream) writes it: an id that leaves a
+// character incomplete gives no text (its chunk has text "" and its id),
+// the id that completes it gives both ids' text, a character still
+// incomplete at the end is never written, and a prompt that ends inside a
+// character makes the first text the whole prompt's text followed by the
+// output's (vLLM 0.32.0 does exactly that to a continuation cut inside a
+// character).
 //
 // The model: each generated id is a hash of every id before it, prompt
 // and output alike. A greedy request (temperature given and < 1e-5, as
@@ -365,7 +384,8 @@
 // searched in the output text only, once more than min_tokens ids were
 // generated, and the text is cut before the stop string (after it with
 // include_stop_str_in_output); while a stop string may be forming, the
-// last (longest stop − 1) characters are held back (chunks with text ""),
+// last (longest stop − 1) characters (not bytes) are held back (chunks
+// with text ""),
 // and flushed when the request ends; a stop id counts once min_tokens ids
 // were generated, its text dropped unless include_stop_str_in_output;
 // finish_reason "stop" with stop_reason the string or the id. Token ids

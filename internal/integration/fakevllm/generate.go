@@ -42,8 +42,102 @@ func tokenIDs(text string) []int {
 
 func textTokens(s string) int { return max(len(s)/4, 1) }
 
-// tokenText is the text of one id, as /detokenize and the answers write it.
-func tokenText(id int) string { return words[id%len(words)] }
+// Special ids: the chat template's (vLLM skips them in the text).
+const (
+	idEOS       = 1
+	idUser      = 3
+	idAssistant = 4
+	idSystem    = 5
+)
+
+// tokenBytes is one id's bytes: the id's word. With split characters
+// (FAKEVLLM_SPLIT_CHARS), as a byte-level tokenizer splits "é" (and emoji,
+// CJK) over two ids, an id whose tens digit is 0 ends with the first byte
+// of "é" and one whose tens digit is 1 starts with its second byte; a
+// first byte not followed by a second is invalid UTF-8.
+func tokenBytes(id int, split bool) string {
+	if id < firstWordID {
+		return ""
+	}
+	w := words[id%len(words)]
+	if split {
+		switch id / 10 % 10 {
+		case 0:
+			return w + "\xc3"
+		case 1:
+			return "\xa9" + w
+		}
+	}
+	return w
+}
+
+// decode is the text of bytes as vLLM's tokenizer writes it: each invalid
+// byte (an incomplete character at the end too) as U+FFFD.
+func decode(b string) string {
+	var out strings.Builder
+	for len(b) > 0 {
+		r, size := utf8.DecodeRuneInString(b)
+		out.WriteRune(r) // RuneError, size 1, for an invalid byte
+		b = b[size:]
+	}
+	return out.String()
+}
+
+// endsInsideChar says whether b ends with an incomplete character.
+func endsInsideChar(b string) bool {
+	for i := len(b) - 1; i >= max(0, len(b)-utf8.UTFMax+1); i-- {
+		if utf8.RuneStart(b[i]) { // the last character's first byte
+			return !utf8.FullRuneInString(b[i:])
+		}
+	}
+	return false
+}
+
+// detokenize is the text of ids (/detokenize).
+func detokenize(ids []int, split bool) string {
+	var b strings.Builder
+	for _, id := range ids {
+		b.WriteString(tokenBytes(id, split))
+	}
+	return decode(b.String())
+}
+
+// textStream is vLLM's incremental detokenizer (tokenizers' DecodeStream,
+// primed with the prompt's ids): an id whose bytes leave a character
+// incomplete gives no text at all, and the next id that completes it
+// gives the text of both. Primed with a prompt that itself ends inside a
+// character, vLLM 0.32.0 starts from the prompt's beginning: its first
+// text is the whole prompt's text, then the output's
+// (docs/resume-facts.md). A character left incomplete at the end is never
+// written.
+type textStream struct {
+	split   bool
+	pending string
+}
+
+func newTextStream(prompt []int, split bool) *textStream {
+	t := &textStream{split: split}
+	if split {
+		var b strings.Builder
+		for _, id := range prompt {
+			b.WriteString(tokenBytes(id, true))
+		}
+		if endsInsideChar(b.String()) {
+			t.pending = b.String()
+		}
+	}
+	return t
+}
+
+func (t *textStream) next(id int) string {
+	t.pending += tokenBytes(id, t.split)
+	if endsInsideChar(t.pending) {
+		return ""
+	}
+	s := decode(t.pending)
+	t.pending = ""
+	return s
+}
 
 var words = []string{" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", "."}
 
@@ -102,51 +196,68 @@ func promptTokens(raw json.RawMessage) (int, error) {
 	return len(ids), err
 }
 
-// chatText is every message's content (a string or a list of
-// {"type":"text","text":...} parts), in order.
-func chatText(msgs []chatMessage) (string, error) {
-	if len(msgs) == 0 {
-		return "", errors.New("messages must not be empty")
+// contentText is a message's content: a string or a list of
+// {"type":"text","text":...} parts.
+func contentText(c json.RawMessage) (string, error) {
+	c = bytes.TrimSpace(c)
+	if len(c) == 0 || string(c) == "null" {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(c, &s); err == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(c, &parts); err != nil {
+		return "", errors.New("content must be a string or a list of content parts")
 	}
 	var text strings.Builder
-	for i, m := range msgs {
-		c := bytes.TrimSpace(m.Content)
-		if len(c) == 0 || string(c) == "null" {
-			continue
-		}
-		var s string
-		if err := json.Unmarshal(c, &s); err == nil {
-			text.WriteString(s)
-			continue
-		}
-		var parts []struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		}
-		if err := json.Unmarshal(c, &parts); err != nil {
-			return "", fmt.Errorf("messages[%d].content must be a string or a list of content parts", i)
-		}
-		for _, p := range parts {
-			text.WriteString(p.Text)
-		}
+	for _, p := range parts {
+		text.WriteString(p.Text)
 	}
 	return text.String(), nil
 }
 
-// chatPromptIDs is the chat prompt's ids as the simulator's "chat
-// template" renders it: the messages' text, tokenized (/tokenize with
-// messages answers the same ids).
-func chatPromptIDs(msgs []chatMessage) ([]int, error) {
-	text, err := chatText(msgs)
-	if err != nil {
-		return nil, err
+// chatPromptIDs is the chat prompt's ids as the simulator's chat template
+// renders it, like the tiny model's: per message a role token, the
+// content's ids and an end token, then the assistant's token (with
+// add_generation_prompt, vLLM's default). /tokenize with the messages
+// gives the same ids.
+func chatPromptIDs(msgs []chatMessage, generationPrompt bool) ([]int, error) {
+	if len(msgs) == 0 {
+		return nil, errors.New("messages must not be empty")
 	}
-	return tokenIDs(text), nil
+	var ids []int
+	for i, m := range msgs {
+		text, err := contentText(m.Content)
+		if err != nil {
+			return nil, fmt.Errorf("messages[%d].%w", i, err)
+		}
+		switch m.Role {
+		case "system":
+			ids = append(ids, idSystem)
+		case "assistant":
+			ids = append(ids, idAssistant)
+		default:
+			ids = append(ids, idUser)
+		}
+		if text != "" {
+			ids = append(ids, tokenIDs(text)...)
+		}
+		ids = append(ids, idEOS)
+	}
+	if generationPrompt {
+		ids = append(ids, idAssistant)
+	}
+	return ids, nil
 }
 
 // chatTokens counts a chat prompt's tokens.
 func chatTokens(msgs []chatMessage) (int, error) {
-	ids, err := chatPromptIDs(msgs)
+	ids, err := chatPromptIDs(msgs, true)
 	return len(ids), err
 }
 
@@ -199,6 +310,7 @@ func (s *sampler) next() int {
 
 // stopRule is a request's stop conditions as vLLM applies them.
 type stopRule struct {
+	text       *textStream
 	strings    []string
 	ids        map[int]bool
 	include    bool // include_stop_str_in_output
@@ -209,8 +321,8 @@ type stopRule struct {
 	generated  int
 }
 
-func newStopRule(req *completionRequest) (*stopRule, error) {
-	r := &stopRule{include: req.IncludeStopStrInOutput, minTokens: req.MinTokens}
+func newStopRule(req *completionRequest, text *textStream) (*stopRule, error) {
+	r := &stopRule{text: text, include: req.IncludeStopStrInOutput, minTokens: req.MinTokens}
 	if s := bytes.TrimSpace(req.Stop); len(s) > 0 && string(s) != "null" {
 		var one string
 		if err := json.Unmarshal(s, &one); err == nil {
@@ -257,8 +369,8 @@ func (r *stopRule) step(id int, last bool) (delta string, reason any, stopped bo
 	r.generated++
 	stopID := r.ids[id] && r.generated >= r.minTokens
 	before := len(r.outputText)
-	if !stopID || r.include {
-		r.outputText += tokenText(id)
+	if !stopID || r.include { // vLLM does not detokenize a stop id it drops
+		r.outputText += r.text.next(id)
 	}
 	if stopID {
 		reason, stopped = id, true
@@ -284,7 +396,14 @@ func (r *stopRule) step(id int, last bool) (delta string, reason any, stopped bo
 	}
 	until := len(r.outputText)
 	if !stopped && !last {
-		until = len(r.outputText) - r.holdChars
+		// Hold back holdChars characters (not bytes: "é" is two).
+		for range r.holdChars {
+			if until <= r.sent {
+				break
+			}
+			_, size := utf8.DecodeLastRuneInString(r.outputText[:until])
+			until -= size
+		}
 	}
 	if until > r.sent {
 		delta = r.outputText[r.sent:until]

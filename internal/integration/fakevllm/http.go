@@ -42,7 +42,11 @@ type completionRequest struct {
 	MinTokens              int             `json:"min_tokens"`
 	UseBeamSearch          bool            `json:"use_beam_search"`
 	ReturnTokenIDs         bool            `json:"return_token_ids"`
+	AddGenerationPrompt    *bool           `json:"add_generation_prompt"`
 }
+
+// generationPrompt is add_generation_prompt, true unless set false.
+func generationPrompt(p *bool) bool { return p == nil || *p }
 
 type apiError struct {
 	Object  string  `json:"object"`
@@ -349,7 +353,7 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 	}
 	var ids []int
 	if chat {
-		ids, err = chatPromptIDs(req.Messages)
+		ids, err = chatPromptIDs(req.Messages, generationPrompt(req.AddGenerationPrompt))
 	} else {
 		ids, err = promptIDs(req.Prompt)
 	}
@@ -358,7 +362,7 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 		return
 	}
 	prompt := len(ids)
-	stop, err := newStopRule(&req)
+	stop, err := newStopRule(&req, newTextStream(ids, a.env.SplitChars))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "BadRequestError", err.Error(), "stop")
 		return
@@ -943,9 +947,10 @@ func (a *apiServer) admit(r *http.Request, prompt int) error {
 
 // tokenizeRequest is /tokenize's input: a prompt, or chat messages.
 type tokenizeRequest struct {
-	Model    string          `json:"model"`
-	Prompt   json.RawMessage `json:"prompt"`
-	Messages []chatMessage   `json:"messages"`
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            []chatMessage   `json:"messages"`
+	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
 }
 
 // badJSON answers a body that is not the JSON the route takes, as vLLM does.
@@ -982,7 +987,7 @@ func (a *apiServer) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	var err error
 	switch {
 	case len(req.Messages) > 0:
-		ids, err = chatPromptIDs(req.Messages)
+		ids, err = chatPromptIDs(req.Messages, generationPrompt(req.AddGenerationPrompt))
 	case json.Unmarshal(req.Prompt, &s) == nil:
 		ids = tokenIDs(s)
 	default:
@@ -997,7 +1002,7 @@ func (a *apiServer) handleTokenize(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleDetokenize is vLLM's POST /detokenize: {"tokens": [...]} →
-// {"prompt": "..."} (the simulator's words, one per id).
+// {"prompt": "..."} (the ids' words, vLLM's skip_special_tokens).
 func (a *apiServer) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 	if !allow(w, r, http.MethodPost) {
 		return
@@ -1013,13 +1018,11 @@ func (a *apiServer) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 	if a.refuseUnknownModel(w, req.Model) {
 		return
 	}
-	var text strings.Builder
 	for _, id := range req.Tokens {
-		if id < 0 {
+		if id < 0 || id >= vocabSize {
 			writeError(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf("token id %d is out of vocabulary", id), "tokens")
 			return
 		}
-		text.WriteString(tokenText(id))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"prompt": text.String()})
+	writeJSON(w, http.StatusOK, map[string]any{"prompt": detokenize(req.Tokens, a.env.SplitChars)})
 }

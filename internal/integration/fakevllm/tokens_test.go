@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // streamIDs posts a streaming request and returns its events, the
@@ -236,7 +237,7 @@ func TestStopRule(t *testing.T) {
 			{1009, false, ".", nil}, {1003, false, " fox", nil}, {1009, false, "", "."}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r, err := newStopRule(&c.req)
+			r, err := newStopRule(&c.req, newTextStream(nil, false))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -248,7 +249,7 @@ func TestStopRule(t *testing.T) {
 			}
 		})
 	}
-	if _, err := newStopRule(&completionRequest{Stop: json.RawMessage(`3`)}); err == nil {
+	if _, err := newStopRule(&completionRequest{Stop: json.RawMessage(`3`)}, newTextStream(nil, false)); err == nil {
 		t.Error("stop 3 accepted")
 	}
 }
@@ -257,22 +258,26 @@ func TestStopRule(t *testing.T) {
 // is sent twice or lost, and without include_stop_str_in_output no stop
 // string reaches the client (past min_tokens).
 func FuzzStopRule(f *testing.F) {
-	f.Add(" brown|.", []byte{0, 1, 2, 3}, false, uint8(0))
-	f.Add("ui", []byte{1, 1, 9, 2}, true, uint8(2))
-	f.Add("", []byte{5}, false, uint8(1))
-	f.Fuzz(func(t *testing.T, stops string, ids []byte, include bool, minTokens uint8) {
+	f.Add(" brown|.", []byte{0, 1, 2, 3}, false, uint8(0), false)
+	f.Add("ui", []byte{1, 1, 9, 2}, true, uint8(2), false)
+	f.Add("", []byte{5}, false, uint8(1), true)
+	f.Add("\u00e9 t|\ufffd", []byte{0, 10, 0, 23}, false, uint8(0), true)
+	f.Fuzz(func(t *testing.T, stops string, ids []byte, include bool, minTokens uint8, split bool) {
 		list, _ := json.Marshal(strings.Split(stops, "|"))
 		req := completionRequest{Stop: list, IncludeStopStrInOutput: include, MinTokens: int(minTokens % 8), StopTokenIDs: []int{firstWordID + 7}}
-		r, err := newStopRule(&req)
+		r, err := newStopRule(&req, newTextStream(nil, split))
 		if err != nil {
 			t.Fatal(err)
 		}
 		var sent, all strings.Builder
 		var stoppedBy any
 		for i, b := range ids {
-			id := firstWordID + int(b%10)
-			all.WriteString(tokenText(id))
+			id := firstWordID + int(b/10%2)*10 + int(b%10) // tens digit 0 or 1: the split characters
+			all.WriteString(tokenBytes(id, false))
 			delta, reason, stopped := r.step(id, i == len(ids)-1)
+			if !utf8.ValidString(delta) {
+				t.Fatalf("a character cut: %q", delta)
+			}
 			sent.WriteString(delta)
 			if stopped {
 				stoppedBy = reason
@@ -282,7 +287,7 @@ func FuzzStopRule(f *testing.F) {
 		if sent.String() != r.outputText && (stoppedBy != nil || len(ids) > 0) {
 			t.Fatalf("sent %q, kept %q", sent.String(), r.outputText)
 		}
-		if stoppedBy == nil && len(ids) > 0 && sent.String() != all.String() {
+		if stoppedBy == nil && len(ids) > 0 && !split && sent.String() != all.String() {
 			t.Fatalf("no stop, sent %q, generated %q", sent.String(), all.String())
 		}
 		// (Text from the first min_tokens ids is never searched, as in vLLM.)
@@ -290,4 +295,86 @@ func FuzzStopRule(f *testing.F) {
 			t.Fatalf("stop string %q sent: %q", s, sent.String())
 		}
 	})
+}
+
+// Split characters: an id that leaves a character incomplete gives no
+// text; the id that completes it gives both ids' text; a prompt that ends
+// inside a character makes the first text the whole prompt's, as vLLM
+// 0.32.0 does.
+func TestTextStream(t *testing.T) {
+	// 1000: " the" + the first byte of "é"; 1010: its second byte + " the";
+	// 1023: " fox".
+	s := newTextStream(nil, true)
+	for i, c := range []struct {
+		id   int
+		want string
+	}{{1000, ""}, {1010, " the\u00e9 the"}, {1000, ""}, {1023, " the\ufffd fox"}, {1023, " fox"}} {
+		if got := s.next(c.id); got != c.want {
+			t.Errorf("step %d (id %d): %q, want %q", i, c.id, got, c.want)
+		}
+	}
+	if got := newTextStream([]int{1023, 1000}, true).next(1010); got != " fox the\u00e9 the" {
+		t.Errorf("after a prompt ending inside a character: %q, want the prompt's text first", got)
+	}
+	if got := newTextStream([]int{1023, 1000}, false).next(1010); got != " the" {
+		t.Errorf("without split characters: %q", got)
+	}
+	if got := detokenize([]int{idUser, 1023, 1000}, true); got != " fox the\ufffd" {
+		t.Errorf("detokenize %q", got)
+	}
+}
+
+// With split characters the simulator shows what the real tiny model
+// shows: a greedy continuation always gives the same ids, and the same
+// text exactly when the cut follows a chunk that carried text.
+func TestSplitCharsContinuation(t *testing.T) {
+	t.Parallel()
+	_, url := startReady(t, merge(fast, map[string]string{"FAKEVLLM_ERA": "v1", "FAKEVLLM_SPLIT_CHARS": "1"}), "org/model", "--served-model-name", "m")
+	body := func(prompt any, n int) map[string]any {
+		return map[string]any{"model": "m", "prompt": prompt, "max_tokens": n, "temperature": 0, "return_token_ids": true}
+	}
+	evs, prompt, ids, text := streamIDs(t, url+"/v1/completions", body("Once upon a time", 40))
+	chunkText := func(ev map[string]any) string { return ev["choices"].([]any)[0].(map[string]any)["text"].(string) }
+	held, whole := 0, 0
+	for k := 1; k < 40; k++ {
+		var before strings.Builder
+		for _, ev := range evs[:k] {
+			before.WriteString(chunkText(ev))
+		}
+		_, _, rest, restText := streamIDs(t, url+"/v1/completions", body(append(slices.Clone(prompt), ids[:k]...), 40-k))
+		if !slices.Equal(rest, ids[k:]) {
+			t.Errorf("cut %d: the continuation's ids differ", k)
+		}
+		carried := chunkText(evs[k-1]) != ""
+		if same := before.String()+restText == text; same != carried {
+			t.Errorf("cut %d: text the same %v, the last chunk carried text %v", k, same, carried)
+		}
+		if carried {
+			whole++
+		} else {
+			held++
+		}
+	}
+	if held == 0 || whole == 0 {
+		t.Errorf("%d cuts inside a character, %d outside: the run shows only one kind", held, whole)
+	}
+}
+
+// The stop hold-back counts characters, as vLLM does, never cutting one.
+func TestStopHoldBackCountsCharacters(t *testing.T) {
+	r, err := newStopRule(&completionRequest{Stop: json.RawMessage(`"zzz"`)}, newTextStream(nil, true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent strings.Builder
+	for i, id := range []int{1000, 1010, 1000, 1023} { // " theé the", " the\ufffd fox"
+		delta, _, _ := r.step(id, i == 3)
+		if !utf8.ValidString(delta) {
+			t.Fatalf("step %d sent %q: a character cut", i, delta)
+		}
+		sent.WriteString(delta)
+	}
+	if sent.String() != " the\u00e9 the the\ufffd fox" {
+		t.Errorf("sent %q", sent.String())
+	}
 }

@@ -111,9 +111,10 @@ func (s *server) tail() string {
 }
 
 // simEnv runs the simulator as the newest vLLM it imitates, with a token
-// pace slow enough that a stream outlives a signal.
+// pace slow enough that a stream outlives a signal, and characters split
+// over ids as the tiny model's byte-level tokenizer splits them.
 func simEnv(t *testing.T) map[string]string {
-	return map[string]string{"FAKEVLLM_ERA": "v1", "FAKEVLLM_TOKEN_INTERVAL": "10ms", "FAKEVLLM_TEST_ID": t.Name()}
+	return map[string]string{"FAKEVLLM_ERA": "v1", "FAKEVLLM_TOKEN_INTERVAL": "10ms", "FAKEVLLM_SPLIT_CHARS": "1", "FAKEVLLM_TEST_ID": t.Name()}
 }
 
 // observe asks a generative server everything the guard relies on and

@@ -103,6 +103,17 @@ type streamed struct {
 	idsPerText []int // ids per chunk that carries a choice with text or a delta
 }
 
+// idsSeen says how many ids a stream carried and whether every chunk
+// with a token-id field carried at least one (how many per chunk varies:
+// a loaded vLLM merges several into one chunk).
+func idsSeen(s streamed) string {
+	every := len(s.idsPerText) > 0
+	for _, n := range s.idsPerText {
+		every = every && n > 0
+	}
+	return fmt.Sprint(len(s.ids), " ", every)
+}
+
 func readIDs(evs []map[string]any, done bool) streamed {
 	s := streamed{evs: evs, done: done}
 	for i, ev := range evs {
@@ -140,9 +151,9 @@ func observeTokens(s *server, key, name string) map[string]string {
 
 	// Completions, streaming, with and without return_token_ids.
 	c := readIDs(sse(s.url("/v1/completions"), key, greedy(map[string]any{"prompt": prompt, "max_tokens": 12, "return_token_ids": true})))
-	obs["completions stream: [DONE], chunks"] = fmt.Sprint(c.done, " ", len(c.evs))
+	obs["completions stream: [DONE]"] = fmt.Sprint(c.done)
 	obs["completions stream: prompt ids at"] = c.promptAt
-	obs["completions stream: ids per chunk"] = fmt.Sprint(c.idsPerText)
+	obs["completions stream: ids, every chunk with some"] = idsSeen(c)
 	if len(c.evs) > 1 {
 		obs["completions stream: first chunk"] = keys(c.evs[0])
 		obs["completions stream: first choice"] = keys(choice(c.evs[0]))
@@ -163,9 +174,9 @@ func observeTokens(s *server, key, name string) map[string]string {
 
 	// Chat, streaming.
 	ch := readIDs(sse(s.url("/v1/chat/completions"), key, greedy(map[string]any{"messages": msgs, "max_tokens": 12, "return_token_ids": true})))
-	obs["chat stream: [DONE], chunks"] = fmt.Sprint(ch.done, " ", len(ch.evs))
+	obs["chat stream: [DONE]"] = fmt.Sprint(ch.done)
 	obs["chat stream: prompt ids at"] = ch.promptAt
-	obs["chat stream: ids per chunk"] = fmt.Sprint(ch.idsPerText)
+	obs["chat stream: ids, every chunk with some"] = idsSeen(ch)
 	if len(ch.evs) > 2 {
 		obs["chat stream: first chunk"] = keys(ch.evs[0])
 		obs["chat stream: first choice"] = keys(choice(ch.evs[0]))
@@ -216,6 +227,54 @@ func observeTokens(s *server, key, name string) map[string]string {
 		cont := readIDs(sse(s.url("/v1/completions"), key, greedy(map[string]any{"prompt": append(slices.Clone(c.prompt), c.ids[:4]...), "max_tokens": 8, "return_token_ids": true})))
 		obs["completions: prompt + 4 ids continues with the other 8"] = fmt.Sprint(slices.Equal(cont.ids, c.ids[4:]), ", its prompt ids the ones sent ", slices.Equal(cont.prompt, append(slices.Clone(c.prompt), c.ids[:4]...)))
 	}
+	if len(c.prompt) > 0 && len(c.ids) == 12 {
+		// Every cut: the ids always continue; the text too when the cut
+		// follows a chunk that carried text; else the continuation's text,
+		// if any, starts with the whole prompt's (vLLM's DecodeStream).
+		chunkText := func(ev map[string]any) string {
+			t, _ := choice(ev)["text"].(string)
+			return t
+		}
+		var full strings.Builder
+		for _, ev := range c.evs {
+			full.WriteString(chunkText(ev))
+		}
+		// Cuts at chunk boundaries: a loaded server merges several ids
+		// into one chunk (vLLM's RequestOutputCollector).
+		var detok struct{ Prompt string }
+		_ = json.Unmarshal([]byte(post(s.url("/detokenize"), key, map[string]any{"model": name, "tokens": c.prompt}).body), &detok)
+		idsOK, textRule, inside, outside, glitch := true, true, 0, 0, false
+		var before strings.Builder
+		k := 0
+		for j, ev := range c.evs[:len(c.evs)-1] {
+			ids, _ := ints(choice(ev)["token_ids"])
+			k += len(ids)
+			before.WriteString(chunkText(ev))
+			if k == 0 || k >= 12 {
+				continue
+			}
+			cont := readIDs(sse(s.url("/v1/completions"), key, greedy(map[string]any{"prompt": append(slices.Clone(c.prompt), c.ids[:k]...), "max_tokens": 12 - k, "return_token_ids": true})))
+			contText := ""
+			for _, ev := range cont.evs {
+				contText += chunkText(ev)
+			}
+			carried := chunkText(c.evs[j]) != ""
+			idsOK = idsOK && slices.Equal(cont.ids, c.ids[k:])
+			startsWithPrompt := detok.Prompt != "" && strings.HasPrefix(contText, detok.Prompt)
+			glitch = glitch || !carried && startsWithPrompt
+			if carried {
+				textRule = textRule && before.String()+contText == full.String()
+			} else {
+				textRule = textRule && (contText == "" || startsWithPrompt)
+			}
+			if carried {
+				outside++
+			} else {
+				inside++
+			}
+		}
+		obs["completions: every cut continues the ids; the text after a chunk with text, else the prompt's text first; both kinds of cut seen; the prompt's text seen"] = fmt.Sprint(idsOK, " ", textRule, " ", inside > 0 && outside > 0, " ", glitch)
+	}
 	if len(ch.prompt) > 0 && len(ch.ids) == 12 {
 		cont := readIDs(sse(s.url("/v1/completions"), key, greedy(map[string]any{"prompt": append(slices.Clone(ch.prompt), ch.ids[:4]...), "max_tokens": 8, "return_token_ids": true})))
 		obs["chat: chat prompt ids + 4 ids continues with the other 8 (/v1/completions)"] = fmt.Sprint(slices.Equal(cont.ids, ch.ids[4:]))
@@ -242,7 +301,7 @@ func observeTokens(s *server, key, name string) map[string]string {
 			return b.String()
 		}
 		never := readIDs(sse(s.url("/v1/completions"), key, greedy(map[string]any{"prompt": prompt, "max_tokens": 12, "return_token_ids": true, "stop": []string{"\x01\x02\x03never"}})))
-		obs["a stop string that never comes: ids per chunk, same ids, same text"] = fmt.Sprint(never.idsPerText, " ", slices.Equal(never.ids, c.ids), " ", text(never) == text(c))
+		obs["a stop string that never comes: ids, same ids, same text"] = fmt.Sprint(idsSeen(never), " ", slices.Equal(never.ids, c.ids), " ", text(never) == text(c))
 	}
 	obs["use_beam_search with stream"] = fmt.Sprint(post(s.url("/v1/completions"), key, greedy(map[string]any{"prompt": prompt, "max_tokens": 1, "stream": true, "use_beam_search": true})).status)
 	return obs

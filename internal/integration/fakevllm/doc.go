@@ -187,6 +187,8 @@
 //	FAKEVLLM_SERVER           API server setup after the engine loaded (default 50ms)
 //	FAKEVLLM_PROGRESS_EVERY   during a phase, a progress line at least this often (default 1s)
 //	FAKEVLLM_TOKEN_INTERVAL   time per generated token (default 1ms)
+//	FAKEVLLM_SPLIT_CHARS      1: some characters take two ids, as with a byte-level
+//	                          tokenizer (see Tokens); default 0
 //	FAKEVLLM_TICK             memory recomputation period (default 50ms); also on
 //	                          every request change, so a burst runs the engine out
 //	                          of memory as its requests are admitted, not at a tick
@@ -335,16 +337,86 @@
 // startup complete." is printed. (No knob restores the old order.)
 //
 // GET /health (200; 503 once the engine is dead), GET /v1/models (every
-// served name), POST /tokenize ({"model", "prompt"} or "messages" →
-// 200 {"count", "max_model_len", "tokens", "token_strs": null}; one
-// token per four characters) and POST /detokenize ({"model", "tokens"} →
-// {"prompt"}), both for every task and open without the API key, GET
+// served name), POST /tokenize ({"model", "prompt"} (text only, as
+// 0.32.0: token ids → 400) or "messages" → 200 {"count", "max_model_len",
+// "tokens", "token_strs": null}) and POST /detokenize ({"model", "tokens"}
+// → {"prompt"}), both for every task and open without the API key, GET
 // /version, POST /v1/completions and /v1/chat/completions (OpenAI shapes;
-// max_tokens default 16, one token per FAKEVLLM_TOKEN_INTERVAL; "stream":
-// true → SSE "data: {...}" per token then "data: [DONE]"; a wrong model →
-// 404 NotFoundError; prompt + max_tokens > max_model_len → 400), GET
-// /metrics. At most max_num_seqs requests run; the rest wait FIFO. Prompt
-// tokens ≈ characters / 4.
+// max_tokens default 16 (vLLM's chat default is the rest of max_model_len;
+// the simulator, which never generates EOS, keeps 16), one token per
+// FAKEVLLM_TOKEN_INTERVAL; "stream": true → SSE "data: {...}" per token
+// then "data: [DONE]"; a wrong model → 404 NotFoundError; prompt +
+// max_tokens > max_model_len → 400), GET /metrics. At most max_num_seqs
+// requests run; the rest wait FIFO.
+//
+// # Tokens (docs/resume-facts.md has what the real vLLM 0.32.0 does)
+//
+// The tokenizer: one id per four characters of text (at least one), ids
+// 1000..31999 (below 1000: special, never generated; 32000 and up: out of
+// vocabulary, 400 "Token id N is out of vocabulary"). A chat prompt's ids
+// are its template's, like the tiny model's: per message a role token (3
+// user, 4 assistant, 5 system), the content's ids and an end token (1),
+// then the assistant's token (add_generation_prompt, default true); so
+// chat prompt tokens = content tokens + 2 per message + 1. /tokenize with
+// the messages gives the same ids. A completion prompt may be a list of
+// ids, used as given ([] → 400 "You must pass at least one prompt"); a
+// list of strings or of id lists is taken as one prompt (vLLM answers a
+// choice per element). The text of id N is the (N mod 10)th of ten words
+// (" the", " quick", ...); special ids have none (skip_special_tokens), so
+// /detokenize agrees with the answers.
+//
+// With FAKEVLLM_SPLIT_CHARS=1 some characters take two ids, as the real
+// tiny model's byte-level tokenizer (and emoji or CJK on real models)
+// does: an id whose tens digit is 0 ends with the first byte of "é", one
+// whose tens digit is 1 starts with its second byte, and a first byte not
+// followed by a second is U+FFFD. Text comes out as vLLM's incremental
+// detokenizer (tokenizers' DecodeStream) writes it: an id that leaves a
+// character incomplete gives no text (its chunk has text "" and its id),
+// the id that completes it gives both ids' text, a character still
+// incomplete at the end is never written, and a prompt that ends inside a
+// character makes the first text the whole prompt's text followed by the
+// output's (vLLM 0.32.0 does exactly that to a continuation cut inside a
+// character).
+//
+// The model: each generated id is a hash of every id before it, prompt
+// and output alike. A greedy request (temperature given and < 1e-5, as
+// vLLM's) is therefore a pure function of its prompt's ids, and a
+// /v1/completions request whose prompt is the prompt's ids plus a prefix
+// of the output yields exactly the rest. Any other request also mixes in
+// a per-request generator, seeded by "seed" when given: the same seed
+// repeats a sample, a continuation does not (the generator restarts with
+// each request, as vLLM's does). The simulator never generates EOS.
+//
+// "stop" (a string or a list), "stop_token_ids", "include_stop_str_in_output"
+// and "min_tokens" as vLLM's detokenizer applies them: stop strings are
+// searched in the output text only, once more than min_tokens ids were
+// generated, and the text is cut before the stop string (after it with
+// include_stop_str_in_output); while a stop string may be forming, the
+// last (longest stop − 1) characters (not bytes) are held back (chunks
+// with text ""),
+// and flushed when the request ends; a stop id counts once min_tokens ids
+// were generated, its text dropped unless include_stop_str_in_output;
+// finish_reason "stop" with stop_reason the string or the id. Token ids
+// are never held back. "use_beam_search" with "stream" → 400; "stream_options"
+// without "stream" → 400. "n", "logprobs", "echo" and structured output are
+// not simulated (one choice, no logprobs, no echo, no constraint).
+//
+// "return_token_ids": true (the v1 and v1-ansi eras, vLLM ≥ 0.10.2) adds
+// the ids where vLLM 0.32.0 puts them. Completions: "prompt_token_ids" in
+// the first chunk's choice (null after), "token_ids" (the chunk's ids) in
+// every choice; not streaming, both in the choice. Chat: "prompt_token_ids"
+// at the top level of the first chunk, the role chunk, which is sent with
+// the first token as vLLM sends it (not before the prefill), "token_ids"
+// in the choice of every later chunk; not streaming, "token_ids" in the
+// choice and "prompt_token_ids" at the top level. In the v1 era the
+// answers have 0.32.0's shape: those keys are always there, null unless
+// asked for ("prompt_text": null beside the chat's prompt ids), chat
+// chunks carry "stop_reason" on the final chunk only, "system_fingerprint"
+// ("vllm-0.32.0-<8 hex>") is on the final chunk or, with
+// stream_options.include_usage, on the usage chunk ("choices": [],
+// "usage" {prompt_tokens, total_tokens, completion_tokens}) that follows
+// it; a non-streaming answer has every field of vLLM's response model
+// (service_tier, kv_transfer_params, ... null).
 //
 // Every response gets uvicorn's access line when it starts (uvicorn logs
 // at http.response.start), on stdout, as uvicorn's LOGGING_CONFIG routes

@@ -38,6 +38,7 @@ type simEnv struct {
 	SilentCompile bool
 
 	TokenInterval time.Duration
+	SplitChars    bool // FAKEVLLM_SPLIT_CHARS: some characters take two ids
 	Tick          time.Duration
 	OrphanTTL     time.Duration
 	DrainCut      time.Duration // v1 era: how long a drain lets requests in flight run before it cuts them
@@ -133,6 +134,7 @@ func loadEnv(lookup func(string) (string, bool)) (*simEnv, error) {
 	}
 	e.SilentCompile = truthy(get("FAKEVLLM_SILENT_COMPILE"))
 	e.TokenInterval = dur("FAKEVLLM_TOKEN_INTERVAL", time.Millisecond)
+	e.SplitChars = truthy(get("FAKEVLLM_SPLIT_CHARS"))
 	e.Tick = dur("FAKEVLLM_TICK", 50*time.Millisecond)
 	if e.Tick <= 0 {
 		e.Tick = 50 * time.Millisecond

@@ -33,77 +33,20 @@ type completionRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
+	// Sampling, as vLLM names it: greedy when temperature < 1e-5.
+	Temperature            *float64        `json:"temperature"`
+	Seed                   *int64          `json:"seed"`
+	Stop                   json.RawMessage `json:"stop"`
+	StopTokenIDs           []int           `json:"stop_token_ids"`
+	IncludeStopStrInOutput bool            `json:"include_stop_str_in_output"`
+	MinTokens              int             `json:"min_tokens"`
+	UseBeamSearch          bool            `json:"use_beam_search"`
+	ReturnTokenIDs         bool            `json:"return_token_ids"`
+	AddGenerationPrompt    *bool           `json:"add_generation_prompt"`
 }
 
-// promptTokens estimates a prompt's tokens as vLLM's tokenizer roughly
-// would: a quarter of the characters (at least 1); token-id arrays count
-// their ids.
-func promptTokens(raw json.RawMessage) (int, error) {
-	raw = json.RawMessage(strings.TrimSpace(string(raw)))
-	if len(raw) == 0 || string(raw) == "null" {
-		return 0, errors.New("prompt is required")
-	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err == nil {
-		return textTokens(s), nil
-	}
-	var list []json.RawMessage
-	if err := json.Unmarshal(raw, &list); err != nil {
-		return 0, errors.New("prompt must be a string, a list of strings or a list of token ids")
-	}
-	if len(list) == 0 {
-		return 0, errors.New("prompt must not be empty")
-	}
-	total := 0
-	for _, item := range list {
-		var n json.Number
-		var ids []int64
-		switch {
-		case json.Unmarshal(item, &s) == nil:
-			total += textTokens(s)
-		case json.Unmarshal(item, &n) == nil:
-			total++
-		case json.Unmarshal(item, &ids) == nil:
-			total += len(ids)
-		default:
-			return 0, errors.New("prompt must be a string, a list of strings or a list of token ids")
-		}
-	}
-	return max(total, 1), nil
-}
-
-// chatTokens counts the tokens of every message's content (a string or
-// a list of {"type":"text","text":...} parts).
-func chatTokens(msgs []chatMessage) (int, error) {
-	if len(msgs) == 0 {
-		return 0, errors.New("messages must not be empty")
-	}
-	chars := 0
-	for i, m := range msgs {
-		c := strings.TrimSpace(string(m.Content))
-		if c == "" || c == "null" {
-			continue
-		}
-		var s string
-		if err := json.Unmarshal([]byte(c), &s); err == nil {
-			chars += len(s)
-			continue
-		}
-		var parts []struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		}
-		if err := json.Unmarshal([]byte(c), &parts); err != nil {
-			return 0, fmt.Errorf("messages[%d].content must be a string or a list of content parts", i)
-		}
-		for _, p := range parts {
-			chars += len(p.Text)
-		}
-	}
-	return max(chars/4, 1), nil
-}
-
-func textTokens(s string) int { return max(len(s)/4, 1) }
+// generationPrompt is add_generation_prompt, true unless set false.
+func generationPrompt(p *bool) bool { return p == nil || *p }
 
 type apiError struct {
 	Object  string  `json:"object"`
@@ -375,8 +318,6 @@ func (a *apiServer) reqID() string {
 	return fmt.Sprintf("%016x%016x", a.startedAt.UnixNano(), reqCounter.Add(1))
 }
 
-var words = []string{" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", "."}
-
 func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, chat bool) {
 	if !allow(w, r, http.MethodPost) {
 		return
@@ -391,6 +332,10 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 		badJSON(w, err)
 		return
 	}
+	if req.StreamOptions != nil && !req.Stream {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "Stream options can only be defined when `stream=True`.", "stream_options")
+		return
+	}
 	if a.faults.has(fNeverReady) {
 		writeError(w, http.StatusInternalServerError, "InternalServerError", "The model is not ready: no model is loaded.", "")
 		return
@@ -402,14 +347,24 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 		writeError(w, http.StatusInternalServerError, "InternalServerError", engineDeadMessage, "")
 		return
 	}
-	var prompt int
+	if req.Stream && req.UseBeamSearch {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "Streaming is not currently supported with beam search", "")
+		return
+	}
+	var ids []int
 	if chat {
-		prompt, err = chatTokens(req.Messages)
+		ids, err = chatPromptIDs(req.Messages, generationPrompt(req.AddGenerationPrompt))
 	} else {
-		prompt, err = promptTokens(req.Prompt)
+		ids, err = promptIDs(req.Prompt)
 	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "BadRequestError", err.Error(), "")
+		return
+	}
+	prompt := len(ids)
+	stop, err := newStopRule(&req, newTextStream(ids, a.env.SplitChars))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", err.Error(), "stop")
 		return
 	}
 	maxTokens := 16
@@ -433,16 +388,19 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 		}
 		return // the client went away while waiting
 	}
-	generated := 0
+	g := &generation{a: a, chat: chat, id: a.reqID(), created: time.Now().Unix(), promptIDs: ids, model: a.respModel(req.Model),
+		shape032: a.env.Era == eraV1Plain,
+		tokenIDs: req.ReturnTokenIDs && a.env.Era != eraV0, // vLLM ≥ 0.10.2
+		sampler:  newSampler(ids, req.Temperature != nil && *req.Temperature < 1e-5, req.Seed),
+		stop:     stop,
+	}
 	defer func() {
-		a.sched.finish(prompt, generated)
-		if generated > 0 { // the first token comes after the prefill
+		a.sched.finish(prompt, g.n)
+		if g.n > 0 { // the first token comes after the prefill
 			a.sched.requestFinished(prompt)
 		}
 	}()
-
 	defer a.requestDone()
-	g := &generation{a: a, chat: chat, id: a.reqID(), created: time.Now().Unix(), prompt: prompt, model: a.respModel(req.Model)}
 	if chat {
 		g.id = "chatcmpl-" + g.id
 	} else {
@@ -450,40 +408,27 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 	}
 	if req.Stream {
 		g.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
-		generated = g.stream(w, r, maxTokens)
+		g.stream(w, r, maxTokens)
 		return
 	}
 	var text strings.Builder
-	for i := 0; i < maxTokens; i++ {
-		if !a.nextToken(r) {
-			a.cutIfAborted()
-			if a.drainCut() {
-				writeRaw500(w, drainCutBody)
-			} else if a.dead.Load() {
-				writeError(w, http.StatusInternalServerError, "InternalServerError", engineDeadMessage, "")
-			}
-			return
+	var out []int
+	var last token
+	if !g.generate(r, maxTokens, func(t token) bool {
+		text.WriteString(t.text)
+		out = append(out, t.id)
+		last = t
+		return true
+	}) {
+		a.cutIfAborted()
+		if a.drainCut() {
+			writeRaw500(w, drainCutBody)
+		} else if a.dead.Load() {
+			writeError(w, http.StatusInternalServerError, "InternalServerError", engineDeadMessage, "")
 		}
-		if i == 0 {
-			a.sched.prefilled(prompt)
-		}
-		text.WriteString(words[i%len(words)])
-		generated++
-		a.sched.generated(1)
+		return
 	}
-	usage := map[string]int{"prompt_tokens": prompt, "total_tokens": prompt + generated, "completion_tokens": generated}
-	var choice map[string]any
-	object := "text_completion"
-	if chat {
-		object = "chat.completion"
-		choice = map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": text.String(), "tool_calls": []any{}}, "logprobs": nil, "finish_reason": "length", "stop_reason": nil}
-	} else {
-		choice = map[string]any{"index": 0, "text": text.String(), "logprobs": nil, "finish_reason": "length", "stop_reason": nil}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{
-		"id": g.id, "object": object, "created": g.created, "model": g.model,
-		"choices": []any{choice}, "usage": usage,
-	})
+	writeJSON(w, http.StatusOK, g.answer(text.String(), out, last))
 }
 
 // nextToken waits one token interval. It reports false when the request
@@ -540,37 +485,157 @@ func (a *apiServer) nextToken(r *http.Request) bool {
 	return true
 }
 
+// generation is one completion or chat request being generated.
 type generation struct {
-	a       *apiServer
-	chat    bool
-	id      string
-	created int64
-	prompt  int
-	usage   bool
-	model   string
+	a         *apiServer
+	chat      bool
+	id        string
+	created   int64
+	promptIDs []int
+	usage     bool // stream_options.include_usage
+	model     string
+	shape032  bool // vLLM 0.32.0's answer shapes (the v1 era)
+	tokenIDs  bool // return_token_ids
+	sampler   *sampler
+	stop      *stopRule
+	n         int // ids generated
 }
 
-func (g *generation) chunk(choice map[string]any, usage map[string]int) []byte {
+// token is one generated id, the text that goes out with it (text held
+// back for stop strings comes later), and how the request ended when it
+// did: finish "stop" (reason: the stop string or id) or "length".
+type token struct {
+	id     int
+	text   string
+	finish any
+	reason any
+}
+
+// generate runs the request one id per token interval, handing each to
+// emit (false: stop, the client is gone), up to maxTokens or a stop. It
+// reports false when the request was stopped from outside: the client
+// left, the engine died, the drain cut it.
+func (g *generation) generate(r *http.Request, maxTokens int, emit func(token) bool) bool {
+	for i := 0; i < maxTokens; i++ {
+		if !g.a.nextToken(r) {
+			return false
+		}
+		if i == 0 {
+			g.a.sched.prefilled(len(g.promptIDs))
+		}
+		id := g.sampler.next()
+		last := i == maxTokens-1
+		text, reason, stopped := g.stop.step(id, last)
+		t := token{id: id, text: text, reason: reason}
+		switch {
+		case stopped:
+			t.finish = "stop"
+		case last:
+			t.finish = "length"
+		}
+		g.n++
+		g.a.sched.generated(1)
+		if !emit(t) || stopped {
+			return true
+		}
+	}
+	return true
+}
+
+// ids is a token-id field's value: the ids when the client asked for
+// them, else null.
+func (g *generation) ids(ids []int) any {
+	if g.tokenIDs {
+		return ids
+	}
+	return nil
+}
+
+func (g *generation) usageObj(n int, details bool) obj {
+	p := len(g.promptIDs)
+	u := obj{{"prompt_tokens", p}, {"total_tokens", p + n}, {"completion_tokens", n}}
+	if details {
+		u = append(u, kv{"prompt_tokens_details", nil}, kv{"completion_tokens_details", nil})
+	}
+	return u
+}
+
+func (g *generation) fingerprint() string {
+	return systemFingerprint(versionOf(g.a.env.Era), g.model)
+}
+
+// answer is a non-streaming request's answer. vLLM 0.32.0 (the v1 era)
+// writes every field of its response models, null when unset: token ids
+// in the choice, and the chat's prompt ids at the top level (completions:
+// in the choice). The older eras write the OpenAI fields and the token
+// ids only when asked for.
+func (g *generation) answer(text string, out []int, last token) obj {
+	head := obj{{"id", g.id}, {"object", "text_completion"}, {"created", g.created}, {"model", g.model}}
+	var choice obj
+	if g.chat {
+		head[1].v = "chat.completion"
+		msg := obj{{"role", "assistant"}, {"content", text}, {"tool_calls", []any{}}}
+		if g.shape032 {
+			msg = obj{{"role", "assistant"}, {"content", text}, {"refusal", nil}, {"annotations", nil}, {"audio", nil}, {"function_call", nil}, {"reasoning", nil}}
+		}
+		choice = obj{{"index", 0}, {"message", msg}, {"logprobs", nil}, {"finish_reason", last.finish}, {"stop_reason", last.reason}}
+		if g.shape032 || g.tokenIDs {
+			choice = append(choice, kv{"token_ids", g.ids(out)})
+		}
+		if g.shape032 {
+			choice = append(choice, kv{"routed_experts", nil})
+		}
+	} else {
+		choice = obj{{"index", 0}, {"text", text}, {"logprobs", nil}, {"finish_reason", last.finish}, {"stop_reason", last.reason}}
+		if g.shape032 {
+			choice = append(choice, kv{"token_ids", g.ids(out)}, kv{"prompt_logprobs", nil}, kv{"prompt_token_ids", g.ids(g.promptIDs)}, kv{"routed_experts", nil})
+		} else if g.tokenIDs {
+			choice = append(choice, kv{"token_ids", out}, kv{"prompt_token_ids", g.promptIDs})
+		}
+	}
+	m := append(head, kv{"choices", []any{choice}})
+	if !g.shape032 {
+		m = append(m, kv{"usage", g.usageObj(len(out), false)})
+		if g.chat && g.tokenIDs {
+			m = append(m, kv{"prompt_token_ids", g.promptIDs})
+		}
+		return m
+	}
+	m = append(m, kv{"service_tier", nil}, kv{"system_fingerprint", g.fingerprint()}, kv{"usage", g.usageObj(len(out), true)})
+	if g.chat {
+		m = append(m, kv{"prompt_logprobs", nil}, kv{"prompt_token_ids", g.ids(g.promptIDs)}, kv{"prompt_text", nil})
+	}
+	return append(m, kv{"kv_transfer_params", nil}, kv{"ec_transfer_params", nil}, kv{"metrics", nil})
+}
+
+// chunk is one streamed event: the choice (nil: the usage chunk) and
+// what vLLM adds at the top level.
+func (g *generation) chunk(choice obj, extra ...kv) []byte {
 	object := "text_completion"
 	if g.chat {
 		object = "chat.completion.chunk"
 	}
-	m := map[string]any{"id": g.id, "object": object, "created": g.created, "model": g.model}
+	m := obj{{"id", g.id}, {"object", object}, {"created", g.created}, {"model", g.model}}
 	if choice != nil {
-		m["choices"] = []any{choice}
+		m = append(m, kv{"choices", []any{choice}})
 	} else {
-		m["choices"] = []any{}
+		m = append(m, kv{"choices", []any{}})
 	}
-	if usage != nil {
-		m["usage"] = usage
-	}
+	m = append(m, extra...)
 	b, _ := json.Marshal(m)
 	return []byte("data: " + string(b) + "\n\n")
 }
 
-// stream writes one SSE event per token, then "data: [DONE]". It returns
-// the tokens generated.
-func (g *generation) stream(w http.ResponseWriter, r *http.Request, maxTokens int) int {
+// stream writes the request's SSE events as vLLM does, then "data:
+// [DONE]". A completions chunk per token, its choice carrying the
+// prompt's ids on the first chunk and the token's id on each (with
+// return_token_ids). A chat stream starts with the role chunk, sent with
+// the first token (vLLM sends it when the first output arrives), which
+// carries the prompt's ids at the top level; each token's chunk carries
+// its id in the choice. In the v1 era the token-id keys are always there,
+// null unless asked for, and system_fingerprint is on the last chunk (the
+// usage chunk when there is one).
+func (g *generation) stream(w http.ResponseWriter, r *http.Request, maxTokens int) {
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
@@ -584,50 +649,67 @@ func (g *generation) stream(w http.ResponseWriter, r *http.Request, maxTokens in
 		}
 		return true
 	}
-	if g.chat {
-		if !send(g.chunk(map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}, nil)) {
-			return 0
-		}
-	}
-	n := 0
-	for i := 0; i < maxTokens; i++ {
-		if !g.a.nextToken(r) {
-			g.a.cutIfAborted()
-			if g.a.drainCut() {
-				// vLLM 0.32.0's drain cut: its stream generator's error.
-				send([]byte(drainCutEvent))
-				send([]byte("data: [DONE]\n\n"))
-			} else if g.a.dead.Load() {
-				b, _ := json.Marshal(apiError{Object: "error", Message: engineDeadMessage, Type: "InternalServerError", Code: 500})
-				send([]byte("data: " + string(b) + "\n\n"))
-				send([]byte("data: [DONE]\n\n"))
-			}
-			return n
-		}
-		var finish any
-		if i == maxTokens-1 {
-			finish = "length"
-		}
-		var choice map[string]any
+	first := true
+	ok := g.generate(r, maxTokens, func(t token) bool {
+		var choice obj
+		var top []kv
 		if g.chat {
-			choice = map[string]any{"index": 0, "delta": map[string]any{"content": words[i%len(words)]}, "logprobs": nil, "finish_reason": finish}
+			if first {
+				role := obj{{"index", 0}, {"delta", obj{{"role", "assistant"}, {"content", ""}}}, {"logprobs", nil}, {"finish_reason", nil}}
+				var head []kv
+				if g.shape032 {
+					head = []kv{{"prompt_token_ids", g.ids(g.promptIDs)}, {"prompt_text", nil}}
+				} else if g.tokenIDs {
+					head = []kv{{"prompt_token_ids", g.promptIDs}}
+				}
+				if !send(g.chunk(role, head...)) {
+					return false
+				}
+			}
+			choice = obj{{"index", 0}, {"delta", obj{{"content", t.text}}}, {"logprobs", nil}, {"finish_reason", t.finish}}
+			if t.finish != nil {
+				choice = append(choice, kv{"stop_reason", t.reason})
+			}
+			if g.shape032 || g.tokenIDs {
+				choice = append(choice, kv{"token_ids", g.ids([]int{t.id})})
+			}
 		} else {
-			choice = map[string]any{"index": 0, "text": words[i%len(words)], "logprobs": nil, "finish_reason": finish, "stop_reason": nil}
+			choice = obj{{"index", 0}, {"text", t.text}, {"logprobs", nil}, {"finish_reason", t.finish}, {"stop_reason", t.reason}}
+			if g.shape032 || g.tokenIDs {
+				var prompt any
+				if first {
+					prompt = g.ids(g.promptIDs)
+				}
+				choice = append(choice, kv{"prompt_token_ids", prompt}, kv{"token_ids", g.ids([]int{t.id})})
+			}
 		}
-		if i == 0 {
-			g.a.sched.prefilled(g.prompt)
+		first = false
+		if t.finish != nil && g.shape032 && !g.usage {
+			top = append(top, kv{"system_fingerprint", g.fingerprint()})
 		}
-		n++
-		g.a.sched.generated(1)
-		if !send(g.chunk(choice, nil)) {
-			return n
+		return send(g.chunk(choice, top...))
+	})
+	if !ok {
+		g.a.cutIfAborted()
+		if g.a.drainCut() {
+			// vLLM 0.32.0's drain cut: its stream generator's error.
+			send([]byte(drainCutEvent))
+			send([]byte("data: [DONE]\n\n"))
+		} else if g.a.dead.Load() {
+			b, _ := json.Marshal(apiError{Object: "error", Message: engineDeadMessage, Type: "InternalServerError", Code: 500})
+			send([]byte("data: " + string(b) + "\n\n"))
+			send([]byte("data: [DONE]\n\n"))
 		}
+		return
 	}
 	if g.usage {
-		send(g.chunk(nil, map[string]int{"prompt_tokens": g.prompt, "total_tokens": g.prompt + n, "completion_tokens": n}))
+		var fp []kv
+		if g.shape032 {
+			fp = []kv{{"system_fingerprint", g.fingerprint()}}
+		}
+		send(g.chunk(nil, append([]kv{{"usage", g.usageObj(g.n, false)}}, fp...)...))
 	}
 	send([]byte("data: [DONE]\n\n"))
-	return n
 }
 
 // handleMetrics renders vLLM's Prometheus metrics plus the simulator's
@@ -865,26 +947,10 @@ func (a *apiServer) admit(r *http.Request, prompt int) error {
 
 // tokenizeRequest is /tokenize's input: a prompt, or chat messages.
 type tokenizeRequest struct {
-	Model    string          `json:"model"`
-	Prompt   json.RawMessage `json:"prompt"`
-	Messages []chatMessage   `json:"messages"`
-}
-
-// tokenIDs stands in for the tokenizer: one id per four characters of
-// text (as promptTokens counts), in a 32000-token vocabulary; token-id
-// prompts are their own ids.
-func tokenIDs(text string) []int {
-	n := textTokens(text)
-	ids := make([]int, n)
-	for i := range ids {
-		chunk := text[min(len(text), i*4):min(len(text), i*4+4)]
-		h := 0
-		for _, c := range []byte(chunk) {
-			h = (h*131 + int(c)) % 31000
-		}
-		ids[i] = 1000 + h // clear of the special tokens
-	}
-	return ids
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            []chatMessage   `json:"messages"`
+	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
 }
 
 // badJSON answers a body that is not the JSON the route takes, as vLLM does.
@@ -917,34 +983,26 @@ func (a *apiServer) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var ids []int
+	var s string
+	var err error
 	switch {
 	case len(req.Messages) > 0:
-		var text strings.Builder
-		for _, m := range req.Messages {
-			var s string
-			if json.Unmarshal(m.Content, &s) == nil {
-				text.WriteString(s)
-			}
-		}
-		ids = tokenIDs(text.String())
+		ids, err = chatPromptIDs(req.Messages, generationPrompt(req.AddGenerationPrompt))
+	case json.Unmarshal(req.Prompt, &s) == nil:
+		ids = tokenIDs(s)
 	default:
-		var s string
-		var given []int
-		switch {
-		case json.Unmarshal(req.Prompt, &s) == nil:
-			ids = tokenIDs(s)
-		case json.Unmarshal(req.Prompt, &given) == nil && len(given) > 0:
-			ids = given
-		default:
-			writeError(w, http.StatusBadRequest, "BadRequestError", "prompt must be a string or a list of token ids (or give messages)", "prompt")
-			return
-		}
+		// vLLM 0.32.0's /tokenize takes text or messages, not token ids.
+		err = errors.New("prompt must be a string (or give messages)")
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", err.Error(), "prompt")
+		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"count": len(ids), "max_model_len": a.maxModelLen.Load(), "tokens": ids, "token_strs": nil})
 }
 
 // handleDetokenize is vLLM's POST /detokenize: {"tokens": [...]} →
-// {"prompt": "..."} (the simulator's words, one per id).
+// {"prompt": "..."} (the ids' words, vLLM's skip_special_tokens).
 func (a *apiServer) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 	if !allow(w, r, http.MethodPost) {
 		return
@@ -960,13 +1018,11 @@ func (a *apiServer) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 	if a.refuseUnknownModel(w, req.Model) {
 		return
 	}
-	var text strings.Builder
 	for _, id := range req.Tokens {
-		if id < 0 {
+		if id < 0 || id >= vocabSize {
 			writeError(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf("token id %d is out of vocabulary", id), "tokens")
 			return
 		}
-		text.WriteString(words[id%len(words)])
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"prompt": text.String()})
+	writeJSON(w, http.StatusOK, map[string]any{"prompt": detokenize(req.Tokens, a.env.SplitChars)})
 }

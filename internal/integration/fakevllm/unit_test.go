@@ -376,8 +376,9 @@ func TestPromptTokens(t *testing.T) {
 		}
 	}
 	n, err := chatTokens([]chatMessage{{Role: "user", Content: json.RawMessage(`"abcdabcd"`)}, {Role: "user", Content: json.RawMessage(`[{"type":"text","text":"abcd"}]`)}})
-	if err != nil || n != 3 {
-		t.Errorf("chat tokens %d %v", n, err)
+	// 2 + 1 content ids, a role and an end token per message, the assistant's.
+	if err != nil || n != 8 {
+		t.Errorf("chat tokens %d %v, want 8", n, err)
 	}
 }
 

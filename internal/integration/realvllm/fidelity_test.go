@@ -112,9 +112,10 @@ func (s *server) tail() string {
 }
 
 // simEnv runs the simulator as the newest vLLM it imitates, with a token
-// pace slow enough that a stream outlives a signal.
+// pace slow enough that a stream outlives a signal, and characters split
+// over ids as the tiny model's byte-level tokenizer splits them.
 func simEnv(t *testing.T) map[string]string {
-	return map[string]string{"FAKEVLLM_ERA": "v1", "FAKEVLLM_TOKEN_INTERVAL": "10ms", "FAKEVLLM_TEST_ID": t.Name()}
+	return map[string]string{"FAKEVLLM_ERA": "v1", "FAKEVLLM_TOKEN_INTERVAL": "10ms", "FAKEVLLM_SPLIT_CHARS": "1", "FAKEVLLM_TEST_ID": t.Name()}
 }
 
 // observe asks a generative server everything the guard relies on and
@@ -185,6 +186,9 @@ func TestSimulatorAgreesWithRealVLLM(t *testing.T) {
 		s := serve(t, label, bin, env, append([]string{modelArg}, common...)...)
 		s.waitUp()
 		obs := observe(s, key, name)
+		for k, v := range observeTokens(s, key, name) {
+			obs[k] = v
+		}
 		for k, v := range startupSeen(s.output()) {
 			obs[k] = v
 		}

@@ -76,6 +76,17 @@ type Stats struct {
 	// UpstreamRetries counts connections vLLM refused that the proxy
 	// retried (vLLM restarting before the supervisor noticed).
 	UpstreamRetries uint64 `json:"upstream_retries"`
+	// Held: requests waiting for vLLM to be ready again (arrived while it
+	// was away, or resumed after a death or a drain); Paused: streams among
+	// them whose client has part of its answer.
+	Held   int `json:"held"`
+	Paused int `json:"paused_streams"`
+	// Resumed: requests sent again after a death or drain (replayed) or
+	// continued; Suspects: requests refused another send after
+	// resume_limit deaths, the last of them LastSuspect.
+	Resumed     uint64   `json:"resumed"`
+	Suspects    uint64   `json:"suspects"`
+	LastSuspect *Suspect `json:"last_suspect,omitempty"`
 }
 
 // QueueWaitHeader is set on responses to requests that waited in the
@@ -124,6 +135,11 @@ type Proxy struct {
 	retries atomic.Uint64
 	bound   atomic.Pointer[policy.AdmissionBound] // the last applied
 	await   awaiting                              // sent to vLLM, no byte of the answer yet
+	// Resumed requests, suspects (hold.go) and who hears of them.
+	resumed     atomic.Uint64
+	suspects    atomic.Uint64
+	lastSuspect atomic.Pointer[Suspect]
+	onSuspect   atomic.Pointer[func(Suspect)]
 }
 
 type parsedTarget struct {
@@ -187,6 +203,7 @@ func (p *Proxy) Notify() { p.refresh() }
 func (p *Proxy) Stats() Stats {
 	s := p.lim.stats()
 	s.UpstreamRetries = p.retries.Load()
+	s.Resumed, s.Suspects, s.LastSuspect = p.resumed.Load(), p.suspects.Load(), p.lastSuspect.Load()
 	if b := p.bound.Load(); b != nil {
 		s.Bound, s.Why = b.Bound, b.Why
 	}
@@ -223,7 +240,11 @@ func (p *Proxy) refresh() {
 		p.bound.Store(&b)
 		p.m.setBound(b.Bound)
 	}
-	if p.lim.set(b.Limit, b.RoomBytes, ready) {
+	o := outlook{resume: p.cfg.Resume}
+	if !ready && p.cfg.Resume {
+		o.comingBack, _, o.holdLimit, _ = p.outlook()
+	}
+	if p.lim.set(b.Limit, b.RoomBytes, ready, o) {
 		// vLLM went away: its pooled connections are dead or about to be.
 		p.tr.CloseIdleConnections()
 	}

@@ -251,6 +251,7 @@ func TestQueueTimeoutIs429(t *testing.T) {
 func TestNotReadyWaitsThen503(t *testing.T) {
 	g := newGate()
 	cfg := proxyConfig()
+	cfg.Resume = false // the proxy before issue 30: queue_timeout bounds the wait (hold_test.go: the hold)
 	cfg.QueueTimeout = config.Duration{Duration: 150 * time.Millisecond}
 	r := newRig(t, cfg, 4, g.handler)
 	r.up.set(func(f *fakeUp) { f.ready = false })

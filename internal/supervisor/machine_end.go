@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -113,9 +114,17 @@ func (m *machine) stopReason() string {
 	case m.end == endExited:
 		return "vLLM exited: cleaning up its process tree"
 	default:
-		return "stop requested"
+		return stopRequested
 	}
 }
+
+// stopRequested begins the reason of the guard's own stop: vLLM is not
+// restarted after it.
+const stopRequested = "stop requested"
+
+// FinalStop reports whether a stopping status's reason is the guard's own
+// stop (vLLM is not coming back), not a restart, a restore or a death.
+func FinalStop(reason string) bool { return strings.HasPrefix(reason, stopRequested) }
 
 // finishRun: the whole tree is gone. Decide what comes next.
 func (m *machine) finishRun(sink *logSink) {

@@ -32,8 +32,25 @@ type Recorder struct {
 	done       chan struct{}
 	publish    func(events.Event) // says each record written, or not; nil: nobody
 
-	mu   sync.Mutex
-	last *state.Incident
+	mu       sync.Mutex
+	last     *state.Incident
+	suspects []state.SuspectRequest // told by the proxy, not yet in a record
+}
+
+// suspectWindow: a suspect told this long before a failure belongs to it
+// (the proxy sees the death first: its connection closes at once, the
+// supervisor's record waits for the process tree to be gone).
+const suspectWindow = 2 * time.Minute
+
+// NoteSuspect records a request the proxy refused to send again at a
+// death (proxy.SetOnSuspect): the record of that death names it.
+func (r *Recorder) NoteSuspect(s state.SuspectRequest) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.suspects = append(r.suspects, s)
+	if len(r.suspects) > 64 {
+		r.suspects = r.suspects[len(r.suspects)-64:]
+	}
 }
 
 // New starts a recorder; Close stops it after writing what is queued.
@@ -53,6 +70,12 @@ func (r *Recorder) Handle(e events.Event) {
 	}
 	inc := Assemble(*e.Failure, r.memory(), r.childLines, r.interval)
 	r.mu.Lock()
+	for _, s := range r.suspects {
+		if !s.Time.Before(e.Failure.Time.Add(-suspectWindow)) {
+			inc.Suspects = append(inc.Suspects, s)
+		}
+	}
+	r.suspects = nil
 	r.last = &inc
 	r.mu.Unlock()
 	select {

@@ -73,3 +73,20 @@ func TestAFailedWriteStillShowsTheIncident(t *testing.T) {
 		t.Fatalf("last %+v after a failed write", last)
 	}
 }
+
+// A request the proxy refused to send again at a death is named in that
+// death's record; an old one is not.
+func TestRecordNamesTheSuspectRequest(t *testing.T) {
+	store := &memStore{}
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	r := New(store, func() gpumon.Snapshot { return gpumon.Snapshot{} }, 10, time.Second, zap.NewNop())
+	r.NoteSuspect(state.SuspectRequest{Time: at.Add(-time.Hour), Path: "/v1/old"})
+	r.NoteSuspect(state.SuspectRequest{Time: at.Add(-time.Millisecond), Path: "/v1/completions", Client: "10.0.0.7", BodyBytes: 900000, PromptTokens: 225000, Deaths: 2})
+	r.Handle(events.Event{Kind: events.KindExited, Failure: oomFailure(at)})
+	r.Handle(events.Event{Kind: events.KindExited, Failure: oomFailure(at.Add(time.Second))})
+	r.Close()
+	if len(store.recs) != 2 || len(store.recs[0].Suspects) != 1 || store.recs[0].Suspects[0].Client != "10.0.0.7" ||
+		store.recs[0].Suspects[0].BodyBytes != 900000 || len(store.recs[1].Suspects) != 0 {
+		t.Fatalf("records %+v; want the first to name the recent suspect only, the second none", store.recs)
+	}
+}

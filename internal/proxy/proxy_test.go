@@ -723,7 +723,7 @@ func TestMetricsExposition(t *testing.T) {
 	for _, name := range []string{
 		"vllm_guard_proxy_requests_total", "vllm_guard_proxy_inflight", "vllm_guard_proxy_queue_depth",
 		"vllm_guard_proxy_rejected_total", "vllm_guard_proxy_request_duration_seconds", "vllm_guard_proxy_limit",
-		"vllm_guard_proxy_buffered_body_bytes",
+		"vllm_guard_proxy_buffered_body_bytes", "vllm_guard_proxy_resumed_total", "vllm_guard_proxy_resume_failed_total",
 	} {
 		if n, _ := scrape(t, r.reg, name, "", ""); n <= 0 {
 			t.Errorf("metric %s: %d series", name, n)

@@ -39,6 +39,20 @@ type Incident struct {
 	LastLines   []string      `json:"last_lines"`
 	Memory      []MemSample   `json:"memory"` // GPU memory of the last minutes, oldest first
 	MemoryTrend string        `json:"memory_trend,omitempty"`
+	// Suspects are the requests the proxy refused to send again at this
+	// death: each was in flight at [proxy] resume_limit deaths in a row,
+	// and may be what kills vLLM.
+	Suspects []SuspectRequest `json:"suspect_requests,omitempty"`
+}
+
+// SuspectRequest is a request the proxy would not send again (proxy.Suspect).
+type SuspectRequest struct {
+	Time         time.Time `json:"time"`
+	Path         string    `json:"path"`
+	Client       string    `json:"client"`
+	BodyBytes    int64     `json:"body_bytes"`
+	PromptTokens float64   `json:"prompt_tokens"`
+	Deaths       int       `json:"deaths"`
 }
 
 // MemSample is one GPU memory reading: used/total (the highest over the

@@ -114,7 +114,7 @@ func (l *limiter) set(limit int, room float64, ready bool, o outlook) (lostReady
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	lostReady = l.ready && !ready
-	holding, gone := o.resume && o.comingBack, o.resume && !o.comingBack
+	holding, gone := o.resume && !ready && o.comingBack, o.resume && !ready && !o.comingBack
 	if limit != l.limit || ready != l.ready || room != l.room || holding != l.holding || gone != l.gone || o.holdLimit != l.holdLimit {
 		now := time.Now()
 		if lostReady {

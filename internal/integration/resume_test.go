@@ -84,3 +84,71 @@ queue_timeout = "1s"
 		t.Fatalf("status (%v): %s; want requests resumed, none refused", err, out)
 	}
 }
+
+// One giant request that runs vLLM out of memory on every start is sent
+// twice, then refused with an error that says why (resume_limit 2), the
+// incident record names it, and vLLM serves everyone else.
+func TestGiantRequestSentTwiceThenRefused(t *testing.T) {
+	t.Parallel()
+	s := newScene(t)
+	proxyPort := freePort(t)
+	// 8 MiB a prompt token: a 3,000-token prompt needs 24 GiB, more than
+	// the room of any rung the two deaths reach; a short one 24 MiB.
+	s.env["FAKEVLLM_TOKEN_COST_KIB"] = "8192"
+	s.env["FAKEVLLM_TOKEN_INTERVAL"] = "20ms" // the giant is in flight when the engine counts its prompt
+	s.extra = fmt.Sprintf(`
+[restart]
+initial_delay = "300ms"
+[proxy]
+listen = "127.0.0.1:%d"
+`, proxyPort)
+	s.start()
+	s.waitEvent("ready", 1, 60*time.Second, isReady)
+	url := fmt.Sprintf("http://127.0.0.1:%d/v1/completions", proxyPort)
+	client := &http.Client{Timeout: 2 * time.Minute}
+	post := func(prompt string) (int, string) {
+		t.Helper()
+		b, _ := json.Marshal(map[string]any{"model": "test-model", "prompt": prompt, "max_tokens": 50})
+		resp, err := client.Post(url, "application/json", strings.NewReader(string(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	code, body := post(strings.Repeat("abcd", 3000))
+	if code != http.StatusUnprocessableEntity || !strings.Contains(body, "resume_limit") {
+		t.Fatalf("the giant request: %d %q; want 422 naming resume_limit", code, body)
+	}
+	// The proxy sees a death as its connection closes, before the guard's
+	// exit event: wait for the second, then the restart after it.
+	s.waitEvent("the second death", 2, 60*time.Second, isExited)
+	s.waitEvent("ready after the second death", 3, 60*time.Second, isReady)
+	if code, body := post("hello there"); code != http.StatusOK {
+		t.Fatalf("a short request after the giant: %d %q; want 200", code, body)
+	}
+	if n := s.countEvents(isExited); n != 2 {
+		t.Fatalf("%d deaths of vLLM; want 2 (the giant sent twice, not a third time)", n)
+	}
+	out, _ := exec.Command(bins.guard, "status", "--json", "--socket", filepath.Join(s.dir, "guard.sock")).Output()
+	var doc struct {
+		Proxy *struct {
+			LastSuspect *struct {
+				BodyBytes int64 `json:"body_bytes"`
+				Deaths    int   `json:"deaths"`
+			} `json:"last_suspect"`
+		} `json:"proxy"`
+		LastIncident *struct {
+			Suspects []struct {
+				BodyBytes int64 `json:"body_bytes"`
+			} `json:"suspect_requests"`
+		} `json:"last_incident"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil || doc.Proxy == nil || doc.Proxy.LastSuspect == nil || doc.Proxy.LastSuspect.Deaths != 2 {
+		t.Fatalf("status (%v): %s; want the suspect request named", err, out)
+	}
+	if doc.LastIncident == nil || len(doc.LastIncident.Suspects) != 1 {
+		t.Fatalf("the last incident does not name the suspect request: %s", out)
+	}
+}

@@ -35,9 +35,9 @@ const (
 	// DefaultHoldLimit is the hold limit when nothing better is known: an
 	// Upstream that is not an Outlook, or no restart seen yet.
 	DefaultHoldLimit = 2 * time.Minute
-	// tickEvery: a held stream's comment, often enough that clients and
-	// load balancers (nginx's proxy_read_timeout: 60 s) do not give up.
-	tickEvery = 5 * time.Second
+	// defaultTickEvery: a held stream's comment, often enough that clients
+	// and load balancers (nginx's proxy_read_timeout: 60 s) do not give up.
+	defaultTickEvery = 5 * time.Second
 	// noticeWait bounds how long a request that saw vLLM die waits for
 	// the guard to notice (vLLM still called ready) before it is sent
 	// again anyway: a death the guard never notices was not one.
@@ -90,7 +90,7 @@ func (p *Proxy) holdUntilReady(ctx context.Context, st *reqState, tick func(why 
 			_, _, _, why := p.outlook()
 			tick(why)
 		}
-		a.tickEvery = tickEvery
+		a.tickEvery = p.tickEvery
 	}
 	if _, err := p.lim.acquire(ctx, a); err != nil {
 		return err
@@ -176,7 +176,7 @@ func (p *Proxy) suspect(req *http.Request, st *reqState) error {
 	}
 	p.suspects.Add(1)
 	p.lastSuspect.Store(&s)
-	p.m.resumeFailed.WithLabelValues(FailedSuspect).Inc()
+	p.noteResumeFailed(FailedSuspect)
 	p.log.Warn("a request was in flight at every death of vLLM it saw; not sending it again: it may be what kills vLLM",
 		zap.String("path", s.Path), zap.String("client", s.Client), zap.Int64("body_bytes", s.BodyBytes),
 		zap.Float64("prompt_tokens", s.PromptTokens), zap.Int("deaths", s.Deaths), zap.Int("resume_limit", p.cfg.ResumeLimit))
@@ -232,8 +232,11 @@ func (p *Proxy) nothingProduced(req *http.Request, st *reqState, resp *http.Resp
 	}
 	if err != nil {
 		// The connection reset or closed before any answer: vLLM died.
-		if p.cfg.Resume && isVLLMGone(err) && !errors.Is(err, errNoTarget) {
-			return replayDeath
+		if isVLLMGone(err) && !errors.Is(err, errNoTarget) {
+			if p.cfg.Resume {
+				return replayDeath
+			}
+			p.noteResumeFailed(FailedResumeOff)
 		}
 		return replayNone
 	}
@@ -242,6 +245,9 @@ func (p *Proxy) nothingProduced(req *http.Request, st *reqState, resp *http.Resp
 		case engineDead:
 			if p.cfg.Resume {
 				return replayDeath
+			}
+			if p.readyNow() {
+				p.noteResumeFailed(FailedResumeOff)
 			}
 		case engineShutdown:
 			if p.cfg.Resume {
@@ -254,3 +260,14 @@ func (p *Proxy) nothingProduced(req *http.Request, st *reqState, resp *http.Resp
 	}
 	return replayNone
 }
+
+// noteResumed counts a request resumed: ResumedReplayed or
+// ResumedContinued (the stream continuation counts its own through it).
+func (p *Proxy) noteResumed(how string) {
+	p.m.resumed.WithLabelValues(how).Inc()
+	p.resumed.Add(1)
+}
+
+// noteResumeFailed counts a request a death or drain ended that was not
+// resumed, by reason (Failed*, or a stream's own reasons).
+func (p *Proxy) noteResumeFailed(reason string) { p.m.resumeFailed.WithLabelValues(reason).Inc() }

@@ -292,6 +292,9 @@ func TestResumeOffDeathIs503(t *testing.T) {
 	if got.code != 503 || calls.Load() != 1 {
 		t.Fatalf("got %d %q after %d calls; want 503 after one", got.code, got.body, calls.Load())
 	}
+	if n := metricValue(t, r.reg, "vllm_guard_proxy_resume_failed_total", "reason", FailedResumeOff); n != 1 {
+		t.Fatalf("resume_failed_total{reason=resume_off} = %v, want 1", n)
+	}
 }
 
 // Resumed requests are admitted before new ones, oldest first, within the
@@ -342,4 +345,42 @@ func TestResumedAdmittedFirstOldestFirst(t *testing.T) {
 	if want := []string{"resumed-old", "resumed-late", "new"}; strings.Join(order, ",") != strings.Join(want, ",") {
 		t.Fatalf("admitted %v, want %v", order, want)
 	}
+}
+
+// holdUntilReady, as a stream calls it: the slot is given back while it
+// waits, tick says why every tickEvery, status counts a paused stream, and
+// the slot is its again once vLLM is back.
+func TestHoldUntilReadyTicksAPausedStream(t *testing.T) {
+	r, _ := newHoldRig(t, proxyConfig(), 1, func(w http.ResponseWriter, _ *http.Request) {})
+	r.p.tickEvery = time.Millisecond
+	st := &reqState{arrived: time.Now()}
+	if _, err := r.p.lim.acquire(context.Background(), admit{arrived: st.arrived, queueTimeout: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	st.slot = true
+	r.setReady(false)
+	whys := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- r.p.holdUntilReady(context.Background(), st, func(why string) {
+			select {
+			case whys <- why:
+			default:
+			}
+		})
+	}()
+	if why := <-whys; why != "vLLM restarting after oom, rung 1" {
+		t.Fatalf("tick said %q", why)
+	}
+	if s := r.p.Stats(); s.Held != 1 || s.Paused != 1 || s.Inflight != 0 {
+		t.Fatalf("stats %+v: want one held, one paused stream, its slot given back", s)
+	}
+	r.setReady(true)
+	if err := <-done; err != nil || !st.slot {
+		t.Fatalf("hold ended with %v, slot %v; want nil and the slot taken again", err, st.slot)
+	}
+	if s := r.p.Stats(); s.Inflight != 1 || s.Paused != 0 {
+		t.Fatalf("stats %+v after the hold", s)
+	}
+	st.giveBack(r.p.lim)
 }

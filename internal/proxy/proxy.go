@@ -140,6 +140,7 @@ type Proxy struct {
 	suspects    atomic.Uint64
 	lastSuspect atomic.Pointer[Suspect]
 	onSuspect   atomic.Pointer[func(Suspect)]
+	tickEvery   time.Duration // a held stream's comment (holdUntilReady)
 }
 
 type parsedTarget struct {
@@ -170,7 +171,7 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 		cfg.MaxBufferedBytes = max(config.Default().Proxy.MaxBufferedBytes, cfg.MaxBodyBytes)
 	}
 	p := &Proxy{cfg: cfg, up: up, log: log.Named("proxy"), lim: newLimiter(max(cfg.QueueSize, 0)),
-		budget: &bodyBudget{max: cfg.MaxBufferedBytes}}
+		budget: &bodyBudget{max: cfg.MaxBufferedBytes}, tickEvery: defaultTickEvery}
 	p.tr = &http.Transport{
 		Proxy:                 nil, // never an environment proxy between the guard and its vLLM
 		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,

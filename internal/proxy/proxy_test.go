@@ -720,6 +720,11 @@ func TestMetricsExposition(t *testing.T) {
 	g.release <- struct{}{}
 	r := newRig(t, proxyConfig(), 8, g.handler)
 	mustOK(t, r.get(context.Background(), "/v1/x"))
+	// The proxy counts a request once its handler returns, which may be
+	// after the client has read the answer.
+	waitFor(t, "the request counted", func() bool {
+		return metricValue(t, r.reg, "vllm_guard_proxy_request_duration_seconds", "", "") == 1
+	})
 	for _, name := range []string{
 		"vllm_guard_proxy_requests_total", "vllm_guard_proxy_inflight", "vllm_guard_proxy_queue_depth",
 		"vllm_guard_proxy_rejected_total", "vllm_guard_proxy_request_duration_seconds", "vllm_guard_proxy_limit",

@@ -98,7 +98,7 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		body, ok := st.replayBody()
 		if !ok {
-			t.p.m.resumeFailed.WithLabelValues(FailedBodyNotKept).Inc()
+			t.p.noteResumeFailed(FailedBodyNotKept)
 			return nil, errAbortedNoReplay
 		}
 		t.p.log.Debug("vLLM answered nothing (it died, or drains for a restart); holding the request until it is back",
@@ -119,8 +119,7 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		req.Body = body
-		t.p.m.resumed.WithLabelValues(ResumedReplayed).Inc()
-		t.p.resumed.Add(1)
+		t.p.noteResumed(ResumedReplayed)
 	}
 }
 
@@ -181,9 +180,9 @@ func (p *Proxy) countHoldFailure(err error) {
 	if rj, ok := isRejection(err); ok {
 		switch {
 		case rj.gone:
-			p.m.resumeFailed.WithLabelValues(FailedNotComingBack).Inc()
+			p.noteResumeFailed(FailedNotComingBack)
 		case rj.held:
-			p.m.resumeFailed.WithLabelValues(FailedHoldTimeout).Inc()
+			p.noteResumeFailed(FailedHoldTimeout)
 		}
 	}
 }

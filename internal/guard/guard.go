@@ -139,6 +139,10 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		// A request refused another send after resume_limit deaths is
 		// named in the record of the death.
 		g.proxy.SetOnSuspect(func(s proxy.Suspect) { g.inc.NoteSuspect(state.SuspectRequest(s)) })
+		g.inc.SetHeld(func() state.HeldRequests {
+			st := g.proxy.Stats()
+			return state.HeldRequests{Requests: st.Held, PausedStreams: st.Paused}
+		})
 	}
 	return g, nil
 }

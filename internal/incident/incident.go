@@ -34,8 +34,13 @@ type Recorder struct {
 
 	mu       sync.Mutex
 	last     *state.Incident
-	suspects []state.SuspectRequest // told by the proxy, not yet in a record
+	suspects []state.SuspectRequest    // told by the proxy, not yet in a record
+	held     func() state.HeldRequests // the proxy's held requests; nil: no proxy
 }
+
+// SetHeld gives the recorder the proxy's count of held requests, put in
+// each record. Set it before the first Handle.
+func (r *Recorder) SetHeld(held func() state.HeldRequests) { r.held = held }
 
 // suspectWindow: a suspect told this long before a failure belongs to it
 // (the proxy sees the death first: its connection closes at once, the
@@ -69,6 +74,10 @@ func (r *Recorder) Handle(e events.Event) {
 		return
 	}
 	inc := Assemble(*e.Failure, r.memory(), r.childLines, r.interval)
+	if r.held != nil {
+		h := r.held()
+		inc.Held = &h
+	}
 	r.mu.Lock()
 	for _, s := range r.suspects {
 		if !s.Time.Before(e.Failure.Time.Add(-suspectWindow)) {

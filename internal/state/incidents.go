@@ -43,6 +43,16 @@ type Incident struct {
 	// death: each was in flight at [proxy] resume_limit deaths in a row,
 	// and may be what kills vLLM.
 	Suspects []SuspectRequest `json:"suspect_requests,omitempty"`
+	// Held is what the proxy held for vLLM when the record was made: the
+	// requests the death touched (in flight, given their slot back) and
+	// those that came since; nil without the proxy.
+	Held *HeldRequests `json:"held_requests,omitempty"`
+}
+
+// HeldRequests counts the requests the proxy held when a record was made.
+type HeldRequests struct {
+	Requests      int `json:"requests"`
+	PausedStreams int `json:"paused_streams"`
 }
 
 // SuspectRequest is a request the proxy would not send again (proxy.Suspect).

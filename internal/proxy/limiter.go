@@ -91,9 +91,10 @@ type Window struct {
 
 type waiter struct {
 	admit
-	ch      chan struct{} // closed when granted
-	granted bool
-	elem    *list.Element
+	ch       chan struct{} // closed when granted
+	granted  bool
+	elem     *list.Element
+	queuedAt time.Time // a resumed request's queue timeout starts no earlier
 }
 
 func newLimiter(queueCap int) *limiter {
@@ -194,7 +195,7 @@ func (l *limiter) acquire(ctx context.Context, a admit) (queued bool, err error)
 		l.mu.Unlock()
 		return false, nil
 	}
-	w := &waiter{admit: a, ch: make(chan struct{})}
+	w := &waiter{admit: a, ch: make(chan struct{}), queuedAt: time.Now()}
 	if a.resumed && l.ready {
 		// First in line: a free slot is its at once.
 		l.enqueueLocked(w)
@@ -316,7 +317,12 @@ func (l *limiter) deadlineLocked(w *waiter) time.Time {
 	case !l.ready && l.holding:
 		return later(w.arrived, l.downSince).Add(l.holdLimit)
 	case l.ready && l.resume:
-		return later(w.arrived, l.readySince).Add(w.queueTimeout)
+		start := later(w.arrived, l.readySince)
+		if w.resumed {
+			// It held a slot until it gave it back to wait.
+			start = later(start, w.queuedAt)
+		}
+		return start.Add(w.queueTimeout)
 	default:
 		return w.arrived.Add(w.queueTimeout)
 	}
@@ -350,7 +356,8 @@ func (l *limiter) refuseLocked(w *waiter, now time.Time, joining bool) *rejectio
 
 func (l *limiter) rejectLocked(reason string) {
 	l.rejected[reason]++
-	if reason == reasonQueueFull || reason == reasonQueueTimeout {
+	if l.ready && (reason == reasonQueueFull || reason == reasonQueueTimeout) {
+		// A full queue while vLLM is down is not admission control at work.
 		l.engaged = true
 	}
 }

@@ -38,10 +38,10 @@ const (
 	// defaultTickEvery: a held stream's comment, often enough that clients
 	// and load balancers (nginx's proxy_read_timeout: 60 s) do not give up.
 	defaultTickEvery = 5 * time.Second
-	// noticeWait bounds how long a request that saw vLLM die waits for
-	// the guard to notice (vLLM still called ready) before it is sent
+	// defaultNoticeWait bounds how long a request that saw vLLM die waits
+	// for the guard to notice (vLLM still called ready) before it is sent
 	// again anyway: a death the guard never notices was not one.
-	noticeWait = 2 * time.Second
+	defaultNoticeWait = 2 * time.Second
 )
 
 // outlook is the Upstream's Outlook, with [proxy] hold_timeout in force
@@ -100,7 +100,7 @@ func (p *Proxy) holdUntilReady(ctx context.Context, st *reqState, tick func(why 
 }
 
 // awaitNotice: while the guard still calls vLLM ready (it has not seen the
-// death yet), wait for it to notice, up to noticeWait. The guard's view is
+// death yet), wait for it to notice, up to p.noticeWait. The guard's view is
 // asked again every retryPoll, in case no Notify comes.
 func (p *Proxy) awaitNotice(ctx context.Context) error {
 	p.refresh()
@@ -108,7 +108,7 @@ func (p *Proxy) awaitNotice(ctx context.Context) error {
 	if !ready {
 		return nil
 	}
-	until := time.Now().Add(noticeWait)
+	until := time.Now().Add(p.noticeWait)
 	t := time.NewTimer(retryPoll)
 	defer t.Stop()
 	for time.Now().Before(until) {

@@ -141,6 +141,7 @@ type Proxy struct {
 	lastSuspect atomic.Pointer[Suspect]
 	onSuspect   atomic.Pointer[func(Suspect)]
 	tickEvery   time.Duration // a held stream's comment (holdUntilReady)
+	noticeWait  time.Duration // for the guard to see a death (awaitNotice)
 }
 
 type parsedTarget struct {
@@ -171,7 +172,8 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 		cfg.MaxBufferedBytes = max(config.Default().Proxy.MaxBufferedBytes, cfg.MaxBodyBytes)
 	}
 	p := &Proxy{cfg: cfg, up: up, log: log.Named("proxy"), lim: newLimiter(max(cfg.QueueSize, 0)),
-		budget: &bodyBudget{max: cfg.MaxBufferedBytes}, tickEvery: defaultTickEvery}
+		budget: &bodyBudget{max: cfg.MaxBufferedBytes}, tickEvery: defaultTickEvery,
+		noticeWait: defaultNoticeWait}
 	p.tr = &http.Transport{
 		Proxy:                 nil, // never an environment proxy between the guard and its vLLM
 		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,

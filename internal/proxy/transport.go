@@ -30,7 +30,10 @@ type retryTransport struct{ p *Proxy }
 
 func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	st, _ := req.Context().Value(ctxKey{}).(*reqState)
-	var refusedSince time.Time
+	// refusedSince: vLLM first refused the connection; firstReplay: the
+	// request was first held to be sent again (past the hold limit from
+	// it, vLLM's answer is passed on).
+	var refusedSince, firstReplay time.Time
 	for {
 		if req.URL.Host == "" {
 			// The target was unknown at rewrite time.
@@ -80,10 +83,18 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			continue
 		}
 		why := t.p.nothingProduced(req, st, resp, err)
-		if why == replayNone || (why == replayDeath && st.unnoticed > 0) {
-			// A second death the guard did not see: vLLM is up and cut
-			// this request itself; its answer (or failure) is passed on.
+		if why == replayNone || (why == replayDeath && err != nil && st.unnoticed > 0) {
+			// A second close the guard did not see as a death: vLLM is up
+			// and cut this request itself; the failure is passed on.
 			return resp, err
+		}
+		if _, _, limit, _ := t.p.outlook(); !firstReplay.IsZero() && time.Since(firstReplay) > limit {
+			// vLLM keeps saying its engine is gone (or shutting down) and
+			// the guard never sees it go: its answer is passed on.
+			return resp, err
+		}
+		if firstReplay.IsZero() {
+			firstReplay = time.Now()
 		}
 		refusedSince = time.Time{}
 		if resp != nil {
@@ -109,9 +120,9 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		if gen, _ := t.p.lim.generation(); why == replayDeath && gen < st.deathGen {
-			// The guard never saw vLLM go: not a death (a connection
-			// vLLM closed as it was reused), and not held against the
-			// request.
+			// The guard has not seen vLLM go: not a death (a connection
+			// vLLM closed as it was reused, or an engine error the guard
+			// has yet to see), and not held against the request.
 			st.deaths--
 			st.unnoticed++
 		}

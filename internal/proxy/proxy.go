@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -142,6 +143,7 @@ type Proxy struct {
 	onSuspect   atomic.Pointer[func(Suspect)]
 	tickEvery   time.Duration // a held stream's comment (holdUntilReady)
 	noticeWait  time.Duration // for the guard to see a death (awaitNotice)
+	refreshMu   sync.Mutex    // serialises refresh
 }
 
 type parsedTarget struct {
@@ -227,6 +229,11 @@ func limitFor(maxNumSeqs int, factor float64, pressure bool) int {
 }
 
 func (p *Proxy) refresh() {
+	// One at a time: a refresh that read the Upstream before a change
+	// must not apply its view after the one that read it after (Notify),
+	// or a held request would wait for a readiness the limiter missed.
+	p.refreshMu.Lock()
+	defer p.refreshMu.Unlock()
 	_, ready := p.up.Target()
 	var b policy.AdmissionBound
 	if a, ok := p.up.(Admitter); ok {

@@ -1,7 +1,9 @@
 package admission
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -56,5 +58,47 @@ func TestGateFollowsStatusAndPressure(t *testing.T) {
 	g.EnableMemory(store, nil)
 	if len(said) != 1 || said[0].Kind != events.KindAdmission || said[0].Admission.Bound != g.Admission().Bound {
 		t.Fatalf("enabling the memory-aware limit said %+v; want one admission event with the bound in force %+v", said, g.Admission())
+	}
+}
+
+// The gate tells the proxy what vLLM's absence means: a restart is held
+// for up to 1.5 × the longest start seen (at least 2 min), with the rest
+// of the backoff and the start as the expected wait; giving up or the
+// guard's own stop is not coming back.
+func TestGateOutlook(t *testing.T) {
+	cfg := config.Default()
+	cfg.VLLM.Command = []string{"vllm", "serve", "m"}
+	g := New(cfg, nil, Sources{Log: zap.NewNop()})
+	rung := policy.Rung{Index: 1, MaxNumSeqs: 16, GPUMemoryUtilization: 0.8}
+	ready := time.Now().Add(-time.Hour)
+	oom := &status.Failure{Time: time.Now(), Verdict: policy.Verdict{Cause: policy.CauseOOM}}
+	next := time.Now().Add(30 * time.Second)
+	for _, tc := range []struct {
+		name                 string
+		st                   status.Status
+		comingBack           bool
+		minReadyIn, maxReady time.Duration
+		hold                 time.Duration
+		why                  string
+	}{
+		{"backoff after an OOM", status.Status{State: status.StateBackoff, Rung: rung, NextStartAt: next, ReadySince: ready,
+			LastFailure: oom, LongestTimeToReady: 4 * time.Minute}, true, 4 * time.Minute, 4*time.Minute + 30*time.Second, 6 * time.Minute, "after oom, rung 1"},
+		{"first load, nothing learned", status.Status{State: status.StateStarting, Rung: rung, StartedAt: time.Now()},
+			true, 0, 0, 2 * time.Minute, "loading"},
+		{"a planned restart", status.Status{State: status.StateStopping, Reason: "restart requested", Rung: rung, TimeToReady: time.Minute},
+			true, time.Minute, time.Minute, 2 * time.Minute, "restart requested"},
+		{"gave up", status.Status{State: status.StateFailed, Reason: "gave up: 5 failures"}, false, 0, 0, 2 * time.Minute, "gave up"},
+		{"the guard stops", status.Status{State: status.StateStopping, Reason: "stop requested: waiting for 3 requests"}, false, 0, 0, 2 * time.Minute, "stopping"},
+	} {
+		g.Refresh(tc.st)
+		back, readyIn, hold, why := g.Outlook()
+		if back != tc.comingBack || readyIn < tc.minReadyIn || readyIn > tc.maxReady || hold != tc.hold || !strings.Contains(why, tc.why) {
+			t.Errorf("%s: Outlook() = %v, %s, %s, %q; want %v, %s..%s, %s, %q", tc.name, back, readyIn, hold, why,
+				tc.comingBack, tc.minReadyIn, tc.maxReady, tc.hold, tc.why)
+		}
+	}
+	cfg.Proxy.HoldTimeout = config.Duration{Duration: time.Hour}
+	if _, _, hold, _ := g.Outlook(); hold != time.Hour {
+		t.Errorf("hold limit %s with [proxy] hold_timeout = 1h", hold)
 	}
 }

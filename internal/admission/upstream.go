@@ -9,8 +9,10 @@
 package admission
 
 import (
+	"fmt"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -31,6 +33,7 @@ import (
 var (
 	_ proxy.Upstream = (*Gate)(nil)
 	_ proxy.Admitter = (*Gate)(nil)
+	_ proxy.Outlook  = (*Gate)(nil)
 )
 
 // Sources are what the gate reads: the supervisor's status, the GPU
@@ -55,6 +58,20 @@ type upstreamView struct {
 	ready      bool
 	maxNumSeqs int
 	rung       policy.Rung
+	away       awayView
+}
+
+// awayView is what the proxy's Outlook is computed from: the status's
+// state and timings when it was refreshed.
+type awayView struct {
+	state       status.State
+	reason      string
+	startedAt   time.Time // the launch in progress (starting)
+	nextStartAt time.Time // the launch to come (backoff)
+	lastTTR     time.Duration
+	longestTTR  time.Duration
+	cause       policy.Cause // of the last failure, when it came after the last ready
+	rung        int
 }
 
 // Gate is vLLM as the proxy sees it.
@@ -80,7 +97,12 @@ func (g *Gate) Attach(p Proxy) { g.proxy = p }
 // Refresh records vLLM's address, readiness and rung from st.
 func (g *Gate) Refresh(st status.Status) {
 	_, ep := supervisor.BuildArgv(g.cfg.VLLM.Command, g.extra, st.Rung, g.cfg.VLLM.Host, g.cfg.VLLM.Port)
-	g.view.Store(&upstreamView{url: ep.URL(), ready: st.State == status.StateReady, maxNumSeqs: st.Rung.MaxNumSeqs, rung: st.Rung})
+	away := awayView{state: st.State, reason: st.Reason, startedAt: st.StartedAt, nextStartAt: st.NextStartAt,
+		lastTTR: st.TimeToReady, longestTTR: st.LongestTimeToReady, rung: st.Rung.Index}
+	if f := st.LastFailure; f != nil && f.Time.After(st.ReadySince) {
+		away.cause = f.Verdict.Cause
+	}
+	g.view.Store(&upstreamView{url: ep.URL(), ready: st.State == status.StateReady, maxNumSeqs: st.Rung.MaxNumSeqs, rung: st.Rung, away: away})
 	if g.adm != nil {
 		g.stepAdmission()
 	}
@@ -110,3 +132,54 @@ func (g *Gate) MaxNumSeqs() int { return g.view.Load().maxNumSeqs }
 
 // Pressure is true while memory is critical or an OOM is predicted.
 func (g *Gate) Pressure() bool { return g.pressure.Load() }
+
+// holdFactor: a request is held for the longest time to ready seen, with
+// this margin (issue 30), and at least proxy.DefaultHoldLimit.
+const holdFactor = 1.5
+
+// Outlook says what vLLM's absence means to a request the proxy holds:
+// loading, restarting or backing off is coming back; failed (gave up),
+// stopped, or stopping for good (the guard's own stop) is not. readyIn is
+// the expected time until ready: the rest of the backoff, then the longest
+// start seen (the last one when that is all there is), less the part of
+// the start already done.
+func (g *Gate) Outlook() (comingBack bool, readyIn, holdLimit time.Duration, why string) {
+	a := g.view.Load().away
+	expect := max(a.longestTTR, a.lastTTR)
+	holdLimit = max(time.Duration(float64(expect)*holdFactor), proxy.DefaultHoldLimit)
+	if d := g.cfg.Proxy.HoldTimeout.Duration; d > 0 {
+		holdLimit = d
+	}
+	now := time.Now()
+	switch a.state {
+	case status.StateReady:
+		return true, 0, holdLimit, "vLLM is ready"
+	case status.StateFailed:
+		return false, 0, holdLimit, "vLLM failed and the guard gave up: " + a.reason
+	case status.StateStopped:
+		return false, 0, holdLimit, "vLLM is stopped"
+	case status.StateStopping:
+		if supervisor.FinalStop(a.reason) {
+			return false, 0, holdLimit, "vllm-guard is stopping"
+		}
+		readyIn = expect
+	case status.StateBackoff:
+		readyIn = max(a.nextStartAt.Sub(now), 0) + expect
+	case status.StateStarting:
+		readyIn = expect
+		if !a.startedAt.IsZero() {
+			readyIn = max(expect-now.Sub(a.startedAt), 0)
+		}
+	default: // waiting_gpu
+		readyIn = expect
+	}
+	switch {
+	case a.state == status.StateStopping:
+		why = "vLLM restarting (" + a.reason + ")"
+	case a.cause != "":
+		why = fmt.Sprintf("vLLM restarting after %s, rung %d", a.cause, a.rung)
+	default:
+		why = fmt.Sprintf("vLLM loading, rung %d", a.rung)
+	}
+	return true, readyIn, holdLimit, why
+}

@@ -130,6 +130,15 @@ type Proxy struct {
 	// at once, all requests together (read before admission, sent to vLLM
 	// and again after a planned restart from the one copy).
 	MaxBufferedBytes int64 `toml:"max_buffered_bytes"`
+	// Resume: requests are held while vLLM restarts and what a death cut
+	// is sent again (or continued); false is the proxy before issue 30.
+	Resume bool `toml:"resume"`
+	// HoldTimeout bounds how long a request is held while vLLM restarts;
+	// 0: learned (the longest time to ready seen × 1.5, at least 2 min).
+	HoldTimeout Duration `toml:"hold_timeout"`
+	// ResumeLimit: a request in flight at this many deaths of vLLM is not
+	// sent again (it may be what kills vLLM).
+	ResumeLimit int `toml:"resume_limit"`
 	// MaxBufferedBytesPerClient is one client address's share of
 	// MaxBufferedBytes; 0: a quarter of it (at least MaxBodyBytes).
 	MaxBufferedBytesPerClient int64 `toml:"max_buffered_bytes_per_client"`
@@ -244,6 +253,9 @@ func Default() *Config {
 			MaxConnectionsPerClient: 512,
 			MaxBufferedBytes:        512 << 20,
 			TrustedProxies:          []string{},
+			Resume:                  true,
+			HoldTimeout:             d("0s"),
+			ResumeLimit:             2,
 		},
 		Log: Log{Level: "info", Format: "auto", ChildLines: 200},
 	}

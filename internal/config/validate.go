@@ -86,6 +86,7 @@ var durationRanges = map[string]durationRange{
 	"restart.give_up_window":   {time.Second, 30 * 24 * time.Hour, false, "the window in which give_up_after failed starts give up", "1h"},
 	"proxy.queue_timeout":      {0, time.Hour, false, "how long a request may wait for a slot; 0 answers at once", "30s"},
 	"proxy.write_timeout":      {time.Second, time.Hour, false, "a client that reads none of its answer this long loses its request and slot", "30s"},
+	"proxy.hold_timeout":       {0, 24 * time.Hour, false, "how long a request is held while vLLM restarts; 0 learns it from the restarts seen", "10m"},
 }
 
 // checkDurations applies durationRanges to every duration of cfg.
@@ -139,6 +140,7 @@ const (
 	MaxBodyBytes      = 1 << 30
 	MaxConnections    = 1 << 20
 	MaxBufferedBytes  = 1 << 40
+	MaxResumeLimit    = 100
 )
 
 func (c *checker) validate(cfg *Config) {
@@ -318,6 +320,9 @@ func (c *checker) validate(cfg *Config) {
 	}
 	if _, err := TrustedPrefixes(px.TrustedProxies); err != nil {
 		c.add(k("proxy", "trusted_proxies"), "%s; list the addresses of your load balancers, or [] to trust no client's X-Forwarded-For", err.Error())
+	}
+	if px.ResumeLimit < 1 || px.ResumeLimit > MaxResumeLimit {
+		c.add(k("proxy", "resume_limit"), "%d is out of range; allowed: 1 to %d (a request in flight at this many deaths of vLLM is not sent again, such as 2)", px.ResumeLimit, MaxResumeLimit)
 	}
 
 	lg := cfg.Log

@@ -148,6 +148,12 @@ func Summary(d Doc) Doc {
 		if len(p.RejectedBy) > summaryAlerts {
 			p.RejectedBy = nil
 		}
+		if p.LastSuspect != nil {
+			// A client's address is not for the unauthenticated port.
+			s := *p.LastSuspect
+			s.Client, s.Path = "", cut(s.Path)
+			p.LastSuspect = &s
+		}
 		d.Proxy = &p
 	}
 	return d

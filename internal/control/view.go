@@ -92,6 +92,13 @@ func WriteStatus(w io.Writer, d Doc) {
 		if p.Bound != "" {
 			row("proxy limit", "bound by %s: %s", clean(p.Bound), clean(p.Why))
 		}
+		if p.Held > 0 || p.Paused > 0 {
+			row("proxy hold", "holding %d requests (%d streams paused), resuming when vLLM is ready", p.Held, p.Paused)
+		}
+		if s := p.LastSuspect; s != nil {
+			row("proxy suspect", "%d refused a resend after %d deaths in flight, last %s from %s: %d bytes, about %.0f prompt tokens",
+				p.Suspects, s.Deaths, clean(s.Path), clean(s.Client), s.BodyBytes, s.PromptTokens)
+		}
 	}
 	tw.Flush()
 

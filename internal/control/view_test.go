@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/proxy"
 	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
@@ -72,6 +73,13 @@ func TestWriteStatusNotReady(t *testing.T) {
 			d.GPU.Up, d.GPU.Reason = false, "GPU metrics unavailable: built without cgo"
 			d.VLLM.Up, d.VLLM.LastError, d.VLLM.Failures, d.VLLM.Scrapes = false, "HTTP 500", 2, 9
 		}, []string{"GPUs: unavailable (GPU metrics unavailable: built without cgo)", "unknown: vLLM's /metrics failed 2 of 9 scrapes; last: HTTP 500"}},
+		{"restarting, holding requests", func(d *Doc) {
+			d.Guard.State, d.Guard.Reason, d.Guard.PID = status.StateBackoff, "after oom: backoff 5s", 0
+			d.VLLM.Up = false
+			d.Proxy = &proxy.Stats{Limit: 16, QueueSize: 512, Queued: 7, Held: 7, Paused: 3, Suspects: 1,
+				LastSuspect: &proxy.Suspect{Path: "/v1/completions", Client: "10.0.0.7", BodyBytes: 900000, PromptTokens: 225000, Deaths: 2}}
+		}, []string{"holding 7 requests (3 streams paused), resuming when vLLM is ready",
+			"1 refused a resend after 2 deaths in flight, last /v1/completions from 10.0.0.7: 900000 bytes, about 225000 prompt tokens"}},
 		{"no incident, no alert, hostile text", func(d *Doc) {
 			d.LastIncident, d.Alerts = nil, nil
 			d.Guard.Reason = "evil\x1b[2Jreason\nsecond line"

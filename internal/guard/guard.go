@@ -138,6 +138,13 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		g.gate.EnableMemory(store, pst.CostSamples)
 		g.proxy = proxy.New(cfg.Proxy, g.gate, g.met.Registry(), log.Named("proxy"))
 		g.gate.Attach(g.proxy)
+		// A request refused another send after resume_limit deaths is
+		// named in the record of the death.
+		g.proxy.SetOnSuspect(func(s proxy.Suspect) { g.inc.NoteSuspect(state.SuspectRequest(s)) })
+		g.inc.SetHeld(func() state.HeldRequests {
+			st := g.proxy.Stats()
+			return state.HeldRequests{Requests: st.Held, PausedStreams: st.Paused}
+		})
 	}
 	return g, nil
 }

@@ -32,8 +32,30 @@ type Recorder struct {
 	done       chan struct{}
 	publish    func(events.Event) // says each record written, or not; nil: nobody
 
-	mu   sync.Mutex
-	last *state.Incident
+	mu       sync.Mutex
+	last     *state.Incident
+	suspects []state.SuspectRequest    // told by the proxy, not yet in a record
+	held     func() state.HeldRequests // the proxy's held requests; nil: no proxy
+}
+
+// SetHeld gives the recorder the proxy's count of held requests, put in
+// each record. Set it before the first Handle.
+func (r *Recorder) SetHeld(held func() state.HeldRequests) { r.held = held }
+
+// suspectWindow: a suspect told this long before a failure belongs to it
+// (the proxy sees the death first: its connection closes at once, the
+// supervisor's record waits for the process tree to be gone).
+const suspectWindow = 2 * time.Minute
+
+// NoteSuspect records a request the proxy refused to send again at a
+// death (proxy.SetOnSuspect): the record of that death names it.
+func (r *Recorder) NoteSuspect(s state.SuspectRequest) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.suspects = append(r.suspects, s)
+	if len(r.suspects) > 64 {
+		r.suspects = r.suspects[len(r.suspects)-64:]
+	}
 }
 
 // New starts a recorder; Close stops it after writing what is queued.
@@ -52,7 +74,17 @@ func (r *Recorder) Handle(e events.Event) {
 		return
 	}
 	inc := Assemble(*e.Failure, r.memory(), r.childLines, r.interval)
+	if r.held != nil {
+		h := r.held()
+		inc.Held = &h
+	}
 	r.mu.Lock()
+	for _, s := range r.suspects {
+		if !s.Time.Before(e.Failure.Time.Add(-suspectWindow)) {
+			inc.Suspects = append(inc.Suspects, s)
+		}
+	}
+	r.suspects = nil
 	r.last = &inc
 	r.mu.Unlock()
 	select {

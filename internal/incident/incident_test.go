@@ -91,3 +91,22 @@ func TestAssembleKeepsTheGPUFault(t *testing.T) {
 		}
 	}
 }
+
+// A request the proxy refused to send again at a death is named in that
+// death's record; an old one is not. The record counts what the proxy held.
+func TestRecordNamesTheSuspectRequest(t *testing.T) {
+	store := &memStore{}
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	r := New(store, func() gpumon.Snapshot { return gpumon.Snapshot{} }, 10, time.Second, zap.NewNop())
+	r.SetHeld(func() state.HeldRequests { return state.HeldRequests{Requests: 5, PausedStreams: 2} })
+	r.NoteSuspect(state.SuspectRequest{Time: at.Add(-time.Hour), Path: "/v1/old"})
+	r.NoteSuspect(state.SuspectRequest{Time: at.Add(-time.Millisecond), Path: "/v1/completions", Client: "10.0.0.7", BodyBytes: 900000, PromptTokens: 225000, Deaths: 2})
+	r.Handle(events.Event{Kind: events.KindExited, Failure: oomFailure(at)})
+	r.Handle(events.Event{Kind: events.KindExited, Failure: oomFailure(at.Add(time.Second))})
+	r.Close()
+	if len(store.recs) != 2 || len(store.recs[0].Suspects) != 1 || store.recs[0].Suspects[0].Client != "10.0.0.7" ||
+		store.recs[0].Suspects[0].BodyBytes != 900000 || len(store.recs[1].Suspects) != 0 ||
+		store.recs[0].Held == nil || *store.recs[0].Held != (state.HeldRequests{Requests: 5, PausedStreams: 2}) {
+		t.Fatalf("records %+v; want the first to name the recent suspect only, the second none", store.recs)
+	}
+}

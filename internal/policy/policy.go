@@ -69,6 +69,10 @@ type State struct {
 	// CostSamples are the (running sequences, memory) observations the
 	// cost model is fitted on, newest last.
 	CostSamples []CostSample `json:"cost_samples,omitempty"`
+	// LongestTimeToReady is the longest time from a launch to ready seen
+	// in this state_dir: the proxy holds requests while vLLM restarts for
+	// up to 1.5 times it (issue 30).
+	LongestTimeToReady time.Duration `json:"longest_time_to_ready_ns,omitempty"`
 }
 
 // Policy holds the decision history of one guard. It is not safe for
@@ -97,6 +101,7 @@ type Policy struct {
 	computedUtil float64      // > 0: gpu_memory_utilization lowered further than the ladder's to make room
 	costSamples  []CostSample // newest last, at most maxCostSamples
 	kvBase       uint64       // rung 0's --kv-cache-memory-bytes (0: none)
+	longestTTR   time.Duration
 }
 
 // Reconfigure takes a reloaded configuration ([profile], [restart]): the
@@ -142,6 +147,7 @@ func New(cfg *config.Config, st State, clock Clock) *Policy {
 		st.CostSamples = st.CostSamples[n-maxCostSamples:]
 	}
 	p.costSamples = append([]CostSample(nil), st.CostSamples...)
+	p.longestTTR = max(st.LongestTimeToReady, 0)
 	return p
 }
 
@@ -237,6 +243,7 @@ func (p *Policy) State() State {
 		ComputedMaxNumSeqs:           p.computed,
 		ComputedGPUMemoryUtilization: p.computedUtil,
 		CostSamples:                  append([]CostSample(nil), p.costSamples...),
+		LongestTimeToReady:           p.longestTTR,
 	}
 }
 
@@ -269,6 +276,14 @@ func (p *Policy) OnReady(now time.Time) {
 		p.readyAt = now
 	}
 }
+
+// NoteTimeToReady records how long a start took to be ready; the longest
+// is kept (State) across restarts of the guard.
+func (p *Policy) NoteTimeToReady(d time.Duration) { p.longestTTR = max(p.longestTTR, d) }
+
+// LongestTimeToReady is the longest time to ready seen in this state_dir
+// (0: none yet).
+func (p *Policy) LongestTimeToReady() time.Duration { return p.longestTTR }
 
 // atFloor: no rung below the one in force.
 func (p *Policy) atFloor() bool { return p.seqStep >= len(p.ladder)-1 && p.utilStep >= len(p.ladder)-1 }

@@ -411,3 +411,23 @@ func TestKVBytesStepWithTheLadder(t *testing.T) {
 		t.Fatal("no bytes without a base")
 	}
 }
+
+// The longest time to ready survives a restart of the guard (state.json):
+// the proxy's hold limit is learned from it (issue 30).
+func TestLongestTimeToReadyPersists(t *testing.T) {
+	cfg := testConfig()
+	p := New(cfg, State{}, fixedClock{t0})
+	p.NoteTimeToReady(3 * time.Minute)
+	p.NoteTimeToReady(time.Minute) // a faster start does not lower it
+	raw, err := json.Marshal(p.State())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st State
+	if err := json.Unmarshal(raw, &st); err != nil {
+		t.Fatal(err)
+	}
+	if got := New(cfg, st, fixedClock{t0}).LongestTimeToReady(); got != 3*time.Minute {
+		t.Fatalf("after a restart of the guard: %s (state %s), want 3m0s", got, raw)
+	}
+}

@@ -147,6 +147,9 @@ func TestAdmissionByPredictedMemory(t *testing.T) {
 	for _, ch := range append(done, small) {
 		mustOK(t, <-ch)
 	}
+	// A slot is given back once the handler returns, which may be after
+	// the client has read its answer.
+	waitFor(t, "every slot given back", func() bool { return r.p.Stats().Inflight == 0 })
 	if s := r.p.Stats(); s.Inflight != 0 || s.MemoryInflightBytes != 0 || s.PromptTokensInflight != 0 {
 		t.Fatalf("after all ended: %+v", s)
 	}

@@ -236,7 +236,12 @@ func (p *Proxy) bufferFull(w http.ResponseWriter) {
 	p.lim.reject(reasonBufferFull)
 	p.m.rejected.WithLabelValues(reasonBufferFull).Inc()
 	w.Header().Set("Connection", "close")
-	w.Header().Set("Retry-After", retryAfterBusy)
+	if p.lim.isReady() {
+		w.Header().Set("Retry-After", retryAfterBusy)
+	} else {
+		// The bodies are those held while vLLM restarts: retry when it is back.
+		w.Header().Set("Retry-After", p.retryAfterDown())
+	}
 	writeError(w, http.StatusServiceUnavailable, "server_error",
 		fmt.Sprintf("vllm-guard holds %d bytes of request bodies already, its limit ([proxy] max_buffered_bytes); retry shortly", p.cfg.MaxBufferedBytes))
 }

@@ -201,3 +201,54 @@ func waitWritten(ctx context.Context, written <-chan struct{}) {
 	case <-t.C:
 	}
 }
+
+// What a 500 from vLLM says of its engine.
+type engineState int
+
+const (
+	engineOther    engineState = iota // an error of the request, passed on
+	engineDead                        // the engine died under the request (OOM, crash, kill)
+	engineShutdown                    // vLLM is shutting down and took no new work
+)
+
+// The messages of vLLM's engine errors (VLLM-FACTS.md; the simulator's
+// drain): a request that gets one produced nothing.
+var (
+	engineDeadMarks = []string{"EngineCore encountered an issue", "EngineDeadError", "Engine loop has died",
+		"MQLLMEngine is already dead", "EngineCore encountered a fatal error", "engine is dead"}
+	engineShutdownMarks = []string{"cannot schedule new futures after shutdown"}
+)
+
+// engineError reads a 500's body (at most peekLimit) and says whether it is
+// vLLM's engine gone. The body is restored, to be passed on unchanged.
+func engineError(resp *http.Response) engineState {
+	if resp.Header.Get("Content-Encoding") != "" {
+		return engineOther
+	}
+	br := bufio.NewReaderSize(resp.Body, 4096)
+	b, _ := io.ReadAll(io.LimitReader(br, peekLimit))
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(b), br), resp.Body}
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	msg := string(b)
+	if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
+		msg = e.Error.Message
+	}
+	for _, m := range engineShutdownMarks {
+		if strings.Contains(msg, m) {
+			return engineShutdown
+		}
+	}
+	for _, m := range engineDeadMarks {
+		if strings.Contains(msg, m) {
+			return engineDead
+		}
+	}
+	return engineOther
+}

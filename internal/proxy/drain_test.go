@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -38,52 +39,57 @@ func TestPlannedRestartResendsOnlyWhatProducedNothing(t *testing.T) {
 		{"stream aborted after tokens", 200, "text/event-stream", producedStream, false},
 		{"a 503 is vLLM's answer, not a drain", 503, "application/json", `{"error":"busy"}`, false},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var calls atomic.Int32
-			var r *rig
-			r = newRig(t, proxyConfig(), 4, func(w http.ResponseWriter, req *http.Request) {
-				b, _ := io.ReadAll(req.Body)
-				if calls.Add(1) == 1 {
-					// The planned restart begins: the guard says not
-					// ready, and vLLM, draining, answers.
-					r.up.set(func(f *fakeUp) { f.ready = false })
+		// One path for planned restarts with resume on or off (issue 30 item 5).
+		for _, resume := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/resume=%v", tc.name, resume), func(t *testing.T) {
+				var calls atomic.Int32
+				var r *rig
+				cfg := proxyConfig()
+				cfg.Resume = resume
+				r = newRig(t, cfg, 4, func(w http.ResponseWriter, req *http.Request) {
+					b, _ := io.ReadAll(req.Body)
+					if calls.Add(1) == 1 {
+						// The planned restart begins: the guard says not
+						// ready, and vLLM, draining, answers.
+						r.up.set(func(f *fakeUp) { f.ready = false })
+						r.p.Notify()
+						w.Header().Set("Content-Type", tc.ctype)
+						w.WriteHeader(tc.status)
+						io.WriteString(w, tc.first)
+						return
+					}
+					if string(b) != `{"prompt":"again"}` {
+						t.Errorf("sent again with body %q", b)
+					}
+					io.WriteString(w, resentAnswer)
+				})
+				res := make(chan result, 1)
+				go func() {
+					resp, err := r.client.Post(r.front.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"again"}`))
+					if err != nil {
+						res <- result{err: err}
+						return
+					}
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					res <- result{code: resp.StatusCode, body: string(b)}
+				}()
+				if tc.resent {
+					waitFor(t, "the request held for vLLM", func() bool { return r.p.Stats().UpstreamRetries > 0 })
+					r.up.set(func(f *fakeUp) { f.ready = true })
 					r.p.Notify()
-					w.Header().Set("Content-Type", tc.ctype)
-					w.WriteHeader(tc.status)
-					io.WriteString(w, tc.first)
+					got := <-res
+					if got.code != 200 || got.body != resentAnswer || calls.Load() != 2 {
+						t.Fatalf("%d %q after %d calls (err %v); want the answer to the request sent again", got.code, got.body, calls.Load(), got.err)
+					}
 					return
 				}
-				if string(b) != `{"prompt":"again"}` {
-					t.Errorf("sent again with body %q", b)
-				}
-				io.WriteString(w, resentAnswer)
-			})
-			res := make(chan result, 1)
-			go func() {
-				resp, err := r.client.Post(r.front.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"again"}`))
-				if err != nil {
-					res <- result{err: err}
-					return
-				}
-				b, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				res <- result{code: resp.StatusCode, body: string(b)}
-			}()
-			if tc.resent {
-				waitFor(t, "the request held for vLLM", func() bool { return r.p.Stats().UpstreamRetries > 0 })
-				r.up.set(func(f *fakeUp) { f.ready = true })
-				r.p.Notify()
 				got := <-res
-				if got.code != 200 || got.body != resentAnswer || calls.Load() != 2 {
-					t.Fatalf("%d %q after %d calls (err %v); want the answer to the request sent again", got.code, got.body, calls.Load(), got.err)
+				if got.code != tc.status || got.body != tc.first || calls.Load() != 1 {
+					t.Fatalf("%d %q after %d calls (err %v); want vLLM's answer passed on unchanged, sent once", got.code, got.body, calls.Load(), got.err)
 				}
-				return
-			}
-			got := <-res
-			if got.code != tc.status || got.body != tc.first || calls.Load() != 1 {
-				t.Fatalf("%d %q after %d calls (err %v); want vLLM's answer passed on unchanged, sent once", got.code, got.body, calls.Load(), got.err)
-			}
-		})
+			})
+		}
 	}
 }
 

@@ -29,11 +29,30 @@ type ctxKey struct{}
 // clientBodyKey holds a pass-through request's *clientBody.
 type clientBodyKey struct{}
 
-// reqState travels with a request through the ReverseProxy.
+// reqState travels with a request through the ReverseProxy. Only the
+// request's own goroutine touches it.
 type reqState struct {
+	arrived  time.Time // its arrival: resumed requests are admitted oldest first
 	deadline time.Time // the queue bound: also for waiting out a refused connection
 	body     *trackBody
 	tokens   float64 // the prompt's estimated tokens (Awaiting)
+	cost     float64 // its predicted memory (the memory bound)
+	slot     bool    // it holds an admission slot now
+	// deaths: the deaths of vLLM it was in flight at, the last one in the
+	// limiter's generation deathGen (noteDeath).
+	deaths   int
+	deathGen uint64
+	// unnoticed: it was sent again after a death the guard never saw (a
+	// connection closed as it was reused); once is enough.
+	unnoticed int
+}
+
+// giveBack returns the request's slot, if it holds one.
+func (st *reqState) giveBack(l *limiter) {
+	if st.slot {
+		st.slot = false
+		l.release(st.cost, st.tokens)
+	}
 }
 
 // replayBody is the request's body to send again (none: http.NoBody).
@@ -164,14 +183,20 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			cost = bound.RoomBytes // decided once the body is read
 		}
 	}
-	queued, err := p.lim.acquire(r.Context(), deadline, cost, tokens)
+	st := &reqState{arrived: start, deadline: deadline, tokens: tokens, cost: cost}
+	_, readyAtArrival := p.lim.generation()
+	queued, err := p.lim.acquire(r.Context(), admit{cost: cost, tokens: tokens, arrived: start, queueTimeout: p.cfg.QueueTimeout.Duration})
 	if err != nil {
 		if rj, ok := isRejection(err); ok {
 			p.reject(rec, rj)
 		}
 		return // else the client left while waiting: nobody to answer
 	}
-	defer func() { p.lim.release(cost, tokens) }()
+	st.slot = true
+	defer st.giveBack(p.lim)
+	if queued && !readyAtArrival {
+		p.m.holdTime.Observe(time.Since(start).Seconds())
+	}
 	// A deadline left by an earlier request on this kept-alive connection
 	// may have passed: renew it before anything (a 100 Continue) is written.
 	rec.renew()
@@ -196,13 +221,12 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		p.lim.adjust(cost, tokens, newCost, counted)
-		cost, tokens = newCost, counted
+		st.cost, st.tokens = newCost, counted
 	}
 
 	// The body is here: vLLM has nothing to wait for (and its 100
 	// Continue would reach the client a second time).
 	r.Header.Del("Expect")
-	st := &reqState{deadline: deadline, tokens: tokens}
 	if body.size > 0 {
 		st.body = newTrackBody(body)
 		r.Body, r.ContentLength = st.body, body.size
@@ -245,10 +269,24 @@ func (p *Proxy) reject(w http.ResponseWriter, rj *rejection) {
 		w.Header().Set("Connection", "close")
 		writeError(w, http.StatusServiceUnavailable, "server_error",
 			"vllm-guard is stopping: this instance will not serve the request; send it to another or retry once it is back")
+	case rj.gone:
+		_, _, _, why := p.outlook()
+		writeError(w, http.StatusServiceUnavailable, "server_error",
+			fmt.Sprintf("vLLM is not coming back (%s); vllm-guard status says why", why))
+	case rj.held:
+		_, _, limit, why := p.outlook()
+		w.Header().Set("Retry-After", p.retryAfterDown())
+		writeError(w, http.StatusServiceUnavailable, "server_error",
+			fmt.Sprintf("vLLM did not come back within the hold limit of %s (%s); retry after Retry-After", limit.Round(time.Second), why))
 	case rj.reason == reasonNotReady:
 		w.Header().Set("Retry-After", retryAfterNotReady)
 		writeError(w, http.StatusServiceUnavailable, "server_error",
 			fmt.Sprintf("vLLM is not ready (restarting or loading) and did not come back within %s; retry shortly", p.cfg.QueueTimeout.Duration))
+	case rj.down:
+		_, _, _, why := p.outlook()
+		w.Header().Set("Retry-After", p.retryAfterDown())
+		writeError(w, http.StatusServiceUnavailable, "server_error",
+			fmt.Sprintf("vLLM is restarting (%s) and vllm-guard already holds %d requests for it ([proxy] queue_size); retry after Retry-After", why, p.cfg.QueueSize))
 	case rj.reason == reasonQueueFull:
 		w.Header().Set("Retry-After", retryAfterBusy)
 		writeError(w, http.StatusTooManyRequests, "rate_limit_error",

@@ -30,6 +30,9 @@ var reasons = []string{reasonQueueFull, reasonQueueTimeout, reasonNotReady, reas
 type rejection struct {
 	reason   string
 	shutdown bool
+	gone     bool // vLLM is down and not coming back (failed, gave up, stopping for good)
+	held     bool // held while vLLM restarted, up to the hold limit
+	down     bool // the queue was full while vLLM was down
 }
 
 func (r *rejection) Error() string { return "request not admitted: " + r.reason }
@@ -58,6 +61,16 @@ type limiter struct {
 	rejected map[string]uint64
 	engaged  bool
 	done     chan struct{} // closed by close: waiters leave at once
+	// resume: [proxy] resume is on. holding: vLLM is down and coming
+	// back, so waiters are held up to holdLimit; gone: down and not
+	// coming back, so they are refused at once. downSince and readySince
+	// are when readiness last changed; downs counts the losses of it.
+	resume, holding, gone bool
+	holdLimit             time.Duration
+	downSince, readySince time.Time
+	downs                 uint64
+	// Waiters in the queue that were resumed, and streams among them.
+	resumedWaiting, pausedWaiting int
 }
 
 // window is what was in flight since the last sample: the fewest
@@ -77,10 +90,11 @@ type Window struct {
 }
 
 type waiter struct {
-	cost, tokens float64
-	ch           chan struct{} // closed when granted
-	granted      bool
-	elem         *list.Element
+	admit
+	ch       chan struct{} // closed when granted
+	granted  bool
+	elem     *list.Element
+	queuedAt time.Time // a resumed request's queue timeout starts no earlier
 }
 
 func newLimiter(queueCap int) *limiter {
@@ -89,19 +103,43 @@ func newLimiter(queueCap int) *limiter {
 	return l
 }
 
-// set applies the upstream's view: the limit and readiness. It reports
-// whether readiness went from true to false.
-func (l *limiter) set(limit int, room float64, ready bool) (lostReady bool) {
+// outlook is what vLLM's absence means to the requests that wait.
+type outlook struct {
+	resume, comingBack bool
+	holdLimit          time.Duration
+}
+
+// set applies the upstream's view: the limit, readiness and the outlook
+// while vLLM is down. It reports whether readiness went from true to false.
+func (l *limiter) set(limit int, room float64, ready bool, o outlook) (lostReady bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	lostReady = l.ready && !ready
-	if limit != l.limit || ready != l.ready || room != l.room {
+	holding, gone := o.resume && !ready && o.comingBack, o.resume && !ready && !o.comingBack
+	if limit != l.limit || ready != l.ready || room != l.room || holding != l.holding || gone != l.gone || o.holdLimit != l.holdLimit {
+		now := time.Now()
+		if lostReady {
+			l.downSince = now
+			l.downs++
+		} else if ready && !l.ready {
+			l.readySince = now
+		}
 		l.limit, l.ready, l.room = limit, ready, room
+		l.resume, l.holding, l.gone, l.holdLimit = o.resume, holding, gone, o.holdLimit
 		close(l.changed)
 		l.changed = make(chan struct{})
 	}
 	l.dispatchLocked()
 	return lostReady
+}
+
+// generation counts vLLM's losses of readiness, and says whether it is
+// ready now: a request that saw vLLM die while the limiter still thinks it
+// ready belongs to the coming loss.
+func (l *limiter) generation() (downs uint64, ready bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.downs, l.ready
 }
 
 // wait returns a channel closed at the next change of readiness or limit.
@@ -117,89 +155,209 @@ func (l *limiter) isReady() bool {
 	return l.ready && !l.closed
 }
 
-// acquire takes a slot, waiting in the FIFO until deadline. A nil error
-// means the caller holds a slot and must call release. On a refusal the
-// error is a *rejection; when ctx ends first it is ctx's error.
-// queued reports whether the request had to wait.
+// admit is one request asking acquire for a slot.
+type admit struct {
+	cost, tokens float64 // its predicted memory and prompt tokens; release takes both
+	// arrived orders resumed requests (oldest first) and starts the
+	// queue timeout, and the hold while vLLM is down.
+	arrived      time.Time
+	queueTimeout time.Duration
+	// resumed: it was in flight at a death of vLLM (or a drain) and gave
+	// its slot back; it is admitted before any new request, and never
+	// refused for a full queue.
+	resumed bool
+	// paused: a stream whose client got part of its answer (Stats).
+	paused bool
+	// tick, when not nil, is called every tickEvery while it waits.
+	tick      func()
+	tickEvery time.Duration
+}
+
+// acquire takes a slot, waiting in the FIFO. A nil error means the caller
+// holds a slot and must call release. On a refusal the error is a
+// *rejection; when ctx ends first it is ctx's error. queued reports
+// whether the request had to wait.
 //
-// cost is the request's predicted memory and tokens its prompt tokens; the
-// caller passes both to release.
-func (l *limiter) acquire(ctx context.Context, deadline time.Time, cost, tokens float64) (queued bool, err error) {
+// While vLLM is ready a request waits at most its queue timeout from its
+// arrival (or from vLLM's return, when it was held). While vLLM is down
+// and coming back (holding) it is held up to the hold limit from its
+// arrival or vLLM's going (whichever is later); while vLLM is down and not
+// coming back (gone) it is refused at once.
+func (l *limiter) acquire(ctx context.Context, a admit) (queued bool, err error) {
 	l.mu.Lock()
 	if l.closed {
 		l.rejectLocked(errShutdown.reason)
 		l.mu.Unlock()
 		return false, errShutdown
 	}
-	if l.ready && l.fitsLocked(cost) && l.queue.Len() == 0 {
-		l.takeLocked(cost, tokens)
+	if !a.resumed && l.ready && l.fitsLocked(a.cost) && l.queue.Len() == 0 {
+		l.takeLocked(a.cost, a.tokens)
 		l.mu.Unlock()
 		return false, nil
 	}
-	if l.queue.Len() >= l.queueCap || !time.Now().Before(deadline) {
-		var r *rejection
-		switch {
-		case !l.ready:
-			r = &rejection{reason: reasonNotReady}
-		case l.queue.Len() >= l.queueCap:
-			r = &rejection{reason: reasonQueueFull}
-		default:
-			r = &rejection{reason: reasonQueueTimeout}
+	w := &waiter{admit: a, ch: make(chan struct{}), queuedAt: time.Now()}
+	if a.resumed && l.ready {
+		// First in line: a free slot is its at once.
+		l.enqueueLocked(w)
+		l.dispatchLocked()
+		if w.granted {
+			l.mu.Unlock()
+			return false, nil
 		}
+		l.removeLocked(w)
+	}
+	if r := l.refuseLocked(w, time.Now(), true); r != nil {
 		l.rejectLocked(r.reason)
 		l.mu.Unlock()
 		return false, r
 	}
-	if l.ready {
+	if l.ready && !a.resumed {
 		// Waiting for a slot, not for vLLM: admission control is at work.
 		l.engaged = true
 	}
-	w := &waiter{cost: cost, tokens: tokens, ch: make(chan struct{})}
-	w.elem = l.queue.PushBack(w)
+	l.enqueueLocked(w)
+	l.dispatchLocked()
 	l.mu.Unlock()
 
-	timer := time.NewTimer(time.Until(deadline))
+	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	var ticks <-chan time.Time
+	if a.tick != nil && a.tickEvery > 0 {
+		t := time.NewTicker(a.tickEvery)
+		defer t.Stop()
+		ticks = t.C
+	}
 	var cause error
-	select {
-	case <-w.ch:
-		return true, nil
-	case <-ctx.Done():
-		cause = ctx.Err()
-	case <-timer.C:
-	case <-l.done:
+	for cause == nil {
+		l.mu.Lock()
+		dl, changed := l.deadlineLocked(w), l.changed
+		l.mu.Unlock()
+		timer.Reset(max(time.Until(dl), 0))
+		select {
+		case <-w.ch:
+			return true, nil
+		case <-ctx.Done():
+			cause = ctx.Err()
+		case <-l.done:
+			cause = errShutdown
+		case <-ticks:
+			a.tick()
+			continue
+		case <-changed:
+		case <-timer.C:
+		}
+		if cause != nil {
+			break
+		}
+		l.mu.Lock()
+		r := l.refuseLocked(w, time.Now(), false)
+		l.mu.Unlock()
+		if r != nil {
+			cause = r
+		}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if w.granted {
-		if cause == nil {
+		if _, refused := isRejection(cause); refused {
 			return true, nil // granted as the deadline passed: take it
 		}
 		// Granted as the client left: hand the slot on.
-		l.putLocked(cost, tokens)
+		l.putLocked(a.cost, a.tokens)
 		l.dispatchLocked()
 		return true, cause
 	}
-	l.queue.Remove(w.elem)
-	if cause != nil {
-		return true, cause
+	l.removeLocked(w)
+	if r, ok := isRejection(cause); ok {
+		l.rejectLocked(r.reason)
 	}
-	var r *rejection
+	return true, cause
+}
+
+// enqueueLocked puts w in line: a resumed request after the resumed ones
+// that arrived before it, ahead of every new one; a new one at the back.
+func (l *limiter) enqueueLocked(w *waiter) {
+	if w.resumed {
+		l.resumedWaiting++
+	}
+	if w.paused {
+		l.pausedWaiting++
+	}
+	if !w.resumed {
+		w.elem = l.queue.PushBack(w)
+		return
+	}
+	for e := l.queue.Front(); e != nil; e = e.Next() {
+		o := e.Value.(*waiter)
+		if !o.resumed || o.arrived.After(w.arrived) {
+			w.elem = l.queue.InsertBefore(w, e)
+			return
+		}
+	}
+	w.elem = l.queue.PushBack(w)
+}
+
+func (l *limiter) removeLocked(w *waiter) {
+	l.queue.Remove(w.elem)
+	l.unqueuedLocked(w)
+}
+
+func (l *limiter) unqueuedLocked(w *waiter) {
+	if w.resumed {
+		l.resumedWaiting--
+	}
+	if w.paused {
+		l.pausedWaiting--
+	}
+}
+
+// deadlineLocked is when w stops waiting, as things are now.
+func (l *limiter) deadlineLocked(w *waiter) time.Time {
+	switch {
+	case !l.ready && l.holding:
+		return later(w.arrived, l.downSince).Add(l.holdLimit)
+	case l.ready && l.resume:
+		start := later(w.arrived, l.readySince)
+		if w.resumed {
+			// It held a slot until it gave it back to wait.
+			start = later(start, w.queuedAt)
+		}
+		return start.Add(w.queueTimeout)
+	default:
+		return w.arrived.Add(w.queueTimeout)
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// refuseLocked says why w must not wait (nil: it may): vLLM is not coming
+// back, its deadline passed, or (joining) the queue is full.
+func (l *limiter) refuseLocked(w *waiter, now time.Time, joining bool) *rejection {
 	switch {
 	case l.closed:
-		r = errShutdown
-	case !l.ready:
-		r = &rejection{reason: reasonNotReady}
-	default:
-		r = &rejection{reason: reasonQueueTimeout}
+		return errShutdown
+	case !l.ready && l.gone:
+		return &rejection{reason: reasonNotReady, gone: true}
+	case joining && !w.resumed && l.queue.Len()-l.resumedWaiting >= l.queueCap:
+		return &rejection{reason: reasonQueueFull, down: !l.ready}
+	case !now.Before(l.deadlineLocked(w)):
+		if !l.ready {
+			return &rejection{reason: reasonNotReady, held: l.holding}
+		}
+		return &rejection{reason: reasonQueueTimeout}
 	}
-	l.rejectLocked(r.reason)
-	return true, r
+	return nil
 }
 
 func (l *limiter) rejectLocked(reason string) {
 	l.rejected[reason]++
-	if reason == reasonQueueFull || reason == reasonQueueTimeout {
+	if l.ready && (reason == reasonQueueFull || reason == reasonQueueTimeout) {
+		// A full queue while vLLM is down is not admission control at work.
 		l.engaged = true
 	}
 }
@@ -280,6 +438,7 @@ func (l *limiter) dispatchLocked() {
 			return
 		}
 		l.queue.Remove(l.queue.Front())
+		l.unqueuedLocked(w)
 		w.granted = true
 		l.takeLocked(w.cost, w.tokens)
 		close(w.ch)
@@ -307,6 +466,10 @@ func (l *limiter) stats() Stats {
 		Ready: l.ready && !l.closed, Limit: l.limit, Inflight: l.inflight, Queued: l.queue.Len(), QueueSize: l.queueCap,
 		Admitted: l.admitted, Engaged: l.engaged, RejectedBy: make(map[string]uint64, len(reasons)),
 		MemoryRoomBytes: l.room, MemoryInflightBytes: l.cost, PromptTokensInflight: l.tokens,
+		Held: l.resumedWaiting, Paused: l.pausedWaiting,
+	}
+	if !l.ready && (l.holding || l.gone) {
+		s.Held = l.queue.Len() // every waiter waits for vLLM
 	}
 	for _, r := range reasons {
 		s.RejectedBy[r] = l.rejected[r]

@@ -13,7 +13,33 @@ type metrics struct {
 	rejected *prometheus.CounterVec
 	duration prometheus.Histogram
 	bound    *prometheus.GaugeVec
+	// resumed{how}: replayed (sent again from its body) or continued (a
+	// stream carried on from the tokens delivered). resumeFailed{reason}:
+	// requests a death or drain ended that were not resumed. holdTime: how
+	// long requests were held for vLLM.
+	resumed      *prometheus.CounterVec
+	resumeFailed *prometheus.CounterVec
+	holdTime     prometheus.Histogram
 }
+
+// How a request was resumed (the how label of
+// vllm_guard_proxy_resumed_total).
+const (
+	ResumedReplayed  = "replayed"
+	ResumedContinued = "continued"
+)
+
+// Why a request a death or drain ended was not resumed (the reason label
+// of vllm_guard_proxy_resume_failed_total). The stream helper adds its own.
+const (
+	FailedSuspect       = "resume_limit"    // in flight at resume_limit deaths: not sent again
+	FailedBodyNotKept   = "body_not_kept"   // its body was not kept to send again
+	FailedHoldTimeout   = "hold_timeout"    // vLLM did not come back within the hold limit
+	FailedNotComingBack = "not_coming_back" // the guard failed, gave up or is stopping
+	FailedResumeOff     = "resume_off"      // [proxy] resume = false
+)
+
+var resumeFailReasons = []string{FailedSuspect, FailedBodyNotKept, FailedHoldTimeout, FailedNotComingBack, FailedResumeOff}
 
 var bounds = []string{policy.BoundRung, policy.BoundMemory, policy.BoundTrend, policy.BoundReopening, policy.BoundPressure}
 
@@ -48,6 +74,25 @@ func newMetrics(reg prometheus.Registerer, lim *limiter, budget *bodyBudget) *me
 	for _, r := range reasons {
 		m.rejected.WithLabelValues(r)
 	}
+	m.resumed = f.NewCounterVec(prometheus.CounterOpts{
+		Name: "vllm_guard_proxy_resumed_total",
+		Help: "Requests a death of vLLM or a drain interrupted that the proxy resumed once vLLM was back, by how: replayed (sent again from the body it holds: nothing had reached the client) or continued (a stream carried on from the tokens already delivered).",
+	}, []string{"how"})
+	m.resumed.WithLabelValues(ResumedReplayed)
+	m.resumed.WithLabelValues(ResumedContinued)
+	m.resumeFailed = f.NewCounterVec(prometheus.CounterOpts{
+		Name: "vllm_guard_proxy_resume_failed_total",
+		Help: "Requests a death of vLLM or a drain interrupted that the proxy ended instead of resuming, by reason: resume_limit (in flight at [proxy] resume_limit deaths), body_not_kept, hold_timeout, not_coming_back, resume_off, and the reasons a stream is not continued.",
+	}, []string{"reason"})
+	for _, r := range resumeFailReasons {
+		m.resumeFailed.WithLabelValues(r)
+	}
+	m.holdTime = f.NewHistogram(prometheus.HistogramOpts{
+		Name: "vllm_guard_proxy_hold_seconds",
+		Help: "How long a request was held while vLLM was away (restarting, loading, draining) before it was sent again or refused.",
+		// A refused connection retried at once, to a restart of a large model.
+		Buckets: []float64{.01, .1, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200},
+	})
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "vllm_guard_proxy_inflight",
 		Help: "Requests forwarded to vLLM and not finished.",

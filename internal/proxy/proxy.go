@@ -21,6 +21,7 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -77,6 +78,17 @@ type Stats struct {
 	// UpstreamRetries counts connections vLLM refused that the proxy
 	// retried (vLLM restarting before the supervisor noticed).
 	UpstreamRetries uint64 `json:"upstream_retries"`
+	// Held: requests waiting for vLLM to be ready again (arrived while it
+	// was away, or resumed after a death or a drain); Paused: streams among
+	// them whose client has part of its answer.
+	Held   int `json:"held"`
+	Paused int `json:"paused_streams"`
+	// Resumed: requests sent again after a death or drain (replayed) or
+	// continued; Suspects: requests refused another send after
+	// resume_limit deaths, the last of them LastSuspect.
+	Resumed     uint64   `json:"resumed"`
+	Suspects    uint64   `json:"suspects"`
+	LastSuspect *Suspect `json:"last_suspect,omitempty"`
 }
 
 // QueueWaitHeader is set on responses to requests that waited in the
@@ -129,6 +141,14 @@ type Proxy struct {
 	// stopping: the guard is stopping for good (Stopping); every new
 	// request is refused at once.
 	stopping atomic.Bool
+	// Resumed requests, suspects (hold.go) and who hears of them.
+	resumed     atomic.Uint64
+	suspects    atomic.Uint64
+	lastSuspect atomic.Pointer[Suspect]
+	onSuspect   atomic.Pointer[func(Suspect)]
+	tickEvery   time.Duration // a held stream's comment (holdUntilReady)
+	noticeWait  time.Duration // for the guard to see a death (awaitNotice)
+	refreshMu   sync.Mutex    // serialises refresh
 }
 
 type parsedTarget struct {
@@ -159,7 +179,8 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 		cfg.MaxBufferedBytes = max(config.Default().Proxy.MaxBufferedBytes, cfg.MaxBodyBytes)
 	}
 	p := &Proxy{cfg: cfg, up: up, log: log.Named("proxy"), lim: newLimiter(max(cfg.QueueSize, 0)),
-		budget: newBodyBudget(cfg.MaxBufferedBytes, perClientBuffered(cfg))}
+		budget: newBodyBudget(cfg.MaxBufferedBytes, perClientBuffered(cfg)), tickEvery: defaultTickEvery,
+		noticeWait: defaultNoticeWait}
 	trusted, err := config.TrustedPrefixes(cfg.TrustedProxies)
 	if err != nil {
 		// config.Load refuses such a file; a caller that skipped it
@@ -220,6 +241,7 @@ func (p *Proxy) Notify() { p.refresh() }
 func (p *Proxy) Stats() Stats {
 	s := p.lim.stats()
 	s.UpstreamRetries = p.retries.Load()
+	s.Resumed, s.Suspects, s.LastSuspect = p.resumed.Load(), p.suspects.Load(), p.lastSuspect.Load()
 	if b := p.bound.Load(); b != nil {
 		s.Bound, s.Why = b.Bound, b.Why
 	}
@@ -240,6 +262,11 @@ func limitFor(maxNumSeqs int, factor float64, pressure bool) int {
 }
 
 func (p *Proxy) refresh() {
+	// One at a time: a refresh that read the Upstream before a change
+	// must not apply its view after the one that read it after (Notify),
+	// or a held request would wait for a readiness the limiter missed.
+	p.refreshMu.Lock()
+	defer p.refreshMu.Unlock()
 	_, ready := p.up.Target()
 	var b policy.AdmissionBound
 	if a, ok := p.up.(Admitter); ok {
@@ -256,7 +283,11 @@ func (p *Proxy) refresh() {
 		p.bound.Store(&b)
 		p.m.setBound(b.Bound)
 	}
-	if p.lim.set(b.Limit, b.RoomBytes, ready) {
+	o := outlook{resume: p.cfg.Resume}
+	if !ready && p.cfg.Resume {
+		o.comingBack, _, o.holdLimit, _ = p.outlook()
+	}
+	if p.lim.set(b.Limit, b.RoomBytes, ready, o) {
 		// vLLM went away: its pooled connections are dead or about to be.
 		p.tr.CloseIdleConnections()
 	}

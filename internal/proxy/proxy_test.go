@@ -251,6 +251,7 @@ func TestQueueTimeoutIs429(t *testing.T) {
 func TestNotReadyWaitsThen503(t *testing.T) {
 	g := newGate()
 	cfg := proxyConfig()
+	cfg.Resume = false // the proxy before issue 30: queue_timeout bounds the wait (hold_test.go: the hold)
 	cfg.QueueTimeout = config.Duration{Duration: 150 * time.Millisecond}
 	r := newRig(t, cfg, 4, g.handler)
 	r.up.set(func(f *fakeUp) { f.ready = false })
@@ -719,10 +720,15 @@ func TestMetricsExposition(t *testing.T) {
 	g.release <- struct{}{}
 	r := newRig(t, proxyConfig(), 8, g.handler)
 	mustOK(t, r.get(context.Background(), "/v1/x"))
+	// The proxy counts a request once its handler returns, which may be
+	// after the client has read the answer.
+	waitFor(t, "the request counted", func() bool {
+		return metricValue(t, r.reg, "vllm_guard_proxy_request_duration_seconds", "", "") == 1
+	})
 	for _, name := range []string{
 		"vllm_guard_proxy_requests_total", "vllm_guard_proxy_inflight", "vllm_guard_proxy_queue_depth",
 		"vllm_guard_proxy_rejected_total", "vllm_guard_proxy_request_duration_seconds", "vllm_guard_proxy_limit",
-		"vllm_guard_proxy_buffered_body_bytes",
+		"vllm_guard_proxy_buffered_body_bytes", "vllm_guard_proxy_resumed_total", "vllm_guard_proxy_resume_failed_total",
 	} {
 		if n, _ := scrape(t, r.reg, name, "", ""); n <= 0 {
 			t.Errorf("metric %s: %d series", name, n)

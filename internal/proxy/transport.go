@@ -20,14 +20,20 @@ import (
 // deadline.
 var errNotReady = errors.New("vLLM did not come back before the request's queue deadline")
 
-// retryTransport sends to vLLM; a refused connection (vLLM just died or
-// restarts, before the supervisor noticed) is retried until vLLM is back
-// or the request's queue deadline passes. Nothing was sent then, so a
-// retry is safe for any method.
+// retryTransport sends to vLLM. A refused connection (vLLM just died or
+// restarts, before the supervisor noticed) is retried until vLLM is back:
+// nothing was sent, so a retry is safe for any method. An inference request
+// that vLLM's death or drain left with nothing for its client is held and
+// sent again from the one copy of its body once vLLM is ready (replay):
+// planned restarts and failures take this one path.
 type retryTransport struct{ p *Proxy }
 
 func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	st, _ := req.Context().Value(ctxKey{}).(*reqState)
+	// refusedSince: vLLM first refused the connection; firstReplay: the
+	// request was first held to be sent again (past the hold limit from
+	// it, vLLM's answer is passed on).
+	var refusedSince, firstReplay time.Time
 	for {
 		if req.URL.Host == "" {
 			// The target was unknown at rewrite time.
@@ -51,47 +57,85 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 				resp.Body = &firstByteBody{ReadCloser: resp.Body, e: wait}
 			}
 		}
-		if err == nil && st != nil && !t.p.readyNow() && producedNothing(resp) {
-			// vLLM is draining for a planned restart (the guard no longer
-			// calls it ready) and answered this request with nothing: an
-			// empty aborted answer, or a 500 once its engine is gone (see
-			// drain.go). Send it again once vLLM is back.
-			resp.Body.Close()
-			waitWritten(req.Context(), written)
-			body, ok := st.replayBody()
-			if !ok {
-				return nil, errAbortedNoReplay
-			}
-			t.p.log.Debug("vLLM answered nothing while draining for a restart; holding the request until it is back")
-			if req, err = t.again(req, st); err != nil {
-				return nil, err
-			}
-			req.Body = body
-			continue
-		}
-		if err == nil || st == nil || !isDialError(err) || (st.body != nil && st.body.touched()) {
+		if st == nil {
 			return resp, err
 		}
-		t.p.log.Debug("vLLM refused a connection; waiting for it", zap.Error(err))
-		if req, err = t.again(req, st); err != nil {
+		if err != nil && isDialError(err) && (st.body == nil || !st.body.touched()) {
+			// Nothing was sent: wait for vLLM and send it again. While the
+			// guard still calls vLLM ready this is bounded by the queue
+			// timeout, as before; once it does not, by the hold.
+			if refusedSince.IsZero() {
+				refusedSince = time.Now()
+			}
+			t.p.log.Debug("vLLM refused a connection; waiting for it", zap.Error(err))
+			t.p.retries.Add(1)
+			if err := t.p.awaitRefused(req.Context(), st, refusedSince); err != nil {
+				return nil, err
+			}
+			if req, err = t.reaim(req); err != nil {
+				return nil, err
+			}
+			if st.body != nil {
+				// The transport closed the ReverseProxy's wrapper of the
+				// body; the body itself was not read.
+				req.Body = st.body
+			}
+			continue
+		}
+		why := t.p.nothingProduced(req, st, resp, err)
+		if why == replayNone || (why == replayDeath && err != nil && st.unnoticed > 0) {
+			// A second close the guard did not see as a death: vLLM is up
+			// and cut this request itself; the failure is passed on.
+			return resp, err
+		}
+		if _, _, limit, _ := t.p.outlook(); !firstReplay.IsZero() && time.Since(firstReplay) > limit {
+			// vLLM keeps saying its engine is gone (or shutting down) and
+			// the guard never sees it go: its answer is passed on.
+			return resp, err
+		}
+		if firstReplay.IsZero() {
+			firstReplay = time.Now()
+		}
+		refusedSince = time.Time{}
+		if resp != nil {
+			resp.Body.Close()
+		}
+		waitWritten(req.Context(), written)
+		if req.Context().Err() != nil {
+			return nil, req.Context().Err()
+		}
+		if why == replayDeath && !t.p.noteDeath(st) {
+			return nil, t.p.suspect(req, st)
+		}
+		body, ok := st.replayBody()
+		if !ok {
+			t.p.noteResumeFailed(FailedBodyNotKept)
+			return nil, errAbortedNoReplay
+		}
+		t.p.log.Debug("vLLM answered nothing (it died, or drains for a restart); holding the request until it is back",
+			zap.String("path", req.URL.Path), zap.String("why", why.String()))
+		t.p.retries.Add(1)
+		if err := t.p.holdUntilReady(req.Context(), st, nil); err != nil {
+			t.p.countHoldFailure(err)
 			return nil, err
 		}
-		if st.body != nil {
-			// The transport closed the ReverseProxy's wrapper of the
-			// body; the body itself was not read.
-			req.Body = st.body
+		if gen, _ := t.p.lim.generation(); why == replayDeath && gen < st.deathGen {
+			// The guard has not seen vLLM go: not a death (a connection
+			// vLLM closed as it was reused, or an engine error the guard
+			// has yet to see), and not held against the request.
+			st.deaths--
+			st.unnoticed++
 		}
+		if req, err = t.reaim(req); err != nil {
+			return nil, err
+		}
+		req.Body = body
+		t.p.noteResumed(ResumedReplayed)
 	}
 }
 
-// again counts a retry, waits until vLLM is back (or the request's queue
-// deadline passes) and returns req aimed at vLLM as it is now; the caller
-// sets its body.
-func (t *retryTransport) again(req *http.Request, st *reqState) (*http.Request, error) {
-	t.p.retries.Add(1)
-	if err := t.waitReady(req.Context(), st.deadline); err != nil {
-		return nil, err
-	}
+// reaim returns req aimed at vLLM as it is now; the caller sets its body.
+func (t *retryTransport) reaim(req *http.Request) (*http.Request, error) {
 	u, err := t.p.targetURL()
 	if err != nil {
 		return nil, err
@@ -109,27 +153,48 @@ func (p *Proxy) readyNow() bool {
 	return ready && p.lim.isReady()
 }
 
-// waitReady waits for a change of readiness or a poll interval, and then
-// for vLLM to be ready, until deadline.
-func (t *retryTransport) waitReady(ctx context.Context, deadline time.Time) error {
-	timer := time.NewTimer(min(retryPoll, time.Until(deadline)))
-	defer timer.Stop()
-	for first := true; ; first = false {
-		if !first && t.p.lim.isReady() {
-			return nil
-		}
-		if !time.Now().Before(deadline) {
+// awaitRefused waits after a refused connection: for a change of
+// readiness or a poll interval, then for vLLM to be ready. While the guard
+// still calls vLLM ready the wait ends retryPoll later (the caller tries
+// again), or with errNotReady once the queue timeout has passed since the
+// first refusal; when it does not, the request is held (holdUntilReady).
+func (p *Proxy) awaitRefused(ctx context.Context, st *reqState, since time.Time) error {
+	changed := p.lim.wait()
+	t := time.NewTimer(retryPoll)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-changed:
+	case <-t.C:
+	}
+	p.refresh()
+	if p.lim.isReady() {
+		if time.Since(since) >= p.cfg.QueueTimeout.Duration {
 			return errNotReady
 		}
-		changed := t.p.lim.wait()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-changed:
-		case <-timer.C:
-			timer.Reset(min(retryPoll, max(time.Until(deadline), time.Millisecond)))
+		return nil
+	}
+	if !p.cfg.Resume && !time.Now().Before(st.deadline) {
+		return errNotReady
+	}
+	if err := p.holdUntilReady(ctx, st, nil); err != nil {
+		p.countHoldFailure(err)
+		return err
+	}
+	return nil
+}
+
+// countHoldFailure counts a held request refused: the hold limit passed,
+// or vLLM is not coming back.
+func (p *Proxy) countHoldFailure(err error) {
+	if rj, ok := isRejection(err); ok {
+		switch {
+		case rj.gone:
+			p.noteResumeFailed(FailedNotComingBack)
+		case rj.held:
+			p.noteResumeFailed(FailedHoldTimeout)
 		}
-		t.p.refresh()
 	}
 }
 
@@ -152,6 +217,11 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 	case errors.Is(err, errNotReady):
 		p.lim.reject(reasonNotReady)
 		p.reject(w, &rejection{reason: reasonNotReady})
+	case errors.Is(err, errSuspect):
+		writeError(w, http.StatusUnprocessableEntity, "invalid_request_error", err.Error())
+	case errors.As(err, new(*rejection)):
+		rj, _ := isRejection(err)
+		p.reject(w, rj)
 	case errors.Is(err, errAbortedNoReplay):
 		w.Header().Set("Retry-After", retryAfterNotReady)
 		writeError(w, http.StatusServiceUnavailable, "server_error",

@@ -42,6 +42,30 @@ type Incident struct {
 	// GPU: for a gpu_fault, the GPU (index, UUID), the XID and its meaning,
 	// the uncorrected ECC counts before and after, whether it needs a reset.
 	GPU *policy.GPUFault `json:"gpu,omitempty"`
+	// Suspects are the requests the proxy refused to send again at this
+	// death: each was in flight at [proxy] resume_limit deaths in a row,
+	// and may be what kills vLLM.
+	Suspects []SuspectRequest `json:"suspect_requests,omitempty"`
+	// Held is what the proxy held for vLLM when the record was made: the
+	// requests the death touched (in flight, given their slot back) and
+	// those that came since; nil without the proxy.
+	Held *HeldRequests `json:"held_requests,omitempty"`
+}
+
+// HeldRequests counts the requests the proxy held when a record was made.
+type HeldRequests struct {
+	Requests      int `json:"requests"`
+	PausedStreams int `json:"paused_streams"`
+}
+
+// SuspectRequest is a request the proxy would not send again (proxy.Suspect).
+type SuspectRequest struct {
+	Time         time.Time `json:"time"`
+	Path         string    `json:"path"`
+	Client       string    `json:"client"`
+	BodyBytes    int64     `json:"body_bytes"`
+	PromptTokens float64   `json:"prompt_tokens"`
+	Deaths       int       `json:"deaths"`
 }
 
 // MemSample is one GPU memory reading: used/total (the highest over the

@@ -42,11 +42,14 @@ type Status struct {
 	Starts      int                  `json:"starts"`
 	Restarts    map[policy.Cause]int `json:"restarts_by_cause"`
 	TimeToReady time.Duration        `json:"last_time_to_ready_ns,omitempty"`
-	NextStartAt time.Time            `json:"next_start_at,omitzero"`
-	LastFailure *Failure             `json:"last_failure,omitempty"`
-	ExitCode    int                  `json:"exit_code,omitempty"` // when failed or stopped
-	LogDropped  uint64               `json:"log_lines_dropped"`
-	Cost        string               `json:"cost_model,omitempty"` // what a running sequence costs, and the safe max_num_seqs
+	// LongestTimeToReady: the longest time to ready seen in this
+	// state_dir, kept across restarts of the guard (the proxy's hold).
+	LongestTimeToReady time.Duration `json:"longest_time_to_ready_ns,omitempty"`
+	NextStartAt        time.Time     `json:"next_start_at,omitzero"`
+	LastFailure        *Failure      `json:"last_failure,omitempty"`
+	ExitCode           int           `json:"exit_code,omitempty"` // when failed or stopped
+	LogDropped         uint64        `json:"log_lines_dropped"`
+	Cost               string        `json:"cost_model,omitempty"` // what a running sequence costs, and the safe max_num_seqs
 }
 
 // Failure is one death of vLLM with its cause and what the guard did about

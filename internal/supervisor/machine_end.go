@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -115,9 +116,17 @@ func (m *machine) stopReason() string {
 	case m.end == endExited:
 		return "vLLM exited: cleaning up its process tree"
 	default:
-		return "stop requested"
+		return stopRequested
 	}
 }
+
+// stopRequested begins the reason of the guard's own stop: vLLM is not
+// restarted after it.
+const stopRequested = "stop requested"
+
+// FinalStop reports whether a stopping status's reason is the guard's own
+// stop (vLLM is not coming back), not a restart, a restore or a death.
+func FinalStop(reason string) bool { return strings.HasPrefix(reason, stopRequested) }
 
 // finishRun: the keeper is gone. What outlived it (a process stuck in the
 // kernel, as after a GPU fault, does not die at once; the tree kill can take

@@ -397,6 +397,7 @@ func (m *machine) becomeReady(r probeResult) {
 	m.child.refresh()
 	ttr := time.Since(m.startedAt)
 	s.pol.OnReady(time.Now())
+	s.pol.NoteTimeToReady(ttr)
 	s.savePolicy()
 	first := !m.everReady
 	m.everReady = true
@@ -404,6 +405,7 @@ func (m *machine) becomeReady(r probeResult) {
 	s.update(func(st *Status) {
 		st.State, st.Reason, st.ReadySince, st.TimeToReady, st.Phase, st.LastProbe, st.Probe =
 			StateReady, "vLLM answered the "+s.cfg.Readiness.Probe+" probe", time.Now(), ttr, "", "", r.probe
+		st.LongestTimeToReady = s.pol.LongestTimeToReady()
 	})
 	rung := s.pol.Current()
 	s.publish(events.Event{Kind: events.KindReady, TimeToReady: ttr, First: first, PID: m.child.pid(), Rung: &rung})

@@ -193,7 +193,7 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 	}
 	s.newProber = func(ep Endpoint, model string) checker { return newProber(ep, s.probeSpec()) }
 	st := Status{State: StateStarting, Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[policy.Cause]int{},
-		Cost: s.pol.Cost().Describe(s.pol.Current().GPUMemoryUtilization, cfg.Profile.Headroom)}
+		Cost: s.pol.Cost().Describe(s.pol.Current().GPUMemoryUtilization, cfg.Profile.Headroom), LongestTimeToReady: s.pol.LongestTimeToReady()}
 	s.status.Store(&st)
 	s.lastTurn.Store(time.Now())
 	return s, nil

@@ -61,7 +61,7 @@ func TestWaitsForFreeGPUMemoryBeforeStarting(t *testing.T) {
 func TestWaitsForReleaseAfterExit(t *testing.T) {
 	t.Parallel()
 	s := newScene(t)
-	os.WriteFile(filepath.Join(s.gpuDir, "release_delay_ms"), []byte("1500\n"), 0o644)
+	os.WriteFile(filepath.Join(s.gpuDir, "release_delay_ms"), []byte("3000\n"), 0o644)
 	// A SIGSEGV leaves the memory to the driver; a clean exit (crash_after's
 	// exit 0) frees it at once and the delay would never apply.
 	s.env["FAKEVLLM_FAULT"] = "segv_after=300ms"
@@ -74,12 +74,25 @@ func TestWaitsForReleaseAfterExit(t *testing.T) {
 	}
 	wait := s.waitEvent("the release wait", 1, time.Second, inState("waiting_gpu"))
 	end := s.waitEvent("the release", 1, time.Second, after(wait, kind(events.KindState)))
-	// The stand-in holds the memory 1.5 s from when NVML is first asked
-	// after the death (the guard's sampler may ask a little before the
-	// wait begins): a lower bound that holds at any speed, showing the
-	// guard waited for the release rather than starting into the memory.
-	if d := end.Time.Sub(wait.Time); d < time.Second || end.State != "backoff" {
-		t.Fatalf("the release wait lasted %s and ended in %s: the guard did not wait for the release", d, end.State)
+	// The stand-in says when it let the dead run's memory go (3 s after
+	// NVML first saw it dead): the wait must have lasted until then, at any
+	// speed, and ended in backoff.
+	b, err := os.ReadFile(filepath.Join(s.gpuDir, "released"))
+	if err != nil {
+		t.Fatalf("the stand-in never let the memory go: %v", err)
+	}
+	var releasedMs int64 // the last of the run's processes let go
+	for _, line := range strings.Fields(strings.ReplaceAll(string(b), " ", "@")) {
+		var pid int
+		var ms int64
+		if _, err := fmt.Sscanf(line, "%d@%d", &pid, &ms); err != nil {
+			t.Fatalf("released %q: %v", b, err)
+		}
+		releasedMs = max(releasedMs, ms)
+	}
+	if end.State != "backoff" || end.Time.UnixMilli() < releasedMs || wait.Time.UnixMilli() > releasedMs {
+		t.Fatalf("the release wait ran from %s to %s (into %s), the memory was let go at %s: the guard did not wait for the release",
+			wait.Time.Format(time.StampMilli), end.Time.Format(time.StampMilli), end.State, time.UnixMilli(releasedMs).Format(time.StampMilli))
 	}
 }
 

@@ -19,7 +19,9 @@
  *   DIR/release_delay_ms  optional: a dead pid's memory stays counted this
  *                         long after the library first saw it dead (the
  *                         time is kept in DIR/procs/<pid>.dead), like the
- *                         driver's teardown; then both files are removed.
+ *                         driver's teardown; then both files are removed
+ *                         and "<pid> <ms since the epoch>" is appended to
+ *                         DIR/released.
  *   DIR/fault             optional nvmlReturn_t returned by memory and
  *                         process queries while the file exists.
  *   DIR/init_fault        optional nvmlReturn_t returned by nvmlInit.
@@ -505,8 +507,20 @@ static int load_uses(const char *dir, fake_use *uses, int max)
                 if (pathf(path, sizeof path, "%s/%s", procs, nm)) {
                     unlink(path);
                 }
-                if (pathf(path, sizeof path, "%s/%s.dead", procs, nm)) {
-                    unlink(path);
+                if (pathf(path, sizeof path, "%s/%s.dead", procs, nm) && unlink(path) == 0 && delay > 0) {
+                    /* The held memory is let go now: say when (DIR/released),
+                     * so that a test can tell a wait that lasted until then. */
+                    char rel[PATH_MAX], line[64];
+                    if (pathf(rel, sizeof rel, "%s/released", dir)) {
+                        int fd = open(rel, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+                        if (fd >= 0) {
+                            int k = snprintf(line, sizeof line, "%s %lld\n", nm, now_ms());
+                            if (write(fd, line, (size_t)k) != k) {
+                                /* best effort: a test that needs it fails on its absence */
+                            }
+                            close(fd);
+                        }
+                    }
                 }
                 continue;
             }

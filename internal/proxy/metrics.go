@@ -13,6 +13,7 @@ type metrics struct {
 	rejected *prometheus.CounterVec
 	duration prometheus.Histogram
 	bound    *prometheus.GaugeVec
+	resume   resumeMetrics
 }
 
 var bounds = []string{policy.BoundRung, policy.BoundMemory, policy.BoundTrend, policy.BoundReopening, policy.BoundPressure}
@@ -48,6 +49,7 @@ func newMetrics(reg prometheus.Registerer, lim *limiter, budget *bodyBudget) *me
 	for _, r := range reasons {
 		m.rejected.WithLabelValues(r)
 	}
+	m.resume = newResumeMetrics(f)
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "vllm_guard_proxy_inflight",
 		Help: "Requests forwarded to vLLM and not finished.",

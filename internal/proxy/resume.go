@@ -292,11 +292,16 @@ var continuationFields = []string{
 // and reports whether it did; when not, r is returned marked with why if it
 // is a stream all the same. st.body holds the request's one copy.
 func (p *Proxy) resumeStream(w *recorder, r *http.Request, st *reqState) (*http.Request, bool) {
-	if st.body == nil || r.Method != http.MethodPost {
+	if st.body == nil || r.Method != http.MethodPost || (r.URL.Path != "/v1/completions" && r.URL.Path != "/v1/chat/completions") {
 		return r, false
 	}
-	raw, err := io.ReadAll(st.body.b.reader())
-	if err != nil {
+	raw := st.body.b.chunks[0]
+	if len(st.body.b.chunks) > 1 {
+		// A body in several pieces, joined for the parser: a transient
+		// copy, for completion and chat requests only.
+		raw, _ = io.ReadAll(st.body.b.reader())
+	}
+	if !bytes.Contains(raw, []byte(`"stream"`)) {
 		return r, false
 	}
 	plan, reason := planStream(r.URL.Path, raw)

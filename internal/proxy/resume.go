@@ -27,6 +27,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -352,6 +353,7 @@ type resumer struct {
 	partial     []byte // an event the cut interrupted (ended streams pass it on)
 	clientGone  bool
 	stopped     bool // the proxy found the stop string (across a cut)
+	promptSent  bool // the client has the prompt's token ids it asked for
 	lastUpUsage json.RawMessage
 }
 
@@ -431,7 +433,7 @@ func (s *resumer) run(fwd *bufferedBody) {
 		}
 		s.flushPartial()
 		err = s.p.holdUntilReady(ctx, s.st, func(why string) {
-			if s.write([]byte(": vllm-guard: vLLM restarting after " + why + "; resuming\n\n")) != nil {
+			if s.write([]byte(": vllm-guard: vLLM restarting after "+why+"; resuming\n\n")) != nil {
 				s.clientGone = true
 			}
 		})
@@ -451,6 +453,13 @@ func (s *resumer) run(fwd *bufferedBody) {
 			s.continuing = false
 			continue
 		}
+		if len(s.prompt) == 0 {
+			// vLLM sent the generated ids but not the prompt's: there is
+			// no prefix to continue from.
+			s.notResumed = nrNoTokenIDs
+			s.end()
+			return
+		}
 		cont, ok := s.continuation()
 		if !ok {
 			// max_tokens were all delivered; only the finish was cut.
@@ -461,7 +470,8 @@ func (s *resumer) run(fwd *bufferedBody) {
 		s.p.streamResumed("continued")
 		body, path = cont, "/v1/completions"
 		s.continuing, s.base = true, len(s.delivered)
-		if s.text != nil {
+		if s.text != nil && len(s.delivered) >= s.plan.minTokens {
+			// (Under min_tokens vLLM ignores stop strings.)
 			s.text.cut()
 		}
 	}
@@ -487,7 +497,7 @@ func (s *resumer) send(ctx context.Context, path string, body []byte) (*http.Res
 		req.Header[k] = v
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if ip, _, ok := strings.Cut(s.r.RemoteAddr, ":"); ok {
+	if ip, _, err := net.SplitHostPort(s.r.RemoteAddr); err == nil {
 		req.Header.Set("X-Forwarded-For", ip)
 	}
 	req.Host = s.r.Host
@@ -664,6 +674,9 @@ func (s *resumer) chunk(c map[string]json.RawMessage) (out []byte, ok bool) {
 			_ = json.Unmarshal(b, &in)
 		}
 		_ = json.Unmarshal(ch["delta"], &in.Delta)
+		if in.Delta == nil {
+			in.Delta = map[string]json.RawMessage{}
+		}
 		if !s.continuing && len(s.prompt) == 0 && len(in.PromptTokenIDs) > 0 {
 			s.prompt = in.PromptTokenIDs
 		}
@@ -738,16 +751,23 @@ func (s *resumer) chunk(c map[string]json.RawMessage) (out []byte, ok bool) {
 		delete(o, "prompt_token_ids")
 		if !s.plan.wantIDs {
 			delete(o, "token_ids")
-		} else if !s.continuing && in.PromptTokenIDs != nil && !s.plan.chat && s.sends == 1 {
+		} else if !s.continuing && in.PromptTokenIDs != nil && !s.promptSent {
+			// The client asked for the prompt's ids: once, as vLLM gives
+			// them (a continuation's prompt is not the client's).
 			o["prompt_token_ids"] = ch["prompt_token_ids"]
+			s.promptSent = true
 		}
 		kept = append(kept, o)
 		if s.finished {
 			break
 		}
 	}
-	if !s.plan.wantIDs || s.sends > 1 {
-		delete(c, "prompt_token_ids")
+	if _, has := c["prompt_token_ids"]; has {
+		if !s.plan.wantIDs || s.promptSent || s.continuing {
+			delete(c, "prompt_token_ids")
+		} else {
+			s.promptSent = true
+		}
 	}
 	if u := c["usage"]; !rawNull(u) {
 		c["usage"] = s.usage(u)

@@ -25,6 +25,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -52,7 +53,6 @@ var resumeTick = 5 * time.Second
 // Why a stream is not resumed (the streams_not_resumed_total reasons).
 const (
 	nrN              = "n"                 // several choices: one prefix cannot continue them all
-	nrBestOf         = "best_of"           // the best of several samples is chosen at the end
 	nrBeamSearch     = "beam_search"       // beams are not a prefix of one sequence
 	nrStructured     = "structured_output" // the grammar's state at the cut is not rebuilt from a token prefix
 	nrTools          = "tools"             // the tool-call parser's state is lost with the stream
@@ -107,9 +107,9 @@ func planStream(path string, body []byte) (plan *streamPlan, reason string) {
 	if n, ok := rawInt(f["n"]); ok && n != 1 {
 		return nil, nrN
 	}
-	if n, ok := rawInt(f["best_of"]); ok && n > 1 {
-		return nil, nrBestOf
-	}
+	// best_of is no field of vLLM 0.32.0 (ignored: one ordinary sample),
+	// nor are the guided_* fields (ignored with a warning, output
+	// unconstrained): such a stream continues like any other.
 	if rawTrue(f["use_beam_search"]) {
 		return nil, nrBeamSearch
 	}
@@ -119,12 +119,8 @@ func planStream(path string, body []byte) (plan *streamPlan, reason string) {
 			return nil, nrStructured
 		}
 	}
-	for k, v := range f {
-		if (strings.HasPrefix(k, "guided_") && k != "guided_decoding_backend" && k != "guided_whitespace_pattern") || k == "structured_outputs" {
-			if !rawNull(v) {
-				return nil, nrStructured
-			}
-		}
+	if !rawNull(f["structured_outputs"]) {
+		return nil, nrStructured
 	}
 	if rawTrue(f["echo"]) {
 		return nil, nrEcho
@@ -354,6 +350,8 @@ type resumer struct {
 	clientGone  bool
 	stopped     bool // the proxy found the stop string (across a cut)
 	promptSent  bool // the client has the prompt's token ids it asked for
+	textIDs     int  // delivered ids up to the last chunk vLLM gave text with
+	seenIDs     int  // ids the client has had (more than delivered after a rewind)
 	lastUpUsage json.RawMessage
 }
 
@@ -446,7 +444,7 @@ func (s *resumer) run(fwd *bufferedBody) {
 			s.end()
 			return
 		}
-		if len(s.delivered) == 0 {
+		if s.seenIDs == 0 {
 			// Nothing generated reached the client: the same request again.
 			s.p.streamResumed("replayed")
 			body, path = fwd.chunks[0], s.r.URL.Path
@@ -460,7 +458,15 @@ func (s *resumer) run(fwd *bufferedBody) {
 			s.end()
 			return
 		}
-		cont, ok := s.continuation()
+		// Rewind to the last id whose text vLLM gave: the ids after it
+		// (bytes of a character not yet whole, skipped special tokens) are
+		// generated again with their text. vLLM 0.32.0 primes its
+		// detokenizer with the prompt, and a prompt ending inside a
+		// character makes it emit garbage (docs/resume-facts.md). Greedy
+		// gives the same ids again; their ids are not repeated to the
+		// client.
+		s.delivered = s.delivered[:s.textIDs]
+		cont, ok := s.continuation(ctx)
 		if !ok {
 			// max_tokens were all delivered; only the finish was cut.
 			s.p.streamResumed("continued")
@@ -680,7 +686,7 @@ func (s *resumer) chunk(c map[string]json.RawMessage) (out []byte, ok bool) {
 		if !s.continuing && len(s.prompt) == 0 && len(in.PromptTokenIDs) > 0 {
 			s.prompt = in.PromptTokenIDs
 		}
-		if _, has := ch["token_ids"]; !has && (in.Text != nil && *in.Text != "" || deltaHasOutput(in.Delta)) {
+		if rawNull(ch["token_ids"]) && (in.Text != nil && *in.Text != "" || deltaHasOutput(in.Delta)) {
 			s.notResumed = nrNoTokenIDs
 		}
 		if s.plan.chat && !s.continuing {
@@ -706,6 +712,7 @@ func (s *resumer) chunk(c map[string]json.RawMessage) (out []byte, ok bool) {
 		} else if v, has := in.Delta["content"]; has {
 			_ = json.Unmarshal(v, &text)
 		}
+		vllmText := text
 		if s.text != nil {
 			var stopped *string
 			text, stopped = s.text.feed(text, in.FinishReason != nil, in.StopReason)
@@ -717,7 +724,17 @@ func (s *resumer) chunk(c map[string]json.RawMessage) (out []byte, ok bool) {
 				s.stopped = true
 			}
 		}
+		start := len(s.delivered)
 		s.delivered = append(s.delivered, in.TokenIDs...)
+		if vllmText != "" {
+			s.textIDs = len(s.delivered)
+		}
+		visible := in.TokenIDs
+		if skip := s.seenIDs - start; skip > 0 {
+			// Ids generated again after a rewind: the client has them.
+			visible = visible[min(skip, len(visible)):]
+		}
+		s.seenIDs = max(s.seenIDs, len(s.delivered))
 		o := ch
 		if s.continuing || s.plan.chat {
 			o = map[string]json.RawMessage{}
@@ -751,7 +768,10 @@ func (s *resumer) chunk(c map[string]json.RawMessage) (out []byte, ok bool) {
 		delete(o, "prompt_token_ids")
 		if !s.plan.wantIDs {
 			delete(o, "token_ids")
-		} else if !s.continuing && in.PromptTokenIDs != nil && !s.promptSent {
+		} else if len(visible) != len(in.TokenIDs) {
+			o["token_ids"], _ = json.Marshal(visible)
+		}
+		if s.plan.wantIDs && !s.continuing && in.PromptTokenIDs != nil && !s.promptSent {
 			// The client asked for the prompt's ids: once, as vLLM gives
 			// them (a continuation's prompt is not the client's).
 			o["prompt_token_ids"] = ch["prompt_token_ids"]
@@ -824,7 +844,7 @@ func (s *resumer) usage(u json.RawMessage) json.RawMessage {
 
 // continuation is the /v1/completions body that goes on from what was
 // delivered; ok is false when max_tokens were all delivered.
-func (s *resumer) continuation() ([]byte, bool) {
+func (s *resumer) continuation(ctx context.Context) ([]byte, bool) {
 	f := s.plan.fields
 	c := make(map[string]any, len(continuationFields)+6)
 	for _, k := range continuationFields {
@@ -856,7 +876,18 @@ func (s *resumer) continuation() ([]byte, bool) {
 		}
 		c["max_tokens"] = left
 	} else {
-		c["max_tokens"] = nil // up to the model's length, as the original
+		// Up to the model's length, as the original chat request (a
+		// completion without max_tokens would stop at 16).
+		n, err := s.p.maxModelLen(ctx, f["model"])
+		if err != nil {
+			s.p.log.Info("vLLM's max_model_len is unknown; a continuation without max_tokens is capped at what the prompt leaves of 4096 tokens", zap.Error(err))
+			n = 4096
+		}
+		left := n - len(s.prompt) - len(s.delivered)
+		if left <= 0 {
+			return nil, false
+		}
+		c["max_tokens"] = left
 	}
 	if s.plan.minTokens > 0 {
 		c["min_tokens"] = max(0, s.plan.minTokens-len(s.delivered))
@@ -1047,7 +1078,7 @@ type resumeMetrics struct {
 	notResumed *prometheus.CounterVec
 }
 
-var resumeReasons = []string{nrN, nrBestOf, nrBeamSearch, nrStructured, nrTools, nrEcho, nrLogprobs, nrSuffix, nrPrompts,
+var resumeReasons = []string{nrN, nrBeamSearch, nrStructured, nrTools, nrEcho, nrLogprobs, nrSuffix, nrPrompts,
 	nrMultimodal, nrEmbeds, nrNoReplay, nrBadBody, nrNoTokenIDs, nrReasoning, nrUnknownChunk, nrLimit, nrHoldFailed, nrContinuationKO}
 
 func newResumeMetrics(f promauto.Factory) resumeMetrics {
@@ -1079,3 +1110,41 @@ func (p *Proxy) streamNotResumed(reason string) {
 // notResumedKey marks a stream the proxy passes through as before, with
 // why it would not be resumed: counted if vLLM cuts it (sseBody).
 type notResumedKey struct{}
+
+// maxModelLen is vLLM's max_model_len for model (its /v1/models says it).
+func (p *Proxy) maxModelLen(ctx context.Context, model json.RawMessage) (int, error) {
+	u, err := p.targetURL()
+	if err != nil {
+		return 0, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.Scheme+"://"+u.Host+"/v1/models", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := p.tr.RoundTrip(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Data []struct {
+			ID          string `json:"id"`
+			MaxModelLen int    `json:"max_model_len"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, peekLimit)).Decode(&list); err != nil {
+		return 0, fmt.Errorf("vLLM's /v1/models: %w", err)
+	}
+	var name string
+	_ = json.Unmarshal(model, &name)
+	best := 0
+	for _, m := range list.Data {
+		if m.ID == name || (best == 0 && m.MaxModelLen > 0) {
+			best = m.MaxModelLen
+		}
+	}
+	if best <= 0 {
+		return 0, errors.New("vLLM's /v1/models gave no max_model_len")
+	}
+	return best, nil
+}

@@ -199,6 +199,15 @@ func planStream(path string, body []byte) (plan *streamPlan, reason string) {
 	if pl.forward, err = json.Marshal(fwd); err != nil {
 		return nil, nrBadBody
 	}
+	// Keep only what a continuation carries (not the messages or prompt:
+	// they would be one more copy of the body).
+	keep := make(map[string]json.RawMessage, len(continuationFields)+1)
+	for _, k := range append(continuationFields, "stream_options") {
+		if v, ok := f[k]; ok {
+			keep[k] = v
+		}
+	}
+	pl.fields = keep
 	return pl, ""
 }
 
@@ -334,25 +343,25 @@ type resumer struct {
 	plan *streamPlan
 	text *stopText // nil: no stop strings, text passes as vLLM sends it
 
-	sends       int
-	headerSent  bool
-	id, model   json.RawMessage
-	created     json.RawMessage
-	roleSent    bool
-	prompt      []int // the prompt's token ids, from vLLM's first chunk
-	delivered   []int // generated token ids written to the client
-	base        int   // len(delivered) when the current continuation began
-	continuing  bool  // the current answer is a continuation
-	finished    bool  // a finish_reason was written
-	usageSent   bool
-	notResumed  string // why this stream cannot be resumed now ("": it can)
-	partial     []byte // an event the cut interrupted (ended streams pass it on)
-	clientGone  bool
-	stopped     bool // the proxy found the stop string (across a cut)
-	promptSent  bool // the client has the prompt's token ids it asked for
-	textIDs     int  // delivered ids up to the last chunk vLLM gave text with
-	seenIDs     int  // ids the client has had (more than delivered after a rewind)
-	lastUpUsage json.RawMessage
+	sends      int
+	headerSent bool
+	id, model  json.RawMessage
+	created    json.RawMessage
+	roleSent   bool
+	prompt     []int // the prompt's token ids, from vLLM's first chunk
+	delivered  []int // generated token ids written to the client
+	base       int   // len(delivered) when the current continuation began
+	continuing bool  // the current answer is a continuation
+	finished   bool  // a finish_reason was written
+	usageSent  bool
+	notResumed string // why this stream cannot be resumed now ("": it can)
+	partial    []byte // an event the cut interrupted (ended streams pass it on)
+	clientGone bool
+	stopped    bool // the proxy found the stop string (across a cut)
+	promptSent bool // the client has the prompt's token ids it asked for
+	textIDs    int  // delivered ids up to the last chunk vLLM gave text with
+	seenIDs    int  // ids the client has had (more than delivered after a rewind)
+	aborted    bool // vLLM finished the request with "abort": a restart's drain
 }
 
 type outcome int
@@ -611,11 +620,6 @@ func (s *resumer) event(ev []byte) (done bool, why string, cut bool) {
 		return false, "", false // a comment: nothing for the client
 	}
 	if string(bytes.TrimSpace(data)) == "[DONE]" {
-		if s.notResumed == nrUnknownChunk || s.finished || !s.headerSent {
-			s.finish()
-			return true, "", false
-		}
-		// [DONE] without a finish: after an error event vLLM let through.
 		s.finish()
 		return true, "", false
 	}
@@ -640,6 +644,12 @@ func (s *resumer) event(ev []byte) (done bool, why string, cut bool) {
 	out, ok := s.chunk(c)
 	if ok {
 		s.writeEvent(out)
+	}
+	if s.aborted {
+		// vLLM gave up the request (a planned restart's drain ran out of
+		// time): for the client, a cut like any other.
+		s.aborted = false
+		return false, "vLLM aborted it (a restart)", true
 	}
 	if s.stopped {
 		// vLLM's continuation goes on past the stop string: not read.
@@ -713,6 +723,11 @@ func (s *resumer) chunk(c map[string]json.RawMessage) (out []byte, ok bool) {
 			_ = json.Unmarshal(v, &text)
 		}
 		vllmText := text
+		if in.FinishReason != nil && *in.FinishReason == "abort" {
+			in.FinishReason, in.StopReason = nil, nil
+			ch["finish_reason"], ch["stop_reason"] = json.RawMessage("null"), json.RawMessage("null")
+			s.aborted = true
+		}
 		if s.text != nil {
 			var stopped *string
 			text, stopped = s.text.feed(text, in.FinishReason != nil, in.StopReason)
@@ -723,6 +738,9 @@ func (s *resumer) chunk(c map[string]json.RawMessage) (out []byte, ok bool) {
 				in.StopReason, _ = json.Marshal(*stopped)
 				s.stopped = true
 			}
+		}
+		if s.aborted && text == "" && len(in.TokenIDs) == 0 {
+			continue
 		}
 		start := len(s.delivered)
 		s.delivered = append(s.delivered, in.TokenIDs...)
@@ -749,6 +767,9 @@ func (s *resumer) chunk(c map[string]json.RawMessage) (out []byte, ok bool) {
 			if s.continuing {
 				delete(o, "text")
 				in.Delta = map[string]json.RawMessage{}
+				if in.FinishReason == nil {
+					delete(o, "stop_reason") // vLLM's chat chunks carry it on the last only
+				}
 			}
 			if text != "" || s.continuing || in.Delta["content"] != nil {
 				in.Delta["content"], _ = json.Marshal(text)
@@ -765,15 +786,21 @@ func (s *resumer) chunk(c map[string]json.RawMessage) (out []byte, ok bool) {
 			}
 			s.finished = true
 		}
-		delete(o, "prompt_token_ids")
-		if !s.plan.wantIDs {
-			delete(o, "token_ids")
+		// As vLLM shows them: null for a client that did not ask, the
+		// prompt's ids once (completions: in the choice), never a
+		// continuation's prompt (it is not the client's).
+		if _, has := o["prompt_token_ids"]; has {
+			o["prompt_token_ids"] = json.RawMessage("null")
+			if s.plan.chat && s.continuing {
+				delete(o, "prompt_token_ids")
+			}
+		}
+		if _, has := o["token_ids"]; has && !s.plan.wantIDs {
+			o["token_ids"] = json.RawMessage("null")
 		} else if len(visible) != len(in.TokenIDs) {
 			o["token_ids"], _ = json.Marshal(visible)
 		}
 		if s.plan.wantIDs && !s.continuing && in.PromptTokenIDs != nil && !s.promptSent {
-			// The client asked for the prompt's ids: once, as vLLM gives
-			// them (a continuation's prompt is not the client's).
 			o["prompt_token_ids"] = ch["prompt_token_ids"]
 			s.promptSent = true
 		}
@@ -784,7 +811,7 @@ func (s *resumer) chunk(c map[string]json.RawMessage) (out []byte, ok bool) {
 	}
 	if _, has := c["prompt_token_ids"]; has {
 		if !s.plan.wantIDs || s.promptSent || s.continuing {
-			delete(c, "prompt_token_ids")
+			c["prompt_token_ids"] = json.RawMessage("null")
 		} else {
 			s.promptSent = true
 		}

@@ -24,8 +24,9 @@ type fakeLLM struct {
 	mu   sync.Mutex
 	cuts []int // per request in order: tokens before the cut; -1 none
 	seen []fakeReq
-	// errorEvent: cut with vLLM's engine-failure event instead of a reset.
-	errorEvent bool
+	// style of the cut: "" a reset, "error" vLLM's engine-failure event,
+	// "abort" finish_reason abort (a planned restart's drain ran out).
+	style string
 }
 
 type fakeReq struct {
@@ -146,7 +147,13 @@ func (f *fakeLLM) handler(w http.ResponseWriter, req *http.Request) {
 	}
 	for n := 1; n <= maxTokens; n++ {
 		if n-1 == cut {
-			f.die(w, id)
+			choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": "abort", "stop_reason": nil, "token_ids": []int{}}
+			if chat {
+				choice["delta"] = map[string]any{"content": ""}
+			} else {
+				choice["text"] = ""
+			}
+			f.die(w, chunk(choice))
 			return
 		}
 		tok := nextToken(seq)
@@ -203,10 +210,15 @@ func (f *fakeLLM) handler(w http.ResponseWriter, req *http.Request) {
 }
 
 // die marks vLLM down and cuts the stream, as a death does.
-func (f *fakeLLM) die(w http.ResponseWriter, id string) {
+func (f *fakeLLM) die(w http.ResponseWriter, abort map[string]any) {
 	f.r.up.set(func(u *fakeUp) { u.ready = false })
 	f.r.p.Notify()
-	if f.errorEvent {
+	if f.style == "abort" {
+		b, _ := json.Marshal(abort)
+		fmt.Fprintf(w, "data: %s\n\ndata: [DONE]\n\n", b)
+		return
+	}
+	if f.style == "error" {
 		fmt.Fprint(w, `data: {"error": {"message": "EngineCore encountered an issue.", "type": "InternalServerError", "param": null, "code": 500}}`+"\n\n")
 		fmt.Fprint(w, "data: [DONE]\n\n")
 		return
@@ -477,15 +489,23 @@ func TestStreamCutBeforeFirstTokenIsReplayed(t *testing.T) {
 	}
 }
 
-func TestEngineErrorEventIsResumed(t *testing.T) {
-	f := newFakeLLM(t)
-	f.errorEvent = true
-	body := `{"model":"m","prompt":"hello","max_tokens":10,"stream":true}`
-	want := f.run("/v1/completions", body, func() { t.Fatal("held without a cut") })
-	f.queue(4, -1)
-	got := f.run("/v1/completions", body, f.bringBack)
-	if got.text != want.text || got.errors != 0 || got.done != 1 {
-		t.Fatalf("got %+v\nwant %+v", got, want)
+// vLLM's engine-failure event, and an abort (a planned restart's drain
+// that ran out of time), are cuts like a reset.
+func TestEngineErrorAndAbortAreResumed(t *testing.T) {
+	for _, style := range []string{"error", "abort"} {
+		t.Run(style, func(t *testing.T) {
+			f := newFakeLLM(t)
+			f.style = style
+			for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
+				body := `{"model":"m","prompt":"hello","messages":[{"role":"user","content":"hi"}],"max_tokens":10,"stream":true}`
+				want := f.run(path, body, func() { t.Fatal("held without a cut") })
+				f.queue(4, -1)
+				got := f.run(path, body, f.bringBack)
+				if got.text != want.text || got.errors != 0 || got.done != 1 || fmt.Sprint(got.finishes) != fmt.Sprint(want.finishes) {
+					t.Fatalf("%s: got %+v\nwant %+v", path, got, want)
+				}
+			}
+		})
 	}
 }
 

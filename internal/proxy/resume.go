@@ -357,11 +357,13 @@ type resumer struct {
 	notResumed string // why this stream cannot be resumed now ("": it can)
 	partial    []byte // an event the cut interrupted (ended streams pass it on)
 	clientGone bool
-	stopped    bool // the proxy found the stop string (across a cut)
-	promptSent bool // the client has the prompt's token ids it asked for
-	textIDs    int  // delivered ids up to the last chunk vLLM gave text with
-	seenIDs    int  // ids the client has had (more than delivered after a rewind)
-	aborted    bool // vLLM finished the request with "abort": a restart's drain
+	stopped    bool   // the proxy found the stop string (across a cut)
+	promptSent bool   // the client has the prompt's token ids it asked for
+	safeIDs    int    // delivered ids up to a point where their text is whole
+	textSince  string // the text the client has (or the proxy holds) beyond safeIDs
+	skipText   string // text a continuation generates again that the client has
+	seenIDs    int    // ids the client has had (more than delivered after a rewind)
+	aborted    bool   // vLLM finished the request with "abort": a restart's drain
 }
 
 type outcome int
@@ -438,7 +440,6 @@ func (s *resumer) run(fwd *bufferedBody) {
 		if !s.headerSent {
 			s.writeHeader(http.Header{"Content-Type": {"text/event-stream; charset=utf-8"}})
 		}
-		s.flushPartial()
 		err = s.p.holdUntilReady(ctx, s.st, func(why string) {
 			if s.write([]byte(": vllm-guard: vLLM restarting after "+why+"; resuming\n\n")) != nil {
 				s.clientGone = true
@@ -467,14 +468,17 @@ func (s *resumer) run(fwd *bufferedBody) {
 			s.end()
 			return
 		}
-		// Rewind to the last id whose text vLLM gave: the ids after it
-		// (bytes of a character not yet whole, skipped special tokens) are
-		// generated again with their text. vLLM 0.32.0 primes its
-		// detokenizer with the prompt, and a prompt ending inside a
-		// character makes it emit garbage (docs/resume-facts.md). Greedy
-		// gives the same ids again; their ids are not repeated to the
-		// client.
-		s.delivered = s.delivered[:s.textIDs]
+		// Rewind to a point where the delivered ids' text is whole: vLLM
+		// 0.32.0 primes its detokenizer with the prompt, and a prompt that
+		// ends inside a character makes it emit garbage
+		// (docs/resume-facts.md). That point is the end of the last chunk
+		// of one id that came with text (vLLM sends text only once a
+		// character is whole; a chunk of several ids, merged when the
+		// reader fell behind, may end inside one). The ids after it are
+		// generated again: greedy gives the same ids and text, and neither
+		// the ids nor the text the client has are repeated to it.
+		s.delivered = s.delivered[:s.safeIDs]
+		s.skipText = s.textSince
 		cont, ok := s.continuation(ctx)
 		if !ok {
 			// max_tokens were all delivered; only the finish was cut.
@@ -723,6 +727,9 @@ func (s *resumer) chunk(c map[string]json.RawMessage) (out []byte, ok bool) {
 			_ = json.Unmarshal(v, &text)
 		}
 		vllmText := text
+		if s.skipText != "" {
+			text = s.skipSeen(text)
+		}
 		if in.FinishReason != nil && *in.FinishReason == "abort" {
 			in.FinishReason, in.StopReason = nil, nil
 			ch["finish_reason"], ch["stop_reason"] = json.RawMessage("null"), json.RawMessage("null")
@@ -744,8 +751,10 @@ func (s *resumer) chunk(c map[string]json.RawMessage) (out []byte, ok bool) {
 		}
 		start := len(s.delivered)
 		s.delivered = append(s.delivered, in.TokenIDs...)
-		if vllmText != "" {
-			s.textIDs = len(s.delivered)
+		if vllmText != "" && len(in.TokenIDs) == 1 {
+			s.safeIDs, s.textSince = len(s.delivered), s.skipText
+		} else {
+			s.textSince += text
 		}
 		visible := in.TokenIDs
 		if skip := s.seenIDs - start; skip > 0 {
@@ -835,6 +844,27 @@ func (s *resumer) chunk(c map[string]json.RawMessage) (out []byte, ok bool) {
 	}
 	out, err := json.Marshal(c)
 	return out, err == nil
+}
+
+// skipSeen drops from a continuation's text what the client has already:
+// the text of ids generated again after a rewind.
+func (s *resumer) skipSeen(text string) string {
+	switch {
+	case strings.HasPrefix(text, s.skipText):
+		text, s.skipText = text[len(s.skipText):], ""
+	case strings.HasPrefix(s.skipText, text):
+		s.skipText, text = s.skipText[len(text):], ""
+	default:
+		// A sampled continuation went another way than the ids the
+		// client has: from here it gets the new text.
+		s.p.log.Debug("a continuation's text differs from what its client has; passing it on from where it differs")
+		n := 0
+		for n < len(text) && n < len(s.skipText) && text[n] == s.skipText[n] {
+			n++
+		}
+		text, s.skipText = text[n:], ""
+	}
+	return text
 }
 
 func deltaHasOutput(d map[string]json.RawMessage) bool {
@@ -960,15 +990,6 @@ func (s *resumer) finishLength() {
 	s.writeEvent(b)
 	s.finished = true
 	s.finish()
-}
-
-// flushPartial passes on an event the cut interrupted, for a stream the
-// proxy cannot read (its events are passed through whole otherwise).
-func (s *resumer) flushPartial() {
-	if s.notResumed == nrUnknownChunk && len(s.partial) > 0 {
-		_ = s.write(s.partial)
-	}
-	s.partial = nil
 }
 
 // end ends a stream that is not resumed as before: the error event.

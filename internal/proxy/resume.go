@@ -47,8 +47,9 @@ import (
 // its default. A variable so that a test can try several cuts in a row.
 var resumeLimit = 2
 
-// resumeTick is how often a held stream gets its SSE comment.
-var resumeTick = 5 * time.Second
+// resumeDialWait: a resumed stream's request waits this long at most for
+// vLLM to take its connection (the queue deadline passed while it ran).
+const resumeDialWait = 2 * time.Minute
 
 // Why a stream is not resumed (the streams_not_resumed_total reasons).
 const (
@@ -282,6 +283,10 @@ func multimodal(v json.RawMessage) bool {
 	return false
 }
 
+// cutWhy says a cut in the hold comment's words ("vLLM restarting after
+// ...").
+func cutWhy(why string) string { return "the stream was cut (" + why + ")" }
+
 // continuationFields are the request fields a continuation carries over:
 // the sampling parameters and what routes or isolates the request. The
 // prompt, the choice count and everything chat-specific are not.
@@ -440,11 +445,17 @@ func (s *resumer) run(fwd *bufferedBody) {
 		if !s.headerSent {
 			s.writeHeader(http.Header{"Content-Type": {"text/event-stream; charset=utf-8"}})
 		}
-		err = s.p.holdUntilReady(ctx, s.st, func(why string) {
+		comment := func(why string) {
 			if s.write([]byte(": vllm-guard: vLLM restarting after "+why+"; resuming\n\n")) != nil {
 				s.clientGone = true
 			}
-		})
+		}
+		// One at once (the client learns now why nothing comes), then the
+		// hold's every few seconds.
+		if comment(cutWhy(why)); s.clientGone {
+			return
+		}
+		err = s.p.holdUntilReady(ctx, s.st, comment)
 		if s.clientGone || ctx.Err() != nil {
 			return
 		}
@@ -524,7 +535,7 @@ func (s *resumer) send(ctx context.Context, path string, body []byte) (*http.Res
 	req.ContentLength = int64(len(body))
 	// A refused connection is waited out until the hold's end, not the
 	// queue deadline that passed while the stream ran.
-	s.st.deadline = time.Now().Add(max(s.p.cfg.QueueTimeout.Duration, holdLimit))
+	s.st.deadline = time.Now().Add(max(s.p.cfg.QueueTimeout.Duration, resumeDialWait))
 	return (&retryTransport{p: s.p}).RoundTrip(req)
 }
 

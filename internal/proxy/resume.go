@@ -212,6 +212,24 @@ func planStream(path string, body []byte) (plan *streamPlan, reason string) {
 	return pl, ""
 }
 
+// mentions: word occurs in the body held in chunks (also across two).
+func mentions(chunks [][]byte, word []byte) bool {
+	var prev []byte
+	for _, c := range chunks {
+		if bytes.Contains(c, word) {
+			return true
+		}
+		if len(prev) > 0 {
+			seam := append(append([]byte(nil), prev[max(0, len(prev)-len(word)+1):]...), c[:min(len(c), len(word)-1)]...)
+			if bytes.Contains(seam, word) {
+				return true
+			}
+		}
+		prev = c
+	}
+	return false
+}
+
 func rawNull(v json.RawMessage) bool {
 	s := strings.TrimSpace(string(v))
 	return s == "" || s == "null"
@@ -306,14 +324,14 @@ func (p *Proxy) resumeStream(w *recorder, r *http.Request, st *reqState) (*http.
 	if st.body == nil || r.Method != http.MethodPost || (r.URL.Path != "/v1/completions" && r.URL.Path != "/v1/chat/completions") {
 		return r, false
 	}
+	if !mentions(st.body.b.chunks, []byte(`"stream"`)) {
+		return r, false
+	}
 	raw := st.body.b.chunks[0]
 	if len(st.body.b.chunks) > 1 {
 		// A body in several pieces, joined for the parser: a transient
-		// copy, for completion and chat requests only.
+		// copy, for completion and chat streams only.
 		raw, _ = io.ReadAll(st.body.b.reader())
-	}
-	if !bytes.Contains(raw, []byte(`"stream"`)) {
-		return r, false
 	}
 	plan, reason := planStream(r.URL.Path, raw)
 	if plan == nil {

@@ -127,7 +127,9 @@ func (f *fakeLLM) handler(w http.ResponseWriter, req *http.Request) {
 		id, obj = "chatcmpl-1", "chat.completion.chunk"
 	}
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	sentAny := false
 	send := func(v any) {
+		sentAny = true
 		b, _ := json.Marshal(v)
 		fmt.Fprintf(w, "data: %s\n\n", b)
 		w.(http.Flusher).Flush()
@@ -160,7 +162,7 @@ func (f *fakeLLM) handler(w http.ResponseWriter, req *http.Request) {
 			} else {
 				choice["text"] = ""
 			}
-			f.die(w, chunk(choice))
+			f.die(w, chunk(choice), sentAny)
 			return
 		}
 		tok := nextToken(seq)
@@ -223,9 +225,14 @@ func (f *fakeLLM) handler(w http.ResponseWriter, req *http.Request) {
 }
 
 // die marks vLLM down and cuts the stream, as a death does.
-func (f *fakeLLM) die(w http.ResponseWriter, abort map[string]any) {
-	f.r.up.set(func(u *fakeUp) { u.ready = false })
-	f.r.p.Notify()
+func (f *fakeLLM) die(w http.ResponseWriter, abort map[string]any, answered bool) {
+	if answered {
+		f.r.up.set(func(u *fakeUp) { u.ready = false })
+		f.r.p.Notify()
+	}
+	// else: a connection closed before any answer, while the guard still
+	// calls vLLM ready (it did not notice a death yet): the proxy sends the
+	// request again without waiting for the test.
 	f.mu.Lock()
 	style := f.style
 	f.mu.Unlock()
@@ -421,7 +428,7 @@ func TestStreamCutContinuesExactly(t *testing.T) {
 				if fmt.Sprint(got.ids) != fmt.Sprint(want.ids) || got.text != want.text {
 					t.Fatalf("cut after %d: ids %v text %q\nwant ids %v text %q", k, got.ids, got.text, want.ids, want.text)
 				}
-				if got.done != 1 || got.afterDone || got.errors != 0 || fmt.Sprint(got.finishes) != fmt.Sprint(want.finishes) || got.comments == 0 {
+				if got.done != 1 || got.afterDone || got.errors != 0 || fmt.Sprint(got.finishes) != fmt.Sprint(want.finishes) || (got.comments == 0 && !(tc.merge && k == 1)) {
 					t.Fatalf("cut after %d: %d [DONE], %d errors, finishes %v, %d comments", k, got.done, got.errors, got.finishes, got.comments)
 				}
 				if fmt.Sprint(got.usage) != fmt.Sprint(want.usage) {
@@ -641,5 +648,18 @@ func TestPlanStream(t *testing.T) {
 	}
 	if pl, reason := planStream("/v1/completions", []byte(`{"prompt":"x"}`)); pl != nil || reason != "" {
 		t.Errorf("a request that is not a stream: %v %q", pl, reason)
+	}
+}
+
+func TestMentionsAcrossPieces(t *testing.T) {
+	word := []byte(`"stream"`)
+	body := []byte(`{"prompt":"x","stream":true}`)
+	for cut := range len(body) {
+		if !mentions([][]byte{body[:cut], body[cut:]}, word) {
+			t.Fatalf("not found with the body cut at %d", cut)
+		}
+	}
+	if mentions([][]byte{[]byte(`{"prompt":"st`), []byte(`ream_x"}`)}, word) {
+		t.Fatal("found what is not there")
 	}
 }

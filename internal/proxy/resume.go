@@ -657,7 +657,9 @@ func (s *resumer) event(ev []byte) (done bool, why string, cut bool) {
 		return true, "", false
 	}
 	var c map[string]json.RawMessage
-	if json.Unmarshal(data, &c) != nil || (c["choices"] == nil && c["usage"] == nil && c["error"] == nil) {
+	var choices []map[string]json.RawMessage
+	if json.Unmarshal(data, &c) != nil || (c["choices"] == nil && c["usage"] == nil && c["error"] == nil) ||
+		(!rawNull(c["choices"]) && json.Unmarshal(c["choices"], &choices) != nil) {
 		s.notResumed = nrUnknownChunk
 		_ = s.write(ev)
 		_ = s.write([]byte("\n"))
@@ -718,6 +720,9 @@ func (s *resumer) chunk(c map[string]json.RawMessage) (out []byte, ok bool) {
 	_ = json.Unmarshal(c["choices"], &choices)
 	kept := choices[:0]
 	for _, ch := range choices {
+		if ch == nil {
+			continue // null: nothing in it
+		}
 		var in choiceIn
 		if b, err := json.Marshal(ch); err == nil {
 			_ = json.Unmarshal(b, &in)

@@ -2,12 +2,15 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -662,4 +665,78 @@ func TestMentionsAcrossPieces(t *testing.T) {
 	if mentions([][]byte{[]byte(`{"prompt":"st`), []byte(`ream_x"}`)}, word) {
 		t.Fatal("found what is not there")
 	}
+}
+
+// The proxy reads vLLM's events itself: whatever comes, it must not panic,
+// and a chunk it passes on is JSON.
+func FuzzResumeEvent(f *testing.F) {
+	f.Add([]byte(`data: {"id":"c","choices":[{"index":0,"text":"ab","token_ids":[1,2],"prompt_token_ids":[5],"finish_reason":null}]}`), false)
+	f.Add([]byte(`data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"prompt_token_ids":[1]}`), true)
+	f.Add([]byte(`data: {"choices":[{"delta":{"content":"x","reasoning":"y"},"finish_reason":"abort","token_ids":[3]}],"usage":{"prompt_tokens":1}}`), true)
+	f.Add([]byte(`data: {"error":{"code":500,"type":"InternalServerError"}}`), false)
+	f.Add([]byte(`data: {"choices":[],"usage":{"completion_tokens":"x"}}`), false)
+	f.Add([]byte("data: [DONE]"), false)
+	f.Add([]byte(`: comment`), false)
+	f.Fuzz(func(t *testing.T, ev []byte, chat bool) {
+		path, body := "/v1/completions", `{"stream":true,"prompt":"x","stop":["ab","c"],"stream_options":{"include_usage":true}}`
+		if chat {
+			path, body = "/v1/chat/completions", `{"stream":true,"messages":[],"stop":"xy"}`
+		}
+		plan, _ := planStream(path, []byte(body))
+		rr := httptest.NewRecorder()
+		p := New(proxyConfig(), &fakeUp{ready: true, seqs: 1}, nil, nil)
+		s := &resumer{p: p, w: &recorder{ResponseWriter: rr, rc: http.NewResponseController(rr)}, plan: plan, sends: 1, headerSent: true}
+		s.text = &stopText{stops: plan.stops, keep: plan.keepStop}
+		s.text.init()
+		for i := range 3 {
+			if i == 2 {
+				s.text.cut()
+				s.continuing, s.base, s.skipText = true, len(s.delivered), "a"
+			}
+			s.event(ev)
+		}
+		for _, line := range strings.Split(rr.Body.String(), "\n") {
+			if d, ok := strings.CutPrefix(line, "data: "); ok && d != "[DONE]" && !json.Valid([]byte(d)) && bytes.HasPrefix(ev, []byte("data: {")) && json.Valid(bytes.TrimPrefix(ev, []byte("data: "))) {
+				t.Fatalf("passed on %q", d)
+			}
+		}
+	})
+}
+
+// stopText passes on every character it is given, in order, holding back
+// no more than the longest stop string less one, until a stop string.
+func FuzzStopText(f *testing.F) {
+	f.Add("abcabc", "ca", 2, false)
+	f.Add("héllo wörld", "ö", 3, true)
+	f.Add("xxxx", "xxxxx", 1, false)
+	f.Fuzz(func(t *testing.T, text, stop string, pieces int, keep bool) {
+		if stop == "" || !utf8.ValidString(text) || !utf8.ValidString(stop) || pieces <= 0 || pieces > 50 {
+			return
+		}
+		st := &stopText{stops: []string{stop}, keep: keep}
+		st.init()
+		out := ""
+		step := max(1, len(text)/pieces)
+		for i, n := 0, 0; i < len(text); n++ {
+			end := min(len(text), i+step)
+			for end < len(text) && !utf8.RuneStart(text[end]) {
+				end++
+			}
+			if n == 1 {
+				st.cut()
+			}
+			got, stopped := st.feed(text[i:end], false, nil)
+			i = end
+			out += got
+			if stopped != nil {
+				return // a stop string across the cut: the stream ends
+			}
+			if !keep && utf8.RuneCountInString(st.pending) > st.hold {
+				t.Fatalf("holds back %q, more than %d characters", st.pending, st.hold)
+			}
+		}
+		if out+st.rest() != text {
+			t.Fatalf("gave %q, want %q", out, text)
+		}
+	})
 }

@@ -233,7 +233,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		r.Body, r.ContentLength = http.NoBody, 0
 	}
-	p.rp.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), ctxKey{}, st)))
+	r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, st))
+	if r, done := p.resumeStream(rec, r, st); !done {
+		p.rp.ServeHTTP(rec, r)
+	}
 }
 
 func (p *Proxy) tooLargeForMemory(w http.ResponseWriter, tokens, cost float64, b *policy.AdmissionBound) {

@@ -39,7 +39,7 @@ const (
 	FailedResumeOff     = "resume_off"      // [proxy] resume = false
 )
 
-var resumeFailReasons = []string{FailedSuspect, FailedBodyNotKept, FailedHoldTimeout, FailedNotComingBack, FailedResumeOff}
+var resumeFailReasons = append([]string{FailedSuspect, FailedBodyNotKept, FailedHoldTimeout, FailedNotComingBack, FailedResumeOff}, resumeReasons...)
 
 var bounds = []string{policy.BoundRung, policy.BoundMemory, policy.BoundTrend, policy.BoundReopening, policy.BoundPressure}
 

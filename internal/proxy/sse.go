@@ -67,6 +67,7 @@ type sseBody struct {
 	lastNL  int    // newlines ending what was passed on so far (0, 1, 2+)
 	pending []byte // the error event still to hand out
 	ended   bool
+	cut     func() // counts the cut (a stream the proxy does not resume)
 }
 
 func (b *sseBody) Read(p []byte) (int, error) {
@@ -81,6 +82,9 @@ func (b *sseBody) Read(p []byte) (int, error) {
 	// Debug: one vLLM death cuts every stream at once; the supervisor logs the death.
 	b.log.Debug("SSE stream cut by vLLM; ending it with an error event", zap.String("path", b.path), zap.Error(err))
 	b.ended = true
+	if b.cut != nil {
+		b.cut()
+	}
 	// Close the event the cut interrupted, so that the error event is
 	// parsed on its own.
 	b.pending = append([]byte(strings.Repeat("\n", max(0, 2-b.lastNL))), sseStreamCut...)

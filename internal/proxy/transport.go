@@ -255,6 +255,9 @@ func isVLLMGone(err error) bool {
 func (p *Proxy) modifyResponse(resp *http.Response) error {
 	if isEventStream(resp.Header.Get("Content-Type")) {
 		resp.Body = &sseBody{rc: resp.Body, ctx: resp.Request.Context(), log: p.log, path: resp.Request.URL.Path, lastNL: 2}
+		if reason, ok := resp.Request.Context().Value(notResumedKey{}).(string); ok {
+			resp.Body.(*sseBody).cut = func() { p.streamNotResumed(reason) }
+		}
 	}
 	return nil
 }

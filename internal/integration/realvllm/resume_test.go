@@ -1,0 +1,260 @@
+package realvllm
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// resumeClient waits through a whole restart of the real vLLM (a cold
+// start on two loaded cores takes up to startBound).
+var resumeClient = &http.Client{Timeout: startBound + exitBound}
+
+// resumeRequest is one of the scenario's requests: completions or chat,
+// greedy, a fixed number of tokens (the end token ignored), the token ids
+// asked for so that the client can compare them.
+func resumeRequest(i int, chat, stream bool, maxTokens int) (path string, body map[string]any) {
+	body = map[string]any{"model": model("tiny-llama"), "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true,
+		"stream": stream, "return_token_ids": true}
+	prompt := fmt.Sprintf("request %d: the guard keeps vLLM serving through every restart", i)
+	if chat {
+		body["messages"] = []map[string]string{{"role": "user", "content": prompt}}
+		return "/v1/chat/completions", body
+	}
+	body["prompt"] = prompt
+	return "/v1/completions", body
+}
+
+// clientView is what one client of the proxy received.
+type clientView struct {
+	status int
+	ids    []int  // the generated token ids, in order
+	text   string // the text or content, in order
+	done   bool   // a stream ended with [DONE]
+	errEv  bool   // a stream carried an error event
+	finish []string
+	roles  int // chat: role deltas seen
+	err    error
+	raw    string
+}
+
+// streamIDs reads a streaming answer: token ids, text, finish reasons,
+// [DONE], error events. progress, if set, gets the count of ids so far.
+func streamIDs(url string, body map[string]any, progress func(n int)) clientView {
+	b, _ := json.Marshal(body)
+	resp, err := resumeClient.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		return clientView{err: err}
+	}
+	defer resp.Body.Close()
+	v := clientView{status: resp.StatusCode}
+	if resp.StatusCode != http.StatusOK {
+		raw, _ := io.ReadAll(resp.Body)
+		v.raw = string(raw)
+		return v
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if line == "[DONE]" {
+			v.done = true
+			continue
+		}
+		if strings.HasPrefix(line, `{"error"`) {
+			v.errEv = true
+			v.raw += line + "\n"
+			continue
+		}
+		var chunk struct {
+			Choices []struct {
+				Text         string  `json:"text"`
+				TokenIDs     []int   `json:"token_ids"`
+				FinishReason *string `json:"finish_reason"`
+				Delta        struct {
+					Role    *string `json:"role"`
+					Content *string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+		}
+		if json.Unmarshal([]byte(line), &chunk) != nil {
+			continue
+		}
+		for _, c := range chunk.Choices {
+			v.ids = append(v.ids, c.TokenIDs...)
+			v.text += c.Text
+			if c.Delta.Content != nil {
+				v.text += *c.Delta.Content
+			}
+			if c.Delta.Role != nil {
+				v.roles++
+			}
+			if c.FinishReason != nil {
+				v.finish = append(v.finish, *c.FinishReason)
+			}
+		}
+		if progress != nil {
+			progress(len(v.ids))
+		}
+	}
+	if err := sc.Err(); err != nil {
+		v.err = err
+	}
+	return v
+}
+
+// wholeIDs sends a non-streaming request and reads its token ids.
+func wholeIDs(url string, body map[string]any) clientView {
+	b, _ := json.Marshal(body)
+	resp, err := resumeClient.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		return clientView{err: err}
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	v := clientView{status: resp.StatusCode, raw: string(raw)}
+	var doc struct {
+		Choices []struct {
+			TokenIDs     []int  `json:"token_ids"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	if json.Unmarshal(raw, &doc) == nil {
+		for _, c := range doc.Choices {
+			v.ids = append(v.ids, c.TokenIDs...)
+			v.finish = append(v.finish, c.FinishReason)
+		}
+	}
+	return v
+}
+
+// TestNoClientSeesVLLMDie: through the guard's proxy, a death of the real
+// vLLM costs its clients only time. 8 greedy streams of 64 tokens (4
+// completions, 4 chat) and 4 non-streaming requests are in flight when the
+// EngineCore is killed (SIGKILL: a crash) or frozen (SIGSTOP: the guard
+// kills it as hung) about 10 tokens in; every stream ends with [DONE], no
+// error event, one finish reason, and exactly the token ids of the same
+// request run uninterrupted; each non-streaming request gets one 200; 8
+// requests sent while vLLM reloads all get 200.
+func TestNoClientSeesVLLMDie(t *testing.T) {
+	scenario(t, "a death under 8 streams and 4 requests through the proxy (SIGKILL, SIGSTOP of the EngineCore): every stream continues with the uninterrupted token ids, every request answered 200")
+	for _, how := range []struct {
+		name  string
+		sig   syscall.Signal
+		cause string
+	}{{"SIGKILL", syscall.SIGKILL, "crash"}, {"SIGSTOP", syscall.SIGSTOP, "hang"}} {
+		t.Run(how.name, func(t *testing.T) {
+			s := newScene(t, tiny("tiny-llama", 2048, "--enforce-eager")...)
+			s.proxy = freePort(t)
+			s.extra = "\n[liveness]\ninterval = \"1s\"\nstuck_timeout = \"5s\"\n"
+			s.start()
+			s.waitEvent("ready", 1, startBound, isReady)
+			base := fmt.Sprintf("http://127.0.0.1:%d", s.proxy)
+
+			// The reference: each stream's request run alone, uninterrupted.
+			const streams, whole, maxTokens = 8, 4, 64
+			want := make([][]int, streams)
+			for i := range streams {
+				path, body := resumeRequest(i, i%2 == 1, true, maxTokens)
+				v := streamIDs(base+path, body, nil)
+				if v.err != nil || !v.done || v.errEv || len(v.ids) != maxTokens {
+					t.Fatalf("reference stream %d: %+v", i, v)
+				}
+				want[i] = v.ids
+			}
+
+			// The load: the streams, and long non-streaming requests that
+			// are still generating when the engine dies.
+			var mu sync.Mutex
+			tenIn := map[int]bool{}
+			allTen := make(chan struct{})
+			got := make([]clientView, streams)
+			gotWhole := make([]clientView, whole)
+			var wg sync.WaitGroup
+			for i := range streams {
+				wg.Go(func() {
+					path, body := resumeRequest(i, i%2 == 1, true, maxTokens)
+					got[i] = streamIDs(base+path, body, func(n int) {
+						mu.Lock()
+						defer mu.Unlock()
+						if n >= 10 && !tenIn[i] {
+							tenIn[i] = true
+							if len(tenIn) == streams {
+								close(allTen)
+							}
+						}
+					})
+				})
+			}
+			for i := range whole {
+				wg.Go(func() {
+					path, body := resumeRequest(100+i, false, false, 1500)
+					gotWhole[i] = wholeIDs(base+path, body)
+				})
+			}
+			select {
+			case <-allTen:
+			case <-time.After(exitBound):
+				t.Fatal("the 8 streams did not all reach 10 tokens")
+			}
+			core := s.byTitle("VLLM::EngineCore")
+			if core == 0 {
+				t.Fatal("no VLLM::EngineCore")
+			}
+			syscall.Kill(core, how.sig)
+			ex := s.waitEvent("exit", 1, exitBound, isExited)
+			if c := causeOf(ex); c != how.cause {
+				t.Fatalf("cause %q, want %s (%s)", c, how.cause, ex.Failure.Verdict.Summary)
+			}
+
+			// Requests that arrive while vLLM reloads.
+			late := make([]clientView, 8)
+			for i := range late {
+				wg.Go(func() {
+					path, body := resumeRequest(200+i, i%2 == 1, false, 8)
+					late[i] = wholeIDs(base+path, body)
+				})
+			}
+			wg.Wait()
+			s.waitEvent("ready again", 2, startBound, isReady)
+
+			for i, v := range got {
+				if v.err != nil || v.status != 200 || !v.done || v.errEv {
+					t.Errorf("stream %d did not end cleanly: status %d, [DONE] %v, error event %v, err %v %s", i, v.status, v.done, v.errEv, v.err, v.raw)
+					continue
+				}
+				if len(v.finish) != 1 {
+					t.Errorf("stream %d: finish reasons %v, want exactly one", i, v.finish)
+				}
+				if i%2 == 1 && v.roles != 1 {
+					t.Errorf("chat stream %d: %d role deltas, want 1", i, v.roles)
+				}
+				if !slices.Equal(v.ids, want[i]) {
+					t.Errorf("stream %d: token ids %v\nwant (uninterrupted)  %v", i, v.ids, want[i])
+				}
+			}
+			for i, v := range gotWhole {
+				if v.err != nil || v.status != 200 || len(v.ids) != 1500 {
+					t.Errorf("non-streaming request %d in flight at the death: status %d, %d ids, err %v %.300s", i, v.status, len(v.ids), v.err, v.raw)
+				}
+			}
+			for i, v := range late {
+				if v.err != nil || v.status != 200 {
+					t.Errorf("request %d sent while vLLM reloaded: status %d, err %v %.300s", i, v.status, v.err, v.raw)
+				}
+			}
+		})
+	}
+}

@@ -75,6 +75,10 @@ func XIDMeaning(xid int) string {
 type GPUEvidence struct {
 	Before []GPUDevice
 	After  []GPUDevice
+	// Unkillable: vLLM's processes still alive after every kill round
+	// (stuck in the kernel: on a GPU host, in the driver). No restart
+	// goes well beside them; the GPU needs a reset or the node a reboot.
+	Unkillable []int
 }
 
 // GPUDevice is one GPU's hardware state at one moment.
@@ -226,6 +230,10 @@ func gpuFaults(ev *GPUEvidence) []fault {
 		if best.rank > 0 {
 			out = append(out, best)
 		}
+	}
+	if len(out) == 0 && len(ev.Unkillable) > 0 {
+		out = append(out, fault{GPUFault{Device: -1, Source: "nvml", Reset: true,
+			Meaning: fmt.Sprintf("vLLM's processes %v did not die after every kill round (stuck in the kernel, in the GPU driver on this host)", ev.Unkillable)}, 3})
 	}
 	slices.SortStableFunc(out, func(x, y fault) int { return y.rank - x.rank })
 	return out

@@ -159,3 +159,29 @@ func TestMachineGPUPendingRemapBlocksStart(t *testing.T) {
 		s.stop()
 	})
 }
+
+// A process of vLLM's tree that no kill round ends, on a host whose GPUs
+// NVML watches, is stuck in the driver: gpu_fault, needs a reset, no
+// second start.
+func TestMachineUnkillableProcessIsAGPUFault(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.health = newFakeHealth()
+		s.start()
+		s.ready()
+		p := s.l.last()
+		p.survivors = []int{4244}
+		p.stuckFor = 50 * time.Second
+		p.unkillable = true
+		p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
+		s.advance(51 * time.Second)
+		if code := s.exited(); code != exitcode.GPUFault {
+			t.Fatalf("exit code %d, want %d; status %+v", code, exitcode.GPUFault, s.sup.Status())
+		}
+		f := s.failure(1)
+		if f.Verdict.Cause != policy.CauseGPUFault || f.Verdict.GPU == nil || !f.Verdict.GPU.Reset ||
+			!strings.Contains(f.Verdict.GPU.Meaning, "4244") || s.l.n() != 1 {
+			t.Fatalf("failure %+v (GPU %+v), %d launches", f, f.Verdict.GPU, s.l.n())
+		}
+	})
+}

@@ -204,7 +204,7 @@ func (m *machine) settleRun(sink *logSink, cl cleanup) {
 	exit := c.exit()
 	killedByGuard := m.end != endExited || m.hang != ""
 	res := outcome{exit: exit, pid: c.pid(), phase: policy.PhaseStarting, hang: m.hang, killedByGuard: killedByGuard,
-		lines: m.out.ring.snapshot(), uptime: time.Since(m.startedAt), gpuAfter: cl.gpuAfter}
+		lines: m.out.ring.snapshot(), uptime: time.Since(m.startedAt), gpuAfter: cl.gpuAfter, unkillable: cl.unkillable}
 	if m.ready {
 		res.phase = policy.PhaseReady
 	}
@@ -245,6 +245,7 @@ type outcome struct {
 	lines         []policy.Line
 	uptime        time.Duration
 	gpuAfter      []policy.GPUDevice // NVML's word once the tree was gone (nil: none)
+	unkillable    []int              // processes of the tree still alive after every kill round
 }
 
 // fail classifies a death, asks the policy what next, publishes it, and
@@ -268,6 +269,9 @@ func (m *machine) fail(res outcome) {
 		exit.MemFractions = s.gpu.RecentFractions(10)
 	}
 	exit.GPU = m.gpuEvidenceFrom(res.gpuAfter)
+	if exit.GPU != nil {
+		exit.GPU.Unkillable = res.unkillable
+	}
 	v := policy.Classify(exit)
 	d := s.pol.OnFailure(now, v)
 	s.savePolicy()

@@ -17,6 +17,7 @@ export PATH="$PATH:/usr/local/go/bin" CGO_CFLAGS="-O2 -Wno-deprecated-declaratio
 mod="$root/test/k8s/cluster"
 cache=${VLLM_GUARD_K8S_CACHE:-$HOME/.cache/vllm-guard/k8s}
 K=$(mktemp -d /tmp/vllm-guard-k8s.XXXXXX)
+trap 'rm -rf "$K"' EXIT # until the cluster's own teardown takes over
 load_s=20 # the simulator's weight load: the pod must not be Ready before it ends
 
 phase_t0=$SECONDS
@@ -55,13 +56,14 @@ phase "the guard, the simulator and the stand-in NVML (make build)"
 make -C "$root" -s build >/dev/null
 
 # What is here before the cluster: teardown must leave the same.
-snapshot() {
+snapshot() (
+  set +eo pipefail # an empty list is an answer, not an error
   { iptables-save; ip6tables-save; } 2>/dev/null | grep -vE '^#|^:[A-Z]+ (ACCEPT|DROP)' | sed 's/\[[0-9:]*\]//' | sort
   ip -o link | awk -F': ' '{print "link " $2}' | sort
   awk '{print "mount " $2}' /proc/mounts | sort
   ip netns list 2>/dev/null | sed 's/^/netns /'
   ls -d /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/*/k8s.io 2>/dev/null | sed 's/^/cgroup /'
-}
+)
 snapshot > "$K/before"
 
 teardown() {

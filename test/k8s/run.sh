@@ -115,7 +115,7 @@ cp "$root/bin/fakevllm" "$r/usr/local/bin/vllm"
 cp "$root/build/lib/libnvidia-ml.so.1" /lib/x86_64-linux-gnu/libc.so.6 "$r/usr/lib/x86_64-linux-gnu/"
 cp /lib64/ld-linux-x86-64.so.2 "$r/lib64/"
 ln -s usr/lib "$r/lib"
-cp /bin/busybox "$r/bin/busybox" && ln -s busybox "$r/bin/sh"
+cp /bin/busybox "$r/bin/busybox" && ln -s busybox "$r/bin/sh" && ln -s busybox "$r/bin/id"
 echo "GPU-5e1f0000-0000-4000-8000-000000000001 85899345920 536870912 NVIDIA H100 80GB HBM3 (simulated)" > "$r/gpu/devices"
 chmod 1777 "$r/gpu/procs" "$r/tmp"
 printf 'root:x:0:0:root:/root:/bin/sh\n' > "$r/etc/passwd"
@@ -219,10 +219,15 @@ Y
 phase "the chart: rendered with the Helm SDK (examples/helm), applied"
 (cd "$root/examples/helm" && go run ./cmd/render --set image.repository=localhost/vllm-guard --set image.tag=test --set image.pullPolicy=Never \
   --set model=org/model --set resources.requests.cpu=100m --set resources.requests.memory=256Mi --set resources.limits.memory=1Gi --set shmSize=64Mi \
-  --set 'env[0].name=FAKEVLLM_LOAD_WEIGHTS' --set "env[0].value=${load_s}s") > "$K/chart.yaml"
+  --set 'env[0].name=FAKEVLLM_LOAD_WEIGHTS' --set "env[0].value=${load_s}s" \
+  --set 'env[1].name=FAKEVLLM_SEQ_COST_MIB' --set 'env[1].value=64' --set 'env[2].name=FAKEVLLM_BACKGROUND_SEQS' --set 'env[2].value=200' \
+  --set 'env[3].name=FAKEVLLM_BACKGROUND_AFTER' --set 'env[3].value=2s' --set 'env[4].name=FAKEVLLM_BACKGROUND_RAMP' --set 'env[4].value=3s') > "$K/chart.yaml"
 kc apply -f "$K/chart.yaml" | sed 's/^/   /'
 
 phase "scenario: the pod becomes Ready through the kubelet only after the model answers"
+# The Deployment's pod exists only once the controllers made it.
+podexists() { for i in $(seq 1 120); do kc get pod -l app.kubernetes.io/name=vllm-guard -o name | grep -q . && return; sleep 0.5; done; }
+podexists
 kc wait --for=condition=Ready pod -l app.kubernetes.io/name=vllm-guard --timeout=300s >/dev/null || {
   kc describe pod -l app.kubernetes.io/name=vllm-guard; fail "the pod did not become Ready"; }
 pod=$(kc get pod -l app.kubernetes.io/name=vllm-guard -o name)
@@ -252,4 +257,37 @@ if kc logs "$pod" | grep -q 'running without persistence'; then
 fi
 echo "   no 'running without persistence' in the guard's log"
 
-echo "test-k8s: Kubernetes $version, scenarios run: Ready only after the model answered; status through kubectl exec; a completion through the proxy; the state claim writable"
+phase "scenario: the pod runs as uid 1000, not root"
+uid=$(kc exec "$pod" -- id -u)
+[ "$uid" = 1000 ] || fail "the guard runs as uid $uid"
+echo "   id -u in the container: $uid"
+
+# launches POD: the rung of each "launching vLLM" in the guard's log.
+launches() { kc logs "$1" | grep '"launching vLLM"' | sed -n 's/.*"rung":\([0-9]*\).*/\1/p' | tr '\n' ' '; }
+phase "scenario: a GPU OOM inside the pod is handled by the guard, without a container restart"
+# The simulator's background demand outgrows rung 0 two seconds after Ready.
+for i in $(seq 1 180); do [[ " $(launches "$pod")" == *" 1 "* ]] && break; sleep 1; done
+[[ " $(launches "$pod")" == *" 1 "* ]] || { kc logs "$pod" | tail -20; fail "no relaunch on rung 1 after the OOM (launches on rungs: $(launches "$pod"))"; }
+# The kubelet's Ready lags the guard by up to two probe periods: ask the
+# guard itself that vLLM serves again, on the lighter rung.
+for i in $(seq 1 180); do
+  kc exec "$pod" -- vllm-guard status > "$K/status.txt" 2>/dev/null || true # not 0 while vLLM is down
+  head -1 "$K/status.txt" | grep -q READY && grep -Eq 'profile +rung [1-9]' "$K/status.txt" && break; sleep 1
+done
+grep -E 'READY|profile' "$K/status.txt" | sed 's/^/   /'
+head -1 "$K/status.txt" | grep -q READY && grep -Eq 'profile +rung [1-9]' "$K/status.txt" || fail "vLLM is not serving again on a lighter rung"
+kc wait --for=condition=Ready "$pod" --timeout=60s >/dev/null || fail "the pod is not Ready after vLLM serves again"
+restarts=$(kc get "$pod" -o jsonpath='{.status.containerStatuses[0].restartCount}')
+[ "$restarts" = 0 ] || fail "the container restarted $restarts times"
+echo "   vLLM launched on rungs: $(launches "$pod"); serving again, the pod Ready; container restarts: $restarts"
+
+phase "scenario: the rung survives a pod delete (state on the claim)"
+kc delete "$pod" --wait=true --timeout=120s >/dev/null
+podexists
+kc wait --for=condition=Ready pod -l app.kubernetes.io/name=vllm-guard --timeout=300s >/dev/null || fail "no new pod became Ready"
+pod2=$(kc get pod -l app.kubernetes.io/name=vllm-guard -o name)
+first=$(launches "$pod2" | awk '{print $1}')
+[ "${first:-0}" -ge 1 ] || fail "the new pod $pod2 launched vLLM on rung ${first:-?}, not the rung its predecessor saved"
+echo "   $pod2 launched vLLM first on rung $first"
+
+echo "test-k8s: Kubernetes $version, scenarios run: Ready only after the model answered; status through kubectl exec; a completion through the proxy; the state claim writable; non-root; OOM handled without a container restart; the rung survives a pod delete"

@@ -9,7 +9,7 @@ BIN := bin
 LIB := build/lib
 NVML_INC = $(shell $(GO) list -m -f '{{.Dir}}' github.com/NVIDIA/go-nvml)/pkg/nvml
 
-.PHONY: all build setup setup-vllm test test-vllm test-helm test-packaging helm-template lint demo bench bench-storm bench-restart fuzz soak diagnose-report dist clean
+.PHONY: all build setup setup-vllm test test-vllm test-helm test-packaging test-k8s helm-template lint demo bench bench-storm bench-restart fuzz soak diagnose-report dist clean
 
 all: build
 
@@ -66,6 +66,13 @@ test-helm:
 
 test-packaging:
 	cd packaging && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
+
+# The chart on a real single-node Kubernetes built here (root): Kubernetes'
+# own components from the k8s.io/kubernetes module (test/k8s/cluster),
+# containerd, runc and the CNI plugins from Debian, images made here. Not in
+# `make test` yet: see docs/measured.md, "A real Kubernetes here".
+test-k8s:
+	bash test/k8s/run.sh
 
 # The chart as `helm template` prints it, without the helm binary:
 #   make helm-template ARGS='--set gpus=2 --set podMonitor.enabled=true'

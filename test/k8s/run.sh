@@ -1,0 +1,293 @@
+#!/usr/bin/env bash
+# make test-k8s: the chart on a real single-node Kubernetes, built here.
+#
+# Kubernetes' own components (kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubelet, kubectl) are built from the k8s.io/kubernetes Go
+# module (test/k8s/cluster/go.mod names the release), etcd is embedded from
+# the etcd server module Kubernetes names, containerd, runc and the CNI
+# plugins come from Debian, and the images (a pause program; the guard with
+# the vLLM simulator and the stand-in NVML) are made here and imported into
+# containerd: nothing is pulled from a registry. The script starts the
+# cluster, installs the chart's manifests, checks the pod, and tears
+# everything down (processes, mounts, interfaces, iptables chains, cgroups),
+# then checks that nothing is left. Needs root (it runs a kubelet).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+export PATH="$PATH:/usr/local/go/bin" CGO_CFLAGS="-O2 -Wno-deprecated-declarations"
+mod="$root/test/k8s/cluster"
+cache=${VLLM_GUARD_K8S_CACHE:-$HOME/.cache/vllm-guard/k8s}
+K=$(mktemp -d /tmp/vllm-guard-k8s.XXXXXX)
+trap 'rm -rf "$K"' EXIT # until the cluster's own teardown takes over
+load_s=20 # the simulator's weight load: the pod must not be Ready before it ends
+
+phase_t0=$SECONDS
+phase() { echo "== [$((SECONDS - phase_t0)) s] $*"; }
+fail() { echo "test-k8s FAILED: $*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || fail "run as root: the kubelet and containerd need it"
+
+phase "packages: containerd, runc, CNI plugins, iptables (Debian)"
+need=()
+for p in containerd runc containernetworking-plugins iptables busybox-static; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+for p in containerd runc containernetworking-plugins; do echo "   $p $(dpkg-query -W -f='${Version}' $p)"; done
+
+version=$(cd "$mod" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
+bin="$cache/$version-$(sha256sum "$mod/go.sum" | cut -c1-12)"
+phase "Kubernetes $version: components into $bin"
+if [ ! -x "$bin/kubelet" ]; then
+  mkdir -p "$bin.tmp"
+  minor=$(cut -d. -f2 <<<"$version")
+  ld="-X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+  ld="$ld -X k8s.io/client-go/pkg/version.gitVersion=$version -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
+  for c in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet; do
+    s=$SECONDS; (cd "$mod" && go build -trimpath -ldflags "$ld" -o "$bin.tmp/$c" "k8s.io/kubernetes/cmd/$c")
+    echo "   $c: $((SECONDS - s)) s"
+  done
+  (cd "$mod" && go build -trimpath -o "$bin.tmp/etcd" ./cmd/etcd && CGO_ENABLED=0 go build -trimpath -o "$bin.tmp/pause" ./cmd/pause && go build -o "$bin.tmp/ociimage" ./cmd/ociimage)
+  rm -rf "$bin" && mv "$bin.tmp" "$bin"
+fi
+kc() { "$bin/kubectl" --kubeconfig "$K/pki/admin.kubeconfig" "$@"; }
+
+phase "the guard, the simulator and the stand-in NVML (make build)"
+make -C "$root" -s build >/dev/null
+
+# What is here before the cluster: teardown must leave the same.
+snapshot() (
+  set +eo pipefail # an empty list is an answer, not an error
+  { iptables-save; ip6tables-save; } 2>/dev/null | grep -vE '^#|^:[A-Z]+ (ACCEPT|DROP)' | sed 's/\[[0-9:]*\]//' | sort
+  ip -o link | awk -F': ' '{print "link " $2}' | sort
+  awk '{print "mount " $2}' /proc/mounts | sort
+  ip netns list 2>/dev/null | sed 's/^/netns /'
+  ls -d /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/*/k8s.io 2>/dev/null | sed 's/^/cgroup /'
+)
+snapshot > "$K/before"
+
+teardown() {
+  set +e
+  phase "teardown"
+  kc delete deployment --all --wait=true --timeout=120s >/dev/null 2>&1
+  kc wait --for=delete pod --all --timeout=120s >/dev/null 2>&1
+  for n in kubelet scheduler kcm apiserver; do [ -f "$K/run/$n.pid" ] && kill "$(cat "$K/run/$n.pid")"; done
+  for n in kubelet scheduler kcm apiserver; do [ -f "$K/run/$n.pid" ] && while kill -0 "$(cat "$K/run/$n.pid")" 2>/dev/null; do sleep 0.2; done; done
+  S=$K/ctd/containerd.sock
+  if [ -S "$S" ]; then
+    for c in $(ctr -a "$S" -n k8s.io tasks ls -q 2>/dev/null); do ctr -a "$S" -n k8s.io tasks kill -s KILL "$c"; done
+    for c in $(ctr -a "$S" -n k8s.io tasks ls -q 2>/dev/null); do ctr -a "$S" -n k8s.io tasks delete -f "$c" >/dev/null; done
+  fi
+  for n in containerd etcd; do [ -f "$K/run/$n.pid" ] && kill "$(cat "$K/run/$n.pid")"; done
+  for n in containerd etcd; do [ -f "$K/run/$n.pid" ] && while kill -0 "$(cat "$K/run/$n.pid")" 2>/dev/null; do sleep 0.2; done; done
+  # Shims outlive containerd; ours name our socket on their command line.
+  for c in /proc/[0-9]*/cmdline; do grep -qaF "$K/ctd" "$c" 2>/dev/null && kill -9 "$(basename "$(dirname "$c")")" 2>/dev/null; done
+  awk -v k="$K" 'index($2, k) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do umount -l "$m"; done
+  ip link del k8stest0 2>/dev/null
+  for ns in $(ip netns list 2>/dev/null | awk '/^cni-/{print $1}'); do grep -qx "netns $ns" "$K/before" || ip netns del "$ns"; done
+  # The kubelet's chains (KUBE-*) and the CNI plugins' (CNI-*): the rules
+  # that jump to them, then the chains.
+  for ipt in iptables ip6tables; do
+    for t in filter nat mangle; do
+      $ipt-save -t $t 2>/dev/null | grep -E '^-A .* -j (KUBE-|CNI-)' | sed 's/^-A/-D/' | while read -r r; do eval "$ipt -t $t $r"; done
+      for c in $($ipt-save -t $t 2>/dev/null | grep -oE '^:(KUBE-|CNI-)[^ ]+' | tr -d :); do $ipt -t $t -F "$c"; done
+      for c in $($ipt-save -t $t 2>/dev/null | grep -oE '^:(KUBE-|CNI-)[^ ]+' | tr -d :); do $ipt -t $t -X "$c"; done
+    done
+  done
+  # The cgroups the kubelet (kubepods) and containerd (k8s.io) made.
+  for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/*/k8s.io; do [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} \; ; done
+  snapshot > "$K/after"
+  if ! diff "$K/before" "$K/after" > "$K/left"; then
+    echo "test-k8s: teardown left these (< before, > after):" >&2; cat "$K/left" >&2; status=1
+  else
+    echo "   nothing left: no process, mount, interface, iptables rule or cgroup"
+  fi
+  if [ "${status:-0}" != 0 ]; then echo "   logs kept in $K/log" >&2; else rm -rf "$K"; fi
+}
+trap 'status=$?; teardown; exit $status' EXIT
+
+phase "images: localhost/pause:v1, localhost/vllm-guard:test"
+r=$K/img/guard
+mkdir -p "$K/img/pause" "$r"/{usr/local/bin,usr/lib/x86_64-linux-gnu,lib64,etc/vllm-guard,run/vllm-guard,var/lib/vllm-guard,gpu/procs,tmp,bin}
+cp "$bin/pause" "$K/img/pause/pause"
+cp "$root/bin/vllm-guard" "$r/usr/local/bin/"
+cp "$root/bin/fakevllm" "$r/usr/local/bin/vllm"
+cp "$root/build/lib/libnvidia-ml.so.1" /lib/x86_64-linux-gnu/libc.so.6 "$r/usr/lib/x86_64-linux-gnu/"
+cp /lib64/ld-linux-x86-64.so.2 "$r/lib64/"
+ln -s usr/lib "$r/lib"
+cp /bin/busybox "$r/bin/busybox" && ln -s busybox "$r/bin/sh" && ln -s busybox "$r/bin/id"
+echo "GPU-5e1f0000-0000-4000-8000-000000000001 85899345920 536870912 NVIDIA H100 80GB HBM3 (simulated)" > "$r/gpu/devices"
+chmod 1777 "$r/gpu/procs" "$r/tmp"
+printf 'root:x:0:0:root:/root:/bin/sh\n' > "$r/etc/passwd"
+"$bin/ociimage" -root "$K/img/pause" -name localhost/pause:v1 -config '{"Entrypoint":["/pause"]}' -o "$K/img/pause.tar"
+"$bin/ociimage" -root "$r" -name localhost/vllm-guard:test -o "$K/img/guard.tar" -config '{"Entrypoint":["vllm-guard","run"],"Cmd":["--config","/etc/vllm-guard/vllm-guard.toml"],"Env":["PATH=/usr/local/bin:/bin","FAKENVML_STATE=/gpu"]}'
+
+phase "cluster: certificates, etcd, API server, controller manager, scheduler, containerd, kubelet"
+ip=$(ip -4 -o addr show scope global | awk '{print $4}' | cut -d/ -f1 | head -1)
+mkdir -p "$K"/{pki,etcd,ctd,cni,kubelet,log,run,pv/state}
+(
+  cd "$K/pki"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 -subj /CN=vllm-guard-test-ca 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr -subj /CN=kube-apiserver 2>/dev/null
+  echo "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,IP:$ip,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:localhost" > san.ext
+  openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out apiserver.crt -days 1 -extfile san.ext 2>/dev/null
+  openssl genrsa -out sa.key 2048 2>/dev/null && openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+  # Tokens, one per component, in the groups RBAC's bootstrap roles name.
+  t() { head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
+  for u in admin:system:masters kubelet:system:nodes kcm: sched:; do
+    tok=$(t); name=${u%%:*}; group=${u#*:}
+    case $name in kubelet) user=system:node:node1 ;; kcm) user=system:kube-controller-manager ;; sched) user=system:kube-scheduler ;; *) user=admin ;; esac
+    echo "$tok,$user,$name${group:+,$group}" >> tokens.csv
+    printf 'apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: "https://127.0.0.1:16443", certificate-authority: %s}}]\nusers: [{name: u, user: {token: %s}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n' "$K/pki/ca.crt" "$tok" > "$name.kubeconfig"
+  done
+)
+cat > "$K/cni/10-bridge.conflist" <<C
+{"cniVersion":"1.0.0","name":"vllm-guard-test","plugins":[
+ {"type":"bridge","bridge":"k8stest0","isGateway":true,"ipMasq":true,"hairpinMode":true,
+  "ipam":{"type":"host-local","ranges":[[{"subnet":"10.244.0.0/24"}]],"routes":[{"dst":"0.0.0.0/0"}],"dataDir":"$K/run/ipam"}},
+ {"type":"portmap","capabilities":{"portMappings":true}}]}
+C
+cat > "$K/ctd/config.toml" <<C
+version = 2
+root = "$K/ctd/root"
+state = "$K/ctd/state"
+[grpc]
+  address = "$K/ctd/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "localhost/pause:v1"
+  # Where the process lacks CAP_SYS_RESOURCE (this sandbox) no score can go
+  # below containerd's own; the kubelet asks -998 for every pod's sandbox.
+  restrict_oom_score_adj = $(grep -q '^CapBnd:.*' /proc/self/status && [ $(( 0x$(awk '/^CapBnd/{print $2}' /proc/self/status) >> 24 & 1 )) = 0 ] && echo true || echo false)
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$K/cni"
+C
+cat > "$K/kubelet/config.yaml" <<C
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+authentication: {anonymous: {enabled: true}, webhook: {enabled: false}}
+authorization: {mode: AlwaysAllow}
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://$K/ctd/containerd.sock
+failSwapOn: false
+failCgroupV1: false
+readOnlyPort: 0
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+C
+start() { n=$1; shift; "$@" > "$K/log/$n.log" 2>&1 & echo $! > "$K/run/$n.pid"; }
+echo 1 > /proc/sys/net/ipv4/ip_forward
+start containerd containerd --config "$K/ctd/config.toml"
+start etcd "$bin/etcd" -data-dir "$K/etcd" -listen-client-url http://127.0.0.1:23790 -listen-peer-url http://127.0.0.1:23800
+start apiserver "$bin/kube-apiserver" --etcd-servers=http://127.0.0.1:23790 --secure-port=16443 --bind-address=127.0.0.1 --advertise-address="$ip" \
+  --tls-cert-file="$K/pki/apiserver.crt" --tls-private-key-file="$K/pki/apiserver.key" --client-ca-file="$K/pki/ca.crt" \
+  --token-auth-file="$K/pki/tokens.csv" --authorization-mode=Node,RBAC --service-cluster-ip-range=10.96.0.0/16 \
+  --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$K/pki/sa.pub" --service-account-signing-key-file="$K/pki/sa.key" \
+  --allow-privileged=false --kubelet-preferred-address-types=InternalIP
+start kcm "$bin/kube-controller-manager" --kubeconfig="$K/pki/kcm.kubeconfig" --service-account-private-key-file="$K/pki/sa.key" --root-ca-file="$K/pki/ca.crt" \
+  --bind-address=127.0.0.1 --secure-port=10257 --leader-elect=false --use-service-account-credentials=true '--controllers=*,-nodeipam'
+start scheduler "$bin/kube-scheduler" --kubeconfig="$K/pki/sched.kubeconfig" --bind-address=127.0.0.1 --secure-port=10259 --leader-elect=false
+for i in $(seq 1 240); do ctr -a "$K/ctd/containerd.sock" version >/dev/null 2>&1 && break; sleep 0.5; done
+ctr -a "$K/ctd/containerd.sock" -n k8s.io image import "$K/img/pause.tar" >/dev/null
+ctr -a "$K/ctd/containerd.sock" -n k8s.io image import "$K/img/guard.tar" >/dev/null
+start kubelet "$bin/kubelet" --config="$K/kubelet/config.yaml" --kubeconfig="$K/pki/kubelet.kubeconfig" --root-dir="$K/kubelet/root" \
+  --cert-dir="$K/kubelet/pki" --hostname-override=node1 --node-ip="$ip"
+kc wait --for=condition=Ready node/node1 --timeout=180s >/dev/null 2>&1 || { sleep 5; kc wait --for=condition=Ready node/node1 --timeout=120s; }
+kc version | sed 's/^/   /'
+# The GPU as the node's extended resource, the way a device plugin
+# advertises it; a local volume for the state claim.
+kc patch node node1 --subresource=status --type=json -p '[{"op":"add","path":"/status/capacity/nvidia.com~1gpu","value":"1"}]' >/dev/null
+kc apply -f - >/dev/null <<Y
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: vllm-guard-state}
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  local: {path: $K/pv/state}
+  nodeAffinity: {required: {nodeSelectorTerms: [{matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [node1]}]}]}}
+Y
+
+phase "the chart: rendered with the Helm SDK (examples/helm), applied"
+(cd "$root/examples/helm" && go run ./cmd/render --set image.repository=localhost/vllm-guard --set image.tag=test --set image.pullPolicy=Never \
+  --set model=org/model --set resources.requests.cpu=100m --set resources.requests.memory=256Mi --set resources.limits.memory=1Gi --set shmSize=64Mi \
+  --set 'env[0].name=FAKEVLLM_LOAD_WEIGHTS' --set "env[0].value=${load_s}s" \
+  --set 'env[1].name=FAKEVLLM_SEQ_COST_MIB' --set 'env[1].value=64' --set 'env[2].name=FAKEVLLM_BACKGROUND_SEQS' --set 'env[2].value=200' \
+  --set 'env[3].name=FAKEVLLM_BACKGROUND_AFTER' --set 'env[3].value=2s' --set 'env[4].name=FAKEVLLM_BACKGROUND_RAMP' --set 'env[4].value=3s') > "$K/chart.yaml"
+kc apply -f "$K/chart.yaml" | sed 's/^/   /'
+
+phase "scenario: the pod becomes Ready through the kubelet only after the model answers"
+# The Deployment's pod exists only once the controllers made it.
+podexists() { for i in $(seq 1 120); do kc get pod -l app.kubernetes.io/name=vllm-guard -o name | grep -q . && return; sleep 0.5; done; }
+podexists
+kc wait --for=condition=Ready pod -l app.kubernetes.io/name=vllm-guard --timeout=300s >/dev/null || {
+  kc describe pod -l app.kubernetes.io/name=vllm-guard; fail "the pod did not become Ready"; }
+pod=$(kc get pod -l app.kubernetes.io/name=vllm-guard -o name)
+started=$(kc get "$pod" -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}')
+ready=$(kc get "$pod" -o jsonpath='{.status.conditions[?(@.type=="Ready")].lastTransitionTime}')
+waited=$(( $(date -d "$ready" +%s) - $(date -d "$started" +%s) ))
+echo "   container started $started, Ready $ready ($waited s; the model loads for $load_s s)"
+[ "$waited" -ge "$load_s" ] || fail "the pod was Ready ${waited}s after its start, before the ${load_s}s load ended"
+restarts=$(kc get "$pod" -o jsonpath='{.status.containerStatuses[0].restartCount}')
+[ "$restarts" = 0 ] || fail "the container restarted $restarts times during the load"
+
+phase "scenario: vllm-guard status through kubectl exec"
+kc exec "$pod" -- vllm-guard status > "$K/status.txt"
+sed -n 1,3p "$K/status.txt" | sed 's/^/   /'
+head -1 "$K/status.txt" | grep -q READY || fail "vllm-guard status does not say READY"
+
+phase "scenario: a completion through the guard's proxy on the pod's IP"
+podip=$(kc get "$pod" -o jsonpath='{.status.podIP}')
+curl -fsS -m 30 "http://$podip:8080/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model":"org/model","prompt":"hello","max_tokens":4}' > "$K/completion.json" || fail "no completion through the proxy at $podip:8080"
+grep -q '"choices"' "$K/completion.json" || fail "the completion has no choices: $(cat "$K/completion.json")"
+echo "   $(head -c 160 "$K/completion.json")"
+
+phase "scenario: the state claim is writable by the pod's user (fsGroup on a real volume)"
+if kc logs "$pod" | grep -q 'running without persistence'; then
+  kc logs "$pod" | grep 'running without persistence' >&2; fail "the guard cannot write its state on the claim"
+fi
+echo "   no 'running without persistence' in the guard's log"
+
+phase "scenario: the pod runs as uid 1000, not root"
+uid=$(kc exec "$pod" -- id -u)
+[ "$uid" = 1000 ] || fail "the guard runs as uid $uid"
+echo "   id -u in the container: $uid"
+
+# launches POD: the rung of each "launching vLLM" in the guard's log.
+launches() { kc logs "$1" | grep '"launching vLLM"' | sed -n 's/.*"rung":\([0-9]*\).*/\1/p' | tr '\n' ' '; }
+phase "scenario: a GPU OOM inside the pod is handled by the guard, without a container restart"
+# The simulator's background demand outgrows rung 0 two seconds after Ready.
+for i in $(seq 1 180); do [[ " $(launches "$pod")" == *" 1 "* ]] && break; sleep 1; done
+[[ " $(launches "$pod")" == *" 1 "* ]] || { kc logs "$pod" | tail -20; fail "no relaunch on rung 1 after the OOM (launches on rungs: $(launches "$pod"))"; }
+# The kubelet's Ready lags the guard by up to two probe periods: ask the
+# guard itself that vLLM serves again, on the lighter rung.
+for i in $(seq 1 180); do
+  kc exec "$pod" -- vllm-guard status > "$K/status.txt" 2>/dev/null || true # not 0 while vLLM is down
+  head -1 "$K/status.txt" | grep -q READY && grep -Eq 'profile +rung [1-9]' "$K/status.txt" && break; sleep 1
+done
+grep -E 'READY|profile' "$K/status.txt" | sed 's/^/   /'
+head -1 "$K/status.txt" | grep -q READY && grep -Eq 'profile +rung [1-9]' "$K/status.txt" || fail "vLLM is not serving again on a lighter rung"
+kc wait --for=condition=Ready "$pod" --timeout=60s >/dev/null || fail "the pod is not Ready after vLLM serves again"
+restarts=$(kc get "$pod" -o jsonpath='{.status.containerStatuses[0].restartCount}')
+[ "$restarts" = 0 ] || fail "the container restarted $restarts times"
+echo "   vLLM launched on rungs: $(launches "$pod"); serving again, the pod Ready; container restarts: $restarts"
+
+phase "scenario: the rung survives a pod delete (state on the claim)"
+kc delete "$pod" --wait=true --timeout=120s >/dev/null
+podexists
+kc wait --for=condition=Ready pod -l app.kubernetes.io/name=vllm-guard --timeout=300s >/dev/null || fail "no new pod became Ready"
+pod2=$(kc get pod -l app.kubernetes.io/name=vllm-guard -o name)
+first=$(launches "$pod2" | awk '{print $1}')
+[ "${first:-0}" -ge 1 ] || fail "the new pod $pod2 launched vLLM on rung ${first:-?}, not the rung its predecessor saved"
+echo "   $pod2 launched vLLM first on rung $first"
+
+echo "test-k8s: Kubernetes $version, scenarios run: Ready only after the model answered; status through kubectl exec; a completion through the proxy; the state claim writable; non-root; OOM handled without a container restart; the rung survives a pod delete"

@@ -179,6 +179,7 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 			// are still generating when the engine dies.
 			var mu sync.Mutex
 			tenIn := map[int]bool{}
+			sofar := make([]int, streams) // ids each stream has received
 			allTen := make(chan struct{})
 			got := make([]clientView, streams)
 			gotWhole := make([]clientView, whole)
@@ -189,6 +190,7 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 					got[i] = streamIDs(base+path, body, func(n int) {
 						mu.Lock()
 						defer mu.Unlock()
+						sofar[i] = n
 						if n >= 10 && !tenIn[i] {
 							tenIn[i] = true
 							if len(tenIn) == streams {
@@ -214,6 +216,9 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 				t.Fatal("no VLLM::EngineCore")
 			}
 			syscall.Kill(core, how.sig)
+			mu.Lock()
+			atKill := slices.Clone(sofar)
+			mu.Unlock()
 			ex := s.waitEvent("exit", 1, exitBound, isExited)
 			if c := causeOf(ex); c != how.cause {
 				t.Fatalf("cause %q, want %s (%s)", c, how.cause, ex.Failure.Verdict.Summary)
@@ -249,6 +254,22 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 				if v.err != nil || v.status != 200 || len(v.ids) != 1500 {
 					t.Errorf("non-streaming request %d in flight at the death: status %d, %d ids, err %v %.300s", i, v.status, len(v.ids), v.err, v.raw)
 				}
+			}
+			// Every stream short of its tokens when the engine died was
+			// continued, and every long request replayed: the proxy says
+			// so (a stream already whole when the kill landed was not).
+			cut := 0
+			for _, n := range atKill {
+				if n < maxTokens {
+					cut++
+				}
+			}
+			proxyStats, _ := s.status()["proxy"].(map[string]any)
+			resumed, _ := proxyStats["resumed"].(float64)
+			t.Logf("at the kill the streams had %v of %d tokens; the proxy resumed %v requests", atKill, maxTokens, resumed)
+			figure("resume_"+how.name+"_streams_cut", cut)
+			if int(resumed) < cut+whole {
+				t.Errorf("the proxy resumed %v requests; %d streams were cut and %d requests in flight", resumed, cut, whole)
 			}
 			for i, v := range late {
 				if v.err != nil || v.status != 200 {

@@ -62,7 +62,8 @@ type chunk struct {
 			Content string `json:"content"`
 		} `json:"delta"`
 	} `json:"choices"`
-	Error json.RawMessage `json:"error"`
+	Error  json.RawMessage `json:"error"`
+	Object string          `json:"object"` // vLLM's ErrorResponse: "error"
 }
 
 // do sends q streamed and reads it to its end.
@@ -97,7 +98,7 @@ func do(ctx context.Context, c *http.Client, base string, q request) record {
 			continue
 		}
 		var ch chunk
-		if json.Unmarshal([]byte(line), &ch) != nil || (len(ch.Error) > 0 && string(ch.Error) != "null") {
+		if json.Unmarshal([]byte(line), &ch) != nil || (len(ch.Error) > 0 && string(ch.Error) != "null") || ch.Object == "error" {
 			r.errEvent = true
 			continue
 		}

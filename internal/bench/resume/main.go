@@ -22,9 +22,10 @@
 // how many failed (no answer or a status other than 200), how many
 // streams were cut (no data: [DONE], or an error event), the tokens
 // repeated or missing against the uninterrupted output (checked, see
-// compareTokens), and the latency the death added to the touched requests
-// that completed (their time less the median time of the run's untouched
-// requests), p50 and p99. It prints a Markdown table, writes
+// compareTokens; missing counts in streams that ended with [DONE] and no
+// error, a cut stream's loss is its cut), and the latency the death added
+// to the touched requests that completed after vLLM's exit (their time
+// less the median time of the run's untouched requests), p50 and p99. It prints a Markdown table, writes
 // results.json, and exits 1 when the guard (resume on) has a failed
 // request, a cut stream or a token repeated or missing (2 when it could
 // not run).

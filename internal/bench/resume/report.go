@@ -101,7 +101,10 @@ func analyse(res *Result, recs []record, deaths []time.Time, want int, ref map[r
 	}
 	base := percentile(untouched, 50)
 	res.BaselineMs = base.Milliseconds()
-	count := func(in func(record) bool) Counts {
+	// after: only requests that ended after it count in the added latency
+	// (a touched request that ended just before vLLM's exit was not
+	// delayed by the death).
+	count := func(in func(record) bool, after time.Time) Counts {
 		var c Counts
 		var added []time.Duration
 		for i, r := range recs {
@@ -118,7 +121,7 @@ func analyse(res *Result, recs []record, deaths []time.Time, want int, ref map[r
 				}
 			case v.cut:
 				c.Cut++
-			default:
+			case r.end.After(after):
 				added = append(added, v.dur-base)
 			}
 			c.Repeated += v.repeated
@@ -129,9 +132,9 @@ func analyse(res *Result, recs []record, deaths []time.Time, want int, ref map[r
 		return c
 	}
 	for _, d := range deaths {
-		res.Deaths = append(res.Deaths, count(func(r record) bool { return touchedBy(r, d) }))
+		res.Deaths = append(res.Deaths, count(func(r record) bool { return touchedBy(r, d) }, d))
 	}
-	res.Total = count(func(record) bool { return true })
+	res.Total = count(func(record) bool { return true }, time.Time{})
 	for i, r := range recs {
 		if len(res.Examples) == 3 {
 			break
@@ -200,7 +203,7 @@ func (rep Report) markdown(w io.Writer) {
 }
 
 func latency(c Counts) string {
-	if c.Requests == c.Failed+c.Cut {
+	if c.AddedP50Ms == 0 && c.AddedP99Ms == 0 {
 		return "—"
 	}
 	return fmt.Sprintf("%.2f s / %.2f s", float64(c.AddedP50Ms)/1000, float64(c.AddedP99Ms)/1000)

@@ -106,6 +106,14 @@ bench-restart: setup-vllm
 bench-admission: build
 	bash scripts/bench-admission.sh
 
+# vLLM dies (an OOM; a leak that OOMs twice) under 64 greedy streams, in
+# front of vLLM direct restarted as systemd would, nginx with its retry,
+# the guard without and with resume: requests failed, streams cut, tokens
+# repeated or missing (checked), added latency. A few minutes.
+.PHONY: bench-resume
+bench-resume: build
+	bash scripts/bench-resume.sh
+
 # Every fuzz target for FUZZTIME each (default 2m), one after another.
 fuzz:
 	bash scripts/fuzz.sh

@@ -30,6 +30,13 @@ func Find() (string, error) {
 // server, the rest refused with nginx's default 503. It returns the
 // command that runs nginx in the foreground on it.
 func Write(bin, dir, upstream, listen string, limitConn int) (*exec.Cmd, error) {
+	return WriteWith(bin, dir, upstream, listen, limitConn, "", "")
+}
+
+// WriteWith is Write with more directives: server's after the upstream's
+// address (e.g. "max_fails=0"), location's inside the location (e.g.
+// make bench-resume's proxy_next_upstream, nginx's retry).
+func WriteWith(bin, dir, upstream, listen string, limitConn int, server, location string) (*exec.Cmd, error) {
 	zone, limit := "", ""
 	if limitConn > 0 {
 		zone = "limit_conn_zone $server_name zone=vllm:1m;"
@@ -47,11 +54,12 @@ http {
     uwsgi_temp_path %[1]s/uwsgi;
     scgi_temp_path %[1]s/scgi;
     %[4]s
-    upstream vllm { server %[2]s; keepalive 64; }
+    upstream vllm { server %[2]s %[6]s; keepalive 64; }
     server {
         listen %[3]s;
         location / {
             %[5]s
+            %[7]s
             proxy_pass http://vllm;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
@@ -61,7 +69,7 @@ http {
         }
     }
 }
-`, dir, upstream, listen, zone, limit)
+`, dir, upstream, listen, zone, limit, server, location)
 	path := filepath.Join(dir, "nginx.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 		return nil, err

@@ -655,7 +655,14 @@ func (s *resumer) event(ev []byte) (done bool, why string, cut bool) {
 	}
 	var c map[string]json.RawMessage
 	var choices []map[string]json.RawMessage
-	if json.Unmarshal(data, &c) != nil || (c["choices"] == nil && c["usage"] == nil && c["error"] == nil) ||
+	if json.Unmarshal(data, &c) == nil && rawNull(c["error"]) && string(c["object"]) == `"error"` {
+		// The flat ErrorResponse ({"object": "error", "message": ...,
+		// "code": 500}) as a stream event: the simulator's dying engine
+		// sends it (vLLM wraps its stream errors in {"error": ...}); the
+		// same error as the nested one, not a chunk to pass on.
+		c["error"] = data
+	}
+	if c == nil || (c["choices"] == nil && c["usage"] == nil && c["error"] == nil) ||
 		(!rawNull(c["choices"]) && json.Unmarshal(c["choices"], &choices) != nil) {
 		s.notResumed = nrUnknownChunk
 		_ = s.write(ev)

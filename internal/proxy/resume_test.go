@@ -249,6 +249,11 @@ func (f *fakeLLM) die(w http.ResponseWriter, abort map[string]any, answered bool
 		fmt.Fprint(w, "data: [DONE]\n\n")
 		return
 	}
+	if style == "flat-error" {
+		fmt.Fprint(w, `data: {"object": "error", "message": "EngineCore encountered an issue.", "type": "InternalServerError", "param": null, "code": 500}`+"\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+		return
+	}
 	conn, _, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		panic(err)
@@ -529,7 +534,7 @@ func TestStreamCutBeforeFirstTokenIsReplayed(t *testing.T) {
 // vLLM's engine-failure event, and an abort (a planned restart's drain
 // that ran out of time), are cuts like a reset.
 func TestEngineErrorAndAbortAreResumed(t *testing.T) {
-	for _, style := range []string{"error", "abort"} {
+	for _, style := range []string{"error", "flat-error", "abort"} {
 		t.Run(style, func(t *testing.T) {
 			f := newFakeLLM(t)
 			f.style = style

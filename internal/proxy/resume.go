@@ -1169,11 +1169,11 @@ func firstStop(s string, stops []string) (int, string) {
 var resumeReasons = []string{nrN, nrBeamSearch, nrStructured, nrTools, nrEcho, nrLogprobs, nrSuffix, nrPrompts,
 	nrMultimodal, nrEmbeds, nrNoReplay, nrBadBody, nrNoTokenIDs, nrReasoning, nrUnknownChunk, nrLimit, nrHoldFailed, nrContinuationKO}
 
-func (p *Proxy) streamResumed(how string) { p.m.resumed.WithLabelValues(how).Inc() }
+// streamResumed and streamNotResumed count a stream as the hold counts
+// every other request (the metrics and the status's resumed count).
+func (p *Proxy) streamResumed(how string) { p.noteResumed(how) }
 
-func (p *Proxy) streamNotResumed(reason string) {
-	p.m.resumeFailed.WithLabelValues(reason).Inc()
-}
+func (p *Proxy) streamNotResumed(reason string) { p.noteResumeFailed(reason) }
 
 // notResumedKey marks a stream the proxy passes through as before, with
 // why it would not be resumed: counted if vLLM cuts it (sseBody).

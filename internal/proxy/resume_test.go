@@ -474,6 +474,9 @@ func TestStreamCutContinuesExactly(t *testing.T) {
 			if v := f.counter("vllm_guard_proxy_resumed_total", "how", "continued"); v != float64(cuts-replayed) {
 				t.Fatalf("continued %v, want %d", v, cuts)
 			}
+			if n := f.r.p.Stats().Resumed; n != uint64(cuts) {
+				t.Fatalf("status says %d resumed; %d streams were replayed or continued", n, cuts)
+			}
 			if rewound == 0 {
 				t.Fatal("fixture: no cut came after an id without text")
 			}

@@ -65,6 +65,11 @@ sample_interval = "%s"
 listen = "127.0.0.1:%d"
 queue_size = 1024
 queue_timeout = "30s"
+# These tests measure how fast the memory bound learns, with the
+# race-enabled guard on a loaded machine: a resumable stream's per-chunk
+# rewrite (each chunk decoded and encoded again) starves that learning of
+# CPU there. No vLLM dies in them; make bench-resume measures resuming.
+resume = false
 `, admMaxNumSeqs, admSample, proxyPort)
 	return s, fmt.Sprintf("http://127.0.0.1:%d", proxyPort)
 }

@@ -56,11 +56,15 @@ type limiter struct {
 	queueCap           int
 	// changed is closed and replaced whenever readiness or the limit
 	// changes, so a request waiting for vLLM outside the queue can wake.
-	changed  chan struct{}
-	admitted uint64
-	rejected map[string]uint64
-	engaged  bool
-	done     chan struct{} // closed by close: waiters leave at once
+	changed chan struct{}
+	// outlookChanged is closed and replaced when readiness or what vLLM's
+	// absence means changes (not the limit or the memory room, which move
+	// with every sample): the queue's waiters look at their deadlines again.
+	outlookChanged chan struct{}
+	admitted       uint64
+	rejected       map[string]uint64
+	engaged        bool
+	done           chan struct{} // closed by close: waiters leave at once
 	// resume: [proxy] resume is on. holding: vLLM is down and coming
 	// back, so waiters are held up to holdLimit; gone: down and not
 	// coming back, so they are refused at once. downSince and readySince
@@ -98,7 +102,7 @@ type waiter struct {
 }
 
 func newLimiter(queueCap int) *limiter {
-	l := &limiter{queueCap: queueCap, limit: 1, changed: make(chan struct{}), rejected: map[string]uint64{}, done: make(chan struct{})}
+	l := &limiter{queueCap: queueCap, limit: 1, changed: make(chan struct{}), outlookChanged: make(chan struct{}), rejected: map[string]uint64{}, done: make(chan struct{})}
 	l.queue.Init()
 	return l
 }
@@ -123,6 +127,10 @@ func (l *limiter) set(limit int, room float64, ready bool, o outlook) (lostReady
 			l.downs++
 		} else if ready && !l.ready {
 			l.readySince = now
+		}
+		if ready != l.ready || holding != l.holding || gone != l.gone || o.holdLimit != l.holdLimit || o.resume != l.resume {
+			close(l.outlookChanged)
+			l.outlookChanged = make(chan struct{})
 		}
 		l.limit, l.ready, l.room = limit, ready, room
 		l.resume, l.holding, l.gone, l.holdLimit = o.resume, holding, gone, o.holdLimit
@@ -230,7 +238,7 @@ func (l *limiter) acquire(ctx context.Context, a admit) (queued bool, err error)
 	var cause error
 	for cause == nil {
 		l.mu.Lock()
-		dl, changed := l.deadlineLocked(w), l.changed
+		dl, changed := l.deadlineLocked(w), l.outlookChanged
 		l.mu.Unlock()
 		timer.Reset(max(time.Until(dl), 0))
 		select {

@@ -10,7 +10,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/control"
 	"github.com/vllm-guard/vllm-guard/internal/drill"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/proctree"
 )
 
 const usage = `vllm-guard keeps vLLM serving: it launches vLLM, says ready only when the model
@@ -48,8 +48,8 @@ Exit codes:
 `
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == supervisor.KeeperArg {
-		os.Exit(supervisor.RunKeeper(os.Args[2:]))
+	if len(os.Args) > 1 && os.Args[1] == proctree.KeeperArg {
+		os.Exit(proctree.RunKeeper(os.Args[2:]))
 	}
 	os.Exit(dispatch(os.Args[1:], os.Stdout, os.Stderr))
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 	"github.com/vllm-guard/vllm-guard/internal/guard"
 	"github.com/vllm-guard/vllm-guard/internal/logging"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/proctree"
 )
 
 // cmdRun is `vllm-guard run`: flags, the config, the logger and the
@@ -54,7 +54,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	if *initMode || os.Getpid() == 1 {
-		if err := supervisor.BecomeSubreaper(ctx); err != nil {
+		if err := proctree.BecomeSubreaper(ctx); err != nil {
 			log.Warn("could not become a child subreaper: orphans will not be reaped by the guard", zap.Error(err))
 		}
 	}

@@ -18,8 +18,8 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/proctree"
 	"github.com/vllm-guard/vllm-guard/internal/redact"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
 )
 
 // runCommand runs the [alerts] command with the event on stdin. The command
@@ -47,13 +47,13 @@ func (d *Dispatcher) runCommand(ctx context.Context, e Event, body []byte, comma
 	start := time.Now()
 	// StartCommand registers the pid with the guard's reaper, which would
 	// otherwise take the exit status Wait needs when the guard is PID 1.
-	if err := supervisor.StartCommand(cmd); err != nil {
+	if err := proctree.StartCommand(cmd); err != nil {
 		d.log.Error("alert command could not start; check [alerts] command", zap.String("alert", e.Alert),
 			zap.Strings("command", command), zap.Error(err))
 		return
 	}
 	err := cmd.Wait()
-	supervisor.ForgetCommand(cmd)
+	proctree.ForgetCommand(cmd)
 	took := time.Since(start)
 	switch {
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):

@@ -6,11 +6,13 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/proctree"
 )
 
 // The machine's collaborators sit behind these small interfaces, so the
 // step machine is tested without processes (machine_test.go) and runs real
-// ones in production (process.go, probe.go, gpu.go).
+// ones in production (internal/proctree, probe.go, gpu.go).
 
 // launcher starts one vLLM tree.
 type launcher interface {
@@ -78,15 +80,45 @@ type checker interface {
 	close()
 }
 
-// processLauncher starts vLLM under the keeper, for real.
+// exitInfo is how vLLM's API server ended (the keeper's report).
+type exitInfo = proctree.Exit
+
+// processLauncher starts vLLM under the keeper, for real
+// (internal/proctree).
 type processLauncher struct{}
 
 func (processLauncher) launch(spec launchSpec) (proc, error) {
-	c, err := start(spec)
+	c, err := proctree.Start(proctree.Spec{Keeper: spec.keeper, Argv: spec.argv, Env: spec.env, Dir: spec.dir,
+		Grace: spec.grace, Stdout: spec.stdout, Stderr: spec.stderr})
 	if err != nil {
 		return nil, err
 	}
-	return c, nil
+	return treeProc{c}, nil
+}
+
+// treeProc is a tree under its keeper as the machine sees it: proc over a
+// proctree.Child.
+type treeProc struct{ c *proctree.Child }
+
+func (p treeProc) pid() int                                    { return p.c.PID() }
+func (p treeProc) apiGone() <-chan struct{}                    { return p.c.APIGone() }
+func (p treeProc) done() <-chan struct{}                       { return p.c.Done() }
+func (p treeProc) exit() exitInfo                              { return p.c.Exit() }
+func (p treeProc) stop()                                       { p.c.Stop() }
+func (p treeProc) kill()                                       { p.c.Kill() }
+func (p treeProc) refresh()                                    { p.c.Refresh() }
+func (p treeProc) tree() []int                                 { return p.c.Tree() }
+func (p treeProc) seen() []int                                 { return p.c.Seen() }
+func (p treeProc) killLeftovers() (outlived, unkillable []int) { return p.c.KillLeftovers() }
+func (p treeProc) io() map[int]uint64                          { return p.c.IO() }
+func (p treeProc) killIfOurs(pid int) bool                     { return p.c.KillIfOurs(pid) }
+
+func (p treeProc) lingering() []lingerer {
+	var out []lingerer
+	for _, l := range p.c.Lingering() {
+		out = append(out, lingerer{pid: l.PID, state: l.State, wchan: l.WChan})
+	}
+	return out
 }
 
 // lingerer is a process that outlived the keeper and is not dead yet.

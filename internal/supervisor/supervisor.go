@@ -23,6 +23,8 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/ownconns"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
+
+	"github.com/vllm-guard/vllm-guard/internal/proctree"
 )
 
 // GPU is what the supervisor needs of the GPU monitor. nil means no GPU
@@ -73,7 +75,7 @@ type Options struct {
 	Events *events.Bus
 	// Persist saves the policy's state (rung, history) after it changed.
 	Persist func(policy.State)
-	// Keeper is the argv prefix that runs the keeper: [exe, KeeperArg].
+	// Keeper is the argv prefix that runs the keeper: [exe, proctree.KeeperArg].
 	// Default: this executable.
 	Keeper []string
 	// ExtraArgs are appended to [vllm] command (after `--` on the command line).
@@ -168,7 +170,7 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 		if err != nil {
 			return nil, fmt.Errorf("supervisor: find own executable for the keeper: %w", err)
 		}
-		keeper = []string{exe, KeeperArg}
+		keeper = []string{exe, proctree.KeeperArg}
 	}
 	persist := opts.Persist
 	if persist == nil {

@@ -1,4 +1,4 @@
-package supervisor
+package proctree
 
 import (
 	"bytes"
@@ -10,46 +10,46 @@ import (
 	"time"
 )
 
-// The real process port: a tree under the keeper, as the machine uses it.
+// A tree under the keeper, as the supervisor uses it.
 func TestChildTracksItsTreeAndKillsOnlyItsOwn(t *testing.T) {
-	p, err := processLauncher{}.launch(launchSpec{keeper: testKeeper(t), argv: []string{"sh", "-c", "sleep 300 & wait"},
-		env: os.Environ(), grace: time.Second, stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}})
+	p, err := Start(Spec{Keeper: testKeeper(t), Argv: []string{"sh", "-c", "sleep 300 & wait"},
+		Env: os.Environ(), Grace: time.Second, Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := p.(*child)
-	waitFor(t, "the script's child", 5*time.Second, func() bool { c.refresh(); return len(c.seen()) >= 2 })
-	tree := c.tree()
-	if tree[0] != c.keeperPID || !slices.Contains(tree, p.pid()) {
-		t.Fatalf("tree %v: keeper %d first, then the API server %d", tree, c.keeperPID, p.pid())
+	c := p
+	waitFor(t, "the script's child", 5*time.Second, func() bool { c.Refresh(); return len(c.Seen()) >= 2 })
+	tree := c.Tree()
+	if tree[0] != c.keeperPID || !slices.Contains(tree, p.PID()) {
+		t.Fatalf("tree %v: keeper %d first, then the API server %d", tree, c.keeperPID, p.PID())
 	}
-	if p.killIfOurs(os.Getpid()) {
+	if p.KillIfOurs(os.Getpid()) {
 		t.Fatal("killIfOurs killed a process that was never in the tree")
 	}
 	var sleeper int
-	for _, pid := range c.seen() {
-		if pid != p.pid() {
+	for _, pid := range c.Seen() {
+		if pid != p.PID() {
 			sleeper = pid
 		}
 	}
-	if !p.killIfOurs(sleeper) {
+	if !p.KillIfOurs(sleeper) {
 		t.Fatalf("killIfOurs(%d) did not kill the tree's sleep", sleeper)
 	}
-	p.stop()
+	p.Stop()
 	select {
-	case <-p.done():
+	case <-p.Done():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the tree did not stop on SIGTERM")
 	}
 	select {
-	case <-p.apiGone():
+	case <-p.APIGone():
 	default:
 		t.Fatal("done before apiGone")
 	}
-	if left, stuck := p.killLeftovers(); len(left) != 0 || len(stuck) != 0 {
+	if left, stuck := p.KillLeftovers(); len(left) != 0 || len(stuck) != 0 {
 		t.Fatalf("leftovers %v (unkillable %v) after a clean stop", left, stuck)
 	}
-	if e := p.exit(); e.Signal != "SIGTERM" && e.Code != 0 && e.Code != 143 {
+	if e := p.Exit(); e.Signal != "SIGTERM" && e.Code != 0 && e.Code != 143 {
 		t.Fatalf("exit %+v", e)
 	}
 }
@@ -77,13 +77,13 @@ func (w *lineWriter) Write(b []byte) (int, error) {
 // after starting it, so the child exists when the line arrives.
 func TestChildTreeIsReadWhenAsked(t *testing.T) {
 	out := &lineWriter{c: make(chan string, 1)}
-	p, err := processLauncher{}.launch(launchSpec{keeper: testKeeper(t), argv: []string{"sh", "-c", "sleep 300 & echo $!; wait"},
-		env: os.Environ(), grace: time.Second, stdout: out, stderr: &bytes.Buffer{}})
+	p, err := Start(Spec{Keeper: testKeeper(t), Argv: []string{"sh", "-c", "sleep 300 & echo $!; wait"},
+		Env: os.Environ(), Grace: time.Second, Stdout: out, Stderr: &bytes.Buffer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := p.(*child)
-	t.Cleanup(func() { p.kill(); <-p.done() })
+	c := p
+	t.Cleanup(func() { p.Kill(); <-p.Done() })
 	var line string
 	select {
 	case line = <-out.c:
@@ -94,7 +94,7 @@ func TestChildTreeIsReadWhenAsked(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the script printed %q, not a pid", line)
 	}
-	if tree := c.tree(); !slices.Contains(tree, sleeper) || tree[0] != c.keeperPID || !slices.Contains(tree, p.pid()) {
-		t.Fatalf("tree %v without a refresh: want the keeper %d first, the API server %d and its new child %d", tree, c.keeperPID, p.pid(), sleeper)
+	if tree := c.Tree(); !slices.Contains(tree, sleeper) || tree[0] != c.keeperPID || !slices.Contains(tree, p.PID()) {
+		t.Fatalf("tree %v without a refresh: want the keeper %d first, the API server %d and its new child %d", tree, c.keeperPID, p.PID(), sleeper)
 	}
 }

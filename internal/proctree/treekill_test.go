@@ -1,4 +1,4 @@
-package supervisor
+package proctree
 
 import (
 	"bytes"
@@ -75,12 +75,12 @@ while :; do
 	sleep 0.02
 done`
 
-func startSpawner(t *testing.T) (*child, string) {
+func startSpawner(t *testing.T) (*Child, string) {
 	t.Helper()
 	mark := fmt.Sprintf("VLLM_GUARD_TREE_TEST=%s-%d", t.Name(), time.Now().UnixNano())
 	out := newReadyWriter("ready")
-	c, err := start(launchSpec{keeper: testKeeper(t), argv: []string{"sh", "-c", spawnerScript},
-		env: append(os.Environ(), mark), grace: 100 * time.Millisecond, stdout: out, stderr: out})
+	c, err := Start(Spec{Keeper: testKeeper(t), Argv: []string{"sh", "-c", spawnerScript},
+		Env: append(os.Environ(), mark), Grace: 100 * time.Millisecond, Stdout: out, Stderr: out})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func startSpawner(t *testing.T) (*child, string) {
 	return c, mark
 }
 
-func waitDone(t *testing.T, c *child) {
+func waitDone(t *testing.T, c *Child) {
 	t.Helper()
 	select {
 	case <-c.doneC:
@@ -122,17 +122,17 @@ func waitDone(t *testing.T, c *child) {
 // forked after the snapshot went to init and lived on.
 func TestKillEmptiesATreeThatKeepsCallingSetsid(t *testing.T) {
 	c, mark := startSpawner(t)
-	c.stop()
-	c.kill()
+	c.Stop()
+	c.Kill()
 	waitDone(t, c)
 	// The keeper exits only once the tree is empty: nothing to wait for.
 	if left := marked(mark); len(left) != 0 {
 		t.Fatalf("%d processes of the tree survived the kill: %v", len(left), left)
 	}
-	if e := c.exit(); e.Signal != "SIGKILL" || len(e.Survivors) != 0 {
+	if e := c.Exit(); e.Signal != "SIGKILL" || len(e.Survivors) != 0 {
 		t.Fatalf("exit %+v, want the API server killed by SIGKILL and no survivors", e)
 	}
-	if left, _ := c.killLeftovers(); len(left) != 0 {
+	if left, _ := c.KillLeftovers(); len(left) != 0 {
 		t.Fatalf("leftovers %v after the keeper emptied the tree", left)
 	}
 }
@@ -157,8 +157,8 @@ func TestAStoppedKeepersTreeIsKilledBelowItFirst(t *testing.T) {
 	c, mark := startSpawner(t)
 	c.signalKeeper(syscall.SIGSTOP)
 	c.backstopAfter = 100 * time.Millisecond
-	c.stop()
-	c.kill()
+	c.Stop()
+	c.Kill()
 	waitDone(t, c)
 	if left := marked(mark); len(left) != 0 {
 		t.Fatalf("%d processes of the tree outlived a stopped keeper: %v", len(left), left)
@@ -168,14 +168,14 @@ func TestAStoppedKeepersTreeIsKilledBelowItFirst(t *testing.T) {
 // Issue 15 item 11: vLLM starts with /dev/null on fd 0, not a closed fd 0.
 func TestVLLMGetsDevNullOnStdin(t *testing.T) {
 	var out bytes.Buffer
-	c, err := start(launchSpec{keeper: testKeeper(t), argv: []string{"readlink", "/proc/self/fd/0"}, env: os.Environ(),
-		grace: time.Second, stdout: &out, stderr: &out})
+	c, err := Start(Spec{Keeper: testKeeper(t), Argv: []string{"readlink", "/proc/self/fd/0"}, Env: os.Environ(),
+		Grace: time.Second, Stdout: &out, Stderr: &out})
 	if err != nil {
 		t.Fatal(err)
 	}
 	waitDone(t, c)
-	if got := strings.TrimSpace(out.String()); got != "/dev/null" || c.exit().Code != 0 {
-		t.Fatalf("fd 0 of vLLM: %q (exit %+v), want /dev/null", got, c.exit())
+	if got := strings.TrimSpace(out.String()); got != "/dev/null" || c.Exit().Code != 0 {
+		t.Fatalf("fd 0 of vLLM: %q (exit %+v), want /dev/null", got, c.Exit())
 	}
 }
 
@@ -203,15 +203,15 @@ func TestAReusedPIDIsNeverSignalled(t *testing.T) {
 	cmd, info := sleeper(t)
 	pid := cmd.Process.Pid
 	reused := procID{pid: pid, start: info.start + 1} // what the tree had under this PID
-	c := &child{doneC: make(chan struct{}), apiGoneC: make(chan struct{})}
+	c := &Child{doneC: make(chan struct{}), apiGoneC: make(chan struct{})}
 	c.seenPIDs.start = map[int]uint64{pid: reused.start}
 	c.seenPIDs.order = []int{pid}
-	c.exitInfo.Survivors = []procID{reused}
+	c.exit.Survivors = []procID{reused}
 
-	if c.killIfOurs(pid) {
+	if c.KillIfOurs(pid) {
 		t.Fatal("killIfOurs signalled a reused PID")
 	}
-	if left, _ := c.killLeftovers(); len(left) != 0 {
+	if left, _ := c.KillLeftovers(); len(left) != 0 {
 		t.Fatalf("killLeftovers took the reused PID %v for a survivor", left)
 	}
 	if signalProc(reused, syscall.SIGKILL) {
@@ -225,7 +225,7 @@ func TestAReusedPIDIsNeverSignalled(t *testing.T) {
 	}
 	// The control: under its true start time the same process is ours.
 	c.seenPIDs.start[pid] = info.start
-	if !c.killIfOurs(pid) {
+	if !c.KillIfOurs(pid) {
 		t.Fatal("killIfOurs did not kill the very process seen")
 	}
 	err := cmd.Wait()

@@ -1,8 +1,9 @@
-package supervisor
+package proctree
 
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"runtime"
@@ -17,8 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// exitInfo is how vLLM's API server ended.
-type exitInfo struct {
+// Exit is how vLLM's API server ended.
+type Exit struct {
 	Code   int    // -1 when killed by a signal
 	Signal string // "" when it exited
 	// StartFailure: the command could not be started because of itself
@@ -33,7 +34,7 @@ type exitInfo struct {
 	Survivors []procID
 }
 
-func (e exitInfo) String() string {
+func (e Exit) String() string {
 	switch {
 	case e.GuardFailure != "":
 		return "the guard could not start vLLM: " + e.GuardFailure
@@ -46,21 +47,40 @@ func (e exitInfo) String() string {
 	}
 }
 
+// Spec is one start of vLLM under its keeper.
+type Spec struct {
+	Keeper []string // the keeper's argv prefix: [exe, KeeperArg]
+	Argv   []string // vLLM's command
+	Env    []string
+	Dir    string
+	Grace  time.Duration // how long the keeper leaves the tree after the API server's exit before it kills it
+	Stdout io.Writer
+	Stderr io.Writer
+}
+
+// Lingerer is a process that outlived the keeper and is not dead yet.
+type Lingerer struct {
+	PID   int
+	State byte   // /proc/PID/stat's state: D is uninterruptible sleep (stuck in the kernel)
+	WChan string // the kernel function it waits in, when readable
+}
+
 // keeperKillWait is how long kill() leaves the keeper to empty the tree
 // before the guard kills the tree itself, keeper included (a keeper that
 // was stopped or is wedged must not keep the tree alive).
 const keeperKillWait = 2 * killWait
 
-// child is a running vLLM tree under its keeper.
-type child struct {
+// Child is a running vLLM tree under its keeper.
+type Child struct {
 	keeperPID int
 	apiPID    int           // vLLM's API server; 0 until the keeper reports it
 	apiGoneC  chan struct{} // closed when the API server exited (the keeper may still be cleaning up)
 	doneC     chan struct{} // closed when the keeper exited: the whole tree is gone
-	exitInfo  exitInfo      // valid after doneC
+	exit      Exit          // valid after doneC
 	treeCache atomic.Pointer[[]int]
-	// seenPIDs: only the machine's goroutine touches it, and the cleanup
-	// after the keeper (killLeftovers) it hands off and waits for.
+	// seenPIDs: only the owner's goroutine (the supervisor's machine)
+	// touches it, and the cleanup after the keeper (KillLeftovers) it hands
+	// off and waits for.
 	seenPIDs treeSeen
 
 	// mu guards reaped: until the keeper is reaped its PID, and the process
@@ -68,30 +88,30 @@ type child struct {
 	// sent under mu and only while reaped is false.
 	mu       sync.Mutex
 	reaped   bool
-	outlived []procID // what outlived the keeper, being killed (lingering)
+	outlived []procID // what outlived the keeper, being killed (Lingering)
 	backstop sync.Once
-	// backstopAfter is how long kill() leaves the keeper before the
+	// backstopAfter is how long Kill leaves the keeper before the
 	// guard kills the tree itself: keeperKillWait.
 	backstopAfter time.Duration
 }
 
-// start launches the keeper (which launches vLLM) from a goroutine that
+// Start launches the keeper (which launches vLLM) from a goroutine that
 // locks its OS thread and lives as long as the keeper: the parent-death
 // signal fires when the *thread* that forked the child exits, so this thread
 // must outlive it. Every error it returns is the guard's own (a pipe, the
 // keeper's fork or binary), never vLLM's configuration.
-func start(spec launchSpec) (*child, error) {
+func Start(spec Spec) (*Child, error) {
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("start vLLM: report pipe: %w", err)
 	}
-	args := append(append([]string{}, spec.keeper[1:]...),
-		"--parent", strconv.Itoa(os.Getpid()), "--grace", spec.grace.String(), "--")
-	cmd := exec.Command(spec.keeper[0], append(args, spec.argv...)...)
-	cmd.Env = spec.env
-	cmd.Dir = spec.dir
-	cmd.Stdout = spec.stdout
-	cmd.Stderr = spec.stderr
+	args := append(append([]string{}, spec.Keeper[1:]...),
+		"--parent", strconv.Itoa(os.Getpid()), "--grace", spec.Grace.String(), "--")
+	cmd := exec.Command(spec.Keeper[0], append(args, spec.Argv...)...)
+	cmd.Env = spec.Env
+	cmd.Dir = spec.Dir
+	cmd.Stdout = spec.Stdout
+	cmd.Stderr = spec.Stderr
 	cmd.ExtraFiles = []*os.File{pw}
 	// The keeper exits only after the whole tree is gone, so the output
 	// pipes close with it. If the keeper itself is killed, survivors still
@@ -99,9 +119,9 @@ func start(spec launchSpec) (*child, error) {
 	cmd.WaitDelay = time.Second
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: keeperDeathSignal}
 
-	c := &child{doneC: make(chan struct{}), apiGoneC: make(chan struct{}), backstopAfter: keeperKillWait}
+	c := &Child{doneC: make(chan struct{}), apiGoneC: make(chan struct{}), backstopAfter: keeperKillWait}
 	pidc := make(chan int, 1)
-	final := make(chan exitInfo, 1)
+	final := make(chan Exit, 1)
 	started := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -122,17 +142,17 @@ func start(spec launchSpec) (*child, error) {
 		waitErr := cmd.Wait()
 		reaperForget(cmd.Process.Pid)
 		if e, ok := <-final; ok {
-			c.exitInfo = e
+			c.exit = e
 		} else {
 			// The keeper died without reporting (killed): report its own end.
-			c.exitInfo = keeperExit(cmd.ProcessState, waitErr)
+			c.exit = keeperExit(cmd.ProcessState, waitErr)
 		}
 		close(c.doneC)
 	}()
 	if err := <-started; err != nil {
 		pr.Close()
 		pw.Close()
-		return nil, fmt.Errorf("start vLLM keeper %s: %w", spec.keeper[0], err)
+		return nil, fmt.Errorf("start vLLM keeper %s: %w", spec.Keeper[0], err)
 	}
 	pw.Close()
 	c.keeperPID = cmd.Process.Pid
@@ -143,7 +163,7 @@ func start(spec launchSpec) (*child, error) {
 	go func() {
 		defer pr.Close()
 		defer close(final)
-		var e exitInfo
+		var e Exit
 		reported := false
 		pidSent, apiClosed := false, false
 		endPID := func() {
@@ -191,20 +211,20 @@ func start(spec launchSpec) (*child, error) {
 
 // parseStartFailed reads `start-failed KIND MESSAGE`: KIND "guard" is the
 // guard's own failure, "command" the command's.
-func parseStartFailed(line string) exitInfo {
+func parseStartFailed(line string) Exit {
 	rest := strings.TrimSpace(strings.TrimPrefix(line, "start-failed "))
 	kind, msg, _ := strings.Cut(rest, " ")
 	switch kind {
 	case startFailedGuard:
-		return exitInfo{Code: -1, GuardFailure: msg}
+		return Exit{Code: -1, GuardFailure: msg}
 	case startFailedCommand:
-		return exitInfo{Code: -1, StartFailure: msg}
+		return Exit{Code: -1, StartFailure: msg}
 	}
-	return exitInfo{Code: -1, StartFailure: rest}
+	return Exit{Code: -1, StartFailure: rest}
 }
 
-func parseExitLine(line string) exitInfo {
-	e := exitInfo{Code: -1}
+func parseExitLine(line string) Exit {
+	e := Exit{Code: -1}
 	for _, f := range strings.Fields(line)[1:] {
 		k, v, _ := strings.Cut(f, "=")
 		switch k {
@@ -237,25 +257,33 @@ func parseDoneLine(line string) []procID {
 	return out
 }
 
-func keeperExit(ps *os.ProcessState, err error) exitInfo {
+func keeperExit(ps *os.ProcessState, err error) Exit {
 	if ps == nil {
-		return exitInfo{Code: -1, GuardFailure: fmt.Sprint(err)}
+		return Exit{Code: -1, GuardFailure: fmt.Sprint(err)}
 	}
 	ws, _ := ps.Sys().(syscall.WaitStatus)
 	if ws.Signaled() {
-		return exitInfo{Code: -1, Signal: unix.SignalName(ws.Signal())}
+		return Exit{Code: -1, Signal: unix.SignalName(ws.Signal())}
 	}
-	return exitInfo{Code: ws.ExitStatus()}
+	return Exit{Code: ws.ExitStatus()}
 }
 
-func (c *child) pid() int                 { return c.apiPID }
-func (c *child) apiGone() <-chan struct{} { return c.apiGoneC }
-func (c *child) done() <-chan struct{}    { return c.doneC }
-func (c *child) exit() exitInfo           { return c.exitInfo }
+// PID is vLLM's API server (0 when it never started).
+func (c *Child) PID() int { return c.apiPID }
+
+// APIGone is closed when the API server exited; the rest of the tree may
+// still be going.
+func (c *Child) APIGone() <-chan struct{} { return c.apiGoneC }
+
+// Done is closed when the keeper exited: the whole tree is gone.
+func (c *Child) Done() <-chan struct{} { return c.doneC }
+
+// Exit is how the API server ended; valid after Done.
+func (c *Child) Exit() Exit { return c.exit }
 
 // signalGroup sends sig to the whole vLLM process group (the keeper leads
 // it), while the keeper is not reaped.
-func (c *child) signalGroup(sig syscall.Signal) {
+func (c *Child) signalGroup(sig syscall.Signal) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.reaped {
@@ -264,7 +292,7 @@ func (c *child) signalGroup(sig syscall.Signal) {
 }
 
 // signalKeeper sends sig to the keeper alone, while it is not reaped.
-func (c *child) signalKeeper(sig syscall.Signal) {
+func (c *Child) signalKeeper(sig syscall.Signal) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.reaped {
@@ -272,11 +300,11 @@ func (c *child) signalKeeper(sig syscall.Signal) {
 	}
 }
 
-// stop asks vLLM to stop the way it expects: SIGTERM to the API server
+// Stop asks vLLM to stop the way it expects: SIGTERM to the API server
 // alone, which drains (with --shutdown-timeout) and then stops its own
 // engine and workers. A signal to the whole group would reach the
 // EngineCore and the workers directly and cut every request in flight.
-func (c *child) stop() {
+func (c *Child) Stop() {
 	if start, ok := c.seenPIDs.start[c.apiPID]; ok && c.apiPID > 0 &&
 		signalProc(procID{pid: c.apiPID, start: start}, syscall.SIGTERM) {
 		return
@@ -285,7 +313,7 @@ func (c *child) stop() {
 	c.signalGroup(syscall.SIGTERM)
 }
 
-// kill asks the keeper to kill the whole tree at once: it is the subreaper,
+// Kill asks the keeper to kill the whole tree at once: it is the subreaper,
 // so orphans of processes that called setsid come back to it and it keeps
 // killing until the tree is empty (killTree), then reports what survived
 // and exits. The guard does not kill the keeper first: that would send the
@@ -293,7 +321,7 @@ func (c *child) stop() {
 // within keeperKillWait (it was stopped, or is wedged) the guard kills
 // everything below the keeper itself, while the keeper is still there to
 // take the orphans back, and the keeper last.
-func (c *child) kill() {
+func (c *Child) Kill() {
 	c.signalKeeper(keeperKillSignal)
 	c.backstop.Do(func() {
 		go func() {
@@ -311,7 +339,7 @@ func (c *child) kill() {
 
 // below is the keeper's group and children, the keeper left out, while it
 // is not reaped; killTree takes in everything below them.
-func (c *child) below() []int {
+func (c *Child) below() []int {
 	c.mu.Lock()
 	reaped := c.reaped
 	c.mu.Unlock()
@@ -328,7 +356,7 @@ func (c *child) below() []int {
 }
 
 // walk is the keeper (while not reaped) and what is below it.
-func (c *child) walk() []int {
+func (c *Child) walk() []int {
 	c.mu.Lock()
 	reaped := c.reaped
 	c.mu.Unlock()
@@ -338,24 +366,24 @@ func (c *child) walk() []int {
 	return append([]int{c.keeperPID}, c.below()...)
 }
 
-// refresh reads the tree from /proc, keeps it for tree(), and remembers
+// Refresh reads the tree from /proc, keeps it for Tree, and remembers
 // every process seen: by the time the API server has exited, EngineCore may
 // be gone from /proc while the driver still holds its memory, and the
 // release wait must know its PID.
-func (c *child) refresh() {
+func (c *Child) Refresh() {
 	t := Descendants(c.keeperPID)
 	c.treeCache.Store(&t)
 	c.seenPIDs.add(t)
 }
 
-// tree is the tree now: the keeper's pid first, every live process below
+// Tree is the tree now: the keeper's pid first, every live process below
 // it read from /proc at this call, then those of the last refresh that are
 // gone from /proc (the driver may still hold a dead EngineCore's memory).
 // Safe from any goroutine: the GPU monitor asks every sample, and a list
 // only as fresh as the last heartbeat missed an EngineCore started since,
 // whose memory then read as a neighbour's (a load shorter than a second
 // was over before the first heartbeat looked).
-func (c *child) tree() []int {
+func (c *Child) Tree() []int {
 	out := append([]int{c.keeperPID}, Descendants(c.keeperPID)...)
 	if !slices.Contains(out, c.apiPID) {
 		out = append(out, c.apiPID)
@@ -370,13 +398,14 @@ func (c *child) tree() []int {
 	return out
 }
 
-func (c *child) seen() []int { return c.seenPIDs.pids() }
+// Seen is every PID seen in this run's tree (for the release wait).
+func (c *Child) Seen() []int { return c.seenPIDs.pids() }
 
-// io reads read_bytes + write_bytes from /proc/PID/io for the tree as last
+// IO reads read_bytes + write_bytes from /proc/PID/io for the tree as last
 // read. Processes it cannot read (gone, or not ours to read) are left out.
-func (c *child) io() map[int]uint64 {
+func (c *Child) IO() map[int]uint64 {
 	out := map[int]uint64{}
-	for _, pid := range c.tree() {
+	for _, pid := range c.Tree() {
 		if n, ok := readIO(pid); ok {
 			out[pid] = n
 		}
@@ -384,12 +413,14 @@ func (c *child) io() map[int]uint64 {
 	return out
 }
 
-// killLeftovers: the keeper kills the whole tree before it exits; what it
+// KillLeftovers: the keeper kills the whole tree before it exits; what it
 // could not kill (its survivors report) or what outlived it because the
 // keeper itself was killed (the processes seen, still alive) is killed
 // here, with its descendants, through pidfds. It returns the PIDs that had
-// outlived the keeper, and those still alive after every kill round.
-func (c *child) killLeftovers() (outlived, unkillable []int) {
+// outlived the keeper, and those still alive after every kill round. It
+// may take long (a process stuck in the kernel): call it off any loop that
+// must keep turning.
+func (c *Child) KillLeftovers() (outlived, unkillable []int) {
 	left := c.leftovers()
 	if len(left) == 0 {
 		return nil, nil
@@ -403,9 +434,9 @@ func (c *child) killLeftovers() (outlived, unkillable []int) {
 
 // leftovers is what outlived the keeper: the processes seen in the tree
 // that are still alive, and the survivors the keeper reported.
-func (c *child) leftovers() []procID {
+func (c *Child) leftovers() []procID {
 	left := c.seenPIDs.survivors()
-	for _, p := range c.exitInfo.Survivors {
+	for _, p := range c.exit.Survivors {
 		if info, ok := readStat(p.pid); ok && info.start == p.start && info.state != 'Z' && !slices.Contains(left, p) {
 			left = append(left, p)
 		}
@@ -425,27 +456,27 @@ func stillAlive(ps []procID) []procID {
 	return out
 }
 
-// lingering: what outlived the keeper and is still alive, with its state
+// Lingering: what outlived the keeper and is still alive, with its state
 // and the kernel function it waits in.
-func (c *child) lingering() []lingerer {
+func (c *Child) Lingering() []Lingerer {
 	c.mu.Lock()
 	left := c.outlived
 	c.mu.Unlock()
-	var out []lingerer
+	var out []Lingerer
 	for _, p := range left {
 		info, ok := readStat(p.pid)
 		if !ok || info.start != p.start || info.state == 'Z' {
 			continue
 		}
 		wchan, _ := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/wchan")
-		out = append(out, lingerer{pid: p.pid, state: info.state, wchan: strings.TrimSpace(string(wchan))})
+		out = append(out, Lingerer{PID: p.pid, State: info.state, WChan: strings.TrimSpace(string(wchan))})
 	}
 	return out
 }
 
-// killIfOurs kills pid if it is still the very process seen in the tree
+// KillIfOurs kills pid if it is still the very process seen in the tree
 // (its pidfd checked against the start time seen), and says whether it did.
-func (c *child) killIfOurs(pid int) bool {
+func (c *Child) KillIfOurs(pid int) bool {
 	id, ok := c.seenPIDs.id(pid)
 	if !ok {
 		return false

@@ -1,4 +1,4 @@
-package supervisor
+package proctree
 
 import (
 	"bytes"
@@ -37,8 +37,8 @@ func TestKeeperReportsExitCodeAndCleansUpLeftovers(t *testing.T) {
 	// one that stays, writes their pids, then exits 3.
 	script := `setsid sleep 300 & echo $! > ` + dir + `/escaped; sleep 300 & echo $! > ` + dir + `/stayed; exit 3`
 	var out bytes.Buffer
-	c, err := start(launchSpec{keeper: testKeeper(t), argv: []string{"sh", "-c", script}, env: os.Environ(),
-		grace: 2 * time.Second, stdout: &out, stderr: &out})
+	c, err := Start(Spec{Keeper: testKeeper(t), Argv: []string{"sh", "-c", script}, Env: os.Environ(),
+		Grace: 2 * time.Second, Stdout: &out, Stderr: &out})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,8 +47,8 @@ func TestKeeperReportsExitCodeAndCleansUpLeftovers(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("keeper did not finish")
 	}
-	if c.exitInfo.Code != 3 || c.exitInfo.Signal != "" {
-		t.Fatalf("exit %+v, want code 3", c.exitInfo)
+	if c.exit.Code != 3 || c.exit.Signal != "" {
+		t.Fatalf("exit %+v, want code 3", c.exit)
 	}
 	for _, f := range []string{"escaped", "stayed"} {
 		b, err := os.ReadFile(dir + "/" + f)
@@ -64,32 +64,32 @@ func TestKeeperReportsExitCodeAndCleansUpLeftovers(t *testing.T) {
 }
 
 func TestKeeperReportsStartFailure(t *testing.T) {
-	c, err := start(launchSpec{keeper: testKeeper(t), argv: []string{"/nonexistent/vllm", "serve"}, env: os.Environ(), grace: time.Second,
-		stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}})
+	c, err := Start(Spec{Keeper: testKeeper(t), Argv: []string{"/nonexistent/vllm", "serve"}, Env: os.Environ(), Grace: time.Second,
+		Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	<-c.doneC
-	if !strings.Contains(c.exitInfo.StartFailure, "/nonexistent/vllm") {
-		t.Fatalf("start failure %q does not name the command", c.exitInfo.StartFailure)
+	if !strings.Contains(c.exit.StartFailure, "/nonexistent/vllm") {
+		t.Fatalf("start failure %q does not name the command", c.exit.StartFailure)
 	}
 }
 
 func TestKeeperReportsSignal(t *testing.T) {
-	c, err := start(launchSpec{keeper: testKeeper(t), argv: []string{"sh", "-c", "kill -SEGV $$"}, env: os.Environ(), grace: time.Second,
-		stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}})
+	c, err := Start(Spec{Keeper: testKeeper(t), Argv: []string{"sh", "-c", "kill -SEGV $$"}, Env: os.Environ(), Grace: time.Second,
+		Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	<-c.doneC
-	if c.exitInfo.Signal != "SIGSEGV" {
-		t.Fatalf("exit %+v, want SIGSEGV", c.exitInfo)
+	if c.exit.Signal != "SIGSEGV" {
+		t.Fatalf("exit %+v, want SIGSEGV", c.exit)
 	}
 }
 
 func TestStopKillsGroupAfterTimeoutWhenTERMIsIgnored(t *testing.T) {
-	c, err := start(launchSpec{keeper: testKeeper(t), argv: []string{"sh", "-c", "trap '' TERM; sleep 300 & wait"}, env: os.Environ(),
-		grace: 200 * time.Millisecond, stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}})
+	c, err := Start(Spec{Keeper: testKeeper(t), Argv: []string{"sh", "-c", "trap '' TERM; sleep 300 & wait"}, Env: os.Environ(),
+		Grace: 200 * time.Millisecond, Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestStopKillsGroupAfterTimeoutWhenTERMIsIgnored(t *testing.T) {
 		t.Fatal("the tree ignored SIGTERM, the keeper must not have exited yet")
 	case <-time.After(300 * time.Millisecond):
 	}
-	c.kill()
+	c.Kill()
 	<-c.doneC
 	for _, pid := range tree {
 		if alive(pid) {
@@ -111,12 +111,12 @@ func TestStopKillsGroupAfterTimeoutWhenTERMIsIgnored(t *testing.T) {
 }
 
 func TestDescendantsByChildrenFilesMatchesTheScan(t *testing.T) {
-	c, err := start(launchSpec{keeper: testKeeper(t), argv: []string{"sh", "-c", "sleep 300 & (sleep 300 & wait) & wait"}, env: os.Environ(),
-		grace: time.Second, stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}})
+	c, err := Start(Spec{Keeper: testKeeper(t), Argv: []string{"sh", "-c", "sleep 300 & (sleep 300 & wait) & wait"}, Env: os.Environ(),
+		Grace: time.Second, Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { c.kill(); <-c.doneC }()
+	defer func() { c.Kill(); <-c.doneC }()
 	waitFor(t, "the tree", 5*time.Second, func() bool { return len(scanDescendants(c.keeperPID)) >= 4 })
 	fast, ok := childrenFiles(c.keeperPID)
 	if !ok {

@@ -57,7 +57,7 @@ type listed struct {
 // The import arrows point down: every package of the guard is in
 // design.md's table, and its code and tests import only packages of a
 // lower level (an arrow that points up, or a new package left out of the
-// table, fails here).
+// table, fails here); only the wiring imports the supervisor.
 func TestImportsPointDown(t *testing.T) {
 	lv := levels(t)
 	cmd := exec.Command("go", "list", "-json=ImportPath,Imports,TestImports,XTestImports", "./cmd/...", "./internal/...")
@@ -67,6 +67,9 @@ func TestImportsPointDown(t *testing.T) {
 		t.Fatalf("go list: %v", err)
 	}
 	dec := json.NewDecoder(bufio.NewReader(bytes.NewReader(out)))
+	// Only the wiring builds and runs the supervisor; everyone else reads
+	// its state from internal/status.
+	wiring := map[string]bool{"internal/guard": true, "cmd/vllm-guard": true}
 	seen := 0
 	for dec.More() {
 		var p listed
@@ -88,6 +91,9 @@ func TestImportsPointDown(t *testing.T) {
 			to, ok := lv[dep]
 			if !ok {
 				continue // reported for its own package
+			}
+			if dep == "internal/supervisor" && !wiring[name] {
+				t.Errorf("%s imports internal/supervisor: only the wiring (internal/guard, cmd/vllm-guard) may; read the state from internal/status", name)
 			}
 			if to >= from {
 				t.Errorf("%s (level %d) imports %s (level %d): an arrow that does not point down", name, from, dep, to)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/launch"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/supervisor"
 	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
@@ -98,7 +99,7 @@ func writeStop(w io.Writer, cfg *config.Config, args *vllmargs.Args) {
 // writeVLLM prints what the guard reads of vLLM's command line: the served
 // names, the command it will run (secrets masked), the readiness probe.
 func writeVLLM(w io.Writer, cfg *config.Config, args *vllmargs.Args, extra []string) {
-	argv, _ := supervisor.BuildArgv(cfg.VLLM.Command, extra, policy.LadderKV(cfg.Profile, args.KVCacheMemoryBytes)[0], cfg.VLLM.Host, cfg.VLLM.Port)
+	argv, _ := launch.BuildArgv(cfg.VLLM.Command, extra, policy.LadderKV(cfg.Profile, args.KVCacheMemoryBytes)[0], cfg.VLLM.Host, cfg.VLLM.Port)
 	fmt.Fprintf(w, "\n# vLLM\n")
 	names := cfg.ServedModelNames(args)
 	from := "--served-model-name, else the model, in vLLM's command line"

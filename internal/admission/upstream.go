@@ -20,10 +20,10 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
+	"github.com/vllm-guard/vllm-guard/internal/launch"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/proxy"
 	"github.com/vllm-guard/vllm-guard/internal/status"
-	"github.com/vllm-guard/vllm-guard/internal/supervisor"
 	"github.com/vllm-guard/vllm-guard/internal/vllmstats"
 )
 
@@ -96,7 +96,7 @@ func (g *Gate) Attach(p Proxy) { g.proxy = p }
 
 // Refresh records vLLM's address, readiness and rung from st.
 func (g *Gate) Refresh(st status.Status) {
-	_, ep := supervisor.BuildArgv(g.cfg.VLLM.Command, g.extra, st.Rung, g.cfg.VLLM.Host, g.cfg.VLLM.Port)
+	_, ep := launch.BuildArgv(g.cfg.VLLM.Command, g.extra, st.Rung, g.cfg.VLLM.Host, g.cfg.VLLM.Port)
 	away := awayView{state: st.State, reason: st.Reason, startedAt: st.StartedAt, nextStartAt: st.NextStartAt,
 		lastTTR: st.TimeToReady, longestTTR: st.LongestTimeToReady, rung: st.Rung.Index}
 	if f := st.LastFailure; f != nil && f.Time.After(st.ReadySince) {
@@ -159,7 +159,7 @@ func (g *Gate) Outlook() (comingBack bool, readyIn, holdLimit time.Duration, why
 	case status.StateStopped:
 		return false, 0, holdLimit, "vLLM is stopped"
 	case status.StateStopping:
-		if supervisor.FinalStop(a.reason) {
+		if status.FinalStop(a.reason) {
 			return false, 0, holdLimit, "vllm-guard is stopping"
 		}
 		readyIn = expect

@@ -4,6 +4,7 @@
 package status
 
 import (
+	"strings"
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
@@ -65,3 +66,11 @@ func (s Status) Clone() Status {
 	s.Restarts = m
 	return s
 }
+
+// StopRequested begins a stopping status's reason when the stop is the
+// guard's own: vLLM is not restarted after it.
+const StopRequested = "stop requested"
+
+// FinalStop reports whether a stopping status's reason is the guard's own
+// stop (vLLM is not coming back), not a restart, a restore or a death.
+func FinalStop(reason string) bool { return strings.HasPrefix(reason, StopRequested) }

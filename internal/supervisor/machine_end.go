@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -10,6 +9,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // Ending a run: the stop (a drain, or a kill for a hang), the tree gone,
@@ -121,12 +121,8 @@ func (m *machine) stopReason() string {
 }
 
 // stopRequested begins the reason of the guard's own stop: vLLM is not
-// restarted after it.
-const stopRequested = "stop requested"
-
-// FinalStop reports whether a stopping status's reason is the guard's own
-// stop (vLLM is not coming back), not a restart, a restore or a death.
-func FinalStop(reason string) bool { return strings.HasPrefix(reason, stopRequested) }
+// restarted after it (status.FinalStop reads it).
+const stopRequested = status.StopRequested
 
 // finishRun: the keeper is gone. What outlived it (a process stuck in the
 // kernel, as after a GPU fault, does not die at once; the tree kill can take

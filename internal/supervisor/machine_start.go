@@ -14,6 +14,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/launch"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 )
@@ -83,7 +84,7 @@ func (m *machine) onFreeRead(r gpuRead, sink *logSink) {
 func (m *machine) launch(sink *logSink, rung policy.Rung) {
 	s := m.s
 	cfg := s.cfg
-	argv, ep := BuildArgv(cfg.VLLM.Command, s.extra, rung, cfg.VLLM.Host, cfg.VLLM.Port)
+	argv, ep := launch.BuildArgv(cfg.VLLM.Command, s.extra, rung, cfg.VLLM.Host, cfg.VLLM.Port)
 	m.runN++
 	m.phase = phRunning
 	m.rung = rung
@@ -125,7 +126,7 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 			return
 		}
 	}
-	env := ChildEnv(os.Environ(), cfg.VLLM.Env)
+	env := launch.ChildEnv(os.Environ(), cfg.VLLM.Env)
 	c, err := s.launcher.launch(launchSpec{keeper: s.keeper, argv: argv, env: env,
 		dir: cfg.VLLM.Workdir, grace: cfg.VLLM.StopTimeout.Duration, stdout: m.stdout, stderr: m.stderr})
 	r := rung

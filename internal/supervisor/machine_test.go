@@ -15,6 +15,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/launch"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
@@ -344,7 +345,7 @@ func (s *scenario) start() {
 		s.t.Fatal(err)
 	}
 	sup.launcher = s.l
-	sup.newProber = func(Endpoint, string) checker { return s.pr }
+	sup.newProber = func(launch.Endpoint, string) checker { return s.pr }
 	sup.hostOOM = s.oom.Load
 	sup.portHolder = func(string, int) string { return s.holder }
 	sup.listenerOwners = func(int) []int { return s.owners }

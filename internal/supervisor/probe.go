@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/launch"
 	"github.com/vllm-guard/vllm-guard/internal/ownconns"
 	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 )
@@ -38,7 +39,7 @@ type prober struct {
 	pooling bool
 }
 
-func newProber(ep Endpoint, spec probeSpec) *prober {
+func newProber(ep launch.Endpoint, spec probeSpec) *prober {
 	d := &net.Dialer{Timeout: 2 * time.Second}
 	dial := d.DialContext
 	if spec.conns != nil {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/launch"
 	"github.com/vllm-guard/vllm-guard/internal/ownconns"
 )
 
@@ -46,11 +47,11 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func endpointOf(t *testing.T, url string) Endpoint {
+func endpointOf(t *testing.T, url string) launch.Endpoint {
 	t.Helper()
 	host, port, _ := net.SplitHostPort(strings.TrimPrefix(url, "http://"))
 	n, _ := strconv.Atoi(port)
-	return Endpoint{Host: host, Port: n}
+	return launch.Endpoint{Host: host, Port: n}
 }
 
 func probeOnce(t *testing.T, api *fakeAPI, spec probeSpec, level string) probeResult {

@@ -20,11 +20,11 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/launch"
 	"github.com/vllm-guard/vllm-guard/internal/ownconns"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
-	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
-
 	"github.com/vllm-guard/vllm-guard/internal/proctree"
+	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 )
 
 // GPU is what the supervisor needs of the GPU monitor. nil means no GPU
@@ -132,7 +132,7 @@ type Supervisor struct {
 
 	// The machine's ports: real processes and HTTP unless a test sets them.
 	launcher  launcher
-	newProber func(ep Endpoint, model string) checker
+	newProber func(ep launch.Endpoint, model string) checker
 	hostOOM   func() int64 // the cgroup's oom_kill counter, -1 when unknown
 	// portHolder names who listens where vLLM will bind ("" when free).
 	portHolder func(host string, port int) string
@@ -193,7 +193,7 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 	if names := cfg.ServedModelNames(args); len(names) > 0 {
 		s.model = names[0]
 	}
-	s.newProber = func(ep Endpoint, model string) checker { return newProber(ep, s.probeSpec()) }
+	s.newProber = func(ep launch.Endpoint, model string) checker { return newProber(ep, s.probeSpec()) }
 	st := Status{State: StateStarting, Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[policy.Cause]int{},
 		Cost: s.pol.Cost().Describe(s.pol.Current().GPUMemoryUtilization, cfg.Profile.Headroom), LongestTimeToReady: s.pol.LongestTimeToReady()}
 	s.status.Store(&st)

@@ -1,4 +1,9 @@
-package supervisor
+// Package launch owns what one start of vLLM is run with: its command line
+// (the operator's command and extra arguments, the rung's profile flags in
+// place of the operator's, --host/--port), where vLLM will listen, and its
+// environment without the guard's own. The supervisor launches with it; the
+// proxy's gate and `vllm-guard check` read where vLLM listens from it.
+package launch
 
 import (
 	"net"

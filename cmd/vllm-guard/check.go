@@ -47,7 +47,7 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		return exitcode.Failed
 	}
 	writeVLLM(stdout, cfg, vargs, fs.Args())
-	rungs := policy.LadderKV(cfg.Profile, vargs.KVCacheMemoryBytes)
+	rungs := policy.LadderKV(cfg.Policy().Profile, vargs.KVCacheMemoryBytes)
 	fmt.Fprintf(stdout, "\n# degrade ladder: each OOM steps one rung down\n")
 	if vargs.KVCacheMemoryBytes > 0 {
 		fmt.Fprintf(stdout, "# --kv-cache-memory-bytes sizes the KV cache, so the bytes step with the utilization ratio (floored to a MiB)\n")
@@ -99,7 +99,7 @@ func writeStop(w io.Writer, cfg *config.Config, args *vllmargs.Args) {
 // writeVLLM prints what the guard reads of vLLM's command line: the served
 // names, the command it will run (secrets masked), the readiness probe.
 func writeVLLM(w io.Writer, cfg *config.Config, args *vllmargs.Args, extra []string) {
-	argv, _ := launch.BuildArgv(cfg.VLLM.Command, extra, policy.LadderKV(cfg.Profile, args.KVCacheMemoryBytes)[0], cfg.VLLM.Host, cfg.VLLM.Port)
+	argv, _ := launch.BuildArgv(cfg.VLLM.Command, extra, policy.LadderKV(cfg.Policy().Profile, args.KVCacheMemoryBytes)[0], cfg.VLLM.Host, cfg.VLLM.Port)
 	fmt.Fprintf(w, "\n# vLLM\n")
 	names := cfg.ServedModelNames(args)
 	from := "--served-model-name, else the model, in vLLM's command line"
@@ -208,7 +208,7 @@ func writeLearned(w io.Writer, cfg *config.Config, args *vllmargs.Args) {
 		fmt.Fprintf(w, "\n# %s does not decode (%v): a guard moves it aside and starts on rung 0\n", path, err)
 		return
 	}
-	p := policy.New(cfg, st, nil)
+	p := policy.New(cfg.Policy(), st, nil)
 	p.SetKVCacheBytes(args.KVCacheMemoryBytes)
 	r := p.Current()
 	kv := ""

@@ -50,24 +50,13 @@ func (c *Config) ServedModelName() string {
 	return ""
 }
 
-// maxThreshold caps a budget-relative threshold: a budget near the whole
-// device must still leave an alert that can fire.
-const maxThreshold = 0.995
-
 // Thresholds are the used/total fractions that raise gpu_memory_warn and
 // gpu_memory_critical for a vLLM whose budget is budget (a fraction of
 // total): the fixed warn_fraction/critical_fraction when set, else the
-// budget plus warn_over_budget/critical_over_budget, at most 0.995.
+// budget plus warn_over_budget/critical_over_budget, at most 0.995
+// (policy.Thresholds holds the rule).
 func (g GPU) Thresholds(budget float64) (warn, critical float64) {
-	critical = g.CriticalFraction
-	if critical <= 0 {
-		critical = min(budget+g.CriticalOverBudget, maxThreshold)
-	}
-	warn = g.WarnFraction
-	if warn <= 0 {
-		warn = min(budget+g.WarnOverBudget, maxThreshold)
-	}
-	return min(warn, critical), critical
+	return g.policyThresholds().At(budget)
 }
 
 // WriteEffective writes every setting, defaults included, as TOML that Load

@@ -86,7 +86,7 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 	} else if found {
 		log.Info("resuming from the saved state", zap.String("path", store.StatePath()), zap.Int("rung", pst.Rung))
 	}
-	g.pol = policy.New(cfg, pst, realClock{})
+	g.pol = policy.New(cfg.Policy(), pst, realClock{})
 	g.pol.SetKVCacheBytes(args.KVCacheMemoryBytes)
 
 	cuda, _ := childEnvValue(cfg, "CUDA_VISIBLE_DEVICES")

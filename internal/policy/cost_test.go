@@ -123,7 +123,7 @@ func TestRestoreGoesToTheComputedValue(t *testing.T) {
 	cfg := testConfig()
 	cfg.Profile.MinGPUMemoryUtilization = cfg.Profile.GPUMemoryUtilization
 	cfg.Profile.Headroom = 0.02
-	cfg.Profile.RestoreAfter.Duration = time.Minute
+	cfg.Profile.RestoreAfter = time.Minute
 	p := New(cfg, State{Rung: 2}, nil) // 64 sequences
 	rng := rand.New(rand.NewPCG(9, 10))
 	for _, s := range series(rng, 80, 0, 64, 0.75*gib, 52<<20, 64<<20, cfg.Profile.GPUMemoryUtilization) {

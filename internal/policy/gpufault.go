@@ -318,7 +318,7 @@ func (p *Policy) onGPUFault(now time.Time, v Verdict) Decision {
 	if g == nil {
 		g = &GPUFault{Device: -1, Meaning: "a GPU hardware error"}
 	}
-	n, window := 0, p.cfg.Restart.GiveUpWindow.Duration
+	n, window := 0, p.cfg.Restart.GiveUpWindow
 	for _, f := range p.failures {
 		if f.Cause == CauseGPUFault && !f.Time.Before(p.loopSince) && (window <= 0 || now.Sub(f.Time) < window) {
 			n++

@@ -112,7 +112,7 @@ func TestOnGPUFault(t *testing.T) {
 	// Outside the window, a survivable fault is a first one again.
 	p = New(cfg, State{}, nil)
 	p.OnFailure(now, soft)
-	d = p.OnFailure(now.Add(cfg.Restart.GiveUpWindow.Duration+time.Minute), soft)
+	d = p.OnFailure(now.Add(cfg.Restart.GiveUpWindow+time.Minute), soft)
 	if d.Action != ActionRestart {
 		t.Fatalf("XID 94 after the window: %+v", d)
 	}

@@ -6,7 +6,6 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 
-	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 )
 
@@ -78,7 +77,7 @@ type State struct {
 // Policy holds the decision history of one guard. It is not safe for
 // concurrent use: the supervisor's event loop owns it.
 type Policy struct {
-	cfg    *config.Config
+	cfg    Config
 	ladder []Rung
 	clock  Clock
 
@@ -107,11 +106,11 @@ type Policy struct {
 // Reconfigure takes a reloaded configuration ([profile], [restart]): the
 // ladder and the backoff follow it; the rung, the history and the cost
 // model are kept.
-func (p *Policy) Reconfigure(cfg *config.Config) { *p = *New(cfg, p.State(), p.clock) }
+func (p *Policy) Reconfigure(cfg Config) { *p = *New(cfg, p.State(), p.clock) }
 
 // New returns a policy over cfg, resuming from st (the zero State is rung 0).
 // clock is handed to backoff/v4 as its clock provider and nothing else.
-func New(cfg *config.Config, st State, clock Clock) *Policy {
+func New(cfg Config, st State, clock Clock) *Policy {
 	if clock == nil {
 		clock = zeroClock{}
 	}
@@ -120,8 +119,8 @@ func New(cfg *config.Config, st State, clock Clock) *Policy {
 	p.seqStep = min(max(st.Rung, 0), last)
 	p.utilStep = min(max(p.seqStep-max(st.UtilStepsBack, 0), 0), last)
 	p.bo = backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(cfg.Restart.InitialDelay.Duration),
-		backoff.WithMaxInterval(cfg.Restart.MaxDelay.Duration),
+		backoff.WithInitialInterval(cfg.Restart.InitialDelay),
+		backoff.WithMaxInterval(cfg.Restart.MaxDelay),
 		backoff.WithMultiplier(cfg.Restart.Multiplier),
 		backoff.WithRandomizationFactor(cfg.Restart.Jitter),
 		backoff.WithMaxElapsedTime(0),
@@ -155,7 +154,7 @@ func New(cfg *config.Config, st State, clock Clock) *Policy {
 // multiplies max_num_seqs by the factor (floored at min_max_num_seqs) and
 // lowers gpu_memory_utilization by the step (floored at the minimum). The
 // ladder ends when neither value can go lower.
-func Ladder(p config.Profile) []Rung {
+func Ladder(p Profile) []Rung {
 	r := Rung{Index: 0, MaxNumSeqs: p.MaxNumSeqs, GPUMemoryUtilization: p.GPUMemoryUtilization}
 	out := []Rung{r}
 	for i := 1; i < 64; i++ {
@@ -189,7 +188,7 @@ func KVBytesFor(base uint64, util0, util float64) uint64 {
 
 // LadderKV is Ladder with each rung's KV cache bytes for a rung 0 of
 // kvBytes (0: none).
-func LadderKV(p config.Profile, kvBytes uint64) []Rung {
+func LadderKV(p Profile, kvBytes uint64) []Rung {
 	out := Ladder(p)
 	for i := range out {
 		out[i].KVCacheMemoryBytes = KVBytesFor(kvBytes, p.GPUMemoryUtilization, out[i].GPUMemoryUtilization)
@@ -297,7 +296,7 @@ func (p *Policy) OnFailure(now time.Time, v Verdict) Decision {
 
 	// A run that stayed ready for reset_after proves the setup works: the
 	// backoff and the crash-loop count start over from this failure.
-	if wasReady && readyFor >= p.cfg.Restart.ResetAfter.Duration {
+	if wasReady && readyFor >= p.cfg.Restart.ResetAfter {
 		p.bo.Reset()
 		p.attempts = 0
 		p.loopSince = now
@@ -307,7 +306,7 @@ func (p *Policy) OnFailure(now time.Time, v Verdict) Decision {
 	// A restore that lasted restore_after held: the relapse doubling is over.
 	relapse := false
 	if !p.restoredAt.IsZero() {
-		if now.Sub(p.restoredAt) < p.cfg.Profile.RestoreAfter.Duration {
+		if now.Sub(p.restoredAt) < p.cfg.Profile.RestoreAfter {
 			relapse = v.Cause == CauseOOM
 		} else {
 			p.restoreMult = 1
@@ -421,7 +420,7 @@ func (p *Policy) giveUp(code int, reason string) Decision {
 }
 
 func (p *Policy) recordFailure(now time.Time, c Cause) {
-	window := p.cfg.Restart.GiveUpWindow.Duration
+	window := p.cfg.Restart.GiveUpWindow
 	kept := p.failures[:0]
 	for _, f := range p.failures {
 		if window <= 0 || now.Sub(f.Time) < window {
@@ -436,7 +435,7 @@ func (p *Policy) recordFailure(now time.Time, c Cause) {
 
 // countFailures counts the failed starts that count toward give-up.
 func (p *Policy) countFailures(now time.Time) (int, time.Duration) {
-	window := p.cfg.Restart.GiveUpWindow.Duration
+	window := p.cfg.Restart.GiveUpWindow
 	n := 0
 	for _, f := range p.failures {
 		if f.Time.Before(p.loopSince) {
@@ -451,7 +450,7 @@ func (p *Policy) countFailures(now time.Time) (int, time.Duration) {
 }
 
 func (p *Policy) restoreWait() time.Duration {
-	return p.cfg.Profile.RestoreAfter.Duration * time.Duration(p.restoreMult)
+	return p.cfg.Profile.RestoreAfter * time.Duration(p.restoreMult)
 }
 
 // RestoreDue says whether to step one rung up now: restore_after > 0,
@@ -460,15 +459,15 @@ func (p *Policy) restoreWait() time.Duration {
 // budget), and vLLM idle. It returns
 // the rung to restart on; the caller restarts vLLM and calls OnRestore.
 func (p *Policy) RestoreDue(now time.Time, peakFraction float64, idle bool) (Rung, bool) {
-	if p.cfg.Profile.RestoreAfter.Duration <= 0 || p.seqStep == 0 || p.readyAt.IsZero() {
+	if p.cfg.Profile.RestoreAfter <= 0 || p.seqStep == 0 || p.readyAt.IsZero() {
 		return Rung{}, false
 	}
 	// Check before the others: a restore that held ends the relapse window.
-	if !p.restoredAt.IsZero() && now.Sub(p.restoredAt) >= p.cfg.Profile.RestoreAfter.Duration {
+	if !p.restoredAt.IsZero() && now.Sub(p.restoredAt) >= p.cfg.Profile.RestoreAfter {
 		p.restoredAt = time.Time{}
 		p.restoreMult = 1
 	}
-	warn, _ := p.cfg.GPU.Thresholds(p.Current().GPUMemoryUtilization)
+	warn, _ := p.cfg.Thresholds.At(p.Current().GPUMemoryUtilization)
 	if now.Sub(p.readyAt) < p.restoreWait() || peakFraction >= warn || !idle {
 		return Rung{}, false
 	}

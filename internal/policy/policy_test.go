@@ -6,8 +6,6 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
-
-	"github.com/vllm-guard/vllm-guard/internal/config"
 )
 
 var t0 = time.Date(2026, 1, 12, 10, 0, 0, 0, time.UTC)
@@ -16,23 +14,35 @@ type fixedClock struct{ t time.Time }
 
 func (c fixedClock) Now() time.Time { return c.t }
 
-func dur(s string) config.Duration {
+func dur(s string) time.Duration {
 	d, err := time.ParseDuration(s)
 	if err != nil {
 		panic(err)
 	}
-	return config.Duration{Duration: d}
+	return d
+}
+
+// defaultConfig is what config.Default() gives the policy (config's
+// TestPolicyIsTheDefaults keeps the two the same).
+func defaultConfig() Config {
+	return Config{
+		Profile: Profile{MaxNumSeqs: 256, GPUMemoryUtilization: 0.85, MaxNumSeqsFactor: 0.5, MinMaxNumSeqs: 16,
+			GPUMemoryUtilizationStep: 0.05, MinGPUMemoryUtilization: 0.70, Headroom: 0.15},
+		Restart: Restart{InitialDelay: 5 * time.Second, MaxDelay: 5 * time.Minute, Multiplier: 2, Jitter: 0.2,
+			ResetAfter: 10 * time.Minute, GiveUpAfter: 10, GiveUpWindow: time.Hour},
+		Thresholds: Thresholds{WarnOverBudget: 0.03, CriticalOverBudget: 0.05},
+	}
 }
 
 // testConfig is the default config without jitter, so delays are exact.
-func testConfig() *config.Config {
-	c := config.Default()
+func testConfig() Config {
+	c := defaultConfig()
 	c.Restart.Jitter = 0
 	return c
 }
 
 func TestLadder(t *testing.T) {
-	got := Ladder(config.Default().Profile)
+	got := Ladder(defaultConfig().Profile)
 	want := []Rung{{0, 256, 0.85, 0}, {1, 128, 0.80, 0}, {2, 64, 0.75, 0}, {3, 32, 0.70, 0}, {4, 16, 0.70, 0}}
 	if len(got) != len(want) {
 		t.Fatalf("ladder %v, want %v", got, want)
@@ -44,13 +54,13 @@ func TestLadder(t *testing.T) {
 	}
 
 	// Rung 0 already under a floor never climbs to it.
-	p := config.Default().Profile
+	p := defaultConfig().Profile
 	p.MaxNumSeqs, p.GPUMemoryUtilization = 8, 0.6
 	if l := Ladder(p); len(l) != 1 || l[0].MaxNumSeqs != 8 || l[0].GPUMemoryUtilization != 0.6 {
 		t.Errorf("ladder below the floors: %v, want the single rung 0", l)
 	}
 	// Nothing to step: one rung.
-	p = config.Default().Profile
+	p = defaultConfig().Profile
 	p.MaxNumSeqsFactor, p.GPUMemoryUtilizationStep = 1, 0
 	if l := Ladder(p); len(l) != 1 {
 		t.Errorf("factor 1, step 0: %v, want one rung", l)
@@ -79,7 +89,7 @@ func r(i, seqs int, util float64) *Rung {
 	return &Rung{Index: i, MaxNumSeqs: seqs, GPUMemoryUtilization: util}
 }
 
-func runSteps(t *testing.T, cfg *config.Config, st State, steps []step) *Policy {
+func runSteps(t *testing.T, cfg Config, st State, steps []step) *Policy {
 	t.Helper()
 	p := New(cfg, st, fixedClock{t0})
 	for i, s := range steps {
@@ -147,7 +157,7 @@ func TestOnFailureSequences(t *testing.T) {
 
 	tests := []struct {
 		name  string
-		cfg   *config.Config
+		cfg   Config
 		steps []step
 	}{
 		{"oom steps down to the floor and keeps backing off", testConfig(), []step{
@@ -354,10 +364,10 @@ func TestStateCompatAndClamp(t *testing.T) {
 // bounds, grow, cap at max_delay, and start over after reset_after ready.
 func TestBackoffFakeTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := config.Default() // jitter 0.2
+		cfg := defaultConfig() // jitter 0.2
 		cfg.Restart.GiveUpAfter = 0
 		p := New(cfg, State{}, clockFunc(time.Now))
-		interval := cfg.Restart.InitialDelay.Duration
+		interval := cfg.Restart.InitialDelay
 		for i := 0; i < 12; i++ {
 			p.OnStart(time.Now())
 			d := p.OnFailure(time.Now(), Verdict{Cause: CauseCrash})
@@ -366,11 +376,11 @@ func TestBackoffFakeTime(t *testing.T) {
 				t.Fatalf("failure %d: delay %s outside [%s, %s]", i, d.Delay, lo, hi)
 			}
 			time.Sleep(d.Delay)
-			interval = min(interval*2, cfg.Restart.MaxDelay.Duration)
+			interval = min(interval*2, cfg.Restart.MaxDelay)
 		}
 		p.OnStart(time.Now())
 		p.OnReady(time.Now())
-		time.Sleep(cfg.Restart.ResetAfter.Duration)
+		time.Sleep(cfg.Restart.ResetAfter)
 		d := p.OnFailure(time.Now(), Verdict{Cause: CauseCrash})
 		if d.Delay > 6*time.Second {
 			t.Fatalf("after a long ready stretch: delay %s, want about initial_delay", d.Delay)
@@ -385,7 +395,7 @@ func (f clockFunc) Now() time.Time { return f() }
 // With --kv-cache-memory-bytes the ladder steps the bytes by the ratio the
 // utilization step gives, floored to a MiB; an OOM moves them down.
 func TestKVBytesStepWithTheLadder(t *testing.T) {
-	cfg := config.Default()
+	cfg := defaultConfig()
 	cfg.Profile.GPUMemoryUtilization, cfg.Profile.GPUMemoryUtilizationStep, cfg.Profile.MinGPUMemoryUtilization = 0.9, 0.1, 0.7
 	base := uint64(20 << 30)
 	rungs := LadderKV(cfg.Profile, base)

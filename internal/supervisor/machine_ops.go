@@ -40,7 +40,7 @@ func (m *machine) applyPending() {
 	s := m.s
 	s.cfg, m.pending = m.pending, nil
 	s.pendingReload.Store(false)
-	s.pol.Reconfigure(s.cfg)
+	s.pol.Reconfigure(s.cfg.Policy())
 	if args, err := s.cfg.VLLMArgs(s.extra); err == nil {
 		s.args = args
 		s.pol.SetKVCacheBytes(args.KVCacheMemoryBytes)

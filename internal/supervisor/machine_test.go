@@ -334,7 +334,7 @@ func (s *scenario) start() {
 	if persist == nil {
 		persist = func(policy.State) { s.mu.Lock(); s.saved++; s.mu.Unlock() }
 	}
-	opts := Options{Policy: policy.New(s.cfg, s.pstate, realClockForTest{}), Events: bus, Keeper: []string{"keeper"},
+	opts := Options{Policy: policy.New(s.cfg.Policy(), s.pstate, realClockForTest{}), Events: bus, Keeper: []string{"keeper"},
 		Persist: persist, Load: s.load, Progress: s.progress, Awaiting: s.awaiting, InFlight: s.inFlight}
 	if !s.noGPU {
 		opts.GPU = s.gpu
@@ -1381,7 +1381,7 @@ func TestEffectiveStopTimeout(t *testing.T) {
 		cfg := config.Default()
 		cfg.VLLM.Command = tc.argv
 		cfg.VLLM.StopTimeout = config.Duration{Duration: 30 * time.Second}
-		sup, err := New(cfg, Options{Policy: policy.New(cfg, policy.State{}, realClockForTest{}), Keeper: []string{"keeper"}, ExtraArgs: tc.extra})
+		sup, err := New(cfg, Options{Policy: policy.New(cfg.Policy(), policy.State{}, realClockForTest{}), Keeper: []string{"keeper"}, ExtraArgs: tc.extra})
 		if err != nil {
 			t.Fatal(err)
 		}

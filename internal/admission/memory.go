@@ -20,7 +20,7 @@ import (
 
 // Memory-aware admission (the proxy's limit). Each GPU sample pairs the
 // proxy's requests in flight and their prompt tokens with the memory of the
-// fullest device; policy.FitAdmission fits them and policy.Admission turns
+// fullest device; policy.FitAdmission fits them and Policy turns
 // the fit, the rung, the trend and the alerts into the bound the proxy
 // applies. The samples are saved next to state.json (admission.json) so a
 // restarted guard admits by memory from its first request; without that
@@ -34,7 +34,7 @@ const admissionSaveEvery = 20
 // memory is the memory-aware limit's state.
 type memory struct {
 	mu         sync.Mutex
-	dec        policy.Admission
+	dec        Policy
 	samples    []policy.CostSample // newest last, at most maxAdmissionSamples
 	model      policy.CostModel
 	meanTokens float64 // prompt tokens of a typical recent request (moving average)
@@ -44,9 +44,9 @@ type memory struct {
 	// What pairs a GPU reading with the requests in flight: the span over
 	// which they held still, where the last window began, vLLM's last two
 	// counts, and the reading the last sample used (each is used once).
-	span     policy.InflightSpan
+	span     InflightSpan
 	winStart time.Time
-	counts   [2]policy.RunningCount
+	counts   [2]RunningCount
 	lastRead time.Time
 	// What the event stream last said (a KindAdmission on each change).
 	saidBound     string
@@ -106,9 +106,9 @@ func loadMemory(store *state.Store, seed []policy.CostSample, log *zap.Logger) *
 }
 
 // facts are the admission inputs that do not come from a sample.
-func (g *Gate) admissionFacts(tick bool) policy.AdmissionFacts {
+func (g *Gate) admissionFacts(tick bool) Facts {
 	v := g.view.Load()
-	f := policy.AdmissionFacts{Rung: v.rung, InflightFactor: g.cfg.Proxy.InflightFactor, Headroom: g.cfg.Profile.Headroom,
+	f := Facts{Rung: v.rung, InflightFactor: g.cfg.Proxy.InflightFactor, Headroom: g.cfg.Profile.Headroom,
 		CriticalFraction: g.cfg.GPU.CriticalFraction, Pressure: g.pressure.Load(), SecondsToCritical: -1,
 		Horizon: admissionHorizon(g.cfg.GPU.SampleInterval.Duration).Seconds()}
 	if g.proxy != nil {
@@ -214,17 +214,17 @@ func (g *Gate) admissionTick() {
 	}
 	serving := st.State == status.StateReady
 	if !a.winStart.IsZero() && serving {
-		a.span = a.span.Extend(policy.InflightSpan{Since: a.winStart, Min: win.MinInflight, Max: win.MaxInflight, MinTokens: win.MinTokens})
+		a.span = a.span.Extend(InflightSpan{Since: a.winStart, Min: win.MinInflight, Max: win.MaxInflight, MinTokens: win.MinTokens})
 	} else {
-		a.span = policy.InflightSpan{}
+		a.span = InflightSpan{}
 	}
 	a.winStart = now
 	if v.Up && !v.AskedAt.Equal(a.counts[1].AskedAt) {
-		a.counts = [2]policy.RunningCount{a.counts[1], {AskedAt: v.AskedAt, At: v.ScrapedAt, Running: v.Running}}
+		a.counts = [2]RunningCount{a.counts[1], {AskedAt: v.AskedAt, At: v.ScrapedAt, Running: v.Running}}
 	}
 	f.Learning = snap.Up && best >= 0
 	if serving && f.Learning && readAt.After(a.lastRead) {
-		sample, seen, ok := policy.SettledSample(policy.AdmissionReading{Span: a.span, Counts: a.counts[:], MemReadAt: readAt,
+		sample, seen, ok := SettledSample(Reading{Span: a.span, Counts: a.counts[:], MemReadAt: readAt,
 			Used: float64(used), Total: float64(total), Utilization: st.Rung.GPUMemoryUtilization})
 		if ok {
 			a.lastRead = readAt
@@ -242,7 +242,7 @@ func (g *Gate) admissionTick() {
 }
 
 func (a *memory) addSampleLocked(s policy.CostSample, log *zap.Logger) {
-	a.samples = policy.KeepSample(a.samples, s, maxAdmissionSamples)
+	a.samples = KeepSample(a.samples, s, maxAdmissionSamples)
 	was := a.model.Confident
 	a.model = policy.FitAdmission(a.samples)
 	if a.model.Confident && !was {

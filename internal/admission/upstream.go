@@ -2,8 +2,9 @@
 // answers the proxy asks on every request ready (vLLM's address, whether it
 // is ready, the rung in force, memory pressure) and, with the proxy on, the
 // memory-aware limit: GPU samples paired with the requests in flight, the
-// cost model policy.FitAdmission fits to them, and the bound
-// policy.Admission decides from the fit, the rung, the trend and the alerts.
+// cost model policy.FitAdmission fits to them, and the bound its Policy
+// decides from the fit, the rung, the trend and the alerts (policy.go: the
+// pure decisions, no I/O, no clock).
 // The guard (cmd/vllm-guard) wires it; the proxy reads it through
 // proxy.Upstream and proxy.Admitter.
 package admission

@@ -184,12 +184,12 @@ const collinearRatio = 1.5
 //
 // The proxy acts on this model at once (its limit), so it is fitted more
 // cautiously than the restart profile's: a concurrency level counts only
-// once seen in at least admissionSamplesPerLevel samples, near it (one reading may
+// once seen in at least AdmissionSamplesPerLevel samples, near it (one reading may
 // have caught requests still on their way to vLLM's batch), and the cost
 // per sequence is the admissionSlopeQuantile of the pairwise slopes, not
 // their median, so a model that errs, errs on the high side.
 func FitAdmission(samples []CostSample) CostModel {
-	samples = repeatedLevels(samples, admissionSamplesPerLevel)
+	samples = repeatedLevels(samples, AdmissionSamplesPerLevel)
 	m := fitCost(samples, admissionSlopeQuantile)
 	if !m.Confident {
 		return m
@@ -245,13 +245,15 @@ func FitAdmission(samples []CostSample) CostModel {
 	return m
 }
 
-const (
-	admissionSamplesPerLevel = 2
-	admissionSlopeQuantile   = 0.75
-)
+// AdmissionSamplesPerLevel is how many settled samples a concurrency level
+// needs before FitAdmission counts it (internal/admission's reopening grows
+// at the same pace).
+const AdmissionSamplesPerLevel = 2
+
+const admissionSlopeQuantile = 0.75
 
 // repeatedLevels keeps the samples whose concurrency was seen at least n
-// times, counting the samples within stillTolerance of it (a ramp moves a
+// times, counting the samples within StillTolerance of it (a ramp moves a
 // little between samples).
 func repeatedLevels(samples []CostSample, n int) []CostSample {
 	rs := make([]float64, len(samples))
@@ -262,7 +264,7 @@ func repeatedLevels(samples []CostSample, n int) []CostSample {
 	slices.Sort(sorted)
 	out := make([]CostSample, 0, len(samples))
 	for i, s := range samples {
-		tol := float64(stillTolerance(int(rs[i])))
+		tol := float64(StillTolerance(int(rs[i])))
 		lo, _ := slices.BinarySearch(sorted, rs[i]-tol)
 		hi, _ := slices.BinarySearch(sorted, rs[i]+tol+0.5)
 		if hi-lo >= n {

@@ -10,7 +10,7 @@
 // probes, scrapes and listings pass straight through. It decides nothing about vLLM itself: an Upstream
 // (the supervisor's wiring) says where vLLM is, whether it is ready, the
 // rung in force and whether a memory alert is active; one that is also an
-// Admitter says the bound in force (policy.Admission decides it).
+// Admitter says the bound in force (admission.Policy decides it).
 package proxy
 
 import (

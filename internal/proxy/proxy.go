@@ -146,6 +146,7 @@ type Proxy struct {
 	suspects    atomic.Uint64
 	lastSuspect atomic.Pointer[Suspect]
 	onSuspect   atomic.Pointer[func(Suspect)]
+	deaths      deathBook // what became of the requests each death touched
 	tickEvery   time.Duration // a held stream's comment (holdUntilReady)
 	noticeWait  time.Duration // for the guard to see a death (awaitNotice)
 	refreshMu   sync.Mutex    // serialises refresh
@@ -231,6 +232,9 @@ func perClientBuffered(cfg config.Proxy) int64 {
 func (p *Proxy) Stopping() {
 	p.stopping.Store(true)
 	p.lim.close()
+	// The deaths' accounts go to their records now, requests still going
+	// as pending: the records are closed as the guard stops.
+	p.flushDeaths()
 }
 
 // Notify tells the proxy that readiness, the rung or the alerts changed:
@@ -290,6 +294,10 @@ func (p *Proxy) refresh() {
 	if p.lim.set(b.Limit, b.RoomBytes, ready, o) {
 		// vLLM went away: its pooled connections are dead or about to be.
 		p.tr.CloseIdleConnections()
+	}
+	if ready {
+		// A death's account may be complete now that vLLM is back.
+		p.settleDeaths()
 	}
 }
 

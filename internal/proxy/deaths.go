@@ -119,7 +119,7 @@ type deathBook struct {
 	// open: some account is collecting or not handed over (settleDeaths
 	// has work, on every refresh otherwise a lock for nothing).
 	open atomic.Bool
-	on      func(death uint64, r state.DeathRequests)
+	on   func(death uint64, r state.DeathRequests)
 }
 
 // handover is an account to give the guard.

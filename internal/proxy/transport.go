@@ -184,6 +184,9 @@ func (p *Proxy) awaitRefused(ctx context.Context, st *reqState, since time.Time)
 		st.ended(OutcomeRefused, "")
 		return errNotReady
 	}
+	// Nothing was sent: for the death under way, it arrived while vLLM
+	// was down.
+	p.touched(st, KindArrivedWhileDown)
 	if err := p.holdUntilReady(ctx, st, nil); err != nil {
 		p.countHoldFailure(err)
 		return err

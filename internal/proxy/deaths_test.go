@@ -123,3 +123,58 @@ func TestDeathAccountPerKind(t *testing.T) {
 	default:
 	}
 }
+
+// vLLM dies again while it reloads, then the guard stops: each death's
+// account is handed over then, with the request still held as pending and
+// why; the held request is in both (the second death kept it away too),
+// and its end after the stop changes neither.
+func TestDeathAccountAtNextDeathAndStop(t *testing.T) {
+	r, _ := newHoldRig(t, proxyConfig(), 8, func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+	handed := make(chan handover, 4)
+	r.p.SetOnDeathRequests(func(id uint64, req state.DeathRequests) { handed <- handover{id, req} })
+	r.setReady(false)
+	first := r.p.Died()
+	held := r.send("/v1/completions", `{"model":"m","prompt":"hi"}`)
+	waitFor(t, "the request held", func() bool { return r.p.Stats().Held == 1 })
+	second := r.p.Died()
+	pending := func(at string) state.DeathRequests {
+		return state.DeathRequests{RequestOutcomes: state.RequestOutcomes{Touched: 1, Pending: 1},
+			ArrivedWhileDown: &state.RequestOutcomes{Touched: 1, Pending: 1}, UnfinishedAt: at}
+	}
+	if h := <-handed; h.id != first || !reflect.DeepEqual(h.req, pending(UnfinishedNextDeath)) {
+		t.Fatalf("at the second death: death %d's account %+v; want death %d's, the held request pending", h.id, h.req, first)
+	}
+	r.p.Stopping()
+	if h := <-handed; h.id != second || !reflect.DeepEqual(h.req, pending(UnfinishedGuardStop)) {
+		t.Fatalf("at the stop: death %d's account %+v; want death %d's, the held request pending", h.id, h.req, second)
+	}
+	if got := <-held; got.code != http.StatusServiceUnavailable {
+		t.Fatalf("the held request at the stop: %d %q; want 503", got.code, got.body)
+	}
+	select {
+	case h := <-handed:
+		t.Fatalf("an account after the stop: %+v", h)
+	default:
+	}
+}
+
+// A loss of vLLM the guard never records as a death (a planned restart, the
+// first load) gives no account, and does not leak into the next death's.
+func TestNoAccountWithoutADeath(t *testing.T) {
+	r, _ := newHoldRig(t, proxyConfig(), 8, func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+	handed := make(chan handover, 4)
+	r.p.SetOnDeathRequests(func(id uint64, req state.DeathRequests) { handed <- handover{id, req} })
+	r.setReady(false)
+	held := r.send("/v1/completions", `{"model":"m","prompt":"hi"}`)
+	waitFor(t, "the request held", func() bool { return r.p.Stats().Held == 1 })
+	r.setReady(true)
+	if got := <-held; got.code != 200 {
+		t.Fatalf("held request: %d %q", got.code, got.body)
+	}
+	r.setReady(false)
+	death := r.p.Died()
+	r.setReady(true)
+	if h := <-handed; h.id != death || h.req.Touched != 0 || h.req.Pending != 0 {
+		t.Fatalf("the death's account %+v (death %d); want death %d's, touching nothing", h.req, h.id, death)
+	}
+}

@@ -230,11 +230,11 @@ func perClientBuffered(cfg config.Proxy) int64 {
 // 32: 5 s and more). Requests in flight go on; the guard waits for them
 // before vLLM gets its SIGTERM. Serve calls it when its context ends.
 func (p *Proxy) Stopping() {
+	// The deaths' accounts go to their records now, the requests still
+	// going as pending: the records close as the guard stops.
+	p.flushDeaths()
 	p.stopping.Store(true)
 	p.lim.close()
-	// The deaths' accounts go to their records now, requests still going
-	// as pending: the records are closed as the guard stops.
-	p.flushDeaths()
 }
 
 // Notify tells the proxy that readiness, the rung or the alerts changed:

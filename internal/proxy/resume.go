@@ -666,9 +666,10 @@ func (s *resumer) event(ev []byte) (done bool, why string, cut bool) {
 	var choices []map[string]json.RawMessage
 	if json.Unmarshal(data, &c) == nil && rawNull(c["error"]) && string(c["object"]) == `"error"` {
 		// The flat ErrorResponse ({"object": "error", "message": ...,
-		// "code": 500}) as a stream event: the simulator's dying engine
-		// sends it (vLLM wraps its stream errors in {"error": ...}); the
-		// same error as the nested one, not a chunk to pass on.
+		// "code": 500}) as a stream event: vLLM wraps its stream errors
+		// in {"error": ...} (0.32.0 and the older servers alike), but a
+		// server in front of it, or an older simulator, may send it bare;
+		// the same error as the nested one, not a chunk to pass on.
 		c["error"] = data
 	}
 	if c == nil || (c["choices"] == nil && c["usage"] == nil && c["error"] == nil) ||

@@ -145,6 +145,10 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 			st := g.proxy.Stats()
 			return state.HeldRequests{Requests: st.Held, PausedStreams: st.Paused}
 		})
+		// What became of the requests each death touched comes into its
+		// record once they have all finished.
+		g.inc.SetDeaths(g.proxy.Died)
+		g.proxy.SetOnDeathRequests(g.inc.NoteRequests)
 	}
 	return g, nil
 }
@@ -218,6 +222,11 @@ func (g *Guard) Run(ctx context.Context) int {
 	}
 
 	code := g.sup.Run(ctx)
+	if g.proxy != nil {
+		// The deaths' accounts still open go to their records before
+		// these close, with the requests still going as pending.
+		g.proxy.Stopping()
+	}
 	g.inc.Close()
 
 	// Deliver what is queued (gave_up above all) before going.

@@ -35,6 +35,18 @@ func (s *memStore) AddIncident(inc state.Incident) (string, error) {
 	return "/state/incidents/x.json", nil
 }
 
+func (s *memStore) UpdateIncident(at time.Time, cause policy.Cause, update func(*state.Incident)) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range s.recs {
+		if s.recs[i].Time.Equal(at) && s.recs[i].Cause == cause {
+			update(&s.recs[i])
+			return true, nil
+		}
+	}
+	return false, s.err
+}
+
 func oomFailure(at time.Time) *events.Failure {
 	lines := make([]policy.Line, 0, 300)
 	for i := 1; i <= 300; i++ {
@@ -108,5 +120,52 @@ func TestRecordNamesTheSuspectRequest(t *testing.T) {
 		store.recs[0].Suspects[0].BodyBytes != 900000 || len(store.recs[1].Suspects) != 0 ||
 		store.recs[0].Held == nil || *store.recs[0].Held != (state.HeldRequests{Requests: 5, PausedStreams: 2}) {
 		t.Fatalf("records %+v; want the first to name the recent suspect only, the second none", store.recs)
+	}
+}
+
+// The account of what became of a death's requests comes after the
+// record: the recorder tells the proxy of the death as it records it, and
+// the account handed back under the death's number lands in that record on
+// disk (and in status's last incident); an earlier death's account handed
+// over at the next death lands in its own record.
+func TestRecorderPutsTheDeathsRequestsInItsRecord(t *testing.T) {
+	store, _, err := state.Open(t.TempDir(), zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := New(store, func() gpumon.Snapshot { return gpumon.Snapshot{} }, 10, time.Second, zap.NewNop())
+	var deaths uint64
+	var early *state.DeathRequests
+	r.SetDeaths(func() uint64 {
+		deaths++
+		if deaths == 2 {
+			// The proxy hands over the first death's account, one request
+			// still going, as it counts the second.
+			r.NoteRequests(1, *early)
+		}
+		return deaths
+	})
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	early = &state.DeathRequests{RequestOutcomes: state.RequestOutcomes{Touched: 2, Replayed: 1, Pending: 1},
+		NonStreaming: &state.RequestOutcomes{Touched: 2, Replayed: 1, Pending: 1}, UnfinishedAt: "next_death"}
+	r.Handle(events.Event{Kind: events.KindExited, Failure: oomFailure(at)})
+	r.Handle(events.Event{Kind: events.KindExited, Failure: oomFailure(at.Add(time.Minute))})
+	second := state.DeathRequests{RequestOutcomes: state.RequestOutcomes{Touched: 1, Continued: 1},
+		Streams: &state.RequestOutcomes{Touched: 1, Continued: 1}}
+	r.NoteRequests(2, second)
+	r.NoteRequests(7, second) // no such death: nothing
+	if last := r.Last(); last == nil || last.Requests == nil || last.Requests.Continued != 1 {
+		t.Errorf("status's last incident lacks its requests: %+v", last)
+	}
+	r.Close()
+	incs, err := store.Incidents(0)
+	if err != nil || len(incs) != 2 {
+		t.Fatalf("records %+v %v", incs, err)
+	}
+	if got := incs[1].Requests; got == nil || got.Pending != 1 || got.UnfinishedAt != "next_death" || got.NonStreaming.Replayed != 1 {
+		t.Errorf("first death's record: requests %+v", got)
+	}
+	if got := incs[0].Requests; got == nil || got.Continued != 1 || got.Streams.Touched != 1 || got.Pending != 0 {
+		t.Errorf("second death's record: requests %+v", got)
 	}
 }

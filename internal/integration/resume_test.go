@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/state"
 )
 
 // Issue 30 through the real guard: vLLM dies of an OOM (the simulator's
@@ -82,6 +85,49 @@ queue_timeout = "1s"
 	}
 	if json.Unmarshal(out, &doc); doc.Proxy == nil || doc.Proxy.Resumed < 1 || doc.Proxy.Rejected != 0 {
 		t.Fatalf("status (%v): %s; want requests resumed, none refused", err, out)
+	}
+	// The incident record of the OOM says what became of the requests it
+	// touched, once they have all finished: the four in flight replayed,
+	// those that came while vLLM reloaded served after the hold.
+	req := waitIncidentRequests(t, s)
+	if req.Pending != 0 || req.NonStreaming == nil || req.NonStreaming.Touched != 4 || req.NonStreaming.Replayed != 4 ||
+		req.Replayed+req.ServedAfterHold != req.Touched || req.Touched < 4 ||
+		(req.ArrivedWhileDown != nil && req.ArrivedWhileDown.ServedAfterHold != req.ArrivedWhileDown.Touched) {
+		t.Fatalf("the OOM's record: requests %+v; want the 4 in flight replayed, every arrival served after the hold, nothing pending", req)
+	}
+}
+
+// waitIncidentRequests waits for the one incident record on disk to hold
+// what became of the requests its death touched (the guard rewrites the
+// record once the last of them has finished).
+func waitIncidentRequests(t *testing.T, s *scene) state.DeathRequests {
+	t.Helper()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(60 * time.Second)
+	for {
+		files, _ := filepath.Glob(filepath.Join(s.dir, "state", "incidents", "*.json"))
+		if len(files) > 1 {
+			t.Fatalf("incident records %v; want one", files)
+		}
+		if len(files) == 1 {
+			var inc state.Incident
+			b, err := os.ReadFile(files[0])
+			if err == nil {
+				err = json.Unmarshal(b, &inc)
+			}
+			if err != nil {
+				t.Fatalf("incident record %s: %v (read mid-write?)", files[0], err)
+			}
+			if inc.Requests != nil {
+				return *inc.Requests
+			}
+		}
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("no account of the OOM's requests in its incident record after 60 s")
+		}
 	}
 }
 

@@ -45,6 +45,60 @@ type reqState struct {
 	// unnoticed: it was sent again after a death the guard never saw (a
 	// connection closed as it was reused); once is enough.
 	unnoticed int
+	// What a death's account says of it (deaths.go): touched, the account
+	// it joined last; stream and output: a stream, whose client has
+	// generated tokens; how: resumed how (ResumedReplayed,
+	// ResumedContinued); end and endReason: how it ended when not
+	// answered (OutcomeRefused, OutcomeSuspect, notResumed and why).
+	touched        bool
+	lastTally      *deathTally
+	stream, output bool
+	how            string
+	end, endReason string
+}
+
+// kind is the kind of request a death touches st as.
+func (st *reqState) kind() string {
+	switch {
+	case st.output:
+		return KindStreams
+	case st.stream:
+		return KindStreamsBeforeFirstToken
+	}
+	return KindNonStreaming
+}
+
+// ended marks how st ended, unless that is said already.
+func (st *reqState) ended(what, reason string) {
+	if st.end == "" {
+		st.end, st.endReason = what, reason
+	}
+}
+
+// resumedHow marks st resumed: a stream continued once stays continued.
+func (st *reqState) resumedHow(how string) {
+	if st.how != ResumedContinued {
+		st.how = how
+	}
+}
+
+// outcome is what became of st, answered code (0: nothing), for a kind.
+func (st *reqState) outcome(code int) outcomeOf {
+	return func(kind string) (string, string) {
+		switch {
+		case st.end != "":
+			return st.end, st.endReason
+		case code == 0:
+			return OutcomeClientGone, ""
+		case code >= 500:
+			return OutcomeFailed, ""
+		case kind == KindArrivedWhileDown:
+			return OutcomeServedAfterHold, ""
+		case st.how != "":
+			return st.how, ""
+		}
+		return OutcomeFailed, ""
+	}
 }
 
 // giveBack returns the request's slot, if it holds one.
@@ -184,10 +238,21 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	st := &reqState{arrived: start, deadline: deadline, tokens: tokens, cost: cost}
-	_, readyAtArrival := p.lim.generation()
+	// A request some death touched: what became of it goes in that
+	// death's account once it has finished.
+	defer func() { p.finished(st, st.outcome(rec.code)) }()
+	genAtArrival, readyAtArrival := p.lim.generation()
+	if !readyAtArrival {
+		p.touched(st, KindArrivedWhileDown)
+	}
 	queued, err := p.lim.acquire(r.Context(), admit{cost: cost, tokens: tokens, arrived: start, queueTimeout: p.cfg.QueueTimeout.Duration})
+	if gen, _ := p.lim.generation(); readyAtArrival && gen != genAtArrival {
+		// It waited in the queue while vLLM went away (and came back).
+		p.queuedAtDeath(st, gen)
+	}
 	if err != nil {
 		if rj, ok := isRejection(err); ok {
+			st.ended(OutcomeRefused, "")
 			p.reject(rec, rj)
 		}
 		return // else the client left while waiting: nobody to answer

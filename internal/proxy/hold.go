@@ -93,6 +93,9 @@ func (p *Proxy) holdUntilReady(ctx context.Context, st *reqState, tick func(why 
 		a.tickEvery = p.tickEvery
 	}
 	if _, err := p.lim.acquire(ctx, a); err != nil {
+		if _, ok := isRejection(err); ok {
+			st.ended(OutcomeRefused, "")
+		}
 		return err
 	}
 	st.slot = true
@@ -176,6 +179,7 @@ func (p *Proxy) suspect(req *http.Request, st *reqState) error {
 	}
 	p.suspects.Add(1)
 	p.lastSuspect.Store(&s)
+	st.ended(OutcomeSuspect, "")
 	p.noteResumeFailed(FailedSuspect)
 	p.log.Warn("a request was in flight at every death of vLLM it saw; not sending it again: it may be what kills vLLM",
 		zap.String("path", s.Path), zap.String("client", s.Client), zap.Int64("body_bytes", s.BodyBytes),
@@ -237,6 +241,8 @@ func (p *Proxy) nothingProduced(req *http.Request, st *reqState, resp *http.Resp
 				return replayDeath
 			}
 			p.noteResumeFailed(FailedResumeOff)
+			p.touched(st, st.kind())
+			st.ended(notResumed, FailedResumeOff)
 		}
 		return replayNone
 	}
@@ -249,6 +255,8 @@ func (p *Proxy) nothingProduced(req *http.Request, st *reqState, resp *http.Resp
 			if p.readyNow() {
 				p.noteResumeFailed(FailedResumeOff)
 			}
+			p.touched(st, st.kind())
+			st.ended(notResumed, FailedResumeOff)
 		case engineShutdown:
 			if p.cfg.Resume {
 				return replayDrain

@@ -146,6 +146,7 @@ type Proxy struct {
 	suspects    atomic.Uint64
 	lastSuspect atomic.Pointer[Suspect]
 	onSuspect   atomic.Pointer[func(Suspect)]
+	deaths      deathBook     // what became of the requests each death touched
 	tickEvery   time.Duration // a held stream's comment (holdUntilReady)
 	noticeWait  time.Duration // for the guard to see a death (awaitNotice)
 	refreshMu   sync.Mutex    // serialises refresh
@@ -229,6 +230,9 @@ func perClientBuffered(cfg config.Proxy) int64 {
 // 32: 5 s and more). Requests in flight go on; the guard waits for them
 // before vLLM gets its SIGTERM. Serve calls it when its context ends.
 func (p *Proxy) Stopping() {
+	// The deaths' accounts go to their records now, the requests still
+	// going as pending: the records close as the guard stops.
+	p.flushDeaths()
 	p.stopping.Store(true)
 	p.lim.close()
 }
@@ -290,6 +294,10 @@ func (p *Proxy) refresh() {
 	if p.lim.set(b.Limit, b.RoomBytes, ready, o) {
 		// vLLM went away: its pooled connections are dead or about to be.
 		p.tr.CloseIdleConnections()
+	}
+	if ready {
+		// A death's account may be complete now that vLLM is back.
+		p.settleDeaths()
 	}
 }
 

@@ -328,6 +328,7 @@ func (p *Proxy) resumeStream(w *recorder, r *http.Request, st *reqState) (*http.
 		raw, _ = io.ReadAll(st.body.b.reader())
 	}
 	plan, reason := planStream(r.URL.Path, raw)
+	st.stream = plan != nil || reason != ""
 	if plan == nil {
 		if reason != "" {
 			r = r.WithContext(context.WithValue(r.Context(), notResumedKey{}, reason))
@@ -348,6 +349,9 @@ func (p *Proxy) resumeStream(w *recorder, r *http.Request, st *reqState) (*http.
 		s.text.init()
 	}
 	s.run(fwd)
+	if !s.done && (s.clientGone || r.Context().Err() != nil) {
+		st.ended(OutcomeClientGone, "")
+	}
 	return r, true
 }
 
@@ -382,6 +386,7 @@ type resumer struct {
 	seenIDs    int    // ids the client has had (more than delivered after a rewind)
 	aborted    bool   // vLLM finished the request with "abort": a restart's drain
 	suspect    error
+	done       bool // [DONE] written
 }
 
 type outcome int
@@ -440,6 +445,10 @@ func (s *resumer) run(fwd *bufferedBody) {
 			return
 		}
 		// vLLM cut the stream.
+		if !s.finished {
+			s.st.output = s.seenIDs > 0
+			s.p.touched(s.st, s.st.kind())
+		}
 		switch {
 		case s.finished:
 			// Only the usage and [DONE] were missing: nothing to ask vLLM.
@@ -482,7 +491,7 @@ func (s *resumer) run(fwd *bufferedBody) {
 		}
 		if s.seenIDs == 0 {
 			// Nothing generated reached the client: the same request again.
-			s.p.streamResumed("replayed")
+			s.p.streamResumed(s.st, "replayed")
 			body, path = fwd.chunks[0], s.r.URL.Path
 			s.continuing = false
 			continue
@@ -508,11 +517,11 @@ func (s *resumer) run(fwd *bufferedBody) {
 		cont, ok := s.continuation(ctx)
 		if !ok {
 			// max_tokens were all delivered; only the finish was cut.
-			s.p.streamResumed("continued")
+			s.p.streamResumed(s.st, "continued")
 			s.finishLength()
 			return
 		}
-		s.p.streamResumed("continued")
+		s.p.streamResumed(s.st, "continued")
 		body, path = cont, "/v1/completions"
 		s.continuing, s.base = true, len(s.delivered)
 		if s.text != nil && len(s.delivered) >= s.plan.minTokens {
@@ -657,9 +666,10 @@ func (s *resumer) event(ev []byte) (done bool, why string, cut bool) {
 	var choices []map[string]json.RawMessage
 	if json.Unmarshal(data, &c) == nil && rawNull(c["error"]) && string(c["object"]) == `"error"` {
 		// The flat ErrorResponse ({"object": "error", "message": ...,
-		// "code": 500}) as a stream event: the simulator's dying engine
-		// sends it (vLLM wraps its stream errors in {"error": ...}); the
-		// same error as the nested one, not a chunk to pass on.
+		// "code": 500}) as a stream event: vLLM wraps its stream errors
+		// in {"error": ...} (0.32.0 and the older servers alike), but a
+		// server in front of it, or an older simulator, may send it bare;
+		// the same error as the nested one, not a chunk to pass on.
 		c["error"] = data
 	}
 	if c == nil || (c["choices"] == nil && c["usage"] == nil && c["error"] == nil) ||
@@ -997,7 +1007,7 @@ func (s *resumer) finish() {
 	if s.plan.usage && !s.usageSent && s.finished && s.headerSent {
 		s.writeUsage()
 	}
-	_ = s.write([]byte("data: [DONE]\n\n"))
+	s.done = s.write([]byte("data: [DONE]\n\n")) == nil
 }
 
 func (s *resumer) writeUsage() {
@@ -1035,6 +1045,7 @@ func (s *resumer) end() {
 	if s.suspect == nil {
 		s.p.streamNotResumed(s.notResumed) // (suspect counted it)
 	}
+	s.st.ended(notResumed, s.notResumed) // (unless refused or suspect)
 	if !s.headerSent {
 		s.writeHeader(http.Header{"Content-Type": {"text/event-stream; charset=utf-8"}})
 	}
@@ -1171,7 +1182,10 @@ var resumeReasons = []string{nrN, nrBeamSearch, nrStructured, nrTools, nrEcho, n
 
 // streamResumed and streamNotResumed count a stream as the hold counts
 // every other request (the metrics and the status's resumed count).
-func (p *Proxy) streamResumed(how string) { p.noteResumed(how) }
+func (p *Proxy) streamResumed(st *reqState, how string) {
+	p.noteResumed(how)
+	st.resumedHow(how)
+}
 
 func (p *Proxy) streamNotResumed(reason string) { p.noteResumeFailed(reason) }
 

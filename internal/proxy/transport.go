@@ -104,12 +104,14 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if req.Context().Err() != nil {
 			return nil, req.Context().Err()
 		}
+		t.p.touched(st, st.kind())
 		if why == replayDeath && !t.p.noteDeath(st) {
 			return nil, t.p.suspect(req, st)
 		}
 		body, ok := st.replayBody()
 		if !ok {
 			t.p.noteResumeFailed(FailedBodyNotKept)
+			st.ended(notResumed, FailedBodyNotKept)
 			return nil, errAbortedNoReplay
 		}
 		t.p.log.Debug("vLLM answered nothing (it died, or drains for a restart); holding the request until it is back",
@@ -125,12 +127,14 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			// has yet to see), and not held against the request.
 			st.deaths--
 			st.unnoticed++
+			t.p.untouched(st)
 		}
 		if req, err = t.reaim(req); err != nil {
 			return nil, err
 		}
 		req.Body = body
 		t.p.noteResumed(ResumedReplayed)
+		st.resumedHow(ResumedReplayed)
 	}
 }
 
@@ -171,13 +175,18 @@ func (p *Proxy) awaitRefused(ctx context.Context, st *reqState, since time.Time)
 	p.refresh()
 	if p.lim.isReady() {
 		if time.Since(since) >= p.cfg.QueueTimeout.Duration {
+			st.ended(OutcomeRefused, "")
 			return errNotReady
 		}
 		return nil
 	}
 	if !p.cfg.Resume && !time.Now().Before(st.deadline) {
+		st.ended(OutcomeRefused, "")
 		return errNotReady
 	}
+	// Nothing was sent: for the death under way, it arrived while vLLM
+	// was down.
+	p.touched(st, KindArrivedWhileDown)
 	if err := p.holdUntilReady(ctx, st, nil); err != nil {
 		p.countHoldFailure(err)
 		return err
@@ -256,7 +265,14 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	if isEventStream(resp.Header.Get("Content-Type")) {
 		resp.Body = &sseBody{rc: resp.Body, ctx: resp.Request.Context(), log: p.log, path: resp.Request.URL.Path, lastNL: 2}
 		if reason, ok := resp.Request.Context().Value(notResumedKey{}).(string); ok {
-			resp.Body.(*sseBody).cut = func() { p.streamNotResumed(reason) }
+			st, _ := resp.Request.Context().Value(ctxKey{}).(*reqState)
+			resp.Body.(*sseBody).cut = func() {
+				p.streamNotResumed(reason)
+				if st != nil {
+					p.touched(st, KindStreams)
+					st.ended(notResumed, reason)
+				}
+			}
 		}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -50,6 +51,60 @@ type Incident struct {
 	// requests the death touched (in flight, given their slot back) and
 	// those that came since; nil without the proxy.
 	Held *HeldRequests `json:"held_requests,omitempty"`
+	// Requests is what became of the requests the death touched, by kind:
+	// written into the record once every one of them has finished (or at
+	// the next death or the guard's stop, with those still going as
+	// pending); nil until then, and without the proxy.
+	Requests *DeathRequests `json:"requests,omitempty"`
+}
+
+// DeathRequests is what became of the requests one death of vLLM touched
+// (the proxy's account): all kinds together, then each kind.
+type DeathRequests struct {
+	RequestOutcomes
+	// Streams had delivered tokens to their client at the death (continued
+	// or ended); StreamsBeforeFirstToken had not (sent again);
+	// NonStreaming are every other inference request in flight (non-streaming
+	// completions and chat, embeddings and other pooling: sent again);
+	// ArrivedWhileDown arrived, or waited in the queue, while vLLM was down
+	// for this death (held). A kind the death did not touch is absent.
+	Streams                 *RequestOutcomes `json:"streams,omitempty"`
+	StreamsBeforeFirstToken *RequestOutcomes `json:"streams_before_first_token,omitempty"`
+	NonStreaming            *RequestOutcomes `json:"non_streaming,omitempty"`
+	ArrivedWhileDown        *RequestOutcomes `json:"arrived_while_down,omitempty"`
+	// UnfinishedAt is set when the record was completed with requests
+	// still going (Pending > 0): "next_death" (vLLM died again first) or
+	// "guard_stop".
+	UnfinishedAt string `json:"unfinished_at,omitempty"`
+}
+
+// RequestOutcomes counts requests a death touched by what finally became of
+// each. The words are those of vllm_guard_proxy_resumed_total{how} and
+// vllm_guard_proxy_resume_failed_total{reason}.
+type RequestOutcomes struct {
+	Touched int `json:"touched"`
+	// Continued: a stream carried on from the tokens delivered; Replayed:
+	// sent again from its body, answered; ServedAfterHold: arrived while
+	// vLLM was down and answered once it was back.
+	Continued       int `json:"continued,omitempty"`
+	Replayed        int `json:"replayed,omitempty"`
+	ServedAfterHold int `json:"served_after_hold,omitempty"`
+	// Refused: 503 (or a stream's error event) because vLLM did not come
+	// back within the hold limit, was not coming back, or the queue or the
+	// body buffer was full. Suspect: ended because it was in flight at
+	// [proxy] resume_limit deaths (suspect_requests names it).
+	Refused int `json:"refused,omitempty"`
+	Suspect int `json:"suspect,omitempty"`
+	// NotResumed: ended with the error event (or 503) instead of being
+	// resumed, by reason: n, beam_search, structured_output, resume_off,
+	// body_not_kept ... (the reason label of resume_failed_total).
+	NotResumed map[string]int `json:"not_resumed,omitempty"`
+	// ClientGone: its client left before it was answered. Failed: ended
+	// some other way (an error from vLLM after it was back).
+	ClientGone int `json:"client_gone,omitempty"`
+	Failed     int `json:"failed,omitempty"`
+	// Pending: not finished when the record was completed.
+	Pending int `json:"pending"`
 }
 
 // HeldRequests counts the requests the proxy held when a record was made.
@@ -146,6 +201,57 @@ func (s *Store) AddIncident(inc Incident) (path string, err error) {
 	}
 	s.prune()
 	return path, nil
+}
+
+// UpdateIncident rewrites the record of the failure at the time at (of
+// cause) with update applied, atomically (a reader sees the old record or
+// the new, never half of one) and masked as AddIncident masks. It reports
+// whether the record was found: it may have been pruned since.
+func (s *Store) UpdateIncident(at time.Time, cause policy.Cause, update func(*Incident)) (found bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at = at.UTC()
+	if s.inc == nil {
+		for i := range s.memIncidents {
+			if inc := &s.memIncidents[i]; inc.Time.Equal(at) && inc.Cause == cause {
+				update(inc)
+				*inc = Redacted(*inc)
+				return true, nil
+			}
+		}
+		return false, nil
+	}
+	// The record's name is its time and cause, with -2, -3 ... when
+	// several share them (AddIncident).
+	base := at.Format("20060102T150405.000000Z") + "-" + fileSafe(string(cause))
+	for i := 1; ; i++ {
+		name := base + ".json"
+		if i > 1 {
+			name = fmt.Sprintf("%s-%d.json", base, i)
+		}
+		data, err := readCapped(s.inc, name, maxIncidentBytes)
+		if errors.Is(err, os.ErrNotExist) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("state: read incident record %s: %w", name, err)
+		}
+		var inc Incident
+		if err := json.Unmarshal(data, &inc); err != nil {
+			return false, fmt.Errorf("state: decode incident record %s: %w", name, err)
+		}
+		if !inc.Time.Equal(at) || inc.Cause != cause {
+			continue
+		}
+		update(&inc)
+		if data, err = json.MarshalIndent(Redacted(inc), "", "  "); err != nil {
+			return false, fmt.Errorf("state: encode incident %s: %w", inc.ID, err)
+		}
+		if err := writeAtomic(s.inc, name, append(data, '\n'), fileMode); err != nil {
+			return false, fmt.Errorf("state: incident record: %w", err)
+		}
+		return true, nil
+	}
 }
 
 // Redacted returns inc with the secrets in its text masked: vLLM's lines
@@ -275,7 +381,7 @@ func WriteIncidents(w io.Writer, incs []Incident) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "TIME (UTC)\tCAUSE\tRUNG (max_num_seqs, gpu_util)\tMEMORY\tEVIDENCE")
+	fmt.Fprintln(tw, "TIME (UTC)\tCAUSE\tRUNG (max_num_seqs, gpu_util)\tMEMORY\tREQUESTS\tEVIDENCE")
 	for _, inc := range incs {
 		after := rung(inc.RungAfter)
 		if inc.Action == policy.ActionGiveUp {
@@ -285,14 +391,52 @@ func WriteIncidents(w io.Writer, incs []Incident) error {
 		if trend == "" {
 			trend = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s → %s\t%s\t%s\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s → %s\t%s\t%s\t%s\n",
 			inc.Time.UTC().Format("2006-01-02 15:04:05"),
 			oneLine(string(inc.Cause)),
 			rung(inc.RungBefore), after,
 			trend,
+			inc.Requests.Line(),
 			evidence(inc))
 	}
 	return tw.Flush()
+}
+
+// Line is the requests a death touched and what became of them, in one
+// line: "4 touched: 1 continued, 1 replayed, 1 served after hold, 1 not
+// resumed (n)"; "-" when the record has no account (yet).
+func (r *DeathRequests) Line() string {
+	if r == nil {
+		return "-"
+	}
+	parts := []string{}
+	add := func(n int, what string) {
+		if n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, what))
+		}
+	}
+	add(r.Continued, "continued")
+	add(r.Replayed, "replayed")
+	add(r.ServedAfterHold, "served after hold")
+	add(r.Refused, "refused")
+	add(r.Suspect, "suspect")
+	reasons := slices.Sorted(maps.Keys(r.NotResumed))
+	for _, why := range reasons {
+		add(r.NotResumed[why], "not resumed ("+oneLine(why)+")")
+	}
+	add(r.ClientGone, "client gone")
+	add(r.Failed, "failed")
+	if r.Pending > 0 {
+		at := "pending"
+		if r.UnfinishedAt != "" {
+			at += " at " + strings.ReplaceAll(oneLine(r.UnfinishedAt), "_", " ")
+		}
+		add(r.Pending, at)
+	}
+	if len(parts) == 0 {
+		return fmt.Sprintf("%d touched", r.Touched)
+	}
+	return fmt.Sprintf("%d touched: %s", r.Touched, strings.Join(parts, ", "))
 }
 
 func rung(r policy.Rung) string {

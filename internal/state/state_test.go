@@ -334,3 +334,67 @@ func TestWriteIncidents(t *testing.T) {
 		t.Errorf("row not kept to one bounded line: %q", lines[1])
 	}
 }
+
+// The account of what became of a death's requests comes after the record:
+// the file is replaced whole (a new file renamed over it, no temp file
+// left, the other fields kept), masked, and shown in the table.
+func TestUpdateIncidentRewritesAtomically(t *testing.T) {
+	s := open(t, t.TempDir())
+	at := time.Date(2026, 1, 2, 3, 4, 5, 600_000_000, time.UTC)
+	p, err := s.AddIncident(sampleIncident(at, policy.CauseOOM))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &DeathRequests{RequestOutcomes: RequestOutcomes{Touched: 4, Continued: 1, Replayed: 1, ServedAfterHold: 1, NotResumed: map[string]int{"n": 1}},
+		Streams:          &RequestOutcomes{Touched: 2, Continued: 1, NotResumed: map[string]int{"n": 1}},
+		NonStreaming:     &RequestOutcomes{Touched: 1, Replayed: 1},
+		ArrivedWhileDown: &RequestOutcomes{Touched: 1, ServedAfterHold: 1}}
+	found, err := s.UpdateIncident(at.In(time.FixedZone("x", 3600)), policy.CauseOOM, func(inc *Incident) {
+		inc.Requests = req
+		inc.Summary = "api_key=sk-secret-value-1234"
+	})
+	if err != nil || !found {
+		t.Fatalf("UpdateIncident: found %v, %v", found, err)
+	}
+	after, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if os.SameFile(before, after) {
+		t.Error("the record was written in place, not replaced by a rename: a reader could see half of it")
+	}
+	entries, _ := os.ReadDir(filepath.Dir(p))
+	if len(entries) != 1 {
+		t.Errorf("incidents folder holds %d entries after the rewrite, want the one record: %v", len(entries), entries)
+	}
+	raw, _ := os.ReadFile(p)
+	var generic map[string]any
+	if err := json.Unmarshal(raw, &generic); err != nil {
+		t.Fatalf("rewritten record: %v\n%s", err, raw)
+	}
+	r, _ := generic["requests"].(map[string]any)
+	nr, _ := r["not_resumed"].(map[string]any)
+	streams, _ := r["streams"].(map[string]any)
+	if r["touched"] != 4.0 || r["continued"] != 1.0 || r["pending"] != 0.0 || nr["n"] != 1.0 || streams["touched"] != 2.0 ||
+		generic["delay"] != "5s" || generic["memory_trend"] != "rising 0.90→0.99 in 2m" {
+		t.Errorf("rewritten record lost or lacks fields:\n%s", raw)
+	}
+	if strings.Contains(string(raw), "sk-secret-value-1234") {
+		t.Errorf("rewritten record not masked:\n%s", raw)
+	}
+	incs, _ := s.Incidents(1)
+	var table bytes.Buffer
+	if err := WriteIncidents(&table, incs); err != nil {
+		t.Fatal(err)
+	}
+	if want := "4 touched: 1 continued, 1 replayed, 1 served after hold, 1 not resumed (n)"; !strings.Contains(table.String(), want) {
+		t.Errorf("table lacks %q:\n%s", want, table.String())
+	}
+	if found, err := s.UpdateIncident(at.Add(time.Second), policy.CauseOOM, func(*Incident) {}); found || err != nil {
+		t.Errorf("UpdateIncident of no record: found %v, %v", found, err)
+	}
+}

@@ -99,7 +99,12 @@
 // wrappers, /health 503 for ~100 ms, uvicorn's shutdown lines, exit 0.
 // Streams in flight end with an error event and "data: [DONE]" when the
 // engine failed on its own (crash, OOM: vLLM's stream generators catch
-// EngineDeadError), and are cut (connection closed, no [DONE]) when the
+// EngineDeadError): in the v1 era 0.32.0's data: {"error": {"message":
+// "EngineCore encountered an issue. ...", "type": "InternalServerError",
+// "param": null, "code": 500}}, before it the older servers' flat
+// ErrorResponse (with "object": "error") inside {"error": ...}; a plain
+// request gets 500 with the same error (nested in the v1 era, flat
+// before). Streams are cut (connection closed, no [DONE]) when the
 // engine was killed by a signal: SIGTERM to the EngineCore (which, like
 // vLLM's, shuts down at once) or to a worker, or any engine death while
 // the API is shutting down.

@@ -81,6 +81,30 @@ const (
 	drainCutBody        = `{"error":{"message":"` + engineDeadMessage + `","type":"InternalServerError","param":null,"code":500}}`
 )
 
+// deadStreamEvent is the event a stream ends with when the engine dies
+// under it, vLLM's create_streaming_error_response (json.dumps: ", " and
+// ": " between items). 0.32.0 dumps its ErrorResponse, which nests the
+// error: the same bytes as its drain's cut (drainCutEvent). Earlier servers
+// wrapped their flat ErrorResponse, object field and all, in {"error": ...}.
+// No era sent the flat ErrorResponse itself as a stream event.
+func (a *apiServer) deadStreamEvent() string {
+	if a.env.Era == eraV1Plain {
+		return drainCutEvent
+	}
+	return `data: {"error": {"object": "error", "message": "` + engineDeadMessage + `", "type": "InternalServerError", "param": null, "code": 500}}` + "\n\n"
+}
+
+// writeEngineDead answers a plain request the dead engine cannot serve:
+// 500 with EngineDeadError's message, nested in 0.32.0 (drainCutBody), flat
+// before (the ErrorResponse of the older servers).
+func (a *apiServer) writeEngineDead(w http.ResponseWriter) {
+	if a.env.Era == eraV1Plain {
+		writeRaw500(w, drainCutBody)
+		return
+	}
+	writeError(w, http.StatusInternalServerError, "InternalServerError", engineDeadMessage, "")
+}
+
 func writeRaw500(w http.ResponseWriter, body string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusInternalServerError)
@@ -344,7 +368,7 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 		return
 	}
 	if a.dead.Load() {
-		writeError(w, http.StatusInternalServerError, "InternalServerError", engineDeadMessage, "")
+		a.writeEngineDead(w)
 		return
 	}
 	if req.Stream && req.UseBeamSearch {
@@ -424,7 +448,7 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 		if a.drainCut() {
 			writeRaw500(w, drainCutBody)
 		} else if a.dead.Load() {
-			writeError(w, http.StatusInternalServerError, "InternalServerError", engineDeadMessage, "")
+			a.writeEngineDead(w)
 		}
 		return
 	}
@@ -696,8 +720,7 @@ func (g *generation) stream(w http.ResponseWriter, r *http.Request, maxTokens in
 			send([]byte(drainCutEvent))
 			send([]byte("data: [DONE]\n\n"))
 		} else if g.a.dead.Load() {
-			b, _ := json.Marshal(apiError{Object: "error", Message: engineDeadMessage, Type: "InternalServerError", Code: 500})
-			send([]byte("data: " + string(b) + "\n\n"))
+			send([]byte(g.a.deadStreamEvent()))
 			send([]byte("data: [DONE]\n\n"))
 		}
 		return
@@ -811,7 +834,7 @@ func (a *apiServer) handlePooling(w http.ResponseWriter, r *http.Request, kind s
 		return
 	}
 	if a.dead.Load() {
-		writeError(w, http.StatusInternalServerError, "InternalServerError", engineDeadMessage, "")
+		a.writeEngineDead(w)
 		return
 	}
 	inputs := 0
@@ -850,7 +873,7 @@ func (a *apiServer) handlePooling(w http.ResponseWriter, r *http.Request, kind s
 		if a.drainCut() {
 			writeRaw500(w, drainCutBody)
 		} else if a.dead.Load() {
-			writeError(w, http.StatusInternalServerError, "InternalServerError", engineDeadMessage, "")
+			a.writeEngineDead(w)
 		}
 		return
 	}

@@ -843,3 +843,56 @@ func procSession(t *testing.T, pid int) int {
 	sid, _ := strconv.Atoi(f[3]) // state ppid pgrp session
 	return sid
 }
+
+// A stream in flight when the engine dies on its own ends with vLLM's
+// error event, in the era's shape: 0.32.0 (v1) nests its ErrorResponse's
+// error, the exact bytes of its drain's cut; the older servers wrapped their
+// flat ErrorResponse ("object": "error") in {"error": ...}. (Should the
+// engine be dead before the request, the 500's body has the era's shape.)
+func TestEngineDeathEventShapeByEra(t *testing.T) {
+	t.Parallel()
+	for _, era := range []string{"v1", "v1-ansi"} {
+		t.Run(era, func(t *testing.T) {
+			t.Parallel()
+			env := merge(fast, map[string]string{"FAKEVLLM_ERA": era, "FAKEVLLM_FAULT": "crash_after=1s", "FAKEVLLM_TOKEN_INTERVAL": "100ms"})
+			_, url := startReady(t, env, "org/model")
+			resp := postJSON(t, url+"/v1/completions", map[string]any{"model": "org/model", "prompt": "hi", "max_tokens": 200, "stream": true})
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			var errObj map[string]any
+			if resp.StatusCode == http.StatusOK {
+				events := strings.Split(strings.TrimSpace(string(b)), "\n\n")
+				if len(events) < 2 || events[len(events)-1] != "data: [DONE]" {
+					t.Fatalf("stream %q; want the error event then [DONE]", b)
+				}
+				last := events[len(events)-2] + "\n\n"
+				if era == "v1" && last != drainCutEvent {
+					t.Errorf("0.32's event %q, want %q", last, drainCutEvent)
+				}
+				var ev map[string]any
+				if err := json.Unmarshal([]byte(strings.TrimPrefix(last, "data: ")), &ev); err != nil {
+					t.Fatalf("event %q: %v", last, err)
+				}
+				errObj, _ = ev["error"].(map[string]any)
+				if _, flat := ev["object"]; flat {
+					t.Errorf("event %q: the flat ErrorResponse, which no era sent as a stream event", last)
+				}
+			} else {
+				var body map[string]any
+				_ = json.Unmarshal(b, &body)
+				if era == "v1" {
+					errObj, _ = body["error"].(map[string]any)
+				} else {
+					errObj = body
+				}
+			}
+			if errObj == nil || errObj["code"] != 500.0 || errObj["type"] != "InternalServerError" ||
+				!strings.HasPrefix(fmt.Sprint(errObj["message"]), "EngineCore encountered an issue.") {
+				t.Fatalf("HTTP %d %q: no engine error in the era's shape", resp.StatusCode, b)
+			}
+			if _, has := errObj["object"]; has != (era != "v1") {
+				t.Errorf("%s: %q; the error's object field present %v, want %v", era, b, has, era != "v1")
+			}
+		})
+	}
+}

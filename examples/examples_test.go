@@ -20,6 +20,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/metrics"
 	"github.com/vllm-guard/vllm-guard/internal/testbin"
+	"github.com/vllm-guard/vllm-guard/internal/vllmstats"
 )
 
 func TestMain(m *testing.M) {
@@ -309,13 +310,7 @@ func TestPrometheusRules(t *testing.T) {
 // (seconds to critical, vLLM's gauges) are there too.
 func exported(t *testing.T) map[string]string {
 	t.Helper()
-	m := metrics.New()
-	m.SetGPU(gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{UUID: "GPU-x", Used: 1, Total: 2, Fraction: 0.5,
-		Trend: gpumon.TrendClimbing, SecondsToCritical: 300}}})
-	m.SetVLLM(3, 1, 0.5, true)
-	pending := false
-	m.SetGPUHealth(gpumon.Health{Known: true, Devices: []gpumon.DeviceHealth{{UUID: "GPU-x", XIDCounts: map[uint64]uint64{79: 1},
-		ECC: &gpumon.ECCCounts{}, Remap: &gpumon.RemappedRows{}, RetiredPagesPending: &pending, ThrottleKnown: true}}})
+	m := metrics.New(metrics.Sources{GPU: sampledGPU{}, VLLM: readVLLM{}})
 	fams, err := m.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -325,6 +320,28 @@ func exported(t *testing.T) map[string]string {
 		out[f.GetName()] = f.GetType().String()
 	}
 	return out
+}
+
+// sampledGPU is a GPU monitor whose memory climbs and whose every health
+// counter is reported.
+type sampledGPU struct{}
+
+func (sampledGPU) Snapshot() gpumon.Snapshot {
+	return gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{UUID: "GPU-x", Used: 1, Total: 2, Fraction: 0.5,
+		Trend: gpumon.TrendClimbing, SecondsToCritical: 300}}}
+}
+
+func (sampledGPU) Health() gpumon.Health {
+	pending := false
+	return gpumon.Health{Known: true, Devices: []gpumon.DeviceHealth{{UUID: "GPU-x", XIDCounts: map[uint64]uint64{79: 1},
+		ECC: &gpumon.ECCCounts{}, Remap: &gpumon.RemappedRows{}, RetiredPagesPending: &pending, ThrottleKnown: true}}}
+}
+
+// readVLLM is a scraper of vLLM's /metrics that reads it.
+type readVLLM struct{}
+
+func (readVLLM) Latest() vllmstats.Stats {
+	return vllmstats.Stats{Up: true, Running: 3, Waiting: 1, KVUsage: 0.5}
 }
 
 var seriesRe = regexp.MustCompile(`\bvllm_guard_[a-z0-9_]+`)

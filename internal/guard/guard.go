@@ -65,7 +65,7 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		return nil, err
 	}
 	conns := ownconns.New() // the guard's own connections to vLLM: their access lines are dropped
-	g := &Guard{cfg: cfg, log: log, met: metrics.New(), sd: notify.New(log.Named("systemd")),
+	g := &Guard{cfg: cfg, log: log, sd: notify.New(log.Named("systemd")),
 		alert: alerts.New(cfg.Alerts, log.Named("alerts")), bus: events.NewBus(),
 		stats: vllmstats.NewScraper(cfg.GPU.SampleInterval.Duration, log.Named("vllm-metrics")), extra: extra}
 	g.stats.Dial(conns.Dial(&net.Dialer{Timeout: 5 * time.Second}))
@@ -97,6 +97,8 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		Thresholds:         cfg.GPU.Thresholds,
 		PredictHorizon:     cfg.GPU.PredictHorizon.Duration,
 	}, log.Named("gpu"))
+	// The GPU and vLLM series are read from the samplers at scrape time.
+	g.met = metrics.New(metrics.Sources{GPU: g.gpu, VLLM: g.stats})
 
 	g.inc = incident.New(store, g.gpu.Snapshot, cfg.Log.ChildLines, cfg.GPU.SampleInterval.Duration, log.Named("incidents"))
 	// The event stream's consumers, in order: the log, then what acts on it.
@@ -170,7 +172,6 @@ func (g *Guard) Run(ctx context.Context) int {
 	background(g.alert.Run)
 	background(func(ctx context.Context) { g.sd.RunWatchdog(ctx, g.sup.LastTurn) })
 	background(g.forwardGPUAlerts)
-	background(g.refreshMetrics)
 	go func() {
 		<-ctx.Done()
 		g.sd.Stopping()
@@ -333,23 +334,6 @@ func (g *Guard) forwardGPUAlerts(ctx context.Context) {
 			return
 		case a := <-ch:
 			g.alert.Send(alerts.FromGPU(a, g.sup.Status().Rung))
-		}
-	}
-}
-
-// refreshMetrics copies the GPU monitor's view into the metrics each sample.
-func (g *Guard) refreshMetrics(ctx context.Context) {
-	t := time.NewTicker(g.cfg.GPU.SampleInterval.Duration)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			g.met.SetGPU(g.gpu.Snapshot())
-			g.met.SetGPUHealth(g.gpu.Health())
-			v := g.stats.Latest()
-			g.met.SetVLLM(v.Running, v.Waiting, v.KVUsage, v.Up)
 		}
 	}
 }

@@ -3,7 +3,6 @@ package metrics
 import (
 	"slices"
 	"strconv"
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -12,9 +11,9 @@ import (
 
 // The GPUs' hardware health (issue 33): XIDs counted since the guard
 // started, uncorrected ECC counts, remapped rows, retired pages pending, a
-// lost GPU. Exported from the monitor's last Health snapshot by a collector,
-// so a device that left it, or a counter its driver does not report,
-// simply has no series (never a made-up 0).
+// lost GPU. Built from the monitor's Health snapshot at scrape time
+// (collector.go), so a device that left it, or a counter its driver does
+// not report, simply has no series (never a made-up 0).
 
 var (
 	descXID = prometheus.NewDesc(Namespace+"_gpu_xid_total",
@@ -43,22 +42,14 @@ var (
 		[]string{"gpu", "uuid"}, nil)
 )
 
-// healthCollector exports the last Health snapshot.
-type healthCollector struct {
-	mu sync.Mutex
-	h  gpumon.Health
-}
-
-func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
+func describeHealth(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descXID, descECC, descRemapped, descRemapPending, descRemapFailure, descRetiredPending, descThrottle, descLost} {
 		ch <- d
 	}
 }
 
-func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	h := c.h
-	c.mu.Unlock()
+// collectHealth exports a Health snapshot.
+func collectHealth(ch chan<- prometheus.Metric, h gpumon.Health) {
 	for _, d := range h.Devices {
 		gpu := strconv.Itoa(d.Index)
 		xids := make([]uint64, 0, len(d.XIDCounts))
@@ -89,13 +80,6 @@ func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descLost, prometheus.GaugeValue, b2f(d.Lost || d.ResetRequired), gpu, d.UUID)
 	}
-}
-
-// SetGPUHealth exports the monitor's hardware-health snapshot.
-func (m *Metrics) SetGPUHealth(h gpumon.Health) {
-	m.health.mu.Lock()
-	m.health.h = h
-	m.health.mu.Unlock()
 }
 
 // ThrottleReasons are the hardware clock event reasons exported, in order.

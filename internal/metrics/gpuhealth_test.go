@@ -11,12 +11,12 @@ import (
 // XIDs counted per GPU and XID, ECC and remap gauges where reported,
 // nothing where a driver does not report a feature.
 func TestGPUHealthSeries(t *testing.T) {
-	m := New()
+	m, src := newMetrics()
 	if body := scrape(t, m); strings.Contains(body, "vllm_guard_gpu_xid_total{") || strings.Contains(body, "vllm_guard_gpu_lost{") {
 		t.Fatal("hardware series before any snapshot")
 	}
 	yes := true
-	m.SetGPUHealth(gpumon.Health{Known: true, Devices: []gpumon.DeviceHealth{
+	src.setHealth(gpumon.Health{Known: true, Devices: []gpumon.DeviceHealth{
 		{Index: 0, UUID: "GPU-a", XIDCounts: map[uint64]uint64{79: 1, 13: 2},
 			ECC:   &gpumon.ECCCounts{VolatileUncorrected: 2, AggregateUncorrected: 9},
 			Remap: &gpumon.RemappedRows{Correctable: 1, Uncorrectable: 3, Pending: true}, RetiredPagesPending: &yes,

@@ -1,8 +1,17 @@
 // Package metrics owns the guard's Prometheus series: a private
 // registry, prefix vllm_guard_, with the supervisor's state, starts and exits
-// by cause, time to ready, the profile rung in force, GPU memory from the
-// monitor, vLLM's own queue and KV cache gauges, and the alerts. Other
-// packages (the proxy) register their series on Registry().
+// by cause, time to ready, the profile rung in force, GPU memory and
+// hardware health from the monitor, vLLM's own queue and KV cache gauges,
+// and the alerts. Other packages (the proxy) register their series on
+// Registry().
+//
+// Two kinds of series. What events say (state, ready, starts, exits, time
+// to ready, rung, alerts) is pushed by the guard as the events arrive.
+// What samplers measure (the GPU monitor, the scraper of vLLM's /metrics)
+// is read at scrape time: a collector (collector.go) asks the Sources
+// given to New for their latest snapshots and builds the series from them,
+// node_exporter's way, so no ticker copies readings in between and a
+// scrape is never a sample behind.
 //
 // Every labelled series whose label values are known up front (state,
 // cause, alert) is created at 0, so a rate() or an absent() in a rule works
@@ -18,8 +27,6 @@ package metrics
 import (
 	"math"
 	"net/http"
-	"strconv"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,7 +34,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vllm-guard/vllm-guard/internal/buildinfo"
-	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/status"
 )
@@ -55,37 +61,16 @@ type Metrics struct {
 	rung        prometheus.Gauge
 	maxNumSeqs  prometheus.Gauge
 	utilization prometheus.Gauge
-
-	nvmlUp      prometheus.Gauge
-	gpuUsed     *prometheus.GaugeVec
-	gpuTotal    *prometheus.GaugeVec
-	gpuRatio    *prometheus.GaugeVec
-	gpuCritical *prometheus.GaugeVec
-	gpuClimbing *prometheus.GaugeVec
-	gpuBudget   *prometheus.GaugeVec
-	gpuWarnAt   *prometheus.GaugeVec
-	gpuCritAt   *prometheus.GaugeVec
 	kvBytes     prometheus.Gauge
 
-	vllmUp prometheus.Gauge
-	// No labels: a vec only so the series can be absent (Reset) while
-	// vLLM is not read.
-	vllmRunning *prometheus.GaugeVec
-	vllmWaiting *prometheus.GaugeVec
-	vllmKV      *prometheus.GaugeVec
-
 	alertActive *prometheus.GaugeVec
-
-	mu      sync.Mutex
-	gpuSeen map[[2]string]bool // {gpu, uuid} label pairs exported by the last SetGPU
-
-	health *healthCollector // the GPUs' hardware health (gpuhealth.go)
 }
 
 // New makes the series and registers them, with the Go runtime and process
 // collectors, on a private registry (so nothing a library registers on the
-// default one leaks into the guard's /metrics).
-func New() *Metrics {
+// default one leaks into the guard's /metrics). The GPU, GPU-health and
+// vLLM series are read from src at each scrape.
+func New(src Sources) *Metrics {
 	reg := prometheus.NewRegistry()
 	g := func(name, help string) prometheus.Gauge {
 		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help})
@@ -106,23 +91,8 @@ func New() *Metrics {
 		rung:        g("profile_rung", "Rung of the degrade ladder in force (0 = [profile] as written)."),
 		maxNumSeqs:  g("profile_max_num_seqs", "--max-num-seqs of the rung in force."),
 		utilization: g("profile_gpu_memory_utilization", "--gpu-memory-utilization of the rung in force."),
-		nvmlUp:      g("nvml_up", "1 when the last NVML sample succeeded, else 0 (the gpu_* series are then absent)."),
-		gpuUsed:     gv("gpu_memory_used_bytes", "GPU memory in use (everything not free), per watched GPU.", "gpu", "uuid"),
-		gpuTotal:    gv("gpu_memory_total_bytes", "GPU memory in total, per watched GPU.", "gpu", "uuid"),
-		gpuRatio:    gv("gpu_memory_used_ratio", "GPU memory used / total, per watched GPU.", "gpu"),
-		gpuCritical: gv("gpu_seconds_to_critical", "Seconds until the memory trend reaches the critical threshold; absent while memory is not climbing (see gpu_climbing).", "gpu"),
-		gpuClimbing: gv("gpu_climbing", "1 while the GPU's memory trend is climbing (gpu_seconds_to_critical then exists), else 0.", "gpu"),
-		gpuBudget:   gv("gpu_memory_budget_ratio", "What vLLM holds by design, as used/total: its gpu_memory_utilization, or what it held once loaded when that is more (0 until known).", "gpu"),
-		gpuWarnAt:   gv("gpu_memory_warn_threshold_ratio", "used/total at which gpu_memory_warn is raised: the budget plus [gpu] warn_over_budget (or the fixed warn_fraction).", "gpu"),
-		gpuCritAt:   gv("gpu_memory_critical_threshold_ratio", "used/total at which gpu_memory_critical is raised: the budget plus [gpu] critical_over_budget (or the fixed critical_fraction).", "gpu"),
 		kvBytes:     g("profile_kv_cache_memory_bytes", "--kv-cache-memory-bytes of the rung in force; 0 when vLLM sizes its KV cache from gpu_memory_utilization."),
-		vllmUp:      g("vllm_metrics_up", "1 when the last scrape of vLLM's /metrics succeeded, else 0 (vLLM not ready, or its /metrics unreadable: the vllm_requests_* and vllm_kv_cache_usage_ratio series are then absent)."),
-		vllmRunning: gv("vllm_requests_running", "Requests vLLM is running (vllm:num_requests_running); absent while vllm_metrics_up is 0."),
-		vllmWaiting: gv("vllm_requests_waiting", "Requests waiting in vLLM's queue (vllm:num_requests_waiting); absent while vllm_metrics_up is 0."),
-		vllmKV:      gv("vllm_kv_cache_usage_ratio", "vLLM's KV cache usage, 0..1 (vllm:kv_cache_usage_perc, formerly gpu_cache_usage_perc); absent while vllm_metrics_up is 0."),
 		alertActive: gv("alert_active", "1 while the alert is in force: a memory episode until it clears, oom until vLLM is ready again, gave_up once the guard gave up.", "alert"),
-		gpuSeen:     map[[2]string]bool{},
-		health:      &healthCollector{},
 	}
 	bi := buildinfo.Get()
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "build_info",
@@ -134,11 +104,9 @@ func New() *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		build,
 		m.state, m.ready, m.starts, m.exits, m.timeToReady,
-		m.rung, m.maxNumSeqs, m.utilization,
-		m.nvmlUp, m.gpuUsed, m.gpuTotal, m.gpuRatio, m.gpuCritical, m.gpuClimbing, m.gpuBudget, m.gpuWarnAt, m.gpuCritAt, m.kvBytes,
-		m.vllmUp, m.vllmRunning, m.vllmWaiting, m.vllmKV,
+		m.rung, m.maxNumSeqs, m.utilization, m.kvBytes,
 		m.alertActive,
-		m.health,
+		sourceCollector{src},
 	)
 	for _, s := range status.States {
 		m.state.WithLabelValues(string(s))
@@ -186,81 +154,6 @@ func (m *Metrics) SetProfile(r policy.Rung) {
 	m.maxNumSeqs.Set(float64(r.MaxNumSeqs))
 	m.utilization.Set(r.GPUMemoryUtilization)
 	m.kvBytes.Set(float64(r.KVCacheMemoryBytes))
-}
-
-// SetGPU exports the monitor's snapshot. A device that left the snapshot
-// loses its series; when NVML is down the last readings are dropped too,
-// so no dashboard plots stale memory as if it were current.
-func (m *Metrics) SetGPU(s gpumon.Snapshot) {
-	m.nvmlUp.Set(b2f(s.Up))
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	seen := map[[2]string]bool{}
-	if s.Up {
-		for _, d := range s.Devices {
-			gpu := strconv.Itoa(d.Index)
-			seen[[2]string{gpu, d.UUID}] = true
-			m.gpuUsed.WithLabelValues(gpu, d.UUID).Set(float64(d.Used))
-			m.gpuTotal.WithLabelValues(gpu, d.UUID).Set(float64(d.Total))
-			m.gpuRatio.WithLabelValues(gpu).Set(finite(d.Fraction, 0))
-			// Seconds to critical exist only while memory climbs; a
-			// climb already past critical reads 0.
-			stc := d.SecondsToCritical
-			climbing := d.Trend == gpumon.TrendClimbing && stc >= 0 && !math.IsNaN(stc) && !math.IsInf(stc, 0)
-			m.gpuClimbing.WithLabelValues(gpu).Set(b2f(climbing))
-			if climbing {
-				m.gpuCritical.WithLabelValues(gpu).Set(stc)
-			} else {
-				m.gpuCritical.DeleteLabelValues(gpu)
-			}
-			m.gpuBudget.WithLabelValues(gpu).Set(finite(d.Budget, 0))
-			m.gpuWarnAt.WithLabelValues(gpu).Set(finite(d.WarnAt, 0))
-			m.gpuCritAt.WithLabelValues(gpu).Set(finite(d.CriticalAt, 0))
-		}
-	}
-	for k := range m.gpuSeen {
-		if seen[k] {
-			continue
-		}
-		m.gpuUsed.DeleteLabelValues(k[0], k[1])
-		m.gpuTotal.DeleteLabelValues(k[0], k[1])
-		if !gpuIndexIn(seen, k[0]) {
-			m.gpuRatio.DeleteLabelValues(k[0])
-			m.gpuCritical.DeleteLabelValues(k[0])
-			m.gpuClimbing.DeleteLabelValues(k[0])
-			m.gpuBudget.DeleteLabelValues(k[0])
-			m.gpuWarnAt.DeleteLabelValues(k[0])
-			m.gpuCritAt.DeleteLabelValues(k[0])
-		}
-	}
-	m.gpuSeen = seen
-}
-
-func gpuIndexIn(seen map[[2]string]bool, gpu string) bool {
-	for k := range seen {
-		if k[0] == gpu {
-			return true
-		}
-	}
-	return false
-}
-
-// SetVLLM exports what the guard scraped from vLLM's /metrics. When up is
-// false (vLLM loading, down, or its /metrics unreadable) the three gauges
-// are absent: a 0 would read as an idle vLLM. A value that is not a
-// number is absent too.
-func (m *Metrics) SetVLLM(running, waiting, kvUsage float64, up bool) {
-	m.vllmUp.Set(b2f(up))
-	for _, g := range []struct {
-		vec *prometheus.GaugeVec
-		v   float64
-	}{{m.vllmRunning, running}, {m.vllmWaiting, waiting}, {m.vllmKV, kvUsage}} {
-		if !up || math.IsNaN(g.v) || math.IsInf(g.v, 0) {
-			g.vec.Reset()
-			continue
-		}
-		g.vec.WithLabelValues().Set(g.v)
-	}
 }
 
 // SetAlert sets alert_active{alert}.

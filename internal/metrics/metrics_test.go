@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/status"
+	"github.com/vllm-guard/vllm-guard/internal/vllmstats"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
@@ -49,6 +51,38 @@ func scrape(t *testing.T, m *Metrics) string {
 		t.Fatalf("scrape: %v", err)
 	}
 	return string(b)
+}
+
+// source stands for the GPU monitor and vLLM's scraper at once: the
+// readings a scrape finds are the ones a test last set, as the samplers'
+// latest snapshots would be.
+type source struct {
+	mu     sync.Mutex
+	gpu    gpumon.Snapshot
+	health gpumon.Health
+	vllm   vllmstats.Stats
+}
+
+func (s *source) Snapshot() gpumon.Snapshot { s.mu.Lock(); defer s.mu.Unlock(); return s.gpu }
+func (s *source) Health() gpumon.Health     { s.mu.Lock(); defer s.mu.Unlock(); return s.health }
+func (s *source) Latest() vllmstats.Stats   { s.mu.Lock(); defer s.mu.Unlock(); return s.vllm }
+
+func (s *source) setGPU(g gpumon.Snapshot) { s.mu.Lock(); defer s.mu.Unlock(); s.gpu = g }
+func (s *source) setHealth(h gpumon.Health) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.health = h
+}
+func (s *source) setVLLM(running, waiting, kvUsage float64, up bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.vllm = vllmstats.Stats{Up: up, Running: running, Waiting: waiting, KVUsage: kvUsage}
+}
+
+// newMetrics is the guard's metrics reading a source the test controls.
+func newMetrics() (*Metrics, *source) {
+	src := &source{}
+	return New(Sources{GPU: src, VLLM: src}), src
 }
 
 // ours keeps the guard's own families (the Go and process collectors vary
@@ -85,25 +119,25 @@ func trendOf(stc float64) string {
 
 // script is the sequence of the golden file: start, ready, OOM exit,
 // rung 1, start, ready.
-func script(m *Metrics) {
+func script(m *Metrics, src *source) {
 	rung0 := policy.Rung{Index: 0, MaxNumSeqs: 256, GPUMemoryUtilization: 0.85}
 	rung1 := policy.Rung{Index: 1, MaxNumSeqs: 128, GPUMemoryUtilization: 0.80}
 	m.SetProfile(rung0)
-	m.SetVLLM(0, 0, 0, false)
+	src.setVLLM(0, 0, 0, false)
 	m.SetState(status.StateStarting)
 	m.Started()
-	m.SetGPU(gpu(0.10, -1))
-	m.SetGPU(gpu(0.86, -1))
+	src.setGPU(gpu(0.10, -1))
+	src.setGPU(gpu(0.86, -1))
 	m.SetState(status.StateReady)
 	m.Ready(42 * time.Second)
-	m.SetVLLM(200, 17, 0.93, true)
-	m.SetGPU(gpu(0.95, 45))
+	src.setVLLM(200, 17, 0.93, true)
+	src.setGPU(gpu(0.95, 45))
 	m.SetAlert("gpu_memory_warn", true)
 	m.SetAlert("oom_predicted", true)
 	m.SetState(status.StateStopping)
 	m.Exited(policy.CauseOOM)
-	m.SetVLLM(0, 0, 0, false)
-	m.SetGPU(gpu(0.01, -1))
+	src.setVLLM(0, 0, 0, false)
+	src.setGPU(gpu(0.01, -1))
 	m.SetAlert("gpu_memory_warn", false)
 	m.SetAlert("oom_predicted", false)
 	m.SetState(status.StateWaitingGPU)
@@ -113,13 +147,13 @@ func script(m *Metrics) {
 	m.Started()
 	m.SetState(status.StateReady)
 	m.Ready(31500 * time.Millisecond)
-	m.SetGPU(gpu(0.81, -1))
-	m.SetVLLM(120, 0, 0.6, true)
+	src.setGPU(gpu(0.81, -1))
+	src.setVLLM(120, 0, 0.6, true)
 }
 
 func TestGoldenExposition(t *testing.T) {
-	m := New()
-	script(m)
+	m, src := newMetrics()
+	script(m, src)
 	// The Go version differs from machine to machine; the revision is
 	// "unknown" in a test binary (Go stamps none), the version "dev".
 	got := regexp.MustCompile(`goversion="go[^"]*"`).ReplaceAllString(ours(scrape(t, m)), `goversion="GO"`)
@@ -142,8 +176,8 @@ func TestGoldenExposition(t *testing.T) {
 // included, with Prometheus's own linter.
 func TestPromtoolCheckMetrics(t *testing.T) {
 	promtool := needPromtool(t)
-	m := New()
-	script(m)
+	m, src := newMetrics()
+	script(m, src)
 	body := scrape(t, m)
 	cmd := exec.Command(promtool, "check", "metrics")
 	cmd.Stdin = strings.NewReader(body)
@@ -163,7 +197,7 @@ func needPromtool(t *testing.T) string {
 }
 
 func TestPreCreatedSeries(t *testing.T) {
-	body := scrape(t, New())
+	body := scrape(t, New(Sources{}))
 	for _, want := range []string{
 		`vllm_guard_state{state="starting"} 0`, `vllm_guard_state{state="stopped"} 0`,
 		`vllm_guard_exits_total{cause="oom"} 0`, `vllm_guard_exits_total{cause="host_oom"} 0`,
@@ -190,7 +224,7 @@ func TestPreCreatedSeries(t *testing.T) {
 }
 
 func TestBuildInfo(t *testing.T) {
-	body := scrape(t, New())
+	body := scrape(t, New(Sources{}))
 	re := regexp.MustCompile(`(?m)^vllm_guard_build_info\{goversion="go[^"]+",revision="[^"]+",version="[^"]+"\} 1$`)
 	if !re.MatchString(body) {
 		t.Errorf("no vllm_guard_build_info{goversion,revision,version} 1 in\n%s", ours(body))
@@ -200,8 +234,8 @@ func TestBuildInfo(t *testing.T) {
 // No series carries a sentinel: after the whole golden sequence (a climb,
 // steady spells, vLLM down and up) no value is negative.
 func TestNoSentinelValues(t *testing.T) {
-	m := New()
-	script(m)
+	m, src := newMetrics()
+	script(m, src)
 	for l := range strings.Lines(ours(scrape(t, m))) {
 		if !strings.HasPrefix(l, "#") && strings.Contains(l, " -") {
 			t.Errorf("a negative value: %s", l)
@@ -210,7 +244,7 @@ func TestNoSentinelValues(t *testing.T) {
 }
 
 func TestSetStateOneHot(t *testing.T) {
-	m := New()
+	m := New(Sources{})
 	for _, s := range status.States {
 		m.SetState(s)
 		body := scrape(t, m)
@@ -233,11 +267,11 @@ func TestSetStateOneHot(t *testing.T) {
 	}
 }
 
-func TestSetGPUDropsDepartedDevicesAndStaleReadings(t *testing.T) {
-	m := New()
+func TestGPUSeriesDropDepartedDevicesAndStaleReadings(t *testing.T) {
+	m, src := newMetrics()
 	two := gpu(0.5, 12.5)
 	two.Devices = append(two.Devices, gpumon.Device{Index: 3, UUID: "GPU-b", Used: 1 << 30, Total: 2 << 30, Fraction: 0.5, SecondsToCritical: -1})
-	m.SetGPU(two)
+	src.setGPU(two)
 	body := scrape(t, m)
 	for _, want := range []string{`vllm_guard_gpu_seconds_to_critical{gpu="0"} 12.5`, `vllm_guard_gpu_climbing{gpu="0"} 1`,
 		`vllm_guard_gpu_climbing{gpu="3"} 0`,
@@ -254,15 +288,15 @@ func TestSetGPUDropsDepartedDevicesAndStaleReadings(t *testing.T) {
 	flat := gpu(0.5, -1)
 	flat.Devices = append(flat.Devices, gpumon.Device{Index: 3, UUID: "GPU-b", Used: 1 << 30, Total: 2 << 30, Fraction: 0.5,
 		Trend: gpumon.TrendClimbing, SecondsToCritical: math.Inf(1)})
-	m.SetGPU(flat)
+	src.setGPU(flat)
 	body = scrape(t, m)
 	if strings.Contains(body, "vllm_guard_gpu_seconds_to_critical{") || !strings.Contains(body, `vllm_guard_gpu_climbing{gpu="0"} 0`+"\n") ||
 		!strings.Contains(body, `vllm_guard_gpu_climbing{gpu="3"} 0`+"\n") {
 		t.Errorf("the climb ended: want no seconds to critical and climbing 0:\n%s", ours(body))
 	}
-	m.SetGPU(two)
+	src.setGPU(two)
 
-	m.SetGPU(gpu(0.5, -1)) // GPU 3 left the snapshot
+	src.setGPU(gpu(0.5, -1)) // GPU 3 left the snapshot
 	body = scrape(t, m)
 	if strings.Contains(body, `gpu="3"`) {
 		t.Errorf("GPU 3 left the snapshot but its series remain:\n%s", ours(body))
@@ -271,7 +305,7 @@ func TestSetGPUDropsDepartedDevicesAndStaleReadings(t *testing.T) {
 		t.Errorf("GPU 0 lost its series:\n%s", ours(body))
 	}
 
-	m.SetGPU(gpumon.Snapshot{Up: false, Reason: "GPU metrics unavailable: no driver"})
+	src.setGPU(gpumon.Snapshot{Up: false, Reason: "GPU metrics unavailable: no driver"})
 	body = scrape(t, m)
 	if strings.Contains(body, "vllm_guard_gpu_memory_used_ratio{") || !strings.Contains(body, "vllm_guard_nvml_up 0\n") {
 		t.Errorf("NVML down: want nvml_up 0 and no stale GPU readings:\n%s", ours(body))
@@ -279,9 +313,9 @@ func TestSetGPUDropsDepartedDevicesAndStaleReadings(t *testing.T) {
 }
 
 // While vLLM is not read its gauges are absent, not 0 (an idle vLLM).
-func TestSetVLLMAbsentWhileDown(t *testing.T) {
-	m := New()
-	m.SetVLLM(5, 2, 0.4, true)
+func TestVLLMSeriesAbsentWhileDown(t *testing.T) {
+	m, src := newMetrics()
+	src.setVLLM(5, 2, 0.4, true)
 	body := scrape(t, m)
 	for _, want := range []string{"vllm_guard_vllm_metrics_up 1", "vllm_guard_vllm_requests_running 5",
 		"vllm_guard_vllm_requests_waiting 2", "vllm_guard_vllm_kv_cache_usage_ratio 0.4"} {
@@ -289,7 +323,7 @@ func TestSetVLLMAbsentWhileDown(t *testing.T) {
 			t.Errorf("up: want %q in\n%s", want, ours(body))
 		}
 	}
-	m.SetVLLM(5, 2, 0.4, false)
+	src.setVLLM(5, 2, 0.4, false)
 	body = scrape(t, m)
 	if !strings.Contains(body, "vllm_guard_vllm_metrics_up 0\n") {
 		t.Errorf("down: want vllm_metrics_up 0 in\n%s", ours(body))
@@ -299,7 +333,7 @@ func TestSetVLLMAbsentWhileDown(t *testing.T) {
 			t.Errorf("down: %s is still exported:\n%s", absent, ours(body))
 		}
 	}
-	m.SetVLLM(1, 0, math.NaN(), true)
+	src.setVLLM(1, 0, math.NaN(), true)
 	body = scrape(t, m)
 	if !strings.Contains(body, "vllm_guard_vllm_requests_running 1\n") || strings.Contains(body, "vllm_guard_vllm_kv_cache_usage_ratio ") {
 		t.Errorf("up again, KV usage not a number: want running 1 and no KV series:\n%s", ours(body))
@@ -307,7 +341,7 @@ func TestSetVLLMAbsentWhileDown(t *testing.T) {
 }
 
 func TestRegistryTakesOtherSeries(t *testing.T) {
-	m := New()
+	m := New(Sources{})
 	if m.Registry() == nil {
 		t.Fatal("nil registry")
 	}

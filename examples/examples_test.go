@@ -305,7 +305,7 @@ func TestPrometheusRules(t *testing.T) {
 	}
 }
 
-// exported is every family metrics.New() serves, with a GPU sampled while
+// exported is every family metrics.New serves, with a GPU sampled while
 // its memory climbs and vLLM read, so the series that exist only then
 // (seconds to critical, vLLM's gauges) are there too.
 func exported(t *testing.T) map[string]string {

@@ -282,3 +282,35 @@ func FuzzChunkScanAgainstDecode(f *testing.F) {
 		}
 	})
 }
+
+// eventDataBySplit is how the proxy read an event's data before
+// eventData, which does not copy it.
+func eventDataBySplit(ev []byte) []byte {
+	var data []byte
+	for _, l := range bytes.Split(ev, []byte("\n")) {
+		l = bytes.TrimRight(l, "\r")
+		if d, ok := bytes.CutPrefix(l, []byte("data:")); ok {
+			if data != nil {
+				data = append(data, '\n')
+			}
+			data = append(data, bytes.TrimPrefix(d, []byte(" "))...)
+		}
+	}
+	return data
+}
+
+func FuzzEventData(f *testing.F) {
+	for _, ev := range []string{"data: {}\n", "data:{}\r\n", ": c\ndata: a\ndata:  b\n", "data:\ndata: x\n", "data:\n", "event: x\nid: 1\n", "data: [DONE]"} {
+		f.Add([]byte(ev))
+	}
+	f.Fuzz(func(t *testing.T, ev []byte) {
+		orig := bytes.Clone(ev)
+		got, want := eventData(ev), eventDataBySplit(ev)
+		if !bytes.Equal(got, want) || (got == nil) != (want == nil) {
+			t.Fatalf("%q: data %q, want %q", ev, got, want)
+		}
+		if !bytes.Equal(ev, orig) {
+			t.Fatalf("the event was changed: %q, was %q", ev, orig)
+		}
+	})
+}

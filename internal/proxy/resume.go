@@ -712,9 +712,8 @@ func eventData(ev []byte) []byte {
 		d = bytes.TrimPrefix(d, []byte(" "))
 		switch {
 		case data == nil:
-			data = d[:len(d):len(d)]
-			if data == nil {
-				data = []byte{}
+			if len(d) > 0 { // (an empty data line before any other adds nothing)
+				data = d[:len(d):len(d)]
 			}
 		case !copied:
 			data = append(append(append([]byte(nil), data...), '\n'), d...)

@@ -280,10 +280,13 @@ func FuzzChunkScanAgainstDecode(f *testing.F) {
 		if wantIDs || stops {
 			return // compared with the decoding path above
 		}
-		for _, m := range []map[string]any{in, choice} {
-			for _, k := range []string{"token_ids", "prompt_token_ids"} {
-				if _, has := m[k]; has {
-					m[k] = nil
+		// Stripped: the choice's token_ids and prompt_token_ids, and the
+		// prompt's ids at the top level (chat); a top-level token_ids is
+		// not vLLM's and passes.
+		for m, keys := range map[*map[string]any][]string{&in: {"prompt_token_ids"}, &choice: {"token_ids", "prompt_token_ids"}} {
+			for _, k := range keys {
+				if _, has := (*m)[k]; has {
+					(*m)[k] = nil
 				}
 			}
 		}

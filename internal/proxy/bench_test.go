@@ -7,9 +7,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -269,4 +272,119 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	ts := newTargets(b)
 	b.Run("small", func(b *testing.B) { measure(b, ts, "/v1/small", latencyRuns, false) })
 	b.Run("sse", func(b *testing.B) { measure(b, ts, "/v1/sse", sseRuns, true) })
+}
+
+// The per-chunk cost of a resumable stream (issue 30): the proxy reads
+// every chunk of a `stream: true` completion or chat itself, to learn the
+// token ids it delivers.
+//
+//	go test -run '^$' -bench Resum -benchmem ./internal/proxy
+//
+// On this project's 2 shared cores (load average 10), 3 runs each
+// (docs/measured.md): each chunk decoded into maps and encoded again took
+// 34–105 µs and 147–156 allocations a chunk, and a 64-chunk stream through
+// the proxy 72 µs and 160 allocations a chunk (resume off: 8–9 µs, 3.4).
+// Read in place (chunkscan.go): 2.2–3.7 µs and no allocation a chunk (with
+// stop strings, whose text the proxy holds back: 4–5 µs, 5), and through
+// the proxy 13–15 µs and 4.2 allocations a chunk (resume off in the same
+// run: 9.5–12 µs, 3.4).
+
+// vLLM 0.32.0's chunks with return_token_ids (docs/resume-facts.md), for
+// a client that did not ask for the ids.
+const (
+	benchCompletionChunk = `data: {"id":"cmpl-a4a8ca5a21121e30","object":"text_completion","created":1796318347,"model":"tiny","choices":[{"index":0,"text":" upon","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":[246]}]}` + "\n\n"
+	benchChatChunk       = `data: {"id":"chatcmpl-a10e7867a8cb9e25","object":"chat.completion.chunk","created":1796318415,"model":"tiny","choices":[{"index":0,"delta":{"content":" upon"},"logprobs":null,"finish_reason":null,"token_ids":[12]}]}` + "\n\n"
+	benchStreamChunks    = 64
+)
+
+// discardWriter is a client that reads everything at once.
+type discardWriter struct{ h http.Header }
+
+func (w *discardWriter) Header() http.Header         { return w.h }
+func (w *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w *discardWriter) WriteHeader(int)             {}
+func (w *discardWriter) Flush()                      {}
+
+// BenchmarkResumableStreamChunk: one chunk through the resumable stream's
+// reader (resumer.event), for a client that did not ask for token ids.
+func BenchmarkResumableStreamChunk(b *testing.B) {
+	for _, c := range []struct{ name, path, body, chunk string }{
+		{"completions", "/v1/completions", `{"stream":true,"prompt":"x","max_tokens":100000}`, benchCompletionChunk},
+		{"chat", "/v1/chat/completions", `{"stream":true,"messages":[]}`, benchChatChunk},
+		{"completions-stop", "/v1/completions", `{"stream":true,"prompt":"x","max_tokens":100000,"stop":["\n\n"]}`, benchCompletionChunk},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			plan, _ := planStream(c.path, []byte(c.body))
+			dw := &discardWriter{h: http.Header{}}
+			p := New(proxyConfig(), &fakeUp{ready: true, seqs: 1}, prometheus.NewRegistry(), nil)
+			s := &resumer{p: p, w: &recorder{ResponseWriter: dw, rc: http.NewResponseController(dw)}, plan: plan, sends: 1, headerSent: true}
+			if len(plan.stops) > 0 {
+				s.text = &stopText{stops: plan.stops, keep: plan.keepStop}
+				s.text.init()
+			}
+			ev := []byte(strings.TrimSuffix(c.chunk, "\n"))
+			b.ReportAllocs()
+			for i := range b.N {
+				if i%1024 == 0 { // a new stream, for the same memory
+					s.delivered, s.seenIDs, s.safeIDs, s.textSince = s.delivered[:0], 0, 0, ""
+				}
+				if done, _, cut := s.event(ev); done || cut || s.clientGone || s.notResumed != "" {
+					b.Fatalf("chunk %d: done %v cut %v gone %v not resumed %q", i, done, cut, s.clientGone, s.notResumed)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkResumableStreamThroughProxy: a stream of 64 chunks from a
+// vLLM-like upstream through the proxy, resume on and off; ns/chunk and
+// allocs/chunk are the proxy's, upstream's and client's together (the
+// difference between on and off is the resumable stream's cost).
+func BenchmarkResumableStreamThroughProxy(b *testing.B) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		chunk := benchCompletionChunk
+		if !strings.Contains(string(body), `"return_token_ids":true`) {
+			chunk = strings.Replace(chunk, `"token_ids":[246]`, `"token_ids":null`, 1)
+		}
+		w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+		f := w.(http.Flusher)
+		for range benchStreamChunks {
+			io.WriteString(w, chunk)
+			f.Flush()
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	b.Cleanup(up.Close)
+	for _, resume := range []bool{false, true} {
+		b.Run(fmt.Sprint("resume=", resume), func(b *testing.B) {
+			cfg := proxyConfig()
+			cfg.Resume = resume
+			p := New(cfg, &fakeUp{url: up.URL, ready: true, seqs: 64}, prometheus.NewRegistry(), nil)
+			front := httptest.NewServer(p)
+			b.Cleanup(front.Close)
+			client := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+			b.Cleanup(client.CloseIdleConnections)
+			const body = `{"model":"tiny","prompt":"Once upon a time","max_tokens":64,"stream":true}`
+			var ms0, ms1 runtime.MemStats
+			runtime.ReadMemStats(&ms0)
+			b.ResetTimer()
+			for range b.N {
+				resp, err := client.Post(front.URL+"/v1/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				n, err := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != 200 || n < benchStreamChunks*100 {
+					b.Fatalf("HTTP %d, %d bytes, %v", resp.StatusCode, n, err)
+				}
+			}
+			b.StopTimer()
+			runtime.ReadMemStats(&ms1)
+			chunks := float64(b.N * benchStreamChunks)
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/chunks, "ns/chunk")
+			b.ReportMetric(float64(ms1.Mallocs-ms0.Mallocs)/chunks, "allocs/chunk")
+		})
+	}
 }

@@ -386,7 +386,10 @@ type resumer struct {
 	seenIDs    int    // ids the client has had (more than delivered after a rewind)
 	aborted    bool   // vLLM finished the request with "abort": a restart's drain
 	suspect    error
-	done       bool // [DONE] written
+	done       bool      // [DONE] written
+	scan       chunkScan // the fast path's (fastChunk), reused from chunk to chunk
+	out        []byte    // the fast path's chunk written, reused
+	unflushed  bool      // written to the client, not yet flushed (writeSoon)
 }
 
 type outcome int
@@ -596,11 +599,38 @@ func (s *resumer) write(b []byte) error {
 		s.clientGone = true
 		return err
 	}
+	s.unflushed = false
 	if err := s.w.FlushError(); err != nil {
 		s.clientGone = true
 		return err
 	}
 	return nil
+}
+
+// writeSoon writes b to the client without flushing it: pump flushes
+// before it waits for more from vLLM.
+func (s *resumer) writeSoon(b []byte) {
+	if _, err := s.w.Write(b); err != nil {
+		s.clientGone = true
+		return
+	}
+	s.unflushed = true
+}
+
+func (s *resumer) flush() {
+	if !s.unflushed {
+		return
+	}
+	s.unflushed = false
+	if err := s.w.FlushError(); err != nil {
+		s.clientGone = true
+	}
+}
+
+// eventReady: br holds a whole event already (no wait for vLLM).
+func eventReady(br *bufio.Reader) bool {
+	b, _ := br.Peek(br.Buffered())
+	return bytes.Contains(b, []byte("\n\n"))
 }
 
 func (s *resumer) writeEvent(data []byte) {
@@ -615,14 +645,20 @@ func (s *resumer) pump(resp *http.Response) (outcome, string) {
 	br := bufio.NewReaderSize(resp.Body, 32<<10)
 	var ev []byte
 	s.partial = nil
+	defer s.flush()
+	inLine := false // the last read ended inside a line longer than the buffer
 	for {
-		line, err := br.ReadBytes('\n')
+		line, err := br.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			ev, inLine = append(ev, line...), true
+			continue
+		}
 		if err != nil {
 			s.partial = append(ev, line...)
 			return outCut, "vLLM went away"
 		}
-		if len(bytes.TrimRight(line, "\r\n")) > 0 {
-			ev = append(ev, line...)
+		if inLine || len(bytes.TrimRight(line, "\r\n")) > 0 {
+			ev, inLine = append(ev, line...), false
 			continue
 		}
 		if len(ev) == 0 {
@@ -630,6 +666,12 @@ func (s *resumer) pump(resp *http.Response) (outcome, string) {
 		}
 		out, why, cut := s.event(ev)
 		ev = ev[:0]
+		if s.unflushed && !eventReady(br) {
+			// Flushed before the wait for vLLM's next event, not after
+			// each one: a write to the client's connection each, when
+			// several came at once.
+			s.flush()
+		}
 		if s.clientGone {
 			return outDone, ""
 		}
@@ -645,16 +687,7 @@ func (s *resumer) pump(resp *http.Response) (outcome, string) {
 // event handles one SSE event: done when the stream ended, cut when vLLM
 // said its engine failed.
 func (s *resumer) event(ev []byte) (done bool, why string, cut bool) {
-	var data []byte
-	for _, l := range bytes.Split(ev, []byte("\n")) {
-		l = bytes.TrimRight(l, "\r")
-		if d, ok := bytes.CutPrefix(l, []byte("data:")); ok {
-			if data != nil {
-				data = append(data, '\n')
-			}
-			data = append(data, bytes.TrimPrefix(d, []byte(" "))...)
-		}
-	}
+	data := eventData(ev)
 	if data == nil {
 		return false, "", false // a comment: nothing for the client
 	}
@@ -662,6 +695,48 @@ func (s *resumer) event(ev []byte) (done bool, why string, cut bool) {
 		s.finish()
 		return true, "", false
 	}
+	if s.fastChunk(data) {
+		return false, "", false
+	}
+	return s.decodedEvent(ev, data)
+}
+
+// eventData is an event's data: its data lines joined by a newline; nil
+// when it has none. One data line (vLLM's every event) is not copied.
+func eventData(ev []byte) []byte {
+	var data []byte
+	copied := false
+	for rest := ev; len(rest) > 0; {
+		l := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			l, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		l = bytes.TrimRight(l, "\r")
+		d, ok := bytes.CutPrefix(l, []byte("data:"))
+		if !ok {
+			continue
+		}
+		d = bytes.TrimPrefix(d, []byte(" "))
+		switch {
+		case data == nil:
+			if len(d) > 0 { // (an empty data line before any other adds nothing)
+				data = d[:len(d):len(d)]
+			}
+		case !copied:
+			data = append(append(append([]byte(nil), data...), '\n'), d...)
+			copied = true
+		default:
+			data = append(append(data, '\n'), d...)
+		}
+	}
+	return data
+}
+
+// decodedEvent handles a chunk the fast path did not (fastChunk): decoded,
+// rewritten and encoded again.
+func (s *resumer) decodedEvent(ev, data []byte) (done bool, why string, cut bool) {
 	var c map[string]json.RawMessage
 	var choices []map[string]json.RawMessage
 	if json.Unmarshal(data, &c) == nil && rawNull(c["error"]) && string(c["object"]) == `"error"` {
@@ -810,6 +885,7 @@ func (s *resumer) chunk(c map[string]json.RawMessage) (out []byte, ok bool) {
 			visible = visible[min(skip, len(visible)):]
 		}
 		s.seenIDs = max(s.seenIDs, len(s.delivered))
+		promptIDs := ch["prompt_token_ids"] // (o may be ch, its prompt ids made null below)
 		o := ch
 		if s.continuing || s.plan.chat {
 			o = map[string]json.RawMessage{}
@@ -858,7 +934,7 @@ func (s *resumer) chunk(c map[string]json.RawMessage) (out []byte, ok bool) {
 			o["token_ids"], _ = json.Marshal(visible)
 		}
 		if s.plan.wantIDs && !s.continuing && in.PromptTokenIDs != nil && !s.promptSent {
-			o["prompt_token_ids"] = ch["prompt_token_ids"]
+			o["prompt_token_ids"] = promptIDs
 			s.promptSent = true
 		}
 		kept = append(kept, o)

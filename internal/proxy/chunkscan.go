@@ -1,0 +1,493 @@
+// A resumable stream's chunks read without decoding them (the common case:
+// a stream vLLM has not cut). Decoding every chunk into maps and encoding
+// it again cost about 50 µs and 150 allocations a chunk, enough to starve
+// the rest of the guard of CPU under a few hundred streams on a small
+// machine. Here the chunk is checked (json.Valid), walked once for the few
+// members the proxy needs, and passed on as vLLM sent it, with only the
+// token ids the client did not ask for replaced by null (as vLLM shows
+// them without return_token_ids). Anything unusual (a finish, a usage
+// chunk, an error, escaped or case-folded keys, duplicate members, ids
+// that are not plain integers) is left to the decoding path, which reads
+// every chunk of a continuation too; the two give the same JSON
+// (FuzzChunkScanAgainstDecode).
+
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"unicode/utf8"
+)
+
+// jsonSpan is a value's place in a chunk: data[start:end]; end 0: absent.
+type jsonSpan struct{ start, end int }
+
+func (p jsonSpan) has() bool { return p.end > 0 }
+
+// chunkScan is what the proxy reads of one chunk with one choice.
+type chunkScan struct {
+	b                  []byte
+	id, created, model jsonSpan
+	topPrompt          jsonSpan // prompt_token_ids at the top level (chat's first chunk)
+	text               jsonSpan // the choice's text (completions) or delta.content (chat): a JSON string
+	tokenIDs, prompt   jsonSpan // the choice's token_ids and prompt_token_ids
+	role               bool     // the delta holds a role
+	output             bool     // the delta holds output (deltaHasOutput)
+	reasoning          bool     // the delta holds reasoning or tool-call output
+	// The ids read (none for an absent or null member); their arrays are
+	// reused from chunk to chunk.
+	ids, promptIDs, topPromptIDs []int
+	idsBuf, promptBuf, topBuf    []int
+	keys                         [8]jsonSpan // a delta's keys seen (duplicates)
+}
+
+// choiceFields are the choice members the decoding path reads through a
+// struct, whose names encoding/json matches case-insensitively: a key that
+// differs from one only in case is left to that path.
+var choiceFields = []string{"index", "text", "delta", "finish_reason", "stop_reason", "token_ids", "prompt_token_ids"}
+
+// read scans data (one chunk, already known to be valid JSON); false: the
+// chunk is not the plain one-choice chunk this reader handles.
+func (c *chunkScan) read(data []byte, chat bool) bool {
+	*c = chunkScan{b: data, idsBuf: c.idsBuf, promptBuf: c.promptBuf, topBuf: c.topBuf}
+	i := skipWS(data, 0)
+	if i >= len(data) || data[i] != '{' {
+		return false
+	}
+	var choices, object, usage, errv jsonSpan
+	ok := true
+	end := objectMembers(data, i, func(key jsonSpan, esc bool, v jsonSpan) bool {
+		if esc {
+			return false // a key with an escape may spell any name
+		}
+		var slot *jsonSpan
+		switch string(data[key.start:key.end]) {
+		case "id":
+			slot = &c.id
+		case "created":
+			slot = &c.created
+		case "model":
+			slot = &c.model
+		case "object":
+			slot = &object
+		case "choices":
+			slot = &choices
+		case "usage":
+			slot = &usage
+		case "error":
+			slot = &errv
+		case "prompt_token_ids":
+			slot = &c.topPrompt
+		default:
+			return true
+		}
+		if slot.has() {
+			return false // a duplicate: the last one counts there
+		}
+		*slot = v
+		return true
+	})
+	if end < 0 || !choices.has() || data[choices.start] != '[' {
+		return false
+	}
+	// vLLM's flat error event, a usage chunk, an error: the decoding path.
+	if string(data[object.start:object.end]) == `"error"` || (usage.has() && !isNull(data, usage)) || (errv.has() && !isNull(data, errv)) {
+		return false
+	}
+	if c.topPrompt.has() && !isNull(data, c.topPrompt) {
+		if c.topBuf, ok = readInts(data, c.topPrompt, c.topBuf); !ok {
+			return false
+		}
+		c.topPromptIDs = c.topBuf
+	}
+	// One choice, an object.
+	n := 0
+	var choice jsonSpan
+	if arrayElems(data, choices.start, func(v jsonSpan) bool {
+		n++
+		choice = v
+		return n == 1
+	}) < 0 || n != 1 || data[choice.start] != '{' {
+		return false
+	}
+	return c.readChoice(choice, chat)
+}
+
+func (c *chunkScan) readChoice(choice jsonSpan, chat bool) bool {
+	data := c.b
+	var text, delta, finish jsonSpan
+	var seen [7]bool
+	if objectMembers(data, choice.start, func(key jsonSpan, esc bool, v jsonSpan) bool {
+		k := data[key.start:key.end]
+		if esc || !ascii(k) {
+			return false // an escape, or a letter that folds to an ASCII one (K, ſ)
+		}
+		for fi, f := range choiceFields {
+			if string(k) == f {
+				if seen[fi] {
+					return false
+				}
+				seen[fi] = true
+				switch fi {
+				case 1:
+					text = v
+				case 2:
+					delta = v
+				case 3:
+					finish = v
+				case 5:
+					c.tokenIDs = v
+				case 6:
+					c.prompt = v
+				}
+				return true
+			}
+			if bytes.EqualFold(k, []byte(f)) {
+				return false
+			}
+		}
+		return true
+	}) < 0 {
+		return false
+	}
+	if finish.has() && !isNull(data, finish) {
+		return false // the last chunk: the decoding path ends the stream
+	}
+	var ok bool
+	if c.tokenIDs.has() && !isNull(data, c.tokenIDs) {
+		if c.idsBuf, ok = readInts(data, c.tokenIDs, c.idsBuf); !ok {
+			return false
+		}
+		c.ids = c.idsBuf
+	}
+	if c.prompt.has() && !isNull(data, c.prompt) {
+		if c.promptBuf, ok = readInts(data, c.prompt, c.promptBuf); !ok {
+			return false
+		}
+		c.promptIDs = c.promptBuf
+	}
+	if !chat {
+		if delta.has() || !text.has() || data[text.start] != '"' {
+			return false
+		}
+		c.text = text
+		return true
+	}
+	if text.has() || !delta.has() || data[delta.start] != '{' {
+		return false
+	}
+	nkeys := 0
+	return objectMembers(data, delta.start, func(key jsonSpan, esc bool, v jsonSpan) bool {
+		k := data[key.start:key.end]
+		if esc || nkeys == len(c.keys) {
+			return false
+		}
+		for _, s := range c.keys[:nkeys] {
+			if bytes.Equal(data[s.start:s.end], k) {
+				return false // a duplicate: the last one counts there
+			}
+		}
+		c.keys[nkeys] = key
+		nkeys++
+		switch string(k) {
+		case "role":
+			c.role = true
+			return true
+		case "content":
+			if data[v.start] != '"' {
+				return false // null or not a string: the decoding path writes ""
+			}
+			c.text = v
+		}
+		raw := data[v.start:v.end]
+		out := !isNull(data, v) && string(raw) != `""` && string(raw) != "[]"
+		c.output = c.output || out
+		switch string(k) {
+		case "reasoning", "reasoning_content", "tool_calls":
+			c.reasoning = c.reasoning || out
+		}
+		return true
+	}) >= 0
+}
+
+func ascii(b []byte) bool {
+	for _, c := range b {
+		if c >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
+
+func isNull(data []byte, v jsonSpan) bool { return string(data[v.start:v.end]) == "null" }
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd: i at a string's opening quote; the index after its closing
+// one, and whether it holds an escape.
+func stringEnd(b []byte, i int) (int, bool) {
+	esc := false
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			esc = true
+			i++
+		case '"':
+			return i + 1, esc
+		}
+	}
+	return len(b), esc
+}
+
+// valueEnd: i at a value's first byte (of valid JSON); the index after it.
+func valueEnd(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		e, _ := stringEnd(b, i)
+		return e
+	case '{', '[':
+		depth := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				i, _ = stringEnd(b, i)
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+		return len(b)
+	}
+	for i < len(b) {
+		switch b[i] {
+		case ',', ']', '}', ' ', '\t', '\n', '\r':
+			return i
+		}
+		i++
+	}
+	return i
+}
+
+// objectMembers calls f with each member of the object at i (valid JSON):
+// its key's bytes between the quotes, whether the key holds an escape, and
+// its value. It returns the index after the object, or -1 when f said
+// false.
+func objectMembers(b []byte, i int, f func(key jsonSpan, esc bool, v jsonSpan) bool) int {
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return i + 1
+	}
+	for i < len(b) {
+		ke, esc := stringEnd(b, i)
+		key := jsonSpan{i + 1, ke - 1}
+		i = skipWS(b, ke)
+		i = skipWS(b, i+1) // ':'
+		ve := valueEnd(b, i)
+		if !f(key, esc, jsonSpan{i, ve}) {
+			return -1
+		}
+		i = skipWS(b, ve)
+		if i < len(b) && b[i] == '}' {
+			return i + 1
+		}
+		i = skipWS(b, i+1) // ','
+	}
+	return -1
+}
+
+// arrayElems calls f with each element of the array at i (valid JSON); it
+// returns the index after the array, or -1 when f said false.
+func arrayElems(b []byte, i int, f func(v jsonSpan) bool) int {
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return i + 1
+	}
+	for i < len(b) {
+		ve := valueEnd(b, i)
+		if !f(jsonSpan{i, ve}) {
+			return -1
+		}
+		i = skipWS(b, ve)
+		if i < len(b) && b[i] == ']' {
+			return i + 1
+		}
+		i = skipWS(b, i+1)
+	}
+	return -1
+}
+
+// readInts reads v, an array of integers, into buf (emptied first): false
+// when v is not an array or an element is not an integer that an int
+// holds (at most 18 digits here; token ids have 6).
+func readInts(b []byte, v jsonSpan, buf []int) ([]int, bool) {
+	buf = buf[:0]
+	if b[v.start] != '[' {
+		return buf, false
+	}
+	ok := true
+	arrayElems(b, v.start, func(e jsonSpan) bool {
+		d := b[e.start:e.end]
+		neg := len(d) > 0 && d[0] == '-'
+		if neg {
+			d = d[1:]
+		}
+		if len(d) == 0 || len(d) > 18 {
+			ok = false
+			return false
+		}
+		n := 0
+		for _, c := range d {
+			if c < '0' || c > '9' {
+				ok = false
+				return false
+			}
+			n = n*10 + int(c-'0')
+		}
+		if neg {
+			n = -n
+		}
+		buf = append(buf, n)
+		return true
+	})
+	return buf, ok
+}
+
+// jsonString decodes a JSON string's bytes (quotes included).
+func jsonString(raw []byte) string {
+	in := raw[1 : len(raw)-1]
+	if bytes.IndexByte(in, '\\') < 0 && utf8.Valid(in) {
+		return string(in)
+	}
+	var s string
+	_ = json.Unmarshal(raw, &s)
+	return s
+}
+
+var jsonNull = []byte("null")
+
+// chunkEdit replaces a value of a chunk passed on.
+type chunkEdit struct {
+	at   jsonSpan
+	with []byte
+}
+
+// fastChunk handles the chunk data as chunk does, without decoding it,
+// when it is a plain chunk of a stream that was not cut; false: not
+// handled, nothing changed.
+func (s *resumer) fastChunk(data []byte) bool {
+	if s.continuing || s.sends != 1 || s.skipText != "" || s.aborted || s.seenIDs > len(s.delivered) {
+		return false
+	}
+	// A chunk over several data lines (joined by a newline) is written
+	// again as one line by the decoding path.
+	if bytes.IndexByte(data, '\n') >= 0 || bytes.IndexByte(data, '\r') >= 0 || !json.Valid(data) {
+		return false
+	}
+	sc := &s.scan
+	if !sc.read(data, s.plan.chat) || (s.plan.chat && sc.role && s.roleSent) {
+		return false
+	}
+	// From here as chunk, in its order.
+	if s.id == nil {
+		s.id, s.created, s.model = spanBytes(data, sc.id), spanBytes(data, sc.created), spanBytes(data, sc.model)
+	}
+	if len(s.prompt) == 0 && len(sc.topPromptIDs) > 0 {
+		s.prompt = append([]int(nil), sc.topPromptIDs...)
+	}
+	if len(s.prompt) == 0 && len(sc.promptIDs) > 0 {
+		s.prompt = append([]int(nil), sc.promptIDs...)
+	}
+	textOut := sc.text.has() && sc.text.end-sc.text.start > 2
+	if (!sc.tokenIDs.has() || isNull(data, sc.tokenIDs)) && ((!s.plan.chat && textOut) || sc.output) {
+		s.notResumed = nrNoTokenIDs
+	}
+	if s.plan.chat {
+		if sc.reasoning {
+			s.notResumed = nrReasoning
+		}
+		if sc.role {
+			s.roleSent = true
+		}
+	}
+	var edits [4]chunkEdit
+	ne := 0
+	// The text: decoded only when the proxy holds some back or keeps it
+	// for a rewind.
+	var text string
+	if sc.text.has() && (s.text != nil || len(sc.ids) != 1 || !textOut) {
+		vllmText := jsonString(data[sc.text.start:sc.text.end])
+		text = vllmText
+		if s.text != nil {
+			// (A chat delta without content gives the stop-string
+			// holder nothing: it would give nothing back.)
+			text, _ = s.text.feed(text, false, nil)
+			if text != vllmText {
+				b, _ := json.Marshal(text)
+				edits[ne] = chunkEdit{sc.text, b}
+				ne++
+			}
+		}
+	}
+	s.delivered = append(s.delivered, sc.ids...)
+	if textOut && len(sc.ids) == 1 {
+		s.safeIDs, s.textSince = len(s.delivered), s.skipText
+	} else if text != "" {
+		s.textSince += text
+	}
+	s.seenIDs = max(s.seenIDs, len(s.delivered))
+	if sc.prompt.has() && !isNull(data, sc.prompt) {
+		if s.plan.wantIDs && !s.promptSent {
+			s.promptSent = true
+		} else {
+			edits[ne] = chunkEdit{sc.prompt, jsonNull}
+			ne++
+		}
+	}
+	if sc.tokenIDs.has() && !isNull(data, sc.tokenIDs) && !s.plan.wantIDs {
+		edits[ne] = chunkEdit{sc.tokenIDs, jsonNull}
+		ne++
+	}
+	if sc.topPrompt.has() {
+		if !s.plan.wantIDs || s.promptSent {
+			if !isNull(data, sc.topPrompt) {
+				edits[ne] = chunkEdit{sc.topPrompt, jsonNull}
+				ne++
+			}
+		} else {
+			s.promptSent = true
+		}
+	}
+	// In the chunk's order.
+	for i := 1; i < ne; i++ {
+		for j := i; j > 0 && edits[j].at.start < edits[j-1].at.start; j-- {
+			edits[j], edits[j-1] = edits[j-1], edits[j]
+		}
+	}
+	out := append(s.out[:0], "data: "...)
+	pos := 0
+	for _, e := range edits[:ne] {
+		out = append(append(out, data[pos:e.at.start]...), e.with...)
+		pos = e.at.end
+	}
+	out = append(append(out, data[pos:]...), "\n\n"...)
+	s.out = out
+	s.writeSoon(out)
+	return true
+}
+
+func spanBytes(data []byte, v jsonSpan) json.RawMessage {
+	if !v.has() {
+		return nil
+	}
+	return bytes.Clone(data[v.start:v.end])
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/procmark"
+	"github.com/vllm-guard/vllm-guard/internal/state"
 )
 
 // Bounds, not measurements: a scenario is correct at any speed below them.
@@ -298,6 +299,74 @@ func (s *scene) waitEvent(what string, n int, bound time.Duration, match func(ev
 			s.t.Fatalf("no %s within %s\n%s", what, bound, s.tail(40))
 		}
 	}
+}
+
+// waitUntil waits until cond holds, looking again at each line the guard
+// logs and each event it sends; it fails the test when the guard exits
+// first or the bound passes.
+func (s *scene) waitUntil(what string, bound time.Duration, cond func() bool) {
+	s.t.Helper()
+	deadline := time.After(bound)
+	for {
+		if cond() {
+			return
+		}
+		select {
+		case <-s.notify:
+		case <-s.exited:
+			if cond() {
+				return
+			}
+			s.t.Fatalf("guard exited (code %d) before %s\n%s", s.code, what, s.tail(40))
+		case <-deadline:
+			s.t.Fatalf("no %s within %s\n%s", what, bound, s.tail(40))
+		}
+	}
+}
+
+// incidents are the incident records in the guard's state folder, oldest
+// first (their names begin with the failure's time).
+func (s *scene) incidents() []state.Incident {
+	s.t.Helper()
+	files, err := filepath.Glob(filepath.Join(s.dir, "state", "incidents", "*.json"))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	slices.Sort(files)
+	var out []state.Incident
+	for _, f := range files {
+		var inc state.Incident
+		b, err := os.ReadFile(f)
+		if err == nil {
+			err = json.Unmarshal(b, &inc)
+		}
+		if err != nil {
+			// Written by rename: never seen half-written.
+			s.t.Fatalf("incident record %s: %v", f, err)
+		}
+		out = append(out, inc)
+	}
+	return out
+}
+
+// waitDeathRequests waits for the only incident record to hold what became
+// of the requests its death touched: the guard rewrites the record once the
+// last of them has finished and vLLM is back, and logs that it did.
+func (s *scene) waitDeathRequests(bound time.Duration) state.Incident {
+	s.t.Helper()
+	var rec state.Incident
+	s.waitUntil("account of the death's requests in its incident record", bound, func() bool {
+		incs := s.incidents()
+		if len(incs) > 1 {
+			s.t.Fatalf("%d incident records; want the one death's", len(incs))
+		}
+		if len(incs) == 1 && incs[0].Requests != nil {
+			rec = incs[0]
+			return true
+		}
+		return false
+	})
+	return rec
 }
 
 // tail is the last n lines of vLLM's output, for failure messages.

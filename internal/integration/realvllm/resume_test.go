@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/state"
 )
 
 // resumeClient waits through a whole restart of the real vLLM (a cold
@@ -147,7 +149,8 @@ func wholeIDs(url string, body map[string]any) clientView {
 // kills it as hung) about 10 tokens in; every stream ends with [DONE], no
 // error event, one finish reason, and exactly the token ids of the same
 // request run uninterrupted; each non-streaming request gets one 200; 8
-// requests sent while vLLM reloads all get 200.
+// requests sent while vLLM reloads all get 200. The death's incident record
+// then accounts for every one of them, as the clients saw it.
 func TestNoClientSeesVLLMDie(t *testing.T) {
 	scenario(t, "a death under 8 streams and 4 requests through the proxy (SIGKILL, SIGSTOP of the EngineCore): every stream continues with the uninterrupted token ids, every request answered 200")
 	for _, how := range []struct {
@@ -276,6 +279,54 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 					t.Errorf("request %d sent while vLLM reloaded: status %d, err %v %.300s", i, v.status, v.err, v.raw)
 				}
 			}
+
+			// The death's incident record says what became of the requests
+			// it touched, once they have all finished, and it agrees with
+			// what the clients saw: every cut stream continued, every long
+			// request replayed, every request sent during the reload
+			// served after the hold; none refused, failed or left pending.
+			rec := s.waitDeathRequests(exitBound)
+			req := rec.Requests
+			b, _ := json.Marshal(req)
+			t.Logf("the %s death's record (%s): requests %s", how.name, rec.ID, b)
+			figure("resume_"+how.name+"_account", req.Line())
+			checkDeathAccount(t, req, cut, whole, len(late))
 		})
 	}
+}
+
+// checkDeathAccount checks a death's account of its requests against what
+// the clients of TestNoClientSeesVLLMDie saw: cut streams, each with
+// tokens before the death, continued; whole requests in flight replayed;
+// late ones, sent after the exit and answered after the reload, served
+// after the hold; nothing else.
+func checkDeathAccount(t *testing.T, req *state.DeathRequests, cut, whole, late int) {
+	t.Helper()
+	want := func(what string, o *state.RequestOutcomes, touched int, how func(*state.RequestOutcomes) int) {
+		t.Helper()
+		if touched == 0 {
+			if o != nil {
+				t.Errorf("requests.%s = %+v; want absent (the death touched none)", what, *o)
+			}
+			return
+		}
+		if o == nil {
+			t.Errorf("requests.%s absent; want %d touched", what, touched)
+			return
+		}
+		if o.Touched != touched || how(o) != touched || o.Pending != 0 {
+			t.Errorf("requests.%s = %+v; want %d touched, all of them resumed that one way, none pending", what, *o, touched)
+		}
+	}
+	all := req.RequestOutcomes
+	if all.Touched != cut+whole+late || all.Continued != cut || all.Replayed != whole || all.ServedAfterHold != late ||
+		all.Refused != 0 || all.Suspect != 0 || len(all.NotResumed) != 0 || all.ClientGone != 0 || all.Failed != 0 ||
+		all.Pending != 0 || req.UnfinishedAt != "" {
+		t.Errorf("requests = %+v (unfinished at %q); want %d touched: %d continued, %d replayed, %d served after the hold, nothing else",
+			all, req.UnfinishedAt, cut+whole+late, cut, whole, late)
+	}
+	want("streams", req.Streams, cut, func(o *state.RequestOutcomes) int { return o.Continued })
+	want("streams_before_first_token", req.StreamsBeforeFirstToken, 0, nil)
+	want("non_streaming", req.NonStreaming, whole, func(o *state.RequestOutcomes) int { return o.Replayed })
+	want("arrived_while_down", req.ArrivedWhileDown, late, func(o *state.RequestOutcomes) int { return o.ServedAfterHold })
 }

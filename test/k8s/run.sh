@@ -8,7 +8,8 @@
 # plugins come from Debian, and the images (a pause program; the guard with
 # the vLLM simulator and the stand-in NVML) are made here and imported into
 # containerd: nothing is pulled from a registry. The script starts the
-# cluster, installs the chart's manifests, checks the pod, and tears
+# cluster, installs the chart (helm install through the Helm SDK), checks
+# the pod through each scenario, and tears
 # everything down (processes, mounts, interfaces, iptables chains, cgroups),
 # then checks that nothing is left. Needs root (it runs a kubelet).
 set -euo pipefail
@@ -232,17 +233,17 @@ spec:
   nodeAffinity: {required: {nodeSelectorTerms: [{matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [node1]}]}]}}
 Y
 
-phase "the chart: rendered with the Helm SDK (examples/helm), applied; vLLM's API key in a Secret"
+phase "the chart: helm install through the Helm SDK (examples/helm/cmd/install); vLLM's API key in a Secret"
 key="sk-test-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 kc create secret generic vllm-api-key --from-literal=api-key="$key" >/dev/null
-(cd "$root/examples/helm" && go run ./cmd/render --set image.repository=localhost/vllm-guard --set image.tag=test --set image.pullPolicy=Never \
+(cd "$root/examples/helm" && go run ./cmd/install --kubeconfig "$K/pki/admin.kubeconfig" --name vllm --set image.repository=localhost/vllm-guard --set image.tag=test --set image.pullPolicy=Never \
   --set apiKeySecret.name=vllm-api-key --set shutdownTimeoutSeconds=$drain_s \
   --set model=org/model --set resources.requests.cpu=100m --set resources.requests.memory=256Mi --set resources.limits.memory=1Gi --set shmSize=64Mi \
   --set 'env[0].name=FAKEVLLM_LOAD_WEIGHTS' --set "env[0].value=${load_s}s" \
   --set 'env[1].name=FAKEVLLM_SEQ_COST_MIB' --set 'env[1].value=64' --set 'env[2].name=FAKEVLLM_BACKGROUND_SEQS' --set 'env[2].value=200' \
   --set 'env[3].name=FAKEVLLM_BACKGROUND_AFTER' --set 'env[3].value=2s' --set 'env[4].name=FAKEVLLM_BACKGROUND_RAMP' --set 'env[4].value=3s' \
-  --set 'env[5].name=FAKEVLLM_TOKEN_INTERVAL' --set 'env[5].value=25ms') > "$K/chart.yaml"
-kc apply -f "$K/chart.yaml" | sed 's/^/   /'
+  --set 'env[5].name=FAKEVLLM_TOKEN_INTERVAL' --set 'env[5].value=25ms') | sed 's/^/   /'
+kc get deployment,configmap,service,pvc -l app.kubernetes.io/managed-by=Helm -o name | sed 's/^/   /'
 
 phase "scenario: the pod becomes Ready through the kubelet only after the model answers"
 # The Deployment's pod exists only once the controllers made it.

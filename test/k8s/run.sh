@@ -391,5 +391,10 @@ restarts=$(kc get "$pod2" -o jsonpath='{.status.containerStatuses[0].restartCoun
 phase_=$(kc get "$pod2" -o jsonpath='{.status.phase}')
 echo "   the pod: phase $phase_, Ready $ready, container restarts $restarts, on node $(kc get "$pod2" -o jsonpath='{.spec.nodeName}'); vLLM not launched again"
 [ "$ready" = False ] || fail "the pod is Ready on a lost GPU"
+# The kubelet's probes: alive (no restart loop), not ready (no traffic).
+podip2=$(kc get "$pod2" -o jsonpath='{.status.podIP}')
+livez=$(curl -s -m 10 -o /dev/null -w '%{http_code}' "http://$podip2:9461/livez") readyz=$(curl -s -m 10 -o /dev/null -w '%{http_code}' "http://$podip2:9461/readyz")
+echo "   the guard's /livez $livez, /readyz $readyz"
+[ "$livez" = 200 ] && [ "$readyz" = 503 ] || fail "want /livez 200 (the kubelet keeps the container) and /readyz 503 on a lost GPU"
 
 echo "test-k8s: Kubernetes $version, scenarios run: Ready only after the model answered; status through kubectl exec; a completion through the proxy; the state claim writable; the API key from a Secret, in no ConfigMap (401 without it, 200 with it); non-root on a read-only root file system; OOM handled without a container restart; kubectl delete pod drains a stream in flight ([DONE] within the grace period); the rung survives a pod delete; a GPU fault (XID 79) ends the guard with exit 69, the restarted guard waits on the lost GPU, the pod not Ready"

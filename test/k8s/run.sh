@@ -119,7 +119,7 @@ teardown() {
   if ! diff "$K/before" "$K/after" > "$K/left"; then
     echo "test-k8s: teardown left these (< before, > after):" >&2; cat "$K/left" >&2; status=1
   else
-    echo "   nothing left: no process, mount, interface, iptables rule or cgroup"
+    echo "   nothing left: no process, mount, interface, iptables rule, cgroup or pod log folder"
   fi
   if [ "${status:-0}" != 0 ]; then echo "   logs kept in $K/log" >&2; else rm -rf "$K"; fi
 }

@@ -9,11 +9,10 @@
 # the vLLM simulator and the stand-in NVML) are made here and imported into
 # containerd: nothing is pulled from a registry. The script starts the
 # cluster, installs the chart (helm install through the Helm SDK), checks
-# the pod through each scenario, and tears
-# everything down (processes, mounts, interfaces, iptables chains, cgroups),
-# then checks that nothing is left. Needs root (it runs a kubelet); installs
-# what it needs from Debian when missing. VLLM_GUARD_SKIP_K8S=1 skips it,
-# saying so loudly.
+# the pod through each scenario, and tears everything down (processes,
+# mounts, interfaces, iptables chains, cgroups, pod logs), then checks that
+# nothing is left. Needs root (it runs a kubelet); installs what it needs
+# from Debian when missing. VLLM_GUARD_SKIP_K8S=1 skips it, saying so loudly.
 set -euo pipefail
 if [[ "${VLLM_GUARD_SKIP_K8S:-}" == 1 ]]; then
   printf '\n=== KUBERNETES: SKIPPED (VLLM_GUARD_SKIP_K8S=1): the chart is NOT being tested on a real cluster ===\n\n' >&2

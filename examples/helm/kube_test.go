@@ -322,6 +322,23 @@ func checkGuardPod(t *testing.T, o objects) guardPod {
 	if p.nonRoot && !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "HOME" }) {
 		t.Error("running as non-root with the image's HOME (/root, not the user's): vLLM's caches would not be writable")
 	}
+	// Non-root runs on a read-only root file system: then every place
+	// the guard and vLLM write must be a writable volume.
+	readOnly := sc != nil && sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem
+	if p.nonRoot && !readOnly {
+		t.Error("running as non-root with a writable root file system: set securityContext.readOnlyRootFilesystem")
+	}
+	if readOnly {
+		dirs := []string{"/tmp", "/dev/shm", p.cfg.Control.StateDir}
+		if p.cfg.Control.Socket != "" {
+			dirs = append(dirs, filepath.Dir(p.cfg.Control.Socket))
+		}
+		for _, dir := range dirs {
+			if !underWritableMount(dir, c.VolumeMounts) {
+				t.Errorf("%s is on no writable volume, and the root file system is read-only", dir)
+			}
+		}
+	}
 
 	// The Service reaches the pod by name, the API port on whatever
 	// serves clients (the guard's proxy, else vLLM).

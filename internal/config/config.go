@@ -84,7 +84,8 @@ type GPU struct {
 	PredictHorizon   Duration `toml:"predict_horizon"`
 	ReleaseTimeout   Duration `toml:"release_timeout"`
 	// OnGPUFault: after a GPU fault that needs a reset, "exit" (exit code
-	// 69, so systemd does not restart and an orchestrator reschedules) or
+	// 69: systemd does not restart it; Kubernetes restarts the container,
+	// whose guard waits on the GPU still lost, not ready) or
 	// "stay" (state failed, the GPU and what to do in the reason).
 	OnGPUFault string `toml:"on_gpu_fault"`
 }

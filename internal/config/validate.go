@@ -256,7 +256,7 @@ func (c *checker) validate(cfg *Config) {
 	switch cfg.GPU.OnGPUFault {
 	case "exit", "stay":
 	default:
-		c.add(k("gpu", "on_gpu_fault"), "%s is not allowed; write \"exit\" (exit 69 after a GPU fault that needs a reset, so systemd does not restart and Kubernetes can reschedule) or \"stay\" (keep serving status, state failed, naming the GPU)", tomlQuote(cfg.GPU.OnGPUFault))
+		c.add(k("gpu", "on_gpu_fault"), "%s is not allowed; write \"exit\" (exit 69 after a GPU fault that needs a reset: systemd does not restart it, Kubernetes restarts the container and its guard waits on the GPU, not ready) or \"stay\" (keep serving status, state failed, naming the GPU)", tomlQuote(cfg.GPU.OnGPUFault))
 	}
 	switch rs.OnGiveUp {
 	case "exit", "stay":

@@ -406,6 +406,12 @@ func (m *Monitor) Health() Health {
 	defer m.mu.Unlock()
 	h := Health{Known: m.up || (m.hw != nil && len(m.hw.devs) > 0), Devices: []DeviceHealth{}}
 	if m.hw == nil {
+		if !m.up && m.lostAtOpen > 0 {
+			// NVML could not list the GPUs because this one is lost: its
+			// UUID is not known, the loss is.
+			h.Known = true
+			h.Devices = append(h.Devices, DeviceHealth{Index: m.lostAtOpen - 1, Lost: true})
+		}
 		return h
 	}
 	for _, d := range m.hw.devs {

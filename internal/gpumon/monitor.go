@@ -88,6 +88,7 @@ type Monitor struct {
 	cmdCache map[int]string
 
 	mu          sync.Mutex
+	lostAtOpen  int // 1 + the index of a GPU NVML answered "GPU is lost" for when listing them; 0: none
 	up          bool
 	reason      string
 	driver      string
@@ -215,6 +216,17 @@ func (m *Monitor) open() error {
 		return nil
 	}
 	driver, all, err := m.src.open()
+	// A GPU lost when NVML lists them (fallen off the bus before this
+	// guard started: after an XID 79 and the guard's exit 69, a restart by
+	// Kubernetes or by hand) is known, not unknown: the pre-start check
+	// must see it lost rather than start vLLM on it.
+	lost := 0
+	if i, ok := isLost(err); ok {
+		lost = i + 1
+	}
+	m.mu.Lock()
+	m.lostAtOpen = lost
+	m.mu.Unlock()
 	if err != nil {
 		return err
 	}

@@ -346,3 +346,29 @@ func TestCommandOfMasksAPIKey(t *testing.T) {
 		t.Fatalf("commandOf = %q", got)
 	}
 }
+
+// A GPU NVML answers "GPU is lost" for while listing the GPUs (lost before
+// the guard started) is known lost, not unknown, until an open succeeds.
+func TestOpenOnALostGPUKnowsItLost(t *testing.T) {
+	src := &scripted{
+		openErrs: []error{&lostError{index: 1, err: errors.New("NVML could not open GPU 1: GPU is lost")}},
+		used:     []uint64{10 << 30, 10 << 30}, total: 80 << 30,
+	}
+	m := newMonitor(src, Options{SampleInterval: time.Second}, nil)
+	if err := m.Open(); err == nil {
+		t.Fatal("open succeeded on a lost GPU")
+	}
+	h := m.Health()
+	if !h.Known || len(h.Devices) != 1 || h.Devices[0].Index != 1 || !h.Devices[0].Lost {
+		t.Fatalf("health after an open that found GPU 1 lost: %+v", h)
+	}
+	if err := m.Open(); err != nil { // the GPU reset: it lists again
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for _, d := range m.Health().Devices {
+		if d.Lost {
+			t.Fatalf("GPU %d still lost after a successful open: %+v", d.Index, m.Health())
+		}
+	}
+}

@@ -69,10 +69,16 @@ func (s *nvmlSource) enumerate() ([]deviceInfo, string, error) {
 	devs := make([]deviceInfo, n)
 	for i := range n {
 		h, ret := s.lib.DeviceGetHandleByIndex(i)
+		if ret == nvml.ERROR_GPU_IS_LOST {
+			return nil, "", &lostError{index: i, err: fmt.Errorf("NVML could not open GPU %d: %w", i, ret)}
+		}
 		if ret != nvml.SUCCESS {
 			return nil, "", fmt.Errorf("NVML could not open GPU %d: %w", i, ret)
 		}
 		uuid, ret := h.GetUUID()
+		if ret == nvml.ERROR_GPU_IS_LOST {
+			return nil, "", &lostError{index: i, err: fmt.Errorf("NVML could not read GPU %d's UUID: %w", i, ret)}
+		}
 		if ret != nvml.SUCCESS {
 			return nil, "", fmt.Errorf("NVML could not read GPU %d's UUID: %w", i, ret)
 		}

@@ -121,6 +121,30 @@ func TestGPUFaultXID94RestartsOnTheSameRung(t *testing.T) {
 	s.stopCleanly(30*time.Second, 10*time.Second)
 }
 
+// GPU 0 already lost when the guard starts (after an XID 79 and exit 69 the
+// guard is started again: Kubernetes restarts the container): NVML cannot
+// list it, and vLLM is not started on it; waiting_gpu says so; once the
+// GPU is back (reset) it starts.
+func TestGPUFaultLostAtStartBlocksStart(t *testing.T) {
+	t.Parallel()
+	s := newScene(t)
+	s.health("0 lost 1")
+	s.extra = "\n[gpu]\nsample_interval = \"100ms\"\n"
+	s.start()
+	w := s.waitEvent("waiting for the GPU", 1, 30*time.Second, func(e events.Event) bool {
+		return inState("waiting_gpu")(e) && strings.Contains(e.Reason, "GPU 0 is lost")
+	})
+	if !strings.Contains(w.Reason, "nvidia-smi -r -i 0") {
+		t.Fatalf("reason %q", w.Reason)
+	}
+	if n := s.countEvents(isStarting); n != 0 {
+		t.Fatalf("vLLM started on a lost GPU")
+	}
+	s.health("0 lost 0")
+	s.waitEvent("ready after the reset", 1, 30*time.Second, isReady)
+	s.stopCleanly(30*time.Second, 10*time.Second)
+}
+
 // A row remap pending on GPU 0 at start: vLLM is not started; waiting_gpu
 // says why; after the reset (the state cleared) it starts.
 func TestGPUFaultPendingRemapBlocksStart(t *testing.T) {

@@ -350,6 +350,8 @@ func StartBlock(devs []GPUDevice) string {
 	for _, d := range devs {
 		reset := fmt.Sprintf("reset it (nvidia-smi -r -i %d) or drain the node and reboot it", d.Index)
 		switch {
+		case d.Lost && d.UUID == "": // lost before NVML could list it: no UUID
+			why = append(why, fmt.Sprintf("GPU %d is lost (fallen off the bus): %s", d.Index, reset))
 		case d.Lost:
 			why = append(why, fmt.Sprintf("GPU %d (%s) is lost (fallen off the bus): %s", d.Index, d.UUID, reset))
 		case d.ResetRequired:

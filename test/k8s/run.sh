@@ -8,10 +8,16 @@
 # plugins come from Debian, and the images (a pause program; the guard with
 # the vLLM simulator and the stand-in NVML) are made here and imported into
 # containerd: nothing is pulled from a registry. The script starts the
-# cluster, installs the chart's manifests, checks the pod, and tears
-# everything down (processes, mounts, interfaces, iptables chains, cgroups),
-# then checks that nothing is left. Needs root (it runs a kubelet).
+# cluster, installs the chart (helm install through the Helm SDK), checks
+# the pod through each scenario, and tears everything down (processes,
+# mounts, interfaces, iptables chains, cgroups, pod logs), then checks that
+# nothing is left. Needs root (it runs a kubelet); installs what it needs
+# from Debian when missing. VLLM_GUARD_SKIP_K8S=1 skips it, saying so loudly.
 set -euo pipefail
+if [[ "${VLLM_GUARD_SKIP_K8S:-}" == 1 ]]; then
+  printf '\n=== KUBERNETES: SKIPPED (VLLM_GUARD_SKIP_K8S=1): the chart is NOT being tested on a real cluster ===\n\n' >&2
+  exit 0
+fi
 root=$(cd "$(dirname "$0")/../.." && pwd)
 export PATH="$PATH:/usr/local/go/bin" CGO_CFLAGS="-O2 -Wno-deprecated-declarations"
 mod="$root/test/k8s/cluster"
@@ -19,15 +25,16 @@ cache=${VLLM_GUARD_K8S_CACHE:-$HOME/.cache/vllm-guard/k8s}
 K=$(mktemp -d /tmp/vllm-guard-k8s.XXXXXX)
 trap 'rm -rf "$K"' EXIT # until the cluster's own teardown takes over
 load_s=20 # the simulator's weight load: the pod must not be Ready before it ends
+drain_s=15 # vLLM's --shutdown-timeout (the chart's shutdownTimeoutSeconds)
 
 phase_t0=$SECONDS
 phase() { echo "== [$((SECONDS - phase_t0)) s] $*"; }
 fail() { echo "test-k8s FAILED: $*" >&2; exit 1; }
-[ "$(id -u)" = 0 ] || fail "run as root: the kubelet and containerd need it"
+[ "$(id -u)" = 0 ] || fail "run as root: the kubelet and containerd need it (VLLM_GUARD_SKIP_K8S=1 skips this tier, loudly)"
 
-phase "packages: containerd, runc, CNI plugins, iptables (Debian)"
+phase "packages: containerd, runc, CNI plugins, iptables, iproute2, openssl, curl, busybox (Debian)"
 need=()
-for p in containerd runc containernetworking-plugins iptables busybox-static; do
+for p in containerd runc containernetworking-plugins iptables iproute2 openssl curl busybox-static util-linux; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -55,6 +62,15 @@ kc() { "$bin/kubectl" --kubeconfig "$K/pki/admin.kubeconfig" "$@"; }
 phase "the guard, the simulator and the stand-in NVML (make build)"
 make -C "$root" -s build >/dev/null
 
+# One cluster at a time on a machine: its ports, bridge and iptables chains
+# are fixed. The lock is held until this script exits (the processes it
+# starts do not inherit it).
+exec 9>/run/lock/vllm-guard-k8s.lock
+if ! flock -n 9; then
+  echo "   another test-k8s runs its cluster here: waiting for it"
+  flock 9
+fi
+
 # What is here before the cluster: teardown must leave the same.
 snapshot() (
   set +eo pipefail # an empty list is an answer, not an error
@@ -63,6 +79,7 @@ snapshot() (
   awk '{print "mount " $2}' /proc/mounts | sort
   ip netns list 2>/dev/null | sed 's/^/netns /'
   ls -d /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/*/k8s.io 2>/dev/null | sed 's/^/cgroup /'
+  ls -d /var/log/pods/* /var/log/containers/* 2>/dev/null | sed 's/^/log /'
 )
 snapshot > "$K/before"
 
@@ -84,6 +101,7 @@ teardown() {
   for c in /proc/[0-9]*/cmdline; do grep -qaF "$K/ctd" "$c" 2>/dev/null && kill -9 "$(basename "$(dirname "$c")")" 2>/dev/null; done
   awk -v k="$K" 'index($2, k) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do umount -l "$m"; done
   ip link del k8stest0 2>/dev/null
+  [ -n "${forward:-}" ] && echo "$forward" > /proc/sys/net/ipv4/ip_forward
   for ns in $(ip netns list 2>/dev/null | awk '/^cni-/{print $1}'); do grep -qx "netns $ns" "$K/before" || ip netns del "$ns"; done
   # The kubelet's chains (KUBE-*) and the CNI plugins' (CNI-*): the rules
   # that jump to them, then the chains.
@@ -100,7 +118,7 @@ teardown() {
   if ! diff "$K/before" "$K/after" > "$K/left"; then
     echo "test-k8s: teardown left these (< before, > after):" >&2; cat "$K/left" >&2; status=1
   else
-    echo "   nothing left: no process, mount, interface, iptables rule or cgroup"
+    echo "   nothing left: no process, mount, interface, iptables rule, cgroup or pod log folder"
   fi
   if [ "${status:-0}" != 0 ]; then echo "   logs kept in $K/log" >&2; else rm -rf "$K"; fi
 }
@@ -115,12 +133,18 @@ cp "$root/bin/fakevllm" "$r/usr/local/bin/vllm"
 cp "$root/build/lib/libnvidia-ml.so.1" /lib/x86_64-linux-gnu/libc.so.6 "$r/usr/lib/x86_64-linux-gnu/"
 cp /lib64/ld-linux-x86-64.so.2 "$r/lib64/"
 ln -s usr/lib "$r/lib"
-cp /bin/busybox "$r/bin/busybox" && ln -s busybox "$r/bin/sh" && ln -s busybox "$r/bin/id"
+cp /bin/busybox "$r/bin/busybox" && for a in sh id mkdir cp cat touch; do ln -s busybox "$r/bin/$a"; done
 echo "GPU-5e1f0000-0000-4000-8000-000000000001 85899345920 536870912 NVIDIA H100 80GB HBM3 (simulated)" > "$r/gpu/devices"
 chmod 1777 "$r/gpu/procs" "$r/tmp"
 printf 'root:x:0:0:root:/root:/bin/sh\n' > "$r/etc/passwd"
 "$bin/ociimage" -root "$K/img/pause" -name localhost/pause:v1 -config '{"Entrypoint":["/pause"]}' -o "$K/img/pause.tar"
-"$bin/ociimage" -root "$r" -name localhost/vllm-guard:test -o "$K/img/guard.tar" -config '{"Entrypoint":["vllm-guard","run"],"Cmd":["--config","/etc/vllm-guard/vllm-guard.toml"],"Env":["PATH=/usr/local/bin:/bin","FAKENVML_STATE=/gpu"]}'
+# The root file system is read-only in the pod: the stand-in NVML's state
+# (the GPU's devices, the processes holding its memory, its events and
+# health) is copied to the pod's /tmp emptyDir, which outlives a container
+# restart as a GPU's state does; then the guard is PID 1, as in the real image.
+entry='mkdir -p /tmp/gpu/procs && cp /gpu/devices /tmp/gpu/ && exec vllm-guard run "$@"'
+"$bin/ociimage" -root "$r" -name localhost/vllm-guard:test -o "$K/img/guard.tar" \
+  -config '{"Entrypoint":["/bin/sh","-c","'"${entry//\"/\\\"}"'","vllm-guard"],"Cmd":["--config","/etc/vllm-guard/vllm-guard.toml"],"Env":["PATH=/usr/local/bin:/bin","FAKENVML_STATE=/tmp/gpu"]}'
 
 phase "cluster: certificates, etcd, API server, controller manager, scheduler, containerd, kubelet"
 ip=$(ip -4 -o addr show scope global | awk '{print $4}' | cut -d/ -f1 | head -1)
@@ -181,8 +205,10 @@ evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.availa
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
+podLogsDir: $K/log/pods
 C
-start() { n=$1; shift; "$@" > "$K/log/$n.log" 2>&1 & echo $! > "$K/run/$n.pid"; }
+start() { n=$1; shift; "$@" > "$K/log/$n.log" 2>&1 9>&- & echo $! > "$K/run/$n.pid"; }
+forward=$(cat /proc/sys/net/ipv4/ip_forward) # put back in the teardown
 echo 1 > /proc/sys/net/ipv4/ip_forward
 start containerd containerd --config "$K/ctd/config.toml"
 start etcd "$bin/etcd" -data-dir "$K/etcd" -listen-client-url http://127.0.0.1:23790 -listen-peer-url http://127.0.0.1:23800
@@ -216,13 +242,17 @@ spec:
   nodeAffinity: {required: {nodeSelectorTerms: [{matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [node1]}]}]}}
 Y
 
-phase "the chart: rendered with the Helm SDK (examples/helm), applied"
-(cd "$root/examples/helm" && go run ./cmd/render --set image.repository=localhost/vllm-guard --set image.tag=test --set image.pullPolicy=Never \
+phase "the chart: helm install through the Helm SDK (examples/helm/cmd/install); vLLM's API key in a Secret"
+key="sk-test-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+kc create secret generic vllm-api-key --from-literal=api-key="$key" >/dev/null
+(cd "$root/examples/helm" && go run ./cmd/install --kubeconfig "$K/pki/admin.kubeconfig" --name vllm --set image.repository=localhost/vllm-guard --set image.tag=test --set image.pullPolicy=Never \
+  --set apiKeySecret.name=vllm-api-key --set shutdownTimeoutSeconds=$drain_s \
   --set model=org/model --set resources.requests.cpu=100m --set resources.requests.memory=256Mi --set resources.limits.memory=1Gi --set shmSize=64Mi \
   --set 'env[0].name=FAKEVLLM_LOAD_WEIGHTS' --set "env[0].value=${load_s}s" \
   --set 'env[1].name=FAKEVLLM_SEQ_COST_MIB' --set 'env[1].value=64' --set 'env[2].name=FAKEVLLM_BACKGROUND_SEQS' --set 'env[2].value=200' \
-  --set 'env[3].name=FAKEVLLM_BACKGROUND_AFTER' --set 'env[3].value=2s' --set 'env[4].name=FAKEVLLM_BACKGROUND_RAMP' --set 'env[4].value=3s') > "$K/chart.yaml"
-kc apply -f "$K/chart.yaml" | sed 's/^/   /'
+  --set 'env[3].name=FAKEVLLM_BACKGROUND_AFTER' --set 'env[3].value=2s' --set 'env[4].name=FAKEVLLM_BACKGROUND_RAMP' --set 'env[4].value=3s' \
+  --set 'env[5].name=FAKEVLLM_TOKEN_INTERVAL' --set 'env[5].value=25ms') | sed 's/^/   /'
+kc get deployment,configmap,service,pvc -l app.kubernetes.io/managed-by=Helm -o name | sed 's/^/   /'
 
 phase "scenario: the pod becomes Ready through the kubelet only after the model answers"
 # The Deployment's pod exists only once the controllers made it.
@@ -246,7 +276,7 @@ head -1 "$K/status.txt" | grep -q READY || fail "vllm-guard status does not say 
 
 phase "scenario: a completion through the guard's proxy on the pod's IP"
 podip=$(kc get "$pod" -o jsonpath='{.status.podIP}')
-curl -fsS -m 30 "http://$podip:8080/v1/completions" -H 'Content-Type: application/json' \
+curl -fsS -m 30 "http://$podip:8080/v1/completions" -H 'Content-Type: application/json' -H "Authorization: Bearer $key" \
   -d '{"model":"org/model","prompt":"hello","max_tokens":4}' > "$K/completion.json" || fail "no completion through the proxy at $podip:8080"
 grep -q '"choices"' "$K/completion.json" || fail "the completion has no choices: $(cat "$K/completion.json")"
 echo "   $(head -c 160 "$K/completion.json")"
@@ -257,10 +287,29 @@ if kc logs "$pod" | grep -q 'running without persistence'; then
 fi
 echo "   no 'running without persistence' in the guard's log"
 
-phase "scenario: the pod runs as uid 1000, not root"
+phase "scenario: the API key comes from a Secret, never a ConfigMap; vLLM requires it through the proxy"
+for what in configmap deployment pod; do
+  ! kc get "$what" -o yaml | grep -qF "$key" || fail "the API key's text is in a $what"
+done
+kc get "$pod" -o jsonpath='{.spec.containers[0].env[?(@.name=="VLLM_API_KEY")].valueFrom.secretKeyRef.name}' | grep -qx vllm-api-key ||
+  fail "VLLM_API_KEY does not come from the Secret vllm-api-key"
+ask() { curl -sS -m 30 -o /dev/null -w '%{http_code}' "http://$podip:8080/v1/completions" -H 'Content-Type: application/json' "$@" \
+  -d '{"model":"org/model","prompt":"hello","max_tokens":1}'; }
+without=$(ask) with=$(ask -H "Authorization: Bearer $key") wrong=$(ask -H "Authorization: Bearer sk-wrong")
+echo "   the key's text in no ConfigMap, Deployment or pod (kubectl get -o yaml); VLLM_API_KEY from secretKeyRef vllm-api-key"
+echo "   through the proxy: without the key $without, a wrong key $wrong, with the key $with"
+[ "$without" = 401 ] && [ "$wrong" = 401 ] && [ "$with" = 200 ] || fail "want 401 without the key and with a wrong one, 200 with it"
+
+phase "scenario: the pod runs as uid 1000, not root, on a read-only root file system"
 uid=$(kc exec "$pod" -- id -u)
 [ "$uid" = 1000 ] || fail "the guard runs as uid $uid"
 echo "   id -u in the container: $uid"
+ro=$(kc get "$pod" -o jsonpath='{.spec.containers[0].securityContext.readOnlyRootFilesystem}')
+[ "$ro" = true ] || fail "the container's securityContext.readOnlyRootFilesystem is '$ro'"
+if kc exec "$pod" -- touch /written-by-the-test 2> "$K/touch.err"; then fail "a write to / succeeded in the container"; fi
+grep -q 'Read-only file system' "$K/touch.err" || fail "a write to / failed, but not for a read-only root: $(cat "$K/touch.err")"
+kc exec "$pod" -- touch /tmp/written-by-the-test || fail "/tmp is not writable in the container"
+echo "   readOnlyRootFilesystem: $ro; touch /: $(head -1 "$K/touch.err" | sed 's/^touch: //'); touch /tmp/...: written; the guard serves (Ready, status, a completion above)"
 
 # launches POD: the rung of each "launching vLLM" in the guard's log.
 launches() { kc logs "$1" | grep '"launching vLLM"' | sed -n 's/.*"rung":\([0-9]*\).*/\1/p' | tr '\n' ' '; }
@@ -281,8 +330,26 @@ restarts=$(kc get "$pod" -o jsonpath='{.status.containerStatuses[0].restartCount
 [ "$restarts" = 0 ] || fail "the container restarted $restarts times"
 echo "   vLLM launched on rungs: $(launches "$pod"); serving again, the pod Ready; container restarts: $restarts"
 
-phase "scenario: the rung survives a pod delete (state on the claim)"
+phase "scenario: kubectl delete pod drains a stream in flight through the proxy; the rung survives it (state on the claim)"
+grace=$(kc get "$pod" -o jsonpath='{.spec.terminationGracePeriodSeconds}')
+ntok=300 # 7.5 s at 25 ms a token: in flight when the pod is deleted, done well within vLLM's $drain_s s drain
+curl -sS -N -m 120 "http://$podip:8080/v1/completions" -H 'Content-Type: application/json' -H "Authorization: Bearer $key" \
+  -d '{"model":"org/model","prompt":"hello","max_tokens":'$ntok',"stream":true}' > "$K/stream.txt" 2> "$K/stream.err" &
+streamer=$!
+for i in $(seq 1 200); do grep -q '^data: {' "$K/stream.txt" && break; sleep 0.1; done
+grep -q '^data: {' "$K/stream.txt" || fail "the stream sent nothing: $(cat "$K/stream.err")"
+before=$(grep -c '^data: {' "$K/stream.txt")
+t0=$SECONDS
 kc delete "$pod" --wait=true --timeout=120s >/dev/null
+deleted=$((SECONDS - t0))
+wait $streamer || fail "the stream failed: $(cat "$K/stream.err")"
+chunks=$(grep -c '^data: {' "$K/stream.txt")
+last=$(grep '^data:' "$K/stream.txt" | tail -1)
+echo "   the stream: $before of $ntok tokens when the delete began, $chunks at its end, then '$last'; the pod was gone $deleted s after the delete (grace period $grace s)"
+[ "$last" = "data: [DONE]" ] || fail "the stream in flight did not end with [DONE]: $(tail -3 "$K/stream.txt")"
+! grep -q '"error"' "$K/stream.txt" || fail "the stream in flight ended with an error: $(grep '"error"' "$K/stream.txt")"
+[ "$chunks" -ge "$ntok" ] || fail "the stream in flight ended after $chunks of $ntok tokens"
+[ "$deleted" -le "$grace" ] || fail "the pod took $deleted s to stop, more than its $grace s grace period"
 podexists
 kc wait --for=condition=Ready pod -l app.kubernetes.io/name=vllm-guard --timeout=300s >/dev/null || fail "no new pod became Ready"
 pod2=$(kc get pod -l app.kubernetes.io/name=vllm-guard -o name)
@@ -290,4 +357,43 @@ first=$(launches "$pod2" | awk '{print $1}')
 [ "${first:-0}" -ge 1 ] || fail "the new pod $pod2 launched vLLM on rung ${first:-?}, not the rung its predecessor saved"
 echo "   $pod2 launched vLLM first on rung $first"
 
-echo "test-k8s: Kubernetes $version, scenarios run: Ready only after the model answered; status through kubectl exec; a completion through the proxy; the state claim writable; non-root; OOM handled without a container restart; the rung survives a pod delete"
+phase "scenario: a GPU fault that needs a reset (XID 79) ends the guard with exit 69; what the pod does then"
+# The driver's word, through the stand-in NVML's state in the pod's /tmp:
+# XID 79 (fallen off the bus), and from then on the GPU lost, as NVML
+# answers for such a GPU until it is reset.
+# The guard watches for a fault while vLLM runs: wait until it serves.
+for i in $(seq 1 120); do
+  kc exec "$pod2" -- vllm-guard status > "$K/status.txt" 2>/dev/null || true
+  head -1 "$K/status.txt" | grep -q READY && break; sleep 1
+done
+head -1 "$K/status.txt" | grep -q READY || fail "the guard of $pod2 does not serve: $(head -3 "$K/status.txt")"
+kc exec "$pod2" -- sh -c 'echo "0 xid 79" >> /tmp/gpu/events && echo "0 lost 1" > /tmp/gpu/health'
+for i in $(seq 1 120); do
+  code=$(kc get "$pod2" -o jsonpath='{.status.containerStatuses[0].lastState.terminated.exitCode}')
+  [ -n "$code" ] && break; sleep 1
+done
+[ "$code" = 69 ] || { kc describe "$pod2" | tail -30; fail "the container's last exit code is '${code:-none}', not 69 (GPU fault)"; }
+kc logs "$pod2" --previous > "$K/previous.log" 2>/dev/null || true
+grep -q 'XID 79' "$K/previous.log" || { tail -20 "$K/previous.log"; fail "the guard's log before its exit does not name XID 79"; }
+echo "   the guard exited 69; its log: $(grep -m1 -o '"gave up on vLLM".*"reason":"[^"]*"' "$K/previous.log" | head -c 300)"
+# restartPolicy Always: the kubelet starts the container again, on the same
+# node; the guard finds the GPU lost and does not start vLLM on it.
+for i in $(seq 1 120); do
+  kc exec "$pod2" -- vllm-guard status > "$K/status.txt" 2>/dev/null || true
+  grep -q 'is lost' "$K/status.txt" && break; sleep 1
+done
+sed -n 1,3p "$K/status.txt" | sed 's/^/   /'
+grep -q 'is lost' "$K/status.txt" || { kc logs "$pod2" | tail -20; fail "the restarted guard does not say the GPU is lost"; }
+kc logs "$pod2" | grep -q '"launching vLLM"' && fail "the restarted guard launched vLLM on the lost GPU"
+ready=$(kc get "$pod2" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')
+restarts=$(kc get "$pod2" -o jsonpath='{.status.containerStatuses[0].restartCount}')
+phase_=$(kc get "$pod2" -o jsonpath='{.status.phase}')
+echo "   the pod: phase $phase_, Ready $ready, container restarts $restarts, on node $(kc get "$pod2" -o jsonpath='{.spec.nodeName}'); vLLM not launched again"
+[ "$ready" = False ] || fail "the pod is Ready on a lost GPU"
+# The kubelet's probes: alive (no restart loop), not ready (no traffic).
+podip2=$(kc get "$pod2" -o jsonpath='{.status.podIP}')
+livez=$(curl -s -m 10 -o /dev/null -w '%{http_code}' "http://$podip2:9461/livez") readyz=$(curl -s -m 10 -o /dev/null -w '%{http_code}' "http://$podip2:9461/readyz")
+echo "   the guard's /livez $livez, /readyz $readyz"
+[ "$livez" = 200 ] && [ "$readyz" = 503 ] || fail "want /livez 200 (the kubelet keeps the container) and /readyz 503 on a lost GPU"
+
+echo "test-k8s: Kubernetes $version, scenarios run: Ready only after the model answered; status through kubectl exec; a completion through the proxy; the state claim writable; the API key from a Secret, in no ConfigMap (401 without it, 200 with it); non-root on a read-only root file system; OOM handled without a container restart; kubectl delete pod drains a stream in flight ([DONE] within the grace period); the rung survives a pod delete; a GPU fault (XID 79) ends the guard with exit 69, the restarted guard waits on the lost GPU, the pod not Ready"

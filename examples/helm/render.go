@@ -45,6 +45,13 @@ type Rendered struct {
 	Notes     string     // templates/NOTES.txt, rendered
 }
 
+// SetFlags collects every --set of a command line, as helm does
+// (flag.Var(&set, "set", …)); Values reads them.
+type SetFlags []string
+
+func (s *SetFlags) String() string     { return strings.Join(*s, ",") }
+func (s *SetFlags) Set(v string) error { *s = append(*s, v); return nil }
+
 // Values reads --set assignments ("gpus=2", "podMonitor.enabled=true",
 // "extraArgs={--max-model-len,8192}") into a values tree, as helm does.
 func Values(set []string) (map[string]any, error) {

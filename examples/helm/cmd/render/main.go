@@ -13,16 +13,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"github.com/vllm-guard/vllm-guard/examples/helm"
 )
-
-// setFlags collects every --set, as helm does.
-type setFlags []string
-
-func (s *setFlags) String() string     { return strings.Join(*s, ",") }
-func (s *setFlags) Set(v string) error { *s = append(*s, v); return nil }
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -31,7 +24,7 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("render", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var set setFlags
+	var set helm.SetFlags
 	fs.Var(&set, "set", "a value, `key=value` as helm's --set (repeat it)")
 	dir := fs.String("chart", helm.ChartDir, "the chart's folder")
 	name := fs.String("name", "vllm", "the release name")

@@ -292,22 +292,27 @@ func TestBufferedBodiesWithinBudget(t *testing.T) {
 	})
 	freeOnFailure(t, g)
 	body := `{"prompt": "` + strings.Repeat("a", 1<<20-14) + `"}`
-	all := make(chan result, 5)
-	for range 5 {
-		go func() { all <- r.post(context.Background(), body) }()
+	// One at a time, so the order is the test's and not the scheduler's:
+	// five bodies read at once each hold part of the budget as they
+	// arrive, and which of them finds it full depends on who reads first.
+	held := make(chan result, 3)
+	for i, want := range []struct{ inflight, queued int }{{1, 0}, {1, 1}, {1, 2}} {
+		go func() { held <- r.post(context.Background(), body) }()
+		waitFor(t, fmt.Sprintf("body %d held (%d in flight, %d queued)", i+1, want.inflight, want.queued), func() bool {
+			s := r.p.Stats()
+			return s.Inflight == want.inflight && s.Queued == want.queued
+		})
 	}
-	// The three held answer only once released: the first two are the
-	// refused.
-	refused := []result{<-all, <-all}
-	for _, res := range refused {
+	if got := r.p.budget.inUse(); got != 3<<20 {
+		t.Errorf("%d bytes held for three 1 MiB bodies, want exactly 3 MiB (one copy each)", got)
+	}
+	for range 2 {
+		res := r.post(context.Background(), body)
 		if res.code != http.StatusServiceUnavailable || res.hdr.Get("Retry-After") == "" || !strings.Contains(res.body, "max_buffered_bytes") {
 			t.Errorf("over the budget: %d %q (Retry-After %q); want 503 naming max_buffered_bytes, with Retry-After", res.code, res.body, res.hdr.Get("Retry-After"))
 		}
 	}
-	waitFor(t, "one in flight, two queued", func() bool { s := r.p.Stats(); return s.Inflight == 1 && s.Queued == 2 })
-	if got := r.p.budget.inUse(); got != 3<<20 {
-		t.Errorf("%d bytes held for three 1 MiB bodies, want exactly 3 MiB (one copy each)", got)
-	}
+	waitFor(t, "the refused bodies' parts given back: the three bodies' 3 MiB held", func() bool { return r.p.budget.inUse() == 3<<20 })
 	if got := metricValue(t, r.reg, "vllm_guard_proxy_rejected_total", "reason", reasonBufferFull); got != 2 {
 		t.Errorf("rejected{buffer_full} = %v, want 2", got)
 	}
@@ -315,7 +320,7 @@ func TestBufferedBodiesWithinBudget(t *testing.T) {
 		g.release <- struct{}{}
 	}
 	for range 3 {
-		if res := <-all; res.code != http.StatusOK || !strings.HasSuffix(res.body, " 1048576") {
+		if res := <-held; res.code != http.StatusOK || !strings.HasSuffix(res.body, " 1048576") {
 			t.Errorf("held body: %d %q, want 200 with all 1 MiB sent", res.code, res.body)
 		}
 	}

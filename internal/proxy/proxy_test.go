@@ -73,10 +73,11 @@ func (r *rig) close() {
 	r.client.CloseIdleConnections()
 }
 
-// waitFor polls cond until it holds or 5 s pass.
+// waitFor polls cond until it holds or 30 s pass: the bound only ends a
+// test that will never pass (a loaded CI machine may take seconds).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

@@ -100,6 +100,10 @@ teardown() {
   # Shims outlive containerd; ours name our socket on their command line.
   for c in /proc/[0-9]*/cmdline; do grep -qaF "$K/ctd" "$c" 2>/dev/null && kill -9 "$(basename "$(dirname "$c")")" 2>/dev/null; done
   awk -v k="$K" 'index($2, k) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do umount -l "$m"; done
+  # The kubelet links each container's log into /var/log/containers (a
+  # fixed folder) and unlinks it at its next container GC, which may not
+  # come before it is stopped: remove the links into this cluster's logs.
+  for l in /var/log/containers/*; do [ -L "$l" ] && case "$(readlink "$l")" in "$K"/*) rm -f "$l" ;; esac; done
   ip link del k8stest0 2>/dev/null
   [ -n "${forward:-}" ] && echo "$forward" > /proc/sys/net/ipv4/ip_forward
   for ns in $(ip netns list 2>/dev/null | awk '/^cni-/{print $1}'); do grep -qx "netns $ns" "$K/before" || ip netns del "$ns"; done

@@ -151,7 +151,7 @@ func TestStatusCommandWatch(t *testing.T) {
 		frame := func() {
 			select {
 			case <-out.frames:
-			case <-time.After(5 * time.Second):
+			case <-time.After(30 * time.Second):
 				t.Fatalf("no frame drawn; output so far:\n%s", out.String())
 			}
 		}
@@ -165,7 +165,7 @@ func TestStatusCommandWatch(t *testing.T) {
 		var code int
 		select {
 		case code = <-done:
-		case <-time.After(5 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatal("--watch did not stop when interrupted")
 		}
 		if code != 0 {

@@ -18,7 +18,7 @@ func TestChildTracksItsTreeAndKillsOnlyItsOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := p
-	waitFor(t, "the script's child", 5*time.Second, func() bool { c.Refresh(); return len(c.Seen()) >= 2 })
+	waitFor(t, "the script's child", 30*time.Second, func() bool { c.Refresh(); return len(c.Seen()) >= 2 })
 	tree := c.Tree()
 	if tree[0] != c.keeperPID || !slices.Contains(tree, p.PID()) {
 		t.Fatalf("tree %v: keeper %d first, then the API server %d", tree, c.keeperPID, p.PID())

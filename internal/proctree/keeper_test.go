@@ -93,7 +93,7 @@ func TestStopKillsGroupAfterTimeoutWhenTERMIsIgnored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the script's child", 5*time.Second, func() bool { return len(Descendants(c.keeperPID)) >= 2 })
+	waitFor(t, "the script's child", 30*time.Second, func() bool { return len(Descendants(c.keeperPID)) >= 2 })
 	tree := Descendants(c.keeperPID)
 	c.signalGroup(syscall.SIGTERM)
 	select {
@@ -117,7 +117,7 @@ func TestDescendantsByChildrenFilesMatchesTheScan(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { c.Kill(); <-c.doneC }()
-	waitFor(t, "the tree", 5*time.Second, func() bool { return len(scanDescendants(c.keeperPID)) >= 4 })
+	waitFor(t, "the tree", 30*time.Second, func() bool { return len(scanDescendants(c.keeperPID)) >= 4 })
 	fast, ok := childrenFiles(c.keeperPID)
 	if !ok {
 		t.Fatal("this kernel has no /proc/PID/task/TID/children")

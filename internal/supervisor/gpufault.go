@@ -79,7 +79,7 @@ func (m *machine) gpuEvidence() *policy.GPUEvidence {
 	if m.s.health == nil {
 		return nil
 	}
-	return m.gpuEvidenceFrom(m.s.health.GPUs(m.startedAt, false))
+	return m.gpuEvidenceFrom(m.s.health.GPUs(m.r.startedAt, false))
 }
 
 // gpuEvidenceFrom pairs a reading (made off the loop after a death) with the
@@ -88,7 +88,7 @@ func (m *machine) gpuEvidenceFrom(after []policy.GPUDevice) *policy.GPUEvidence 
 	if after == nil {
 		return nil
 	}
-	return &policy.GPUEvidence{Before: m.gpuBefore, After: after}
+	return &policy.GPUEvidence{Before: m.r.gpuBefore, After: after}
 }
 
 // checkGPUFault ends the run at once when the GPU said something after
@@ -109,12 +109,12 @@ func (m *machine) checkGPUFault() bool {
 		return false
 	}
 	m.s.log.Error("the GPU failed under vLLM: killing its process tree", zap.String("gpu", what))
-	m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.child.pid(),
+	m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.r.child.pid(),
 		Reason: fmt.Sprintf("GPU fault while vLLM ran: %s", what)})
-	m.gpuKilled = true
+	m.r.gpuKilled = true
 	m.endRun(endExited)
-	if m.child != nil {
-		m.child.kill()
+	if m.r.child != nil {
+		m.r.child.kill()
 	}
 	return true
 }

@@ -131,73 +131,90 @@ const (
 )
 
 type machine struct {
-	s      *Supervisor
-	ev     chan event
-	quit   chan struct{}
-	timers [timerKinds]struct {
-		t  *time.Timer
-		id uint64
-	}
-	timerSeq uint64
+	s        *Supervisor
+	ev       chan event
+	quit     chan struct{}
+	timers   timerSet
 	gpuReads uint64 // NVML reads made off the loop; only the newest one's answer counts
 
 	phase     phase
 	stopAsked bool // the guard is stopping: no new start
 	code      int  // the exit code once phDone
-
-	// The run in progress.
-	runN          int
-	rung          policy.Rung
-	child         proc
-	lastChild     proc // the run that ended, for the release wait
-	out           *output
-	stdout        *streamWriter
-	stderr        *streamWriter
-	prober        checker
-	port          int             // where this run's vLLM listens (the probes' endpoint)
-	runCtx        context.Context // cancelled when the run ends: in-flight probes stop
-	runCancel     context.CancelFunc
-	probing       bool
-	startedAt     time.Time
-	ready         bool
-	failures      int       // consecutive liveness failures
-	peak          float64   // highest GPU fraction since ready (restore)
-	lastLine      time.Time // the last output line's time seen by the stall check (monotonic)
-	fastUntil     time.Time // refused probes retry fast until then (uvicorn listens just after its line)
-	refusedSince  time.Time // since when every readiness probe got a 4xx (zero: the last did not)
-	baseline      []uint64
-	oomBefore     int64
-	end           ending
-	hang          string
-	peer          string
-	costObs       int
-	ioSeen        map[int]uint64 // per process: storage I/O at the last poll
-	ioBytes       uint64         // storage I/O of the tree since launch
-	lastIO        time.Time      // when the tree's I/O last grew
-	ioAnnounced   time.Time      // when I/O progress was last published
-	stuckTokens   float64        // the token counters' sum seen last while ready
-	stuckSince    time.Time      // since when they stand still with requests running
-	stuckProbe    bool           // the probe in flight is the stuck check's request
-	stuckAsked    time.Time      // when that request was last sent
-	drainUntil    time.Time      // a planned stop waits for the proxy's requests until then (zero: not draining)
-	stuckVerdict  string         // a stuck verdict waiting on vLLM's /is_paused ("": none asked)
-	pausedSaid    bool           // "vLLM is paused" was logged for this pause
-	cleaningSince time.Time      // when the kill of what outlived the keeper began
-
-	// After a failure.
-	decision       policy.Decision
-	releasePIDs    []int
-	releaseBase    []uint64
-	releaseUntil   time.Time
-	releaseKilled  bool
-	releaseStarted time.Time
-
 	everReady bool
+	pending   *config.Config // a reloaded config for vLLM's next start
 
-	pending *config.Config // a reloaded config for vLLM's next start
+	runN int         // the number of the run in progress, or of the last one
+	r    run         // the run in progress (or the last one): replaced whole at each launch
+	rel  releaseWait // after a failure: the wait for the old tree's GPU memory
+}
 
+// timerSet holds the machine's timers, at most one of each kind armed.
+type timerSet struct {
+	slot [timerKinds]struct {
+		t  *time.Timer
+		id uint64
+	}
+	seq uint64
+}
+
+// run is everything that belongs to one run of vLLM, from its launch to
+// the decision after its end. launch replaces it whole, so nothing of the
+// run before leaks into the next.
+type run struct {
+	rung      policy.Rung
+	child     proc // nil once its tree is gone and settled
+	out       *output
+	stdout    *streamWriter
+	stderr    *streamWriter
+	prober    checker
+	port      int             // where this run's vLLM listens (the probes' endpoint)
+	ctx       context.Context // cancelled when the run ends: in-flight probes stop
+	cancel    context.CancelFunc
+	probing   bool
+	startedAt time.Time
+	ready     bool
+	end       ending
+	hang      string // why the guard called it hung ("": it did not)
+	peer      string // who asked for the restart that ends it
+	baseline  []uint64
+	oomBefore int64
 	gpuBefore []policy.GPUDevice // the GPUs' hardware state at the launch (gpufault.go)
 	gpuKilled bool               // the run was ended for a GPU fault
+
+	// Starting: load progress and the stall check.
+	lastLine     time.Time      // the last output line's time seen by the stall check (monotonic)
+	fastUntil    time.Time      // refused probes retry fast until then (uvicorn listens just after its line)
+	refusedSince time.Time      // since when every readiness probe got a 4xx (zero: the last did not)
+	ioSeen       map[int]uint64 // per process: storage I/O at the last poll
+	ioBytes      uint64         // storage I/O of the tree since launch
+	lastIO       time.Time      // when the tree's I/O last grew
+	ioAnnounced  time.Time      // when I/O progress was last published
+
+	// Ready: liveness, stuck detection, restore and the cost model.
+	failures     int     // consecutive liveness failures
+	peak         float64 // highest GPU fraction since ready (restore)
+	costObs      int
+	stuckTokens  float64   // the token counters' sum seen last while ready
+	stuckSince   time.Time // since when they stand still with requests running
+	stuckProbe   bool      // the probe in flight is the stuck check's request
+	stuckAsked   time.Time // when that request was last sent
+	stuckVerdict string    // a stuck verdict waiting on vLLM's /is_paused ("": none asked)
+	pausedSaid   bool      // "vLLM is paused" was logged for this pause
+
+	// Ending.
+	drainUntil    time.Time // a planned stop waits for the proxy's requests until then (zero: not draining)
+	cleaningSince time.Time // when the kill of what outlived the keeper began
+}
+
+// releaseWait is the wait, after a failure, for the ended run's GPU memory
+// to come back before the backoff.
+type releaseWait struct {
+	decision policy.Decision
+	child    proc     // the run that ended
+	pids     []int    // every process its tree had
+	base     []uint64 // the GPUs' memory in use before its launch
+	until    time.Time
+	killed   bool // survivors holding memory were killed once
 }
 
 // Run supervises vLLM until ctx is cancelled (exit 0) or the policy gives
@@ -237,11 +254,11 @@ func (s *Supervisor) Run(ctx context.Context) int {
 
 // shutdown releases what the machine holds when Run returns.
 func (m *machine) shutdown() {
-	for k := range m.timers {
+	for k := range m.timers.slot {
 		m.disarm(timerKind(k))
 	}
-	if m.runCancel != nil {
-		m.runCancel()
+	if m.r.cancel != nil {
+		m.r.cancel()
 	}
 	close(m.quit)
 }
@@ -257,26 +274,26 @@ func (m *machine) post(e event) {
 
 func (m *machine) arm(k timerKind, d time.Duration) {
 	m.disarm(k)
-	m.timerSeq++
-	id, run := m.timerSeq, m.runN
-	m.timers[k].id = id
-	m.timers[k].t = time.AfterFunc(d, func() { m.post(event{kind: evTimer, timer: k, id: id, run: run}) })
+	m.timers.seq++
+	id, run := m.timers.seq, m.runN
+	m.timers.slot[k].id = id
+	m.timers.slot[k].t = time.AfterFunc(d, func() { m.post(event{kind: evTimer, timer: k, id: id, run: run}) })
 }
 
 func (m *machine) disarm(k timerKind) {
-	if t := m.timers[k].t; t != nil {
+	if t := m.timers.slot[k].t; t != nil {
 		t.Stop()
 	}
-	m.timers[k].t, m.timers[k].id = nil, 0
+	m.timers.slot[k].t, m.timers.slot[k].id = nil, 0
 }
 
 // handle turns one event into the next state.
 func (m *machine) handle(e event, sink *logSink) {
 	if e.kind == evTimer {
-		if m.timers[e.timer].id != e.id {
+		if m.timers.slot[e.timer].id != e.id {
 			return // re-armed or disarmed since
 		}
-		m.timers[e.timer].t, m.timers[e.timer].id = nil, 0
+		m.timers.slot[e.timer].t, m.timers.slot[e.timer].id = nil, 0
 		m.onTimer(e.timer, sink)
 		return
 	}
@@ -287,7 +304,7 @@ func (m *machine) handle(e event, sink *logSink) {
 	case evAPIGone:
 		m.endRun(endExited)
 	case evTreeGone:
-		if m.child != nil && m.phase != phCleaning {
+		if m.r.child != nil && m.phase != phCleaning {
 			m.finishRun()
 		}
 	case evCleaned:
@@ -305,21 +322,21 @@ func (m *machine) handle(e event, sink *logSink) {
 			m.onReleaseRead(e.gpu)
 		}
 	case evStartupComplete:
-		if m.phase == phRunning && !m.ready {
+		if m.phase == phRunning && !m.r.ready {
 			// uvicorn logs the line, then starts listening: the first probe
 			// is usually refused, so refused probes retry at a short, bounded
 			// cadence instead of waiting for the next poll.
-			m.fastUntil = time.Now().Add(fastRetryFor)
+			m.r.fastUntil = time.Now().Add(fastRetryFor)
 			m.probeReady()
 		}
 	case evProgress:
-		if m.phase == phRunning && !m.ready {
-			ph := m.out.Phase()
+		if m.phase == phRunning && !m.r.ready {
+			ph := m.r.out.Phase()
 			m.s.update(func(st *Status) { st.Phase, st.Reason = ph, "loading: "+ph })
-			m.s.publish(events.Event{Kind: events.KindProgress, Phase: ph, PID: m.child.pid()})
+			m.s.publish(events.Event{Kind: events.KindProgress, Phase: ph, PID: m.r.child.pid()})
 		}
 	case evProbe:
-		m.probing = false
+		m.r.probing = false
 		if m.phase == phRunning {
 			m.onProbe(e.probe)
 		}
@@ -344,9 +361,9 @@ func (m *machine) onTimer(k timerKind, sink *logSink) {
 	case tStopKill:
 		m.s.log.Warn("vLLM did not stop within its stop timeout: the keeper kills its whole tree",
 			zap.Duration("stop_timeout", m.s.stopTimeout()))
-		m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.child.pid(),
+		m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.r.child.pid(),
 			Reason: fmt.Sprintf("vLLM did not stop within %s", m.s.stopTimeout())})
-		m.child.kill()
+		m.r.child.kill()
 	case tRelease:
 		m.checkReleased()
 	case tBackoff:
@@ -355,7 +372,7 @@ func (m *machine) onTimer(k timerKind, sink *logSink) {
 	case tFreeMemory:
 		m.next(sink)
 	case tFastRetry:
-		if m.phase == phRunning && !m.ready {
+		if m.phase == phRunning && !m.r.ready {
 			m.probeReady()
 		}
 	}

@@ -17,7 +17,7 @@ import (
 
 // hung ends the run as a hang.
 func (m *machine) hung(reason string) {
-	m.hang = reason
+	m.r.hang = reason
 	m.endRun(endExited)
 }
 
@@ -27,23 +27,23 @@ func (m *machine) endRun(why ending) {
 	if m.phase != phRunning {
 		return
 	}
-	m.end = why
+	m.r.end = why
 	m.phase = phStopping
 	m.endProbing()
 	m.s.transition(StateStopping, m.stopReason())
 	select {
-	case <-m.child.done():
+	case <-m.r.child.done():
 		return // evTreeGone is on its way
 	default:
 	}
-	if m.hang != "" {
+	if m.r.hang != "" {
 		// vLLM is wedged: a drain would only wait on requests that never end.
-		m.s.log.Warn("vLLM hung: killing its process tree", zap.String("reason", m.hang))
-		m.child.kill()
+		m.s.log.Warn("vLLM hung: killing its process tree", zap.String("reason", m.r.hang))
+		m.r.child.kill()
 		return
 	}
 	select {
-	case <-m.child.apiGone():
+	case <-m.r.child.apiGone():
 		// The API server is gone (the keeper cleans up the rest): nothing
 		// drains any more; give the keeper its grace, then kill.
 		m.arm(tStopKill, m.s.cfg.VLLM.StopTimeout.Duration)
@@ -53,7 +53,7 @@ func (m *machine) endRun(why ending) {
 	if m.drainFirst() {
 		return
 	}
-	m.child.stop()
+	m.r.child.stop()
 	m.arm(tStopKill, m.s.stopTimeout())
 }
 
@@ -65,10 +65,10 @@ func (m *machine) endRun(why ending) {
 // process manager's SIGTERM reaches the workers. New requests wait in the
 // proxy meanwhile (the guard no longer says ready). True when draining.
 func (m *machine) drainFirst() bool {
-	if m.s.inFlight == nil || m.s.shutdownTimeout() <= 0 || m.end == endExited || m.s.inFlight() == 0 {
+	if m.s.inFlight == nil || m.s.shutdownTimeout() <= 0 || m.r.end == endExited || m.s.inFlight() == 0 {
 		return false
 	}
-	m.drainUntil = time.Now().Add(m.s.shutdownTimeout())
+	m.r.drainUntil = time.Now().Add(m.s.shutdownTimeout())
 	n := m.s.inFlight()
 	m.s.log.Info("waiting for the requests in flight through the proxy before vLLM gets SIGTERM",
 		zap.Int("requests", n), zap.Duration("at_most", m.s.shutdownTimeout()))
@@ -82,38 +82,38 @@ const drainPoll = 50 * time.Millisecond
 
 // drainStep: the proxy's requests ended (or the time is up): now SIGTERM.
 func (m *machine) drainStep() {
-	if m.phase != phStopping || m.drainUntil.IsZero() {
+	if m.phase != phStopping || m.r.drainUntil.IsZero() {
 		return
 	}
-	if n := m.s.inFlight(); n > 0 && time.Now().Before(m.drainUntil) {
+	if n := m.s.inFlight(); n > 0 && time.Now().Before(m.r.drainUntil) {
 		m.arm(tDrain, drainPoll)
 		return
 	}
 	// The whole stop stays within the effective stop timeout that `check`
 	// prints (the units' TimeoutStopSec is set from it), leaving vLLM at
 	// least 10 s to stop its engine.
-	left := max(m.s.stopTimeout()-(m.s.shutdownTimeout()-time.Until(m.drainUntil)), 10*time.Second)
-	m.drainUntil = time.Time{}
+	left := max(m.s.stopTimeout()-(m.s.shutdownTimeout()-time.Until(m.r.drainUntil)), 10*time.Second)
+	m.r.drainUntil = time.Time{}
 	select {
-	case <-m.child.done():
+	case <-m.r.child.done():
 		return
 	default:
 	}
-	m.child.stop()
+	m.r.child.stop()
 	m.arm(tStopKill, left)
 }
 
 func (m *machine) stopReason() string {
 	switch {
-	case m.hang != "":
-		return "vLLM hung: " + m.hang
-	case m.gpuKilled:
+	case m.r.hang != "":
+		return "vLLM hung: " + m.r.hang
+	case m.r.gpuKilled:
 		return "the GPU failed under vLLM: killing its process tree"
-	case m.end == endRestart:
+	case m.r.end == endRestart:
 		return "restart requested"
-	case m.end == endRestore:
+	case m.r.end == endRestore:
 		return "restoring one rung up after a stable stretch"
-	case m.end == endExited:
+	case m.r.end == endExited:
 		return "vLLM exited: cleaning up its process tree"
 	default:
 		return stopRequested
@@ -129,20 +129,20 @@ const stopRequested = status.StopRequested
 // up to killRounds × killWait) is killed off the loop, so the loop keeps
 // turning (status, /livez, signals); settleRun goes on when that reports.
 func (m *machine) finishRun() {
-	c := m.child
+	c := m.r.child
 	if m.phase == phRunning {
 		// The tree went before the API server's exit was handled.
-		m.end = endExited
+		m.r.end = endExited
 	}
 	m.disarm(tStopKill)
 	m.disarm(tDrain)
-	m.drainUntil = time.Time{}
+	m.r.drainUntil = time.Time{}
 	m.endProbing()
-	m.prober.close()
+	m.r.prober.close()
 	c.refresh()
 	m.phase = phCleaning
-	m.cleaningSince = time.Now()
-	run, health, since := m.runN, m.s.health, m.startedAt
+	m.r.cleaningSince = time.Now()
+	run, health, since := m.runN, m.s.health, m.r.startedAt
 	go func() {
 		outlived, unkillable := c.killLeftovers()
 		cl := cleanup{outlived: outlived, unkillable: unkillable}
@@ -168,11 +168,11 @@ func (m *machine) cleaningStatus() {
 	if m.phase != phCleaning {
 		return
 	}
-	left := m.child.lingering()
+	left := m.r.child.lingering()
 	if len(left) == 0 {
 		return
 	}
-	for_ := time.Since(m.cleaningSince).Round(time.Second)
+	for_ := time.Since(m.r.cleaningSince).Round(time.Second)
 	m.s.update(func(st *Status) {
 		st.Reason = fmt.Sprintf("cleaning up the old vLLM: %s for %s (killed, waiting for the kernel to let it go; the next start waits for it)",
 			lingeringText(left), for_)
@@ -183,40 +183,40 @@ func (m *machine) cleaningStatus() {
 // unkillable. Decide what comes next.
 func (m *machine) settleRun(sink *logSink, cl cleanup) {
 	s := m.s
-	c := m.child
+	c := m.r.child
 	if len(cl.outlived) > 0 {
 		s.log.Warn("vLLM processes outlived their keeper: killed them", zap.Ints("pids", cl.outlived))
 	}
 	if len(cl.unkillable) > 0 {
 		s.log.Error("vLLM processes do not die after every kill round: declared unkillable (stuck in the kernel; a GPU fault or a driver problem: check dmesg and nvidia-smi)",
-			zap.Ints("pids", cl.unkillable), zap.Duration("for", time.Since(m.cleaningSince).Round(time.Second)))
+			zap.Ints("pids", cl.unkillable), zap.Duration("for", time.Since(m.r.cleaningSince).Round(time.Second)))
 	}
-	m.stdout.Close()
-	m.stderr.Close()
+	m.r.stdout.Close()
+	m.r.stderr.Close()
 	if s.gpu != nil {
 		s.gpu.SetTree(nil)
 		s.gpu.SetLoading(false)
 	}
 	exit := c.exit()
-	killedByGuard := m.end != endExited || m.hang != ""
-	res := outcome{exit: exit, pid: c.pid(), phase: policy.PhaseStarting, hang: m.hang, killedByGuard: killedByGuard,
-		lines: m.out.ring.snapshot(), uptime: time.Since(m.startedAt), gpuAfter: cl.gpuAfter, unkillable: cl.unkillable}
-	if m.ready {
+	killedByGuard := m.r.end != endExited || m.r.hang != ""
+	res := outcome{exit: exit, pid: c.pid(), phase: policy.PhaseStarting, hang: m.r.hang, killedByGuard: killedByGuard,
+		lines: m.r.out.ring.snapshot(), uptime: time.Since(m.r.startedAt), gpuAfter: cl.gpuAfter, unkillable: cl.unkillable}
+	if m.r.ready {
 		res.phase = policy.PhaseReady
 	}
 	// Any end the guard did not cause, after the kernel's OOM killer acted
 	// in vLLM's cgroup: it mostly picks the biggest process, the EngineCore
 	// or a worker, and the API server then exits by itself.
-	res.hostOOM = !killedByGuard && m.oomBefore >= 0 && s.hostOOM() > m.oomBefore
-	m.releasePIDs, m.releaseBase = c.seen(), m.baseline
+	res.hostOOM = !killedByGuard && m.r.oomBefore >= 0 && s.hostOOM() > m.r.oomBefore
+	m.rel.pids, m.rel.base = c.seen(), m.r.baseline
 	s.update(func(st *Status) { st.LogDropped = sink.dropped.Load(); st.PID = 0 })
-	end := m.end
-	m.child, m.lastChild = nil, c
+	end := m.r.end
+	m.r.child, m.rel.child = nil, c
 	switch end {
 	case endStop:
 		m.finish(exitcode.OK, StateStopped, "stopped on request")
 	case endRestart:
-		s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestart, Reason: "restarting vLLM on request from " + m.peer})
+		s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestart, Reason: "restarting vLLM on request from " + m.r.peer})
 		m.next(sink)
 	case endRestore:
 		s.pol.OnRestore(time.Now())
@@ -273,14 +273,14 @@ func (m *machine) fail(res outcome) {
 	s.savePolicy()
 	m.describeCost()
 	f := Failure{Time: now, PID: res.pid, Exit: res.exit.String(), ExitCode: res.exit.Code, Signal: res.exit.Signal,
-		Phase: res.phase, Verdict: v, Decision: d, RungBefore: m.rung, Lines: res.lines, MemFractions: exit.MemFractions, Uptime: res.uptime}
+		Phase: res.phase, Verdict: v, Decision: d, RungBefore: m.r.rung, Lines: res.lines, MemFractions: exit.MemFractions, Uptime: res.uptime}
 	s.update(func(st *Status) {
 		st.Restarts[v.Cause]++
 		st.LastFailure = &f
 		st.PID = 0
 	})
 	s.publish(events.Event{Kind: events.KindExited, Failure: &f, PID: res.pid})
-	m.decision = d
+	m.rel.decision = d
 	if d.Action == policy.ActionGiveUp {
 		m.giveUp(f)
 		return
@@ -291,9 +291,8 @@ func (m *machine) fail(res outcome) {
 	}
 	if s.gpu != nil && res.pid != 0 {
 		m.phase = phReleasing
-		m.releaseStarted = time.Now()
-		m.releaseUntil = m.releaseStarted.Add(s.cfg.GPU.ReleaseTimeout.Duration)
-		m.releaseKilled = false
+		m.rel.until = time.Now().Add(s.cfg.GPU.ReleaseTimeout.Duration)
+		m.rel.killed = false
 		s.transition(StateWaitingGPU, "waiting for the old vLLM's GPU memory to be released")
 		m.checkReleased()
 		return
@@ -307,7 +306,7 @@ func (m *machine) fail(res outcome) {
 // killed (they would make the next start fail vLLM's free-memory check) and
 // the wait starts once more.
 func (m *machine) checkReleased() {
-	gpu, pids, base := m.s.gpu, m.releasePIDs, m.releaseBase
+	gpu, pids, base := m.s.gpu, m.rel.pids, m.rel.base
 	m.readGPU(func() gpuRead {
 		released, held := gpu.Released(pids, base)
 		return gpuRead{released: released, held: held}
@@ -324,14 +323,14 @@ func (m *machine) onReleaseRead(r gpuRead) {
 		return
 	}
 	now := time.Now()
-	if now.Before(m.releaseUntil) {
-		m.arm(tRelease, min(s.cfg.GPU.SampleInterval.Duration, m.releaseUntil.Sub(now)))
+	if now.Before(m.rel.until) {
+		m.arm(tRelease, min(s.cfg.GPU.SampleInterval.Duration, m.rel.until.Sub(now)))
 		return
 	}
-	if !m.releaseKilled {
-		m.releaseKilled = true
+	if !m.rel.killed {
+		m.rel.killed = true
 		if m.killHolders(r.held) {
-			m.releaseUntil = now.Add(s.cfg.GPU.ReleaseTimeout.Duration)
+			m.rel.until = now.Add(s.cfg.GPU.ReleaseTimeout.Duration)
 			m.arm(tRelease, s.cfg.GPU.SampleInterval.Duration)
 			return
 		}
@@ -345,12 +344,12 @@ func (m *machine) onReleaseRead(r gpuRead) {
 // old tree (never a reused PID), and says whether it killed any.
 func (m *machine) killHolders(held []Holder) bool {
 	ours := map[int]bool{}
-	for _, p := range m.releasePIDs {
+	for _, p := range m.rel.pids {
 		ours[p] = true
 	}
 	killed := false
 	for _, h := range held {
-		if ours[h.PID] && m.lastChild != nil && m.lastChild.killIfOurs(h.PID) {
+		if ours[h.PID] && m.rel.child != nil && m.rel.child.killIfOurs(h.PID) {
 			m.s.log.Warn("killed a survivor of the old vLLM that still held GPU memory",
 				zap.Int("pid", h.PID), zap.String("command", h.Command), zap.Uint64("bytes", h.Bytes))
 			killed = true
@@ -364,7 +363,7 @@ func (m *machine) backoff() {
 		m.finish(exitcode.OK, StateStopped, "stopped on request")
 		return
 	}
-	d := m.decision
+	d := m.rel.decision
 	m.phase = phBackoff
 	next := time.Now().Add(d.Delay)
 	m.s.update(func(st *Status) {
@@ -394,7 +393,7 @@ func (m *machine) giveUp(f Failure) {
 }
 
 func (m *machine) finish(code int, state State, reason string) {
-	for k := range m.timers {
+	for k := range m.timers.slot {
 		m.disarm(timerKind(k))
 	}
 	m.s.update(func(st *Status) {

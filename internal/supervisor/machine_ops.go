@@ -56,13 +56,13 @@ func (m *machine) applyPending() {
 
 // onKill: a second SIGTERM or SIGINT while stopping: no more waiting.
 func (m *machine) onKill() {
-	if m.phase == phStopping && m.child != nil {
+	if m.phase == phStopping && m.r.child != nil {
 		m.disarm(tStopKill)
 		m.disarm(tDrain)
-		m.drainUntil = time.Time{}
-		m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.child.pid(),
+		m.r.drainUntil = time.Time{}
+		m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.r.child.pid(),
 			Reason: "asked to stop again"})
-		m.child.kill()
+		m.r.child.kill()
 	}
 }
 
@@ -74,8 +74,8 @@ func (m *machine) onStop() {
 	case phRunning:
 		m.endRun(endStop)
 	case phStopping, phCleaning:
-		if m.end != endExited {
-			m.end = endStop
+		if m.r.end != endExited {
+			m.r.end = endStop
 		}
 		// A failure being cleaned up is still recorded; then the guard stops.
 	case phFailed:
@@ -98,7 +98,7 @@ func (m *machine) onRequest(r request, sink *logSink) {
 		r.reply <- nil
 		switch m.phase {
 		case phRunning:
-			m.peer = r.peer
+			m.r.peer = r.peer
 			m.endRun(endRestart)
 		case phBackoff, phFree:
 			m.disarm(tBackoff)

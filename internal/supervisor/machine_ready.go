@@ -22,8 +22,8 @@ func (m *machine) onHeartbeat() {
 	if m.checkGPUFault() {
 		return
 	}
-	m.child.refresh()
-	if !m.ready {
+	m.r.child.refresh()
+	if !m.r.ready {
 		return
 	}
 	if m.checkStuck() {
@@ -31,7 +31,7 @@ func (m *machine) onHeartbeat() {
 	}
 	if r, ok := m.restoreDue(); ok {
 		m.s.log.Info("stable on a lower rung: restarting one rung up", zap.Int("to_rung", r.Index),
-			zap.Int("max_num_seqs", r.MaxNumSeqs), zap.Float64("peak_gpu_fraction", m.peak))
+			zap.Int("max_num_seqs", r.MaxNumSeqs), zap.Float64("peak_gpu_fraction", m.r.peak))
 		m.endRun(endRestore)
 	}
 }
@@ -41,8 +41,8 @@ func (m *machine) endProbing() {
 	for _, k := range []timerKind{tPoll, tLive, tCost, tDying, tFastRetry} {
 		m.disarm(k)
 	}
-	if m.runCancel != nil {
-		m.runCancel()
+	if m.r.cancel != nil {
+		m.r.cancel()
 	}
 }
 
@@ -66,14 +66,14 @@ const minPrefillRate = 100.0
 func (m *machine) checkStuck() bool {
 	s := m.s
 	limit := s.cfg.Liveness.StuckTimeout.Duration
-	if limit <= 0 || s.tokens == nil || m.stuckVerdict != "" {
+	if limit <= 0 || s.tokens == nil || m.r.stuckVerdict != "" {
 		return false
 	}
 	now := time.Now()
 	running, tokens, ok := s.tokens()
 	if !ok {
-		if !m.probing && now.Sub(m.stuckAsked) >= limit {
-			m.stuckAsked, m.stuckProbe = now, true
+		if !m.r.probing && now.Sub(m.r.stuckAsked) >= limit {
+			m.r.stuckAsked, m.r.stuckProbe = now, true
 			level := s.cfg.Readiness.Probe
 			m.probe(func(ctx context.Context, p checker) probeResult { return p.ready(ctx, level, limit) })
 		}
@@ -83,12 +83,12 @@ func (m *machine) checkStuck() bool {
 	if s.waiting != nil {
 		awaiting, prompt = s.waiting()
 	}
-	if (running <= 0 && awaiting <= 0) || tokens != m.stuckTokens || m.stuckSince.IsZero() {
-		m.stuckTokens, m.stuckSince, m.pausedSaid = tokens, now, false
+	if (running <= 0 && awaiting <= 0) || tokens != m.r.stuckTokens || m.r.stuckSince.IsZero() {
+		m.r.stuckTokens, m.r.stuckSince, m.r.pausedSaid = tokens, now, false
 		return false
 	}
 	prefill := time.Duration(prompt / minPrefillRate * float64(time.Second))
-	still := now.Sub(m.stuckSince)
+	still := now.Sub(m.r.stuckSince)
 	if still < limit+prefill {
 		return false
 	}
@@ -102,10 +102,10 @@ func (m *machine) checkStuck() bool {
 // stuck: a paused vLLM holds its requests on purpose. The verdict is
 // given (or dropped) when the answer comes, in onPausedAnswer.
 func (m *machine) askPaused(verdict string) {
-	if m.probing {
+	if m.r.probing {
 		return // a probe is in flight: ask at the next heartbeat
 	}
-	m.stuckVerdict = verdict
+	m.r.stuckVerdict = verdict
 	timeout := m.s.cfg.Liveness.Timeout.Duration
 	m.probe(func(ctx context.Context, p checker) probeResult { return p.paused(ctx, timeout) })
 }
@@ -113,14 +113,14 @@ func (m *machine) askPaused(verdict string) {
 // onPausedAnswer gives the stuck verdict unless vLLM said it is paused;
 // then the stuck clock starts again, and the next check asks again.
 func (m *machine) onPausedAnswer(r probeResult) {
-	verdict := m.stuckVerdict
-	m.stuckVerdict = ""
+	verdict := m.r.stuckVerdict
+	m.r.stuckVerdict = ""
 	if r.paused {
-		if !m.pausedSaid {
-			m.pausedSaid = true
+		if !m.r.pausedSaid {
+			m.r.pausedSaid = true
 			m.s.log.Info("vLLM holds requests without progress, but an operator paused it (/is_paused): not stuck; waiting for /resume")
 		}
-		m.stuckSince, m.stuckAsked = time.Now(), time.Now()
+		m.r.stuckSince, m.r.stuckAsked = time.Now(), time.Now()
 		return
 	}
 	m.hung(verdict)
@@ -135,7 +135,7 @@ func (m *machine) restoreDue() (policy.Rung, bool) {
 	}
 	if s.gpu != nil {
 		for _, f := range s.gpu.RecentFractions(1) {
-			m.peak = max(m.peak, f)
+			m.r.peak = max(m.r.peak, f)
 		}
 	}
 	idle := false
@@ -143,7 +143,7 @@ func (m *machine) restoreDue() (policy.Rung, bool) {
 		running, waiting, ok := s.load()
 		idle = ok && running == 0 && waiting == 0
 	}
-	return s.pol.RestoreDue(time.Now(), m.peak, idle)
+	return s.pol.RestoreDue(time.Now(), m.r.peak, idle)
 }
 
 // observeCost feeds the cost model one (running sequences, memory) pair.
@@ -158,8 +158,8 @@ func (m *machine) observeCost() {
 		return
 	}
 	s.pol.ObserveCost(running, used, total)
-	m.costObs++
-	if m.costObs%10 == 1 {
+	m.r.costObs++
+	if m.r.costObs%10 == 1 {
 		m.describeCost()
 	}
 }

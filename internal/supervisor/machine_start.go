@@ -35,8 +35,7 @@ func (m *machine) next(sink *logSink) {
 	rung := m.s.pol.Current()
 	m.s.update(func(st *Status) { st.Rung = rung })
 	if m.s.gpu == nil && m.s.health == nil {
-		m.gpuBefore = nil
-		m.launch(sink, rung)
+		m.launch(sink, rung, nil)
 		return
 	}
 	m.phase = phFree
@@ -68,8 +67,7 @@ func (m *machine) onFreeRead(r gpuRead, sink *logSink) {
 		return
 	}
 	if r.free {
-		m.gpuBefore = r.gpus // the ECC counts before the run
-		m.launch(sink, r.rung)
+		m.launch(sink, r.rung, r.gpus) // r.gpus: the ECC counts before the run
 		return
 	}
 	reason := "not enough free GPU memory to start: " + r.why
@@ -81,34 +79,27 @@ func (m *machine) onFreeRead(r gpuRead, sink *logSink) {
 }
 
 // launch starts vLLM on rung.
-func (m *machine) launch(sink *logSink, rung policy.Rung) {
+func (m *machine) launch(sink *logSink, rung policy.Rung, gpuBefore []policy.GPUDevice) {
 	s := m.s
 	cfg := s.cfg
 	argv, ep := launch.BuildArgv(cfg.VLLM.Command, s.extra, rung, cfg.VLLM.Host, cfg.VLLM.Port)
 	m.runN++
 	m.phase = phRunning
-	m.rung = rung
-	m.ready, m.failures, m.peak, m.end, m.hang, m.peer, m.probing = false, 0, 0, endNone, "", "", false
-	m.lastChild = nil
-	m.ioSeen, m.ioBytes, m.lastIO, m.stuckProbe, m.stuckVerdict = map[int]uint64{}, 0, time.Time{}, false, ""
+	m.rel.child = nil
 	// What vLLM serves is read afresh from this run's own startup line.
 	s.tasks.Store(nil)
-	m.refusedSince = time.Time{}
-	m.out = newOutput(sink, max(cfg.Log.ChildLines, 1000))
-	m.lastLine = m.out.lastLine.Load()
-	m.stdout, m.stderr = m.out.writer("stdout"), m.out.writer("stderr")
-	m.oomBefore = s.hostOOM()
-	m.baseline = nil
+	out := newOutput(sink, max(cfg.Log.ChildLines, 1000))
+	m.r = run{rung: rung, gpuBefore: gpuBefore, out: out, lastLine: out.lastLine.Load(), ioSeen: map[int]uint64{},
+		stdout: out.writer("stdout"), stderr: out.writer("stderr"), oomBefore: s.hostOOM()}
 	if s.gpu != nil {
-		m.baseline = s.gpu.UsedBytes()
+		m.r.baseline = s.gpu.UsedBytes()
 	}
 	s.pol.OnStart(time.Now())
 	s.savePolicy()
-	m.gpuKilled = false
-	m.startedAt = time.Now()
+	m.r.startedAt = time.Now()
 	s.update(func(st *Status) {
 		st.State, st.Reason, st.Phase, st.LastProbe, st.PID, st.StartedAt, st.ReadySince, st.Rung =
-			StateStarting, "launching vLLM", "", "", 0, m.startedAt, time.Time{}, rung
+			StateStarting, "launching vLLM", "", "", 0, m.r.startedAt, time.Time{}, rung
 		st.Starts++
 	})
 	if s.portHolder != nil {
@@ -117,39 +108,39 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 			// would answer the probes in its name.
 			r := rung
 			s.publish(events.Event{Kind: events.KindStarting, Rung: &r, Argv: s.MaskedArgv(argv)})
-			m.child = nil
-			m.stdout.Close()
-			m.stderr.Close()
+			m.r.child = nil
+			m.r.stdout.Close()
+			m.r.stderr.Close()
 			m.fail(outcome{exit: exitInfo{Code: -1, StartFailure: fmt.Sprintf("vLLM's port %d is already in use by %s: "+
 				"another vLLM (another guard instance's?) or server holds it; give this instance its own port ([vllm] port, or --port in [vllm] command)",
-				ep.Port, holder)}, phase: policy.PhaseStarting, lines: m.out.ring.snapshot()})
+				ep.Port, holder)}, phase: policy.PhaseStarting, lines: m.r.out.ring.snapshot()})
 			return
 		}
 	}
 	env := launch.ChildEnv(os.Environ(), cfg.VLLM.Env)
 	c, err := s.launcher.launch(launchSpec{keeper: s.keeper, argv: argv, env: env,
-		dir: cfg.VLLM.Workdir, grace: cfg.VLLM.StopTimeout.Duration, stdout: m.stdout, stderr: m.stderr})
+		dir: cfg.VLLM.Workdir, grace: cfg.VLLM.StopTimeout.Duration, stdout: m.r.stdout, stderr: m.r.stderr})
 	r := rung
 	s.publish(events.Event{Kind: events.KindStarting, Rung: &r, Argv: s.MaskedArgv(argv), PID: pidOf(c)})
 	if err != nil {
 		// The guard could not even run its keeper.
-		m.child = nil
-		m.stdout.Close()
-		m.stderr.Close()
-		m.fail(outcome{exit: exitInfo{Code: -1, GuardFailure: err.Error()}, phase: policy.PhaseStarting, lines: m.out.ring.snapshot()})
+		m.r.child = nil
+		m.r.stdout.Close()
+		m.r.stderr.Close()
+		m.fail(outcome{exit: exitInfo{Code: -1, GuardFailure: err.Error()}, phase: policy.PhaseStarting, lines: m.r.out.ring.snapshot()})
 		return
 	}
-	m.child = c
+	m.r.child = c
 	c.refresh() // the API server is known (with its start time) from the first moment
-	m.out.pid.Store(int64(c.pid()))
+	m.r.out.pid.Store(int64(c.pid()))
 	s.update(func(st *Status) { st.PID = c.pid() })
 	if s.gpu != nil {
 		s.gpu.SetBudget(rung)
 		s.gpu.SetTree(c.tree)
 		s.gpu.SetLoading(true)
 	}
-	m.prober, m.port = s.newProber(ep, s.model), ep.Port
-	m.runCtx, m.runCancel = context.WithCancel(context.Background())
+	m.r.prober, m.r.port = s.newProber(ep, s.model), ep.Port
+	m.r.ctx, m.r.cancel = context.WithCancel(context.Background())
 	m.forward(c)
 	m.arm(tPoll, cfg.Readiness.PollInterval.Duration)
 }
@@ -158,12 +149,12 @@ func (m *machine) launch(sink *logSink, rung policy.Rung) {
 // listener on its port: an answer is its own then, even before its server
 // line (a vLLM whose startup lines the guard does not know).
 func (m *machine) listensItself() bool {
-	if m.s.listenerOwners == nil || m.child == nil {
+	if m.s.listenerOwners == nil || m.r.child == nil {
 		return false
 	}
-	m.child.refresh()
-	tree := m.child.tree()
-	for _, pid := range m.s.listenerOwners(m.port) {
+	m.r.child.refresh()
+	tree := m.r.child.tree()
+	for _, pid := range m.s.listenerOwners(m.r.port) {
 		if slices.Contains(tree, pid) {
 			return true
 		}
@@ -201,7 +192,7 @@ func pidOf(c proc) int {
 // forward turns the run's channels into events for the loop, until the
 // tree is gone.
 func (m *machine) forward(c proc) {
-	run, out := m.runN, m.out
+	run, out := m.runN, m.r.out
 	go func() {
 		apiGone := c.apiGone()
 		for {
@@ -223,11 +214,11 @@ func (m *machine) forward(c proc) {
 
 // probe runs one probe on its own goroutine, at most one at a time.
 func (m *machine) probe(f func(context.Context, checker) probeResult) {
-	if m.probing {
+	if m.r.probing {
 		return
 	}
-	m.probing = true
-	run, p, ctx := m.runN, m.prober, m.runCtx
+	m.r.probing = true
+	run, p, ctx := m.runN, m.r.prober, m.r.ctx
 	go func() { m.post(event{kind: evProbe, run: run, probe: f(ctx, p)}) }()
 }
 
@@ -242,17 +233,17 @@ func (m *machine) probeReady() {
 // more since the last poll. CPU time is not progress (NCCL hangs spin).
 func (m *machine) ioGrew() bool {
 	grew := false
-	now := m.child.io()
+	now := m.r.child.io()
 	for pid, n := range now {
-		if before, ok := m.ioSeen[pid]; ok && n > before {
-			m.ioBytes += n - before
+		if before, ok := m.r.ioSeen[pid]; ok && n > before {
+			m.r.ioBytes += n - before
 			grew = true
-		} else if !ok && n > 0 && len(m.ioSeen) > 0 {
-			m.ioBytes += n
+		} else if !ok && n > 0 && len(m.r.ioSeen) > 0 {
+			m.r.ioBytes += n
 			grew = true
 		}
 	}
-	m.ioSeen = now
+	m.r.ioSeen = now
 	return grew
 }
 
@@ -261,38 +252,38 @@ func gibText(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30
 // onPoll: while starting, look for load progress, a stall, the start-time
 // cap, and probe readiness.
 func (m *machine) onPoll() {
-	if m.phase != phRunning || m.ready {
+	if m.phase != phRunning || m.r.ready {
 		return
 	}
 	rc := m.s.cfg.Readiness
 	now := time.Now()
-	if seen := m.out.lastLine.Load(); !seen.Equal(m.lastLine) {
-		m.lastLine = seen
-		m.s.publish(events.Event{Kind: events.KindProgress, Phase: m.out.Phase(), PID: m.child.pid()})
+	if seen := m.r.out.lastLine.Load(); !seen.Equal(m.r.lastLine) {
+		m.r.lastLine = seen
+		m.s.publish(events.Event{Kind: events.KindProgress, Phase: m.r.out.Phase(), PID: m.r.child.pid()})
 	}
-	lastLine := m.lastLine
+	lastLine := m.r.lastLine
 	if m.ioGrew() {
-		m.lastIO = now
+		m.r.lastIO = now
 		// A silent download or load: say it, as progress.
 		if quiet := now.Sub(lastLine); quiet >= time.Second {
-			reason := fmt.Sprintf("downloading or loading: %s read/written, no log output for %s", gibText(m.ioBytes), quiet.Round(time.Second))
+			reason := fmt.Sprintf("downloading or loading: %s read/written, no log output for %s", gibText(m.r.ioBytes), quiet.Round(time.Second))
 			m.s.update(func(st *Status) { st.Reason = reason })
-			if now.Sub(m.ioAnnounced) >= 10*time.Second {
-				m.ioAnnounced = now
-				m.s.publish(events.Event{Kind: events.KindProgress, Phase: "io", Reason: reason, PID: m.child.pid()})
+			if now.Sub(m.r.ioAnnounced) >= 10*time.Second {
+				m.r.ioAnnounced = now
+				m.s.publish(events.Event{Kind: events.KindProgress, Phase: "io", Reason: reason, PID: m.r.child.pid()})
 			}
 		}
 	}
 	last := lastLine
-	if m.lastIO.After(last) {
-		last = m.lastIO
+	if m.r.lastIO.After(last) {
+		last = m.r.lastIO
 	}
 	if silent := now.Sub(last); silent > rc.StallTimeout.Duration {
 		m.hung(fmt.Sprintf("no load progress (no output, no disk I/O) for %s while starting (stall_timeout %s), last phase %q",
-			silent.Round(time.Second), rc.StallTimeout.Duration, m.out.Phase()))
+			silent.Round(time.Second), rc.StallTimeout.Duration, m.r.out.Phase()))
 		return
 	}
-	if limit := rc.MaxStartTime.Duration; limit > 0 && now.Sub(m.startedAt) > limit {
+	if limit := rc.MaxStartTime.Duration; limit > 0 && now.Sub(m.r.startedAt) > limit {
 		m.hung(fmt.Sprintf("not ready after max_start_time %s", limit))
 		return
 	}
@@ -306,15 +297,15 @@ func (m *machine) onPoll() {
 // waiting longer changes nothing. Any other answer starts the count again.
 func (m *machine) refusedTooLong(r probeResult) bool {
 	if r.status < 400 || r.status > 499 || r.status == http.StatusRequestTimeout || r.status == http.StatusTooManyRequests {
-		m.refusedSince = time.Time{}
+		m.r.refusedSince = time.Time{}
 		return false
 	}
 	now := time.Now()
-	if m.refusedSince.IsZero() {
-		m.refusedSince = now
+	if m.r.refusedSince.IsZero() {
+		m.r.refusedSince = now
 		return false
 	}
-	if now.Sub(m.refusedSince) < refusedProbeLimit {
+	if now.Sub(m.r.refusedSince) < refusedProbeLimit {
 		return false
 	}
 	m.hung(fmt.Sprintf("vLLM's server is up but has refused the readiness probe for %s (%s: %s); "+
@@ -325,9 +316,9 @@ func (m *machine) refusedTooLong(r probeResult) bool {
 
 func (m *machine) onProbe(r probeResult) {
 	s := m.s
-	if !m.ready {
+	if !m.r.ready {
 		if !r.ok {
-			if r.refused && time.Now().Before(m.fastUntil) {
+			if r.refused && time.Now().Before(m.r.fastUntil) {
 				m.arm(tFastRetry, fastRetryEvery)
 			}
 			if m.refusedTooLong(r) {
@@ -340,11 +331,11 @@ func (m *machine) onProbe(r probeResult) {
 						st.Reason = r.err
 					}
 				})
-				s.publish(events.Event{Kind: events.KindProbeFailed, Probe: &events.Probe{Step: r.step, Status: r.status, Error: r.err}, PID: m.child.pid()})
+				s.publish(events.Event{Kind: events.KindProbeFailed, Probe: &events.Probe{Step: r.step, Status: r.status, Error: r.err}, PID: m.r.child.pid()})
 			}
 			return
 		}
-		if !m.out.serverUp.Load() && !m.listensItself() {
+		if !m.r.out.serverUp.Load() && !m.listensItself() {
 			// Something answered on vLLM's port before vLLM started its
 			// server: another process's listener, not this vLLM (issue 32
 			// item 4). Its answers count only after this vLLM's own line.
@@ -356,12 +347,12 @@ func (m *machine) onProbe(r probeResult) {
 		m.becomeReady(r)
 		return
 	}
-	if m.stuckVerdict != "" {
+	if m.r.stuckVerdict != "" {
 		m.onPausedAnswer(r)
 		return
 	}
-	if m.stuckProbe {
-		m.stuckProbe = false
+	if m.r.stuckProbe {
+		m.r.stuckProbe = false
 		if !r.ok && r.status == 0 && !r.refused {
 			m.askPaused(fmt.Sprintf("stuck: a 1-token request did not answer within stuck_timeout %s (%s)", s.cfg.Liveness.StuckTimeout.Duration, r.err))
 		}
@@ -369,34 +360,34 @@ func (m *machine) onProbe(r probeResult) {
 	}
 	switch {
 	case r.ok:
-		m.failures = 0
+		m.r.failures = 0
 	case r.status == 503 || r.status == 500:
 		// vLLM exits by itself after its engine dies (its watchdog runs
 		// every 5 s), printing why: wait for that, and kill only if it
 		// does not come.
-		if m.timers[tDying].t == nil {
+		if m.timers.slot[tDying].t == nil {
 			grace := s.engineDeadGrace()
 			s.log.Warn("vLLM's engine is dead (/health answered "+strconv.Itoa(r.status)+"): waiting for vLLM to exit",
 				zap.Duration("grace", grace))
 			m.arm(tDying, grace)
 		}
 	default:
-		m.failures++
-		s.publish(events.Event{Kind: events.KindProbeFailed, Probe: &events.Probe{Step: r.step, Status: r.status, Error: r.err}, PID: m.child.pid()})
-		s.log.Warn("liveness probe failed", zap.String("error", r.err), zap.Int("consecutive", m.failures),
+		m.r.failures++
+		s.publish(events.Event{Kind: events.KindProbeFailed, Probe: &events.Probe{Step: r.step, Status: r.status, Error: r.err}, PID: m.r.child.pid()})
+		s.log.Warn("liveness probe failed", zap.String("error", r.err), zap.Int("consecutive", m.r.failures),
 			zap.Int("failures_allowed", s.cfg.Liveness.Failures))
-		if m.failures >= s.cfg.Liveness.Failures {
-			m.hung(fmt.Sprintf("%d consecutive liveness failures, last: %s", m.failures, r.err))
+		if m.r.failures >= s.cfg.Liveness.Failures {
+			m.hung(fmt.Sprintf("%d consecutive liveness failures, last: %s", m.r.failures, r.err))
 		}
 	}
 }
 
 func (m *machine) becomeReady(r probeResult) {
 	s := m.s
-	m.ready = true
-	m.out.loaded.Store(true)
-	m.child.refresh()
-	ttr := time.Since(m.startedAt)
+	m.r.ready = true
+	m.r.out.loaded.Store(true)
+	m.r.child.refresh()
+	ttr := time.Since(m.r.startedAt)
 	s.pol.OnReady(time.Now())
 	s.pol.NoteTimeToReady(ttr)
 	s.savePolicy()
@@ -409,11 +400,11 @@ func (m *machine) becomeReady(r probeResult) {
 		st.LongestTimeToReady = s.pol.LongestTimeToReady()
 	})
 	rung := s.pol.Current()
-	s.publish(events.Event{Kind: events.KindReady, TimeToReady: ttr, First: first, PID: m.child.pid(), Rung: &rung})
+	s.publish(events.Event{Kind: events.KindReady, TimeToReady: ttr, First: first, PID: m.r.child.pid(), Rung: &rung})
 	if s.gpu != nil {
 		s.gpu.SetLoading(false)
 	}
-	m.stuckSince, m.stuckAsked = time.Time{}, time.Now()
+	m.r.stuckSince, m.r.stuckAsked = time.Time{}, time.Now()
 	m.arm(tLive, s.cfg.Liveness.Interval.Duration)
 	m.arm(tCost, s.cfg.GPU.SampleInterval.Duration)
 }

@@ -69,7 +69,7 @@ func (m *machine) gpuBlocked(why string) {
 	if st := m.s.Status(); st.State != StateWaitingGPU || st.Reason != reason {
 		m.s.log.Error("not starting vLLM: a GPU needs a reset", zap.String("why", why))
 	}
-	m.s.update(func(st *Status) { st.State, st.Reason = StateWaitingGPU, reason })
+	m.enter(subWaitGPU, reason, nil)
 	m.arm(tFreeMemory, m.s.cfg.GPU.SampleInterval.Duration)
 }
 
@@ -97,7 +97,7 @@ func (m *machine) gpuEvidenceFrom(after []policy.GPUDevice) *policy.GPUEvidence 
 // driver. Its tree is killed; the failure is then classified from the
 // same evidence. True when it ended the run.
 func (m *machine) checkGPUFault() bool {
-	if m.s.health == nil || m.phase != phRunning {
+	if m.s.health == nil || !m.sub.running() {
 		return false
 	}
 	ev := m.gpuEvidence()
@@ -112,9 +112,6 @@ func (m *machine) checkGPUFault() bool {
 	m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.r.child.pid(),
 		Reason: fmt.Sprintf("GPU fault while vLLM ran: %s", what)})
 	m.r.gpuKilled = true
-	m.endRun(endExited)
-	if m.r.child != nil {
-		m.r.child.kill()
-	}
+	m.endRun(endExited) // a kill: gpuKilled
 	return true
 }

@@ -19,10 +19,12 @@ import (
 // the memory release, backoff, free memory before a start) is a state with
 // a timer, so the heartbeat turns all the while.
 //
-//	waiting_gpu (free memory) → starting → ready
-//	      ↑                        ↓ exit, hang, stop, restart, restore
-//	   backoff ← waiting_gpu (release) ← stopping
-//	failed (gave up)   stopped (asked to)
+//	check_gpu → wait_gpu (no room) → starting → ready
+//	    ↑                               ↓ exit, hang, stop, restart, restore
+//	 backoff ← releasing ← cleaning ← draining, stop_sigterm, stop_sigkill
+//	failed / gave_up (gave up)   stopped (asked to)
+//
+// substate.go names the sub-states and the public State each shows.
 
 // After "Application startup complete." a refused readiness probe is tried
 // again every fastRetryEvery, for fastRetryFor.
@@ -115,21 +117,6 @@ const (
 	endRestore        // a stable stretch on a lower rung: one rung up
 )
 
-// phase is the machine's own state; the public State is derived from it.
-type phase int
-
-const (
-	phIdle      phase = iota
-	phFree            // waiting for free GPU memory before a start
-	phRunning         // vLLM runs (starting or ready)
-	phStopping        // the run is ending; waiting for the tree to go
-	phCleaning        // the keeper is gone; what outlived it is being killed off the loop
-	phReleasing       // waiting for the old tree's GPU memory
-	phBackoff         // waiting the decided delay
-	phFailed          // gave up, staying to answer status
-	phDone            // Run returns
-)
-
 type machine struct {
 	s        *Supervisor
 	ev       chan event
@@ -137,9 +124,9 @@ type machine struct {
 	timers   timerSet
 	gpuReads uint64 // NVML reads made off the loop; only the newest one's answer counts
 
-	phase     phase
+	sub       subState
 	stopAsked bool // the guard is stopping: no new start
-	code      int  // the exit code once phDone
+	code      int  // the exit code once done
 	everReady bool
 	pending   *config.Config // a reloaded config for vLLM's next start
 
@@ -231,7 +218,7 @@ func (s *Supervisor) Run(ctx context.Context) int {
 	defer heartbeat.Stop()
 	stop := ctx.Done()
 	m.next(sink)
-	for m.phase != phDone {
+	for !m.sub.done() {
 		select {
 		case <-stop:
 			stop = nil
@@ -304,25 +291,25 @@ func (m *machine) handle(e event, sink *logSink) {
 	case evAPIGone:
 		m.endRun(endExited)
 	case evTreeGone:
-		if m.r.child != nil && m.phase != phCleaning {
+		if m.r.child != nil && m.sub != subCleaning {
 			m.finishRun()
 		}
 	case evCleaned:
-		if m.phase == phCleaning {
+		if m.sub == subCleaning {
 			m.settleRun(sink, e.cleaned)
 		}
 	case evGPURead:
 		if e.id != m.gpuReads {
 			return // a newer read is on its way
 		}
-		switch m.phase {
-		case phFree:
+		switch m.sub {
+		case subCheckGPU, subWaitGPU:
 			m.onFreeRead(e.gpu, sink)
-		case phReleasing:
+		case subReleasing:
 			m.onReleaseRead(e.gpu)
 		}
 	case evStartupComplete:
-		if m.phase == phRunning && !m.r.ready {
+		if m.sub == subStarting {
 			// uvicorn logs the line, then starts listening: the first probe
 			// is usually refused, so refused probes retry at a short, bounded
 			// cadence instead of waiting for the next poll.
@@ -330,14 +317,14 @@ func (m *machine) handle(e event, sink *logSink) {
 			m.probeReady()
 		}
 	case evProgress:
-		if m.phase == phRunning && !m.r.ready {
+		if m.sub == subStarting {
 			ph := m.r.out.Phase()
 			m.s.update(func(st *Status) { st.Phase, st.Reason = ph, "loading: "+ph })
 			m.s.publish(events.Event{Kind: events.KindProgress, Phase: ph, PID: m.r.child.pid()})
 		}
 	case evProbe:
 		m.r.probing = false
-		if m.phase == phRunning {
+		if m.sub.running() {
 			m.onProbe(e.probe)
 		}
 	}
@@ -364,6 +351,7 @@ func (m *machine) onTimer(k timerKind, sink *logSink) {
 		m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.r.child.pid(),
 			Reason: fmt.Sprintf("vLLM did not stop within %s", m.s.stopTimeout())})
 		m.r.child.kill()
+		m.enter(subStopKill, "", nil)
 	case tRelease:
 		m.checkReleased()
 	case tBackoff:
@@ -372,7 +360,7 @@ func (m *machine) onTimer(k timerKind, sink *logSink) {
 	case tFreeMemory:
 		m.next(sink)
 	case tFastRetry:
-		if m.phase == phRunning && !m.r.ready {
+		if m.sub == subStarting {
 			m.probeReady()
 		}
 	}

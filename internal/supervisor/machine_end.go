@@ -24,22 +24,26 @@ func (m *machine) hung(reason string) {
 // endRun starts ending the run in progress: SIGTERM, then SIGKILL after
 // stop_timeout, unless the tree is already gone.
 func (m *machine) endRun(why ending) {
-	if m.phase != phRunning {
+	if !m.sub.running() {
 		return
 	}
 	m.r.end = why
-	m.phase = phStopping
 	m.endProbing()
-	m.s.transition(StateStopping, m.stopReason())
+	reason := m.stopReason()
 	select {
 	case <-m.r.child.done():
-		return // evTreeGone is on its way
+		m.enter(subStopTerm, reason, nil) // evTreeGone is on its way
+		return
 	default:
 	}
-	if m.r.hang != "" {
-		// vLLM is wedged: a drain would only wait on requests that never end.
-		m.s.log.Warn("vLLM hung: killing its process tree", zap.String("reason", m.r.hang))
+	if m.r.hang != "" || m.r.gpuKilled {
+		// vLLM is wedged, or its GPU is gone: a drain would only wait on
+		// requests that never end.
+		if m.r.hang != "" {
+			m.s.log.Warn("vLLM hung: killing its process tree", zap.String("reason", m.r.hang))
+		}
 		m.r.child.kill()
+		m.enter(subStopKill, reason, nil)
 		return
 	}
 	select {
@@ -47,6 +51,7 @@ func (m *machine) endRun(why ending) {
 		// The API server is gone (the keeper cleans up the rest): nothing
 		// drains any more; give the keeper its grace, then kill.
 		m.arm(tStopKill, m.s.cfg.VLLM.StopTimeout.Duration)
+		m.enter(subStopTerm, reason, nil)
 		return
 	default:
 	}
@@ -55,6 +60,7 @@ func (m *machine) endRun(why ending) {
 	}
 	m.r.child.stop()
 	m.arm(tStopKill, m.s.stopTimeout())
+	m.enter(subStopTerm, reason, nil)
 }
 
 // drainFirst: a planned stop (an operator's stop or restart, a restore)
@@ -72,7 +78,7 @@ func (m *machine) drainFirst() bool {
 	n := m.s.inFlight()
 	m.s.log.Info("waiting for the requests in flight through the proxy before vLLM gets SIGTERM",
 		zap.Int("requests", n), zap.Duration("at_most", m.s.shutdownTimeout()))
-	m.s.transition(StateStopping, fmt.Sprintf("%s: waiting for %d requests in flight through the proxy (at most %s)", m.stopReason(), n, m.s.shutdownTimeout()))
+	m.enter(subDraining, fmt.Sprintf("%s: waiting for %d requests in flight through the proxy (at most %s)", m.stopReason(), n, m.s.shutdownTimeout()), nil)
 	m.arm(tDrain, drainPoll)
 	return true
 }
@@ -82,7 +88,7 @@ const drainPoll = 50 * time.Millisecond
 
 // drainStep: the proxy's requests ended (or the time is up): now SIGTERM.
 func (m *machine) drainStep() {
-	if m.phase != phStopping || m.r.drainUntil.IsZero() {
+	if m.sub != subDraining {
 		return
 	}
 	if n := m.s.inFlight(); n > 0 && time.Now().Before(m.r.drainUntil) {
@@ -99,6 +105,7 @@ func (m *machine) drainStep() {
 		return
 	default:
 	}
+	m.enter(subStopTerm, m.stopReason(), nil)
 	m.r.child.stop()
 	m.arm(tStopKill, left)
 }
@@ -130,7 +137,7 @@ const stopRequested = status.StopRequested
 // turning (status, /livez, signals); settleRun goes on when that reports.
 func (m *machine) finishRun() {
 	c := m.r.child
-	if m.phase == phRunning {
+	if m.sub.running() {
 		// The tree went before the API server's exit was handled.
 		m.r.end = endExited
 	}
@@ -140,7 +147,7 @@ func (m *machine) finishRun() {
 	m.endProbing()
 	m.r.prober.close()
 	c.refresh()
-	m.phase = phCleaning
+	m.enter(subCleaning, m.stopReason(), nil)
 	m.r.cleaningSince = time.Now()
 	run, health, since := m.runN, m.s.health, m.r.startedAt
 	go func() {
@@ -165,7 +172,7 @@ type cleanup struct {
 // cleaningStatus says, while the leftovers are being killed, which process
 // does not die and where it is stuck.
 func (m *machine) cleaningStatus() {
-	if m.phase != phCleaning {
+	if m.sub != subCleaning {
 		return
 	}
 	left := m.r.child.lingering()
@@ -214,7 +221,7 @@ func (m *machine) settleRun(sink *logSink, cl cleanup) {
 	m.r.child, m.rel.child = nil, c
 	switch end {
 	case endStop:
-		m.finish(exitcode.OK, StateStopped, "stopped on request")
+		m.finish(exitcode.OK, "stopped on request")
 	case endRestart:
 		s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestart, Reason: "restarting vLLM on request from " + m.r.peer})
 		m.next(sink)
@@ -286,14 +293,13 @@ func (m *machine) fail(res outcome) {
 		return
 	}
 	if m.stopAsked {
-		m.finish(exitcode.OK, StateStopped, "stopped on request")
+		m.finish(exitcode.OK, "stopped on request")
 		return
 	}
 	if s.gpu != nil && res.pid != 0 {
-		m.phase = phReleasing
 		m.rel.until = time.Now().Add(s.cfg.GPU.ReleaseTimeout.Duration)
 		m.rel.killed = false
-		s.transition(StateWaitingGPU, "waiting for the old vLLM's GPU memory to be released")
+		m.enter(subReleasing, "waiting for the old vLLM's GPU memory to be released", nil)
 		m.checkReleased()
 		return
 	}
@@ -314,7 +320,7 @@ func (m *machine) checkReleased() {
 }
 
 func (m *machine) onReleaseRead(r gpuRead) {
-	if m.phase != phReleasing {
+	if m.sub != subReleasing {
 		return
 	}
 	s := m.s
@@ -360,46 +366,39 @@ func (m *machine) killHolders(held []Holder) bool {
 
 func (m *machine) backoff() {
 	if m.stopAsked {
-		m.finish(exitcode.OK, StateStopped, "stopped on request")
+		m.finish(exitcode.OK, "stopped on request")
 		return
 	}
 	d := m.rel.decision
-	m.phase = phBackoff
 	next := time.Now().Add(d.Delay)
-	m.s.update(func(st *Status) {
-		st.State, st.Reason, st.NextStartAt, st.Rung = StateBackoff,
-			fmt.Sprintf("restarting in %s on rung %d: %s", d.Delay.Round(time.Millisecond), d.Rung.Index, d.Reason), next, d.Rung
-	})
+	m.enter(subBackoff, fmt.Sprintf("restarting in %s on rung %d: %s", d.Delay.Round(time.Millisecond), d.Rung.Index, d.Reason),
+		func(st *Status) { st.NextStartAt, st.Rung = next, d.Rung })
 	m.arm(tBackoff, d.Delay)
 }
 
 func (m *machine) giveUp(f Failure) {
 	s := m.s
 	code := f.Decision.ExitCode
-	s.update(func(st *Status) {
-		st.State, st.Reason, st.PID, st.ExitCode = StateFailed, "gave up: "+f.Decision.Reason, 0, code
-	})
-	s.log.Error("gave up on vLLM", zap.String("cause", string(f.Verdict.Cause)), zap.String("reason", f.Decision.Reason),
-		zap.Int("exit_code", code))
 	stay := s.cfg.Restart.OnGiveUp == "stay"
 	if f.Verdict.Cause == policy.CauseGPUFault && code == exitcode.GPUFault {
 		stay = s.cfg.GPU.OnGPUFault == "stay" // [gpu] on_gpu_fault decides for a GPU that needs a reset
 	}
+	to := subFailed // "stay": keep answering status until asked to stop
 	if !stay || m.stopAsked {
-		m.phase, m.code = phDone, code
-		return
+		to, m.code = subGaveUp, code
 	}
-	m.phase = phFailed // "stay": keep answering status until asked to stop
+	m.enter(to, "gave up: "+f.Decision.Reason, func(st *Status) { st.PID, st.ExitCode = 0, code })
+	s.log.Error("gave up on vLLM", zap.String("cause", string(f.Verdict.Cause)), zap.String("reason", f.Decision.Reason),
+		zap.Int("exit_code", code))
 }
 
-func (m *machine) finish(code int, state State, reason string) {
+// finish ends Run: stopped, with code.
+func (m *machine) finish(code int, reason string) {
 	for k := range m.timers.slot {
 		m.disarm(timerKind(k))
 	}
-	m.s.update(func(st *Status) {
-		st.State, st.Reason, st.PID, st.ExitCode, st.NextStartAt = state, reason, 0, code, time.Time{}
-	})
-	m.phase, m.code = phDone, code
+	m.code = code
+	m.enter(subStopped, reason, func(st *Status) { st.PID, st.ExitCode, st.NextStartAt = 0, code, time.Time{} })
 }
 
 // stopTimeout is how long a graceful stop may take before the tree is

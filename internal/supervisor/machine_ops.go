@@ -56,13 +56,14 @@ func (m *machine) applyPending() {
 
 // onKill: a second SIGTERM or SIGINT while stopping: no more waiting.
 func (m *machine) onKill() {
-	if m.phase == phStopping && m.r.child != nil {
+	if m.sub.stopping() && m.r.child != nil {
 		m.disarm(tStopKill)
 		m.disarm(tDrain)
 		m.r.drainUntil = time.Time{}
 		m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.r.child.pid(),
 			Reason: "asked to stop again"})
 		m.r.child.kill()
+		m.enter(subStopKill, "", nil)
 	}
 }
 
@@ -70,25 +71,26 @@ func (m *machine) onKill() {
 func (m *machine) onStop() {
 	m.stopAsked = true
 	m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionStop, Reason: "the guard was asked to stop"})
-	switch m.phase {
-	case phRunning:
+	switch {
+	case m.sub.running():
 		m.endRun(endStop)
-	case phStopping, phCleaning:
+	case m.sub.stopping(), m.sub == subCleaning:
 		if m.r.end != endExited {
 			m.r.end = endStop
 		}
 		// A failure being cleaned up is still recorded; then the guard stops.
-	case phFailed:
-		m.phase, m.code = phDone, exitcode.OK
+	case m.sub == subFailed:
+		m.code = exitcode.OK
+		m.enter(subGaveUp, "", nil)
 	default: // waiting for memory, releasing, backing off
-		m.finish(exitcode.OK, StateStopped, "stopped on request")
+		m.finish(exitcode.OK, "stopped on request")
 	}
 }
 
 // onRequest answers an operator's request.
 func (m *machine) onRequest(r request, sink *logSink) {
 	s := m.s
-	if m.phase == phFailed {
+	if m.sub == subFailed {
 		r.reply <- fmt.Errorf("the guard gave up; restart the guard itself (systemctl restart) after fixing the cause")
 		return
 	}
@@ -96,11 +98,11 @@ func (m *machine) onRequest(r request, sink *logSink) {
 	case "restart":
 		s.log.Info("operator asked for a restart", zap.String("peer", r.peer))
 		r.reply <- nil
-		switch m.phase {
-		case phRunning:
+		switch m.sub {
+		case subStarting, subReady:
 			m.r.peer = r.peer
 			m.endRun(endRestart)
-		case phBackoff, phFree:
+		case subBackoff, subCheckGPU, subWaitGPU:
 			m.disarm(tBackoff)
 			m.disarm(tFreeMemory)
 			s.update(func(st *Status) { st.NextStartAt = time.Time{} })

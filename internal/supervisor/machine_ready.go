@@ -16,14 +16,14 @@ import (
 // on a lower rung may call for a restore.
 func (m *machine) onHeartbeat() {
 	m.cleaningStatus()
-	if m.phase != phRunning {
+	if !m.sub.running() {
 		return
 	}
 	if m.checkGPUFault() {
 		return
 	}
 	m.r.child.refresh()
-	if !m.r.ready {
+	if m.sub != subReady {
 		return
 	}
 	if m.checkStuck() {

@@ -28,7 +28,7 @@ import (
 // is no room, the state is waiting_gpu, naming the holders.
 func (m *machine) next(sink *logSink) {
 	if m.stopAsked {
-		m.finish(exitcode.OK, StateStopped, "stopped on request")
+		m.finish(exitcode.OK, "stopped on request")
 		return
 	}
 	m.applyPending()
@@ -38,7 +38,9 @@ func (m *machine) next(sink *logSink) {
 		m.launch(sink, rung, nil)
 		return
 	}
-	m.phase = phFree
+	if m.sub != subWaitGPU { // waiting already: read again, still waiting
+		m.enter(subCheckGPU, "checking the GPUs' health and free memory before starting vLLM", nil)
+	}
 	gpu, health := m.s.gpu, m.s.health
 	m.readGPU(func() gpuRead {
 		r := gpuRead{rung: rung, free: true}
@@ -59,7 +61,7 @@ func (m *machine) next(sink *logSink) {
 
 // onFreeRead: room → launch; none → wait a sample interval and read again.
 func (m *machine) onFreeRead(r gpuRead, sink *logSink) {
-	if m.phase != phFree {
+	if m.sub != subCheckGPU && m.sub != subWaitGPU {
 		return
 	}
 	if r.blocked != "" {
@@ -74,7 +76,7 @@ func (m *machine) onFreeRead(r gpuRead, sink *logSink) {
 	if st := m.s.Status(); st.State != StateWaitingGPU || st.Reason != reason {
 		m.s.log.Warn("waiting for GPU memory before starting vLLM", zap.String("why", r.why), zap.String("holders", holdersText(r.holders)))
 	}
-	m.s.update(func(st *Status) { st.State, st.Reason = StateWaitingGPU, reason })
+	m.enter(subWaitGPU, reason, nil)
 	m.arm(tFreeMemory, m.s.cfg.GPU.SampleInterval.Duration)
 }
 
@@ -84,7 +86,6 @@ func (m *machine) launch(sink *logSink, rung policy.Rung, gpuBefore []policy.GPU
 	cfg := s.cfg
 	argv, ep := launch.BuildArgv(cfg.VLLM.Command, s.extra, rung, cfg.VLLM.Host, cfg.VLLM.Port)
 	m.runN++
-	m.phase = phRunning
 	m.rel.child = nil
 	// What vLLM serves is read afresh from this run's own startup line.
 	s.tasks.Store(nil)
@@ -97,9 +98,8 @@ func (m *machine) launch(sink *logSink, rung policy.Rung, gpuBefore []policy.GPU
 	s.pol.OnStart(time.Now())
 	s.savePolicy()
 	m.r.startedAt = time.Now()
-	s.update(func(st *Status) {
-		st.State, st.Reason, st.Phase, st.LastProbe, st.PID, st.StartedAt, st.ReadySince, st.Rung =
-			StateStarting, "launching vLLM", "", "", 0, m.r.startedAt, time.Time{}, rung
+	m.enter(subStarting, "launching vLLM", func(st *Status) {
+		st.Phase, st.LastProbe, st.PID, st.StartedAt, st.ReadySince, st.Rung = "", "", 0, m.r.startedAt, time.Time{}, rung
 		st.Starts++
 	})
 	if s.portHolder != nil {
@@ -252,7 +252,7 @@ func gibText(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30
 // onPoll: while starting, look for load progress, a stall, the start-time
 // cap, and probe readiness.
 func (m *machine) onPoll() {
-	if m.phase != phRunning || m.r.ready {
+	if m.sub != subStarting {
 		return
 	}
 	rc := m.s.cfg.Readiness
@@ -316,7 +316,7 @@ func (m *machine) refusedTooLong(r probeResult) bool {
 
 func (m *machine) onProbe(r probeResult) {
 	s := m.s
-	if !m.r.ready {
+	if m.sub == subStarting {
 		if !r.ok {
 			if r.refused && time.Now().Before(m.r.fastUntil) {
 				m.arm(tFastRetry, fastRetryEvery)
@@ -394,9 +394,8 @@ func (m *machine) becomeReady(r probeResult) {
 	first := !m.everReady
 	m.everReady = true
 	m.disarm(tPoll)
-	s.update(func(st *Status) {
-		st.State, st.Reason, st.ReadySince, st.TimeToReady, st.Phase, st.LastProbe, st.Probe =
-			StateReady, "vLLM answered the "+s.cfg.Readiness.Probe+" probe", time.Now(), ttr, "", "", r.probe
+	m.enter(subReady, "vLLM answered the "+s.cfg.Readiness.Probe+" probe", func(st *Status) {
+		st.ReadySince, st.TimeToReady, st.Phase, st.LastProbe, st.Probe = time.Now(), ttr, "", "", r.probe
 		st.LongestTimeToReady = s.pol.LongestTimeToReady()
 	})
 	rung := s.pol.Current()

@@ -33,12 +33,13 @@ type fakeVLLM struct {
 	exitv    exitInfo
 	gone     sync.Once
 
-	listening  atomic.Bool  // the fake prober answers only when set
-	ioBytes    atomic.Int64 // storage I/O so far
-	stops      atomic.Int32 // SIGTERMs received
-	kills      atomic.Int32 // SIGKILLs received
-	ignoreTERM bool         // a vLLM that ignores SIGTERM
-	survivors  []int        // PIDs that outlive the keeper (killLeftovers)
+	listening    atomic.Bool  // the fake prober answers only when set
+	ioBytes      atomic.Int64 // storage I/O so far
+	stops        atomic.Int32 // SIGTERMs received
+	kills        atomic.Int32 // SIGKILLs received
+	ignoreTERM   bool         // a vLLM that ignores SIGTERM
+	outlivesKill bool         // a tree that SIGKILL does not end at once (its end is the test's)
+	survivors    []int        // PIDs that outlive the keeper (killLeftovers)
 	// stuckFor: the survivors take this long to die (stuck in the kernel);
 	// unkillable: they never do (killLeftovers reports them after its rounds).
 	stuckFor   time.Duration
@@ -100,7 +101,9 @@ func (p *fakeVLLM) stop() {
 
 func (p *fakeVLLM) kill() {
 	p.kills.Add(1)
-	p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
+	if !p.outlivesKill {
+		p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
+	}
 }
 
 // end: the API server exits, then the keeper cleans up and exits.
@@ -301,6 +304,7 @@ type scenario struct {
 	mu     sync.Mutex
 	events []events.Event
 	saved  int
+	subs   []subState // the machine's sub-states, in order, from idle
 
 	persist func(policy.State) // the state file; nil: saves are counted
 
@@ -349,6 +353,8 @@ func (s *scenario) start() {
 	sup.hostOOM = s.oom.Load
 	sup.portHolder = func(string, int) string { return s.holder }
 	sup.listenerOwners = func(int) []int { return s.owners }
+	s.subs = []subState{subIdle}
+	sup.traceSub = func(_, to subState) { s.mu.Lock(); s.subs = append(s.subs, to); s.mu.Unlock() }
 	s.sup = sup
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel

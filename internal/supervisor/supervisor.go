@@ -138,6 +138,9 @@ type Supervisor struct {
 	portHolder func(host string, port int) string
 	// listenerOwners are the PIDs that listen on a port.
 	listenerOwners func(port int) []int
+	// traceSub, when set (tests), hears every change of the machine's
+	// sub-state, on the machine's goroutine.
+	traceSub func(from, to subState)
 
 	status   atomic.Pointer[Status]
 	lastTurn monoTime
@@ -194,7 +197,7 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 		s.model = names[0]
 	}
 	s.newProber = func(ep launch.Endpoint, model string) checker { return newProber(ep, s.probeSpec()) }
-	st := Status{State: StateStarting, Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[policy.Cause]int{},
+	st := Status{State: publicState[subIdle], Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[policy.Cause]int{},
 		Cost: s.pol.Cost().Describe(s.pol.Current().GPUMemoryUtilization, cfg.Profile.Headroom), LongestTimeToReady: s.pol.LongestTimeToReady()}
 	s.status.Store(&st)
 	s.lastTurn.Store(time.Now())
@@ -311,8 +314,4 @@ func (s *Supervisor) update(f func(*Status)) {
 		r := st.Rung
 		s.publish(events.Event{Kind: events.KindState, State: string(st.State), From: string(old.State), Reason: st.Reason, Rung: &r})
 	}
-}
-
-func (s *Supervisor) transition(state State, reason string) {
-	s.update(func(st *Status) { st.State, st.Reason = state, reason })
 }

@@ -1,6 +1,8 @@
 package supervisor
 
 import (
+	"time"
+
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
@@ -71,6 +73,41 @@ func holders(ps []gpumon.Proc) []Holder {
 	out := make([]Holder, 0, len(ps))
 	for _, p := range ps {
 		out = append(out, Holder{PID: p.PID, Bytes: p.Used, Command: p.Command})
+	}
+	return out
+}
+
+// MonitorGPUHealth adapts the NVML monitor's health snapshot.
+func MonitorGPUHealth(m *gpumon.Monitor) GPUHealth { return monitorHealth{m} }
+
+type monitorHealth struct{ m *gpumon.Monitor }
+
+func (h monitorHealth) GPUs(since time.Time, fresh bool) []policy.GPUDevice {
+	hs := h.m.Health()
+	if fresh {
+		hs = h.m.HealthNow()
+	}
+	if !hs.Known || len(hs.Devices) == 0 {
+		return nil
+	}
+	out := make([]policy.GPUDevice, 0, len(hs.Devices))
+	for _, d := range hs.Devices {
+		g := policy.GPUDevice{Index: d.Index, UUID: d.UUID, Lost: d.Lost, ResetRequired: d.ResetRequired}
+		for _, x := range d.XIDs {
+			if !x.At.Before(since) {
+				g.XIDs = append(g.XIDs, int(x.XID))
+			}
+		}
+		if d.ECC != nil {
+			g.ECCKnown, g.ECCVolatile = true, d.ECC.VolatileUncorrected
+		}
+		if d.Remap != nil {
+			g.RemapKnown, g.RemapPending, g.RemapFailure = true, d.Remap.Pending, d.Remap.Failure
+		}
+		if d.RetiredPagesPending != nil {
+			g.RetiredKnown, g.RetiredPend = true, *d.RetiredPagesPending
+		}
+		out = append(out, g)
 	}
 	return out
 }

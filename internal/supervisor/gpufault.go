@@ -7,7 +7,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
-	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
@@ -23,41 +22,6 @@ type GPUHealth interface {
 	// since since; nil when NVML cannot tell. fresh: read the counters now
 	// rather than take the last sample's.
 	GPUs(since time.Time, fresh bool) []policy.GPUDevice
-}
-
-// MonitorGPUHealth adapts the NVML monitor's health snapshot.
-func MonitorGPUHealth(m *gpumon.Monitor) GPUHealth { return monitorHealth{m} }
-
-type monitorHealth struct{ m *gpumon.Monitor }
-
-func (h monitorHealth) GPUs(since time.Time, fresh bool) []policy.GPUDevice {
-	hs := h.m.Health()
-	if fresh {
-		hs = h.m.HealthNow()
-	}
-	if !hs.Known || len(hs.Devices) == 0 {
-		return nil
-	}
-	out := make([]policy.GPUDevice, 0, len(hs.Devices))
-	for _, d := range hs.Devices {
-		g := policy.GPUDevice{Index: d.Index, UUID: d.UUID, Lost: d.Lost, ResetRequired: d.ResetRequired}
-		for _, x := range d.XIDs {
-			if !x.At.Before(since) {
-				g.XIDs = append(g.XIDs, int(x.XID))
-			}
-		}
-		if d.ECC != nil {
-			g.ECCKnown, g.ECCVolatile = true, d.ECC.VolatileUncorrected
-		}
-		if d.Remap != nil {
-			g.RemapKnown, g.RemapPending, g.RemapFailure = true, d.Remap.Pending, d.Remap.Failure
-		}
-		if d.RetiredPagesPending != nil {
-			g.RetiredKnown, g.RetiredPend = true, *d.RetiredPagesPending
-		}
-		out = append(out, g)
-	}
-	return out
 }
 
 // gpuBlocked: before a start, a GPU lost, asking for a reset or with a row

@@ -96,16 +96,6 @@ type gpuRead struct {
 	blocked  string             // a GPU that must not be started on, and why
 }
 
-// readGPU runs read (an NVML read) on its own goroutine and posts its
-// answer back; only the newest read's answer is taken. An NVML call cannot
-// be cancelled: one still running when Run returns ends in its own time,
-// and its answer goes nowhere (post gives up once the loop has ended).
-func (m *machine) readGPU(read func() gpuRead) {
-	m.gpuReads++
-	id, run := m.gpuReads, m.runN
-	go func() { m.post(event{kind: evGPURead, run: run, id: id, gpu: read()}) }()
-}
-
 // ending is why the run in progress ends.
 type ending int
 
@@ -125,8 +115,9 @@ type machine struct {
 	gpuReads uint64 // NVML reads made off the loop; only the newest one's answer counts
 
 	sub       subState
-	stopAsked bool // the guard is stopping: no new start
-	code      int  // the exit code once done
+	now       time.Time // the time of the event being handled (the loop reads the clock, the decisions read this)
+	stopAsked bool      // the guard is stopping: no new start
+	code      int       // the exit code once done
 	everReady bool
 	pending   *config.Config // a reloaded config for vLLM's next start
 
@@ -204,76 +195,6 @@ type releaseWait struct {
 	killed   bool // survivors holding memory were killed once
 }
 
-// Run supervises vLLM until ctx is cancelled (exit 0) or the policy gives
-// up (exit 1, or 78 for a configuration error).
-func (s *Supervisor) Run(ctx context.Context) int {
-	s.startPolicyWriter()
-	defer s.stopPolicyWriter()
-	sink := newLogSink(s.log)
-	sink.filter = s.pumpFilter()
-	defer sink.close()
-	m := &machine{s: s, ev: make(chan event, 64), quit: make(chan struct{})}
-	defer m.shutdown()
-	heartbeat := time.NewTicker(time.Second)
-	defer heartbeat.Stop()
-	stop := ctx.Done()
-	m.next(sink)
-	for !m.sub.done() {
-		select {
-		case <-stop:
-			stop = nil
-			m.onStop()
-		case <-s.kill:
-			m.onKill()
-		case e := <-m.ev:
-			m.handle(e, sink)
-		case r := <-s.reqs:
-			m.onRequest(r, sink)
-		case <-heartbeat.C:
-			s.beat()
-			m.onHeartbeat()
-		}
-	}
-	code := m.code
-	s.publish(events.Event{Kind: events.KindStopped, State: string(s.Status().State), Reason: s.Status().Reason, ExitCode: &code})
-	return code
-}
-
-// shutdown releases what the machine holds when Run returns.
-func (m *machine) shutdown() {
-	for k := range m.timers.slot {
-		m.disarm(timerKind(k))
-	}
-	if m.r.cancel != nil {
-		m.r.cancel()
-	}
-	close(m.quit)
-}
-
-// post hands an event to the loop from another goroutine; it gives up when
-// the loop has ended.
-func (m *machine) post(e event) {
-	select {
-	case m.ev <- e:
-	case <-m.quit:
-	}
-}
-
-func (m *machine) arm(k timerKind, d time.Duration) {
-	m.disarm(k)
-	m.timers.seq++
-	id, run := m.timers.seq, m.runN
-	m.timers.slot[k].id = id
-	m.timers.slot[k].t = time.AfterFunc(d, func() { m.post(event{kind: evTimer, timer: k, id: id, run: run}) })
-}
-
-func (m *machine) disarm(k timerKind) {
-	if t := m.timers.slot[k].t; t != nil {
-		t.Stop()
-	}
-	m.timers.slot[k].t, m.timers.slot[k].id = nil, 0
-}
-
 // handle turns one event into the next state.
 func (m *machine) handle(e event, sink *logSink) {
 	if e.kind == evTimer {
@@ -313,7 +234,7 @@ func (m *machine) handle(e event, sink *logSink) {
 			// uvicorn logs the line, then starts listening: the first probe
 			// is usually refused, so refused probes retry at a short, bounded
 			// cadence instead of waiting for the next poll.
-			m.r.fastUntil = time.Now().Add(fastRetryFor)
+			m.r.fastUntil = m.now.Add(fastRetryFor)
 			m.probeReady()
 		}
 	case evProgress:

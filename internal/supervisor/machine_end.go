@@ -74,7 +74,7 @@ func (m *machine) drainFirst() bool {
 	if m.s.inFlight == nil || m.s.shutdownTimeout() <= 0 || m.r.end == endExited || m.s.inFlight() == 0 {
 		return false
 	}
-	m.r.drainUntil = time.Now().Add(m.s.shutdownTimeout())
+	m.r.drainUntil = m.now.Add(m.s.shutdownTimeout())
 	n := m.s.inFlight()
 	m.s.log.Info("waiting for the requests in flight through the proxy before vLLM gets SIGTERM",
 		zap.Int("requests", n), zap.Duration("at_most", m.s.shutdownTimeout()))
@@ -91,14 +91,14 @@ func (m *machine) drainStep() {
 	if m.sub != subDraining {
 		return
 	}
-	if n := m.s.inFlight(); n > 0 && time.Now().Before(m.r.drainUntil) {
+	if n := m.s.inFlight(); n > 0 && m.now.Before(m.r.drainUntil) {
 		m.arm(tDrain, drainPoll)
 		return
 	}
 	// The whole stop stays within the effective stop timeout that `check`
 	// prints (the units' TimeoutStopSec is set from it), leaving vLLM at
 	// least 10 s to stop its engine.
-	left := max(m.s.stopTimeout()-(m.s.shutdownTimeout()-time.Until(m.r.drainUntil)), 10*time.Second)
+	left := max(m.s.stopTimeout()-(m.s.shutdownTimeout()-m.r.drainUntil.Sub(m.now)), 10*time.Second)
 	m.r.drainUntil = time.Time{}
 	select {
 	case <-m.r.child.done():
@@ -148,18 +148,8 @@ func (m *machine) finishRun() {
 	m.r.prober.close()
 	c.refresh()
 	m.enter(subCleaning, m.stopReason(), nil)
-	m.r.cleaningSince = time.Now()
-	run, health, since := m.runN, m.s.health, m.r.startedAt
-	go func() {
-		outlived, unkillable := c.killLeftovers()
-		cl := cleanup{outlived: outlived, unkillable: unkillable}
-		if health != nil {
-			// NVML's word on the run, read now that the tree is gone (the
-			// classifier's first evidence), off the loop as every read.
-			cl.gpuAfter = health.GPUs(since, true)
-		}
-		m.post(event{kind: evCleaned, run: run, cleaned: cl})
-	}()
+	m.r.cleaningSince = m.now
+	m.cleanUp(c)
 }
 
 // cleanup is what the kill of a run's leftovers reports.
@@ -179,7 +169,7 @@ func (m *machine) cleaningStatus() {
 	if len(left) == 0 {
 		return
 	}
-	for_ := time.Since(m.r.cleaningSince).Round(time.Second)
+	for_ := m.now.Sub(m.r.cleaningSince).Round(time.Second)
 	m.s.update(func(st *Status) {
 		st.Reason = fmt.Sprintf("cleaning up the old vLLM: %s for %s (killed, waiting for the kernel to let it go; the next start waits for it)",
 			lingeringText(left), for_)
@@ -196,7 +186,7 @@ func (m *machine) settleRun(sink *logSink, cl cleanup) {
 	}
 	if len(cl.unkillable) > 0 {
 		s.log.Error("vLLM processes do not die after every kill round: declared unkillable (stuck in the kernel; a GPU fault or a driver problem: check dmesg and nvidia-smi)",
-			zap.Ints("pids", cl.unkillable), zap.Duration("for", time.Since(m.r.cleaningSince).Round(time.Second)))
+			zap.Ints("pids", cl.unkillable), zap.Duration("for", m.now.Sub(m.r.cleaningSince).Round(time.Second)))
 	}
 	m.r.stdout.Close()
 	m.r.stderr.Close()
@@ -207,7 +197,7 @@ func (m *machine) settleRun(sink *logSink, cl cleanup) {
 	exit := c.exit()
 	killedByGuard := m.r.end != endExited || m.r.hang != ""
 	res := outcome{exit: exit, pid: c.pid(), phase: policy.PhaseStarting, hang: m.r.hang, killedByGuard: killedByGuard,
-		lines: m.r.out.ring.snapshot(), uptime: time.Since(m.r.startedAt), gpuAfter: cl.gpuAfter, unkillable: cl.unkillable}
+		lines: m.r.out.ring.snapshot(), uptime: m.now.Sub(m.r.startedAt), gpuAfter: cl.gpuAfter, unkillable: cl.unkillable}
 	if m.r.ready {
 		res.phase = policy.PhaseReady
 	}
@@ -226,7 +216,7 @@ func (m *machine) settleRun(sink *logSink, cl cleanup) {
 		s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestart, Reason: "restarting vLLM on request from " + m.r.peer})
 		m.next(sink)
 	case endRestore:
-		s.pol.OnRestore(time.Now())
+		s.pol.OnRestore(m.now)
 		s.savePolicy()
 		r := s.pol.Current()
 		s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestore, Rung: &r,
@@ -255,7 +245,7 @@ type outcome struct {
 // moves on: give up, or wait for the memory, then back off.
 func (m *machine) fail(res outcome) {
 	s := m.s
-	now := time.Now()
+	now := m.now
 	exit := policy.Exit{
 		Lines:         res.lines,
 		ExitCode:      res.exit.Code,
@@ -297,7 +287,7 @@ func (m *machine) fail(res outcome) {
 		return
 	}
 	if s.gpu != nil && res.pid != 0 {
-		m.rel.until = time.Now().Add(s.cfg.GPU.ReleaseTimeout.Duration)
+		m.rel.until = m.now.Add(s.cfg.GPU.ReleaseTimeout.Duration)
 		m.rel.killed = false
 		m.enter(subReleasing, "waiting for the old vLLM's GPU memory to be released", nil)
 		m.checkReleased()
@@ -328,7 +318,7 @@ func (m *machine) onReleaseRead(r gpuRead) {
 		m.backoff()
 		return
 	}
-	now := time.Now()
+	now := m.now
 	if now.Before(m.rel.until) {
 		m.arm(tRelease, min(s.cfg.GPU.SampleInterval.Duration, m.rel.until.Sub(now)))
 		return
@@ -370,7 +360,7 @@ func (m *machine) backoff() {
 		return
 	}
 	d := m.rel.decision
-	next := time.Now().Add(d.Delay)
+	next := m.now.Add(d.Delay)
 	m.enter(subBackoff, fmt.Sprintf("restarting in %s on rung %d: %s", d.Delay.Round(time.Millisecond), d.Rung.Index, d.Reason),
 		func(st *Status) { st.NextStartAt, st.Rung = next, d.Rung })
 	m.arm(tBackoff, d.Delay)

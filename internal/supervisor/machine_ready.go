@@ -69,7 +69,7 @@ func (m *machine) checkStuck() bool {
 	if limit <= 0 || s.tokens == nil || m.r.stuckVerdict != "" {
 		return false
 	}
-	now := time.Now()
+	now := m.now
 	running, tokens, ok := s.tokens()
 	if !ok {
 		if !m.r.probing && now.Sub(m.r.stuckAsked) >= limit {
@@ -120,7 +120,7 @@ func (m *machine) onPausedAnswer(r probeResult) {
 			m.r.pausedSaid = true
 			m.s.log.Info("vLLM holds requests without progress, but an operator paused it (/is_paused): not stuck; waiting for /resume")
 		}
-		m.r.stuckSince, m.r.stuckAsked = time.Now(), time.Now()
+		m.r.stuckSince, m.r.stuckAsked = m.now, m.now
 		return
 	}
 	m.hung(verdict)
@@ -143,7 +143,7 @@ func (m *machine) restoreDue() (policy.Rung, bool) {
 		running, waiting, ok := s.load()
 		idle = ok && running == 0 && waiting == 0
 	}
-	return s.pol.RestoreDue(time.Now(), m.r.peak, idle)
+	return s.pol.RestoreDue(m.now, m.r.peak, idle)
 }
 
 // observeCost feeds the cost model one (running sequences, memory) pair.

@@ -3,8 +3,6 @@ package supervisor
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,22 +39,8 @@ func (m *machine) next(sink *logSink) {
 	if m.sub != subWaitGPU { // waiting already: read again, still waiting
 		m.enter(subCheckGPU, "checking the GPUs' health and free memory before starting vLLM", nil)
 	}
-	gpu, health := m.s.gpu, m.s.health
-	m.readGPU(func() gpuRead {
-		r := gpuRead{rung: rung, free: true}
-		if health != nil {
-			// A GPU lost, asking for a reset or with a row remap pending
-			// or failed is not started on (read fresh: a reset clears it).
-			r.gpus = health.GPUs(time.Now(), true)
-			if r.blocked = policy.StartBlock(r.gpus); r.blocked != "" {
-				return r
-			}
-		}
-		if gpu != nil {
-			r.free, r.why, r.holders = gpu.CheckFree(rung)
-		}
-		return r
-	})
+	gpu, health, since := m.s.gpu, m.s.health, m.now
+	m.readGPU(func() gpuRead { return readFree(gpu, health, rung, since) })
 }
 
 // onFreeRead: room → launch; none → wait a sample interval and read again.
@@ -95,9 +79,9 @@ func (m *machine) launch(sink *logSink, rung policy.Rung, gpuBefore []policy.GPU
 	if s.gpu != nil {
 		m.r.baseline = s.gpu.UsedBytes()
 	}
-	s.pol.OnStart(time.Now())
+	s.pol.OnStart(m.now)
 	s.savePolicy()
-	m.r.startedAt = time.Now()
+	m.r.startedAt = m.now
 	m.enter(subStarting, "launching vLLM", func(st *Status) {
 		st.Phase, st.LastProbe, st.PID, st.StartedAt, st.ReadySince, st.Rung = "", "", 0, m.r.startedAt, time.Time{}, rung
 		st.Starts++
@@ -117,8 +101,7 @@ func (m *machine) launch(sink *logSink, rung policy.Rung, gpuBefore []policy.GPU
 			return
 		}
 	}
-	env := launch.ChildEnv(os.Environ(), cfg.VLLM.Env)
-	c, err := s.launcher.launch(launchSpec{keeper: s.keeper, argv: argv, env: env,
+	c, err := s.launcher.launch(launchSpec{keeper: s.keeper, argv: argv, env: cfg.VLLM.Env,
 		dir: cfg.VLLM.Workdir, grace: cfg.VLLM.StopTimeout.Duration, stdout: m.r.stdout, stderr: m.r.stderr})
 	r := rung
 	s.publish(events.Event{Kind: events.KindStarting, Rung: &r, Argv: s.MaskedArgv(argv), PID: pidOf(c)})
@@ -189,39 +172,6 @@ func pidOf(c proc) int {
 	return c.pid()
 }
 
-// forward turns the run's channels into events for the loop, until the
-// tree is gone.
-func (m *machine) forward(c proc) {
-	run, out := m.runN, m.r.out
-	go func() {
-		apiGone := c.apiGone()
-		for {
-			select {
-			case <-apiGone:
-				apiGone = nil
-				m.post(event{kind: evAPIGone, run: run})
-			case <-out.startupEnd:
-				m.post(event{kind: evStartupComplete, run: run})
-			case <-out.progress:
-				m.post(event{kind: evProgress, run: run})
-			case <-c.done():
-				m.post(event{kind: evTreeGone, run: run})
-				return
-			}
-		}
-	}()
-}
-
-// probe runs one probe on its own goroutine, at most one at a time.
-func (m *machine) probe(f func(context.Context, checker) probeResult) {
-	if m.r.probing {
-		return
-	}
-	m.r.probing = true
-	run, p, ctx := m.runN, m.r.prober, m.r.ctx
-	go func() { m.post(event{kind: evProbe, run: run, probe: f(ctx, p)}) }()
-}
-
 func (m *machine) probeReady() {
 	rc := m.s.cfg.Readiness
 	m.probe(func(ctx context.Context, p checker) probeResult {
@@ -256,7 +206,7 @@ func (m *machine) onPoll() {
 		return
 	}
 	rc := m.s.cfg.Readiness
-	now := time.Now()
+	now := m.now
 	if seen := m.r.out.lastLine.Load(); !seen.Equal(m.r.lastLine) {
 		m.r.lastLine = seen
 		m.s.publish(events.Event{Kind: events.KindProgress, Phase: m.r.out.Phase(), PID: m.r.child.pid()})
@@ -296,11 +246,11 @@ func (m *machine) onPoll() {
 // does not fit this vLLM (a task it does not serve, a name, a key), and
 // waiting longer changes nothing. Any other answer starts the count again.
 func (m *machine) refusedTooLong(r probeResult) bool {
-	if r.status < 400 || r.status > 499 || r.status == http.StatusRequestTimeout || r.status == http.StatusTooManyRequests {
+	if !r.refusal() {
 		m.r.refusedSince = time.Time{}
 		return false
 	}
-	now := time.Now()
+	now := m.now
 	if m.r.refusedSince.IsZero() {
 		m.r.refusedSince = now
 		return false
@@ -318,7 +268,7 @@ func (m *machine) onProbe(r probeResult) {
 	s := m.s
 	if m.sub == subStarting {
 		if !r.ok {
-			if r.refused && time.Now().Before(m.r.fastUntil) {
+			if r.refused && m.now.Before(m.r.fastUntil) {
 				m.arm(tFastRetry, fastRetryEvery)
 			}
 			if m.refusedTooLong(r) {
@@ -387,15 +337,15 @@ func (m *machine) becomeReady(r probeResult) {
 	m.r.ready = true
 	m.r.out.loaded.Store(true)
 	m.r.child.refresh()
-	ttr := time.Since(m.r.startedAt)
-	s.pol.OnReady(time.Now())
+	ttr := m.now.Sub(m.r.startedAt)
+	s.pol.OnReady(m.now)
 	s.pol.NoteTimeToReady(ttr)
 	s.savePolicy()
 	first := !m.everReady
 	m.everReady = true
 	m.disarm(tPoll)
 	m.enter(subReady, "vLLM answered the "+s.cfg.Readiness.Probe+" probe", func(st *Status) {
-		st.ReadySince, st.TimeToReady, st.Phase, st.LastProbe, st.Probe = time.Now(), ttr, "", "", r.probe
+		st.ReadySince, st.TimeToReady, st.Phase, st.LastProbe, st.Probe = m.now, ttr, "", "", r.probe
 		st.LongestTimeToReady = s.pol.LongestTimeToReady()
 	})
 	rung := s.pol.Current()
@@ -403,7 +353,7 @@ func (m *machine) becomeReady(r probeResult) {
 	if s.gpu != nil {
 		s.gpu.SetLoading(false)
 	}
-	m.r.stuckSince, m.r.stuckAsked = time.Time{}, time.Now()
+	m.r.stuckSince, m.r.stuckAsked = time.Time{}, m.now
 	m.arm(tLive, s.cfg.Liveness.Interval.Duration)
 	m.arm(tCost, s.cfg.GPU.SampleInterval.Duration)
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/launch"
 	"github.com/vllm-guard/vllm-guard/internal/proctree"
 )
 
@@ -23,7 +25,7 @@ type launcher interface {
 type launchSpec struct {
 	keeper []string // the keeper's argv prefix: [exe, KeeperArg]
 	argv   []string
-	env    []string
+	env    map[string]string // [vllm] env, over the guard's own environment
 	dir    string
 	grace  time.Duration
 	stdout io.Writer
@@ -88,7 +90,7 @@ type exitInfo = proctree.Exit
 type processLauncher struct{}
 
 func (processLauncher) launch(spec launchSpec) (proc, error) {
-	c, err := proctree.Start(proctree.Spec{Keeper: spec.keeper, Argv: spec.argv, Env: spec.env, Dir: spec.dir,
+	c, err := proctree.Start(proctree.Spec{Keeper: spec.keeper, Argv: spec.argv, Env: launch.ChildEnv(os.Environ(), spec.env), Dir: spec.dir,
 		Grace: spec.grace, Stdout: spec.stdout, Stderr: spec.stderr})
 	if err != nil {
 		return nil, err

@@ -57,6 +57,12 @@ func newProber(ep launch.Endpoint, spec probeSpec) *prober {
 func (p *prober) close() { p.client.CloseIdleConnections() }
 
 // probeResult is one probe's answer.
+// refusal: vLLM's server answered with a 4xx that waiting does not heal
+// (not a timeout or a rate limit): the probe does not fit this vLLM.
+func (r probeResult) refusal() bool {
+	return r.status >= 400 && r.status <= 499 && r.status != http.StatusRequestTimeout && r.status != http.StatusTooManyRequests
+}
+
 type probeResult struct {
 	ok      bool
 	status  int    // HTTP status; 0 when no answer

@@ -313,3 +313,39 @@ func TestDesignTableIsTheCode(t *testing.T) {
 		t.Errorf("docs/design.md's sub-state table:\n%v\nthe code (substate.go):\n%v", rows, want)
 	}
 }
+
+// The decisions read no clock, start no goroutine and reach no process,
+// socket or GPU themselves: the loop stamps each event with its time
+// (m.now), and every effect that waits runs in the executor
+// (machine_exec.go) or behind a port (ports.go, gpu.go).
+func TestDecisionsReadNoClock(t *testing.T) {
+	decisions := []string{"machine.go", "machine_start.go", "machine_ready.go", "machine_end.go", "machine_ops.go", "gpufault.go", "substate.go"}
+	banned := map[string]bool{"os": true, "os/exec": true, "net": true, "net/http": true, "syscall": true,
+		"golang.org/x/sys/unix": true, "github.com/NVIDIA/go-nvml/pkg/nvml": true,
+		"github.com/vllm-guard/vllm-guard/internal/gpumon": true, "github.com/vllm-guard/vllm-guard/internal/proctree": true}
+	clock := map[string]bool{"Now": true, "Since": true, "Until": true, "AfterFunc": true, "NewTimer": true, "NewTicker": true,
+		"Sleep": true, "Tick": true, "After": true}
+	fset := token.NewFileSet()
+	for _, name := range decisions {
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, im := range f.Imports {
+			if p := strings.Trim(im.Path.Value, `"`); banned[p] {
+				t.Errorf("%s imports %s", name, p)
+			}
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.GoStmt:
+				t.Errorf("%s: a go statement: effects that wait belong in machine_exec.go", fset.Position(n.Pos()))
+			case *ast.SelectorExpr:
+				if x, ok := n.X.(*ast.Ident); ok && x.Name == "time" && clock[n.Sel.Name] {
+					t.Errorf("%s: time.%s: decisions take the event's time, m.now", fset.Position(n.Pos()), n.Sel.Name)
+				}
+			}
+			return true
+		})
+	}
+}

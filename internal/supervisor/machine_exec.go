@@ -1,0 +1,167 @@
+package supervisor
+
+import (
+	"context"
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+)
+
+// The machine's executor: the loop that reads the clock once per event,
+// the timers, and every effect that waits (an NVML read, a probe, the kill
+// of what outlived the keeper, the watch on a run's channels), each on its
+// own goroutine, its result posted back to the loop as an event with the
+// run's number. The decisions (machine.go, machine_start.go,
+// machine_ready.go, machine_end.go, machine_ops.go, gpufault.go) read no
+// clock and start no goroutine: TestDecisionsReadNoClock.
+
+// Run supervises vLLM until ctx is cancelled (exit 0) or the policy gives
+// up (exit 1, or 78 for a configuration error).
+func (s *Supervisor) Run(ctx context.Context) int {
+	s.startPolicyWriter()
+	defer s.stopPolicyWriter()
+	sink := newLogSink(s.log)
+	sink.filter = s.pumpFilter()
+	defer sink.close()
+	m := &machine{s: s, ev: make(chan event, 64), quit: make(chan struct{})}
+	defer m.shutdown()
+	heartbeat := time.NewTicker(time.Second)
+	defer heartbeat.Stop()
+	stop := ctx.Done()
+	m.now = time.Now()
+	m.next(sink)
+	for !m.sub.done() {
+		var step func()
+		select {
+		case <-stop:
+			stop, step = nil, m.onStop
+		case <-s.kill:
+			step = m.onKill
+		case e := <-m.ev:
+			step = func() { m.handle(e, sink) }
+		case r := <-s.reqs:
+			step = func() { m.onRequest(r, sink) }
+		case <-heartbeat.C:
+			s.beat()
+			step = m.onHeartbeat
+		}
+		m.now = time.Now() // the one clock read: the decisions take the event's time
+		step()
+	}
+	code := m.code
+	s.publish(events.Event{Kind: events.KindStopped, State: string(s.Status().State), Reason: s.Status().Reason, ExitCode: &code})
+	return code
+}
+
+// shutdown releases what the machine holds when Run returns.
+func (m *machine) shutdown() {
+	for k := range m.timers.slot {
+		m.disarm(timerKind(k))
+	}
+	if m.r.cancel != nil {
+		m.r.cancel()
+	}
+	close(m.quit)
+}
+
+// post hands an event to the loop from another goroutine; it gives up when
+// the loop has ended.
+func (m *machine) post(e event) {
+	select {
+	case m.ev <- e:
+	case <-m.quit:
+	}
+}
+
+func (m *machine) arm(k timerKind, d time.Duration) {
+	m.disarm(k)
+	m.timers.seq++
+	id, run := m.timers.seq, m.runN
+	m.timers.slot[k].id = id
+	m.timers.slot[k].t = time.AfterFunc(d, func() { m.post(event{kind: evTimer, timer: k, id: id, run: run}) })
+}
+
+func (m *machine) disarm(k timerKind) {
+	if t := m.timers.slot[k].t; t != nil {
+		t.Stop()
+	}
+	m.timers.slot[k].t, m.timers.slot[k].id = nil, 0
+}
+
+// readGPU runs read (an NVML read) on its own goroutine and posts its
+// answer back; only the newest read's answer is taken. An NVML call cannot
+// be cancelled: one still running when Run returns ends in its own time,
+// and its answer goes nowhere (post gives up once the loop has ended).
+func (m *machine) readGPU(read func() gpuRead) {
+	m.gpuReads++
+	id, run := m.gpuReads, m.runN
+	go func() { m.post(event{kind: evGPURead, run: run, id: id, gpu: read()}) }()
+}
+
+// readFree is the NVML read before a start, off the loop: hardware health
+// first (a GPU lost, asking for a reset or with a row remap pending or
+// failed is not started on; read fresh: a reset clears it), then free
+// memory for rung.
+func readFree(gpu GPU, health GPUHealth, rung policy.Rung, since time.Time) gpuRead {
+	r := gpuRead{rung: rung, free: true}
+	if health != nil {
+		r.gpus = health.GPUs(since, true)
+		if r.blocked = policy.StartBlock(r.gpus); r.blocked != "" {
+			return r
+		}
+	}
+	if gpu != nil {
+		r.free, r.why, r.holders = gpu.CheckFree(rung)
+	}
+	return r
+}
+
+// cleanUp kills what outlived c's keeper, off the loop (a process stuck in
+// the kernel, as after a GPU fault, does not die at once; the tree kill
+// can take up to killRounds × killWait), then reads NVML's word on the
+// run (the classifier's first evidence) and posts evCleaned.
+func (m *machine) cleanUp(c proc) {
+	run, health, since := m.runN, m.s.health, m.r.startedAt
+	go func() {
+		outlived, unkillable := c.killLeftovers()
+		cl := cleanup{outlived: outlived, unkillable: unkillable}
+		if health != nil {
+			cl.gpuAfter = health.GPUs(since, true)
+		}
+		m.post(event{kind: evCleaned, run: run, cleaned: cl})
+	}()
+}
+
+// forward turns the run's channels into events for the loop, until the
+// tree is gone.
+func (m *machine) forward(c proc) {
+	run, out := m.runN, m.r.out
+	go func() {
+		apiGone := c.apiGone()
+		for {
+			select {
+			case <-apiGone:
+				apiGone = nil
+				m.post(event{kind: evAPIGone, run: run})
+			case <-out.startupEnd:
+				m.post(event{kind: evStartupComplete, run: run})
+			case <-out.progress:
+				m.post(event{kind: evProgress, run: run})
+			case <-c.done():
+				m.post(event{kind: evTreeGone, run: run})
+				return
+			}
+		}
+	}()
+}
+
+// probe runs one probe on its own goroutine, at most one at a time.
+func (m *machine) probe(f func(context.Context, checker) probeResult) {
+	if m.r.probing {
+		return
+	}
+	m.r.probing = true
+	run, p, ctx := m.runN, m.r.prober, m.r.ctx
+	go func() { m.post(event{kind: evProbe, run: run, probe: f(ctx, p)}) }()
+}

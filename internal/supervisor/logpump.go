@@ -161,6 +161,9 @@ type output struct {
 	// vLLM API server", uvicorn's lines): only then is an answer on its
 	// port its own.
 	serverUp atomic.Bool
+	// serverDone: the API server printed uvicorn's "Finished server
+	// process [its pid]": it is exiting, its port closed.
+	serverDone atomic.Bool
 }
 
 func newOutput(sink *logSink, ringSize int) *output {
@@ -256,6 +259,11 @@ func (w *streamWriter) line(b []byte) {
 	}
 	o.lastLine.Store(time.Now())
 	o.ring.add(w.name, text)
+	if strings.HasPrefix(text, "INFO:") {
+		if pid, ok := vllmlog.ServerFinished(text); ok && pid == int(o.pid.Load()) {
+			o.serverDone.Store(true)
+		}
+	}
 	// Load phases matter only while loading; a flood after ready skips the
 	// matching.
 	if !o.loaded.Load() {

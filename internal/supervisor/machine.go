@@ -47,6 +47,7 @@ const (
 	tLive                        // liveness probe while ready
 	tCost                        // a cost-model sample while ready
 	tDying                       // grace after /health said the engine is dead
+	tExiting                     // grace after vLLM's server finished, for its process to exit
 	tStopKill                    // SIGTERM sent: SIGKILL when it fires
 	tRelease                     // read NVML again while waiting for the release
 	tBackoff                     // the decided delay before the next start
@@ -264,6 +265,9 @@ func (m *machine) onTimer(k timerKind, sink *logSink) {
 		m.arm(tCost, m.s.cfg.GPU.SampleInterval.Duration)
 	case tDying:
 		m.hung(fmt.Sprintf("/health said vLLM's engine is dead and vLLM did not exit within %s", m.s.engineDeadGrace()))
+	case tExiting:
+		m.hung(fmt.Sprintf("vLLM's API server printed %q but its process did not exit within %s (stop_timeout)",
+			"Finished server process", m.s.cfg.VLLM.StopTimeout.Duration))
 	case tDrain:
 		m.drainStep()
 	case tStopKill:

@@ -38,7 +38,7 @@ func (m *machine) onHeartbeat() {
 
 // endProbing stops what watches a run: its timers and in-flight probes.
 func (m *machine) endProbing() {
-	for _, k := range []timerKind{tPoll, tLive, tCost, tDying, tFastRetry} {
+	for _, k := range []timerKind{tPoll, tLive, tCost, tDying, tExiting, tFastRetry} {
 		m.disarm(k)
 	}
 	if m.r.cancel != nil {

@@ -321,6 +321,16 @@ func (m *machine) onProbe(r probeResult) {
 				zap.Duration("grace", grace))
 			m.arm(tDying, grace)
 		}
+	case m.r.out.serverDone.Load():
+		// The API server finished (uvicorn's last line): its port is
+		// closed because it is exiting, not hung. Python's teardown can
+		// take seconds on a loaded host; the exit is waited for, up to
+		// stop_timeout, and then classified from what it printed.
+		if m.timers.slot[tExiting].t == nil {
+			s.log.Warn("vLLM's API server finished: waiting for its process to exit",
+				zap.Duration("at_most", s.cfg.VLLM.StopTimeout.Duration))
+			m.arm(tExiting, s.cfg.VLLM.StopTimeout.Duration)
+		}
 	default:
 		m.r.failures++
 		s.publish(events.Event{Kind: events.KindProbeFailed, Probe: &events.Probe{Step: r.step, Status: r.status, Error: r.err}, PID: m.r.child.pid()})

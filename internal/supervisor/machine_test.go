@@ -1732,3 +1732,76 @@ func TestMachineSlowNVMLNeverBlocksTheLoop(t *testing.T) {
 		s.advance(time.Minute)
 	})
 }
+
+// After its engine died, vLLM's API server prints uvicorn's "Finished
+// server process" and then exits; Python's teardown can take seconds on a
+// loaded host, and its closed port then refuses the liveness probe. That
+// is an exit under way, not a hang (seen on the real vLLM under load: a
+// SIGKILLed EngineCore classified as a hang): the guard waits for the exit
+// up to stop_timeout and classifies what vLLM printed.
+func TestMachineServerFinishedIsNotAHang(t *testing.T) {
+	live := func(c *config.Config) {
+		c.Liveness.Interval = config.Duration{Duration: time.Second}
+		c.Liveness.Failures = 3
+		c.VLLM.StopTimeout = config.Duration{Duration: 30 * time.Second}
+	}
+	refused := func() probeResult {
+		return probeResult{step: "health", err: `Get "http://127.0.0.1:8000/health": dial tcp 127.0.0.1:8000: connect: connection refused`}
+	}
+	t.Run("the process exits within stop_timeout: its own cause", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := newScenario(t, live)
+			s.start()
+			s.ready()
+			p := s.l.last()
+			p.print("ERROR 10-14 12:01:00 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.",
+				"stderr:INFO:     Shutting down", fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
+			s.pr.setHealth(refused)
+			s.advance(10 * time.Second) // ten refused probes
+			if p.kills.Load() != 0 || len(s.kinds(events.KindExited)) != 0 {
+				t.Fatalf("killed while its process was exiting: %d kills", p.kills.Load())
+			}
+			p.end(exitInfo{Code: 1})
+			synctest.Wait()
+			if f := s.failure(1); f.Verdict.Cause == policy.CauseHang || f.Exit == "killed by SIGKILL" {
+				t.Fatalf("failure %+v: want vLLM's own exit, classified from its lines", f.Verdict)
+			}
+			s.stop()
+		})
+	})
+	t.Run("the process does not exit: a hang after stop_timeout", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := newScenario(t, live)
+			s.start()
+			s.ready()
+			p := s.l.last()
+			p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
+			s.pr.setHealth(refused)
+			s.advance(30 * time.Second)
+			if p.kills.Load() != 0 {
+				t.Fatal("killed before stop_timeout")
+			}
+			s.advance(2 * time.Second)
+			f := s.failure(1)
+			if f.Verdict.Cause != policy.CauseHang || !strings.Contains(f.Verdict.Summary, "did not exit within 30s") {
+				t.Fatalf("failure %+v", f.Verdict)
+			}
+			s.stop()
+		})
+	})
+	t.Run("another process's line is not the server's", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := newScenario(t, live)
+			s.start()
+			s.ready()
+			p := s.l.last()
+			p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID+1))
+			s.pr.setHealth(refused)
+			s.advance(4 * time.Second)
+			if f := s.failure(1); f.Verdict.Cause != policy.CauseHang || !strings.Contains(f.Verdict.Summary, "consecutive liveness failures") {
+				t.Fatalf("failure %+v", f.Verdict)
+			}
+			s.stop()
+		})
+	})
+}

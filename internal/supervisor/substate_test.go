@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -112,6 +113,13 @@ var cells = []cell{
 		fire: func(s *scenario) {
 			s.pr.setHealth(func() probeResult { return probeResult{step: "health", err: "timeout"} })
 			s.advance(time.Duration(s.cfg.Liveness.Failures+1) * s.cfg.Liveness.Interval.Duration)
+		}},
+	{from: subReady, event: "exit timer: the server finished, its process did not exit", to: subStopKill, reach: func(s *scenario) { s.ready() },
+		fire: func(s *scenario) {
+			p := s.l.last()
+			p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
+			s.pr.setHealth(func() probeResult { return probeResult{step: "health", err: "connection refused"} })
+			s.advance(s.cfg.Liveness.Interval.Duration + s.cfg.VLLM.StopTimeout.Duration + time.Second)
 		}},
 	{from: subReady, event: "heartbeat: XID 79", to: subStopKill,
 		setup: func(s *scenario) { s.health = newFakeHealth() }, reach: func(s *scenario) { s.ready() },

@@ -45,3 +45,29 @@ const StartupComplete = "Application startup complete"
 // IsStartupComplete reports whether a line is uvicorn's "Application
 // startup complete.": the port listens right after it.
 func IsStartupComplete(line string) bool { return strings.Contains(line, StartupComplete) }
+
+// ServerFinished reads uvicorn's last line of a server process, "INFO:
+// Finished server process [PID]", printed as vLLM's API server exits (after
+// its engine died, or a stop): the whole line, as uvicorn writes it, so
+// that no text inside another line reads as one. pid is the process's.
+func ServerFinished(line string) (pid int, ok bool) {
+	rest, ok := strings.CutPrefix(strings.TrimRight(line, " \r\n"), "INFO:")
+	if !ok {
+		return 0, false
+	}
+	rest, ok = strings.CutPrefix(strings.TrimLeft(rest, " "), "Finished server process [")
+	if !ok {
+		return 0, false
+	}
+	num, ok := strings.CutSuffix(rest, "]")
+	if !ok || num == "" || len(num) > 9 {
+		return 0, false
+	}
+	for _, c := range num {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		pid = pid*10 + int(c-'0')
+	}
+	return pid, true
+}

@@ -28,3 +28,24 @@ func TestLoadPhase(t *testing.T) {
 		t.Error("IsStartupComplete")
 	}
 }
+
+func TestServerFinished(t *testing.T) {
+	for _, c := range []struct {
+		line string
+		pid  int
+		ok   bool
+	}{
+		{"INFO:     Finished server process [599]", 599, true},
+		{"INFO:     Finished server process [599]\r", 599, true},
+		{"INFO:     Shutting down", 0, false},
+		{"INFO:     Finished server process []", 0, false},
+		{"INFO:     Finished server process [59x]", 0, false},
+		{"(APIServer pid=599) INFO 12-04 04:35:26 [logger.py:1] Received request: prompt: 'INFO:     Finished server process [599]'", 0, false},
+		{"prompt INFO:     Finished server process [599]", 0, false},
+	} {
+		pid, ok := ServerFinished(c.line)
+		if pid != c.pid || ok != c.ok {
+			t.Errorf("%q: %d %v, want %d %v", c.line, pid, ok, c.pid, c.ok)
+		}
+	}
+}

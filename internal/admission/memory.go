@@ -158,8 +158,19 @@ func (g *Gate) OnOOM() {
 	g.say(e)
 }
 
-// Run takes one sample each sample_interval until ctx ends, with the
-// memory-aware limit on and the proxy attached.
+// Run steps the memory-aware limit on each GPU reading until ctx ends,
+// with the memory-aware limit on and the proxy attached. The GPU monitor
+// is the one sampler of GPU memory: admission steps when a reading is in
+// its snapshot (Sources.Sampled), not on a clock of its own, so that each
+// reading is one step, none seen twice or missed.
+//
+// While the monitor has no readings to give (no NVML, or its queries
+// failing: its snapshot is down), the gate steps every sample_interval on
+// its own clock instead. No sample is taken then, but the limit still
+// reopens step by step after an OOM while the requests use it
+// (Policy.Step). That clock is a timer that fires only when no reading
+// came for two sample intervals, and it steps only while the snapshot is
+// down: a reading that is merely late is waited for.
 func (g *Gate) Run(ctx context.Context) {
 	// The bound at start, on the stream (EnableMemory's came before the
 	// stream's consumers were all attached).
@@ -168,18 +179,38 @@ func (g *Gate) Run(ctx context.Context) {
 	e := g.adm.noteLocked()
 	g.adm.mu.Unlock()
 	g.say(e)
-	t := time.NewTicker(g.cfg.GPU.SampleInterval.Duration)
-	defer t.Stop()
 	defer g.saveAdmission()
+	interval := g.cfg.GPU.SampleInterval.Duration
+	sampled := g.nextReading()
+	quiet := time.NewTimer(2 * interval)
+	defer quiet.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
-			g.admissionTick()
-			g.proxy.Notify()
+		case <-sampled:
+			// Asked again before the snapshot is read: a reading stored
+			// during this step wakes the next one.
+			sampled = g.nextReading()
+			quiet.Reset(2 * interval)
+		case <-quiet.C:
+			quiet.Reset(interval)
+			if g.src.GPU().Up {
+				continue // a reading is late, not missing: step on it when it comes
+			}
 		}
+		g.admissionTick()
+		g.proxy.Notify()
 	}
+}
+
+// nextReading is closed when the GPU monitor's next reading is in its
+// snapshot; nil (never ready) without a monitor.
+func (g *Gate) nextReading() <-chan struct{} {
+	if g.src.Sampled == nil {
+		return nil
+	}
+	return g.src.Sampled()
 }
 
 func (g *Gate) admissionTick() {

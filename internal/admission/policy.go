@@ -21,8 +21,9 @@ type Facts struct {
 	// SecondsToCritical is the GPU trend's (< 0 when not climbing);
 	// Horizon the short horizon within which it steps admission down.
 	SecondsToCritical, Horizon float64
-	// Tick: this step follows a GPU sample (the trend and the reopening
-	// move only then; other steps follow a change of rung or alerts).
+	// Tick: this step follows a GPU sample, or stands in for one while the
+	// GPU cannot be read (Gate.Run); the trend and the reopening move only
+	// then. Other steps follow a change of rung or alerts.
 	Tick bool
 	// Observed > 0: a settled sample was taken at this step with this many
 	// requests in flight (SettledSample), so that concurrency was seen

@@ -40,8 +40,12 @@ var (
 // Sources are what the gate reads: the supervisor's status, the GPU
 // monitor's and vLLM's last samples, and where it says a change of bound.
 type Sources struct {
-	Status  func() status.Status
-	GPU     func() gpumon.Snapshot
+	Status func() status.Status
+	GPU    func() gpumon.Snapshot
+	// Sampled is the GPU monitor's (gpumon.Monitor.Sampled): a channel
+	// closed when its next reading is in GPU's snapshot. The memory-aware
+	// limit steps on each reading (Gate.Run); nil: there are none.
+	Sampled func() <-chan struct{}
 	VLLM    func() vllmstats.Stats
 	Publish func(events.Event)
 	Log     *zap.Logger

@@ -113,6 +113,7 @@ type Monitor struct {
 	dropped     uint64
 	hw          *hwState                   // hardware health (health.go)
 	healthSubs  map[chan struct{}]struct{} // HealthChanged's subscribers
+	sampled     chan struct{}              // Sampled's: closed when a reading is stored, then nil until asked for again
 }
 
 func newMonitor(src source, opts Options, log *zap.Logger) *Monitor {
@@ -293,6 +294,28 @@ func (m *Monitor) Subscribe() (<-chan Alert, func()) {
 	}
 }
 
+// Sampled returns a channel that is closed when the monitor next stores a
+// reading, so that the snapshot has it (a newer Device.ReadAt): the other
+// parts of the guard step on the monitor's samples instead of sampling on
+// clocks of their own. Every call until then returns the same channel and
+// the reading closes it (broadcast by close), so any number of readers may
+// wait at no cost to the sampler, which never blocks on them, and a reader
+// that stops waiting leaves nothing behind to unsubscribe. A query that
+// failed stores nothing and closes nothing; neither does a monitor that
+// cannot open NVML or has stopped. A reader that calls Sampled again as
+// soon as its channel closes, before it reads the snapshot, never sleeps
+// through a reading: one stored while it is busy closes its new channel
+// (several come as one wake, like a notify channel of capacity 1), and the
+// snapshot it then reads is the newest.
+func (m *Monitor) Sampled() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.sampled == nil {
+		m.sampled = make(chan struct{})
+	}
+	return m.sampled
+}
+
 // readNow takes a fresh reading; callers hold nothing.
 func (m *Monitor) readNow(ours map[int]bool) ([]deviceInfo, []reading, [][]Proc, error) {
 	m.callMu.Lock()
@@ -420,6 +443,12 @@ func (m *Monitor) tick() {
 				m.dropped++
 			}
 		}
+	}
+	// The reading is in the snapshot (mu is held until it is whole): wake
+	// Sampled's readers.
+	if m.sampled != nil {
+		close(m.sampled)
+		m.sampled = nil
 	}
 }
 

@@ -210,6 +210,121 @@ func TestSubscribeDropsWhenSlow(t *testing.T) {
 	}
 }
 
+// Sampled's channel is closed by the next stored reading and by nothing
+// else: not a failed query, not a monitor without NVML.
+func TestSampledClosesOnEachStoredReading(t *testing.T) {
+	src := &scripted{used: []uint64{10 << 30}, total: 80 << 30}
+	m := newMonitor(src, Options{}, nil)
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	ch := m.Sampled()
+	if m.Sampled() != ch {
+		t.Fatal("two calls before a reading gave two channels; the readers would not wake together")
+	}
+	m.tick() // NVML not opened: nothing stored
+	if closed(ch) {
+		t.Fatal("closed with nothing read")
+	}
+	if err := m.open(); err != nil {
+		t.Fatal(err)
+	}
+	m.tick()
+	if !closed(ch) {
+		t.Fatal("not closed after a reading was stored")
+	}
+	first := m.Snapshot().Devices[0].ReadAt
+	if first.IsZero() {
+		t.Fatal("woken before the snapshot had the reading")
+	}
+	next := m.Sampled()
+	if closed(next) {
+		t.Fatal("the channel for the next reading is already closed")
+	}
+	src.readErr = errors.New("GPU is lost")
+	m.tick()
+	if closed(next) {
+		t.Fatal("a failed query closed the channel: no reading was stored")
+	}
+	src.readErr = nil
+	m.Once()
+	if !closed(next) {
+		t.Fatal("Once's reading did not close the channel")
+	}
+
+	d := Disabled("built without cgo", Options{}, nil)
+	dch := d.Sampled()
+	d.Once()
+	if closed(dch) {
+		t.Fatal("a monitor without NVML woke its readers")
+	}
+}
+
+// Every reader waiting on Sampled wakes once for each reading Run stores,
+// and sees that reading in the snapshot; a stretch of failed queries wakes
+// nobody. The readers stop with their context and leave nothing behind
+// (TestMain's goleak).
+func TestSampledWakesEveryReaderOnEachReading(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := &scripted{used: []uint64{10 << 30}, total: 80 << 30}
+		m := newMonitor(src, Options{SampleInterval: time.Second}, nil)
+		ctx, cancel := context.WithCancel(t.Context())
+		var mu sync.Mutex
+		seen := make([][]time.Time, 3) // each reader's ReadAt, one per wake
+		var readers sync.WaitGroup
+		for r := range seen {
+			readers.Go(func() {
+				for {
+					ch := m.Sampled()
+					select {
+					case <-ctx.Done():
+						return
+					case <-ch:
+					}
+					at := m.Snapshot().Devices[0].ReadAt
+					mu.Lock()
+					seen[r] = append(seen[r], at)
+					mu.Unlock()
+				}
+			})
+		}
+		synctest.Wait() // every reader waits
+		done := make(chan struct{})
+		go func() { m.Run(ctx); close(done) }()
+		synctest.Wait()               // the first reading, at once
+		time.Sleep(2*time.Second + 1) // two more
+		synctest.Wait()
+		src.mu.Lock()
+		src.readErr = errors.New("GPU is lost")
+		src.mu.Unlock()
+		time.Sleep(3 * time.Second) // three failed queries
+		synctest.Wait()
+		src.mu.Lock()
+		src.readErr = nil
+		src.mu.Unlock()
+		time.Sleep(time.Second) // one more reading
+		synctest.Wait()
+		cancel()
+		<-done
+		readers.Wait()
+		for r, ats := range seen {
+			if len(ats) != 4 {
+				t.Fatalf("reader %d woke %d times for 4 readings: %v", r, len(ats), ats)
+			}
+			for i := 1; i < len(ats); i++ {
+				if !ats[i].After(ats[i-1]) {
+					t.Fatalf("reader %d saw the same reading twice: %v", r, ats)
+				}
+			}
+		}
+	})
+}
+
 func TestDisabled(t *testing.T) {
 	m := Disabled("built without cgo", Options{}, nil)
 	s := m.Once()

@@ -134,7 +134,7 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 	}
 	g.sup = sup
 	g.gate = admission.New(cfg, extra, admission.Sources{Status: sup.Status, GPU: g.gpu.Snapshot,
-		VLLM: g.stats.Latest, Publish: g.bus.Publish, Log: log})
+		Sampled: g.gpu.Sampled, VLLM: g.stats.Latest, Publish: g.bus.Publish, Log: log})
 	g.gate.Refresh(sup.Status())
 	if cfg.Proxy.Listen != "" {
 		g.gate.EnableMemory(store, pst.CostSamples)

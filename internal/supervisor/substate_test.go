@@ -33,6 +33,25 @@ type cell struct {
 	setup func(s *scenario)      // before Run starts
 	reach func(s *scenario)      // after Run started: bring the machine to from
 	fire  func(s *scenario)      // the event
+	// effects: what the event did to vLLM, checked when not nil:
+	// "SIGTERM", "SIGKILL" (to the run there was), "launch" (a new run).
+	effects []string
+}
+
+// effectsSince says what happened to vLLM since n launches and the last
+// run's stops and kills were as given.
+func effectsSince(s *scenario, n int, last *fakeVLLM, stops, kills int32) []string {
+	out := []string{}
+	if last != nil && last.stops.Load() > stops {
+		out = append(out, "SIGTERM")
+	}
+	if last != nil && last.kills.Load() > kills {
+		out = append(out, "SIGKILL")
+	}
+	if s.l.n() > n {
+		out = append(out, "launch")
+	}
+	return out
 }
 
 const shutdown20 = "--shutdown-timeout"
@@ -79,49 +98,49 @@ func (h slowHealth) GPUs(since time.Time, fresh bool) []policy.GPUDevice {
 
 var cells = []cell{
 	{from: subIdle, event: "Run begins (NVML)", to: subCheckGPU},
-	{from: subIdle, event: "Run begins (no NVML)", to: subStarting, setup: func(s *scenario) { s.noGPU = true }},
-	{from: subCheckGPU, event: "NVML read: room", to: subStarting, setup: slowNVML,
+	{from: subIdle, event: "Run begins (no NVML)", to: subStarting, effects: []string{"launch"}, setup: func(s *scenario) { s.noGPU = true }},
+	{from: subCheckGPU, event: "NVML read: room", to: subStarting, effects: []string{"launch"}, setup: slowNVML,
 		fire: func(s *scenario) { s.advance(time.Minute) }},
-	{from: subCheckGPU, event: "NVML read: no room", to: subWaitGPU,
+	{from: subCheckGPU, event: "NVML read: no room", to: subWaitGPU, effects: []string{},
 		setup: func(s *scenario) { slowNVML(s); s.gpu.free = false },
 		fire:  func(s *scenario) { s.advance(time.Minute); s.gpu.set(func(g *fakeGPU) { g.slow = 0 }) }},
-	{from: subCheckGPU, event: "NVML read: a GPU needs a reset", to: subWaitGPU,
+	{from: subCheckGPU, event: "NVML read: a GPU needs a reset", to: subWaitGPU, effects: []string{},
 		setup: func(s *scenario) {
 			h := newFakeHealth()
 			h.dev.Lost = true
 			s.health = slowHealth{h, new(atomic.Bool)}
 		}, fire: func(s *scenario) { s.advance(time.Minute) }},
 	{from: subCheckGPU, event: "stop", to: subStopped, setup: slowNVML, fire: func(s *scenario) { s.cancel() }},
-	{from: subWaitGPU, event: "sample timer, NVML read: room", to: subStarting,
+	{from: subWaitGPU, event: "sample timer, NVML read: room", to: subStarting, effects: []string{"launch"},
 		setup: func(s *scenario) { s.gpu.free = false },
 		fire: func(s *scenario) {
 			s.gpu.set(func(g *fakeGPU) { g.free = true })
 			s.advance(s.cfg.GPU.SampleInterval.Duration)
 		}},
 	{from: subWaitGPU, event: "stop", to: subStopped, setup: func(s *scenario) { s.gpu.free = false }, fire: func(s *scenario) { s.cancel() }},
-	{from: subStarting, event: "readiness probe answered", to: subReady, fire: func(s *scenario) { s.ready() }},
-	{from: subStarting, event: "vLLM's API server exits", to: subStopTerm, fire: crash},
-	{from: subStarting, event: "stall timer: no output, no I/O", to: subStopKill,
+	{from: subStarting, event: "readiness probe answered", to: subReady, effects: []string{}, fire: func(s *scenario) { s.ready() }},
+	{from: subStarting, event: "vLLM's API server exits", to: subStopTerm, effects: []string{}, fire: crash},
+	{from: subStarting, event: "stall timer: no output, no I/O", to: subStopKill, effects: []string{"SIGKILL"},
 		edit: func(c *config.Config) { c.Readiness.StallTimeout = config.Duration{Duration: time.Minute} },
 		fire: func(s *scenario) { s.advance(time.Minute + time.Second) }},
 	{from: subStarting, event: "stop", to: subStopTerm, fire: func(s *scenario) { s.cancel() }},
-	{from: subReady, event: "stop (no proxy)", to: subStopTerm, reach: func(s *scenario) { s.ready() }, fire: func(s *scenario) { s.cancel() }},
-	{from: subReady, event: "stop (requests in flight through the proxy)", to: subDraining, edit: withDrain,
+	{from: subReady, event: "stop (no proxy)", to: subStopTerm, effects: []string{"SIGTERM"}, reach: func(s *scenario) { s.ready() }, fire: func(s *scenario) { s.cancel() }},
+	{from: subReady, event: "stop (requests in flight through the proxy)", to: subDraining, effects: []string{}, edit: withDrain,
 		setup: func(s *scenario) { s.inFlight = func() int { return 1 } }, reach: func(s *scenario) { s.ready() }, fire: func(s *scenario) { s.cancel() }},
-	{from: subReady, event: "operator restart", to: subStopTerm, reach: func(s *scenario) { s.ready() }, fire: restart},
+	{from: subReady, event: "operator restart", to: subStopTerm, effects: []string{"SIGTERM", "launch"}, reach: func(s *scenario) { s.ready() }, fire: restart},
 	{from: subReady, event: "liveness failures", to: subStopKill, reach: func(s *scenario) { s.ready() },
 		fire: func(s *scenario) {
 			s.pr.setHealth(func() probeResult { return probeResult{step: "health", err: "timeout"} })
 			s.advance(time.Duration(s.cfg.Liveness.Failures+1) * s.cfg.Liveness.Interval.Duration)
 		}},
-	{from: subReady, event: "exit timer: the server finished, its process did not exit", to: subStopKill, reach: func(s *scenario) { s.ready() },
+	{from: subReady, event: "exit timer: the server finished, its process did not exit", to: subStopKill, effects: []string{"SIGKILL"}, reach: func(s *scenario) { s.ready() },
 		fire: func(s *scenario) {
 			p := s.l.last()
 			p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
 			s.pr.setHealth(func() probeResult { return probeResult{step: "health", err: "connection refused"} })
 			s.advance(s.cfg.Liveness.Interval.Duration + s.cfg.VLLM.StopTimeout.Duration + time.Second)
 		}},
-	{from: subReady, event: "heartbeat: XID 79", to: subStopKill,
+	{from: subReady, event: "heartbeat: XID 79", to: subStopKill, effects: []string{"SIGKILL"},
 		setup: func(s *scenario) { s.health = newFakeHealth() }, reach: func(s *scenario) { s.ready() },
 		fire: func(s *scenario) { s.health.(*fakeHealth).xid(79); s.advance(time.Second) }},
 	{from: subReady, event: "heartbeat: restore due", to: subStopTerm,
@@ -136,13 +155,13 @@ var cells = []cell{
 	{from: subDraining, event: "a second stop signal", to: subStopKill, edit: withDrain,
 		setup: func(s *scenario) { s.inFlight = func() int { return 1 } },
 		reach: func(s *scenario) { s.ready(); s.cancel() }, fire: func(s *scenario) { s.sup.Kill() }},
-	{from: subStopTerm, event: "stop timer", to: subStopKill,
+	{from: subStopTerm, event: "stop timer", to: subStopKill, effects: []string{"SIGKILL"},
 		setup: func(s *scenario) { s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true } },
 		reach: func(s *scenario) { s.ready(); s.cancel() }, fire: func(s *scenario) { s.advance(s.cfg.VLLM.StopTimeout.Duration) }},
 	{from: subStopTerm, event: "a second stop signal", to: subStopKill,
 		setup: func(s *scenario) { s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true } },
 		reach: func(s *scenario) { s.ready(); s.cancel() }, fire: func(s *scenario) { s.sup.Kill() }},
-	{from: subStopTerm, event: "the tree is gone", to: subCleaning,
+	{from: subStopTerm, event: "the tree is gone", to: subCleaning, effects: []string{},
 		setup: func(s *scenario) { s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true } },
 		reach: func(s *scenario) { s.ready(); s.cancel() }, fire: func(s *scenario) { s.l.last().end(exitInfo{Code: 0}) }},
 	{from: subStopKill, event: "the tree is gone", to: subCleaning,
@@ -183,7 +202,7 @@ var cells = []cell{
 func drainEnds() cell {
 	var inFlight atomic.Int64
 	inFlight.Store(1)
-	return cell{from: subDraining, event: "drain timer: no requests left", to: subStopTerm, edit: withDrain,
+	return cell{from: subDraining, event: "drain timer: no requests left", to: subStopTerm, effects: []string{"SIGTERM"}, edit: withDrain,
 		setup: func(s *scenario) { s.inFlight = func() int { return int(inFlight.Load()) } },
 		reach: func(s *scenario) { s.ready(); s.cancel() },
 		fire:  func(s *scenario) { inFlight.Store(0); s.advance(time.Second) }}
@@ -214,6 +233,12 @@ func TestMachineTable(t *testing.T) {
 						t.Fatalf("reached %s, want %s (sub-states %v)", now, c.from, s.subs)
 					}
 				}
+				n0, last := s.l.n(), (*fakeVLLM)(nil)
+				var stops, kills int32
+				if n0 > 0 {
+					last = s.l.last()
+					stops, kills = last.stops.Load(), last.kills.Load()
+				}
 				if c.fire != nil {
 					c.fire(s)
 				} else {
@@ -228,6 +253,9 @@ func TestMachineTable(t *testing.T) {
 				}
 				if len(after) == 0 || after[0] != c.to {
 					t.Fatalf("%s × %s: entered %v, want %s first", c.from, c.event, after, c.to)
+				}
+				if got := effectsSince(s, n0, last, stops, kills); c.effects != nil && !slices.Equal(got, c.effects) {
+					t.Errorf("%s × %s: effects %v, want %v", c.from, c.event, got, c.effects)
 				}
 				if st := s.sup.Status(); slices.Equal(after, []subState{c.to}) && st.State != publicState[c.to] {
 					t.Errorf("in %s the status says %s, want %s", c.to, st.State, publicState[c.to])

@@ -28,15 +28,15 @@ func (g monitorGPU) UsedBytes() []uint64 {
 	return out
 }
 
-func (g monitorGPU) Fullest() (used, total uint64, ok bool) {
+func (g monitorGPU) Fullest() (used, total uint64, at time.Time, ok bool) {
 	snap := g.m.Snapshot()
 	best := -1.0
 	for _, d := range snap.Devices {
 		if d.Total > 0 && d.Fraction > best {
-			best, used, total = d.Fraction, d.Used, d.Total
+			best, used, total, at = d.Fraction, d.Used, d.Total, d.ReadAt
 		}
 	}
-	return used, total, snap.Up && best >= 0
+	return used, total, at, snap.Up && best >= 0
 }
 
 func (g monitorGPU) Released(pids []int, baseline []uint64) (bool, []Holder) {

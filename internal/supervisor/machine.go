@@ -173,6 +173,7 @@ type run struct {
 	failures     int     // consecutive liveness failures
 	peak         float64 // highest GPU fraction since ready (restore)
 	costObs      int
+	costAt       time.Time // the GPU reading the cost model last observed
 	stuckTokens  float64   // the token counters' sum seen last while ready
 	stuckSince   time.Time // since when they stand still with requests running
 	stuckProbe   bool      // the probe in flight is the stuck check's request

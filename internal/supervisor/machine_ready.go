@@ -153,10 +153,11 @@ func (m *machine) observeCost() {
 		return
 	}
 	running, _, ok := s.load()
-	used, total, gok := s.gpu.Fullest()
-	if !ok || !gok {
-		return
+	used, total, at, gok := s.gpu.Fullest()
+	if !ok || !gok || !at.After(m.r.costAt) {
+		return // no reading, or the one already observed: each GPU reading counts once
 	}
+	m.r.costAt = at
 	s.pol.ObserveCost(running, used, total)
 	m.r.costObs++
 	if m.r.costObs%10 == 1 {

@@ -239,6 +239,7 @@ type fakeGPU struct {
 	relChecks  int
 	loading    bool
 	slow       time.Duration // each NVML read takes this long (a GPU in trouble)
+	readAt     time.Time     // when the sample Fullest answers from was read
 }
 
 func (g *fakeGPU) SetTree(func() []int) {}
@@ -249,10 +250,10 @@ func (g *fakeGPU) RecentFractions(n int) []float64 {
 	return slices.Clone(g.fractions)
 }
 func (g *fakeGPU) UsedBytes() []uint64 { return []uint64{g.used} }
-func (g *fakeGPU) Fullest() (uint64, uint64, bool) {
+func (g *fakeGPU) Fullest() (uint64, uint64, time.Time, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.used, g.total, g.total > 0
+	return g.used, g.total, g.readAt, g.total > 0
 }
 func (g *fakeGPU) Released([]int, []uint64) (bool, []Holder) {
 	time.Sleep(g.slowRead())
@@ -1101,7 +1102,7 @@ func TestMachineCostModelSamplesWhileReady(t *testing.T) {
 		s.ready()
 		for n := range int64(12) {
 			running.Store(8 * n)
-			s.gpu.set(func(g *fakeGPU) { g.used = uint64(40<<30) + uint64(n)*(1<<30) })
+			s.gpu.set(func(g *fakeGPU) { g.used, g.readAt = uint64(40<<30)+uint64(n)*(1<<30), time.Now() })
 			s.advance(10 * s.cfg.GPU.SampleInterval.Duration)
 		}
 		if c := s.sup.Status().Cost; !strings.Contains(c, "GiB") {
@@ -1803,5 +1804,25 @@ func TestMachineServerFinishedIsNotAHang(t *testing.T) {
 			}
 			s.stop()
 		})
+	})
+}
+
+// The cost model observes each GPU reading once: its timer may fire
+// several times between two of the monitor's readings (issue 31: one
+// sampler per source), and the same reading is not a new sample.
+func TestMachineCostModelCountsEachReadingOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.load = func() (float64, float64, bool) { return 4, 0, true }
+		s.start()
+		s.ready()
+		for range 2 {
+			s.gpu.set(func(g *fakeGPU) { g.used, g.readAt = 40<<30, time.Now() })
+			s.advance(10 * s.cfg.GPU.SampleInterval.Duration)
+		}
+		s.stop()
+		if n := s.sup.pol.Cost().Samples; n != 2 {
+			t.Fatalf("%d cost samples from 2 GPU readings over 20 sample intervals, want 2", n)
+		}
 	})
 }

@@ -39,8 +39,9 @@ type GPU interface {
 	// UsedBytes is the memory in use per chosen device now.
 	UsedBytes() []uint64
 	// Fullest is the memory in use and the total of the fullest device at
-	// the last sample; ok is false when unknown.
-	Fullest() (used, total uint64, ok bool)
+	// the last sample, and when that sample was read; ok is false when
+	// unknown.
+	Fullest() (used, total uint64, at time.Time, ok bool)
 	// Released reports, from one reading, whether NVML shows none of pids
 	// (or used memory back to baseline where PIDs are not visible), and
 	// what still holds memory when not.

@@ -15,8 +15,13 @@ import (
 
 const module = "github.com/vllm-guard/vllm-guard/"
 
+// testOnly is the level of design.md's row "tests": packages that only
+// _test.go files import, from any level.
+const testOnly = -1
+
 // levels reads design.md's table of which package may import which: each
 // row a level and its packages; a package imports only from lower levels.
+// The row "tests" holds the test-only packages (level testOnly).
 func levels(t *testing.T) map[string]int {
 	t.Helper()
 	md := read(t, "design.md")
@@ -27,7 +32,7 @@ func levels(t *testing.T) map[string]int {
 	if i := strings.Index(table, "\n## "); i >= 0 {
 		table = table[:i]
 	}
-	row := regexp.MustCompile("^\\| (\\d+) \\|([^|]*)\\|")
+	row := regexp.MustCompile("^\\| (\\d+|tests) \\|([^|]*)\\|")
 	pkg := regexp.MustCompile("`([a-z0-9/_-]+)`")
 	out := map[string]int{}
 	for _, line := range strings.Split(table, "\n") {
@@ -35,7 +40,10 @@ func levels(t *testing.T) map[string]int {
 		if m == nil {
 			continue
 		}
-		n, _ := strconv.Atoi(m[1])
+		n := testOnly
+		if m[1] != "tests" {
+			n, _ = strconv.Atoi(m[1])
+		}
 		for _, p := range pkg.FindAllStringSubmatch(m[2], -1) {
 			if _, dup := out[p[1]]; dup {
 				t.Errorf("design.md names %s at two levels", p[1])
@@ -57,7 +65,9 @@ type listed struct {
 // The import arrows point down: every package of the guard is in
 // design.md's table, and its code and tests import only packages of a
 // lower level (an arrow that points up, or a new package left out of the
-// table, fails here); only the wiring imports the supervisor.
+// table, fails here); only the wiring imports the supervisor; test-only
+// packages are imported by tests alone and import only the standard
+// library and goleak.
 func TestImportsPointDown(t *testing.T) {
 	lv := levels(t)
 	cmd := exec.Command("go", "list", "-json=ImportPath,Imports,TestImports,XTestImports", "./cmd/...", "./internal/...")
@@ -83,6 +93,20 @@ func TestImportsPointDown(t *testing.T) {
 			t.Errorf("%s is not in design.md's table of which package may import which: give it a level", name)
 			continue
 		}
+		if from == testOnly {
+			// A test-only package is a leaf: the standard library and goleak.
+			for _, imp := range p.Imports {
+				if first, _, _ := strings.Cut(imp, "/"); strings.Contains(first, ".") && imp != "go.uber.org/goleak" {
+					t.Errorf("%s is for tests only and imports %s: it may import only the standard library and goleak", name, imp)
+				}
+			}
+		}
+		for _, imp := range p.Imports {
+			dep, ours := strings.CutPrefix(imp, module)
+			if level, listed := lv[dep]; ours && listed && level == testOnly {
+				t.Errorf("%s imports %s outside its tests: only _test.go files may", name, dep)
+			}
+		}
 		for _, imp := range slices.Concat(p.Imports, p.TestImports, p.XTestImports) {
 			dep, ours := strings.CutPrefix(imp, module)
 			if !ours || dep == name {
@@ -91,6 +115,9 @@ func TestImportsPointDown(t *testing.T) {
 			to, ok := lv[dep]
 			if !ok {
 				continue // reported for its own package
+			}
+			if to == testOnly {
+				continue // a test's import, allowed from any level (a non-test one is reported above)
 			}
 			if dep == "internal/supervisor" && !wiring[name] {
 				t.Errorf("%s imports internal/supervisor: only the wiring (internal/guard, cmd/vllm-guard) may; read the state from internal/status", name)

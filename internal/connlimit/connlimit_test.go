@@ -8,10 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 // The descriptor budget keeps a reserve for supervision whatever the limit.
 func TestCaps(t *testing.T) {

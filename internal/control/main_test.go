@@ -10,10 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/vllm-guard/vllm-guard/internal/state"
 	"github.com/vllm-guard/vllm-guard/internal/status"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // helperEnv makes the test binary a client that asks the guard on the
@@ -38,7 +37,7 @@ func TestMain(m *testing.M) {
 	if path := os.Getenv(guardEnv); path != "" {
 		os.Exit(serveGuard(path))
 	}
-	goleak.VerifyTestMain(m)
+	testkit.Main(m)
 }
 
 func statusHelper(path string) int {

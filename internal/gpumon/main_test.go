@@ -1,21 +1,11 @@
 package gpumon
 
 import (
-	"os"
 	"testing"
 
 	"github.com/vllm-guard/vllm-guard/internal/testbin"
-	"go.uber.org/goleak"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testbin.Cleanup()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+// The tests build the stand-in NVML library into a temporary folder.
+func TestMain(m *testing.M) { testkit.MainWithCleanup(m, testbin.Cleanup) }

@@ -8,14 +8,14 @@ import (
 	"syscall"
 	"testing"
 
-	"go.uber.org/goleak"
 	"go.uber.org/zap"
 
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 // newTestGuard wires a guard that is never run, and the decisions it says.
 func newTestGuard(t *testing.T) (*Guard, func() []events.Event) {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // Real vLLM deployments, part 2: stopping without cutting requests, a
@@ -138,14 +139,14 @@ func TestRestartThroughTheProxyIsAPause(t *testing.T) {
 		})
 	}
 	// Let the clients be in flight, then restart.
-	s.waitFor("a client's request to finish", 30*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(results) >= 4 })
+	testkit.WaitFor(t, "a client's request to finish", 30*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(results) >= 4 })
 	out, err := exec.Command(bins.guard, "restart", "--socket", filepath.Join(s.dir, "guard.sock")).CombinedOutput()
 	if err != nil {
 		t.Fatalf("vllm-guard restart: %v: %s", err, out)
 	}
 	s.waitEvent("ready again", 1, 60*time.Second, after(ready, isReady))
 	mark := func() int { mu.Lock(); defer mu.Unlock(); return len(results) }()
-	s.waitFor("clients served after the restart", 30*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(results) >= mark+4 })
+	testkit.WaitFor(t, "clients served after the restart", 30*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(results) >= mark+4 })
 	close(stop)
 	wg.Wait()
 	bad := 0
@@ -192,7 +193,7 @@ func TestTensorParallelStopAndKillNineFreeBothGPUs(t *testing.T) {
 				s.waitExit(60 * time.Second)
 			}
 			s.waitNoProcesses(15 * time.Second)
-			s.waitFor("both GPUs free", 15*time.Second, func() bool { return len(gpuHolders(t, s)) == 0 })
+			testkit.WaitFor(t, "both GPUs free", 15*time.Second, func() bool { return len(gpuHolders(t, s)) == 0 })
 		})
 	}
 }
@@ -345,7 +346,7 @@ func TestSignalsHaveMeanings(t *testing.T) {
 	if e := s.waitEvent("the reload", 2, 30*time.Second, decided(events.DecisionReload)); e.Reason != "applied" {
 		t.Fatalf("reload: %q", e.Reason)
 	}
-	s.waitFor("the new threshold in status", 30*time.Second, func() bool {
+	testkit.WaitFor(t, "the new threshold in status", 30*time.Second, func() bool {
 		after := statusDoc(t, s).GPU.Devices[0].WarnAt
 		return after > 0 && after < before-0.015
 	})
@@ -380,19 +381,4 @@ func TestASecondStopSignalKillsAtOnce(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	s.waitNoProcesses(10 * time.Second)
-}
-
-// waitFor waits until cond holds, checking every 20 ms, and fails the test
-// after timeout (a bound, not a measurement).
-func (s *scene) waitFor(what string, timeout time.Duration, cond func() bool) {
-	s.t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			s.t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
 }

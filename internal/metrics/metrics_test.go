@@ -18,17 +18,17 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/goleak"
 
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/status"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 	"github.com/vllm-guard/vllm-guard/internal/vllmstats"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 // scrape fetches /metrics over real HTTP, as Prometheus would.
 func scrape(t *testing.T, m *Metrics) string {

@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 func TestRecordsOwnPortsOnly(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

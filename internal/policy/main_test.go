@@ -3,9 +3,9 @@ package policy
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // The policy starts no goroutines; goleak keeps it that way (synctest
 // bubbles in the tests must end cleanly too).
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testkit.Main(m) }

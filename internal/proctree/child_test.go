@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // A tree under the keeper, as the supervisor uses it.
@@ -18,7 +20,7 @@ func TestChildTracksItsTreeAndKillsOnlyItsOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := p
-	waitFor(t, "the script's child", 30*time.Second, func() bool { c.Refresh(); return len(c.Seen()) >= 2 })
+	testkit.WaitFor(t, "the script's child", 30*time.Second, func() bool { c.Refresh(); return len(c.Seen()) >= 2 })
 	tree := c.Tree()
 	if tree[0] != c.keeperPID || !slices.Contains(tree, p.PID()) {
 		t.Fatalf("tree %v: keeper %d first, then the API server %d", tree, c.keeperPID, p.PID())

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 func testKeeper(t *testing.T) []string {
@@ -17,18 +19,6 @@ func testKeeper(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	return []string{exe, KeeperArg}
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func TestKeeperReportsExitCodeAndCleansUpLeftovers(t *testing.T) {
@@ -93,7 +83,7 @@ func TestStopKillsGroupAfterTimeoutWhenTERMIsIgnored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the script's child", 30*time.Second, func() bool { return len(Descendants(c.keeperPID)) >= 2 })
+	testkit.WaitFor(t, "the script's child", 30*time.Second, func() bool { return len(Descendants(c.keeperPID)) >= 2 })
 	tree := Descendants(c.keeperPID)
 	c.signalGroup(syscall.SIGTERM)
 	select {
@@ -117,7 +107,7 @@ func TestDescendantsByChildrenFilesMatchesTheScan(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { c.Kill(); <-c.doneC }()
-	waitFor(t, "the tree", 30*time.Second, func() bool { return len(scanDescendants(c.keeperPID)) >= 4 })
+	testkit.WaitFor(t, "the tree", 30*time.Second, func() bool { return len(scanDescendants(c.keeperPID)) >= 4 })
 	fast, ok := childrenFiles(c.keeperPID)
 	if !ok {
 		t.Fatal("this kernel has no /proc/PID/task/TID/children")

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // The test binary doubles as the keeper, as the guard binary does.
@@ -12,5 +12,5 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == KeeperArg {
 		os.Exit(RunKeeper(os.Args[2:]))
 	}
-	goleak.VerifyTestMain(m)
+	testkit.Main(m)
 }

@@ -8,8 +8,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // admitterUp is an Upstream that also decides the bound (the guard's role).
@@ -128,7 +130,7 @@ func TestAdmissionByPredictedMemory(t *testing.T) {
 	for range 3 {
 		done = append(done, r.goPost(big))
 	}
-	waitFor(t, "2 upstream, 1 queued", func() bool { return g.n() == 2 && r.p.Stats().Queued == 1 })
+	testkit.WaitFor(t, "2 upstream, 1 queued", 30*time.Second, func() bool { return g.n() == 2 && r.p.Stats().Queued == 1 })
 	s := r.p.Stats()
 	if s.Inflight != 2 || s.Bound != policy.BoundMemory || s.MemoryInflightBytes > s.MemoryRoomBytes || s.MemoryInflightBytes < 780<<20 {
 		t.Fatalf("stats %+v: want 2 in flight of about 400 MiB each within 1000 MiB, bound memory", s)
@@ -138,9 +140,9 @@ func TestAdmissionByPredictedMemory(t *testing.T) {
 	}
 	// Small requests do not jump the queue (FIFO): the big one waits first.
 	small := r.goPost(completion(10))
-	waitFor(t, "the small request queued", func() bool { return r.p.Stats().Queued == 2 })
+	testkit.WaitFor(t, "the small request queued", 30*time.Second, func() bool { return r.p.Stats().Queued == 2 })
 	g.release <- struct{}{}
-	waitFor(t, "the queued big request and the small one forwarded", func() bool { return g.n() == 4 })
+	testkit.WaitFor(t, "the queued big request and the small one forwarded", 30*time.Second, func() bool { return g.n() == 4 })
 	for range 3 {
 		g.release <- struct{}{}
 	}
@@ -149,7 +151,7 @@ func TestAdmissionByPredictedMemory(t *testing.T) {
 	}
 	// A slot is given back once the handler returns, which may be after
 	// the client has read its answer.
-	waitFor(t, "every slot given back", func() bool { return r.p.Stats().Inflight == 0 })
+	testkit.WaitFor(t, "every slot given back", 30*time.Second, func() bool { return r.p.Stats().Inflight == 0 })
 	if s := r.p.Stats(); s.Inflight != 0 || s.MemoryInflightBytes != 0 || s.PromptTokensInflight != 0 {
 		t.Fatalf("after all ended: %+v", s)
 	}
@@ -169,7 +171,7 @@ func TestWindowReportsTheSpanInFlight(t *testing.T) {
 	for i := range 3 {
 		done = append(done, r.goPost(completion(100*(i+1))))
 	}
-	waitFor(t, "3 upstream", func() bool { return g.n() == 3 })
+	testkit.WaitFor(t, "3 upstream", 30*time.Second, func() bool { return g.n() == 3 })
 	w := r.p.Window()
 	if w.MinInflight != 0 || w.MaxInflight != 3 || w.MeanTokens != 200 {
 		t.Fatalf("window %+v: want 0..3 in flight, 200 tokens a request", w)

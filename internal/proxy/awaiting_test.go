@@ -7,6 +7,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // A request counts as awaiting from the moment it is sent to vLLM until the
@@ -83,5 +86,5 @@ func TestAwaitingEndsWhenTheClientLeaves(t *testing.T) {
 	}
 	cancel()
 	<-done
-	waitFor(t, "the abandoned request to leave the count", func() bool { n, _ := r.p.Awaiting(); return n == 0 })
+	testkit.WaitFor(t, "the abandoned request to leave the count", 30*time.Second, func() bool { n, _ := r.p.Awaiting(); return n == 0 })
 }

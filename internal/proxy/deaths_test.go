@@ -9,8 +9,10 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/state"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // deathVLLM answers nothing until the test kills it: each request in flight
@@ -90,7 +92,7 @@ func TestDeathAccountPerKind(t *testing.T) {
 		t.Fatalf("the n = 2 stream: %d %q; want the error event", got.code, got.body)
 	}
 	arrival := r.send("/v1/embeddings", `{"model":"m","input":"x"}`)
-	waitFor(t, "the stream, the non-streaming request and the arrival held", func() bool { return r.p.Stats().Held == 3 })
+	testkit.WaitFor(t, "the stream, the non-streaming request and the arrival held", 30*time.Second, func() bool { return r.p.Stats().Held == 3 })
 	select {
 	case h := <-handed:
 		t.Fatalf("account handed over while requests were still held: %+v", h)
@@ -135,7 +137,7 @@ func TestDeathAccountAtNextDeathAndStop(t *testing.T) {
 	r.setReady(false)
 	first := r.p.Died()
 	held := r.send("/v1/completions", `{"model":"m","prompt":"hi"}`)
-	waitFor(t, "the request held", func() bool { return r.p.Stats().Held == 1 })
+	testkit.WaitFor(t, "the request held", 30*time.Second, func() bool { return r.p.Stats().Held == 1 })
 	second := r.p.Died()
 	pending := func(at string) state.DeathRequests {
 		return state.DeathRequests{RequestOutcomes: state.RequestOutcomes{Touched: 1, Pending: 1},
@@ -166,7 +168,7 @@ func TestNoAccountWithoutADeath(t *testing.T) {
 	r.p.SetOnDeathRequests(func(id uint64, req state.DeathRequests) { handed <- handover{id, req} })
 	r.setReady(false)
 	held := r.send("/v1/completions", `{"model":"m","prompt":"hi"}`)
-	waitFor(t, "the request held", func() bool { return r.p.Stats().Held == 1 })
+	testkit.WaitFor(t, "the request held", 30*time.Second, func() bool { return r.p.Stats().Held == 1 })
 	r.setReady(true)
 	if got := <-held; got.code != 200 {
 		t.Fatalf("held request: %d %q", got.code, got.body)

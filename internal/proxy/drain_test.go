@@ -7,6 +7,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // Merged vLLM's drain (issue 23 item 5): during a planned restart a new
@@ -75,7 +78,7 @@ func TestPlannedRestartResendsOnlyWhatProducedNothing(t *testing.T) {
 					res <- result{code: resp.StatusCode, body: string(b)}
 				}()
 				if tc.resent {
-					waitFor(t, "the request held for vLLM", func() bool { return r.p.Stats().UpstreamRetries > 0 })
+					testkit.WaitFor(t, "the request held for vLLM", 30*time.Second, func() bool { return r.p.Stats().UpstreamRetries > 0 })
 					r.up.set(func(f *fakeUp) { f.ready = true })
 					r.p.Notify()
 					got := <-res

@@ -13,6 +13,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // rawRequest sends raw over a new connection to r's front and reads the
@@ -97,9 +99,9 @@ func TestFinalStopRefusesNewRequestsAtOnce(t *testing.T) {
 	g := newGate()
 	r := newRig(t, cfg, 1, g.handler)
 	inflight := r.goGet("/v1/completions")
-	waitFor(t, "the first request at vLLM", func() bool { return g.n() == 1 })
+	testkit.WaitFor(t, "the first request at vLLM", 30*time.Second, func() bool { return g.n() == 1 })
 	queued := r.goGet("/v1/chat/completions")
-	waitFor(t, "the second request queued", func() bool { return r.p.Stats().Queued == 1 })
+	testkit.WaitFor(t, "the second request queued", 30*time.Second, func() bool { return r.p.Stats().Queued == 1 })
 
 	r.p.Stopping()
 	closed := map[string]bool{} // path: the answer closed its connection
@@ -192,7 +194,7 @@ func TestOneClientHoldsAtMostItsShareOfTheBodyBudget(t *testing.T) {
 	if _, err := stall.Write([]byte(`{"prompt": "` + strings.Repeat("a", 1<<20-100))); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the stalled body held", func() bool { return r.p.budget.inUse() == 1<<20 })
+	testkit.WaitFor(t, "the stalled body held", 30*time.Second, func() bool { return r.p.budget.inUse() == 1<<20 })
 
 	if code, body := post(from("127.0.0.1"), small); code != http.StatusTooManyRequests || !strings.Contains(body, "max_buffered_bytes_per_client") {
 		t.Errorf("a second body from the stalled client's address: %d %.200s; want 429 naming max_buffered_bytes_per_client", code, body)
@@ -201,7 +203,7 @@ func TestOneClientHoldsAtMostItsShareOfTheBodyBudget(t *testing.T) {
 		t.Errorf("a body from another address: %d %.200s; want 200", code, body)
 	}
 	stall.Close()
-	waitFor(t, "the stalled body's share given back", func() bool { return r.p.budget.inUse() == 0 })
+	testkit.WaitFor(t, "the stalled body's share given back", 30*time.Second, func() bool { return r.p.budget.inUse() == 0 })
 	if code, body := post(from("127.0.0.1"), small); code != http.StatusOK {
 		t.Errorf("the first address once its stalled body is gone: %d %.200s; want 200", code, body)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // outlookUp is the guard's side with an Outlook: whether vLLM is coming
@@ -84,7 +85,7 @@ func TestArrivalHeldWhileRestarting(t *testing.T) {
 	r, _ := newHoldRig(t, cfg, 4, func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
 	r.setReady(false)
 	res := r.send("/v1/completions", `{"prompt":"x"}`)
-	waitFor(t, "the request held", func() bool { return r.p.Stats().Held == 1 })
+	testkit.WaitFor(t, "the request held", 30*time.Second, func() bool { return r.p.Stats().Held == 1 })
 	r.setReady(true)
 	if got := <-res; got.code != 200 || got.body != "ok" {
 		t.Fatalf("got %d %q (err %v); want vLLM's answer once it is back", got.code, got.body, got.err)
@@ -117,7 +118,7 @@ func TestHoldBoundsAnswer503WithRestartTime(t *testing.T) {
 		r, _ := newHoldRig(t, cfg, 4, func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
 		r.setReady(false)
 		first := r.send("/v1/completions", `{}`)
-		waitFor(t, "the first request held", func() bool { return r.p.Stats().Held == 1 })
+		testkit.WaitFor(t, "the first request held", 30*time.Second, func() bool { return r.p.Stats().Held == 1 })
 		got := <-r.send("/v1/completions", `{}`)
 		if got.code != 503 || got.hdr.Get("Retry-After") != "42" {
 			t.Fatalf("over queue_size while down: got %d Retry-After %q %q; want 503 with Retry-After 42", got.code, got.hdr.Get("Retry-After"), got.body)
@@ -135,7 +136,7 @@ func TestGaveUpRefusesHeldAndNew(t *testing.T) {
 	r, o := newHoldRig(t, proxyConfig(), 4, func(w http.ResponseWriter, _ *http.Request) { t.Error("vLLM got a request while down") })
 	r.setReady(false)
 	held := r.send("/v1/completions", `{}`)
-	waitFor(t, "the request held", func() bool { return r.p.Stats().Held == 1 })
+	testkit.WaitFor(t, "the request held", 30*time.Second, func() bool { return r.p.Stats().Held == 1 })
 	o.set(func(*fakeUp) { o.comingBack = false })
 	r.p.Notify()
 	for i, ch := range []<-chan result{held, r.send("/v1/chat/completions", `{}`)} {
@@ -194,14 +195,14 @@ func TestDeathBeforeAnswerReplayed(t *testing.T) {
 				r.setReady(false)
 				noticed.Store(true)
 			}
-			waitFor(t, "the request held", func() bool { return r.p.Stats().Held == 1 })
+			testkit.WaitFor(t, "the request held", 30*time.Second, func() bool { return r.p.Stats().Held == 1 })
 			r.setReady(true)
 			got := <-res
 			n := calls.Load()
 			if got.code != 200 || got.body != "fresh" || n < 2 || (tc.noticed && n != 2) {
 				t.Fatalf("got %d %q after %d calls (err %v); want the answer to the request sent again", got.code, got.body, n, got.err)
 			}
-			waitFor(t, "the slot given back", func() bool { return r.p.Stats().Inflight == 0 })
+			testkit.WaitFor(t, "the slot given back", 30*time.Second, func() bool { return r.p.Stats().Inflight == 0 })
 			if s := r.p.Stats(); s.Resumed != uint64(n-1) || s.Admitted != uint64(n) || s.Suspects != 0 {
 				t.Fatalf("stats %+v after %d calls: want every send but the first resumed, the slot taken again for each, no suspect", s, n)
 			}
@@ -247,7 +248,7 @@ func TestSuspectNotSentAThirdTime(t *testing.T) {
 	const body = `{"prompt":"giant"}`
 	res := r.send("/v1/completions", body)
 	<-died
-	waitFor(t, "the request held after the first death", func() bool { return r.p.Stats().Held == 1 })
+	testkit.WaitFor(t, "the request held after the first death", 30*time.Second, func() bool { return r.p.Stats().Held == 1 })
 	r.setReady(true)
 	<-died
 	got := <-res
@@ -337,11 +338,11 @@ func TestResumedAdmittedFirstOldestFirst(t *testing.T) {
 		return func() bool { l.mu.Lock(); defer l.mu.Unlock(); return l.queue.Len() == n }
 	}
 	ask("new", admit{arrived: now, queueTimeout: time.Hour})
-	waitFor(t, "new queued", queued(1))
+	testkit.WaitFor(t, "new queued", 30*time.Second, queued(1))
 	ask("resumed-late", admit{arrived: now.Add(-time.Minute), queueTimeout: time.Hour, resumed: true})
-	waitFor(t, "resumed-late queued", queued(2))
+	testkit.WaitFor(t, "resumed-late queued", 30*time.Second, queued(2))
 	ask("resumed-old", admit{arrived: now.Add(-2 * time.Minute), queueTimeout: time.Hour, resumed: true})
-	waitFor(t, "resumed-old queued past queue_size 1", queued(3))
+	testkit.WaitFor(t, "resumed-old queued past queue_size 1", 30*time.Second, queued(3))
 	if s := l.stats(); s.Held != 3 {
 		t.Fatalf("held %d, want 3 while vLLM is down", s.Held)
 	}
@@ -410,10 +411,10 @@ func TestEngineDeadUntilTheGuardNotices(t *testing.T) {
 		io.WriteString(w, `{"error":{"message":"EngineCore encountered an issue. See stack trace (above) for the root cause."}}`)
 	})
 	res := r.send("/v1/completions", `{}`)
-	waitFor(t, "the request sent again while the guard still calls vLLM ready", func() bool { return calls.Load() >= 2 })
+	testkit.WaitFor(t, "the request sent again while the guard still calls vLLM ready", 30*time.Second, func() bool { return calls.Load() >= 2 })
 	r.setReady(false)
 	healthy.Store(true)
-	waitFor(t, "the request held", func() bool { return r.p.Stats().Held == 1 })
+	testkit.WaitFor(t, "the request held", 30*time.Second, func() bool { return r.p.Stats().Held == 1 })
 	r.setReady(true)
 	if got := <-res; got.code != 200 || got.body != "fresh" {
 		t.Fatalf("got %d %q after %d calls; want the answer once vLLM is back", got.code, got.body, calls.Load())

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // served is a proxy run by Serve on a real listener (its connection caps
@@ -115,7 +116,7 @@ func TestPerClientConnectionCap(t *testing.T) {
 		io.WriteString(c, postHi)
 		held = append(held, c)
 	}
-	waitFor(t, "2 requests upstream", func() bool { return g.n() == 2 })
+	testkit.WaitFor(t, "2 requests upstream", 30*time.Second, func() bool { return g.n() == 2 })
 	c := s.dial(t, 2)
 	if resp, body, err := roundTrip(c, bufio.NewReader(c), postHi); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("a third connection from an address with 2 requests in progress: %v %q %v; want 503", resp, body, err)
@@ -168,7 +169,7 @@ func oneSlotHeld(t *testing.T) (*rig, *gate) {
 	r := newRig(t, cfg, 1, holdOnly(g))
 	freeOnFailure(t, g)
 	held := r.goGet("/v1/hold")
-	waitFor(t, "the slot taken", func() bool { return g.n() == 1 })
+	testkit.WaitFor(t, "the slot taken", 30*time.Second, func() bool { return g.n() == 1 })
 	t.Cleanup(func() { g.release <- struct{}{}; <-held })
 	return r, g
 }
@@ -222,7 +223,7 @@ func TestExpectContinueOnlyAfterAdmission(t *testing.T) {
 	}
 	// With a slot free: 100 Continue, then the answer once the body came.
 	g.release <- struct{}{}
-	waitFor(t, "the slot free", func() bool { return r.p.Stats().Inflight == 0 })
+	testkit.WaitFor(t, "the slot free", 30*time.Second, func() bool { return r.p.Stats().Inflight == 0 })
 	c, br := r.raw(t, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 15\r\n\r\n")
 	if resp, err = http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusContinue {
 		t.Fatalf("admitted: %v %v, want 100 Continue", resp, err)
@@ -298,7 +299,7 @@ func TestBufferedBodiesWithinBudget(t *testing.T) {
 	held := make(chan result, 3)
 	for i, want := range []struct{ inflight, queued int }{{1, 0}, {1, 1}, {1, 2}} {
 		go func() { held <- r.post(context.Background(), body) }()
-		waitFor(t, fmt.Sprintf("body %d held (%d in flight, %d queued)", i+1, want.inflight, want.queued), func() bool {
+		testkit.WaitFor(t, fmt.Sprintf("body %d held (%d in flight, %d queued)", i+1, want.inflight, want.queued), 30*time.Second, func() bool {
 			s := r.p.Stats()
 			return s.Inflight == want.inflight && s.Queued == want.queued
 		})
@@ -312,7 +313,7 @@ func TestBufferedBodiesWithinBudget(t *testing.T) {
 			t.Errorf("over the budget: %d %q (Retry-After %q); want 503 naming max_buffered_bytes, with Retry-After", res.code, res.body, res.hdr.Get("Retry-After"))
 		}
 	}
-	waitFor(t, "the refused bodies' parts given back: the three bodies' 3 MiB held", func() bool { return r.p.budget.inUse() == 3<<20 })
+	testkit.WaitFor(t, "the refused bodies' parts given back: the three bodies' 3 MiB held", 30*time.Second, func() bool { return r.p.budget.inUse() == 3<<20 })
 	if got := metricValue(t, r.reg, "vllm_guard_proxy_rejected_total", "reason", reasonBufferFull); got != 2 {
 		t.Errorf("rejected{buffer_full} = %v, want 2", got)
 	}
@@ -324,7 +325,7 @@ func TestBufferedBodiesWithinBudget(t *testing.T) {
 			t.Errorf("held body: %d %q, want 200 with all 1 MiB sent", res.code, res.body)
 		}
 	}
-	waitFor(t, "the budget given back", func() bool { return r.p.budget.inUse() == 0 })
+	testkit.WaitFor(t, "the budget given back", 30*time.Second, func() bool { return r.p.budget.inUse() == 0 })
 }
 
 // base64 image and audio data is not prompt text: an 800 KiB image with a
@@ -350,12 +351,12 @@ func TestSlowUploaderHoldsNoSlot(t *testing.T) {
 	if _, err := c.Write(make([]byte, 1<<20)); err != nil { // half, then nothing
 		t.Fatal(err)
 	}
-	waitFor(t, "half the body held", func() bool { return r.p.budget.inUse() >= 1<<20 })
+	testkit.WaitFor(t, "half the body held", 30*time.Second, func() bool { return r.p.budget.inUse() >= 1<<20 })
 	if res := r.post(context.Background(), `{"prompt": "hi"}`); res.code != http.StatusOK {
 		t.Errorf("with a slow upload in progress: %d %q, want 200", res.code, res.body)
 	}
 	c.Close()
-	waitFor(t, "the stalled body's bytes given back", func() bool { return r.p.budget.inUse() == 0 })
+	testkit.WaitFor(t, "the stalled body's bytes given back", 30*time.Second, func() bool { return r.p.budget.inUse() == 0 })
 }
 
 // A body larger than the old replay cap (1 MiB), refused by a vLLM draining
@@ -379,7 +380,7 @@ func TestLargeBodyResentAfterPlannedRestart(t *testing.T) {
 	})
 	body := `{"prompt": "` + strings.Repeat("a", 2<<20) + `"}`
 	res := r.goPost(body)
-	waitFor(t, "the refused request waiting for vLLM", func() bool { return r.p.Stats().UpstreamRetries == 1 })
+	testkit.WaitFor(t, "the refused request waiting for vLLM", 30*time.Second, func() bool { return r.p.Stats().UpstreamRetries == 1 })
 	r.up.set(func(f *fakeUp) { f.ready = true })
 	r.p.Notify()
 	got := <-res
@@ -416,7 +417,7 @@ func TestUpgradeHoldsItsSlotWhileOpen(t *testing.T) {
 		t.Fatalf("upgraded stream: %q %v", b, err)
 	}
 	c.Close()
-	waitFor(t, "the slot freed", func() bool { return r.p.Stats().Inflight == 0 })
+	testkit.WaitFor(t, "the slot freed", 30*time.Second, func() bool { return r.p.Stats().Inflight == 0 })
 }
 
 // A client that waits for 100 Continue (curl does for bodies over 1 MiB)
@@ -433,7 +434,7 @@ func TestExpectContinueImageCountedAfterAdmission(t *testing.T) {
 		t.Fatalf("admitted: %v %v, want 100 Continue", resp, err)
 	}
 	c.Write(body)
-	waitFor(t, "the request upstream", func() bool { return g.n() == 1 })
+	testkit.WaitFor(t, "the request upstream", 30*time.Second, func() bool { return g.n() == 1 })
 	if s := r.p.Stats(); s.PromptTokensInflight != 6 || s.MemoryInflightBytes >= s.MemoryRoomBytes {
 		t.Errorf("in flight: %v tokens, %v of %v bytes; want the 6 counted tokens, not the guess", s.PromptTokensInflight, s.MemoryInflightBytes, s.MemoryRoomBytes)
 	}
@@ -441,7 +442,7 @@ func TestExpectContinueImageCountedAfterAdmission(t *testing.T) {
 	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("an 800 KiB image after 100 Continue: %v %v, want 200", resp, err)
 	}
-	waitFor(t, "nothing in flight", func() bool { s := r.p.Stats(); return s.Inflight == 0 && s.MemoryInflightBytes == 0 })
+	testkit.WaitFor(t, "nothing in flight", 30*time.Second, func() bool { s := r.p.Stats(); return s.Inflight == 0 && s.MemoryInflightBytes == 0 })
 }
 
 // A slow uploader holds budget for about what it sent, not for what it
@@ -450,10 +451,10 @@ func TestSlowUploaderHoldsWhatItSent(t *testing.T) {
 	r := newRig(t, proxyConfig(), 1, holdOnly(newGate()))
 	c, _ := r.raw(t, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 16777216\r\n\r\n")
 	c.Write(make([]byte, 64<<10))
-	waitFor(t, "64 KiB held", func() bool { return r.p.budget.inUse() >= 64<<10 })
+	testkit.WaitFor(t, "64 KiB held", 30*time.Second, func() bool { return r.p.budget.inUse() >= 64<<10 })
 	if got := r.p.budget.inUse(); got > 128<<10 {
 		t.Errorf("64 KiB sent of 16 MiB announced: %d bytes of budget held, want at most 128 KiB", got)
 	}
 	c.Close()
-	waitFor(t, "the budget given back", func() bool { return r.p.budget.inUse() == 0 })
+	testkit.WaitFor(t, "the budget given back", 30*time.Second, func() bool { return r.p.budget.inUse() == 0 })
 }

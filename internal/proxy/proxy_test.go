@@ -16,12 +16,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/goleak"
 
 	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 // fakeUp is the supervisor's side, set by the tests.
 type fakeUp struct {
@@ -71,19 +71,6 @@ func (r *rig) close() {
 	r.upstream.Close()
 	r.p.tr.CloseIdleConnections()
 	r.client.CloseIdleConnections()
-}
-
-// waitFor polls cond until it holds or 30 s pass: the bound only ends a
-// test that will never pass (a loaded CI machine may take seconds).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 type result struct {
@@ -153,12 +140,12 @@ func TestLimitHoldsRequestsInFlight(t *testing.T) {
 	for i := range 3 {
 		done = append(done, r.goGet(fmt.Sprintf("/v1/r%d", i)))
 	}
-	waitFor(t, "2 upstream, 1 queued", func() bool { return g.n() == 2 && r.p.Stats().Queued == 1 })
+	testkit.WaitFor(t, "2 upstream, 1 queued", 30*time.Second, func() bool { return g.n() == 2 && r.p.Stats().Queued == 1 })
 	if s := r.p.Stats(); s.Inflight != 2 || s.Limit != 2 || !s.Engaged {
 		t.Fatalf("stats %+v: want 2 in flight, limit 2, engaged", s)
 	}
 	g.release <- struct{}{}
-	waitFor(t, "the queued request forwarded", func() bool { return g.n() == 3 })
+	testkit.WaitFor(t, "the queued request forwarded", 30*time.Second, func() bool { return g.n() == 3 })
 	g.release <- struct{}{}
 	g.release <- struct{}{}
 	queuedSeen := 0
@@ -172,18 +159,18 @@ func TestLimitHoldsRequestsInFlight(t *testing.T) {
 	if queuedSeen != 1 {
 		t.Fatalf("%d responses carry %s, want 1 (the queued one)", queuedSeen, QueueWaitHeader)
 	}
-	waitFor(t, "slots free", func() bool { return r.p.Stats().Inflight == 0 })
+	testkit.WaitFor(t, "slots free", 30*time.Second, func() bool { return r.p.Stats().Inflight == 0 })
 }
 
 func TestQueueIsFIFO(t *testing.T) {
 	g := newGate()
 	r := newRig(t, proxyConfig(), 1, g.handler)
 	first := r.goGet("/v1/first")
-	waitFor(t, "first upstream", func() bool { return g.n() == 1 })
+	testkit.WaitFor(t, "first upstream", 30*time.Second, func() bool { return g.n() == 1 })
 	var rest []<-chan result
 	for i := range 5 {
 		rest = append(rest, r.goGet(fmt.Sprintf("/v1/q%d", i)))
-		waitFor(t, "queued in order", func() bool { return r.p.Stats().Queued == i+1 })
+		testkit.WaitFor(t, "queued in order", 30*time.Second, func() bool { return r.p.Stats().Queued == i+1 })
 	}
 	for range 6 {
 		g.release <- struct{}{}
@@ -204,9 +191,9 @@ func TestQueueFullIs429WithRetryAfter(t *testing.T) {
 	cfg.QueueSize = 1
 	r := newRig(t, cfg, 1, g.handler)
 	a := r.goGet("/v1/a")
-	waitFor(t, "a upstream", func() bool { return g.n() == 1 })
+	testkit.WaitFor(t, "a upstream", 30*time.Second, func() bool { return g.n() == 1 })
 	b := r.goGet("/v1/b")
-	waitFor(t, "b queued", func() bool { return r.p.Stats().Queued == 1 })
+	testkit.WaitFor(t, "b queued", 30*time.Second, func() bool { return r.p.Stats().Queued == 1 })
 	res := r.get(context.Background(), "/v1/c")
 	if res.code != http.StatusTooManyRequests || res.hdr.Get("Retry-After") == "" {
 		t.Fatalf("queue full: got %d, Retry-After %q; want 429 with Retry-After", res.code, res.hdr.Get("Retry-After"))
@@ -233,7 +220,7 @@ func TestQueueTimeoutIs429(t *testing.T) {
 	cfg.QueueTimeout = config.Duration{Duration: 100 * time.Millisecond}
 	r := newRig(t, cfg, 1, g.handler)
 	a := r.goGet("/v1/a")
-	waitFor(t, "a upstream", func() bool { return g.n() == 1 })
+	testkit.WaitFor(t, "a upstream", 30*time.Second, func() bool { return g.n() == 1 })
 	start := time.Now()
 	res := r.get(context.Background(), "/v1/b")
 	if res.code != http.StatusTooManyRequests || res.hdr.Get("Retry-After") == "" {
@@ -280,7 +267,7 @@ func TestNotReadyThenReadyInTime(t *testing.T) {
 	r.up.set(func(f *fakeUp) { f.ready = false })
 	r.p.Notify()
 	res := r.goGet("/v1/completions")
-	waitFor(t, "the request waits", func() bool { return r.p.Stats().Queued == 1 })
+	testkit.WaitFor(t, "the request waits", 30*time.Second, func() bool { return r.p.Stats().Queued == 1 })
 	if g.n() != 0 {
 		t.Fatal("forwarded while not ready")
 	}
@@ -301,10 +288,10 @@ func TestPressureHalvesTheLimit(t *testing.T) {
 	for i := range 4 {
 		done = append(done, r.goGet(fmt.Sprintf("/v1/%d", i)))
 	}
-	waitFor(t, "2 upstream, 2 queued", func() bool { return g.n() == 2 && r.p.Stats().Queued == 2 })
+	testkit.WaitFor(t, "2 upstream, 2 queued", 30*time.Second, func() bool { return g.n() == 2 && r.p.Stats().Queued == 2 })
 	r.up.set(func(f *fakeUp) { f.pressure = false })
 	r.p.Notify()
-	waitFor(t, "all 4 upstream once the alert cleared", func() bool { return g.n() == 4 })
+	testkit.WaitFor(t, "all 4 upstream once the alert cleared", 30*time.Second, func() bool { return g.n() == 4 })
 	for range 4 {
 		g.release <- struct{}{}
 	}
@@ -325,10 +312,10 @@ func TestLimitFollowsTheRung(t *testing.T) {
 	for i := range 6 {
 		done = append(done, r.goGet(fmt.Sprintf("/v1/%d", i)))
 	}
-	waitFor(t, "3 upstream", func() bool { return g.n() == 3 && r.p.Stats().Queued == 3 })
+	testkit.WaitFor(t, "3 upstream", 30*time.Second, func() bool { return g.n() == 3 && r.p.Stats().Queued == 3 })
 	r.up.set(func(f *fakeUp) { f.seqs = 4 })
 	r.p.Notify()
-	waitFor(t, "6 upstream after the rung went up", func() bool { return g.n() == 6 })
+	testkit.WaitFor(t, "6 upstream after the rung went up", 30*time.Second, func() bool { return g.n() == 6 })
 	if l := r.p.Stats().Limit; l != 6 {
 		t.Fatalf("limit %d, want 6", l)
 	}
@@ -342,7 +329,7 @@ func TestLimitFollowsTheRung(t *testing.T) {
 		mustOK(t, <-ch)
 	}
 	a, b := r.goGet("/v1/a"), r.goGet("/v1/b")
-	waitFor(t, "one upstream, one queued under limit 1", func() bool { return g.n() == 7 && r.p.Stats().Queued == 1 })
+	testkit.WaitFor(t, "one upstream, one queued under limit 1", 30*time.Second, func() bool { return g.n() == 7 && r.p.Stats().Queued == 1 })
 	g.release <- struct{}{}
 	g.release <- struct{}{}
 	mustOK(t, <-a)
@@ -414,29 +401,29 @@ func TestClientDisconnectFreesSlotAndCancelsUpstream(t *testing.T) {
 	if res := <-done; res.err == nil {
 		t.Fatalf("client request succeeded after cancel: %d", res.code)
 	}
-	waitFor(t, "the slot freed", func() bool { return r.p.Stats().Inflight == 0 })
+	testkit.WaitFor(t, "the slot freed", 30*time.Second, func() bool { return r.p.Stats().Inflight == 0 })
 	mustOK(t, r.get(context.Background(), "/v1/quick"))
-	waitFor(t, "499 counted", func() bool { return metricValue(t, r.reg, "vllm_guard_proxy_requests_total", "code", "499") == 1 })
+	testkit.WaitFor(t, "499 counted", 30*time.Second, func() bool { return metricValue(t, r.reg, "vllm_guard_proxy_requests_total", "code", "499") == 1 })
 }
 
 func TestClientLeavesWhileQueued(t *testing.T) {
 	g := newGate()
 	r := newRig(t, proxyConfig(), 1, g.handler)
 	a := r.goGet("/v1/a")
-	waitFor(t, "a upstream", func() bool { return g.n() == 1 })
+	testkit.WaitFor(t, "a upstream", 30*time.Second, func() bool { return g.n() == 1 })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan result, 1)
 	go func() { done <- r.get(ctx, "/v1/b") }()
-	waitFor(t, "b queued", func() bool { return r.p.Stats().Queued == 1 })
+	testkit.WaitFor(t, "b queued", 30*time.Second, func() bool { return r.p.Stats().Queued == 1 })
 	cancel()
 	<-done
-	waitFor(t, "queue empty", func() bool { return r.p.Stats().Queued == 0 })
+	testkit.WaitFor(t, "queue empty", 30*time.Second, func() bool { return r.p.Stats().Queued == 0 })
 	g.release <- struct{}{}
 	mustOK(t, <-a)
 	if g.n() != 1 {
 		t.Fatal("a request whose client left was forwarded")
 	}
-	waitFor(t, "no slot held", func() bool { return r.p.Stats().Inflight == 0 })
+	testkit.WaitFor(t, "no slot held", 30*time.Second, func() bool { return r.p.Stats().Inflight == 0 })
 }
 
 // sseClient reads a stream event by event.
@@ -563,7 +550,7 @@ func TestStreamCutEndsWithErrorEvent(t *testing.T) {
 			if rest, err := io.ReadAll(c.rd); err != nil || strings.TrimSpace(string(rest)) != "" {
 				t.Fatalf("after the error event: %q, %v; want a clean end", rest, err)
 			}
-			waitFor(t, "slot freed", func() bool { return r.p.Stats().Inflight == 0 })
+			testkit.WaitFor(t, "slot freed", 30*time.Second, func() bool { return r.p.Stats().Inflight == 0 })
 		})
 	}
 }
@@ -623,7 +610,7 @@ func TestBodyTooLargeIs413(t *testing.T) {
 	if got := r.p.Stats().RejectedBy[reasonBodyTooLarge]; got != 2 {
 		t.Fatalf("body_too_large rejections %d, want 2", got)
 	}
-	waitFor(t, "slots free", func() bool { return r.p.Stats().Inflight == 0 })
+	testkit.WaitFor(t, "slots free", 30*time.Second, func() bool { return r.p.Stats().Inflight == 0 })
 }
 
 func TestRefusedConnectionWaitsForVLLM(t *testing.T) {
@@ -649,7 +636,7 @@ func TestRefusedConnectionWaitsForVLLM(t *testing.T) {
 		resp.Body.Close()
 		res <- result{code: resp.StatusCode, body: string(b)}
 	}()
-	waitFor(t, "a refused connection retried", func() bool { return r.p.Stats().UpstreamRetries > 0 })
+	testkit.WaitFor(t, "a refused connection retried", 30*time.Second, func() bool { return r.p.Stats().UpstreamRetries > 0 })
 	// vLLM is back on the same port.
 	l2, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -697,9 +684,9 @@ func TestServeDrainsAndRefusesQueued(t *testing.T) {
 		return ch
 	}
 	a := get("/v1/a")
-	waitFor(t, "a upstream", func() bool { return g.n() == 1 })
+	testkit.WaitFor(t, "a upstream", 30*time.Second, func() bool { return g.n() == 1 })
 	b := get("/v1/b")
-	waitFor(t, "b queued", func() bool { return p.Stats().Queued == 1 })
+	testkit.WaitFor(t, "b queued", 30*time.Second, func() bool { return p.Stats().Queued == 1 })
 	cancel()
 	if res := <-b; res.code != http.StatusServiceUnavailable || res.hdr.Get("Retry-After") == "" {
 		t.Fatalf("queued at shutdown: %d %q, want 503 with Retry-After", res.code, res.body)
@@ -723,7 +710,7 @@ func TestMetricsExposition(t *testing.T) {
 	mustOK(t, r.get(context.Background(), "/v1/x"))
 	// The proxy counts a request once its handler returns, which may be
 	// after the client has read the answer.
-	waitFor(t, "the request counted", func() bool {
+	testkit.WaitFor(t, "the request counted", 30*time.Second, func() bool {
 		return metricValue(t, r.reg, "vllm_guard_proxy_request_duration_seconds", "", "") == 1
 	})
 	for _, name := range []string{
@@ -783,9 +770,9 @@ func TestProbesAndScrapesPassThrough(t *testing.T) {
 		io.WriteString(w, "through "+req.Method+" "+req.URL.Path)
 	})
 	held := r.goGet("/v1/completions")
-	waitFor(t, "the only slot taken", func() bool { return g.n() == 1 })
+	testkit.WaitFor(t, "the only slot taken", 30*time.Second, func() bool { return g.n() == 1 })
 	queued := r.goGet("/v1/chat/completions")
-	waitFor(t, "the queue full", func() bool { return r.p.Stats().Queued == 1 })
+	testkit.WaitFor(t, "the queue full", 30*time.Second, func() bool { return r.p.Stats().Queued == 1 })
 
 	for _, c := range []struct{ method, path string }{
 		{http.MethodGet, "/health"}, {http.MethodGet, "/metrics"}, {http.MethodGet, "/v1/models"},

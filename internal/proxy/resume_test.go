@@ -10,9 +10,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // fakeLLM is a vLLM that streams like 0.32.0 with return_token_ids: a
@@ -400,7 +403,7 @@ func (f *fakeLLM) run(path, body string, onComment func()) streamed {
 func (f *fakeLLM) bringBack() {
 	// Once the stream is held (vLLM coming back before the hold began is
 	// another case: the guard never saw it down).
-	waitFor(f.t, "the stream held", func() bool { return f.r.p.Stats().Paused > 0 })
+	testkit.WaitFor(f.t, "the stream held", 30*time.Second, func() bool { return f.r.p.Stats().Paused > 0 })
 	f.r.up.set(func(u *fakeUp) { u.ready = true })
 	f.r.p.Notify()
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // dialStalled sends GET path through the proxy on a connection with a tiny
@@ -66,7 +67,7 @@ func TestStalledReadersLoseTheirSlots(t *testing.T) {
 	addr := strings.TrimPrefix(r.front.URL, "http://")
 	dialStalled(t, addr, "/v1/flood-1")
 	dialStalled(t, addr, "/v1/flood-2")
-	waitFor(t, "both stalled clients to hold a slot", func() bool { return r.p.Stats().Inflight == 2 })
+	testkit.WaitFor(t, "both stalled clients to hold a slot", 30*time.Second, func() bool { return r.p.Stats().Inflight == 2 })
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -81,7 +82,7 @@ func TestStalledReadersLoseTheirSlots(t *testing.T) {
 			t.Fatal("the stalled clients' requests were not cancelled at the upstream")
 		}
 	}
-	waitFor(t, "the slots to be free", func() bool { return r.p.Stats().Inflight == 0 })
+	testkit.WaitFor(t, "the slots to be free", 30*time.Second, func() bool { return r.p.Stats().Inflight == 0 })
 }
 
 // Serve refuses connections over [proxy] max_connections at accept when
@@ -94,7 +95,7 @@ func TestServeCapsConnections(t *testing.T) {
 	s := serveProxy(t, cfg, 4, g.handler)
 	busy := s.dial(t, 1)
 	io.WriteString(busy, postHi)
-	waitFor(t, "the request upstream", func() bool { return g.n() == 1 })
+	testkit.WaitFor(t, "the request upstream", 30*time.Second, func() bool { return g.n() == 1 })
 	over := s.dial(t, 1)
 	resp, err := http.ReadResponse(bufio.NewReader(over), nil)
 	if err != nil {

@@ -4,9 +4,8 @@ import (
 	"os"
 	"testing"
 
-	"go.uber.org/goleak"
-
 	"github.com/vllm-guard/vllm-guard/internal/proctree"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // The test binary doubles as the keeper, as the guard binary does.
@@ -14,5 +13,5 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == proctree.KeeperArg {
 		os.Exit(proctree.RunKeeper(os.Args[2:]))
 	}
-	goleak.VerifyTestMain(m)
+	testkit.Main(m)
 }

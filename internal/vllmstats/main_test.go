@@ -3,7 +3,7 @@ package vllmstats
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testkit.Main(m) }

@@ -13,19 +13,9 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
-)
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
+)
 
 func TestScraper(t *testing.T) {
 	body, err := os.ReadFile(filepath.Join("testdata", "metrics_v0_old.txt"))
@@ -61,14 +51,14 @@ func TestScraper(t *testing.T) {
 	}
 
 	s.SetTarget(srv.URL + "/")
-	waitFor(t, "a successful scrape", func() bool { return s.Latest().Up })
+	testkit.WaitFor(t, "a successful scrape", 30*time.Second, func() bool { return s.Latest().Up })
 	st := s.Latest()
 	if st.Running != 4 || st.Waiting != 9 || st.KVUsage != 0.9731 || st.ScrapedAt.IsZero() || st.Failures != 0 {
 		t.Fatalf("after a scrape: %+v", st)
 	}
 
 	fail.Store(true)
-	waitFor(t, "three failed scrapes", func() bool { return s.Latest().Failures >= 3 })
+	testkit.WaitFor(t, "three failed scrapes", 30*time.Second, func() bool { return s.Latest().Failures >= 3 })
 	st = s.Latest()
 	if st.Up || !strings.Contains(st.LastError, "HTTP 503") || st.Running != 4 {
 		t.Fatalf("while failing: %+v; want down, HTTP 503 named, last values kept", st)
@@ -78,7 +68,7 @@ func TestScraper(t *testing.T) {
 	}
 
 	fail.Store(false)
-	waitFor(t, "recovery", func() bool { return s.Latest().Up })
+	testkit.WaitFor(t, "recovery", 30*time.Second, func() bool { return s.Latest().Up })
 	if n := logs.FilterMessageSnippet("scrape works again").Len(); n != 1 {
 		t.Errorf("recovery logged %d times: %+v %v", n, s.Latest(), logs.All())
 	}

@@ -6,13 +6,11 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/testbin"
-	"go.uber.org/goleak"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
-func TestMain(m *testing.M) {
-	// The end-to-end tests build the real binaries into a temporary folder.
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { testbin.Cleanup() }))
-}
+// The end-to-end tests build the real binaries into a temporary folder.
+func TestMain(m *testing.M) { testkit.MainWithCleanup(m, testbin.Cleanup) }
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // The memory of a running request, the vLLM counters that say what runs,
@@ -86,7 +88,7 @@ func TestRunningRequestsMoveMemoryAndCounters(t *testing.T) {
 		defer resp.Body.Close()
 		// Each admitted request adds its memory at once (the tick is off).
 		want := budget + int64(i)*perRequest
-		waitFor(t, 10*time.Second, fmt.Sprintf("the engine to hold budget + %d requests", i), func() bool {
+		testkit.WaitFor(t, fmt.Sprintf("the engine to hold budget + %d requests", i), 30*time.Second, func() bool {
 			m, ok := readProc(t, dir, engine)
 			return ok && m[0] == want
 		})

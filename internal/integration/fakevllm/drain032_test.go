@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // v1Drain is the newest era (vLLM 0.32.0) with a token pace that lets a
@@ -115,7 +117,7 @@ func TestDrain032CutsWhatIsInFlight(t *testing.T) {
 		bufio.NewReader(resp.Body).WriteTo(&b)
 		plain <- [2]any{resp.StatusCode, b.String()}
 	}()
-	waitFor(t, 10*time.Second, "both requests running", func() bool {
+	testkit.WaitFor(t, "both requests running", 30*time.Second, func() bool {
 		_, m := do(t, "GET", url+"/metrics", "", nil)
 		return runningIs(m, "2.0")
 	})

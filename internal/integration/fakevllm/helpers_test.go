@@ -16,21 +16,12 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/testbin"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
-	"go.uber.org/goleak"
 )
 
-type testMain struct{ m *testing.M }
-
-func (w testMain) Run() int {
-	code := w.m.Run()
-	testbin.Cleanup()
-	return code
-}
-
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(testMain{m})
-}
+// The tests build the simulator into a temporary folder.
+func TestMain(m *testing.M) { testkit.MainWithCleanup(m, testbin.Cleanup) }
 
 // fast makes every phase short so that a whole start takes ~100 ms.
 var fast = map[string]string{
@@ -309,16 +300,4 @@ func pidFromPrefix(t *testing.T, line, proc string) int {
 		t.Fatalf("parse pid in %q: %v", line, err)
 	}
 	return pid
-}
-
-// waitFor polls cond every few ms until it holds or the deadline passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // Process-level tests of the production behaviours (issues 13 and 14):
@@ -223,7 +225,7 @@ func TestKVCacheMemoryBytesSizesTheBudget(t *testing.T) {
 	engine := pidFromPrefix(t, l.text, "EngineCore_0")
 	p.waitLine("Available KV cache memory: 2.00 GiB", time.Second)
 	// Idle: weights + the KV bytes, not 0.5 × 80 GiB.
-	waitFor(t, 10*time.Second, "the engine to hold weights + 2 GiB", func() bool {
+	testkit.WaitFor(t, "the engine to hold weights + 2 GiB", 30*time.Second, func() bool {
 		m, ok := readProc(t, dir, engine)
 		return ok && m[0] == 3*gib+2*gib
 	})
@@ -243,7 +245,7 @@ func TestUvicornOrderListensAfterStartupLine(t *testing.T) {
 	if err := os.WriteFile(gate, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the port to accept", func() bool {
+	testkit.WaitFor(t, "the port to accept", 30*time.Second, func() bool {
 		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err == nil {
 			c.Close()
@@ -282,7 +284,7 @@ func TestAccessLog(t *testing.T) {
 			p := startSim(t, fast, append([]string{"org/model", "--host", "127.0.0.1", "--port", "0"}, flag...)...)
 			_, l := p.waitLine(" on http://127.0.0.1:", 20*time.Second)
 			url := "http://127.0.0.1:" + l.text[strings.LastIndex(l.text, ":")+1:]
-			waitFor(t, 10*time.Second, "/health 200", func() bool { c, _, _ := get(url+"/health", time.Second); return c == 200 })
+			testkit.WaitFor(t, "/health 200", 30*time.Second, func() bool { c, _, _ := get(url+"/health", time.Second); return c == 200 })
 			do(t, "GET", url+"/version", "", nil)
 			p.signal(syscall.SIGTERM)
 			p.waitExit(10 * time.Second)
@@ -480,7 +482,7 @@ func TestTensorParallelWorkers(t *testing.T) {
 		engine := pidFromPrefix(t, l.text, "EngineCore_0")
 		budget := memModel{Total: 80 * gib, Util: 0.9}.budget()
 		for i, pid := range w {
-			waitFor(t, 10*time.Second, fmt.Sprintf("worker %d to hold its budget on device %d", i, i), func() bool {
+			testkit.WaitFor(t, fmt.Sprintf("worker %d to hold its budget on device %d", i, i), 30*time.Second, func() bool {
 				m, ok := readProc(t, dir, pid)
 				return ok && m[i] == budget && len(m) == 1
 			})
@@ -501,7 +503,7 @@ func TestTensorParallelWorkers(t *testing.T) {
 		}
 		// The workers die with their EngineCore (death pipe) and free memory.
 		syscall.Kill(engine, syscall.SIGKILL)
-		waitFor(t, 10*time.Second, "the workers to exit and free their memory", func() bool {
+		testkit.WaitFor(t, "the workers to exit and free their memory", 30*time.Second, func() bool {
 			_, ok0 := readProc(t, dir, w[0])
 			_, ok1 := readProc(t, dir, w[1])
 			return !pidAlive(w[0]) && !pidAlive(w[1]) && !ok0 && !ok1
@@ -553,7 +555,7 @@ func TestWedgeFault(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	waitFor(t, 10*time.Second, "the wedged request to count as running", func() bool {
+	testkit.WaitFor(t, "the wedged request to count as running", 30*time.Second, func() bool {
 		return metricValue(t, url, "vllm:num_requests_running") == 1
 	})
 	if code, _, err := get(url+"/health", 5*time.Second); err != nil || code != 200 {
@@ -604,7 +606,7 @@ func TestSilentDownloadWritesToTheFolder(t *testing.T) {
 	syscall.Statfs(dl, &st)
 	tmpfs := st.Type == 0x01021994 // tmpfs writes are not write_bytes
 	w0, c0 := ioField("write_bytes"), ioField("wchar")
-	waitFor(t, 10*time.Second, "the download to write 8 MiB more", func() bool {
+	testkit.WaitFor(t, "the download to write 8 MiB more", 30*time.Second, func() bool {
 		return ioField("wchar") > c0+8*mib && (tmpfs || ioField("write_bytes") > w0+8*mib)
 	})
 	// Still in the download: nothing printed since the last line.

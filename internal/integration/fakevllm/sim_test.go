@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 func TestPortRefusedWhileLoading(t *testing.T) {
@@ -365,7 +367,7 @@ func TestMaxNumSeqsQueuesFIFO(t *testing.T) {
 		r.Body.Close()
 		second <- r.StatusCode
 	}()
-	waitFor(t, 10*time.Second, "one running and one waiting", func() bool {
+	testkit.WaitFor(t, "one running and one waiting", 30*time.Second, func() bool {
 		return metricValue(t, url, "vllm:num_requests_running") == 1 && metricValue(t, url, "vllm:num_requests_waiting") == 1
 	})
 	cancel() // the client goes away: its slot goes to the waiter
@@ -424,7 +426,7 @@ func TestRuntimeOOMWithBackgroundDemand(t *testing.T) {
 	api := p.cmd.Process.Pid
 
 	budget := memModel{Total: 16 * gib, Util: 0.9}.budget()
-	waitFor(t, 10*time.Second, "the engine to publish budget + 8 sequences", func() bool {
+	testkit.WaitFor(t, "the engine to publish budget + 8 sequences", 30*time.Second, func() bool {
 		m, ok := readProc(t, dir, engine)
 		return ok && m[0] == budget+8*100*mib
 	})
@@ -525,7 +527,7 @@ func TestOrphanAfterLeavesEngineHoldingMemory(t *testing.T) {
 	}
 	// Cleanup kills the process group, which still holds the orphan.
 	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	waitFor(t, 10*time.Second, "the orphan to die with its group", func() bool { return !pidAlive(engine) })
+	testkit.WaitFor(t, "the orphan to die with its group", 30*time.Second, func() bool { return !pidAlive(engine) })
 }
 
 func TestFaultMarkerFiresOnce(t *testing.T) {
@@ -640,7 +642,7 @@ func TestLogFloodWritesStats(t *testing.T) {
 	p.waitLine("Received request cmpl-longline", 10*time.Second)
 	p.waitLine("Avg prompt throughput", 10*time.Second)
 	var s statsJSON
-	waitFor(t, 10*time.Second, "stats showing 1 MB written", func() bool {
+	testkit.WaitFor(t, "stats showing 1 MB written", 30*time.Second, func() bool {
 		b, err := os.ReadFile(stats)
 		return err == nil && json.Unmarshal(b, &s) == nil && s.Bytes > 1<<21
 	})
@@ -681,7 +683,7 @@ func faultRun(t *testing.T, fault string, extra map[string]string, port int) (p 
 
 func waitMarker(t *testing.T, marker string) {
 	t.Helper()
-	waitFor(t, 10*time.Second, "the fault to fire", func() bool {
+	testkit.WaitFor(t, "the fault to fire", 30*time.Second, func() bool {
 		_, err := os.Stat(marker)
 		return err == nil
 	})
@@ -706,7 +708,7 @@ func TestServingFaults(t *testing.T) {
 		p, url, marker := faultRun(t, "ignore_sigterm", nil, 0)
 		p.signal(syscall.SIGTERM)
 		waitMarker(t, marker) // the signal arrived and was ignored
-		waitFor(t, 10*time.Second, "/health 200 after an ignored SIGTERM", func() bool { c, _, _ := get(url+"/health", time.Second); return c == 200 })
+		testkit.WaitFor(t, "/health 200 after an ignored SIGTERM", 30*time.Second, func() bool { c, _, _ := get(url+"/health", time.Second); return c == 200 })
 		if p.has("Shutting down") {
 			t.Error("shutdown lines printed although SIGTERM is ignored")
 		}
@@ -732,7 +734,7 @@ func TestServingFaults(t *testing.T) {
 	t.Run("never_ready", func(t *testing.T) {
 		t.Parallel()
 		_, url, _ := faultRun(t, "never_ready", nil, 0)
-		waitFor(t, 10*time.Second, "/health 200", func() bool { c, _, _ := get(url+"/health", time.Second); return c == 200 })
+		testkit.WaitFor(t, "/health 200", 30*time.Second, func() bool { c, _, _ := get(url+"/health", time.Second); return c == 200 })
 		if _, body, _ := get(url+"/v1/models", 5*time.Second); !strings.Contains(body, `"data":[]`) {
 			t.Errorf("/v1/models %s, want an empty list", body)
 		}
@@ -746,7 +748,7 @@ func TestServingFaults(t *testing.T) {
 		t.Parallel()
 		// The URL line goes to the closed stdout: pick the port here.
 		p, url, _ := faultRun(t, "close_stdout", nil, freePort(t))
-		waitFor(t, 10*time.Second, "/health 200", func() bool { c, _, _ := get(url+"/health", time.Second); return c == 200 })
+		testkit.WaitFor(t, "/health 200", 30*time.Second, func() bool { c, _, _ := get(url+"/health", time.Second); return c == 200 })
 		for _, l := range p.snapshot() {
 			if l.stream == "stdout" {
 				t.Fatalf("stdout line after close_stdout: %q", l.text)
@@ -760,7 +762,7 @@ func TestServingFaults(t *testing.T) {
 		_, l := p.waitLine("Model loading took", 5*time.Second)
 		engine := pidFromPrefix(t, l.text, "EngineCore_0")
 		var gc int
-		waitFor(t, 10*time.Second, "the grandchild's procs file", func() bool {
+		testkit.WaitFor(t, "the grandchild's procs file", 30*time.Second, func() bool {
 			ents, _ := os.ReadDir(filepath.Join(dir, "procs"))
 			for _, e := range ents {
 				pid, err := strconv.Atoi(e.Name())
@@ -782,7 +784,7 @@ func TestServingFaults(t *testing.T) {
 			t.Error("grandchild still in the simulator's process group")
 		}
 		syscall.Kill(gc, syscall.SIGTERM)
-		waitFor(t, 10*time.Second, "the grandchild to release its memory", func() bool { _, ok := readProc(t, dir, gc); return !ok })
+		testkit.WaitFor(t, "the grandchild to release its memory", 30*time.Second, func() bool { _, ok := readProc(t, dir, gc); return !ok })
 	})
 }
 

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
 
@@ -276,14 +277,10 @@ func TestSimulatorAgreesWithRealVLLM(t *testing.T) {
 // waitLine waits until the server printed a line containing text.
 func waitLine(t *testing.T, s *server, text string, bound time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(bound)
-	for time.Now().Before(deadline) {
-		for _, l := range s.output() {
-			if strings.Contains(l, text) {
-				return
-			}
-		}
-		time.Sleep(20 * time.Millisecond) // the pace of the output polls
+	if testkit.Poll(bound, func() bool {
+		return slices.ContainsFunc(s.output(), func(l string) bool { return strings.Contains(l, text) })
+	}) {
+		return
 	}
 	t.Fatalf("%s printed no line with %q within %s:\n%s", s.name, text, bound, s.tail())
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/procmark"
 	"github.com/vllm-guard/vllm-guard/internal/state"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // Bounds, not measurements: a scenario is correct at any speed below them.
@@ -80,7 +81,6 @@ type scene struct {
 	raw    []string // the guard's JSON log lines
 	logs   []map[string]any
 	evs    []events.Event
-	notify chan struct{}
 	evDone chan struct{}
 	exited chan struct{}
 	code   int
@@ -144,7 +144,7 @@ func (s *scene) configPath() string {
 // collects its JSON log and its event stream.
 func (s *scene) start(extra ...string) {
 	s.t.Helper()
-	s.notify, s.evDone, s.exited = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	s.evDone, s.exited = make(chan struct{}), make(chan struct{})
 	argv := append([]string{real.guard, "run", "--config", s.configPath(), "--events", "/dev/fd/3"}, extra...)
 	argv = append(slices.Clone(s.wrap), argv...)
 	s.cmd = exec.Command(argv[0], argv[1:]...)
@@ -176,7 +176,6 @@ func (s *scene) start(extra ...string) {
 				s.logs = append(s.logs, m)
 			}
 			s.mu.Unlock()
-			s.poke()
 		}
 		_ = s.cmd.Wait()
 		s.code = s.cmd.ProcessState.ExitCode()
@@ -184,13 +183,6 @@ func (s *scene) start(extra ...string) {
 		close(s.exited)
 	}()
 	s.t.Cleanup(s.cleanup)
-}
-
-func (s *scene) poke() {
-	select {
-	case s.notify <- struct{}{}:
-	default:
-	}
 }
 
 func (s *scene) cleanup() {
@@ -254,7 +246,6 @@ func (s *scene) readEvents(r *os.File) {
 		s.mu.Lock()
 		s.evs = append(s.evs, e)
 		s.mu.Unlock()
-		s.poke()
 	}
 }
 
@@ -278,49 +269,43 @@ func (s *scene) countEvents(match func(events.Event) bool) int {
 // test when the guard exits first or the bound passes.
 func (s *scene) waitEvent(what string, n int, bound time.Duration, match func(events.Event) bool) events.Event {
 	s.t.Helper()
-	deadline := time.After(bound)
-	for {
+	var nth events.Event
+	s.waitUntil(what, bound, func() bool {
 		found := 0
 		for _, e := range s.events() {
 			if match(e) {
 				if found++; found == n {
-					return e
+					nth = e
+					return true
 				}
 			}
 		}
-		select {
-		case <-s.notify:
-		case <-s.exited:
-			if s.countEvents(match) >= n {
-				continue
-			}
-			s.t.Fatalf("guard exited (code %d) before %s\n%s", s.code, what, s.tail(40))
-		case <-deadline:
-			s.t.Fatalf("no %s within %s\n%s", what, bound, s.tail(40))
-		}
-	}
+		return false
+	})
+	return nth
 }
 
-// waitUntil waits until cond holds, looking again at each line the guard
-// logs and each event it sends; it fails the test when the guard exits
-// first or the bound passes.
+// waitUntil waits until cond holds (testkit's loop); it fails the test
+// when the guard exits first, or when the bound passes, with the tail of
+// what vLLM printed.
 func (s *scene) waitUntil(what string, bound time.Duration, cond func() bool) {
 	s.t.Helper()
-	deadline := time.After(bound)
-	for {
-		if cond() {
-			return
-		}
+	held, gone := false, false
+	testkit.Poll(bound, func() bool {
 		select {
-		case <-s.notify:
 		case <-s.exited:
-			if cond() {
-				return
-			}
-			s.t.Fatalf("guard exited (code %d) before %s\n%s", s.code, what, s.tail(40))
-		case <-deadline:
-			s.t.Fatalf("no %s within %s\n%s", what, bound, s.tail(40))
+			gone = true // both of its streams are read to the end: cond sees all
+		default:
 		}
+		held = cond()
+		return held || gone
+	})
+	switch {
+	case held:
+	case gone:
+		s.t.Fatalf("guard exited (code %d) before %s\n%s", s.code, what, s.tail(40))
+	default:
+		s.t.Fatalf("no %s within %s\n%s", what, bound, s.tail(40))
 	}
 }
 
@@ -475,9 +460,9 @@ func (s *scene) byTitle(title string) int {
 // waitGone waits until none of pids is alive (zombies count as gone).
 func waitGone(t *testing.T, pids []int, bound time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(bound)
-	for {
-		var left []int
+	var left []int
+	if testkit.Poll(bound, func() bool {
+		left = left[:0]
 		for _, p := range pids {
 			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
 			if err != nil {
@@ -488,14 +473,11 @@ func waitGone(t *testing.T, pids []int, bound time.Duration) {
 			}
 			left = append(left, p)
 		}
-		if len(left) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("processes of the old tree still alive after %s: %v", bound, left)
-		}
-		time.Sleep(50 * time.Millisecond) // the pace of a /proc poll
+		return len(left) == 0
+	}) {
+		return
 	}
+	t.Fatalf("processes of the old tree still alive after %s: %v", bound, left)
 }
 
 // guardCLI runs the guard's CLI against this scene.

@@ -581,23 +581,3 @@ func TestStopDrainsAStream(t *testing.T) {
 		})
 	}
 }
-
-// waitLine waits until vLLM printed (through the guard) a line containing text.
-func (s *scene) waitLine(text string, bound time.Duration) {
-	s.t.Helper()
-	deadline := time.After(bound)
-	for {
-		for _, l := range s.vllmLines() {
-			if strings.Contains(l, text) {
-				return
-			}
-		}
-		select {
-		case <-s.notify:
-		case <-s.exited:
-			s.t.Fatalf("guard exited before vLLM printed %q", text)
-		case <-deadline:
-			s.t.Fatalf("vLLM printed no %q within %s", text, bound)
-		}
-	}
-}

@@ -277,7 +277,7 @@ func (m *machine) onTimer(k timerKind, sink *logSink) {
 		m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.r.child.pid(),
 			Reason: fmt.Sprintf("vLLM did not stop within %s", m.s.stopTimeout())})
 		m.r.child.kill()
-		m.enter(subStopKill, "", nil)
+		m.enter(subStopKill, fmt.Sprintf("%s; vLLM did not stop within %s: killing its process tree", m.stopReason(), m.s.stopTimeout()), nil)
 	case tRelease:
 		m.checkReleased()
 	case tBackoff:

@@ -63,7 +63,7 @@ func (m *machine) onKill() {
 		m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.r.child.pid(),
 			Reason: "asked to stop again"})
 		m.r.child.kill()
-		m.enter(subStopKill, "", nil)
+		m.enter(subStopKill, m.stopReason()+"; asked to stop again: killing vLLM's process tree", nil)
 	}
 }
 

@@ -19,6 +19,10 @@ const module = "github.com/vllm-guard/vllm-guard/"
 // _test.go files import, from any level.
 const testOnly = -1
 
+// testKitReach is the highest level a test-only package may import: the
+// records everyone shares (internal/events, the stream a scene reads).
+const testKitReach = 4
+
 // levels reads design.md's table of which package may import which: each
 // row a level and its packages; a package imports only from lower levels.
 // The row "tests" holds the test-only packages (level testOnly).
@@ -67,7 +71,7 @@ type listed struct {
 // lower level (an arrow that points up, or a new package left out of the
 // table, fails here); only the wiring imports the supervisor; test-only
 // packages are imported by tests alone and import only the standard
-// library and goleak.
+// library, goleak and the shared records.
 func TestImportsPointDown(t *testing.T) {
 	lv := levels(t)
 	cmd := exec.Command("go", "list", "-json=ImportPath,Imports,TestImports,XTestImports", "./cmd/...", "./internal/...")
@@ -94,8 +98,17 @@ func TestImportsPointDown(t *testing.T) {
 			continue
 		}
 		if from == testOnly {
-			// A test-only package is a leaf: the standard library and goleak.
+			// A test-only package imports the standard library, goleak, and
+			// of ours only the shared records (up to testKitReach): a test
+			// kit reads what the guard says, it never runs the guard's parts.
 			for _, imp := range p.Imports {
+				dep, ours := strings.CutPrefix(imp, module)
+				if ours {
+					if level, listed := lv[dep]; !listed || level > testKitReach {
+						t.Errorf("%s is for tests only and imports %s: of ours it may import only packages of level %d or lower", name, dep, testKitReach)
+					}
+					continue
+				}
 				if first, _, _ := strings.Cut(imp, "/"); strings.Contains(first, ".") && imp != "go.uber.org/goleak" {
 					t.Errorf("%s is for tests only and imports %s: it may import only the standard library and goleak", name, imp)
 				}
@@ -118,6 +131,9 @@ func TestImportsPointDown(t *testing.T) {
 			}
 			if to == testOnly {
 				continue // a test's import, allowed from any level (a non-test one is reported above)
+			}
+			if from == testOnly {
+				continue // checked above against testKitReach
 			}
 			if dep == "internal/supervisor" && !wiring[name] {
 				t.Errorf("%s imports internal/supervisor: only the wiring (internal/guard, cmd/vllm-guard) may; read the state from internal/status", name)

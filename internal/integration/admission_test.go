@@ -7,13 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -39,6 +37,9 @@ const (
 	// admNoProgress: a test fails when nothing at all happens for this
 	// long (a hung guard), never on how long a step took.
 	admNoProgress = 20 * time.Second
+	// admWait bounds a wait for one event (the guard ready, the cost model
+	// confident): it only ends a test that would never pass.
+	admWait = 2 * time.Minute
 )
 
 func admissionScene(t *testing.T) (*scene, string) {
@@ -89,13 +90,13 @@ func newAdmLoad() *admLoad {
 
 // waitServed returns once n more requests have been served since the call,
 // or when the guard's events say it stopped (the caller checks why).
-func (l *admLoad) waitServed(t *testing.T, ev *eventStream, n int64) {
+func (l *admLoad) waitServed(t *testing.T, s *scene, n int64) {
 	t.Helper()
 	want := l.ok.Load() + n
 	for l.ok.Load() < want {
 		select {
 		case <-l.served:
-		case <-ev.done:
+		case <-s.Exited():
 			return
 		case <-time.After(admNoProgress):
 			t.Fatalf("no request served for %s (%s)", admNoProgress, l)
@@ -214,107 +215,6 @@ func (s *scene) proxyStatus() admStatus {
 	return st
 }
 
-// eventStream is the guard's `run --events` stream, read from a FIFO as
-// the guard writes it.
-type eventStream struct {
-	t       *testing.T
-	mu      sync.Mutex
-	evs     []events.Event
-	changed chan struct{} // closed and replaced at each event
-	done    chan struct{} // the guard closed the stream (it exited)
-}
-
-// next returns a channel closed at the next event.
-func (e *eventStream) next() <-chan struct{} {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.changed
-}
-
-// startWithEvents starts the scene's guard writing its events to a FIFO
-// that the returned stream reads.
-func startWithEvents(t *testing.T, s *scene) *eventStream {
-	t.Helper()
-	path := filepath.Join(s.dir, fmt.Sprintf("events-%d.fifo", time.Now().UnixNano()))
-	if err := syscall.Mkfifo(path, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	e := &eventStream{t: t, changed: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(e.done)
-		f, err := os.Open(path) // blocks until the guard opens it
-		if err != nil {
-			return
-		}
-		defer f.Close()
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			var ev events.Event
-			if json.Unmarshal(sc.Bytes(), &ev) != nil {
-				continue
-			}
-			e.mu.Lock()
-			e.evs = append(e.evs, ev)
-			close(e.changed)
-			e.changed = make(chan struct{})
-			e.mu.Unlock()
-		}
-	}()
-	// Registered before the scene's own cleanup, so it runs after the
-	// guard is gone: the reader then ends at the stream's end, or, when
-	// the guard never opened it, at this writer's close.
-	t.Cleanup(func() {
-		if f, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-			f.Close()
-		}
-		<-e.done
-	})
-	s.start("--events", path)
-	return e
-}
-
-func (e *eventStream) count(match func(events.Event) bool) int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	n := 0
-	for _, ev := range e.evs {
-		if match(ev) {
-			n++
-		}
-	}
-	return n
-}
-
-// wait returns the n-th event that matches, as soon as the guard writes it.
-func (e *eventStream) wait(what string, n int, match func(events.Event) bool) events.Event {
-	e.t.Helper()
-	for {
-		e.mu.Lock()
-		changed := e.changed
-		k := 0
-		for _, ev := range e.evs {
-			if match(ev) {
-				if k++; k == n {
-					e.mu.Unlock()
-					return ev
-				}
-			}
-		}
-		e.mu.Unlock()
-		select {
-		case <-changed:
-		case <-e.done:
-			if e.count(match) >= n {
-				continue
-			}
-			e.t.Fatalf("the guard's event stream ended before %s", what)
-		case <-time.After(admNoProgress):
-			e.t.Fatalf("no event for %s waiting for %s", admNoProgress, what)
-		}
-	}
-}
-
 func admReady(ev events.Event) bool { return ev.Kind == events.KindReady }
 
 func admOOM(ev events.Event) bool {
@@ -345,19 +245,19 @@ func loadUntil(l *admLoad, url string, n int, ramp time.Duration, until func()) 
 func TestAdmissionRampThroughTheProxy(t *testing.T) {
 	t.Parallel()
 	s, url := admissionScene(t)
-	ev := startWithEvents(t, s)
-	ev.wait("vLLM ready", 1, admReady)
+	s.start()
+	s.WaitEvent("vLLM ready", 1, admWait, admReady)
 	load := newAdmLoad()
 	var best admStatus
 	loadUntil(load, url, admClients, 16*time.Second, func() {
-		ev.wait("a confident cost model bounding the proxy", 1, confidentMemoryBound)
+		s.WaitEvent("a confident cost model bounding the proxy", 1, admWait, confidentMemoryBound)
 		<-load.started
 		// Steady state: every client started; the status after each 20
 		// requests served, until the admitted concurrency reaches 90 % of
 		// the true safe one (or 30 readings show it does not).
 		for range 30 {
-			load.waitServed(t, ev, 20)
-			if ev.count(admExit) > 0 {
+			load.waitServed(t, s, 20)
+			if s.CountEvents(admExit) > 0 {
 				return
 			}
 			if st := s.proxyStatus(); st.Proxy.Inflight > best.Proxy.Inflight {
@@ -368,8 +268,8 @@ func TestAdmissionRampThroughTheProxy(t *testing.T) {
 			}
 		}
 	})
-	if n := ev.count(admExit); n != 0 {
-		t.Fatalf("vLLM exited %d times (%d OOMs) through the proxy; %s", n, ev.count(admOOM), load)
+	if n := s.CountEvents(admExit); n != 0 {
+		t.Fatalf("vLLM exited %d times (%d OOMs) through the proxy; %s", n, s.CountEvents(admOOM), load)
 	}
 	if load.cut.Load() != 0 || load.refusedNoRetryAfter.Load() != 0 || load.other.Load() != 0 || load.ok.Load() == 0 {
 		t.Fatalf("ramp: %s", load)
@@ -383,12 +283,12 @@ func TestAdmissionRampThroughTheProxy(t *testing.T) {
 
 // burst sends 160 clients at once and holds them while 320 requests are
 // served (two each); it returns the load's outcome.
-func burst(t *testing.T, ev *eventStream, url string) *admLoad {
+func burst(t *testing.T, s *scene, url string) *admLoad {
 	t.Helper()
 	load := newAdmLoad()
 	loadUntil(load, url, admClients, 0, func() {
 		<-load.started
-		load.waitServed(t, ev, 2*admClients)
+		load.waitServed(t, s, 2*admClients)
 	})
 	return load
 }
@@ -399,40 +299,31 @@ func burst(t *testing.T, ev *eventStream, url string) *admLoad {
 func TestAdmissionBurstAfterWarmUp(t *testing.T) {
 	t.Parallel()
 	s, url := admissionScene(t)
-	ev := startWithEvents(t, s)
-	ev.wait("vLLM ready", 1, admReady)
+	s.start()
+	s.WaitEvent("vLLM ready", 1, admWait, admReady)
 	warm := newAdmLoad()
 	// Clients arrive one every 100 ms: the model sees 60 levels of
 	// concurrency on the way up.
 	loadUntil(warm, url, 60, 6*time.Second, func() {
-		ev.wait("a confident cost model bounding the proxy", 1, confidentMemoryBound)
+		s.WaitEvent("a confident cost model bounding the proxy", 1, admWait, confidentMemoryBound)
 	})
-	load := burst(t, ev, url)
-	if n := ev.count(admExit); n != 0 || load.cut.Load() != 0 || load.ok.Load() == 0 {
-		t.Fatalf("burst after warm-up: vLLM exited %d times (%d OOMs); %s", n, ev.count(admOOM), load)
+	load := burst(t, s, url)
+	if n := s.CountEvents(admExit); n != 0 || load.cut.Load() != 0 || load.ok.Load() == 0 {
+		t.Fatalf("burst after warm-up: vLLM exited %d times (%d OOMs); %s", n, s.CountEvents(admOOM), load)
 	}
 	t.Logf("burst after warm-up: %s", load)
 	s.stopCleanly(15*time.Second, 15*time.Second)
 
-	r := restartScene(s)
-	rev := startWithEvents(t, r)
-	rev.wait("vLLM ready after the restart", 1, admReady)
+	r := s.restart()
+	r.WaitEvent("vLLM ready after the restart", 1, admWait, admReady)
 	if st := r.proxyStatus(); st.Proxy.Bound != "memory" {
 		t.Fatalf("the restarted guard does not admit by memory from its start: bound %q (%s)", st.Proxy.Bound, st.Proxy.Why)
 	}
-	load = burst(t, rev, url)
-	if n := rev.count(admExit); n != 0 || load.cut.Load() != 0 || load.ok.Load() == 0 {
-		t.Fatalf("burst on the restarted guard: vLLM exited %d times (%d OOMs); %s", n, rev.count(admOOM), load)
+	load = burst(t, r, url)
+	if n := r.CountEvents(admExit); n != 0 || load.cut.Load() != 0 || load.ok.Load() == 0 {
+		t.Fatalf("burst on the restarted guard: vLLM exited %d times (%d OOMs); %s", n, r.CountEvents(admOOM), load)
 	}
 	t.Logf("burst on the restarted guard: %s", load)
-}
-
-// restartScene is a second guard over the same scene (config, state,
-// simulator settings), not yet started.
-func restartScene(s *scene) *scene {
-	return &scene{t: s.t, dir: s.dir, port: s.port, gpuDir: s.gpuDir, testID: s.testID, env: s.env, extra: s.extra,
-		command: s.command, guardBin: s.guardBin, logLevel: s.logLevel, noNVML: s.noNVML, httpListen: s.httpListen, skipVLLM: s.skipVLLM,
-		notify: make(chan struct{}, 1), exited: make(chan struct{})}
 }
 
 // A burst on a cold guard may run vLLM out of memory once (nothing was
@@ -442,34 +333,34 @@ func restartScene(s *scene) *scene {
 func TestAdmissionBurstOnAColdGuard(t *testing.T) {
 	t.Parallel()
 	s, url := admissionScene(t)
-	ev := startWithEvents(t, s)
-	ev.wait("vLLM ready", 1, admReady)
+	s.start()
+	s.WaitEvent("vLLM ready", 1, admWait, admReady)
 	first := newAdmLoad()
 	loadUntil(first, url, admClients, 0, func() {
 		// Until vLLM ran out of memory and came back, or ten requests a
 		// client were served without (the burst did not run it out).
 		want := 10 * int64(admClients)
-		for ev.count(admReady) < 2 && first.ok.Load() < want {
+		for s.CountEvents(admReady) < 2 && first.ok.Load() < want {
 			select {
-			case <-ev.next():
+			case <-s.Changed():
 			case <-first.served:
-			case <-ev.done:
+			case <-s.Exited():
 				return
 			case <-time.After(admNoProgress):
 				t.Fatalf("nothing happened for %s in the first burst: %s", admNoProgress, first)
 			}
 		}
 	})
-	oomsFirst := ev.count(admOOM)
-	if n := ev.count(admExit); n > 1 || n != oomsFirst {
+	oomsFirst := s.CountEvents(admOOM)
+	if n := s.CountEvents(admExit); n > 1 || n != oomsFirst {
 		t.Fatalf("first burst: vLLM exited %d times, %d of them OOM; want at most one OOM; %s", n, oomsFirst, first)
 	}
 	if oomsFirst == 1 {
-		ev.wait("vLLM back after the OOM", 2, admReady)
+		s.WaitEvent("vLLM back after the OOM", 2, admWait, admReady)
 	}
-	second := burst(t, ev, url)
-	if n := ev.count(admExit); n != oomsFirst || second.cut.Load() != 0 || second.ok.Load() == 0 {
-		t.Fatalf("second burst: vLLM exited %d more times (%d OOMs in all); first %s; second %s", n-oomsFirst, ev.count(admOOM), first, second)
+	second := burst(t, s, url)
+	if n := s.CountEvents(admExit); n != oomsFirst || second.cut.Load() != 0 || second.ok.Load() == 0 {
+		t.Fatalf("second burst: vLLM exited %d more times (%d OOMs in all); first %s; second %s", n-oomsFirst, s.CountEvents(admOOM), first, second)
 	}
 	t.Logf("first burst: %s (%d OOM); second: %s", first, oomsFirst, second)
 }

@@ -140,10 +140,10 @@ func BenchmarkReadinessLikeAPlainClient(b *testing.B) {
 	s.env = map[string]string{"STANDIN_LISTEN_FILE": lf, "STANDIN_EXIT_AFTER": "0.3"}
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\nmax_delay = \"50ms\"\ngive_up_after = 100"
 	s.start()
-	s.waitEvent("10 readies", starts, 120*time.Second, isReady)
+	s.WaitEvent("10 readies", starts, 120*time.Second, isReady)
 	listens, answers := standInTimes(b, lf)
 	var guard, after []float64
-	for _, e := range s.events() {
+	for _, e := range s.Events() {
 		if !isReady(e) {
 			continue
 		}

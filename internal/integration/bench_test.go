@@ -51,20 +51,18 @@ func BenchmarkReadinessLatency(b *testing.B) {
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\nmax_delay = \"50ms\"\ngive_up_after = 100"
 	s.start()
 	const starts = 10
-	s.waitEvent("10 readies", starts, 120*time.Second, isReady)
+	s.WaitEvent("10 readies", starts, 120*time.Second, isReady)
 	// Both times are the guard's clock: the log line's when it relayed the
 	// simulator's line, the event's when it published ready.
-	s.mu.Lock()
 	var completes []time.Time
-	for _, m := range s.logs {
+	for _, m := range s.Logs() {
 		if text, _ := m["msg"].(string); m["logger"] == "vllm" && strings.Contains(text, "Application startup complete") {
 			completes = append(completes, logTime(s.t, m))
 		}
 	}
-	s.mu.Unlock()
 	var lat []float64
 	var prev time.Time
-	for _, e := range s.events() {
+	for _, e := range s.Events() {
 		if !isReady(e) {
 			continue
 		}
@@ -94,7 +92,7 @@ func BenchmarkReadinessLatency(b *testing.B) {
 func BenchmarkIdleSupervision(b *testing.B) {
 	s := plainScene(b)
 	s.start()
-	s.waitEvent("ready", 1, 60*time.Second, isReady)
+	s.WaitEvent("ready", 1, 60*time.Second, isReady)
 	pid := s.cmd.Process.Pid
 	cpu0, t0 := cpuNanos(pid), time.Now()
 	time.Sleep(10 * time.Second) // the measured window itself, not a wait for an event
@@ -115,7 +113,7 @@ func BenchmarkLogFlood(b *testing.B) {
 	s.env["FAKEVLLM_FAULT"] = "log_flood=100"
 	s.env["FAKEVLLM_STATS_FILE"] = stats
 	s.start()
-	s.waitEvent("ready", 1, 60*time.Second, isReady)
+	s.WaitEvent("ready", 1, 60*time.Second, isReady)
 	type snap struct {
 		MaxWriteBlockMS float64 `json:"max_write_block_ms"`
 		BytesWritten    float64 `json:"bytes_written"`
@@ -144,7 +142,7 @@ func BenchmarkLogFlood(b *testing.B) {
 	first := read(time.Now().Add(500 * time.Millisecond))
 	last := read(first.at.Add(3 * time.Second))
 	s.cmd.Process.Signal(syscall.SIGTERM)
-	s.waitExit(30 * time.Second)
+	s.WaitExit(30 * time.Second)
 	b.ReportMetric((last.BytesWritten-first.BytesWritten)/last.at.Sub(first.at).Seconds()/1e6, "MB/s-absorbed")
 	b.ReportMetric(last.MaxWriteBlockMS, "ms-max-write-block")
 }

@@ -37,7 +37,7 @@ initial_delay = "200ms"
 sample_interval = "100ms"
 `
 	s.start()
-	f := s.waitEvent("the OOM", 1, 60*time.Second, isExited)
+	f := s.WaitEvent("the OOM", 1, 60*time.Second, isExited)
 	if f.Failure.Verdict.Cause != "oom" {
 		t.Fatalf("failure %+v, want oom", f.Failure)
 	}
@@ -49,8 +49,8 @@ sample_interval = "100ms"
 	if got < 0.9*trueSafe || got > trueSafe {
 		t.Fatalf("computed max_num_seqs %v, want within 90–100%% of the true safe maximum %v (halving would give 128)", got, trueSafe)
 	}
-	s.waitEvent("ready on the computed rung", 2, 60*time.Second, isReady)
-	launch := s.waitEvent("the second launch", 2, time.Second, isStarting)
+	s.WaitEvent("ready on the computed rung", 2, 60*time.Second, isReady)
+	launch := s.WaitEvent("the second launch", 2, time.Second, isStarting)
 	if argv := strings.Join(launch.Argv, " "); !strings.Contains(argv, "--max-num-seqs "+formatInt(got)) {
 		t.Fatalf("second launch %q does not use the computed max_num_seqs %v", argv, got)
 	}
@@ -60,7 +60,7 @@ sample_interval = "100ms"
 	if safe := m["fakevllm_true_safe_max_num_seqs"]; safe < got {
 		t.Fatalf("the computed max_num_seqs %v does not hold a full batch: the simulator's safe maximum is %v", got, safe)
 	}
-	if n := s.countEvents(isExited); n != 1 {
+	if n := s.CountEvents(isExited); n != 1 {
 		t.Fatalf("%d failures, want exactly 1", n)
 	}
 }

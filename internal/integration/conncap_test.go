@@ -132,7 +132,7 @@ func TestEveryListenerCapsItsConnections(t *testing.T) {
 	s.extra = fmt.Sprintf("\n[restart]\ninitial_delay = \"100ms\"\n\n[proxy]\nlisten = %q\nmax_connections = %d\nmax_connections_per_client = %d\n",
 		proxyAddr, proxyCap, proxyPer)
 	s.start()
-	ready := s.waitEvent("ready", 1, 60*time.Second, isReady)
+	ready := s.WaitEvent("ready", 1, 60*time.Second, isReady)
 	guard := s.cmd.Process.Pid
 	base := openFDs(t, guard)
 
@@ -171,7 +171,7 @@ func TestEveryListenerCapsItsConnections(t *testing.T) {
 	if err := syscall.Kill(ready.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	s.waitEvent("vLLM's death", 1, 30*time.Second, isExited)
+	s.WaitEvent("vLLM's death", 1, 30*time.Second, isExited)
 	probe := func(when string) {
 		t.Helper()
 		cl := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
@@ -191,16 +191,16 @@ func TestEveryListenerCapsItsConnections(t *testing.T) {
 		}
 	}
 	probe("after vLLM died, every listener full")
-	s.waitEvent("ready after the restart", 2, 60*time.Second, isReady)
+	s.WaitEvent("ready after the restart", 2, 60*time.Second, isReady)
 	probe("after the restart")
 	if n := openFDs(t, guard); n > bound {
 		t.Errorf("the guard holds %d descriptors after the restart (%d before the connections); want at most %d", n, base, bound)
 	}
-	rec := s.waitEvent("the death's incident record", 1, 30*time.Second, kind(events.KindIncident))
+	rec := s.WaitEvent("the death's incident record", 1, 30*time.Second, kind(events.KindIncident))
 	if _, err := os.Stat(rec.Reason); err != nil || !strings.HasPrefix(rec.Reason, filepath.Join(s.dir, "state", "incidents")) {
 		t.Errorf("the incident of vLLM's death was not recorded: %q (%v)", rec.Reason, err)
 	}
-	if s.count(msgContains("too many open files")) > 0 {
+	if s.CountLogs(msgContains("too many open files")) > 0 {
 		t.Error("the guard ran out of descriptors")
 	}
 	for _, k := range held {

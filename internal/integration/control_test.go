@@ -77,7 +77,7 @@ func TestStatusAndMetricsAfterOOMAndRestart(t *testing.T) {
 	// flickering into the golden view.
 	s.extra = "\n[restart]\ninitial_delay = \"200ms\"\n[gpu]\nsample_interval = \"100ms\"\nwarn_fraction = 0.95\ncritical_fraction = 0.97\n"
 	s.start()
-	s.waitEvent("ready on rung 1", 2, 60*time.Second, isReady)
+	s.WaitEvent("ready on rung 1", 2, 60*time.Second, isReady)
 	// The scraper reads vLLM every sample (100 ms) and /metrics shows its
 	// last reading; wait for vLLM's own metrics to be in.
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)

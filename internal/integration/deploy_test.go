@@ -58,7 +58,7 @@ func TestAPIKeyReadyAndNeverShown(t *testing.T) {
 			}
 			oneShot(s, "crash_after=200ms")
 			s.start()
-			s.waitEvent("ready twice (before and after the crash)", 2, 60*time.Second, isReady)
+			s.WaitEvent("ready twice (before and after the crash)", 2, 60*time.Second, isReady)
 
 			// The key works: vLLM refuses a request without it, takes one with it.
 			url := fmt.Sprintf("http://127.0.0.1:%d/v1/models", s.port)
@@ -71,11 +71,9 @@ func TestAPIKeyReadyAndNeverShown(t *testing.T) {
 				"incidents":     guardCLI(t, "incidents", "--json", "--config", filepath.Join(s.dir, "vllm-guard.toml")),
 				"check":         guardCLI(t, "check", "--config", filepath.Join(s.dir, "vllm-guard.toml")),
 			}
-			raw, _ := json.Marshal(s.events())
+			raw, _ := json.Marshal(s.Events())
 			outputs["events"] = string(raw)
-			s.mu.Lock()
-			outputs["log"] = strings.Join(s.raw, "\n")
-			s.mu.Unlock()
+			outputs["log"] = strings.Join(s.Raw(), "\n")
 			incDir := filepath.Join(s.dir, "state", "incidents")
 			ents, _ := os.ReadDir(incDir)
 			if len(ents) == 0 {
@@ -114,14 +112,14 @@ func TestMissingAPIKeyIsTheReason(t *testing.T) {
 	os.WriteFile(wrapper, []byte("#!/bin/sh\nVLLM_API_KEY=sk-only-vllm-knows exec "+bins.fakevllm+" \"$@\"\n"), 0o755)
 	s.command = fmt.Sprintf("[%q, \"serve\", \"test-model\"]", wrapper)
 	s.start()
-	s.waitEvent("a 401 probe", 1, 60*time.Second, func(e events.Event) bool {
+	s.WaitEvent("a 401 probe", 1, 60*time.Second, func(e events.Event) bool {
 		return e.Kind == events.KindProbeFailed && strings.HasPrefix(e.Probe.Error, "vLLM answers 401: the guard has no valid API key")
 	})
 	d := statusDoc(t, s)
 	if d.Guard.State != "starting" || !strings.HasPrefix(d.Guard.Reason, "vLLM answers 401: the guard has no valid API key") {
 		t.Fatalf("status %s: %q", d.Guard.State, d.Guard.Reason)
 	}
-	if n := s.count(msgContains(`"GET /v1/models`)); n != 0 {
+	if n := s.CountLogs(msgContains(`"GET /v1/models`)); n != 0 {
 		t.Fatalf("%d access lines of the guard's own refused probes in its log", n)
 	}
 }
@@ -135,7 +133,7 @@ func TestMergedVLLMConvertedClassifierReadyViaAuto(t *testing.T) {
 	s.env["FAKEVLLM_ERA"] = "v1"
 	s.command = fmt.Sprintf("[%q, \"serve\", \"org/model\", \"--runner\", \"pooling\", \"--convert\", \"classify\"]", bins.fakevllm)
 	s.start()
-	s.waitEvent("ready", 1, 60*time.Second, isReady)
+	s.WaitEvent("ready", 1, 60*time.Second, isReady)
 	d := statusDoc(t, s)
 	if !strings.Contains(d.Guard.Probe, "/classify") || !strings.Contains(d.Guard.Probe, "classify") {
 		t.Fatalf("probe in use: %q", d.Guard.Probe)
@@ -148,7 +146,7 @@ func TestEmbeddingModelReadyViaAuto(t *testing.T) {
 	s := quick(newScene(t))
 	s.command = fmt.Sprintf("[%q, \"serve\", \"BAAI/bge-small-en\"]", bins.fakevllm)
 	s.start()
-	s.waitEvent("ready", 1, 60*time.Second, isReady)
+	s.WaitEvent("ready", 1, 60*time.Second, isReady)
 	d := statusDoc(t, s)
 	if !strings.Contains(d.Guard.Probe, "/v1/embeddings") || !strings.Contains(d.Guard.Probe, "embed") {
 		t.Fatalf("probe in use: %q", d.Guard.Probe)
@@ -162,7 +160,7 @@ func TestServedNamesFromEverySource(t *testing.T) {
 		s := quick(newScene(t))
 		s.command = fmt.Sprintf("[%q, \"serve\", \"org/model\", \"--served-model-name\", \"alpha\", \"beta\"]", bins.fakevllm)
 		s.start()
-		s.waitEvent("ready", 1, 60*time.Second, isReady)
+		s.WaitEvent("ready", 1, 60*time.Second, isReady)
 	})
 	t.Run("yaml in workdir", func(t *testing.T) {
 		s := quick(newScene(t))
@@ -174,7 +172,7 @@ func TestServedNamesFromEverySource(t *testing.T) {
 			return strings.Replace(text, "[vllm]\n", fmt.Sprintf("[vllm]\nworkdir = %q\n", work), 1)
 		}
 		s.start()
-		s.waitEvent("ready", 1, 60*time.Second, isReady)
+		s.WaitEvent("ready", 1, 60*time.Second, isReady)
 		out := guardCLI(t, "check", "--config", filepath.Join(s.dir, "vllm-guard.toml"))
 		if !strings.Contains(out, `served names:   "yaml-a", "yaml-b"`) {
 			t.Fatalf("check:\n%s", out)
@@ -187,7 +185,7 @@ func TestServedNamesFromEverySource(t *testing.T) {
 			return strings.Replace(text, "[vllm]\n", "[vllm]\nserved_model_name = \"not-served\"\n", 1)
 		}
 		s.start()
-		s.waitEvent("the names probe failing", 1, 60*time.Second, func(e events.Event) bool {
+		s.WaitEvent("the names probe failing", 1, 60*time.Second, func(e events.Event) bool {
 			return e.Kind == events.KindProbeFailed && strings.Contains(e.Probe.Error, "not the served name")
 		})
 		d := statusDoc(t, s)
@@ -206,10 +204,10 @@ func TestKVCacheBytesSteppedDownAfterOOM(t *testing.T) {
 	oneShot(s, "oom_on_start")
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
-	s.waitEvent("ready after the OOM", 1, 90*time.Second, isReady)
+	s.WaitEvent("ready after the OOM", 1, 90*time.Second, isReady)
 	var argvs [][]string
 	var cause string
-	for _, e := range s.events() {
+	for _, e := range s.Events() {
 		switch e.Kind {
 		case events.KindStarting:
 			argvs = append(argvs, e.Argv)
@@ -243,8 +241,8 @@ func TestNCCLOOMClassified(t *testing.T) {
 	oneShot(s, "nccl_oom_on_start")
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
-	s.waitEvent("ready after the OOM", 1, 90*time.Second, isReady)
-	for _, e := range s.events() {
+	s.WaitEvent("ready after the OOM", 1, 90*time.Second, isReady)
+	for _, e := range s.Events() {
 		if e.Kind == events.KindExited {
 			if c := e.Failure.Verdict.Cause; c != "oom" {
 				t.Fatalf("NCCL OOM classified %q: %+v", c, e.Failure.Verdict)
@@ -268,7 +266,7 @@ func TestHealthyVLLMRaisesNoMemoryAlert(t *testing.T) {
 			s := quick(newScene(t))
 			s.extra = fmt.Sprintf("\n[profile]\ngpu_memory_utilization = %s\n[gpu]\nsample_interval = \"20ms\"\n", util)
 			s.start()
-			s.waitEvent("ready", 1, 60*time.Second, isReady)
+			s.WaitEvent("ready", 1, 60*time.Second, isReady)
 			d := statusDoc(t, s)
 			base := len(d.GPU.Devices[0].History)
 			deadline := time.Now().Add(60 * time.Second)
@@ -283,7 +281,7 @@ func TestHealthyVLLMRaisesNoMemoryAlert(t *testing.T) {
 			if dev.Fraction < dev.Budget-0.05 || dev.Budget < 0.89 {
 				t.Fatalf("vLLM does not hold its budget: %+v", dev)
 			}
-			if len(d.Alerts) != 0 || s.countEvents(kind(events.KindAlert)) != 0 {
+			if len(d.Alerts) != 0 || s.CountEvents(kind(events.KindAlert)) != 0 {
 				t.Fatalf("healthy vLLM at %s raised %+v (used %.3f, budget %.3f, warn at %.3f)", util, d.Alerts, dev.Fraction, dev.Budget, dev.WarnAt)
 			}
 		})
@@ -296,7 +294,7 @@ func TestOwnAccessLinesDropped(t *testing.T) {
 	s := quick(newScene(t))
 	s.extra = "\n[gpu]\nsample_interval = \"50ms\"\n[liveness]\ninterval = \"100ms\"\n"
 	s.start()
-	s.waitEvent("ready", 1, 60*time.Second, isReady)
+	s.WaitEvent("ready", 1, 60*time.Second, isReady)
 	for d := statusDoc(t, s); d.VLLM.Scrapes < 10; d = statusDoc(t, s) {
 		time.Sleep(50 * time.Millisecond) // polling status for the scrape count
 	}
@@ -306,9 +304,9 @@ func TestOwnAccessLinesDropped(t *testing.T) {
 		t.Fatalf("client request: %v %v", resp, err)
 	}
 	resp.Body.Close()
-	s.waitLog("the client's access line", 1, 10*time.Second, msgContains(`"POST /v1/completions HTTP/1.1" 200`))
+	s.WaitLog("the client's access line", 1, 10*time.Second, msgContains(`"POST /v1/completions HTTP/1.1" 200`))
 	for _, own := range []string{`"GET /metrics`, `"GET /health`, `"GET /v1/models`} {
-		if n := s.count(msgContains(own)); n != 0 {
+		if n := s.CountLogs(msgContains(own)); n != 0 {
 			t.Errorf("%d access lines of the guard's own %s requests in its log", n, own)
 		}
 	}

@@ -22,10 +22,10 @@ func TestHostileEventsFIFOWithoutAReaderDoesNotHang(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.start("--events", fifo)
-	if code := s.waitExit(60 * time.Second); code != 1 {
+	if code := s.WaitExit(60 * time.Second); code != 1 {
 		t.Errorf("exit %d, want 1", code)
 	}
-	s.waitLog("the error naming the FIFO", 1, time.Second, func(m map[string]any) bool {
+	s.WaitLog("the error naming the FIFO", 1, time.Second, func(m map[string]any) bool {
 		e, _ := m["error"].(string)
 		return strings.Contains(e, fifo) && strings.Contains(e, "nobody reads")
 	})
@@ -41,10 +41,10 @@ func TestHostileEventsSymlinkIsNotFollowed(t *testing.T) {
 	link := filepath.Join(s.dir, "events.jsonl")
 	os.Symlink(victim, link)
 	s.start("--events", link)
-	if code := s.waitExit(60 * time.Second); code != 1 {
+	if code := s.WaitExit(60 * time.Second); code != 1 {
 		t.Errorf("exit %d, want 1", code)
 	}
-	s.waitLog("the error naming the symlink", 1, time.Second, func(m map[string]any) bool {
+	s.WaitLog("the error naming the symlink", 1, time.Second, func(m map[string]any) bool {
 		e, _ := m["error"].(string)
 		return strings.Contains(e, link) && strings.Contains(e, "is a symlink")
 	})
@@ -85,6 +85,6 @@ func TestHostileEventsFIFOWhoseReaderStoppedStillStops(t *testing.T) {
 	fill.Close()
 
 	s.start("--events", fifo)
-	s.waitLog("vLLM ready", 1, 60*time.Second, msg("vLLM ready"))
+	s.WaitLog("vLLM ready", 1, 60*time.Second, msg("vLLM ready"))
 	s.stopCleanly(60*time.Second, 10*time.Second)
 }

@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -80,14 +79,14 @@ func TestFaultSegfaultIsRestarted(t *testing.T) {
 	oneShot(s, "segv_after=200ms")
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
-	f := s.waitEvent("the segfault", 1, 30*time.Second, isExited)
+	f := s.WaitEvent("the segfault", 1, 30*time.Second, isExited)
 	if f.Failure.Exit != "killed by SIGSEGV" {
 		t.Fatalf("exit %v, want killed by SIGSEGV", f.Failure.Exit)
 	}
 	if r := f.Failure.Decision.Rung.Index; r != 0 {
 		t.Fatalf("a segfault moved the profile to rung %d: only an OOM steps down", r)
 	}
-	s.waitEvent("ready again", 2, 30*time.Second, isReady)
+	s.WaitEvent("ready again", 2, 30*time.Second, isReady)
 }
 
 // Every HTTP request hangs while ready: liveness fails `failures` times,
@@ -98,15 +97,15 @@ func TestFaultHangWhileReadyIsKilled(t *testing.T) {
 	oneShot(s, "hang_after=200ms")
 	s.extra = "\n[liveness]\ninterval = \"150ms\"\ntimeout = \"200ms\"\nfailures = 2\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
-	ready := s.waitEvent("ready", 1, 30*time.Second, isReady)
+	ready := s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	liveness := after(ready, kind(events.KindProbeFailed))
-	s.waitEvent("the liveness failures", 2, 10*time.Second, liveness)
-	f := s.waitEvent("the hang", 1, 10*time.Second, isExited)
+	s.WaitEvent("the liveness failures", 2, 10*time.Second, liveness)
+	f := s.WaitEvent("the hang", 1, 10*time.Second, isExited)
 	if f.Failure.Verdict.Cause != "hang" {
 		t.Fatalf("cause %v, want hang", f.Failure.Verdict.Cause)
 	}
-	s.waitEvent("ready again", 2, 30*time.Second, isReady)
-	if n := s.countEvents(func(e events.Event) bool { return liveness(e) && e.Seq < f.Seq }); n < 2 {
+	s.WaitEvent("ready again", 2, 30*time.Second, isReady)
+	if n := s.CountEvents(func(e events.Event) bool { return liveness(e) && e.Seq < f.Seq }); n < 2 {
 		t.Fatalf("%d liveness failures before the kill, want at least failures = 2", n)
 	}
 }
@@ -120,11 +119,11 @@ func TestFaultHealth503IsRestarted(t *testing.T) {
 	oneShot(s, "health503_after=200ms")
 	s.extra = "\n[liveness]\ninterval = \"150ms\"\ntimeout = \"1s\"\nfailures = 100\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
-	f := s.waitEvent("the 503", 1, 30*time.Second, isExited)
+	f := s.WaitEvent("the 503", 1, 30*time.Second, isExited)
 	if f.Failure.Verdict.Cause != "hang" {
 		t.Fatalf("cause %v, want hang", f.Failure.Verdict.Cause)
 	}
-	s.waitEvent("ready again", 2, 30*time.Second, isReady)
+	s.WaitEvent("ready again", 2, 30*time.Second, isReady)
 }
 
 // A server that never becomes ready (completions fail) is not ready forever:
@@ -135,14 +134,14 @@ func TestFaultNeverReadyHitsMaxStartTime(t *testing.T) {
 	oneShot(s, "never_ready")
 	s.extra = "\n[readiness]\nmax_start_time = \"2s\"\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
-	f := s.waitEvent("the start timeout", 1, 30*time.Second, isExited)
+	f := s.WaitEvent("the start timeout", 1, 30*time.Second, isExited)
 	if f.Failure.Verdict.Cause != "hang" {
 		t.Fatalf("cause %v, want hang", f.Failure.Verdict.Cause)
 	}
-	if n := s.countEvents(isReady); n != 0 {
+	if n := s.CountEvents(isReady); n != 0 {
 		t.Fatal("the guard called a server ready that never completed a request")
 	}
-	s.waitEvent("ready after the fault", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready after the fault", 1, 30*time.Second, isReady)
 }
 
 // vLLM ignores SIGTERM: the guard's stop escalates to SIGKILL of the group
@@ -155,15 +154,15 @@ func TestFaultIgnoredSIGTERMIsEscalated(t *testing.T) {
 	s := quick(newScene(t))
 	oneShot(s, "ignore_sigterm")
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	s.cmd.Process.Signal(syscall.SIGTERM)
-	if code := s.waitExit(30 * time.Second); code != 0 {
+	if code := s.WaitExit(30 * time.Second); code != 0 {
 		t.Fatalf("exit code %d, want 0", code)
 	}
 	if _, err := os.Stat(s.env["FAKEVLLM_FAULT_MARKER"]); err != nil {
 		t.Fatalf("vLLM never ignored a SIGTERM (no marker): %v", err)
 	}
-	if n := s.countEvents(decided(events.DecisionKill)); n != 1 {
+	if n := s.CountEvents(decided(events.DecisionKill)); n != 1 {
 		t.Fatalf("%d kill decisions, want 1 (SIGKILL after stop_timeout)", n)
 	}
 	s.waitNoProcesses(5 * time.Second)
@@ -223,7 +222,7 @@ func TestFaultLogFloodBlocksNothing(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // the pace of the status requests, not a wait
 	}
 	t.Logf("longest blocked write of vLLM: %.0f ms (goal on the plain build: BenchmarkLogFlood)", st.MaxWriteBlockMS)
-	if n := s.countEvents(isExited); n != 0 {
+	if n := s.CountEvents(isExited); n != 0 {
 		t.Fatalf("%d failures during the flood", n)
 	}
 	s.stopCleanly(30*time.Second, 5*time.Second)
@@ -236,9 +235,9 @@ func TestFaultInvalidUTF8AndMegabyteLines(t *testing.T) {
 	s := quick(newScene(t))
 	s.env["FAKEVLLM_FAULT"] = "invalid_utf8,long_line"
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
-	s.waitLog("the bad UTF-8 line", 1, 10*time.Second, msgContains("cmpl-0badutf8"))
-	long := s.waitLog("the long line", 1, 10*time.Second, msgContains("cmpl-longline"))
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitLog("the bad UTF-8 line", 1, 10*time.Second, msgContains("cmpl-0badutf8"))
+	long := s.WaitLog("the long line", 1, 10*time.Second, msgContains("cmpl-longline"))
 	if n := len(long["msg"].(string)); n > 64<<10 {
 		t.Errorf("the 1 MiB line was re-emitted with %d bytes: it must be cut", n)
 	}
@@ -248,17 +247,15 @@ func TestFaultInvalidUTF8AndMegabyteLines(t *testing.T) {
 	if err := c.Restart(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	s.waitEvent("ready after the restart", 2, 30*time.Second, isReady)
-	s.mu.Lock()
-	raw := slices.Clone(s.raw)
-	s.mu.Unlock()
+	s.WaitEvent("ready after the restart", 2, 30*time.Second, isReady)
+	raw := s.Raw()
 	for _, line := range raw {
 		var m map[string]any
 		if !utf8.ValidString(line) || json.Unmarshal([]byte(line), &m) != nil {
 			t.Fatalf("guard log line is not valid UTF-8 JSON: %.200q", line)
 		}
 	}
-	if n := s.countEvents(isExited); n != 0 {
+	if n := s.CountEvents(isExited); n != 0 {
 		t.Fatalf("%d failures caused by odd log lines", n)
 	}
 }
@@ -270,8 +267,8 @@ func TestFaultClosedStdoutIsSupervised(t *testing.T) {
 	s := quick(newScene(t))
 	s.env["FAKEVLLM_FAULT"] = "close_stdout"
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
-	if n := s.countEvents(isExited); n != 0 {
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
+	if n := s.CountEvents(isExited); n != 0 {
 		t.Fatalf("%d failures after stdout closed", n)
 	}
 	s.stopCleanly(20*time.Second, 5*time.Second)
@@ -302,7 +299,7 @@ func TestFaultGrandchildIsStoppedWithTheGuard(t *testing.T) {
 	s := quick(newScene(t))
 	s.env["FAKEVLLM_FAULT"] = "grandchild"
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	hasGrandchild(t, s)
 	s.stopCleanly(20*time.Second, 10*time.Second)
 }
@@ -314,10 +311,10 @@ func TestFaultGrandchildDiesWithAKilledGuard(t *testing.T) {
 	s := quick(newScene(t))
 	s.env["FAKEVLLM_FAULT"] = "grandchild"
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	hasGrandchild(t, s)
 	s.cmd.Process.Signal(syscall.SIGKILL)
-	s.waitExit(10 * time.Second)
+	s.WaitExit(10 * time.Second)
 	s.waitNoProcesses(10 * time.Second)
 }
 
@@ -340,14 +337,14 @@ func TestFaultSIGTERMWhileWaiting(t *testing.T) {
 			s.env["FAKEVLLM_LOAD_WEIGHTS"] = "60s"
 			s.env["FAKEVLLM_PROGRESS_EVERY"] = "100ms"
 		}, func(s *scene) {
-			s.waitEvent("the launch", 1, 30*time.Second, isStarting)
-			s.waitLog("vLLM loading", 1, 30*time.Second, func(m map[string]any) bool { return m["logger"] == "vllm" })
+			s.WaitEvent("the launch", 1, 30*time.Second, isStarting)
+			s.WaitLog("vLLM loading", 1, 30*time.Second, func(m map[string]any) bool { return m["logger"] == "vllm" })
 		}, isReady},
 		{"backoff", func(s *scene) {
 			s.env["FAKEVLLM_FAULT"] = "crash_on_start"
 			s.extra = "\n[restart]\ninitial_delay = \"60s\"\nmax_delay = \"60s\"\n"
 		}, func(s *scene) {
-			s.waitEvent("backoff", 1, 30*time.Second, inState("backoff"))
+			s.WaitEvent("backoff", 1, 30*time.Second, inState("backoff"))
 		}, inState("starting")},
 		{"release_wait", func(s *scene) {
 			if err := os.WriteFile(filepath.Join(s.gpuDir, "release_delay_ms"), []byte("60000\n"), 0o644); err != nil {
@@ -358,8 +355,8 @@ func TestFaultSIGTERMWhileWaiting(t *testing.T) {
 			oneShot(s, "segv_after=200ms")
 			s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n[gpu]\nsample_interval = \"100ms\"\nrelease_timeout = \"60s\"\n"
 		}, func(s *scene) {
-			s.waitEvent("the crash", 1, 30*time.Second, isExited)
-			s.waitEvent("the release wait", 1, 10*time.Second, inState("waiting_gpu"))
+			s.WaitEvent("the crash", 1, 30*time.Second, isExited)
+			s.WaitEvent("the release wait", 1, 10*time.Second, inState("waiting_gpu"))
 		}, inState("backoff")},
 	}
 	for _, tc := range cases {
@@ -369,22 +366,22 @@ func TestFaultSIGTERMWhileWaiting(t *testing.T) {
 			tc.setup(s)
 			s.start()
 			tc.wait(s)
-			mark := s.events()
+			mark := s.Events()
 			last := mark[len(mark)-1]
 			s.cmd.Process.Signal(syscall.SIGTERM)
 			// A bound, below the 60 s waits; what shows the wait was cut
 			// short is the event stream, not the time it took.
-			if code := s.waitExit(40 * time.Second); code != 0 {
+			if code := s.WaitExit(40 * time.Second); code != 0 {
 				t.Fatalf("exit code %d, want 0", code)
 			}
 			s.waitNoProcesses(5 * time.Second)
-			if n := s.countEvents(after(last, tc.waited)); n != 0 {
+			if n := s.CountEvents(after(last, tc.waited)); n != 0 {
 				t.Errorf("after the SIGTERM the guard went on waiting (%d events of what ends the wait)", n)
 			}
-			if n := s.countEvents(after(last, isStarting)); n != 0 {
+			if n := s.CountEvents(after(last, isStarting)); n != 0 {
 				t.Errorf("%d launches after the SIGTERM", n)
 			}
-			if n := s.countEvents(after(last, kind(events.KindStopped))); n != 1 {
+			if n := s.CountEvents(after(last, kind(events.KindStopped))); n != 1 {
 				t.Errorf("%d stopped events after the SIGTERM, want 1", n)
 			}
 		})
@@ -410,15 +407,15 @@ func TestFaultHalfWrittenStateIsNotLoaded(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.start()
-	r := s.waitLog("the resume", 1, 30*time.Second, msg("resuming from the saved state"))
+	r := s.WaitLog("the resume", 1, 30*time.Second, msg("resuming from the saved state"))
 	if r["rung"] != 1.0 {
 		t.Fatalf("resumed on rung %v, want 1 (the complete state.json)", r["rung"])
 	}
-	l := s.waitEvent("the launch", 1, 30*time.Second, isStarting)
+	l := s.WaitEvent("the launch", 1, 30*time.Second, isStarting)
 	if rungOf(l) != 1 {
 		t.Fatalf("launched on rung %d, want 1", rungOf(l))
 	}
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 }
 
 // A state.json that is broken anyway (a disk fault, a hand edit) is moved
@@ -434,8 +431,8 @@ func TestFaultBrokenStateIsMovedAside(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.start()
-	s.waitLog("the warning", 1, 30*time.Second, msgContains("moved it aside"))
-	l := s.waitEvent("the launch", 1, 30*time.Second, isStarting)
+	s.WaitLog("the warning", 1, 30*time.Second, msgContains("moved it aside"))
+	l := s.WaitEvent("the launch", 1, 30*time.Second, isStarting)
 	if rungOf(l) != 0 {
 		t.Fatalf("launched on rung %d, want 0", rungOf(l))
 	}
@@ -443,7 +440,7 @@ func TestFaultBrokenStateIsMovedAside(t *testing.T) {
 	if len(aside) != 1 {
 		t.Fatalf("%d copies moved aside, want 1", len(aside))
 	}
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 }
 
 // A state directory that cannot be created (its parent is a file): the
@@ -458,16 +455,16 @@ func TestFaultUnwritableStateDirRunsOn(t *testing.T) {
 	oneShot(s, "crash_after=200ms")
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
-	w := s.waitLog("the warning", 1, 30*time.Second, msgContains("running without persistence"))
+	w := s.WaitLog("the warning", 1, 30*time.Second, msgContains("running without persistence"))
 	if !strings.Contains(w["msg"].(string), filepath.Join(s.dir, "state")) {
 		t.Errorf("the warning does not name the folder: %q", w["msg"])
 	}
-	s.waitEvent("ready again", 2, 30*time.Second, isReady)
+	s.WaitEvent("ready again", 2, 30*time.Second, isReady)
 	d := waitState(t, s.socket(), "ready", 10*time.Second)
 	if d.LastIncident == nil || d.LastIncident.Cause == "" {
 		t.Fatalf("no incident kept in memory: %+v", d.LastIncident)
 	}
-	if n := s.countEvents(func(e events.Event) bool {
+	if n := s.CountEvents(func(e events.Event) bool {
 		return e.Kind == events.KindIncident && strings.HasPrefix(e.Reason, "not written")
 	}); n != 0 {
 		t.Fatalf("%d incident write errors in memory mode", n)
@@ -566,10 +563,10 @@ func TestFaultPortTakenIsAConfigError(t *testing.T) {
 	defer l.Close()
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
-	if code := s.waitExit(30 * time.Second); code != 78 {
+	if code := s.WaitExit(30 * time.Second); code != 78 {
 		t.Fatalf("exit %d, want 78", code)
 	}
-	f := s.waitEvent("the failure", 1, time.Second, isExited)
+	f := s.WaitEvent("the failure", 1, time.Second, isExited)
 	if f.Failure.Verdict.Cause != "config_error" {
 		t.Fatalf("cause %v, want config_error", f.Failure.Verdict.Cause)
 	}
@@ -577,7 +574,7 @@ func TestFaultPortTakenIsAConfigError(t *testing.T) {
 	if !strings.Contains(strings.ToLower(text), "address already in use") && !strings.Contains(text, fmt.Sprint(s.port)) {
 		t.Fatalf("the failure does not say the port is taken: %+v", f.Failure)
 	}
-	if n := s.countEvents(isStarting); n != 1 {
+	if n := s.CountEvents(isStarting); n != 1 {
 		t.Fatalf("%d launches into a taken port, want 1", n)
 	}
 }
@@ -593,10 +590,10 @@ func TestFaultHTTPPortTakenIsAConfigError(t *testing.T) {
 	defer l.Close()
 	s.httpListen = l.Addr().String()
 	s.start()
-	if code := s.waitExit(30 * time.Second); code != 78 {
+	if code := s.WaitExit(30 * time.Second); code != 78 {
 		t.Fatalf("exit %d, want 78", code)
 	}
-	e := s.waitLog("the error", 1, time.Second, msg("cannot listen for HTTP: fix [control] http_listen"))
+	e := s.WaitLog("the error", 1, time.Second, msg("cannot listen for HTTP: fix [control] http_listen"))
 	if !strings.Contains(fmt.Sprint(e["error"]), l.Addr().String()) {
 		t.Fatalf("the error does not name the address: %v", e)
 	}
@@ -610,8 +607,8 @@ func TestFaultNVMLInitFailsStillSupervises(t *testing.T) {
 	s := quick(newScene(t))
 	os.WriteFile(filepath.Join(s.gpuDir, "init_fault"), []byte("9\n"), 0o644) // NVML_ERROR_DRIVER_NOT_LOADED
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
-	if n := s.count(msgContains("GPU metrics unavailable")); n != 1 {
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
+	if n := s.CountLogs(msgContains("GPU metrics unavailable")); n != 1 {
 		t.Fatalf("said %d times that GPU metrics are unavailable, want once", n)
 	}
 }
@@ -624,19 +621,19 @@ func TestFaultImpossibleNVMLNumbersAreSkipped(t *testing.T) {
 	s := quick(newScene(t))
 	s.extra = "\n[gpu]\nsample_interval = \"100ms\"\n"
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	// reserved > total: used = reserved + processes exceeds total.
 	s.writeDevices("GPU-5e1f0000-0000-4000-8000-000000000001 85899345920 95899345920 NVIDIA H100 80GB HBM3")
-	w := s.waitLog("the skipped sample", 1, 10*time.Second, msg("NVML query failed; GPU readings paused until it recovers"))
+	w := s.WaitLog("the skipped sample", 1, 10*time.Second, msg("NVML query failed; GPU readings paused until it recovers"))
 	if !strings.Contains(fmt.Sprint(w["error"]), "impossible reading") {
 		t.Fatalf("warning %v does not say the reading is impossible", w)
 	}
 	s.writeDevices("GPU-5e1f0000-0000-4000-8000-000000000001 85899345920 536870912 NVIDIA H100 80GB HBM3")
-	s.waitLog("recovery", 1, 10*time.Second, msg("NVML queries recovered"))
-	if n := s.count(func(m map[string]any) bool { return strings.Contains(fmt.Sprint(m), "gpu_memory_critical") }); n != 0 {
+	s.WaitLog("recovery", 1, 10*time.Second, msg("NVML queries recovered"))
+	if n := s.CountLogs(func(m map[string]any) bool { return strings.Contains(fmt.Sprint(m), "gpu_memory_critical") }); n != 0 {
 		t.Fatalf("an impossible reading raised gpu_memory_critical (%d log entries)", n)
 	}
-	if n := s.countEvents(isExited); n != 0 {
+	if n := s.CountEvents(isExited); n != 0 {
 		t.Fatalf("%d failures from an NVML reading", n)
 	}
 }
@@ -667,13 +664,13 @@ func TestFaultSIGKILLOfTheAPIServerIsACrash(t *testing.T) {
 	// dead server refuses at once, so the timeout does not matter to it.
 	s.extra = "\n[liveness]\ninterval = \"200ms\"\ntimeout = \"5s\"\nfailures = 2\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	if err := syscall.Kill(apiServer(t, s), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	f := s.waitEvent("the failure", 1, 10*time.Second, isExited)
+	f := s.WaitEvent("the failure", 1, 10*time.Second, isExited)
 	if f.Failure.Exit != "killed by SIGKILL" || f.Failure.Verdict.Cause == "hang" {
 		t.Fatalf("exit %v, cause %v: want killed by SIGKILL, not a hang", f.Failure.Exit, f.Failure.Verdict.Cause)
 	}
-	s.waitEvent("ready again", 2, 30*time.Second, isReady)
+	s.WaitEvent("ready again", 2, 30*time.Second, isReady)
 }

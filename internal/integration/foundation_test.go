@@ -26,11 +26,11 @@ func TestSlowLoadIsNotKilled(t *testing.T) {
 	s.env["FAKEVLLM_PROGRESS_EVERY"] = "200ms"
 	s.extra = "\n[readiness]\nstall_timeout = \"5s\"\npoll_interval = \"250ms\"\n"
 	s.start()
-	s.waitEvent("ready", 1, 60*time.Second, isReady)
-	if n := s.countEvents(isStarting); n != 1 {
+	s.WaitEvent("ready", 1, 60*time.Second, isReady)
+	if n := s.CountEvents(isStarting); n != 1 {
 		t.Fatalf("%d launches, want 1: the slow load was killed", n)
 	}
-	if n := s.countEvents(isExited); n != 0 {
+	if n := s.CountEvents(isExited); n != 0 {
 		t.Fatalf("%d failures during a slow but progressing load", n)
 	}
 }
@@ -45,11 +45,11 @@ func TestStallWhileLoadingIsAHang(t *testing.T) {
 	// after the hang must get its first line out within it.
 	s.extra = "\n[readiness]\nstall_timeout = \"3s\"\n[restart]\ninitial_delay = \"100ms\"\n"
 	s.start()
-	f := s.waitEvent("a hang", 1, 30*time.Second, exitedWith("hang"))
+	f := s.WaitEvent("a hang", 1, 30*time.Second, exitedWith("hang"))
 	if !strings.Contains(f.Failure.Verdict.Summary, "no load progress") {
 		t.Fatalf("hang summary %q does not say why", f.Failure.Verdict.Summary)
 	}
-	s.waitEvent("ready after the hang", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready after the hang", 1, 30*time.Second, isReady)
 }
 
 // READY only after a completion succeeds: a server whose /health answers but
@@ -61,8 +61,8 @@ func TestNotReadyUntilACompletionSucceeds(t *testing.T) {
 	s.start()
 	// Several readiness probes answered (not refused) and failed: each was
 	// a chance to call it ready, counted, not timed.
-	s.waitEvent("three answered readiness probes", 3, 30*time.Second, answeredProbeFailure)
-	if n := s.countEvents(isReady); n != 0 {
+	s.WaitEvent("three answered readiness probes", 3, 30*time.Second, answeredProbeFailure)
+	if n := s.CountEvents(isReady); n != 0 {
 		t.Fatal("the guard said ready although completions fail")
 	}
 }
@@ -83,7 +83,7 @@ func TestReadyAfterTheCompletionProbe(t *testing.T) {
 	t.Parallel()
 	s := newScene(t)
 	s.start()
-	ready := s.waitEvent("ready", 1, 30*time.Second, isReady)
+	ready := s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	m, err := simMetrics(s.port)
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +91,7 @@ func TestReadyAfterTheCompletionProbe(t *testing.T) {
 	if m["vllm:generation_tokens_total"] < 1 {
 		t.Fatalf("ready, but vLLM generated no token: %v", m["vllm:generation_tokens_total"])
 	}
-	if n := s.countEvents(after(ready, kind(events.KindProbeFailed))); n != 0 {
+	if n := s.CountEvents(after(ready, kind(events.KindProbeFailed))); n != 0 {
 		t.Fatalf("%d probes failed after ready", n)
 	}
 }
@@ -104,12 +104,12 @@ func TestExitZeroEngineDeathIsRestarted(t *testing.T) {
 	s.env["FAKEVLLM_FAULT_MARKER"] = filepath.Join(s.dir, "fault-fired")
 	s.extra = "\n[restart]\ninitial_delay = \"100ms\"\n"
 	s.start()
-	f := s.waitEvent("the failure", 1, 30*time.Second, isExited)
+	f := s.WaitEvent("the failure", 1, 30*time.Second, isExited)
 	if f.Failure.Exit != "exit code 0" {
 		t.Fatalf("exit %v, want exit code 0", f.Failure.Exit)
 	}
-	s.waitEvent("ready again", 2, 30*time.Second, isReady)
-	if n := s.countEvents(isStarting); n != 2 {
+	s.WaitEvent("ready again", 2, 30*time.Second, isReady)
+	if n := s.CountEvents(isStarting); n != 2 {
 		t.Fatalf("%d launches, want 2", n)
 	}
 }
@@ -123,18 +123,18 @@ func TestOrphanedEngineIsCleanedUpBeforeRestart(t *testing.T) {
 	s.env["FAKEVLLM_FAULT_MARKER"] = filepath.Join(s.dir, "fault-fired")
 	s.extra = "\n[restart]\ninitial_delay = \"2s\"\n"
 	s.start()
-	first := s.waitEvent("the first ready", 1, 30*time.Second, isReady)
+	first := s.WaitEvent("the first ready", 1, 30*time.Second, isReady)
 	_ = first
-	f := s.waitEvent("the failure", 1, 30*time.Second, isExited)
+	f := s.WaitEvent("the failure", 1, 30*time.Second, isExited)
 	if f.Failure.Exit != "killed by SIGKILL" {
 		t.Fatalf("exit %v, want killed by SIGKILL", f.Failure.Exit)
 	}
 	// During the backoff no process of the old tree may be alive.
-	s.waitEvent("backoff", 1, 10*time.Second, inState("backoff"))
+	s.WaitEvent("backoff", 1, 10*time.Second, inState("backoff"))
 	if left := s.ours(); len(left) != 0 {
 		t.Fatalf("old vLLM processes alive during backoff: %v", describe(left))
 	}
-	s.waitEvent("ready again", 2, 30*time.Second, isReady)
+	s.WaitEvent("ready again", 2, 30*time.Second, isReady)
 }
 
 // kill -9 of the guard leaves no vLLM process behind.
@@ -142,12 +142,12 @@ func TestKillNineOfTheGuardLeavesNoVLLM(t *testing.T) {
 	t.Parallel()
 	s := newScene(t)
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	if len(s.ours()) < 2 {
 		t.Fatalf("expected the API server and EngineCore running, found %v", describe(s.ours()))
 	}
 	s.cmd.Process.Signal(syscall.SIGKILL)
-	s.waitExit(10 * time.Second)
+	s.WaitExit(10 * time.Second)
 	s.waitNoProcesses(10 * time.Second)
 }
 
@@ -156,9 +156,9 @@ func TestSIGTERMStopsCleanly(t *testing.T) {
 	t.Parallel()
 	s := newScene(t)
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	s.cmd.Process.Signal(syscall.SIGTERM)
-	if code := s.waitExit(20 * time.Second); code != 0 {
+	if code := s.WaitExit(20 * time.Second); code != 0 {
 		t.Fatalf("exit code %d, want 0", code)
 	}
 	s.waitNoProcesses(5 * time.Second)

@@ -40,17 +40,17 @@ func TestWaitsForFreeGPUMemoryBeforeStarting(t *testing.T) {
 	holder := holdGPU(t, s, 40<<30)
 	s.extra = "\n[gpu]\nsample_interval = \"100ms\"\n"
 	s.start()
-	w := s.waitEvent("waiting for GPU memory", 1, 30*time.Second, inState("waiting_gpu"))
+	w := s.WaitEvent("waiting for GPU memory", 1, 30*time.Second, inState("waiting_gpu"))
 	if !strings.Contains(w.Reason, fmt.Sprintf("pid %d", holder.Process.Pid)) {
 		t.Fatalf("the wait does not name the holder %d: %q", holder.Process.Pid, w.Reason)
 	}
-	if n := s.countEvents(isStarting); n != 0 {
+	if n := s.CountEvents(isStarting); n != 0 {
 		t.Fatalf("vLLM launched into held memory")
 	}
 	holder.Process.Kill()
 	holder.Wait()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
-	if n := s.countEvents(isExited); n != 0 {
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
+	if n := s.CountEvents(isExited); n != 0 {
 		t.Fatalf("%d failures: the start should have waited for the memory", n)
 	}
 }
@@ -68,12 +68,12 @@ func TestWaitsForReleaseAfterExit(t *testing.T) {
 	s.env["FAKEVLLM_FAULT_MARKER"] = filepath.Join(s.dir, "fault-fired")
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n[gpu]\nsample_interval = \"100ms\"\n"
 	s.start()
-	s.waitEvent("ready again", 2, 60*time.Second, isReady)
-	if n := s.countEvents(exitedWith("gpu_busy")); n != 0 {
+	s.WaitEvent("ready again", 2, 60*time.Second, isReady)
+	if n := s.CountEvents(exitedWith("gpu_busy")); n != 0 {
 		t.Fatal("the restart ran into the old run's memory (gpu_busy)")
 	}
-	wait := s.waitEvent("the release wait", 1, time.Second, inState("waiting_gpu"))
-	end := s.waitEvent("the release", 1, time.Second, after(wait, kind(events.KindState)))
+	wait := s.WaitEvent("the release wait", 1, time.Second, inState("waiting_gpu"))
+	end := s.WaitEvent("the release", 1, time.Second, after(wait, kind(events.KindState)))
 	// The stand-in says when it let the dead run's memory go (3 s after
 	// NVML first saw it dead): the wait must have lasted until then, at any
 	// speed, and ended in backoff.
@@ -104,18 +104,18 @@ func TestNVMLFailureMidRunIsSurvived(t *testing.T) {
 	s := newScene(t)
 	s.extra = "\n[gpu]\nsample_interval = \"100ms\"\n[liveness]\ninterval = \"200ms\"\n"
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	fault := filepath.Join(s.gpuDir, "fault")
 	os.WriteFile(fault, []byte("999\n"), 0o644) // NVML_ERROR_UNKNOWN
-	s.waitLog("the NVML error", 1, 10*time.Second, func(m map[string]any) bool {
+	s.WaitLog("the NVML error", 1, 10*time.Second, func(m map[string]any) bool {
 		return m["logger"] == "gpu" && m["level"] == "warn"
 	})
 	os.Remove(fault)
-	s.waitLog("recovery", 1, 10*time.Second, func(m map[string]any) bool {
+	s.WaitLog("recovery", 1, 10*time.Second, func(m map[string]any) bool {
 		text, _ := m["msg"].(string)
 		return m["logger"] == "gpu" && strings.Contains(strings.ToLower(text), "recover")
 	})
-	if n := s.countEvents(isExited); n != 0 {
+	if n := s.CountEvents(isExited); n != 0 {
 		t.Fatalf("vLLM was restarted because NVML failed")
 	}
 }
@@ -126,9 +126,9 @@ func TestNoNVMLLibraryStillSupervises(t *testing.T) {
 	s := newScene(t)
 	s.noNVML = true
 	s.start()
-	s.waitLog("the unavailable notice", 1, 30*time.Second, msgContains("GPU metrics unavailable"))
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
-	if n := s.count(msgContains("GPU metrics unavailable")); n != 1 {
+	s.WaitLog("the unavailable notice", 1, 30*time.Second, msgContains("GPU metrics unavailable"))
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
+	if n := s.CountLogs(msgContains("GPU metrics unavailable")); n != 1 {
 		t.Fatalf("said %d times that GPU metrics are unavailable, want once", n)
 	}
 }
@@ -168,23 +168,23 @@ func TestSurvivorsOfAKilledKeeperAreKilledBeforeTheNextStart(t *testing.T) {
 	s := newScene(t)
 	s.extra = "\n[restart]\ninitial_delay = \"100ms\"\n[gpu]\nsample_interval = \"100ms\"\n"
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	before := s.ours()
 	keeper := keeperOf(t, s.cmd.Process.Pid)
 	if err := syscall.Kill(keeper, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	f := s.waitEvent("the failure", 1, 10*time.Second, isExited)
+	f := s.WaitEvent("the failure", 1, 10*time.Second, isExited)
 	if f.Failure.Exit != "killed by SIGKILL" {
 		t.Fatalf("exit %v, want the keeper's SIGKILL", f.Failure.Exit)
 	}
-	s.waitEvent("ready again", 2, 30*time.Second, isReady)
+	s.WaitEvent("ready again", 2, 30*time.Second, isReady)
 	for _, pid := range before {
 		if alive(pid) {
 			t.Errorf("old vLLM process %d still alive after the restart", pid)
 		}
 	}
-	if n := s.countEvents(exitedWith("gpu_busy")); n != 0 {
+	if n := s.CountEvents(exitedWith("gpu_busy")); n != 0 {
 		t.Fatal("the restart ran into the survivors' memory (gpu_busy)")
 	}
 }

@@ -50,12 +50,12 @@ func TestGPUFaultXID79WhileReadyExits(t *testing.T) {
 	alerts := filepath.Join(s.dir, "alerts.jsonl")
 	s.extra = fmt.Sprintf("\n[gpu]\nsample_interval = \"100ms\"\n[alerts]\ncommand = [\"sh\", \"-c\", \"cat >> %s; echo >> %s\"]\n", alerts, alerts)
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	s.xid(0, 79)
-	if code := s.waitExit(60 * time.Second); code != exitcode.GPUFault {
+	if code := s.WaitExit(60 * time.Second); code != exitcode.GPUFault {
 		t.Fatalf("guard exit code %d, want %d (GPU fault)", code, exitcode.GPUFault)
 	}
-	ex := s.waitEvent("the failure", 1, time.Second, exitedWith("gpu_fault"))
+	ex := s.WaitEvent("the failure", 1, time.Second, exitedWith("gpu_fault"))
 	v := ex.Failure.Verdict
 	if v.GPU == nil || v.GPU.Device != 0 || v.GPU.XID != 79 || !v.GPU.Reset || v.GPU.UUID != "GPU-5e1f0000-0000-4000-8000-000000000001" {
 		t.Fatalf("verdict %+v gpu %+v", v, v.GPU)
@@ -63,7 +63,7 @@ func TestGPUFaultXID79WhileReadyExits(t *testing.T) {
 	if ex.Failure.Decision.ExitCode != exitcode.GPUFault || !strings.Contains(ex.Failure.Decision.Reason, "nvidia-smi -r -i 0") {
 		t.Fatalf("decision %+v", ex.Failure.Decision)
 	}
-	if n := s.countEvents(isStarting); n != 1 {
+	if n := s.CountEvents(isStarting); n != 1 {
 		t.Fatalf("%d starts: vLLM was started again on a GPU that fell off the bus", n)
 	}
 	data, _ := os.ReadFile(alerts)
@@ -88,13 +88,13 @@ func TestGPUFaultStayFailed(t *testing.T) {
 	s := newScene(t)
 	s.extra = "\n[gpu]\nsample_interval = \"100ms\"\non_gpu_fault = \"stay\"\n"
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	s.xid(0, 79)
-	f := s.waitEvent("failed", 1, 60*time.Second, inState("failed"))
+	f := s.WaitEvent("failed", 1, 60*time.Second, inState("failed"))
 	if !strings.Contains(f.Reason, "GPU 0") || !strings.Contains(f.Reason, "XID 79") || !strings.Contains(f.Reason, "nvidia-smi -r -i 0") {
 		t.Fatalf("failed reason %q", f.Reason)
 	}
-	if n := s.countEvents(isStarting); n != 1 {
+	if n := s.CountEvents(isStarting); n != 1 {
 		t.Fatalf("%d starts", n)
 	}
 	s.stopCleanly(30*time.Second, 10*time.Second)
@@ -107,15 +107,15 @@ func TestGPUFaultXID94RestartsOnTheSameRung(t *testing.T) {
 	s := newScene(t)
 	s.extra = "\n[gpu]\nsample_interval = \"100ms\"\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	s.xid(0, 94)
-	s.waitEvent("ready again", 2, 60*time.Second, isReady)
-	ex := s.waitEvent("the failure", 1, time.Second, exitedWith("gpu_fault"))
+	s.WaitEvent("ready again", 2, 60*time.Second, isReady)
+	ex := s.WaitEvent("the failure", 1, time.Second, exitedWith("gpu_fault"))
 	d := ex.Failure.Decision
 	if d.Action != "restart" || d.Rung.Index != 0 || ex.Failure.Verdict.GPU == nil || ex.Failure.Verdict.GPU.XID != 94 {
 		t.Fatalf("failure %+v", ex.Failure)
 	}
-	if n, m := s.countEvents(isExited), s.countEvents(isStarting); n != 1 || m != 2 {
+	if n, m := s.CountEvents(isExited), s.CountEvents(isStarting); n != 1 || m != 2 {
 		t.Fatalf("%d failures, %d starts; want 1 and 2", n, m)
 	}
 	s.stopCleanly(30*time.Second, 10*time.Second)
@@ -131,17 +131,17 @@ func TestGPUFaultLostAtStartBlocksStart(t *testing.T) {
 	s.health("0 lost 1")
 	s.extra = "\n[gpu]\nsample_interval = \"100ms\"\n"
 	s.start()
-	w := s.waitEvent("waiting for the GPU", 1, 30*time.Second, func(e events.Event) bool {
+	w := s.WaitEvent("waiting for the GPU", 1, 30*time.Second, func(e events.Event) bool {
 		return inState("waiting_gpu")(e) && strings.Contains(e.Reason, "GPU 0 is lost")
 	})
 	if !strings.Contains(w.Reason, "nvidia-smi -r -i 0") {
 		t.Fatalf("reason %q", w.Reason)
 	}
-	if n := s.countEvents(isStarting); n != 0 {
+	if n := s.CountEvents(isStarting); n != 0 {
 		t.Fatalf("vLLM started on a lost GPU")
 	}
 	s.health("0 lost 0")
-	s.waitEvent("ready after the reset", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready after the reset", 1, 30*time.Second, isReady)
 	s.stopCleanly(30*time.Second, 10*time.Second)
 }
 
@@ -153,16 +153,16 @@ func TestGPUFaultPendingRemapBlocksStart(t *testing.T) {
 	s.health("0 remap_unc 2", "0 remap_pending 1")
 	s.extra = "\n[gpu]\nsample_interval = \"100ms\"\n"
 	s.start()
-	w := s.waitEvent("waiting for the GPU", 1, 30*time.Second, func(e events.Event) bool {
+	w := s.WaitEvent("waiting for the GPU", 1, 30*time.Second, func(e events.Event) bool {
 		return inState("waiting_gpu")(e) && strings.Contains(e.Reason, "row remap pending")
 	})
 	if !strings.Contains(w.Reason, "GPU 0") || !strings.Contains(w.Reason, "nvidia-smi -r -i 0") {
 		t.Fatalf("reason %q", w.Reason)
 	}
-	if n := s.countEvents(isStarting); n != 0 {
+	if n := s.CountEvents(isStarting); n != 0 {
 		t.Fatalf("vLLM started on a GPU with a row remap pending")
 	}
 	s.health("0 remap_unc 2", "0 remap_pending 0")
-	s.waitEvent("ready after the reset", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready after the reset", 1, 30*time.Second, isReady)
 	s.stopCleanly(30*time.Second, 10*time.Second)
 }

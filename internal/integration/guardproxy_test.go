@@ -42,7 +42,7 @@ queue_size = 512
 queue_timeout = "20s"
 `, oomSeqs, proxyPort)
 			s.start()
-			s.waitEvent("ready", 1, 30*time.Second, isReady)
+			s.WaitEvent("ready", 1, 30*time.Second, isReady)
 			url := fmt.Sprintf("http://127.0.0.1:%d", proxyPort)
 			if through == "direct" {
 				url = fmt.Sprintf("http://127.0.0.1:%d", s.port)
@@ -52,7 +52,7 @@ queue_timeout = "20s"
 				"--concurrency", fmt.Sprint(4*oomSeqs), "--prompt-tokens", "2000", "--max-tokens", "32",
 				"--duration", "3s", "--socket", filepath.Join(s.dir, "guard.sock"), "--json", report)
 			out, _ := cmd.CombinedOutput()
-			ooms := s.countEvents(exitedWith("oom"))
+			ooms := s.CountEvents(exitedWith("oom"))
 			switch through {
 			case "proxy":
 				if cmd.ProcessState.ExitCode() != 0 {
@@ -84,7 +84,7 @@ queue_timeout = "20s"
 				// The exit is classified after the drill may have ended:
 				// wait for it (bounded) rather than count what came so far.
 				if ooms == 0 {
-					s.waitEvent("the OOM of the burst straight at vLLM", 1, 30*time.Second, exitedWith("oom"))
+					s.WaitEvent("the OOM of the burst straight at vLLM", 1, 30*time.Second, exitedWith("oom"))
 				}
 			}
 		})

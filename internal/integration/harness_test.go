@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -11,9 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +18,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/procmark"
 	"github.com/vllm-guard/vllm-guard/internal/testbin"
+	"github.com/vllm-guard/vllm-guard/internal/testkit/guardrun"
 	"github.com/vllm-guard/vllm-guard/internal/vllmstats"
 )
 
@@ -83,14 +81,10 @@ type scene struct {
 	command    string            // TOML array for [vllm] command; default the simulator
 	cmd        *exec.Cmd
 
-	mu     sync.Mutex
-	logs   []map[string]any
-	raw    []string
-	evs    []events.Event // the guard's event stream (run --events), in order
-	notify chan struct{}  // a log line or an event arrived
-	evDone chan struct{}  // the event stream ended (the guard closed it at exit)
-	exited chan struct{}  // the guard exited and both streams were read to the end
-	code   int
+	// The running guard: its log, its event stream (run --events) and
+	// every wait on them (internal/testkit/guardrun, shared with the real
+	// vLLM's scene).
+	*guardrun.Guard
 }
 
 func newScene(t testing.TB) *scene {
@@ -139,7 +133,6 @@ func (s *scene) configText() string {
 // stream (`--events /dev/fd/3`, a pipe).
 func (s *scene) start(args ...string) {
 	s.t.Helper()
-	s.notify, s.evDone, s.exited = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
 	cfg := filepath.Join(s.dir, "vllm-guard.toml")
 	text := s.configText()
 	if s.editConfig != nil {
@@ -152,91 +145,42 @@ func (s *scene) start(args ...string) {
 	if bin == "" {
 		bin = bins.guard
 	}
-	s.cmd = exec.Command(bin, append([]string{"run", "--config", cfg, "--events", "/dev/fd/3"}, args...)...)
+	argv := append([]string{bin, "run", "--config", cfg, "--events", "/dev/fd/3"}, args...)
 	if s.nofile > 0 {
 		// As systemd's LimitNOFILE: the shell sets both limits, then
 		// becomes the guard (same pid), which raises its soft limit to
 		// the hard one as every Go program does.
-		s.cmd = exec.Command("/bin/sh", append([]string{"-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, s.nofile), s.cmd.Path}, s.cmd.Args[1:]...)...)
+		argv = append([]string{"/bin/sh", "-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, s.nofile)}, argv...)
 	}
-	evr, evw, err := os.Pipe()
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	s.cmd.ExtraFiles = []*os.File{evw}
 	lib := bins.nvmlDir
 	if s.noNVML {
 		lib = filepath.Join(s.dir, "no-nvml-here")
 	}
 	// The race runtime sleeps a second at every exit by default; the keeper
 	// (the same race-built binary) exits at each stop of vLLM.
-	s.cmd.Env = append(os.Environ(), "FAKENVML_STATE="+s.gpuDir, "LD_LIBRARY_PATH="+lib, "GORACE=atexit_sleep_ms=0")
+	env := append(os.Environ(), "FAKENVML_STATE="+s.gpuDir, "LD_LIBRARY_PATH="+lib, "GORACE=atexit_sleep_ms=0")
 	for k, v := range s.guardEnv {
-		s.cmd.Env = append(s.cmd.Env, k+"="+v)
+		env = append(env, k+"="+v)
 	}
-	stderr, err := s.cmd.StderrPipe()
-	if err != nil {
-		s.t.Fatal(err)
+	spec := guardrun.Spec{Argv: argv, Env: env}
+	if s.skipVLLM {
+		spec.Skip = func(line string) bool { return strings.Contains(line, `"logger":"vllm"`) }
 	}
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatal(err)
-	}
-	evw.Close() // the guard holds the writing end now
-	go s.readEvents(evr)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			var m map[string]any
-			line := sc.Text()
-			if s.skipVLLM && strings.Contains(line, `"logger":"vllm"`) {
-				continue
-			}
-			_ = json.Unmarshal([]byte(line), &m)
-			s.mu.Lock()
-			s.raw = append(s.raw, line)
-			if m != nil {
-				s.logs = append(s.logs, m)
-			}
-			s.mu.Unlock()
-			select {
-			case s.notify <- struct{}{}:
-			default:
-			}
-		}
-		err := s.cmd.Wait()
-		s.code = s.cmd.ProcessState.ExitCode()
-		_ = err
-		// The guard flushed and closed its event stream before it exited;
-		// what it wrote is read before anyone hears of the exit.
-		<-s.evDone
-		close(s.exited)
-	}()
+	s.Guard = guardrun.Start(s.t, spec)
+	s.cmd = s.Cmd
 	s.t.Cleanup(func() {
-		select {
-		case <-s.exited:
-		default:
-			s.cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-s.exited:
-			case <-time.After(15 * time.Second):
-				s.cmd.Process.Kill()
-				<-s.exited
-			}
-		}
+		s.Stop(15 * time.Second)
 		s.killLeftovers()
 		if s.t.Failed() {
-			s.mu.Lock()
-			n := len(s.raw)
-			from := max(0, n-80)
-			s.t.Logf("guard log (last %d lines):\n%s", n-from, strings.Join(s.raw[from:], "\n"))
-			var evs []string
-			for _, e := range s.evs[max(0, len(s.evs)-40):] {
+			raw, evs := s.Raw(), s.Events()
+			from := max(0, len(raw)-80)
+			s.t.Logf("guard log (last %d lines):\n%s", len(raw)-from, strings.Join(raw[from:], "\n"))
+			var lines []string
+			for _, e := range evs[max(0, len(evs)-40):] {
 				b, _ := json.Marshal(e)
-				evs = append(evs, string(b))
+				lines = append(lines, string(b))
 			}
-			s.t.Logf("guard events (last %d):\n%s", len(evs), strings.Join(evs, "\n"))
-			s.mu.Unlock()
+			s.t.Logf("guard events (last %d):\n%s", len(lines), strings.Join(lines, "\n"))
 		}
 	})
 }
@@ -252,105 +196,19 @@ func (s *scene) restart() *scene {
 	return n
 }
 
-// readEvents decodes the guard's event stream until the guard closes it.
-func (s *scene) readEvents(r *os.File) {
-	defer close(s.evDone)
-	defer r.Close()
-	dec := json.NewDecoder(r)
-	for {
-		var e events.Event
-		if err := dec.Decode(&e); err != nil {
-			return
-		}
-		s.mu.Lock()
-		s.evs = append(s.evs, e)
-		s.mu.Unlock()
-		select {
-		case s.notify <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// events is a copy of the events so far.
-func (s *scene) events() []events.Event {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.evs)
-}
-
-// countEvents is how many events so far match.
-func (s *scene) countEvents(match func(events.Event) bool) int {
-	n := 0
-	for _, e := range s.events() {
-		if match(e) {
-			n++
-		}
-	}
-	return n
-}
-
-// waitEvent waits until n events match, and returns the n-th. It fails the
-// test when the guard exits first or timeout passes (a bound, not a
-// measurement: the test is correct at any speed below it).
-func (s *scene) waitEvent(what string, n int, timeout time.Duration, match func(events.Event) bool) events.Event {
-	s.t.Helper()
-	deadline := time.After(timeout)
-	for {
-		found := 0
-		for _, e := range s.events() {
-			if match(e) {
-				if found++; found == n {
-					return e
-				}
-			}
-		}
-		select {
-		case <-s.notify:
-		case <-s.exited:
-			if s.countEvents(match) >= n {
-				continue
-			}
-			s.t.Fatalf("guard exited (code %d) before %s", s.code, what)
-		case <-deadline:
-			s.t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-	}
-}
-
-// Event matchers.
-
-func kind(k events.Kind) func(events.Event) bool {
-	return func(e events.Event) bool { return e.Kind == k }
-}
+// Event matchers (internal/testkit/guardrun's, shared with the real vLLM's
+// scene).
 
 var (
+	kind       = guardrun.OfKind
+	inState    = guardrun.InState
+	exitedWith = guardrun.ExitedWith
+	decided    = guardrun.Decided
+	after      = guardrun.After
 	isStarting = kind(events.KindStarting)
 	isReady    = kind(events.KindReady)
 	isExited   = kind(events.KindExited)
 )
-
-// inState matches the change into state st.
-func inState(st string) func(events.Event) bool {
-	return func(e events.Event) bool { return e.Kind == events.KindState && e.State == st }
-}
-
-// exitedWith matches an exit whose verdict is cause.
-func exitedWith(cause string) func(events.Event) bool {
-	return func(e events.Event) bool {
-		return e.Kind == events.KindExited && e.Failure != nil && string(e.Failure.Verdict.Cause) == cause
-	}
-}
-
-// decided matches a decision event naming d.
-func decided(d string) func(events.Event) bool {
-	return func(e events.Event) bool { return e.Kind == events.KindDecision && e.Decision == d }
-}
-
-// after matches what match matches, later in the stream than e.
-func after(e events.Event, match func(events.Event) bool) func(events.Event) bool {
-	return func(x events.Event) bool { return x.Seq > e.Seq && match(x) }
-}
 
 // rungOf is the rung an event names (-1 when it names none).
 func rungOf(e events.Event) int {
@@ -360,66 +218,12 @@ func rungOf(e events.Event) int {
 	return e.Rung.Index
 }
 
-// count is how many guard log entries match.
-func (s *scene) count(match func(map[string]any) bool) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for _, m := range s.logs {
-		if match(m) {
-			n++
-		}
-	}
-	return n
-}
-
-// waitLog waits until n guard log entries match, and returns the last one.
-func (s *scene) waitLog(what string, n int, timeout time.Duration, match func(map[string]any) bool) map[string]any {
-	s.t.Helper()
-	deadline := time.After(timeout)
-	for {
-		s.mu.Lock()
-		var found []map[string]any
-		for _, m := range s.logs {
-			if match(m) {
-				found = append(found, m)
-			}
-		}
-		s.mu.Unlock()
-		if len(found) >= n {
-			return found[n-1]
-		}
-		select {
-		case <-s.notify:
-		case <-s.exited:
-			if s.count(match) >= n {
-				continue
-			}
-			s.t.Fatalf("guard exited (code %d) before %s", s.code, what)
-		case <-deadline:
-			s.t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-	}
-}
-
 func msg(text string) func(map[string]any) bool {
 	return func(m map[string]any) bool { return m["msg"] == text }
 }
 
 func msgContains(text string) func(map[string]any) bool {
 	return func(m map[string]any) bool { s, _ := m["msg"].(string); return strings.Contains(s, text) }
-}
-
-// waitExit waits for the guard to exit and returns its code.
-func (s *scene) waitExit(timeout time.Duration) int {
-	s.t.Helper()
-	select {
-	case <-s.exited:
-		return s.code
-	case <-time.After(timeout):
-		s.t.Fatalf("guard did not exit within %s", timeout)
-		return -1
-	}
 }
 
 // ours lists live processes of this scene (they carry FAKEVLLM_TEST_ID).
@@ -436,7 +240,7 @@ func (s *scene) killLeftovers() {
 func (s *scene) stopCleanly(exit, gone time.Duration) {
 	s.t.Helper()
 	s.cmd.Process.Signal(syscall.SIGTERM)
-	if code := s.waitExit(exit); code != 0 {
+	if code := s.WaitExit(exit); code != 0 {
 		s.t.Fatalf("exit code %d after SIGTERM, want 0", code)
 	}
 	s.waitNoProcesses(gone)
@@ -509,8 +313,8 @@ func (s *scene) waitFullBatch(maxNumSeqs int, timeout time.Duration) map[string]
 			s.t.Fatalf("the simulator did not run a full batch of %d within %s (last %v, %v)", maxNumSeqs, timeout, m, err)
 		}
 		select {
-		case <-s.exited:
-			s.t.Fatalf("guard exited (code %d) before a full batch ran", s.code)
+		case <-s.Exited():
+			s.t.Fatalf("guard exited (code %d) before a full batch ran", s.Code())
 		case <-time.After(50 * time.Millisecond): // the pace of the scrapes
 		}
 	}

@@ -41,8 +41,8 @@ func TestHostileTCPStatusIsARedactedSummary(t *testing.T) {
 	oneShot(s, "crash_on_start")
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
-	s.waitEvent("the crash", 1, 30*time.Second, isExited)
-	s.waitEvent("ready after it", 1, 30*time.Second, isReady)
+	s.WaitEvent("the crash", 1, 30*time.Second, isExited)
+	s.WaitEvent("ready after it", 1, 30*time.Second, isReady)
 
 	get := func(host string) (int, string) {
 		req, _ := http.NewRequest("GET", "http://"+addr+"/status", nil)
@@ -96,9 +96,7 @@ func TestHostileTCPStatusIsARedactedSummary(t *testing.T) {
 			t.Errorf("incident record %s carries the API key", f)
 		}
 	}
-	s.mu.Lock()
-	logLines := slices.Clone(s.raw)
-	s.mu.Unlock()
+	logLines := s.Raw()
 	masked := false
 	for _, l := range logLines {
 		if strings.Contains(l, apiKey) {
@@ -137,14 +135,14 @@ func TestHostileSocketFolderOpenToOthersIsRefused(t *testing.T) {
 	}
 	os.Chmod(filepath.Dir(path), 0o777)
 	s.start()
-	if code := s.waitExit(30 * time.Second); code != 78 {
+	if code := s.WaitExit(30 * time.Second); code != 78 {
 		t.Fatalf("exit %d with a 0777 socket folder, want 78", code)
 	}
-	e := s.waitLog("the refusal", 1, time.Second, msgContains("cannot serve the control socket"))
+	e := s.WaitLog("the refusal", 1, time.Second, msgContains("cannot serve the control socket"))
 	if errText, _ := e["error"].(string); !strings.Contains(errText, filepath.Dir(path)) || !strings.Contains(errText, "mode 0777") {
 		t.Errorf("the error does not name the folder and its mode: %q", errText)
 	}
-	if n := s.countEvents(isStarting); n != 0 {
+	if n := s.CountEvents(isStarting); n != 0 {
 		t.Errorf("vLLM launched %d times", n)
 	}
 	if _, err := os.Lstat(path); !os.IsNotExist(err) {
@@ -229,7 +227,7 @@ func TestHostileSecondGuardCannotTakeTheSocket(t *testing.T) {
 	t.Parallel()
 	a := quick(newScene(t))
 	a.start()
-	a.waitEvent("the first guard ready", 1, 30*time.Second, isReady)
+	a.WaitEvent("the first guard ready", 1, 30*time.Second, isReady)
 	if err := os.Remove(a.socket()); err != nil {
 		t.Fatal(err)
 	}
@@ -238,15 +236,15 @@ func TestHostileSecondGuardCannotTakeTheSocket(t *testing.T) {
 		return strings.Replace(text, fmt.Sprintf("socket = %q", filepath.Join(b.dir, "guard.sock")), fmt.Sprintf("socket = %q", a.socket()), 1)
 	}
 	b.start()
-	if code := b.waitExit(30 * time.Second); code != 78 {
+	if code := b.WaitExit(30 * time.Second); code != 78 {
 		t.Fatalf("the second guard: exit %d, want 78", code)
 	}
-	e := b.waitLog("the refusal", 1, time.Second, msgContains("cannot serve the control socket"))
+	e := b.WaitLog("the refusal", 1, time.Second, msgContains("cannot serve the control socket"))
 	want := fmt.Sprintf("(pid %d) holds %s.lock", a.cmd.Process.Pid, a.socket())
 	if errText, _ := e["error"].(string); !strings.Contains(errText, want) {
 		t.Errorf("the second guard's error %q does not name the holder: want %q", errText, want)
 	}
-	if n := b.countEvents(isStarting); n != 0 {
+	if n := b.CountEvents(isStarting); n != 0 {
 		t.Errorf("the second guard launched vLLM %d times", n)
 	}
 	a.stopCleanly(30*time.Second, 5*time.Second)
@@ -274,9 +272,9 @@ func TestHostileIncidentsSymlinkIsNotFollowed(t *testing.T) {
 	oneShot(s, "crash_on_start")
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
-	s.waitLog("the warning", 1, 30*time.Second, msgContains("is a symlink"))
-	s.waitEvent("the incident", 1, 30*time.Second, kind(events.KindIncident))
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitLog("the warning", 1, 30*time.Second, msgContains("is a symlink"))
+	s.WaitEvent("the incident", 1, 30*time.Second, kind(events.KindIncident))
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	ents, _ := os.ReadDir(other)
 	if len(ents) != 200 || ents[0].Name() != "20000101T000000.000000Z-crash.json" {
 		t.Errorf("the symlink's target changed: %d files, first %q", len(ents), ents[0].Name())
@@ -300,11 +298,11 @@ func TestHostileStateFIFODoesNotHang(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.start()
-	w := s.waitLog("the warning", 1, 30*time.Second, msgContains("FIFO"))
+	w := s.WaitLog("the warning", 1, 30*time.Second, msgContains("FIFO"))
 	if text, _ := w["msg"].(string); !strings.Contains(text, "moved it aside") {
 		t.Errorf("warning %q does not say the FIFO was moved aside", text)
 	}
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	aside, _ := filepath.Glob(filepath.Join(s.dir, "state", "state.json.corrupt-*"))
 	if len(aside) != 1 {
 		t.Fatalf("moved-aside copies: %v", aside)
@@ -323,7 +321,7 @@ func TestHostileFailedIncidentWriteStillShowsInStatus(t *testing.T) {
 	s := quick(newScene(t))
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	inc := filepath.Join(s.dir, "state", "incidents")
 	if err := os.RemoveAll(inc); err != nil {
 		t.Fatal(err)
@@ -334,7 +332,7 @@ func TestHostileFailedIncidentWriteStillShowsInStatus(t *testing.T) {
 	if err := syscall.Kill(apiServer(t, s), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	s.waitEvent("the failed write", 1, 30*time.Second, func(e events.Event) bool {
+	s.WaitEvent("the failed write", 1, 30*time.Second, func(e events.Event) bool {
 		return e.Kind == events.KindIncident && strings.HasPrefix(e.Reason, "not written")
 	})
 	c := control.NewClient(s.socket())
@@ -350,26 +348,16 @@ func TestHostileFailedIncidentWriteStillShowsInStatus(t *testing.T) {
 // JSON) and returns it.
 func (s *scene) waitRaw(what, text string, timeout time.Duration) string {
 	s.t.Helper()
-	deadline := time.After(timeout)
-	for {
-		s.mu.Lock()
-		i := slices.IndexFunc(s.raw, func(l string) bool { return strings.Contains(l, text) })
-		var line string
+	var line string
+	s.Until(what, timeout, func() bool {
+		raw := s.Raw()
+		i := slices.IndexFunc(raw, func(l string) bool { return strings.Contains(l, text) })
 		if i >= 0 {
-			line = s.raw[i]
+			line = raw[i]
 		}
-		s.mu.Unlock()
-		if i >= 0 {
-			return line
-		}
-		select {
-		case <-s.notify:
-		case <-s.exited:
-			s.t.Fatalf("guard exited (code %d) before %s", s.code, what)
-		case <-deadline:
-			s.t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-	}
+		return i >= 0
+	})
+	return line
 }
 
 // Item 12: a vLLM line with NUL, BEL, an escape sequence, DEL, C1 controls
@@ -382,7 +370,7 @@ func TestHostileControlBytesNeverReachTheLogRaw(t *testing.T) {
 	s.env["FAKEVLLM_FAULT"] = "control_bytes"
 	s.editConfig = func(text string) string { return strings.Replace(text, `format = "json"`, `format = "console"`, 1) }
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	line := s.waitRaw("the line with control bytes", "cmpl-ctlbytes", 10*time.Second)
 	// The OSC title sequence (ESC ] 0;pwned BEL) is stripped whole by the
 	// pump; every other control is escaped where it stood.
@@ -390,9 +378,7 @@ func TestHostileControlBytesNeverReachTheLogRaw(t *testing.T) {
 		t.Errorf("the controls are not escaped in place: %q", line)
 	}
 	s.stopCleanly(30*time.Second, 5*time.Second)
-	s.mu.Lock()
-	raw := slices.Clone(s.raw)
-	s.mu.Unlock()
+	raw := s.Raw()
 	for _, l := range raw {
 		if !utf8.ValidString(l) {
 			t.Errorf("log line is not valid UTF-8: %q", l)

@@ -41,9 +41,9 @@ func TestTwoInstancesOnOneHost(t *testing.T) {
 	}
 	a.start("--instance", "a")
 	b.start("--instance", "b")
-	a.waitEvent("a ready", 1, 60*time.Second, isReady)
-	b.waitEvent("b ready", 1, 60*time.Second, isReady)
-	a.waitLog("a's instance line", 1, 10*time.Second, func(m map[string]any) bool {
+	a.WaitEvent("a ready", 1, 60*time.Second, isReady)
+	b.WaitEvent("b ready", 1, 60*time.Second, isReady)
+	a.WaitLog("a's instance line", 1, 10*time.Second, func(m map[string]any) bool {
 		return m["msg"] == "running as an instance" && m["instance"] == "a" && m["socket"] == filepath.Join(rt, "a.sock")
 	})
 
@@ -107,8 +107,8 @@ func TestTwoInstancesOnOneHost(t *testing.T) {
 	if out, err := exec.Command(bins.guard, "restart", "--socket", filepath.Join(rt, "a.sock")).CombinedOutput(); err != nil {
 		t.Fatalf("restart a: %v\n%s", err, out)
 	}
-	a.waitEvent("a ready again", 2, 60*time.Second, isReady)
-	if n := b.countEvents(isStarting); n != 1 {
+	a.WaitEvent("a ready again", 2, 60*time.Second, isReady)
+	if n := b.CountEvents(isStarting); n != 1 {
 		t.Fatalf("a restart of a started b's vLLM too (%d starts)", n)
 	}
 	if d := status("b"); d.Guard.PID != db.Guard.PID {

@@ -71,8 +71,8 @@ func TestJournalctlFindsErrors(t *testing.T) {
 	}
 	s.guardBin = wrapper
 	s.start()
-	s.waitEvent("the OOM at start", 1, 60*time.Second, exitedWith("oom"))
-	s.waitEvent("ready after the OOM", 1, 60*time.Second, isReady)
+	s.WaitEvent("the OOM at start", 1, 60*time.Second, exitedWith("oom"))
+	s.WaitEvent("ready after the OOM", 1, 60*time.Second, isReady)
 
 	// A broken file on SIGHUP: the guard's own error.
 	cfg := filepath.Join(s.dir, "vllm-guard.toml")
@@ -84,9 +84,9 @@ func TestJournalctlFindsErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.guardSignal(syscall.SIGHUP)
-	s.waitEvent("the reload refused", 1, 30*time.Second, decided(events.DecisionReload))
+	s.WaitEvent("the reload refused", 1, 30*time.Second, decided(events.DecisionReload))
 	s.cmd.Process.Signal(syscall.SIGTERM)
-	if code := s.waitExit(60 * time.Second); code != 0 {
+	if code := s.WaitExit(60 * time.Second); code != 0 {
 		t.Fatalf("wrapper exit %d; want the guard's 0 (9x: the wrapper could not start journald)", code)
 	}
 

@@ -19,7 +19,7 @@ func TestNoREADYBeforeACompletionSucceeds(t *testing.T) {
 	// Several readiness probes answered and failed: each a chance to send
 	// READY=1, counted, not timed. A datagram sent before the event was
 	// published is queued on the socket by then.
-	s.waitEvent("three answered readiness probes", 3, 30*time.Second, answeredProbeFailure)
+	s.WaitEvent("three answered readiness probes", 3, 30*time.Second, answeredProbeFailure)
 	for _, m := range sock.Drain() {
 		if strings.Contains(m, "READY=1") {
 			t.Fatalf("READY=1 sent although no completion succeeded: %q", m)
@@ -46,7 +46,7 @@ func TestREADYAfterReadyAndExtendDuringALongLoad(t *testing.T) {
 		t.Fatalf("%d EXTEND_TIMEOUT_USEC during a 4 s load with progress, want at least 2; datagrams:\n%s", extends, strings.Join(seen, "\n"))
 	}
 	// The event and the datagram travel separately: the event may lag.
-	s.waitEvent("the ready event to match READY=1", 1, 30*time.Second, isReady)
+	s.WaitEvent("the ready event to match READY=1", 1, 30*time.Second, isReady)
 }
 
 func TestSTATUSChangesOnOOM(t *testing.T) {

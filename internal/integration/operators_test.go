@@ -20,7 +20,7 @@ func TestConcurrentOperatorsOneRestart(t *testing.T) {
 	t.Parallel()
 	s := quick(newScene(t))
 	s.start()
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 
 	const clients = 200
 	var (
@@ -77,14 +77,14 @@ func TestConcurrentOperatorsOneRestart(t *testing.T) {
 	if err := <-restartErr; err != nil {
 		t.Fatalf("restart: %v", err)
 	}
-	s.waitEvent("ready after the restart", 2, 30*time.Second, isReady)
-	if n := s.countEvents(decided(events.DecisionRestart)); n != 1 {
+	s.WaitEvent("ready after the restart", 2, 30*time.Second, isReady)
+	if n := s.CountEvents(decided(events.DecisionRestart)); n != 1 {
 		t.Fatalf("%d restarts accepted, want 1", n)
 	}
-	if n := s.countEvents(isStarting); n != 2 {
+	if n := s.CountEvents(isStarting); n != 2 {
 		t.Fatalf("%d launches, want 2", n)
 	}
-	if n := s.countEvents(isExited); n != 0 {
+	if n := s.CountEvents(isExited); n != 0 {
 		t.Fatalf("an operator's restart was logged as %d failures", n)
 	}
 }

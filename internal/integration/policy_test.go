@@ -20,12 +20,12 @@ func TestOneOOMThenStableOnRungOne(t *testing.T) {
 	s.env["FAKEVLLM_BACKGROUND_RAMP"] = "500ms"
 	s.extra = "\n[restart]\ninitial_delay = \"200ms\"\n[gpu]\nsample_interval = \"100ms\"\n"
 	s.start()
-	f := s.waitEvent("the OOM", 1, 60*time.Second, isExited)
+	f := s.WaitEvent("the OOM", 1, 60*time.Second, isExited)
 	if f.Failure.Verdict.Cause != "oom" || f.Failure.Decision.Rung.Index != 1 {
 		t.Fatalf("failure %+v: want cause oom and next rung 1", f.Failure)
 	}
-	s.waitEvent("ready on rung 1", 2, 60*time.Second, isReady)
-	ready := s.waitEvent("ready on rung 1", 2, time.Second, isReady)
+	s.WaitEvent("ready on rung 1", 2, 60*time.Second, isReady)
+	ready := s.WaitEvent("ready on rung 1", 2, time.Second, isReady)
 	if rungOf(ready) != 1 {
 		t.Fatalf("second ready on rung %d, want 1", rungOf(ready))
 	}
@@ -36,10 +36,10 @@ func TestOneOOMThenStableOnRungOne(t *testing.T) {
 	if safe := m["fakevllm_true_safe_max_num_seqs"]; safe < float64(seqs) {
 		t.Fatalf("rung 1 (max_num_seqs %d) does not hold a full batch: the simulator's safe maximum is %v", seqs, safe)
 	}
-	if n := s.countEvents(isExited); n != 1 {
+	if n := s.CountEvents(isExited); n != 1 {
 		t.Fatalf("%d failures, want exactly 1", n)
 	}
-	if n := s.countEvents(isStarting); n != 2 {
+	if n := s.CountEvents(isStarting); n != 2 {
 		t.Fatalf("%d launches, want 2", n)
 	}
 }
@@ -50,13 +50,13 @@ func TestBadFlagStopsAtOnceWith78(t *testing.T) {
 	s := newScene(t)
 	s.command = `["` + bins.fakevllm + `", "serve", "test-model", "--max-model-lenn", "4096"]`
 	s.start()
-	if code := s.waitExit(30 * time.Second); code != 78 {
+	if code := s.WaitExit(30 * time.Second); code != 78 {
 		t.Fatalf("exit %d, want 78", code)
 	}
-	if n := s.countEvents(isStarting); n != 1 {
+	if n := s.CountEvents(isStarting); n != 1 {
 		t.Fatalf("%d launches, want 1", n)
 	}
-	f := s.waitEvent("the failure", 1, time.Second, isExited)
+	f := s.WaitEvent("the failure", 1, time.Second, isExited)
 	if f.Failure.Verdict.Cause != "config_error" || !strings.Contains(verdictText(f), "--max-model-lenn") {
 		t.Fatalf("failure %+v does not name the flag", f.Failure)
 	}
@@ -68,10 +68,10 @@ func TestMissingCommandIsAConfigError(t *testing.T) {
 	s := newScene(t)
 	s.command = `["/nonexistent/vllm", "serve", "m"]`
 	s.start()
-	if code := s.waitExit(30 * time.Second); code != 78 {
+	if code := s.WaitExit(30 * time.Second); code != 78 {
 		t.Fatalf("exit %d, want 78", code)
 	}
-	f := s.waitEvent("the failure", 1, time.Second, isExited)
+	f := s.WaitEvent("the failure", 1, time.Second, isExited)
 	if !strings.Contains(f.Failure.Verdict.Summary, "/nonexistent/vllm") {
 		t.Fatalf("summary %q does not name the command", f.Failure.Verdict.Summary)
 	}
@@ -85,11 +85,11 @@ func TestCrashLoopGivesUp(t *testing.T) {
 	s.env["FAKEVLLM_FAULT"] = "crash_on_start"
 	s.extra = "\n[restart]\ninitial_delay = \"200ms\"\nmultiplier = 2.0\njitter = 0.0\ngive_up_after = 4\n"
 	s.start()
-	if code := s.waitExit(60 * time.Second); code != 1 {
+	if code := s.WaitExit(60 * time.Second); code != 1 {
 		t.Fatalf("exit %d, want 1", code)
 	}
 	var launches []time.Time
-	for _, e := range s.events() {
+	for _, e := range s.Events() {
 		if isStarting(e) {
 			launches = append(launches, e.Time)
 		}
@@ -104,7 +104,7 @@ func TestCrashLoopGivesUp(t *testing.T) {
 			t.Errorf("gap %d is %s, want at least the backoff %s", i+1, gap, want)
 		}
 	}
-	gaveUp := s.waitEvent("give up", 1, time.Second, inState("failed"))
+	gaveUp := s.WaitEvent("give up", 1, time.Second, inState("failed"))
 	if !strings.Contains(gaveUp.Reason, "gave up") {
 		t.Errorf("the failed state says %q, want the give-up", gaveUp.Reason)
 	}
@@ -119,17 +119,17 @@ func TestRestartedGuardResumesOnItsRung(t *testing.T) {
 	s.env["FAKEVLLM_BACKGROUND_AFTER"] = "200ms"
 	s.extra = "\n[restart]\ninitial_delay = \"200ms\"\n[gpu]\nsample_interval = \"100ms\"\n"
 	s.start()
-	s.waitEvent("ready on rung 1", 2, 60*time.Second, isReady)
+	s.WaitEvent("ready on rung 1", 2, 60*time.Second, isReady)
 	s.cmd.Process.Signal(syscall.SIGTERM)
-	if code := s.waitExit(30 * time.Second); code != 0 {
+	if code := s.WaitExit(30 * time.Second); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	again := s.restart()
-	l := again.waitEvent("the launch", 1, 30*time.Second, isStarting)
+	l := again.WaitEvent("the launch", 1, 30*time.Second, isStarting)
 	if rungOf(l) != 1 {
 		t.Fatalf("restarted guard launched on rung %d, want 1", rungOf(l))
 	}
-	again.waitEvent("ready", 1, 30*time.Second, isReady)
+	again.WaitEvent("ready", 1, 30*time.Second, isReady)
 }
 
 // A corrupt state.json is moved aside with a warning; the guard starts on
@@ -141,12 +141,12 @@ func TestCorruptStateFileIsMovedAside(t *testing.T) {
 	os.MkdirAll(stateDir, 0o750)
 	os.WriteFile(filepath.Join(stateDir, "state.json"), []byte(`{"rung": 2, "failures": [`), 0o640)
 	s.start()
-	s.waitLog("the warning", 1, 30*time.Second, msgContains("state.json.corrupt-"))
-	l := s.waitEvent("the launch", 1, 30*time.Second, isStarting)
+	s.WaitLog("the warning", 1, 30*time.Second, msgContains("state.json.corrupt-"))
+	l := s.WaitEvent("the launch", 1, 30*time.Second, isStarting)
 	if rungOf(l) != 0 {
 		t.Fatalf("launched on rung %d, want 0", rungOf(l))
 	}
-	s.waitEvent("ready", 1, 30*time.Second, isReady)
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	aside, _ := filepath.Glob(filepath.Join(stateDir, "state.json.corrupt-*"))
 	if len(aside) != 1 {
 		t.Fatalf("moved-aside files: %v", aside)

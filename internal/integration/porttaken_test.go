@@ -16,16 +16,16 @@ func TestPortHeldByAnotherVLLMIsAConfigError(t *testing.T) {
 	s := newScene(t)
 	other := startSim(t, s.port, nil) // answers /health, /v1/models and completions at once
 	s.start()
-	if code := s.waitExit(60 * time.Second); code != 78 {
+	if code := s.WaitExit(60 * time.Second); code != 78 {
 		t.Fatalf("exit %d, want 78", code)
 	}
-	if n := s.countEvents(isReady); n != 0 {
+	if n := s.CountEvents(isReady); n != 0 {
 		t.Fatalf("%d ready events: the other instance's vLLM was taken for this one", n)
 	}
-	if n := s.countEvents(isStarting); n != 1 {
+	if n := s.CountEvents(isStarting); n != 1 {
 		t.Errorf("%d starts, want 1", n)
 	}
-	ex := s.waitEvent("exit", 1, time.Second, exitedWith("config_error"))
+	ex := s.WaitEvent("exit", 1, time.Second, exitedWith("config_error"))
 	pid := "pid " + strconv.Itoa(other.cmd.Process.Pid)
 	if text := verdictText(ex); !strings.Contains(text, pid) || !strings.Contains(text, "port "+strconv.Itoa(s.port)) {
 		t.Errorf("the verdict does not name the holder (%s) and the port:\n%s", pid, text)
@@ -53,26 +53,26 @@ func TestPortHeldByAnotherVLLMIsAConfigError(t *testing.T) {
 func TestSecondGuardOnTheSamePortLeavesTheFirstAlone(t *testing.T) {
 	first := newScene(t)
 	first.start()
-	first.waitEvent("the first instance ready", 1, 60*time.Second, isReady)
+	first.WaitEvent("the first instance ready", 1, 60*time.Second, isReady)
 	before := waitState(t, first.socket(), "ready", 10*time.Second)
 
 	second := newScene(t)
 	second.port = first.port
 	second.start()
-	if code := second.waitExit(60 * time.Second); code != 78 {
+	if code := second.WaitExit(60 * time.Second); code != 78 {
 		t.Fatalf("second guard: exit %d, want 78", code)
 	}
-	if n := second.countEvents(isReady); n != 0 {
+	if n := second.CountEvents(isReady); n != 0 {
 		t.Fatalf("second guard: %d ready events", n)
 	}
-	ex := second.waitEvent("exit", 1, time.Second, exitedWith("config_error"))
+	ex := second.WaitEvent("exit", 1, time.Second, exitedWith("config_error"))
 	if text := verdictText(ex); !strings.Contains(text, "pid "+strconv.Itoa(before.Guard.PID)) {
 		t.Errorf("the second guard's verdict does not name the first vLLM (pid %d):\n%s", before.Guard.PID, text)
 	}
 	after := waitState(t, first.socket(), "ready", 10*time.Second)
-	if after.Guard.PID != before.Guard.PID || first.countEvents(isStarting) != 1 || first.countEvents(isExited) != 0 {
+	if after.Guard.PID != before.Guard.PID || first.CountEvents(isStarting) != 1 || first.CountEvents(isExited) != 0 {
 		t.Errorf("the first instance was disturbed: pid %d then %d, %d starts, %d exits",
-			before.Guard.PID, after.Guard.PID, first.countEvents(isStarting), first.countEvents(isExited))
+			before.Guard.PID, after.Guard.PID, first.CountEvents(isStarting), first.CountEvents(isExited))
 	}
 	first.stopCleanly(30*time.Second, 10*time.Second)
 }

@@ -31,7 +31,7 @@ func TestGuardsOwnStartFailureIsRetriedNotAConfigError(t *testing.T) {
 	s.noNVML = true // the release wait would read NVML; this test is about the start
 	s.extra = "\n[restart]\ninitial_delay = \"100ms\"\nmax_delay = \"200ms\"\ngive_up_after = 1000\n"
 	s.start()
-	ready := s.waitEvent("ready", 1, 30*time.Second, isReady)
+	ready := s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	api := ready.PID
 
 	guard := s.cmd.Process.Pid
@@ -45,7 +45,7 @@ func TestGuardsOwnStartFailureIsRetriedNotAConfigError(t *testing.T) {
 	if err := syscall.Kill(api, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	e := s.waitEvent("the guard's own start failure", 1, 30*time.Second, func(e events.Event) bool {
+	e := s.WaitEvent("the guard's own start failure", 1, 30*time.Second, func(e events.Event) bool {
 		return e.Kind == events.KindExited && strings.HasPrefix(e.Failure.Exit, "the guard could not start vLLM")
 	})
 	if err := unix.Prlimit(guard, unix.RLIMIT_NOFILE, &old, nil); err != nil {
@@ -61,7 +61,7 @@ func TestGuardsOwnStartFailureIsRetriedNotAConfigError(t *testing.T) {
 			t.Fatalf("reason %q does not say %q", reason, want)
 		}
 	}
-	s.waitEvent("ready after the retry", 2, 60*time.Second, isReady)
+	s.WaitEvent("ready after the retry", 2, 60*time.Second, isReady)
 	s.stopCleanly(20*time.Second, 5*time.Second)
 }
 
@@ -83,7 +83,7 @@ func spawnerScene(t *testing.T) *scene {
 	s.command = fmt.Sprintf("[\"sh\", \"-c\", %q]", spawner)
 	s.editConfig = func(c string) string { return strings.Replace(c, `stop_timeout = "3s"`, `stop_timeout = "200ms"`, 1) }
 	s.start()
-	s.waitLog("the spawner's ready line", 1, 30*time.Second, msg("ready"))
+	s.WaitLog("the spawner's ready line", 1, 30*time.Second, msg("ready"))
 	return s
 }
 
@@ -96,13 +96,13 @@ func TestStopLeavesNoDescendantThatCalledSetsid(t *testing.T) {
 	t.Parallel()
 	s := spawnerScene(t)
 	s.cmd.Process.Signal(syscall.SIGTERM)
-	if code := s.waitExit(60 * time.Second); code != 0 {
+	if code := s.WaitExit(60 * time.Second); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM, want 0", code)
 	}
 	if left := s.ours(); len(left) != 0 {
 		t.Fatalf("%d processes of vLLM's tree outlived the stop: %v", len(left), describe(left))
 	}
-	if n := s.count(msgContains("outlived their keeper")); n != 0 {
+	if n := s.CountLogs(msgContains("outlived their keeper")); n != 0 {
 		t.Fatalf("the keeper left %d reports of survivors", n)
 	}
 }
@@ -119,7 +119,7 @@ func TestKillNineOfTheGuardLeavesNoDescendantThatCalledSetsid(t *testing.T) {
 	}
 	defer unix.Close(fd)
 	s.cmd.Process.Signal(syscall.SIGKILL)
-	s.waitExit(10 * time.Second)
+	s.WaitExit(10 * time.Second)
 	// A pidfd polls readable when its process has exited.
 	deadline := time.Now().Add(60 * time.Second)
 	for {

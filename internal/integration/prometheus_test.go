@@ -79,7 +79,7 @@ func TestLivePrometheus(t *testing.T) {
 	w := p.watch()
 
 	s.start()
-	s.waitEvent("ready", 1, 2*time.Minute, isReady)
+	s.WaitEvent("ready", 1, 2*time.Minute, isReady)
 	metricsURL := "http://" + guardAddr + "/metrics"
 	checkMetrics(t, metricsURL, "ready", "vllm_guard_ready 1")
 	// The OOM counter is sampled at 0 and vLLM is seen ready before the OOM:
@@ -93,25 +93,25 @@ func TestLivePrometheus(t *testing.T) {
 	// and rung 1 (64 GiB) does not fit beside the tenant either, so vLLM
 	// stays down until the tenant leaves.
 	tenant := holdGPU(t, s, 24<<30)
-	oom := s.waitEvent("the OOM", 1, 2*time.Minute, isExited)
+	oom := s.WaitEvent("the OOM", 1, 2*time.Minute, isExited)
 	if oom.Failure.Verdict.Cause != "oom" || oom.Failure.Decision.Rung.Index != 1 {
 		t.Fatalf("failure %+v: want cause oom and next rung 1", oom.Failure)
 	}
 	// vLLM is down because the guard waits for the memory, naming the tenant.
 	tenantPID := fmt.Sprintf("pid %d", tenant.Process.Pid)
-	s.waitEvent("the wait for the tenant's memory", 1, 2*time.Minute, after(oom, func(e events.Event) bool {
+	s.WaitEvent("the wait for the tenant's memory", 1, 2*time.Minute, after(oom, func(e events.Event) bool {
 		return e.Kind == events.KindState && e.State == "waiting_gpu" && strings.Contains(e.Reason, tenantPID)
 	}))
 	w.waitState("VLLMGuardOOM", "firing", 2*time.Minute)
 	w.waitState("VLLMGuardNotReady", "firing", 2*time.Minute)
-	if n := s.countEvents(isReady); n != 1 {
+	if n := s.CountEvents(isReady); n != 1 {
 		t.Fatalf("vLLM was ready again (%d readies) before VLLMGuardNotReady fired: the alert did not fire while vLLM was down", n)
 	}
 	checkMetrics(t, metricsURL, "down", "vllm_guard_ready 0")
 
 	tenant.Process.Kill()
 	tenant.Wait()
-	ready := s.waitEvent("ready on rung 1", 2, 2*time.Minute, isReady)
+	ready := s.WaitEvent("ready on rung 1", 2, 2*time.Minute, isReady)
 	if rungOf(ready) != 1 {
 		t.Fatalf("ready again on rung %d, want 1", rungOf(ready))
 	}

@@ -36,7 +36,7 @@ listen = "127.0.0.1:%d"
 queue_timeout = "1s"
 `, proxyPort)
 	s.start()
-	s.waitEvent("ready", 1, 60*time.Second, isReady)
+	s.WaitEvent("ready", 1, 60*time.Second, isReady)
 
 	url := fmt.Sprintf("http://127.0.0.1:%d/v1/completions", proxyPort)
 	client := &http.Client{Timeout: 2 * time.Minute}
@@ -62,7 +62,7 @@ queue_timeout = "1s"
 	for range 4 {
 		send(1) // in flight at the OOM
 	}
-	s.waitEvent("vLLM's death", 1, 60*time.Second, isExited)
+	s.WaitEvent("vLLM's death", 1, 60*time.Second, isExited)
 	for range 4 {
 		send(2) // while vLLM reloads
 	}
@@ -72,7 +72,7 @@ queue_timeout = "1s"
 			t.Errorf("wave %d: %d %q (err %v); want one 200 with the completion", a.wave, a.code, a.body, a.err)
 		}
 	}
-	if n := s.countEvents(isReady); n < 2 {
+	if n := s.CountEvents(isReady); n < 2 {
 		t.Fatalf("%d ready events; want the restart after the OOM", n)
 	}
 	out, err := exec.Command(bins.guard, "status", "--json", "--socket", filepath.Join(s.dir, "guard.sock")).Output()
@@ -149,7 +149,7 @@ initial_delay = "300ms"
 listen = "127.0.0.1:%d"
 `, proxyPort)
 	s.start()
-	s.waitEvent("ready", 1, 60*time.Second, isReady)
+	s.WaitEvent("ready", 1, 60*time.Second, isReady)
 	url := fmt.Sprintf("http://127.0.0.1:%d/v1/completions", proxyPort)
 	client := &http.Client{Timeout: 2 * time.Minute}
 	post := func(prompt string) (int, string) {
@@ -169,12 +169,12 @@ listen = "127.0.0.1:%d"
 	}
 	// The proxy sees a death as its connection closes, before the guard's
 	// exit event: wait for the second, then the restart after it.
-	s.waitEvent("the second death", 2, 60*time.Second, isExited)
-	s.waitEvent("ready after the second death", 3, 60*time.Second, isReady)
+	s.WaitEvent("the second death", 2, 60*time.Second, isExited)
+	s.WaitEvent("ready after the second death", 3, 60*time.Second, isReady)
 	if code, body := post("hello there"); code != http.StatusOK {
 		t.Fatalf("a short request after the giant: %d %q; want 200", code, body)
 	}
-	if n := s.countEvents(isExited); n != 2 {
+	if n := s.CountEvents(isExited); n != 2 {
 		t.Fatalf("%d deaths of vLLM; want 2 (the giant sent twice, not a third time)", n)
 	}
 	out, _ := exec.Command(bins.guard, "status", "--json", "--socket", filepath.Join(s.dir, "guard.sock")).Output()

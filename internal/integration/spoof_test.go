@@ -23,7 +23,7 @@ func TestSpoofedForwardedForIsNeverEvidence(t *testing.T) {
 	proxyPort := freePort(t)
 	s.extra = fmt.Sprintf("\n[restart]\ninitial_delay = \"100ms\"\n\n[proxy]\nlisten = \"127.0.0.1:%d\"\n", proxyPort)
 	s.start()
-	ready := s.waitEvent("ready", 1, 60*time.Second, isReady)
+	ready := s.WaitEvent("ready", 1, 60*time.Second, isReady)
 
 	post := func(base, path string) {
 		t.Helper()
@@ -42,27 +42,27 @@ func TestSpoofedForwardedForIsNeverEvidence(t *testing.T) {
 	// Through the proxy the client's header is dropped: vLLM sees the
 	// proxy's X-Forwarded-For, 127.0.0.1, and prints that.
 	post(fmt.Sprintf("http://127.0.0.1:%d", proxyPort), "/v1/completions")
-	s.waitLog("the proxied request's access line", 1, 30*time.Second, msgContains(`127.0.0.1:0 - "POST /v1/completions HTTP/1.1" 200`))
-	if n := s.count(msgContains("CUDA out of memory")); n != 0 {
+	s.WaitLog("the proxied request's access line", 1, 30*time.Second, msgContains(`127.0.0.1:0 - "POST /v1/completions HTTP/1.1" 200`))
+	if n := s.CountLogs(msgContains("CUDA out of memory")); n != 0 {
 		t.Errorf("the client's X-Forwarded-For went through the proxy: %d lines of vLLM's log carry it", n)
 	}
 	// Straight at vLLM from this host the access line carries the text.
 	post(fmt.Sprintf("http://127.0.0.1:%d", s.port), "/v1/completions")
-	s.waitLog("the spoofed access line", 1, 30*time.Second, msgContains(`Tried to allocate 20.00 MiB:0 - "POST /v1/completions HTTP/1.1" 200`))
+	s.WaitLog("the spoofed access line", 1, 30*time.Second, msgContains(`Tried to allocate 20.00 MiB:0 - "POST /v1/completions HTTP/1.1" 200`))
 
 	// Then vLLM dies: a crash, not an OOM, and the rung stays.
 	if err := syscall.Kill(ready.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	e := s.waitEvent("vLLM's death", 1, 30*time.Second, isExited)
+	e := s.WaitEvent("vLLM's death", 1, 30*time.Second, isExited)
 	if c := e.Failure.Verdict.Cause; c == "oom" {
 		t.Errorf("the death after a spoofed access line was classified oom: %s", verdictText(e))
 	}
 	if strings.Contains(verdictText(e), "CUDA out of memory") {
 		t.Errorf("a client's access line is evidence: %s", verdictText(e))
 	}
-	s.waitEvent("ready after the restart", 2, 60*time.Second, isReady)
-	if l := s.waitEvent("the relaunch", 2, time.Second, isStarting); rungOf(l) != 0 {
+	s.WaitEvent("ready after the restart", 2, 60*time.Second, isReady)
+	if l := s.WaitEvent("the relaunch", 2, time.Second, isStarting); rungOf(l) != 0 {
 		t.Errorf("relaunched on rung %d; want 0 (a crash steps no rung down)", rungOf(l))
 	}
 	s.stopCleanly(30*time.Second, 5*time.Second)

@@ -69,7 +69,7 @@ func TestStopDrainsAStreamInFlight(t *testing.T) {
 	s.command = fmt.Sprintf("[%q, \"serve\", \"test-model\", \"--shutdown-timeout\", \"20\"]", bins.fakevllm)
 	s.env["FAKEVLLM_TOKEN_INTERVAL"] = "40ms"
 	s.start()
-	s.waitEvent("ready", 1, 60*time.Second, isReady)
+	s.WaitEvent("ready", 1, 60*time.Second, isReady)
 	first := make(chan struct{})
 	res := make(chan streamResult, 1)
 	go func() { res <- stream(fmt.Sprintf("http://127.0.0.1:%d", s.port), 50, first) }()
@@ -90,13 +90,13 @@ func TestStopDrainsAStreamInFlight(t *testing.T) {
 	if !r.done || r.chunks != 50 || r.err != nil {
 		t.Fatalf("the stream in flight was cut by the stop: %+v", r)
 	}
-	if code := s.waitExit(60 * time.Second); code != 0 {
+	if code := s.WaitExit(60 * time.Second); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
-	if n := s.countEvents(isExited); n != 0 {
+	if n := s.CountEvents(isExited); n != 0 {
 		t.Fatalf("%d failures recorded for a stop on request", n)
 	}
-	if n := s.countEvents(decided(events.DecisionKill)); n != 0 {
+	if n := s.CountEvents(decided(events.DecisionKill)); n != 0 {
 		t.Fatal("vLLM was killed instead of drained")
 	}
 	s.waitNoProcesses(10 * time.Second)
@@ -115,7 +115,7 @@ func TestRestartThroughTheProxyIsAPause(t *testing.T) {
 	s.env["FAKEVLLM_DRAIN_CUT"] = "200ms"
 	s.extra = fmt.Sprintf("\n[proxy]\nlisten = \"127.0.0.1:%d\"\nqueue_timeout = \"60s\"\n", proxyPort)
 	s.start()
-	ready := s.waitEvent("ready", 1, 60*time.Second, isReady)
+	ready := s.WaitEvent("ready", 1, 60*time.Second, isReady)
 	base := fmt.Sprintf("http://127.0.0.1:%d", proxyPort)
 
 	// Clients stream through the proxy before, during and after the restart.
@@ -144,7 +144,7 @@ func TestRestartThroughTheProxyIsAPause(t *testing.T) {
 	if err != nil {
 		t.Fatalf("vllm-guard restart: %v: %s", err, out)
 	}
-	s.waitEvent("ready again", 1, 60*time.Second, after(ready, isReady))
+	s.WaitEvent("ready again", 1, 60*time.Second, after(ready, isReady))
 	mark := func() int { mu.Lock(); defer mu.Unlock(); return len(results) }()
 	testkit.WaitFor(t, "clients served after the restart", 30*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(results) >= mark+4 })
 	close(stop)
@@ -159,7 +159,7 @@ func TestRestartThroughTheProxyIsAPause(t *testing.T) {
 	if bad > 0 || len(results) < 8 {
 		t.Fatalf("%d of %d client requests failed across a planned restart", bad, len(results))
 	}
-	if n := s.countEvents(isExited); n != 0 {
+	if n := s.CountEvents(isExited); n != 0 {
 		t.Fatalf("%d failures recorded for a planned restart", n)
 	}
 	s.stopCleanly(60*time.Second, 10*time.Second)
@@ -176,7 +176,7 @@ func TestTensorParallelStopAndKillNineFreeBothGPUs(t *testing.T) {
 			s.command = fmt.Sprintf("[%q, \"serve\", \"test-model\", \"--tensor-parallel-size\", \"2\"]", bins.fakevllm)
 			s.env["CUDA_VISIBLE_DEVICES"] = "0,1"
 			s.start()
-			s.waitEvent("ready", 1, 60*time.Second, isReady)
+			s.WaitEvent("ready", 1, 60*time.Second, isReady)
 			if n := len(s.ours()); n < 4 {
 				t.Fatalf("%d processes in vLLM's tree; want the API server, the EngineCore and 2 workers", n)
 			}
@@ -185,12 +185,12 @@ func TestTensorParallelStopAndKillNineFreeBothGPUs(t *testing.T) {
 			}
 			if how == "stop" {
 				s.cmd.Process.Signal(syscall.SIGTERM)
-				if code := s.waitExit(60 * time.Second); code != 0 {
+				if code := s.WaitExit(60 * time.Second); code != 0 {
 					t.Fatalf("exit %d", code)
 				}
 			} else {
 				s.cmd.Process.Kill()
-				s.waitExit(60 * time.Second)
+				s.WaitExit(60 * time.Second)
 			}
 			s.waitNoProcesses(15 * time.Second)
 			testkit.WaitFor(t, "both GPUs free", 15*time.Second, func() bool { return len(gpuHolders(t, s)) == 0 })
@@ -239,7 +239,7 @@ func TestAWedgedEngineIsAHangAndABusyOneIsNot(t *testing.T) {
 		s.env["FAKEVLLM_TOKEN_INTERVAL"] = "30ms"
 		s.extra = "\n[liveness]\nstuck_timeout = \"1s\"\n[gpu]\nsample_interval = \"100ms\"\n"
 		s.start()
-		s.waitEvent("ready", 1, 60*time.Second, isReady)
+		s.WaitEvent("ready", 1, 60*time.Second, isReady)
 		base := fmt.Sprintf("http://127.0.0.1:%d", s.port)
 		// Ten times stuck_timeout of steady, slow load.
 		deadline := time.Now().Add(10 * time.Second)
@@ -255,8 +255,8 @@ func TestAWedgedEngineIsAHangAndABusyOneIsNot(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		if n := s.countEvents(isExited); n != 0 {
-			t.Fatalf("a progressing vLLM under load was restarted: %v", s.events())
+		if n := s.CountEvents(isExited); n != 0 {
+			t.Fatalf("a progressing vLLM under load was restarted: %v", s.Events())
 		}
 		s.stopCleanly(30*time.Second, 10*time.Second)
 	})
@@ -267,16 +267,16 @@ func TestAWedgedEngineIsAHangAndABusyOneIsNot(t *testing.T) {
 		oneShot(s, "wedge_after=300ms")
 		s.extra = "\n[liveness]\nstuck_timeout = \"1s\"\n[gpu]\nsample_interval = \"100ms\"\n"
 		s.start()
-		s.waitEvent("ready", 1, 60*time.Second, isReady)
+		s.WaitEvent("ready", 1, 60*time.Second, isReady)
 		base := fmt.Sprintf("http://127.0.0.1:%d", s.port)
 		for range 3 {
 			go stream(base, 1000, nil) // in flight when the engine wedges; cut by the restart
 		}
-		e := s.waitEvent("the hang", 1, 60*time.Second, exitedWith("hang"))
+		e := s.WaitEvent("the hang", 1, 60*time.Second, exitedWith("hang"))
 		if !strings.Contains(verdictText(e), "stuck") {
 			t.Fatalf("the hang does not say vLLM was stuck: %s", verdictText(e))
 		}
-		s.waitEvent("ready after the hang", 2, 60*time.Second, isReady)
+		s.WaitEvent("ready after the hang", 2, 60*time.Second, isReady)
 		s.stopCleanly(30*time.Second, 10*time.Second)
 	})
 }
@@ -290,11 +290,11 @@ func TestASilentDownloadIsNotAStallButASilentHangIs(t *testing.T) {
 		s.env["FAKEVLLM_DOWNLOAD_DIR"] = filepath.Join(s.dir, "hub")
 		s.extra = "\n[readiness]\nstall_timeout = \"2s\"\n"
 		s.start()
-		s.waitEvent("ready after the download", 1, 90*time.Second, isReady)
-		if n := s.countEvents(isExited); n != 0 {
-			t.Fatalf("a silent download longer than stall_timeout was killed: %v", s.events())
+		s.WaitEvent("ready after the download", 1, 90*time.Second, isReady)
+		if n := s.CountEvents(isExited); n != 0 {
+			t.Fatalf("a silent download longer than stall_timeout was killed: %v", s.Events())
 		}
-		if n := s.countEvents(func(e events.Event) bool { return e.Kind == events.KindProgress && e.Phase == "io" }); n == 0 {
+		if n := s.CountEvents(func(e events.Event) bool { return e.Kind == events.KindProgress && e.Phase == "io" }); n == 0 {
 			t.Fatal("no I/O progress said while the download was silent")
 		}
 		s.stopCleanly(30*time.Second, 10*time.Second)
@@ -306,7 +306,7 @@ func TestASilentDownloadIsNotAStallButASilentHangIs(t *testing.T) {
 		s.env["FAKEVLLM_COMPILE"] = "1h"
 		s.extra = "\n[readiness]\nstall_timeout = \"2s\"\n"
 		s.start()
-		e := s.waitEvent("the hang", 1, 60*time.Second, exitedWith("hang"))
+		e := s.WaitEvent("the hang", 1, 60*time.Second, exitedWith("hang"))
 		if !strings.Contains(verdictText(e), "no disk I/O") {
 			t.Fatalf("verdict %s", verdictText(e))
 		}
@@ -318,7 +318,7 @@ func TestSignalsHaveMeanings(t *testing.T) {
 	t.Parallel()
 	s := quick(newScene(t))
 	s.start()
-	ready := s.waitEvent("ready", 1, 60*time.Second, isReady)
+	ready := s.WaitEvent("ready", 1, 60*time.Second, isReady)
 	for _, sig := range []syscall.Signal{syscall.SIGUSR1, syscall.SIGUSR2} {
 		s.cmd.Process.Signal(sig)
 	}
@@ -332,7 +332,7 @@ func TestSignalsHaveMeanings(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.cmd.Process.Signal(syscall.SIGHUP)
-	refused := s.waitEvent("the reload refused", 1, 30*time.Second, decided(events.DecisionReload))
+	refused := s.WaitEvent("the reload refused", 1, 30*time.Second, decided(events.DecisionReload))
 	if !strings.HasPrefix(refused.Reason, "refused: ") || !strings.Contains(refused.Reason, "vllm-guard.toml:") {
 		t.Fatalf("a broken file on SIGHUP: %q; want refused, naming the file and line", refused.Reason)
 	}
@@ -343,22 +343,22 @@ func TestSignalsHaveMeanings(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.cmd.Process.Signal(syscall.SIGHUP)
-	if e := s.waitEvent("the reload", 2, 30*time.Second, decided(events.DecisionReload)); e.Reason != "applied" {
+	if e := s.WaitEvent("the reload", 2, 30*time.Second, decided(events.DecisionReload)); e.Reason != "applied" {
 		t.Fatalf("reload: %q", e.Reason)
 	}
 	testkit.WaitFor(t, "the new threshold in status", 30*time.Second, func() bool {
 		after := statusDoc(t, s).GPU.Devices[0].WarnAt
 		return after > 0 && after < before-0.015
 	})
-	if n := s.countEvents(isStarting); n != 1 {
+	if n := s.CountEvents(isStarting); n != 1 {
 		t.Fatalf("%d starts: a reload or an ignored signal restarted vLLM", n)
 	}
-	if n := s.countEvents(after(ready, kind(events.KindState))); n != 0 {
-		t.Fatalf("the state changed on SIGUSR1/SIGUSR2/SIGHUP: %v", s.events())
+	if n := s.CountEvents(after(ready, kind(events.KindState))); n != 0 {
+		t.Fatalf("the state changed on SIGUSR1/SIGUSR2/SIGHUP: %v", s.Events())
 	}
 	// SIGQUIT stops gracefully.
 	s.cmd.Process.Signal(syscall.SIGQUIT)
-	if code := s.waitExit(30 * time.Second); code != 0 {
+	if code := s.WaitExit(30 * time.Second); code != 0 {
 		t.Fatalf("exit %d after SIGQUIT", code)
 	}
 	s.waitNoProcesses(10 * time.Second)
@@ -372,12 +372,12 @@ func TestASecondStopSignalKillsAtOnce(t *testing.T) {
 		return strings.Replace(text, `stop_timeout = "3s"`, `stop_timeout = "10m"`, 1)
 	}
 	s.start()
-	s.waitEvent("ready", 1, 60*time.Second, isReady)
+	s.WaitEvent("ready", 1, 60*time.Second, isReady)
 	s.cmd.Process.Signal(syscall.SIGTERM)
-	s.waitEvent("stopping", 1, 30*time.Second, inState("stopping"))
+	s.WaitEvent("stopping", 1, 30*time.Second, inState("stopping"))
 	s.cmd.Process.Signal(syscall.SIGINT)
-	s.waitEvent("the kill", 1, 30*time.Second, decided(events.DecisionKill))
-	if code := s.waitExit(30 * time.Second); code != 0 {
+	s.WaitEvent("the kill", 1, 30*time.Second, decided(events.DecisionKill))
+	if code := s.WaitExit(30 * time.Second); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	s.waitNoProcesses(10 * time.Second)

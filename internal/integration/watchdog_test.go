@@ -48,11 +48,11 @@ func TestHeartbeatDuringLongWaits(t *testing.T) {
 		oneShot(s, "segv_after=300ms")
 		s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n[gpu]\nsample_interval = \"200ms\"\nrelease_timeout = \"120s\"\n"
 		s.start()
-		ready := s.waitEvent("ready", 1, 60*time.Second, isReady)
+		ready := s.WaitEvent("ready", 1, 60*time.Second, isReady)
 		hb.pollLivez()
-		s.waitEvent("the crash", 1, 30*time.Second, after(ready, isExited))
-		wait := s.waitEvent("the release wait", 1, 30*time.Second, after(ready, inState("waiting_gpu")))
-		end := s.waitEvent("the end of the release wait", 1, delay+60*time.Second, after(wait, kind(events.KindState)))
+		s.WaitEvent("the crash", 1, 30*time.Second, after(ready, isExited))
+		wait := s.WaitEvent("the release wait", 1, 30*time.Second, after(ready, inState("waiting_gpu")))
+		end := s.WaitEvent("the end of the release wait", 1, delay+60*time.Second, after(wait, kind(events.KindState)))
 		if end.State != "backoff" {
 			t.Fatalf("the release wait ended in %s (%s), want backoff after the release", end.State, end.Reason)
 		}
@@ -63,8 +63,8 @@ func TestHeartbeatDuringLongWaits(t *testing.T) {
 			t.Fatalf("the release wait lasted %s, less than /livez's %s", d, wedgedAfter)
 		}
 		hb.check(t, "the release wait", wait.Time, end.Time)
-		s.waitEvent("ready again", 2, 60*time.Second, isReady)
-		if n := s.countEvents(exitedWith("gpu_busy")); n != 0 {
+		s.WaitEvent("ready again", 2, 60*time.Second, isReady)
+		if n := s.CountEvents(exitedWith("gpu_busy")); n != 0 {
 			t.Fatal("the restart ran into the old run's memory (gpu_busy)")
 		}
 		s.stopCleanly(30*time.Second, 10*time.Second)
@@ -83,7 +83,7 @@ func TestHeartbeatDuringLongWaits(t *testing.T) {
 		}
 		s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
 		s.start()
-		ready := s.waitEvent("ready", 1, 60*time.Second, isReady)
+		ready := s.WaitEvent("ready", 1, 60*time.Second, isReady)
 		hb.pollLivez()
 		c := control.NewClient(s.socket())
 		defer c.CloseIdleConnections()
@@ -93,13 +93,13 @@ func TestHeartbeatDuringLongWaits(t *testing.T) {
 		if err != nil {
 			t.Fatalf("restart: %v", err)
 		}
-		stopping := s.waitEvent("stopping", 1, 30*time.Second, after(ready, inState("stopping")))
-		end := s.waitEvent("the end of stopping", 1, stopTimeout+60*time.Second, after(stopping, kind(events.KindState)))
+		stopping := s.WaitEvent("stopping", 1, 30*time.Second, after(ready, inState("stopping")))
+		end := s.WaitEvent("the end of stopping", 1, stopTimeout+60*time.Second, after(stopping, kind(events.KindState)))
 		if d := end.Time.Sub(stopping.Time); d < wedgedAfter {
 			t.Fatalf("stopping lasted %s, less than /livez's %s: vLLM did not ignore SIGTERM", d, wedgedAfter)
 		}
 		hb.check(t, "the stop_timeout escalation", stopping.Time, end.Time)
-		s.waitEvent("ready again", 2, 60*time.Second, isReady)
+		s.WaitEvent("ready again", 2, 60*time.Second, isReady)
 		// The simulator ignored the SIGTERM (its marker) and the next run
 		// started: the group was killed, the escalation.
 		if _, err := os.Stat(s.env["FAKEVLLM_FAULT_MARKER"]); err != nil {

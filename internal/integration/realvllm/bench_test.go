@@ -29,16 +29,16 @@ func BenchmarkRestart(b *testing.B) {
 func benchRestartOnce(b *testing.B) {
 	s := newBenchScene(b)
 	s.start()
-	first := s.waitEvent("cold ready", 1, 2*startBound, isReady)
+	first := s.WaitEvent("cold ready", 1, 2*startBound, isReady)
 	core := s.byTitle("VLLM::EngineCore")
 	if core == 0 {
 		b.Fatal("no VLLM::EngineCore")
 	}
 	syscall.Kill(core, syscall.SIGKILL)
-	ex := s.waitEvent("exit", 1, exitBound, isExited)
-	second := s.waitEvent("ready after the crash", 2, 2*startBound, isReady)
+	ex := s.WaitEvent("exit", 1, exitBound, isExited)
+	second := s.WaitEvent("ready after the crash", 2, 2*startBound, isReady)
 	starts := []events.Event{}
-	for _, e := range s.events() {
+	for _, e := range s.Events() {
 		if isStarting(e) {
 			starts = append(starts, e)
 		}

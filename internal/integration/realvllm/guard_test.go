@@ -1,7 +1,6 @@
 package realvllm
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -12,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +19,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/procmark"
 	"github.com/vllm-guard/vllm-guard/internal/state"
 	"github.com/vllm-guard/vllm-guard/internal/testkit"
+	"github.com/vllm-guard/vllm-guard/internal/testkit/guardrun"
 )
 
 // Bounds, not measurements: a scenario is correct at any speed below them.
@@ -76,14 +75,11 @@ type scene struct {
 	wrap     []string          // argv the guard runs under (a cgroup entry)
 	backoff  string            // [restart] initial_delay and max_delay; default 1s and 2s
 
-	cmd    *exec.Cmd
-	mu     sync.Mutex
-	raw    []string // the guard's JSON log lines
-	logs   []map[string]any
-	evs    []events.Event
-	evDone chan struct{}
-	exited chan struct{}
-	code   int
+	cmd *exec.Cmd
+
+	// The running guard: its log, its event stream and every wait on them
+	// (internal/testkit/guardrun, shared with the simulator's scene).
+	*guardrun.Guard
 }
 
 func newScene(t testing.TB, args ...string) *scene {
@@ -144,59 +140,18 @@ func (s *scene) configPath() string {
 // collects its JSON log and its event stream.
 func (s *scene) start(extra ...string) {
 	s.t.Helper()
-	s.evDone, s.exited = make(chan struct{}), make(chan struct{})
 	argv := append([]string{real.guard, "run", "--config", s.configPath(), "--events", "/dev/fd/3"}, extra...)
-	argv = append(slices.Clone(s.wrap), argv...)
-	s.cmd = exec.Command(argv[0], argv[1:]...)
-	evr, evw, err := os.Pipe()
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	s.cmd.ExtraFiles = []*os.File{evw}
-	s.cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+filepath.Join(s.dir, "no-nvml-here"), "GORACE=atexit_sleep_ms=0")
-	stderr, err := s.cmd.StderrPipe()
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatal(err)
-	}
-	evw.Close()
-	go s.readEvents(evr)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			var m map[string]any
-			_ = json.Unmarshal([]byte(line), &m)
-			s.mu.Lock()
-			s.raw = append(s.raw, line)
-			if m != nil {
-				s.logs = append(s.logs, m)
-			}
-			s.mu.Unlock()
-		}
-		_ = s.cmd.Wait()
-		s.code = s.cmd.ProcessState.ExitCode()
-		<-s.evDone
-		close(s.exited)
-	}()
+	s.Guard = guardrun.Start(s.t, guardrun.Spec{
+		Argv: append(slices.Clone(s.wrap), argv...),
+		Env:  append(os.Environ(), "LD_LIBRARY_PATH="+filepath.Join(s.dir, "no-nvml-here"), "GORACE=atexit_sleep_ms=0"),
+	})
+	s.cmd = s.Cmd
+	s.Explain = func() string { return s.tail(40) }
 	s.t.Cleanup(s.cleanup)
 }
 
 func (s *scene) cleanup() {
-	select {
-	case <-s.exited:
-	default:
-		s.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-s.exited:
-		case <-time.After(exitBound):
-			s.cmd.Process.Kill()
-			<-s.exited
-		}
-	}
+	s.Stop(exitBound)
 	for _, pid := range s.ours() {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
@@ -218,94 +173,17 @@ func (s *scene) keepArtifact() {
 		b.WriteString(l + "\n")
 	}
 	b.WriteString("\n# the guard's log\n")
-	s.mu.Lock()
-	for _, l := range s.raw {
+	for _, l := range s.Raw() {
 		b.WriteString(l + "\n")
 	}
 	b.WriteString("\n# the guard's events\n")
-	for _, e := range s.evs {
+	for _, e := range s.Events() {
 		j, _ := json.Marshal(e)
 		b.WriteString(string(j) + "\n")
 	}
-	s.mu.Unlock()
 	p := filepath.Join(dir, strings.ReplaceAll(s.t.Name(), "/", "_")+".log")
 	if os.WriteFile(p, []byte(b.String()), 0o644) == nil {
 		s.t.Logf("vLLM's output, the guard's log and events kept in %s", p)
-	}
-}
-
-func (s *scene) readEvents(r *os.File) {
-	defer close(s.evDone)
-	defer r.Close()
-	dec := json.NewDecoder(r)
-	for {
-		var e events.Event
-		if err := dec.Decode(&e); err != nil {
-			return
-		}
-		s.mu.Lock()
-		s.evs = append(s.evs, e)
-		s.mu.Unlock()
-	}
-}
-
-func (s *scene) events() []events.Event {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.evs)
-}
-
-func (s *scene) countEvents(match func(events.Event) bool) int {
-	n := 0
-	for _, e := range s.events() {
-		if match(e) {
-			n++
-		}
-	}
-	return n
-}
-
-// waitEvent waits until n events match and returns the n-th; it fails the
-// test when the guard exits first or the bound passes.
-func (s *scene) waitEvent(what string, n int, bound time.Duration, match func(events.Event) bool) events.Event {
-	s.t.Helper()
-	var nth events.Event
-	s.waitUntil(what, bound, func() bool {
-		found := 0
-		for _, e := range s.events() {
-			if match(e) {
-				if found++; found == n {
-					nth = e
-					return true
-				}
-			}
-		}
-		return false
-	})
-	return nth
-}
-
-// waitUntil waits until cond holds (testkit's loop); it fails the test
-// when the guard exits first, or when the bound passes, with the tail of
-// what vLLM printed.
-func (s *scene) waitUntil(what string, bound time.Duration, cond func() bool) {
-	s.t.Helper()
-	held, gone := false, false
-	testkit.Poll(bound, func() bool {
-		select {
-		case <-s.exited:
-			gone = true // both of its streams are read to the end: cond sees all
-		default:
-		}
-		held = cond()
-		return held || gone
-	})
-	switch {
-	case held:
-	case gone:
-		s.t.Fatalf("guard exited (code %d) before %s\n%s", s.code, what, s.tail(40))
-	default:
-		s.t.Fatalf("no %s within %s\n%s", what, bound, s.tail(40))
 	}
 }
 
@@ -340,7 +218,7 @@ func (s *scene) incidents() []state.Incident {
 func (s *scene) waitDeathRequests(bound time.Duration) state.Incident {
 	s.t.Helper()
 	var rec state.Incident
-	s.waitUntil("account of the death's requests in its incident record", bound, func() bool {
+	s.Until("account of the death's requests in its incident record", bound, func() bool {
 		incs := s.incidents()
 		if len(incs) > 1 {
 			s.t.Fatalf("%d incident records; want the one death's", len(incs))
@@ -362,10 +240,8 @@ func (s *scene) tail(n int) string {
 
 // vllmLines is what vLLM printed, as the guard relayed it (logger "vllm").
 func (s *scene) vllmLines() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var out []string
-	for _, m := range s.logs {
+	for _, m := range s.Logs() {
 		if m["logger"] == "vllm" {
 			text, _ := m["msg"].(string)
 			out = append(out, text)
@@ -377,7 +253,7 @@ func (s *scene) vllmLines() []string {
 // runLines is what the vLLM of the n-th start (1-based) printed.
 func (s *scene) runLines(n int) []string {
 	pid := 0
-	for _, e := range s.events() {
+	for _, e := range s.Events() {
 		if isStarting(e) {
 			if n--; n == 0 {
 				pid = e.PID
@@ -396,10 +272,8 @@ func (s *scene) runLines(n int) []string {
 
 // vllmEntries are the guard's log entries of vLLM's lines.
 func (s *scene) vllmEntries() []map[string]any {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var out []map[string]any
-	for _, m := range s.logs {
+	for _, m := range s.Logs() {
 		if m["logger"] == "vllm" {
 			out = append(out, m)
 		}
@@ -409,10 +283,8 @@ func (s *scene) vllmEntries() []map[string]any {
 
 // logTimes are the guard's times of the relayed vLLM lines containing text.
 func (s *scene) logTimes(text string) []time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var out []time.Time
-	for _, m := range s.logs {
+	for _, m := range s.Logs() {
 		if msg, _ := m["msg"].(string); m["logger"] == "vllm" && strings.Contains(msg, text) {
 			if ts, ok := m["ts"].(string); ok { // milliseconds: the guard's log clock
 				if tm, err := time.Parse(time.RFC3339Nano, ts); err == nil {
@@ -422,24 +294,6 @@ func (s *scene) logTimes(text string) []time.Time {
 		}
 	}
 	return out
-}
-
-func (s *scene) waitExit(bound time.Duration) int {
-	s.t.Helper()
-	select {
-	case <-s.exited:
-		return s.code
-	case <-time.After(bound):
-		s.t.Fatalf("guard did not exit within %s", bound)
-		return -1
-	}
-}
-
-func (s *scene) signal(sig syscall.Signal) {
-	s.t.Helper()
-	if err := s.cmd.Process.Signal(sig); err != nil {
-		s.t.Fatal(err)
-	}
 }
 
 // ours lists the live processes of this scene's vLLM (they carry its test ID).
@@ -506,38 +360,19 @@ func (s *scene) status() map[string]any {
 	return m
 }
 
-// Event matchers.
-
-func kind(k events.Kind) func(events.Event) bool {
-	return func(e events.Event) bool { return e.Kind == k }
-}
+// Event matchers (internal/testkit/guardrun's, shared with the
+// simulator's scene).
 
 var (
+	kind       = guardrun.OfKind
+	exitedWith = guardrun.ExitedWith
+	decided    = guardrun.Decided
+	after      = guardrun.After
+	causeOf    = guardrun.CauseOf
 	isStarting = kind(events.KindStarting)
 	isReady    = kind(events.KindReady)
 	isExited   = kind(events.KindExited)
 )
-
-func exitedWith(cause string) func(events.Event) bool {
-	return func(e events.Event) bool {
-		return e.Kind == events.KindExited && e.Failure != nil && string(e.Failure.Verdict.Cause) == cause
-	}
-}
-
-func decided(d string) func(events.Event) bool {
-	return func(e events.Event) bool { return e.Kind == events.KindDecision && e.Decision == d }
-}
-
-func after(e events.Event, match func(events.Event) bool) func(events.Event) bool {
-	return func(x events.Event) bool { return x.Seq > e.Seq && match(x) }
-}
-
-func causeOf(e events.Event) string {
-	if e.Failure == nil {
-		return ""
-	}
-	return string(e.Failure.Verdict.Cause)
-}
 
 // httpClient has a bound on every request: a hung server fails the test
 // instead of hanging it.

@@ -163,7 +163,7 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 			s.proxy = freePort(t)
 			s.extra = "\n[liveness]\ninterval = \"1s\"\nstuck_timeout = \"5s\"\n"
 			s.start()
-			s.waitEvent("ready", 1, startBound, isReady)
+			s.WaitEvent("ready", 1, startBound, isReady)
 			base := fmt.Sprintf("http://127.0.0.1:%d", s.proxy)
 
 			// The reference: each stream's request run alone, uninterrupted.
@@ -222,7 +222,7 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 			mu.Lock()
 			atKill := slices.Clone(sofar)
 			mu.Unlock()
-			ex := s.waitEvent("exit", 1, exitBound, isExited)
+			ex := s.WaitEvent("exit", 1, exitBound, isExited)
 			if c := causeOf(ex); c != how.cause {
 				t.Fatalf("cause %q, want %s (%s)", c, how.cause, ex.Failure.Verdict.Summary)
 			}
@@ -236,7 +236,7 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			s.waitEvent("ready again", 2, startBound, isReady)
+			s.WaitEvent("ready again", 2, startBound, isReady)
 
 			for i, v := range got {
 				if v.err != nil || v.status != 200 || !v.done || v.errEv {

@@ -43,7 +43,7 @@ func TestColdStart(t *testing.T) {
 	scenario(t, "cold start: READY after a real completion; READY latency after uvicorn's line")
 	s := newScene(t, generate()...)
 	s.start()
-	first := s.waitEvent("ready", 1, startBound, isReady)
+	first := s.WaitEvent("ready", 1, startBound, isReady)
 	m, err := metrics(s.vllmURL("/metrics"))
 	if err != nil {
 		t.Fatal(err)
@@ -56,12 +56,12 @@ func TestColdStart(t *testing.T) {
 		if out, code := s.guardCLI("restart", "--socket", s.socket()); code != 0 {
 			t.Fatalf("restart: exit %d: %s", code, out)
 		}
-		s.waitEvent(fmt.Sprintf("ready #%d", i), i, startBound, isReady)
+		s.WaitEvent(fmt.Sprintf("ready #%d", i), i, startBound, isReady)
 	}
 	var lat []float64
 	completes := s.logTimes("Application startup complete")
 	var prev time.Time
-	for _, e := range s.events() {
+	for _, e := range s.Events() {
 		if !isReady(e) {
 			continue
 		}
@@ -80,7 +80,7 @@ func TestColdStart(t *testing.T) {
 	slices.Sort(lat)
 	t.Logf("READY after uvicorn's line, ms: %v", lat)
 	figure("ready_after_startup_line_ms", map[string]any{"starts": len(lat), "median": lat[len(lat)/2], "max": lat[len(lat)-1]})
-	if n := s.countEvents(isExited); n != 0 {
+	if n := s.CountEvents(isExited); n != 0 {
 		t.Fatalf("%d unplanned exits during restarts asked for", n)
 	}
 	// What the probe's chain itself costs on this vLLM, asked by a plain
@@ -109,7 +109,7 @@ func TestAPIKey(t *testing.T) {
 	t.Run("flag", func(t *testing.T) {
 		s := newScene(t, generate("--api-key", "sk-real-flag")...)
 		s.start()
-		s.waitEvent("ready", 1, startBound, isReady)
+		s.WaitEvent("ready", 1, startBound, isReady)
 		if a := get(s.vllmURL("/v1/models"), ""); a.status != 401 {
 			t.Fatalf("vLLM answered %d without the key, want 401 (is the key in force?)", a.status)
 		}
@@ -120,13 +120,11 @@ func TestAPIKey(t *testing.T) {
 	t.Run("abbreviated flag", func(t *testing.T) {
 		s := newScene(t, generate("--api-ke", "sk-real-abbrev-0001")...)
 		s.start()
-		s.waitEvent("ready", 1, startBound, isReady)
+		s.WaitEvent("ready", 1, startBound, isReady)
 		if a := get(s.vllmURL("/v1/models"), ""); a.status != 401 {
 			t.Fatalf("vLLM answered %d without the key, want 401 (did vLLM read --api-ke as --api-key?)", a.status)
 		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		for _, l := range s.raw {
+		for _, l := range s.Raw() {
 			if strings.Contains(l, "real-abbrev-0001") {
 				t.Fatalf("the guard's log carries the key: %s", l)
 			}
@@ -136,7 +134,7 @@ func TestAPIKey(t *testing.T) {
 		s := newScene(t, generate()...)
 		s.env["VLLM_API_KEY"] = "sk-real-env"
 		s.start()
-		s.waitEvent("ready", 1, startBound, isReady)
+		s.WaitEvent("ready", 1, startBound, isReady)
 		if a := get(s.vllmURL("/v1/models"), "sk-real-env"); a.status != 200 {
 			t.Fatalf("vLLM answered %d with the key", a.status)
 		}
@@ -146,7 +144,7 @@ func TestAPIKey(t *testing.T) {
 		s.env["VLLM_API_KEY"] = "sk-the-guard-believes"
 		s.command = append([]string{"/usr/bin/env", "VLLM_API_KEY=sk-vllm-really-has", real.vllm, "serve"}, generate()...)
 		s.start()
-		s.waitEvent("a probe refused with 401", 1, startBound, func(e events.Event) bool {
+		s.WaitEvent("a probe refused with 401", 1, startBound, func(e events.Event) bool {
 			return e.Kind == events.KindProbeFailed && e.Probe != nil && e.Probe.Status == 401
 		})
 		st := s.status()
@@ -166,7 +164,7 @@ func TestPoolingAutoProbe(t *testing.T) {
 	scenario(t, "pooling model: probe = auto finds its endpoint")
 	s := newScene(t, tiny("tiny-embed", 512, "--runner", "pooling", "--enforce-eager")...)
 	s.start()
-	s.waitEvent("ready", 1, startBound, isReady)
+	s.WaitEvent("ready", 1, startBound, isReady)
 	st := s.status()
 	guard, _ := st["guard"].(map[string]any)
 	t.Logf("probe in use: %v", guard["probe"])
@@ -200,7 +198,7 @@ func TestNamesAndConfigYAML(t *testing.T) {
 		t.Fatalf("check does not list the served names alpha, beta:\n%s", out)
 	}
 	s.start()
-	s.waitEvent("ready", 1, startBound, isReady)
+	s.WaitEvent("ready", 1, startBound, isReady)
 	a := get(s.vllmURL("/v1/models"), "")
 	var doc struct {
 		Data []struct {
@@ -225,7 +223,7 @@ func TestEngineCoreKilled(t *testing.T) {
 	scenario(t, "SIGKILL of the EngineCore: crash, restart, ready, old tree gone")
 	s := newScene(t, generate()...)
 	s.start()
-	s.waitEvent("ready", 1, startBound, isReady)
+	s.WaitEvent("ready", 1, startBound, isReady)
 	old := s.ours()
 	core := s.byTitle("VLLM::EngineCore")
 	if core == 0 {
@@ -233,12 +231,12 @@ func TestEngineCoreKilled(t *testing.T) {
 	}
 	killedAt := time.Now()
 	syscall.Kill(core, syscall.SIGKILL)
-	ex := s.waitEvent("exit", 1, exitBound, isExited)
+	ex := s.WaitEvent("exit", 1, exitBound, isExited)
 	if c := causeOf(ex); c != "crash" {
 		t.Fatalf("cause %q, want crash (%s)", c, ex.Failure.Verdict.Summary)
 	}
 	t.Logf("exit %s after %s: %s", ex.Failure.Exit, time.Since(killedAt).Round(time.Millisecond), ex.Failure.Verdict.Summary)
-	s.waitEvent("ready again", 2, startBound, isReady)
+	s.WaitEvent("ready again", 2, startBound, isReady)
 	waitGone(t, old, exitBound)
 	capture(t, "enginecore-sigkill", s.runLines(1), "crash")
 }
@@ -250,7 +248,7 @@ func TestEngineCoreStopped(t *testing.T) {
 	s := newScene(t, tiny("tiny-llama", 2048, "--enforce-eager")...)
 	s.extra = "\n[liveness]\ninterval = \"1s\"\nstuck_timeout = \"5s\"\n"
 	s.start()
-	s.waitEvent("ready", 1, startBound, isReady)
+	s.WaitEvent("ready", 1, startBound, isReady)
 	old := s.ours()
 	st := startStream(t, s.vllmURL("/v1/completions"), "", model("tiny-llama"), 1900)
 	select {
@@ -266,13 +264,13 @@ func TestEngineCoreStopped(t *testing.T) {
 	}
 	stoppedAt := time.Now()
 	syscall.Kill(core, syscall.SIGSTOP)
-	ex := s.waitEvent("exit", 1, exitBound, isExited)
+	ex := s.WaitEvent("exit", 1, exitBound, isExited)
 	if c := causeOf(ex); c != "hang" {
 		t.Fatalf("cause %q, want hang (%s)", c, ex.Failure.Verdict.Summary)
 	}
 	figure("stuck_detected_after_sigstop_s", time.Since(stoppedAt).Seconds())
 	waitGone(t, old, exitBound)
-	s.waitEvent("ready again", 2, startBound, isReady)
+	s.WaitEvent("ready again", 2, startBound, isReady)
 }
 
 // An unknown flag: config_error, exit 78, one start.
@@ -280,13 +278,13 @@ func TestUnknownFlag(t *testing.T) {
 	scenario(t, "an unknown flag: config_error, exit 78, one start")
 	s := newScene(t, generate("--no-such-flag-anywhere")...)
 	s.start()
-	if code := s.waitExit(exitBound); code != 78 {
+	if code := s.WaitExit(exitBound); code != 78 {
 		t.Fatalf("exit %d, want 78", code)
 	}
-	if n := s.countEvents(isStarting); n != 1 {
+	if n := s.CountEvents(isStarting); n != 1 {
 		t.Fatalf("%d starts, want 1", n)
 	}
-	ex := s.waitEvent("exit", 1, time.Second, isExited)
+	ex := s.WaitEvent("exit", 1, time.Second, isExited)
 	if c := causeOf(ex); c != "config_error" {
 		t.Fatalf("cause %q, want config_error", c)
 	}
@@ -303,11 +301,11 @@ func TestKVCacheTooSmall(t *testing.T) {
 	s := newScene(t, tiny("tiny-llama", 4096, "--enforce-eager", "--kv-cache-memory-bytes", "1M")...)
 	delete(s.env, "VLLM_CPU_KVCACHE_SPACE") // it would set the KV bytes again
 	s.start()
-	ex := s.waitEvent("exit", 1, startBound, isExited)
+	ex := s.WaitEvent("exit", 1, startBound, isExited)
 	if c := causeOf(ex); c != "kv_insufficient" {
 		t.Fatalf("cause %q, want kv_insufficient (%s)\n%s", c, ex.Failure.Verdict.Summary, s.tail(30))
 	}
-	code := s.waitExit(startBound)
+	code := s.WaitExit(startBound)
 	t.Logf("decision: %+v; guard exit %d", ex.Failure.Decision, code)
 	figure("kv_insufficient_guard_exit", code)
 	if code != 78 {
@@ -337,10 +335,10 @@ func TestSIGHUPNoRestart(t *testing.T) {
 	scenario(t, "SIGHUP to the guard: reload, no restart")
 	s := newScene(t, generate()...)
 	s.start()
-	s.waitEvent("ready", 1, startBound, isReady)
+	s.WaitEvent("ready", 1, startBound, isReady)
 	pid := s.status()["guard"].(map[string]any)["pid"]
-	s.signal(syscall.SIGHUP)
-	s.waitEvent("reload", 1, exitBound, decided(events.DecisionReload))
+	s.Signal(syscall.SIGHUP)
+	s.WaitEvent("reload", 1, exitBound, decided(events.DecisionReload))
 	st := s.status()["guard"].(map[string]any)
 	if st["state"] != "ready" || st["pid"] != pid {
 		t.Fatalf("after SIGHUP: state %v pid %v, want ready and pid %v", st["state"], st["pid"], pid)
@@ -348,7 +346,7 @@ func TestSIGHUPNoRestart(t *testing.T) {
 	if a := post(s.vllmURL("/v1/completions"), "", completion(model("tiny-llama"), 2, false)); a.status != 200 {
 		t.Fatalf("vLLM after the guard's SIGHUP: %d %v", a.status, a.err)
 	}
-	if n := s.countEvents(isStarting); n != 1 {
+	if n := s.CountEvents(isStarting); n != 1 {
 		t.Fatalf("%d starts after SIGHUP, want 1", n)
 	}
 }
@@ -359,7 +357,7 @@ func TestMetricsUnderLoad(t *testing.T) {
 	scenario(t, "/metrics: the series the guard reads exist and move under load")
 	s := newScene(t, tiny("tiny-llama", 2048, "--enforce-eager")...)
 	s.start()
-	s.waitEvent("ready", 1, startBound, isReady)
+	s.WaitEvent("ready", 1, startBound, isReady)
 	before, err := metrics(s.vllmURL("/metrics"))
 	if err != nil {
 		t.Fatal(err)
@@ -461,7 +459,7 @@ func TestHostMemoryExhausted(t *testing.T) {
 	s := newScene(t, generate()...)
 	s.wrap = []string{"/bin/sh", "-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, cg}
 	s.start()
-	ex := s.waitEvent("exit", 1, startBound, isExited)
+	ex := s.WaitEvent("exit", 1, startBound, isExited)
 	t.Logf("limit %d MiB: %s: %s", limit>>20, ex.Failure.Exit, ex.Failure.Verdict.Summary)
 	if c := causeOf(ex); c != "host_oom" {
 		t.Fatalf("cause %q, want host_oom (%s)\n%s", c, ex.Failure.Verdict.Summary, s.tail(30))
@@ -541,12 +539,12 @@ func TestStopDrainsAStream(t *testing.T) {
 				t.Fatalf("check (exit %d) does not print an effective stop timeout of 130s:\n%s", code, out)
 			}
 			s.start()
-			s.waitEvent("ready", 1, startBound, isReady)
+			s.WaitEvent("ready", 1, startBound, isReady)
 			proxyURL := fmt.Sprintf("http://127.0.0.1:%d/v1/completions", s.proxy)
 			st := startStream(t, proxyURL, "", model("tiny-llama"), 3000)
 			<-st.first
-			s.signal(syscall.SIGTERM)
-			s.waitEvent("stop", 1, exitBound, decided(events.DecisionStop))
+			s.Signal(syscall.SIGTERM)
+			s.WaitEvent("stop", 1, exitBound, decided(events.DecisionStop))
 			var late chan answer
 			if form.name == "flag" {
 				reason := fmt.Sprint(s.status()["guard"].(map[string]any)["reason"])
@@ -560,10 +558,10 @@ func TestStopDrainsAStream(t *testing.T) {
 			if a.err != nil || a.finish != "length" || a.body != "[DONE]" || a.errEv {
 				t.Fatalf("the stream in flight through the proxy did not complete: %+v", a)
 			}
-			if code := s.waitExit(exitBound); code != 0 {
+			if code := s.WaitExit(exitBound); code != 0 {
 				t.Fatalf("guard exit %d, want 0", code)
 			}
-			if n := s.countEvents(decided(events.DecisionKill)); n != 0 {
+			if n := s.CountEvents(decided(events.DecisionKill)); n != 0 {
 				t.Fatal("the guard sent SIGKILL during a drain it had N + 10 s for")
 			}
 			if late != nil {

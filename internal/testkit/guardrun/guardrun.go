@@ -247,32 +247,25 @@ func (g *Guard) fail(format string, args ...any) {
 // WaitEvent waits until n events match, and returns the n-th.
 func (g *Guard) WaitEvent(what string, n int, bound time.Duration, match func(events.Event) bool) events.Event {
 	g.t.Helper()
-	var nth events.Event
-	g.Until(what, bound, func() bool {
-		found := 0
-		for _, e := range g.Events() {
-			if match(e) {
-				if found++; found == n {
-					nth = e
-					return true
-				}
-			}
-		}
-		return false
-	})
-	return nth
+	return waitNth(g, what, n, bound, g.Events, match)
 }
 
 // WaitLog waits until n log entries match, and returns the n-th.
 func (g *Guard) WaitLog(what string, n int, bound time.Duration, match func(map[string]any) bool) map[string]any {
 	g.t.Helper()
-	var nth map[string]any
+	return waitNth(g, what, n, bound, g.Logs, match)
+}
+
+// waitNth waits until n of what list returns match, and returns the n-th.
+func waitNth[T any](g *Guard, what string, n int, bound time.Duration, list func() []T, match func(T) bool) T {
+	g.t.Helper()
+	var nth T
 	g.Until(what, bound, func() bool {
 		found := 0
-		for _, m := range g.Logs() {
-			if match(m) {
+		for _, x := range list() {
+			if match(x) {
 				if found++; found == n {
-					nth = m
+					nth = x
 					return true
 				}
 			}

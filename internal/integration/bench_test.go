@@ -93,7 +93,7 @@ func BenchmarkIdleSupervision(b *testing.B) {
 	s := plainScene(b)
 	s.start()
 	s.WaitEvent("ready", 1, 60*time.Second, isReady)
-	pid := s.cmd.Process.Pid
+	pid := s.Cmd.Process.Pid
 	cpu0, t0 := cpuNanos(pid), time.Now()
 	time.Sleep(10 * time.Second) // the measured window itself, not a wait for an event
 	cpu1, t1 := cpuNanos(pid), time.Now()
@@ -141,7 +141,7 @@ func BenchmarkLogFlood(b *testing.B) {
 	}
 	first := read(time.Now().Add(500 * time.Millisecond))
 	last := read(first.at.Add(3 * time.Second))
-	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.Cmd.Process.Signal(syscall.SIGTERM)
 	s.WaitExit(30 * time.Second)
 	b.ReportMetric((last.BytesWritten-first.BytesWritten)/last.at.Sub(first.at).Seconds()/1e6, "MB/s-absorbed")
 	b.ReportMetric(last.MaxWriteBlockMS, "ms-max-write-block")

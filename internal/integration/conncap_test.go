@@ -133,7 +133,7 @@ func TestEveryListenerCapsItsConnections(t *testing.T) {
 		proxyAddr, proxyCap, proxyPer)
 	s.start()
 	ready := s.WaitEvent("ready", 1, 60*time.Second, isReady)
-	guard := s.cmd.Process.Pid
+	guard := s.Cmd.Process.Pid
 	base := openFDs(t, guard)
 
 	tcp := func(addr string) func(string) (net.Conn, error) {

@@ -155,7 +155,7 @@ func TestFaultIgnoredSIGTERMIsEscalated(t *testing.T) {
 	oneShot(s, "ignore_sigterm")
 	s.start()
 	s.WaitEvent("ready", 1, 30*time.Second, isReady)
-	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.Cmd.Process.Signal(syscall.SIGTERM)
 	if code := s.WaitExit(30 * time.Second); code != 0 {
 		t.Fatalf("exit code %d, want 0", code)
 	}
@@ -313,7 +313,7 @@ func TestFaultGrandchildDiesWithAKilledGuard(t *testing.T) {
 	s.start()
 	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	hasGrandchild(t, s)
-	s.cmd.Process.Signal(syscall.SIGKILL)
+	s.Cmd.Process.Signal(syscall.SIGKILL)
 	s.WaitExit(10 * time.Second)
 	s.waitNoProcesses(10 * time.Second)
 }
@@ -368,7 +368,7 @@ func TestFaultSIGTERMWhileWaiting(t *testing.T) {
 			tc.wait(s)
 			mark := s.Events()
 			last := mark[len(mark)-1]
-			s.cmd.Process.Signal(syscall.SIGTERM)
+			s.Cmd.Process.Signal(syscall.SIGTERM)
 			// A bound, below the 60 s waits; what shows the wait was cut
 			// short is the event stream, not the time it took.
 			if code := s.WaitExit(40 * time.Second); code != 0 {

@@ -146,7 +146,7 @@ func TestKillNineOfTheGuardLeavesNoVLLM(t *testing.T) {
 	if len(s.ours()) < 2 {
 		t.Fatalf("expected the API server and EngineCore running, found %v", describe(s.ours()))
 	}
-	s.cmd.Process.Signal(syscall.SIGKILL)
+	s.Cmd.Process.Signal(syscall.SIGKILL)
 	s.WaitExit(10 * time.Second)
 	s.waitNoProcesses(10 * time.Second)
 }
@@ -157,7 +157,7 @@ func TestSIGTERMStopsCleanly(t *testing.T) {
 	s := newScene(t)
 	s.start()
 	s.WaitEvent("ready", 1, 30*time.Second, isReady)
-	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.Cmd.Process.Signal(syscall.SIGTERM)
 	if code := s.WaitExit(20 * time.Second); code != 0 {
 		t.Fatalf("exit code %d, want 0", code)
 	}

@@ -170,7 +170,7 @@ func TestSurvivorsOfAKilledKeeperAreKilledBeforeTheNextStart(t *testing.T) {
 	s.start()
 	s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	before := s.ours()
-	keeper := keeperOf(t, s.cmd.Process.Pid)
+	keeper := keeperOf(t, s.Cmd.Process.Pid)
 	if err := syscall.Kill(keeper, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -79,7 +78,6 @@ type scene struct {
 	env        map[string]string // FAKEVLLM_* for the simulator
 	extra      string            // more TOML
 	command    string            // TOML array for [vllm] command; default the simulator
-	cmd        *exec.Cmd
 
 	// The running guard: its log, its event stream (run --events) and
 	// every wait on them (internal/testkit/guardrun, shared with the real
@@ -167,7 +165,6 @@ func (s *scene) start(args ...string) {
 		spec.Skip = func(line string) bool { return strings.Contains(line, `"logger":"vllm"`) }
 	}
 	s.Guard = guardrun.Start(s.t, spec)
-	s.cmd = s.Cmd
 	s.t.Cleanup(func() {
 		s.Stop(15 * time.Second)
 		s.killLeftovers()
@@ -239,7 +236,7 @@ func (s *scene) killLeftovers() {
 // then no vLLM process of the scene within gone.
 func (s *scene) stopCleanly(exit, gone time.Duration) {
 	s.t.Helper()
-	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.Cmd.Process.Signal(syscall.SIGTERM)
 	if code := s.WaitExit(exit); code != 0 {
 		s.t.Fatalf("exit code %d after SIGTERM, want 0", code)
 	}

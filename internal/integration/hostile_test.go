@@ -240,7 +240,7 @@ func TestHostileSecondGuardCannotTakeTheSocket(t *testing.T) {
 		t.Fatalf("the second guard: exit %d, want 78", code)
 	}
 	e := b.WaitLog("the refusal", 1, time.Second, msgContains("cannot serve the control socket"))
-	want := fmt.Sprintf("(pid %d) holds %s.lock", a.cmd.Process.Pid, a.socket())
+	want := fmt.Sprintf("(pid %d) holds %s.lock", a.Cmd.Process.Pid, a.socket())
 	if errText, _ := e["error"].(string); !strings.Contains(errText, want) {
 		t.Errorf("the second guard's error %q does not name the holder: want %q", errText, want)
 	}

@@ -85,7 +85,7 @@ func TestJournalctlFindsErrors(t *testing.T) {
 	}
 	s.guardSignal(syscall.SIGHUP)
 	s.WaitEvent("the reload refused", 1, 30*time.Second, decided(events.DecisionReload))
-	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.Cmd.Process.Signal(syscall.SIGTERM)
 	if code := s.WaitExit(60 * time.Second); code != 0 {
 		t.Fatalf("wrapper exit %d; want the guard's 0 (9x: the wrapper could not start journald)", code)
 	}
@@ -131,7 +131,7 @@ func TestJournalctlFindsErrors(t *testing.T) {
 // descendant that runs the guard binary.
 func (s *scene) guardSignal(sig syscall.Signal) {
 	s.t.Helper()
-	for _, pid := range descendants(s.cmd.Process.Pid) {
+	for _, pid := range descendants(s.Cmd.Process.Pid) {
 		if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && exe == bins.guard {
 			if err := syscall.Kill(pid, sig); err != nil {
 				s.t.Fatal(err)
@@ -139,7 +139,7 @@ func (s *scene) guardSignal(sig syscall.Signal) {
 			return
 		}
 	}
-	s.t.Fatalf("no guard process under the wrapper %d", s.cmd.Process.Pid)
+	s.t.Fatalf("no guard process under the wrapper %d", s.Cmd.Process.Pid)
 }
 
 // descendants lists the processes under pid, nearest first.

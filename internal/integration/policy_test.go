@@ -120,7 +120,7 @@ func TestRestartedGuardResumesOnItsRung(t *testing.T) {
 	s.extra = "\n[restart]\ninitial_delay = \"200ms\"\n[gpu]\nsample_interval = \"100ms\"\n"
 	s.start()
 	s.WaitEvent("ready on rung 1", 2, 60*time.Second, isReady)
-	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.Cmd.Process.Signal(syscall.SIGTERM)
 	if code := s.WaitExit(30 * time.Second); code != 0 {
 		t.Fatalf("exit %d", code)
 	}

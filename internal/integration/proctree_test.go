@@ -34,7 +34,7 @@ func TestGuardsOwnStartFailureIsRetriedNotAConfigError(t *testing.T) {
 	ready := s.WaitEvent("ready", 1, 30*time.Second, isReady)
 	api := ready.PID
 
-	guard := s.cmd.Process.Pid
+	guard := s.Cmd.Process.Pid
 	var old unix.Rlimit
 	if err := unix.Prlimit(guard, unix.RLIMIT_NOFILE, nil, &old); err != nil {
 		t.Fatal(err)
@@ -95,7 +95,7 @@ func spawnerScene(t *testing.T) *scene {
 func TestStopLeavesNoDescendantThatCalledSetsid(t *testing.T) {
 	t.Parallel()
 	s := spawnerScene(t)
-	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.Cmd.Process.Signal(syscall.SIGTERM)
 	if code := s.WaitExit(60 * time.Second); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM, want 0", code)
 	}
@@ -112,13 +112,13 @@ func TestStopLeavesNoDescendantThatCalledSetsid(t *testing.T) {
 func TestKillNineOfTheGuardLeavesNoDescendantThatCalledSetsid(t *testing.T) {
 	t.Parallel()
 	s := spawnerScene(t)
-	keeper := childOf(t, s.cmd.Process.Pid)
+	keeper := childOf(t, s.Cmd.Process.Pid)
 	fd, err := unix.PidfdOpen(keeper, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	s.cmd.Process.Signal(syscall.SIGKILL)
+	s.Cmd.Process.Signal(syscall.SIGKILL)
 	s.WaitExit(10 * time.Second)
 	// A pidfd polls readable when its process has exited.
 	deadline := time.Now().Add(60 * time.Second)

@@ -80,7 +80,7 @@ func TestStopDrainsAStreamInFlight(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no first chunk")
 	}
-	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.Cmd.Process.Signal(syscall.SIGTERM)
 	var r streamResult
 	select {
 	case r = <-res:
@@ -184,12 +184,12 @@ func TestTensorParallelStopAndKillNineFreeBothGPUs(t *testing.T) {
 				t.Fatalf("memory held by %v; want both workers' shares", held)
 			}
 			if how == "stop" {
-				s.cmd.Process.Signal(syscall.SIGTERM)
+				s.Cmd.Process.Signal(syscall.SIGTERM)
 				if code := s.WaitExit(60 * time.Second); code != 0 {
 					t.Fatalf("exit %d", code)
 				}
 			} else {
-				s.cmd.Process.Kill()
+				s.Cmd.Process.Kill()
 				s.WaitExit(60 * time.Second)
 			}
 			s.waitNoProcesses(15 * time.Second)
@@ -320,7 +320,7 @@ func TestSignalsHaveMeanings(t *testing.T) {
 	s.start()
 	ready := s.WaitEvent("ready", 1, 60*time.Second, isReady)
 	for _, sig := range []syscall.Signal{syscall.SIGUSR1, syscall.SIGUSR2} {
-		s.cmd.Process.Signal(sig)
+		s.Cmd.Process.Signal(sig)
 	}
 	// A broken file on SIGHUP changes nothing.
 	cfg := filepath.Join(s.dir, "vllm-guard.toml")
@@ -331,7 +331,7 @@ func TestSignalsHaveMeanings(t *testing.T) {
 	if err := os.WriteFile(cfg, append(append([]byte{}, good...), []byte("\n[liveness]\ninterval = 5\n")...), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s.cmd.Process.Signal(syscall.SIGHUP)
+	s.Cmd.Process.Signal(syscall.SIGHUP)
 	refused := s.WaitEvent("the reload refused", 1, 30*time.Second, decided(events.DecisionReload))
 	if !strings.HasPrefix(refused.Reason, "refused: ") || !strings.Contains(refused.Reason, "vllm-guard.toml:") {
 		t.Fatalf("a broken file on SIGHUP: %q; want refused, naming the file and line", refused.Reason)
@@ -342,7 +342,7 @@ func TestSignalsHaveMeanings(t *testing.T) {
 	if err := os.WriteFile(cfg, append(append([]byte{}, good...), []byte("\n[gpu]\nwarn_over_budget = 0.01\n")...), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s.cmd.Process.Signal(syscall.SIGHUP)
+	s.Cmd.Process.Signal(syscall.SIGHUP)
 	if e := s.WaitEvent("the reload", 2, 30*time.Second, decided(events.DecisionReload)); e.Reason != "applied" {
 		t.Fatalf("reload: %q", e.Reason)
 	}
@@ -357,7 +357,7 @@ func TestSignalsHaveMeanings(t *testing.T) {
 		t.Fatalf("the state changed on SIGUSR1/SIGUSR2/SIGHUP: %v", s.Events())
 	}
 	// SIGQUIT stops gracefully.
-	s.cmd.Process.Signal(syscall.SIGQUIT)
+	s.Cmd.Process.Signal(syscall.SIGQUIT)
 	if code := s.WaitExit(30 * time.Second); code != 0 {
 		t.Fatalf("exit %d after SIGQUIT", code)
 	}
@@ -373,9 +373,9 @@ func TestASecondStopSignalKillsAtOnce(t *testing.T) {
 	}
 	s.start()
 	s.WaitEvent("ready", 1, 60*time.Second, isReady)
-	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.Cmd.Process.Signal(syscall.SIGTERM)
 	s.WaitEvent("stopping", 1, 30*time.Second, inState("stopping"))
-	s.cmd.Process.Signal(syscall.SIGINT)
+	s.Cmd.Process.Signal(syscall.SIGINT)
 	s.WaitEvent("the kill", 1, 30*time.Second, decided(events.DecisionKill))
 	if code := s.WaitExit(30 * time.Second); code != 0 {
 		t.Fatalf("exit %d", code)

@@ -75,8 +75,6 @@ type scene struct {
 	wrap     []string          // argv the guard runs under (a cgroup entry)
 	backoff  string            // [restart] initial_delay and max_delay; default 1s and 2s
 
-	cmd *exec.Cmd
-
 	// The running guard: its log, its event stream and every wait on them
 	// (internal/testkit/guardrun, shared with the simulator's scene).
 	*guardrun.Guard
@@ -145,7 +143,6 @@ func (s *scene) start(extra ...string) {
 		Argv: append(slices.Clone(s.wrap), argv...),
 		Env:  append(os.Environ(), "LD_LIBRARY_PATH="+filepath.Join(s.dir, "no-nvml-here"), "GORACE=atexit_sleep_ms=0"),
 	})
-	s.cmd = s.Cmd
 	s.Explain = func() string { return s.tail(40) }
 	s.t.Cleanup(s.cleanup)
 }

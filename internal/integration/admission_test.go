@@ -340,9 +340,13 @@ func TestAdmissionBurstOnAColdGuard(t *testing.T) {
 		// Until vLLM ran out of memory and came back, or ten requests a
 		// client were served without (the burst did not run it out).
 		want := 10 * int64(admClients)
-		for s.CountEvents(admReady) < 2 && first.ok.Load() < want {
+		for {
+			changed := s.Changed() // taken before the look: an event after it wakes the wait
+			if s.CountEvents(admReady) >= 2 || first.ok.Load() >= want {
+				break
+			}
 			select {
-			case <-s.Changed():
+			case <-changed:
 			case <-first.served:
 			case <-s.Exited():
 				return

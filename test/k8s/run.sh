@@ -65,6 +65,7 @@ make -C "$root" -s build >/dev/null
 # One cluster at a time on a machine: its ports, bridge and iptables chains
 # are fixed. The lock is held until this script exits (the processes it
 # starts do not inherit it).
+mkdir -p /run/lock # not every machine has it
 exec 9>/run/lock/vllm-guard-k8s.lock
 if ! flock -n 9; then
   echo "   another test-k8s runs its cluster here: waiting for it"

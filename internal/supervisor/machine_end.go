@@ -190,6 +190,7 @@ func (m *machine) settleRun(sink *logSink, cl cleanup) {
 	}
 	m.r.stdout.Close()
 	m.r.stderr.Close()
+	s.tree.Store(nil)
 	if s.gpu != nil {
 		s.gpu.SetTree(nil)
 		s.gpu.SetLoading(false)

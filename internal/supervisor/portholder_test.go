@@ -1,11 +1,19 @@
 package supervisor
 
 import (
+	"context"
+	"errors"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // A listener of this test process on vLLM's port is found and named by
@@ -50,8 +58,139 @@ func TestParseListeners(t *testing.T) {
 	if len(ls) != 2 || !ls[0].ip.IsUnspecified() || ls[0].port != 8000 || !ls[1].ip.Equal(net.IPv6loopback) || ls[1].port != 8001 {
 		t.Fatalf("tcp6 listeners %+v", ls)
 	}
-	if !clashes("127.0.0.1", ls[0].ip) || clashes("127.0.0.1", ls[1].ip) || !clashes("::1", ls[1].ip) {
-		t.Error("clashes misjudges a wildcard or a specific IPv6 address")
+	l4 := listener{ip: net.IPv4zero.To4(), port: 8000, inode: 1}
+	l6 := listener{ip: net.IPv6unspecified, port: 8000, inode: 2}
+	lo := listener{ip: net.IPv4(127, 0, 0, 1).To4(), port: 8000, inode: 3}
+	lo6 := listener{ip: net.IPv6loopback, port: 8000, inode: 4}
+	dst := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8000}
+	for _, c := range []struct {
+		ls   []listener
+		dst  *net.TCPAddr
+		want []uint64
+	}{
+		{[]listener{l4, l6, lo}, dst, []uint64{3}}, // the address itself first
+		{[]listener{l6, l4}, dst, []uint64{1}},     // then IPv4's wildcard: a [::] beside it is V6ONLY
+		{[]listener{l6}, dst, []uint64{2}},         // then a dual-stack [::]
+		{[]listener{lo6, l4}, &net.TCPAddr{IP: net.IPv6loopback, Port: 8000}, []uint64{4}},
+		{[]listener{l4}, &net.TCPAddr{IP: net.IPv6loopback, Port: 8000}, nil}, // IPv4 takes no IPv6
+		{[]listener{l4}, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8001}, nil},
+	} {
+		var got []uint64
+		for _, l := range takers(c.ls, c.dst) {
+			got = append(got, l.inode)
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("takers(%v, %s) = %v, want %v", c.ls, c.dst, got, c.want)
+		}
+	}
+}
+
+// listenV6Only listens on [::]:port with IPV6_V6ONLY=1, as nginx's
+// "listen [::]:8000 ipv6only=on" does.
+func listenV6Only(t *testing.T, port int) net.Listener {
+	t.Helper()
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IPV6, syscall.IPV6_V6ONLY, 1) }); err != nil {
+			return err
+		}
+		return serr
+	}}
+	ln, err := lc.Listen(context.Background(), "tcp6", net.JoinHostPort("::", strconv.Itoa(port)))
+	if err != nil {
+		t.Fatalf("listen on [::]:%d with IPV6_V6ONLY: %v", port, err)
+	}
+	return ln
+}
+
+// Issue 41 item 3: a listener on [::]:port with IPV6_V6ONLY=1 is not in
+// the way of vLLM's bind on 127.0.0.1 (or 0.0.0.0): the trial bind
+// works, so the port is free; a bind on [::] itself meets it.
+func TestPortHolderIgnoresAnIPv6OnlyListener(t *testing.T) {
+	port := freePortT(t)
+	ln := listenV6Only(t, port)
+	defer ln.Close()
+	for _, host := range []string{"127.0.0.1", "0.0.0.0", ""} {
+		if got := portHolder(host, port); got != "" {
+			t.Errorf("portHolder(%q) = %q: an IPV6_V6ONLY listener on [::] does not stop an IPv4 bind", host, got)
+		}
+	}
+	want := "pid " + strconv.Itoa(os.Getpid()) + " ("
+	if got := portHolder("::", port); !strings.HasPrefix(got, want) {
+		t.Errorf("portHolder(::) = %q, want it to start %q", got, want)
+	}
+}
+
+func freePortT(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// A bound socket that does not listen yet (vLLM binds before it loads and
+// listens only after) holds the port too; the holder is said to be one.
+func TestPortHolderSeesABoundSocket(t *testing.T) {
+	port := freePortT(t)
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := portHolder("127.0.0.1", port); !strings.Contains(got, "does not listen yet") {
+		t.Errorf("portHolder = %q, want the bound socket", got)
+	}
+}
+
+// vllmOnly connects only to a listener of the tree it is given: the test
+// process's own listener is reached with its pid as the tree, and with
+// another tree no connection is made at all.
+func TestVLLMOnlyReachesTheTreesListenerOnly(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var accepted atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Close()
+		}
+	}()
+	d := &net.Dialer{Timeout: time.Second}
+	addr := ln.Addr().String()
+	other := vllmOnly(d.DialContext, func() []int { return []int{1} })
+	if c, err := other(context.Background(), "tcp", addr); err == nil {
+		c.Close()
+		t.Fatal("connected to a listener outside the tree")
+	} else if nv := (*notVLLMs)(nil); !errors.As(err, &nv) || !strings.Contains(err.Error(), "pid "+strconv.Itoa(os.Getpid())) {
+		t.Fatalf("error %v: want one naming the holder", err)
+	}
+	none := vllmOnly(d.DialContext, func() []int { return nil })
+	if c, err := none(context.Background(), "tcp", addr); err == nil {
+		c.Close()
+		t.Fatal("connected with no tree")
+	}
+	ours := vllmOnly(d.DialContext, func() []int { return []int{os.Getpid()} })
+	c, err := ours(context.Background(), "tcp", addr)
+	if err != nil {
+		t.Fatalf("the tree's own listener: %v", err)
+	}
+	c.Close()
+	testkit.WaitFor(t, "the one accepted connection", 5*time.Second, func() bool { return accepted.Load() == 1 })
+	if n := accepted.Load(); n != 1 {
+		t.Fatalf("%d connections accepted, want only the tree's own", n)
 	}
 }
 

@@ -153,6 +153,8 @@ type run struct {
 	stdout    *streamWriter
 	stderr    *streamWriter
 	prober    checker
+	bindHost  string // where vLLM binds (its --host) and its port: tried again when it fails before ready
+	bindPort  int
 	ctx       context.Context // cancelled when the run ends: in-flight probes stop
 	cancel    context.CancelFunc
 	probing   bool

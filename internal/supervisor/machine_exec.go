@@ -132,9 +132,17 @@ func readFree(gpu GPU, health GPUHealth, rung policy.Rung, since time.Time) gpuR
 // run (the classifier's first evidence) and posts evCleaned.
 func (m *machine) cleanUp(c proc) {
 	run, health, since := m.runN, m.s.health, m.r.startedAt
+	var holder func(string, int) string
+	if !m.r.ready && m.r.end == endExited {
+		holder = m.s.portHolder // a start that failed: was its port taken?
+	}
+	host, port := m.r.bindHost, m.r.bindPort
 	go func() {
 		outlived, unkillable := c.killLeftovers()
 		cl := cleanup{outlived: outlived, unkillable: unkillable}
+		if holder != nil {
+			cl.portHeld = holder(host, port)
+		}
 		if health != nil {
 			cl.gpuAfter = health.GPUs(since, true)
 		}

@@ -167,3 +167,65 @@ func TestMachineAnswerFromItsOwnListenerIsReady(t *testing.T) {
 		s.stop()
 	})
 }
+
+// bindFails ends the last run as vLLM does when its port is taken while it
+// imports: its own refusal, exit 1.
+func bindFails(s *scenario) {
+	p := s.l.last()
+	p.print("stderr:OSError: [Errno 98] Address already in use")
+	p.end(exitInfo{Code: 1})
+}
+
+// Issue 41 item 3: a process that takes vLLM's port while a restart's vLLM
+// imports (after the trial bind) makes that vLLM fail to bind: at a
+// restart the guard waits for the port (status naming the holder) instead
+// of calling it a configuration error, and starts vLLM once it is free.
+func TestMachinePortTakenWhileARestartLoadsIsWaitedOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		s.ready()
+		crash(s)
+		s.advance(time.Minute)
+		if s.l.n() != 2 {
+			t.Fatalf("%d launches, want the restart", s.l.n())
+		}
+		s.setHolder(squatter)
+		bindFails(s)
+		s.advance(5 * time.Minute)
+		st := s.sup.Status()
+		if st.State != StateBackoff || !strings.Contains(st.Reason, "held by pid 4242") || s.l.n() != 2 {
+			t.Fatalf("state %s (%s), %d launches: want a wait naming the holder", st.State, st.Reason, s.l.n())
+		}
+		if f := s.failure(2); f.Decision.Action != policy.ActionRestart || !strings.Contains(f.Decision.Reason, "pid 4242") {
+			t.Fatalf("the death on the taken port: %+v", f.Decision)
+		}
+		s.setHolder("")
+		s.advance(6 * time.Second)
+		if s.l.n() != 3 {
+			t.Fatalf("%d launches once the port is free, want 3", s.l.n())
+		}
+		s.ready()
+		s.stop()
+	})
+}
+
+// The same at the guard's first start is bounded by port_wait: then the
+// guard stops with exit 78 naming the holder, as two instances on one
+// port would.
+func TestMachinePortTakenWhileTheFirstStartLoadsExits78AfterPortWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { c.VLLM.PortWait = config.Duration{Duration: 10 * time.Second} })
+		s.start()
+		s.setHolder(squatter)
+		bindFails(s)
+		s.advance(5 * time.Second)
+		if st := s.sup.Status(); st.State != StateBackoff || !strings.Contains(st.Reason, "exit 78") {
+			t.Fatalf("state %s (%s): want the bounded wait", st.State, st.Reason)
+		}
+		s.advance(10 * time.Second)
+		if code := s.exited(); code != exitcode.Config || s.l.n() != 1 {
+			t.Fatalf("exit %d after %d launches, want 78 after the one", code, s.l.n())
+		}
+	})
+}

@@ -118,10 +118,9 @@ func (m *machine) onPortRead(holder string, sink *logSink) {
 		return
 	}
 	if w.since.IsZero() {
-		w.since, w.bounded, w.delay = m.now, m.runN == 0, portRetryFirst
-	} else {
-		w.delay = min(2*w.delay, portRetryMax)
+		w.since, w.bounded = m.now, m.runN == 0
 	}
+	w.delay = min(max(2*w.delay, portRetryFirst), portRetryMax)
 	waited, limit := m.now.Sub(w.since), s.cfg.VLLM.PortWait.Duration
 	if w.bounded && waited >= limit {
 		rung, gpus := w.rung, w.gpus
@@ -171,6 +170,7 @@ func (m *machine) start(sink *logSink, rung policy.Rung, gpuBefore []policy.GPUD
 	s.pol.OnStart(m.now)
 	s.savePolicy()
 	m.r.startedAt = m.now
+	m.r.bindHost, m.r.bindPort = bindHost(argv, cfg.VLLM.Host), ep.Port
 	m.enter(subStarting, "launching vLLM", func(st *Status) {
 		st.Phase, st.LastProbe, st.PID, st.StartedAt, st.ReadySince, st.Rung = "", "", 0, m.r.startedAt, time.Time{}, rung
 		st.Starts++

@@ -195,6 +195,8 @@ var cells = []cell{
 	{from: subCleaning, event: "cleaned: a failure that gives up, on_give_up = stay", to: subFailed,
 		edit:  func(c *config.Config) { c.Restart.OnGiveUp = "stay" },
 		reach: func(s *scenario) { stuckLeftovers(s); badFlag(s) }, fire: func(s *scenario) { s.advance(time.Minute) }},
+	{from: subCleaning, event: "cleaned: a start that failed before ready, its port taken", to: subCheckGPU,
+		reach: func(s *scenario) { stuckLeftovers(s); s.setHolder(squatter); bindFails(s) }, fire: func(s *scenario) { s.advance(time.Minute) }},
 	{from: subCleaning, event: "cleaned: asked to stop", to: subStopped,
 		reach: func(s *scenario) { s.ready(); stuckLeftovers(s); s.cancel() }, fire: func(s *scenario) { s.advance(time.Minute) }},
 	{from: subCleaning, event: "cleaned: an operator restart", to: subCheckGPU,

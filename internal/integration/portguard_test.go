@@ -133,6 +133,28 @@ func TestSquatterOnVLLMsPortNeverGetsTheKey(t *testing.T) {
 
 var waitedRE = regexp.MustCompile(`waiting (\d+)s for it to be free`)
 
+// waitHeldFor waits until the guard's status has said for at least secs
+// seconds that pid holds vLLM's port (its own count), still backing off.
+func waitHeldFor(s *scene, pid string, secs int) {
+	s.t.Helper()
+	c := control.NewClient(s.socket())
+	defer c.CloseIdleConnections()
+	s.Until(fmt.Sprintf("the status naming the holder for %ds", secs), 30*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		d, err := c.Status(ctx)
+		if err != nil {
+			return false
+		}
+		m := waitedRE.FindStringSubmatch(d.Guard.Reason)
+		if m == nil || !strings.Contains(d.Guard.Reason, "pid "+pid) || d.Guard.State != "backoff" {
+			return false
+		}
+		n, _ := strconv.Atoi(m[1])
+		return n >= secs
+	})
+}
+
 // Item 3: a process that grabs vLLM's port during the backoff after a
 // crash delays the restart, past port_wait (this is a restart, not two
 // instances on one port), and status names it; once it lets go the guard
@@ -158,24 +180,7 @@ func TestPortGrabbedDuringBackoffDelaysTheRestart(t *testing.T) {
 	}
 	// The status names the holder, for longer than port_wait, and vLLM
 	// is not launched meanwhile.
-	c := control.NewClient(s.socket())
-	defer c.CloseIdleConnections()
-	var last string
-	s.Until("the status naming the holder past port_wait", 30*time.Second, func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		d, err := c.Status(ctx)
-		if err != nil {
-			return false
-		}
-		last = d.Guard.Reason
-		m := waitedRE.FindStringSubmatch(last)
-		if m == nil || !strings.Contains(last, "pid "+pid) || d.Guard.State != "backoff" {
-			return false
-		}
-		n, _ := strconv.Atoi(m[1])
-		return n >= 3
-	})
+	waitHeldFor(s, pid, 3)
 	if n := s.CountEvents(isStarting); n != 1 {
 		t.Fatalf("%d launches while the port was held, want only the first", n)
 	}
@@ -266,4 +271,55 @@ func TestPortHeldAtTheFirstStartExits78AfterPortWait(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == 200
 	})
+}
+
+// Item 3: a process that takes vLLM's port while a restart's vLLM imports
+// (after the guard's trial bind, before vLLM's own bind) makes that vLLM
+// die of "Address already in use": at a restart that is waited out, the
+// status naming the holder, not a configuration error; vLLM starts again
+// once the port is free.
+func TestPortTakenWhileARestartImportsIsWaitedOut(t *testing.T) {
+	t.Parallel()
+	s := quick(newScene(t))
+	portWait(s, "1s")
+	gate := filepath.Join(s.dir, "bind-gate")
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s.env["FAKEVLLM_BIND_GATE"] = gate // while it is missing, vLLM "imports" and has not bound
+	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
+	s.start()
+	ready := s.WaitEvent("ready", 1, 60*time.Second, isReady)
+	if err := os.Remove(gate); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(ready.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	s.WaitEvent("the restart (its port tried free)", 2, 30*time.Second, isStarting)
+	q := listenSquatter(t, "tcp4", "127.0.0.1:"+strconv.Itoa(s.port))
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pid := strconv.Itoa(os.Getpid())
+	ex := s.WaitEvent("vLLM's death on the taken port", 2, 30*time.Second, isExited)
+	if d := ex.Failure.Decision; d.Action != "restart" || !strings.Contains(d.Reason, "held by pid "+pid) {
+		t.Fatalf("the decision after the taken port: %+v", d)
+	}
+	waitHeldFor(s, pid, 3)
+	if n := s.CountEvents(isStarting); n != 2 {
+		t.Fatalf("%d launches while the port was held, want 2", n)
+	}
+	q.close()
+	s.WaitEvent("the start once the port is free", 3, 30*time.Second, isStarting)
+	s.WaitEvent("ready again", 2, 60*time.Second, isReady)
+	select {
+	case <-s.Exited():
+		t.Fatalf("the guard exited %d", s.Code())
+	default:
+	}
+	if got := q.requests(); len(got) != 0 {
+		t.Errorf("the squatter was probed: %q", got)
+	}
+	s.stopCleanly(30*time.Second, 10*time.Second)
 }

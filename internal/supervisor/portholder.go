@@ -11,7 +11,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -35,12 +34,16 @@ import (
 // probe reaches vLLM only over a connection whose listener a process of
 // vLLM's tree holds.
 
-// listener is one listening socket of /proc/net/tcp or tcp6.
+// listener is one socket of /proc/net/tcp or tcp6: a listening one
+// (state 0A), or with its peer (rip, rport) one end of a connection.
 type listener struct {
 	ip    net.IP
 	port  int
 	uid   int
-	inode uint64
+	inode uint64 // 0 for a connection not accepted yet (in a listener's queue)
+	state string
+	rip   net.IP
+	rport int
 }
 
 // portHolder tries the bind vLLM will make for host:port and returns ""
@@ -161,22 +164,42 @@ func inTheWay(family int, ours, ip net.IP) int {
 	return 0
 }
 
-// readListeners is every listening TCP socket of this network namespace.
-func readListeners() []listener {
+// readSockets is every TCP socket of this network namespace, as
+// /proc/net/tcp and tcp6 list them (the kernel writes the whole table: a
+// read costs milliseconds on a busy host, so it is made per connection,
+// never per refused attempt).
+func readSockets() []listener {
 	var ls []listener
 	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue
 		}
-		ls = append(ls, parseListeners(b)...)
+		ls = append(ls, parseSockets(b)...)
 	}
 	return ls
 }
 
+// readListeners is every listening TCP socket of this network namespace.
+func readListeners() []listener { return listening(readSockets()) }
+
+func listening(ls []listener) []listener {
+	var out []listener
+	for _, l := range ls {
+		if l.state == "0A" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // parseListeners reads the LISTEN (state 0A) sockets of a /proc/net/tcp or
-// tcp6 table: "sl local_address rem_address st … uid timeout inode".
-func parseListeners(b []byte) []listener {
+// tcp6 table.
+func parseListeners(b []byte) []listener { return listening(parseSockets(b)) }
+
+// parseSockets reads a /proc/net/tcp or tcp6 table: "sl local_address
+// rem_address st … uid timeout inode".
+func parseSockets(b []byte) []listener {
 	var out []listener
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	first := true
@@ -186,23 +209,33 @@ func parseListeners(b []byte) []listener {
 			continue
 		}
 		f := strings.Fields(sc.Text())
-		if len(f) < 10 || f[3] != "0A" {
+		if len(f) < 10 {
 			continue
 		}
-		addr, portHex, ok := strings.Cut(f[1], ":")
-		if !ok {
-			continue
-		}
-		ip := procIP(addr)
-		p, err := strconv.ParseUint(portHex, 16, 16)
-		if ip == nil || err != nil {
+		ip, port, ok := procAddr(f[1])
+		rip, rport, rok := procAddr(f[2])
+		if !ok || !rok {
 			continue
 		}
 		uid, _ := strconv.Atoi(f[7])
 		inode, _ := strconv.ParseUint(f[9], 10, 64)
-		out = append(out, listener{ip: ip, port: int(p), uid: uid, inode: inode})
+		out = append(out, listener{ip: ip, port: port, uid: uid, inode: inode, state: f[3], rip: rip, rport: rport})
 	}
 	return out
+}
+
+// procAddr decodes "HEXIP:HEXPORT".
+func procAddr(s string) (net.IP, int, bool) {
+	addr, portHex, ok := strings.Cut(s, ":")
+	if !ok {
+		return nil, 0, false
+	}
+	ip := procIP(addr)
+	p, err := strconv.ParseUint(portHex, 16, 16)
+	if ip == nil || err != nil {
+		return nil, 0, false
+	}
+	return ip, int(p), true
 }
 
 // procIP decodes the kernel's hex address: 32-bit words in host (little
@@ -252,24 +285,35 @@ type notVLLMs struct{ why string }
 
 func (e *notVLLMs) Error() string { return e.why }
 
-// heldByTree says whether every listener that may take a connection to dst
-// is held by a process of tree (what the kernel picks among them cannot be
-// known, so all of them), and returns their inodes; when not, an error
+// servedByTree says whether the connection from local to remote (just
+// made) reaches vLLM's tree, from one read of the socket tables: every
+// listener that may have taken it is held by a process of tree, and if a
+// process has accepted it already, that process is one of tree (a
+// listener that accepted and closed, replaced by vLLM's since, is caught
+// by its accepted end). Not yet accepted (inode 0), it waits in the queue
+// of a listener that is there now: one of the tree's. When not, an error
 // that names the holder.
-func heldByTree(dst *net.TCPAddr, tree []int) ([]uint64, error) {
-	ls := takers(readListeners(), dst)
+func servedByTree(local, remote *net.TCPAddr, tree []int) error {
+	return judgeConn(readSockets(), local, remote, func(inode uint64) bool { return treeHolds(tree, inode) })
+}
+
+func judgeConn(socks []listener, local, remote *net.TCPAddr, ours func(inode uint64) bool) error {
+	ls := takers(listening(socks), remote)
 	if len(ls) == 0 {
-		return nil, &notVLLMs{fmt.Sprintf("no listener on %s is in /proc/net/tcp: cannot tell that it is vLLM's", dst)}
+		return &notVLLMs{fmt.Sprintf("no listener on %s is in /proc/net/tcp: cannot tell that it is vLLM's", remote)}
 	}
-	inodes := make([]uint64, 0, len(ls))
 	for _, l := range ls {
-		if !treeHolds(tree, l.inode) {
-			return nil, &notVLLMs{fmt.Sprintf("the listener on %s is not vLLM's: %s", dst, describeHolder(l))}
+		if !ours(l.inode) {
+			return &notVLLMs{fmt.Sprintf("the listener on %s is not vLLM's: %s", remote, describeHolder(l))}
 		}
-		inodes = append(inodes, l.inode)
 	}
-	slices.Sort(inodes)
-	return inodes, nil
+	for _, c := range socks {
+		if c.state != "0A" && c.port == remote.Port && c.rport == local.Port && c.ip.Equal(remote.IP) && c.rip.Equal(local.IP) &&
+			c.inode != 0 && !ours(c.inode) {
+			return &notVLLMs{fmt.Sprintf("the connection to %s was accepted by a process that is not vLLM's: %s", remote, describeHolder(c))}
+		}
+	}
+	return nil
 }
 
 // treeHolds says whether a process of tree has a descriptor on socket
@@ -300,10 +344,14 @@ func treeHolds(tree []int, inode uint64) bool {
 // descriptors (another user's process).
 func describeHolder(l listener) string {
 	addr := net.JoinHostPort(l.ip.String(), strconv.Itoa(l.port))
-	if pid := socketOwner(l.inode); pid > 0 {
-		return fmt.Sprintf("pid %d (%s), listening on %s", pid, commandLine(pid), addr)
+	on := "listening on "
+	if l.state != "0A" {
+		on = "on "
 	}
-	return fmt.Sprintf("a process of uid %d that the guard cannot see into, listening on %s", l.uid, addr)
+	if pid := socketOwner(l.inode); pid > 0 {
+		return fmt.Sprintf("pid %d (%s), %s%s", pid, commandLine(pid), on, addr)
+	}
+	return fmt.Sprintf("a process of uid %d that the guard cannot see into, %s%s", l.uid, on, addr)
 }
 
 // socketOwner finds the process with a descriptor on socket inode.

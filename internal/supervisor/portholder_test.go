@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"slices"
@@ -148,49 +149,79 @@ func TestPortHolderSeesABoundSocket(t *testing.T) {
 	}
 }
 
-// vllmOnly connects only to a listener of the tree it is given: the test
-// process's own listener is reached with its pid as the tree, and with
-// another tree no connection is made at all.
+// vllmOnly keeps a connection only to a listener of the tree it is given:
+// the test process's own listener is reached with its pid as the tree;
+// with another tree, or none, the connection is closed before a byte is
+// sent, with an error naming the holder.
 func TestVLLMOnlyReachesTheTreesListenerOnly(t *testing.T) {
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	var accepted atomic.Int64
+	var got atomic.Int64 // bytes the listener received
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			accepted.Add(1)
-			c.Close()
+			go func() {
+				n, _ := io.Copy(io.Discard, c)
+				got.Add(n)
+				c.Close()
+			}()
 		}
 	}()
 	d := &net.Dialer{Timeout: time.Second}
 	addr := ln.Addr().String()
-	other := vllmOnly(d.DialContext, func() []int { return []int{1} })
-	if c, err := other(context.Background(), "tcp", addr); err == nil {
-		c.Close()
-		t.Fatal("connected to a listener outside the tree")
-	} else if nv := (*notVLLMs)(nil); !errors.As(err, &nv) || !strings.Contains(err.Error(), "pid "+strconv.Itoa(os.Getpid())) {
-		t.Fatalf("error %v: want one naming the holder", err)
-	}
-	none := vllmOnly(d.DialContext, func() []int { return nil })
-	if c, err := none(context.Background(), "tcp", addr); err == nil {
-		c.Close()
-		t.Fatal("connected with no tree")
+	for _, tree := range [][]int{{1}, nil} {
+		dial := vllmOnly(d.DialContext, func() []int { return tree })
+		if c, err := dial(context.Background(), "tcp", addr); err == nil {
+			c.Close()
+			t.Fatalf("tree %v: connected to a listener outside it", tree)
+		} else if nv := (*notVLLMs)(nil); !errors.As(err, &nv) || !strings.Contains(err.Error(), "pid "+strconv.Itoa(os.Getpid())) {
+			t.Fatalf("tree %v: error %v, want one naming the holder", tree, err)
+		}
 	}
 	ours := vllmOnly(d.DialContext, func() []int { return []int{os.Getpid()} })
 	c, err := ours(context.Background(), "tcp", addr)
 	if err != nil {
 		t.Fatalf("the tree's own listener: %v", err)
 	}
+	c.Write([]byte("ping"))
 	c.Close()
-	testkit.WaitFor(t, "the one accepted connection", 5*time.Second, func() bool { return accepted.Load() == 1 })
-	if n := accepted.Load(); n != 1 {
-		t.Fatalf("%d connections accepted, want only the tree's own", n)
+	testkit.WaitFor(t, "the tree's own bytes", 5*time.Second, func() bool { return got.Load() == 4 })
+}
+
+// judgeConn: the listeners that may take the connection must be the
+// tree's, and so must the process that accepted it, if one did: a
+// listener that accepted it and closed, replaced by vLLM's since, is
+// caught by its accepted end.
+func TestJudgeConn(t *testing.T) {
+	local := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}
+	remote := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8000}
+	lo := net.IPv4(127, 0, 0, 1).To4()
+	vllm := listener{ip: lo, port: 8000, inode: 10, state: "0A", rip: net.IPv4zero.To4()}
+	other := listener{ip: lo, port: 8000, inode: 20, state: "0A", rip: net.IPv4zero.To4()}
+	accepted := func(inode uint64) listener {
+		return listener{ip: lo, port: 8000, inode: inode, state: "01", rip: lo, rport: 40000}
+	}
+	ours := func(inode uint64) bool { return inode == 10 || inode == 11 }
+	for _, c := range []struct {
+		name  string
+		socks []listener
+		ok    bool
+	}{
+		{"vLLM's listener, not accepted yet", []listener{vllm, accepted(0)}, true},
+		{"vLLM's listener, accepted by vLLM", []listener{vllm, accepted(11)}, true},
+		{"another's listener", []listener{other, accepted(0)}, false},
+		{"vLLM's listener, accepted by another", []listener{vllm, accepted(21)}, false},
+		{"no listener", []listener{accepted(11)}, false},
+	} {
+		if err := judgeConn(c.socks, local, remote, ours); (err == nil) != c.ok {
+			t.Errorf("%s: %v", c.name, err)
+		}
 	}
 }
 
@@ -202,7 +233,7 @@ func FuzzParseListeners(f *testing.F) {
 	f.Add([]byte("h\n 0: ZZ:1F41 0:0 0A 0 0 0 0 0 1\n 1: 0100007F: x 0A a b c d e f\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, l := range parseListeners(b) {
-			if l.port < 0 || l.port > 65535 || (len(l.ip) != 4 && len(l.ip) != 16) {
+			if l.port < 0 || l.port > 65535 || (len(l.ip) != 4 && len(l.ip) != 16) || l.state != "0A" || (len(l.rip) != 4 && len(l.rip) != 16) {
 				t.Fatalf("listener %+v from %q", l, b)
 			}
 		}

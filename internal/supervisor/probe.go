@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -70,41 +69,25 @@ func (p *prober) close() { p.client.CloseIdleConnections() }
 
 type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error)
 
-// vllmOnly wraps dial so that a connection is made and kept only when the
-// listeners that may take it are held by a process of vLLM's tree: the
-// API key, and every answer the guard believes, come from vLLM alone
-// (issue 41: a listener of user nobody on the port while vLLM loaded got
-// the key). Where the address is a literal (always, as the guard probes
-// vLLM), the listeners are read before the connect too, and must be the
-// same sockets after it: one that accepted and closed in between cannot
-// pass. With no listener yet, the connect goes on and is refused, as
-// while vLLM loads.
+// vllmOnly wraps dial so that a connection is kept only when it reaches
+// vLLM's own process tree (servedByTree): the API key, and every answer
+// the guard believes, come from vLLM alone (issue 41: a listener of user
+// nobody on the port while vLLM loaded got the key). A refused connect
+// (vLLM loading) reads nothing; a made one is judged before a byte is
+// sent on it.
 func vllmOnly(dial dialFunc, tree func() []int) dialFunc {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var before []uint64
-		if ap, err := netip.ParseAddrPort(addr); err == nil {
-			dst := net.TCPAddrFromAddrPort(ap)
-			if len(takers(readListeners(), dst)) > 0 {
-				var err error
-				if before, err = heldByTree(dst, tree()); err != nil {
-					return nil, err
-				}
-			}
-		}
 		c, err := dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		dst, _ := c.RemoteAddr().(*net.TCPAddr)
-		if dst == nil {
+		local, _ := c.LocalAddr().(*net.TCPAddr)
+		remote, _ := c.RemoteAddr().(*net.TCPAddr)
+		if local == nil || remote == nil {
 			c.Close()
 			return nil, &notVLLMs{"not a TCP connection: " + addr}
 		}
-		after, err := heldByTree(dst, tree())
-		if err == nil && before != nil && !slices.Equal(before, after) {
-			err = &notVLLMs{fmt.Sprintf("the listener on %s changed while the guard connected", dst)}
-		}
-		if err != nil {
+		if err := servedByTree(local, remote, tree()); err != nil {
 			c.Close()
 			return nil, err
 		}

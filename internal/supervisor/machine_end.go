@@ -278,8 +278,6 @@ type outcome struct {
 	unkillable    []int              // processes of the tree still alive after every kill round
 }
 
-// fail classifies a death, asks the policy what next, publishes it, and
-// moves on: give up, or wait for the memory, then back off.
 // classify reads one death's evidence into a verdict.
 func (m *machine) classify(res outcome) (policy.Exit, policy.Verdict) {
 	s := m.s
@@ -305,6 +303,8 @@ func (m *machine) classify(res outcome) (policy.Exit, policy.Verdict) {
 	return exit, policy.Classify(exit)
 }
 
+// fail classifies a death, asks the policy what next, publishes it, and
+// moves on: give up, or wait for the memory, then back off.
 func (m *machine) fail(res outcome) {
 	s := m.s
 	now := m.now

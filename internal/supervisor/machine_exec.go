@@ -140,7 +140,7 @@ func (m *machine) cleanUp(c proc) {
 	go func() {
 		outlived, unkillable := c.killLeftovers()
 		cl := cleanup{outlived: outlived, unkillable: unkillable}
-		if holder != nil {
+		if holder != nil && len(unkillable) == 0 { // (a process of its own that does not die may hold it)
 			cl.portHeld = holder(host, port)
 		}
 		if health != nil {

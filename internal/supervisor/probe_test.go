@@ -13,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/launch"
 	"github.com/vllm-guard/vllm-guard/internal/ownconns"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
 // fakeAPI is a small vLLM API: an optional key, the names it lists, and
@@ -207,4 +209,29 @@ func TestProbeSendsNothingToAListenerOutsideTheTree(t *testing.T) {
 	if a := auth.Load(); a == nil || *a != "" {
 		t.Fatalf("unchecked listener: Authorization %v, want none", a)
 	}
+}
+
+// DialVLLM (the metrics scraper's dial) reaches the running vLLM's own
+// listener only: between runs nothing, during a run its tree's.
+func TestDialVLLMReachesTheRunningTreeOnly(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer srv.Close()
+	cfg := config.Default()
+	sup, err := New(cfg, Options{Policy: policy.New(cfg.Policy(), policy.State{}, realClockForTest{}), Keeper: []string{"keeper"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := sup.DialVLLM(&net.Dialer{Timeout: time.Second})
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	if c, err := dial(context.Background(), "tcp", addr); err == nil {
+		c.Close()
+		t.Fatal("connected with no vLLM running")
+	}
+	tree := func() []int { return thisProcess() }
+	sup.tree.Store(&tree)
+	c, err := dial(context.Background(), "tcp", addr)
+	if err != nil {
+		t.Fatalf("the running tree's listener: %v", err)
+	}
+	c.Close()
 }

@@ -31,8 +31,8 @@ import (
 // decided by the bind vLLM will make, tried before each launch (not by
 // reading /proc/net/tcp, which cannot tell an IPV6_V6ONLY listener on [::]
 // from a dual-stack one); /proc/net/tcp only names the holder; and a
-// probe reaches vLLM only over a connection whose listener a process of
-// vLLM's tree holds.
+// probe reaches vLLM only over a connection whose listeners, and whose
+// accepting process once there is one, are of vLLM's tree.
 
 // listener is one socket of /proc/net/tcp or tcp6: a listening one
 // (state 0A), or with its peer (rip, rport) one end of a connection.

@@ -191,6 +191,12 @@ func (a *apiServer) run() int {
 	}
 	a.log.info(a.src("model.py:1510", "config.py:1826"), "Using max model len %d", a.args.MaxModelLen)
 
+	for a.env.BindGate != "" {
+		if _, err := os.Stat(a.env.BindGate); err == nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	if err := a.bind(); err != nil {
 		a.log.stderrLines(apiStartupTrace(framesBind, err.Error())...)
 		return a.exit(1)

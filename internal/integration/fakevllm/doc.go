@@ -239,6 +239,8 @@
 //	                          and listen(2) (default 0; uvicorn's own gap)
 //	FAKEVLLM_LISTEN_GATE      PATH: listen only once PATH exists (tests of the
 //	                          refused window)
+//	FAKEVLLM_BIND_GATE        PATH: bind the port only once PATH exists (vLLM's
+//	                          seconds of imports before its bind)
 //	VLLM_API_KEY              the API key when --api-key is not given (vLLM's)
 //
 // A malformed value exits 2 with a message naming the variable.

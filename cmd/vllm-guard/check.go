@@ -37,6 +37,10 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%v\n", err)
 		return exitcode.Config
 	}
+	if err := cfg.CheckStateDir(); err != nil {
+		fmt.Fprintf(stderr, "%v\n", err)
+		return exitcode.Config
+	}
 	fmt.Fprintf(stdout, "# %s: OK\n", path)
 	for _, w := range instanceWarnings(instance, cfg) {
 		fmt.Fprintf(stdout, "warning: %s\n", w)

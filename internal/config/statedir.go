@@ -1,7 +1,6 @@
 package config
 
 import (
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -15,22 +14,27 @@ import (
 // folder), something that is not a folder, or a folder another user owns
 // (its owner could swap the saved rung and read vLLM's lines in the
 // incident records). A folder that does not exist yet is fine: the guard
-// creates it, 0750. It only reads: `vllm-guard check` calls it as well as
+// creates it, 0750; one it cannot reach it does without (internal/state). It only reads: `vllm-guard check` calls it as well as
 // the guard's start.
 func (c *Config) CheckStateDir() error {
 	return checkStateDir(c.Path, c.Control.StateDir, os.Geteuid())
 }
+
+// CheckStateDirPath is CheckStateDir for a folder given without its config
+// file: internal/state refuses such a folder for every reader too
+// (`incidents` and `diagnose` without a guard), before it creates or
+// tightens anything.
+func CheckStateDirPath(dir string) error { return checkStateDir("", dir, os.Geteuid()) }
 
 func checkStateDir(file, dir string, euid int) error {
 	bad := func(msg string, a ...any) error {
 		return &Error{File: file, Key: "[control] state_dir", Msg: fmt.Sprintf(msg, a...)}
 	}
 	fi, err := os.Lstat(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
 	if err != nil {
-		return bad("cannot inspect %s (%v); fix its parent's permissions or set state_dir to another folder", dir, err)
+		// Missing: the guard creates it. Unreachable (a file in its path,
+		// no permission): the guard runs without persistence and says so.
+		return nil
 	}
 	if fi.Mode()&fs.ModeSymlink != 0 {
 		target, _ := filepath.EvalSymlinks(dir)

@@ -66,6 +66,21 @@ func TestHostileStateDirIsRefused(t *testing.T) {
 			if !errors.As(err, &ee) || ee.ExitCode() != 78 || !strings.Contains(string(out), want) {
 				t.Errorf("check: %v, want exit 78 saying %q:\n%s", err, want, out)
 			}
+			// With no guard running, `incidents` reads the folder itself
+			// (here with a record folder in it): it refuses it too, and
+			// changes nothing there.
+			if err := os.Mkdir(filepath.Join(stateDir, "incidents"), 0o777); err != nil {
+				t.Fatal(err)
+			}
+			out, err = exec.Command(bins.guard, "incidents", "--config", filepath.Join(s.dir, "vllm-guard.toml")).CombinedOutput()
+			if err == nil || !strings.Contains(string(out), want) {
+				t.Errorf("incidents without a guard: %v, want a refusal saying %q:\n%s", err, want, out)
+			}
+			if kind == "symlink" {
+				if fi, err := os.Stat(victim); err != nil || fi.Mode().Perm() != 0o777 {
+					t.Errorf("incidents changed the symlink's target: %v %v", fi.Mode(), err)
+				}
+			}
 		})
 	}
 }

@@ -71,6 +71,9 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 	if len(args.APIKeys) > 0 {
 		g.stats.SetAPIKey(args.APIKeys[0])
 	}
+	if err := cfg.CheckStateDir(); err != nil {
+		return nil, err // a symlink or another user's folder: never followed, never tightened
+	}
 	store, warnings, err := state.Open(cfg.Control.StateDir, log.Named("state"))
 	if err != nil {
 		return nil, err

@@ -107,6 +107,7 @@ func runServe(argv []string) int {
 		errw.write([]byte(usageText + "vllm serve: error: " + err.Error() + "\n"))
 		return 2
 	}
+	nestedErrors = env.Era == eraV1Plain
 	f := env.Faults
 	if !env.markerAllows() {
 		f = faults{set: map[string]time.Duration{}}

@@ -75,10 +75,19 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Write(b)
 }
 
+// nestedErrors: the process imitates vLLM 0.32.0, whose error bodies nest
+// the error ({"error": {"message", "type", "param", "code"}}); the older
+// servers answered the flat ErrorResponse. Set once, before serving.
+var nestedErrors bool
+
 func writeError(w http.ResponseWriter, code int, typ, message string, param string) {
 	e := apiError{Object: "error", Message: message, Type: typ, Code: code}
 	if param != "" {
 		e.Param = &param
+	}
+	if nestedErrors {
+		writeJSON(w, code, obj{{"error", obj{{"message", e.Message}, {"type", e.Type}, {"param", e.Param}, {"code", e.Code}}}})
+		return
 	}
 	writeJSON(w, code, e)
 }

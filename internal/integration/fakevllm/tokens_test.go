@@ -197,7 +197,8 @@ func TestTokenIDShapes(t *testing.T) {
 			{"/tokenize", map[string]any{"model": "m", "prompt": []int{1, 2}}, "prompt must be a string"},
 		} {
 			code, out := post(c.path, c.body)
-			if msg, _ := out["message"].(string); code != 400 || !strings.Contains(msg, c.want) {
+			e, _ := out["error"].(map[string]any) // 0.32.0 nests the error
+			if msg, _ := e["message"].(string); code != 400 || !strings.Contains(msg, c.want) {
 				t.Errorf("%s %v: %d %v, want 400 %q", c.path, c.body, code, out, c.want)
 			}
 		}

@@ -374,6 +374,10 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 	}
 	var req completionRequest
 	if err := json.Unmarshal(body, &req); err != nil {
+		var lax *laxError
+		if errors.As(err, &lax) {
+			lax.locate(body)
+		}
 		badJSON(w, err)
 		return
 	}
@@ -1082,7 +1086,7 @@ type tokenizeRequest struct {
 func badJSON(w http.ResponseWriter, err error) {
 	var lax *laxError
 	if errors.As(err, &lax) {
-		writeError(w, http.StatusBadRequest, "Bad Request", lax.Error(), "")
+		writeError(w, http.StatusBadRequest, "Bad Request", lax.Error(), lax.loc)
 		return
 	}
 	writeError(w, http.StatusBadRequest, "BadRequestError", "invalid JSON body: "+err.Error(), "")

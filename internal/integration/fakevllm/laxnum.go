@@ -2,7 +2,10 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"math"
 	"strconv"
 	"strings"
@@ -71,12 +74,40 @@ func (f *laxFloat) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// laxError is pydantic's refusal of one field's value.
-type laxError struct{ kind, msg, input string }
+// laxError is pydantic's refusal of one field's value; loc names the
+// field ("body.max_tokens") once known.
+type laxError struct{ kind, msg, input, loc string }
 
 func (e *laxError) Error() string {
-	return fmt.Sprintf("1 validation error:\n  {'type': '%s', 'msg': '%s', 'input': '%s'}", e.kind, e.msg, e.input)
+	return fmt.Sprintf("1 validation error:\n  {'type': '%s', 'loc': '%s', 'msg': '%s', 'input': '%s'}", e.kind, e.loc, e.msg, e.input)
 }
+
+// locate names the field of a request body that e refused (encoding/json
+// does not say which field an Unmarshaler failed on).
+func (e *laxError) locate(body []byte) {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil {
+		return
+	}
+	for _, name := range slices.Sorted(maps.Keys(fields)) {
+		var n laxInt
+		var f laxFloat
+		var target json.Unmarshaler = &n
+		if name == "temperature" {
+			target = &f
+		}
+		if !slices.Contains(laxFields, name) {
+			continue
+		}
+		if target.UnmarshalJSON(fields[name]) != nil {
+			e.loc = "body." + name
+			return
+		}
+	}
+}
+
+// laxFields are the request fields read as lax numbers.
+var laxFields = []string{"max_tokens", "max_completion_tokens", "stream_interval", "min_tokens", "seed", "temperature"}
 
 // intPtr is a lax integer field as an int, nil when unset.
 func intPtr(n *laxInt) *int {

@@ -175,7 +175,7 @@ func TestStreamInterval(t *testing.T) {
 		// and no text (greedy: the same prompts every run).
 		empty := false
 		for i := 0; i < 100 && !empty; i++ {
-			body := greedy(map[string]any{"prompt": fmt.Sprintf("split %d", i), "max_tokens": 16})
+			body := greedy(map[string]any{"prompt": fmt.Sprintf("%02d split", i), "max_tokens": 16})
 			evs, _, _, _ := streamIDs(t, url+"/v1/completions", body)
 			cs, _ := chunksOf(t, evs)
 			var so, at = "", 0
@@ -318,7 +318,8 @@ func TestMaxTokens032(t *testing.T) {
 		{"completions ignores max_completion_tokens", "/v1/completions", `{"prompt":"x","max_completion_tokens":3}`, 16, ""},
 		{"completions as a string", "/v1/completions", `{"prompt":"x","max_tokens":"5"}`, 5, ""},
 		{"completions as 5.0", "/v1/completions", `{"prompt":"x","max_tokens":5.0}`, 5, ""},
-		{"completions 5.5", "/v1/completions", `{"prompt":"x","max_tokens":5.5}`, -1, ""},
+		{"completions 5.5", "/v1/completions", `{"prompt":"x","max_tokens":5.5}`, -1, "body.max_tokens"},
+		{"a stream_interval that is no number", "/v1/completions", `{"prompt":"x","stream_interval":"often"}`, -1, "body.stream_interval"},
 		{"chat null", "/v1/chat/completions", `{"messages":` + mustJSON(msgs) + `,"max_tokens":null}`, 64 - 4, ""},
 		{"chat absent", "/v1/chat/completions", `{"messages":` + mustJSON(msgs) + `}`, 64 - 4, ""},
 		{"chat: max_completion_tokens wins", "/v1/chat/completions", `{"messages":` + mustJSON(msgs) + `,"max_tokens":3,"max_completion_tokens":5}`, 5, ""},

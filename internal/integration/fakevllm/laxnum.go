@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"slices"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 )

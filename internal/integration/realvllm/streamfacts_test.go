@@ -201,6 +201,53 @@ func observeStreaming(t *testing.T, s *server, name string, exact bool) map[stri
 	t.Logf("%s: a chunk with ids and no text after %d prompts", s.name, tried)
 	obs["split characters: text at each chunk's end that of the answer stopped there; a chunk with ids and no text"] = fmt.Sprint(boundaries, " ", empty)
 
+	// Cuts at chunk boundaries: with several ids per chunk, a chunk with
+	// text may end with an id that starts a character (its text held
+	// back). A continuation from a prefix that ends inside a character
+	// starts with the prompt's text (DecodeStream, see "Continuing from a
+	// prefix"); /detokenize of the ids so far ends in U+FFFD exactly there.
+	// Prompts until such a chunk comes.
+	detok := func(ids []int) string {
+		var d struct{ Prompt string }
+		_ = json.Unmarshal([]byte(post(s.url("/detokenize"), "", map[string]any{"model": name, "tokens": ids}).body), &d)
+		return d.Prompt
+	}
+	found := false
+	var cut []chunk
+	var cutPrompt string
+	for tried = 0; tried < 40 && !found; tried++ {
+		cutPrompt = fmt.Sprintf("%02d %s", tried, prompt)
+		cut, _, _ = stream("/v1/completions", body(map[string]any{"prompt": cutPrompt, "max_tokens": 16}))
+		var ids []int
+		for _, c := range cut[:max(0, len(cut)-1)] {
+			ids = append(ids, c.ids...)
+			found = found || c.text != "" && strings.HasSuffix(detok(ids), "\ufffd")
+		}
+	}
+	t.Logf("%s: a chunk with text ending inside a character after %d prompts", s.name, tried)
+	if found {
+		evs, _ := sse(s.url("/v1/completions"), "", body(map[string]any{"prompt": cutPrompt, "max_tokens": 1}))
+		promptIDs := readIDs(evs, true).prompt
+		promptText := detok(promptIDs)
+		all, full := joined(cut)
+		idsOK, rule, before, at := true, true, "", 0
+		for _, c := range cut[:len(cut)-1] {
+			at += len(c.ids)
+			before += c.text
+			rest, _, _ := stream("/v1/completions", body(map[string]any{"prompt": append(slices.Clone(promptIDs), all[:at]...), "max_tokens": 16 - at}))
+			ids, text := joined(rest)
+			idsOK = idsOK && slices.Equal(ids, all[at:])
+			inside := strings.HasSuffix(detok(all[:at]), "\ufffd")
+			if inside {
+				rule = rule && (text == "" || strings.HasPrefix(text, promptText))
+			} else {
+				rule = rule && before+text == full
+			}
+		}
+		obs["a cut after each chunk: ids continue; text continues exactly unless /detokenize of the ids so far ends in U+FFFD, then the prompt's text comes first"] = fmt.Sprint(idsOK, " ", rule)
+	}
+	obs["a chunk with text whose last id starts a character: seen"] = fmt.Sprint(found)
+
 	// max_tokens absent or null.
 	for _, c := range []struct {
 		what string

@@ -398,6 +398,11 @@ func TestSimulatorStreamsAsRealVLLM(t *testing.T) {
 	simObs := run("simulator", real.fakevllm, env, true)
 
 	var diffs []string
+	for _, k := range slices.Sorted(maps.Keys(streamFacts)) {
+		if realObs[k] != streamFacts[k] {
+			diffs = append(diffs, fmt.Sprintf("%s\n    docs/resume-facts.md: %s\n    real:                 %s", k, streamFacts[k], realObs[k]))
+		}
+	}
 	for _, k := range slices.Sorted(maps.Keys(realObs)) {
 		if realObs[k] != simObs[k] {
 			diffs = append(diffs, fmt.Sprintf("%s\n    real:      %s\n    simulator: %s", k, realObs[k], simObs[k]))
@@ -406,6 +411,40 @@ func TestSimulatorStreamsAsRealVLLM(t *testing.T) {
 		}
 	}
 	if len(diffs) > 0 {
-		t.Errorf("the simulator streams differently from vLLM %s:\n%s", real.version, strings.Join(diffs, "\n"))
+		t.Errorf("vLLM %s, the facts written down and the simulator differ:\n%s", real.version, strings.Join(diffs, "\n"))
 	}
 }
+
+// streamFacts are the answers docs/resume-facts.md says vLLM 0.32.0 gives
+// (at --stream-interval 2, --max-model-len 128).
+var streamFacts = func() map[string]string {
+	const shape = "as the interval says; true true; length"
+	const stopped = "ids those of the answer up to the stopping id true; chunks as the interval says; text true; finish stop, stop_reason the stop true; usage the ids sent true"
+	return map[string]string{
+		"completions, --stream-interval 2, 9 ids: chunks; ids and text those of the answer; finish":                        shape,
+		"completions, --stream-interval 2, stream_interval 4, 10 ids: chunks; ids and text those of the answer; finish":    shape,
+		"completions, --stream-interval 2, stream_interval \"4\", 6 ids: chunks; ids and text those of the answer; finish": shape,
+		"completions, --stream-interval 2, stream_interval 1, 6 ids: chunks; ids and text those of the answer; finish":     shape,
+		"chat, --stream-interval 2, 9 ids: a role chunk without ids, then chunks":                                          "true as the interval says",
+		"stream_interval 0: status, param": "400 body.stream_interval",
+		"split characters: text at each chunk's end that of the answer stopped there; a chunk with ids and no text":                                            "true true",
+		"a chunk with text whose last id starts a character: seen":                                                                                             "true",
+		"a cut after each chunk: ids continue; text continues exactly unless /detokenize of the ids so far ends in U+FFFD, then the prompt's text comes first": "true true",
+		"completions, max_tokens null: status, completion tokens, finish":                                                                                      "200 16 length",
+		"completions, max_tokens absent: status, completion tokens, finish":                                                                                    "200 16 length",
+		"completions, max_tokens \"5\": status, completion tokens, finish":                                                                                     "200 5 length",
+		"chat, max_tokens null: status, completion tokens == max_model_len - prompt, finish":                                                                   "200 true length",
+		"completions, a prompt of 120 ids, max_tokens null":                                                                                                    "200 8 length",
+		"completions, a prompt of 120 ids, max_tokens 50":                                                                                                      "200 8 length",
+		"completions, a prompt of 127 ids, max_tokens null":                                                                                                    "200 1 length",
+		"completions, a prompt of 128 ids, max_tokens null":                                                                                                    "400 max_tokens",
+		"completions, a prompt of 129 ids, max_tokens 1":                                                                                                       "400 input_tokens",
+		"completions, max_tokens 200 (over max_model_len)":                                                                                                     "400 max_tokens",
+		"completions, max_tokens 5.5":                                                                                                                          "400 body.max_tokens",
+		"stop string inside a chunk":                                                                                                                           stopped,
+		"stop string inside a chunk, include_stop_str_in_output":                                                                                               stopped,
+		"stop id inside a chunk":                                                                                                                               stopped,
+		"stop id inside a chunk, with a stop string":                                                                                                           stopped,
+		"stop id inside a chunk, include_stop_str_in_output":                                                                                                   stopped,
+	}
+}()

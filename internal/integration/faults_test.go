@@ -449,14 +449,15 @@ func TestFaultBrokenStateIsMovedAside(t *testing.T) {
 func TestFaultUnwritableStateDirRunsOn(t *testing.T) {
 	t.Parallel()
 	s := quick(newScene(t))
-	if err := os.WriteFile(filepath.Join(s.dir, "state"), []byte("not a folder\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(s.dir, "file"), []byte("not a folder\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	s.stateDir = filepath.Join(s.dir, "file", "state")
 	oneShot(s, "crash_after=200ms")
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
 	s.start()
 	w := s.WaitLog("the warning", 1, 30*time.Second, msgContains("running without persistence"))
-	if !strings.Contains(w["msg"].(string), filepath.Join(s.dir, "state")) {
+	if !strings.Contains(w["msg"].(string), s.stateDir) {
 		t.Errorf("the warning does not name the folder: %q", w["msg"])
 	}
 	s.WaitEvent("ready again", 2, 30*time.Second, isReady)

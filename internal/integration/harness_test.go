@@ -77,6 +77,7 @@ type scene struct {
 	testID     string
 	env        map[string]string // FAKEVLLM_* for the simulator
 	extra      string            // more TOML
+	stateDir   string            // [control] state_dir; default dir/state
 	command    string            // TOML array for [vllm] command; default the simulator
 
 	// The running guard: its log, its event stream (run --events) and
@@ -121,8 +122,12 @@ func (s *scene) configText() string {
 	for k, v := range s.env {
 		fmt.Fprintf(&b, "%s = %q\n", k, v)
 	}
+	stateDir := s.stateDir
+	if stateDir == "" {
+		stateDir = filepath.Join(s.dir, "state")
+	}
 	fmt.Fprintf(&b, "\n[control]\nsocket = %q\nhttp_listen = %q\nstate_dir = %q\n\n[log]\nformat = \"json\"\nlevel = %q\n",
-		filepath.Join(s.dir, "guard.sock"), s.httpListen, filepath.Join(s.dir, "state"), s.logLevel)
+		filepath.Join(s.dir, "guard.sock"), s.httpListen, stateDir, s.logLevel)
 	b.WriteString(s.extra)
 	return b.String()
 }

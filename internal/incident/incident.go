@@ -141,7 +141,9 @@ func (r *Recorder) Handle(e events.Event) {
 	if e.Kind != events.KindExited || e.Failure == nil {
 		return
 	}
-	inc := Assemble(*e.Failure, r.memory(), r.childLines, r.interval)
+	// Bounded at once: the record kept for status is no larger than the
+	// one written, whatever vLLM (or a client through it) printed.
+	inc := state.Bounded(Assemble(*e.Failure, r.memory(), r.childLines, r.interval))
 	if r.held != nil {
 		h := r.held()
 		inc.Held = &h

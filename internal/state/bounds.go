@@ -1,0 +1,140 @@
+package state
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+)
+
+// Bounds of an incident record: whatever vLLM printed and whatever a
+// client made it quote, a record stays small enough to read, serve and
+// keep by the hundred. The full lines are in the guard's log (journald).
+const (
+	// MaxRecordLineBytes bounds one of vLLM's lines in a record (the log
+	// pump keeps lines of up to 16 KiB).
+	MaxRecordLineBytes = 16 << 10
+	// MaxRecordLinesBytes bounds a record's last lines together, measured
+	// as written (JSON escaping turns a '<' into six bytes): the newest
+	// lines are kept, LastLinesOmitted counts the others.
+	MaxRecordLinesBytes = 1 << 20
+	// maxRecordEvidence bounds the evidence lines of a record.
+	maxRecordEvidence = 64
+	// maxRecordText bounds the summary, the reason and a suspect's path.
+	maxRecordText = 16 << 10
+	// MaxRecordFileBytes is the largest record file the reader reads; a
+	// larger one is named as unreadable (records this version writes stay
+	// near 1 MiB).
+	MaxRecordFileBytes = 8 << 20
+	// DefaultMaxIncidentBytes bounds incidents/ in bytes as MaxIncidents
+	// does in count: a quarter of the chart's default 1 GiB state volume.
+	DefaultMaxIncidentBytes = 256 << 20
+)
+
+// Bounded returns inc within a record's bounds: each text cut (UTF-8
+// intact, "…" where cut), the evidence lines at most maxRecordEvidence,
+// and only the newest last lines that fit MaxRecordLinesBytes as JSON,
+// the others counted in LastLinesOmitted.
+func Bounded(inc Incident) Incident {
+	inc.Summary = Cut(inc.Summary, maxRecordText)
+	inc.Reason = Cut(inc.Reason, maxRecordText)
+	if len(inc.Evidence) > maxRecordEvidence {
+		inc.Evidence = inc.Evidence[:maxRecordEvidence]
+	}
+	inc.Evidence = slices.Clone(inc.Evidence)
+	for i := range inc.Evidence {
+		inc.Evidence[i].Text = Cut(inc.Evidence[i].Text, MaxRecordLineBytes)
+	}
+	var omitted int
+	inc.LastLines, omitted = NewestLines(inc.LastLines, MaxRecordLineBytes, MaxRecordLinesBytes)
+	inc.LastLinesOmitted += omitted
+	inc.Suspects = slices.Clone(inc.Suspects)
+	for i := range inc.Suspects {
+		inc.Suspects[i].Path = Cut(inc.Suspects[i].Path, maxRecordText)
+		inc.Suspects[i].Client = Cut(inc.Suspects[i].Client, maxRecordText)
+	}
+	return inc
+}
+
+// NewestLines keeps the newest of lines, each cut to lineBytes, while
+// their JSON (escaped, with quotes and commas) fits totalBytes; omitted
+// counts the older lines left out. lines is not changed.
+func NewestLines(lines []string, lineBytes, totalBytes int) (kept []string, omitted int) {
+	if lines == nil {
+		return nil, 0
+	}
+	total, from := 2, len(lines)
+	cuts := make([]string, 0, min(len(lines), 64))
+	for from > 0 {
+		l := Cut(lines[from-1], lineBytes)
+		size := EscapedLen(l) + 1
+		if total+size > totalBytes {
+			break
+		}
+		total += size
+		cuts = append(cuts, l)
+		from--
+	}
+	kept = make([]string, len(cuts))
+	for i, l := range cuts {
+		kept[len(cuts)-1-i] = l
+	}
+	return kept, from
+}
+
+// EscapedLen is the length of s written as a JSON string, quotes
+// included (as encoding/json writes it: '<', '>', '&' as \u003c ...).
+func EscapedLen(s string) int {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return 6 * len(s)
+	}
+	return len(b)
+}
+
+// Cut bounds s to at most n bytes, cut at a UTF-8 boundary and ending in
+// "…" when cut.
+func Cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := max(n-len("…"), 0)
+	for i > 0 && s[i]&0xc0 == 0x80 { // not inside a UTF-8 sequence
+		i--
+	}
+	return s[:i] + "…"
+}
+
+// openCapped opens name in root for reading: a regular file only (a
+// symlink is not followed, a FIFO is opened without blocking and refused),
+// of at most limit bytes; size is its size.
+func openCapped(root *os.Root, name string, limit int64) (*os.File, int64, error) {
+	path := filepath.Join(root.Name(), name)
+	fi, err := root.Lstat(name)
+	if err != nil {
+		return nil, 0, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, 0, &errNotRegular{path: path, mode: fi.Mode()}
+	}
+	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, 0, err
+	}
+	// Swapped between the Lstat and the open: what was opened decides.
+	if fi, err = f.Stat(); err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, 0, &errNotRegular{path: path, mode: fi.Mode()}
+	}
+	if fi.Size() > limit {
+		f.Close()
+		return nil, 0, fmt.Errorf("%s is %d bytes, more than the %d a record can be: not read (look at it with jq, or remove it)", path, fi.Size(), limit)
+	}
+	return f, fi.Size(), nil
+}

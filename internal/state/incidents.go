@@ -24,27 +24,27 @@ import (
 // Incident is one failure of vLLM as `vllm-guard incidents` shows it and
 // as incidents/<time>-<cause>.json keeps it.
 type Incident struct {
-	ID          string        `json:"id"` // the file name without .json; set by AddIncident when empty
-	Time        time.Time     `json:"time"`
-	Cause       policy.Cause  `json:"cause"`
-	Confidence  string        `json:"confidence,omitempty"` // "high" | "low"
-	Summary     string        `json:"summary"`
-	Evidence    []policy.Line `json:"evidence"`
-	ExitCode    int           `json:"exit_code"`        // -1 when killed by a signal
-	Signal      string        `json:"signal,omitempty"` // "SIGKILL" etc.
-	Phase       policy.Phase  `json:"phase,omitempty"`
-	RungBefore  policy.Rung   `json:"rung_before"`
-	RungAfter   policy.Rung   `json:"rung_after"`
-	Action      policy.Action `json:"action"`
-	Reason      string        `json:"reason,omitempty"`
-	Delay       time.Duration `json:"-"` // written as "delay": "5s"
-	LastLines   []string      `json:"last_lines"`
+	ID         string        `json:"id"` // the file name without .json; set by AddIncident when empty
+	Time       time.Time     `json:"time"`
+	Cause      policy.Cause  `json:"cause"`
+	Confidence string        `json:"confidence,omitempty"` // "high" | "low"
+	Summary    string        `json:"summary"`
+	Evidence   []policy.Line `json:"evidence"`
+	ExitCode   int           `json:"exit_code"`        // -1 when killed by a signal
+	Signal     string        `json:"signal,omitempty"` // "SIGKILL" etc.
+	Phase      policy.Phase  `json:"phase,omitempty"`
+	RungBefore policy.Rung   `json:"rung_before"`
+	RungAfter  policy.Rung   `json:"rung_after"`
+	Action     policy.Action `json:"action"`
+	Reason     string        `json:"reason,omitempty"`
+	Delay      time.Duration `json:"-"` // written as "delay": "5s"
+	LastLines  []string      `json:"last_lines"`
 	// LastLinesOmitted counts the earlier lines left out of LastLines: a
 	// record keeps at most MaxRecordLinesBytes of them (escaped as JSON),
 	// the status document a few KiB.
-	LastLinesOmitted int `json:"last_lines_omitted,omitempty"`
-	Memory      []MemSample   `json:"memory"` // GPU memory of the last minutes, oldest first
-	MemoryTrend string        `json:"memory_trend,omitempty"`
+	LastLinesOmitted int         `json:"last_lines_omitted,omitempty"`
+	Memory           []MemSample `json:"memory"` // GPU memory of the last minutes, oldest first
+	MemoryTrend      string      `json:"memory_trend,omitempty"`
 	// GPU: for a gpu_fault, the GPU (index, UUID), the XID and its meaning,
 	// the uncorrected ECC counts before and after, whether it needs a reset.
 	GPU *policy.GPUFault `json:"gpu,omitempty"`

@@ -195,7 +195,7 @@ type Store struct {
 	log        *zap.Logger
 
 	mu           sync.Mutex
-	memState     []byte     // in-memory mode: the last Save
+	memState     []byte        // in-memory mode: the last Save
 	memIncidents []memIncident // records not on disk: oldest first
 	now          func() time.Time
 	// readOnly: dir can be read but not written (a read-only mount, a

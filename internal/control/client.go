@@ -165,11 +165,35 @@ type Client struct {
 }
 
 // NewClient returns a client for the guard on socketPath.
-func NewClient(socketPath string) *Client {
+func NewClient(socketPath string) *Client { return newClient(socketPath, false) }
+
+// newClient is NewClient; with noFollow the socket must be the file at
+// socketPath itself, never what a symlink there leads to (`status --all`
+// reads a folder others may write in).
+func newClient(socketPath string, noFollow bool) *Client {
 	var d net.Dialer
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			c, err := d.DialContext(ctx, "unix", socketPath)
+			addr := socketPath
+			if noFollow {
+				// O_PATH|O_NOFOLLOW opens the name itself; connecting to
+				// /proc/self/fd/N reaches the socket that descriptor is,
+				// whatever the name becomes after.
+				fd, err := unix.Open(socketPath, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+				if err != nil {
+					return nil, &net.OpError{Op: "dial", Net: "unix", Err: err}
+				}
+				defer unix.Close(fd)
+				var st unix.Stat_t
+				if err := unix.Fstat(fd, &st); err != nil {
+					return nil, &net.OpError{Op: "dial", Net: "unix", Err: err}
+				}
+				if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+					return nil, &net.OpError{Op: "dial", Net: "unix", Err: fmt.Errorf("%s is not a socket (a symlink is not followed)", socketPath)}
+				}
+				addr = fmt.Sprintf("/proc/self/fd/%d", fd)
+			}
+			c, err := d.DialContext(ctx, "unix", addr)
 			if err != nil {
 				return nil, err
 			}
@@ -203,13 +227,77 @@ func (c *Client) Status(ctx context.Context) (Doc, error) {
 }
 
 // Incidents returns up to n incident records (all when n ≤ 0), newest
-// first.
+// first. It holds them all; EachIncident does not.
 func (c *Client) Incidents(ctx context.Context, n int) ([]state.Incident, error) {
 	var incs []state.Incident
-	err := c.do(ctx, http.MethodGet, "/incidents?n="+strconv.Itoa(max(n, 0)), func(r io.Reader) error {
-		return json.NewDecoder(io.LimitReader(r, maxDoc)).Decode(&incs)
+	err := c.EachIncident(ctx, n, func(inc state.Incident) error {
+		incs = append(incs, inc)
+		return nil
 	})
 	return incs, err
+}
+
+// maxRecordWire bounds one record read from a guard: a record is at most
+// state.MaxRecordFileBytes on disk, and no larger on the wire.
+const maxRecordWire = 2 * state.MaxRecordFileBytes
+
+// EachIncident hands up to n incident records (all when n ≤ 0), newest
+// first, to each as they arrive: it never holds more than one. A record
+// the guard could not read comes with Unreadable set.
+func (c *Client) EachIncident(ctx context.Context, n int, each func(state.Incident) error) error {
+	return c.do(ctx, http.MethodGet, "/incidents?n="+strconv.Itoa(max(n, 0)), func(r io.Reader) error {
+		return DecodeIncidents(r, each)
+	})
+}
+
+// DecodeIncidents reads a JSON array of incident records, handing each to
+// each as it is decoded; a record larger than maxRecordWire is an error,
+// not an allocation.
+func DecodeIncidents(r io.Reader, each func(state.Incident) error) error {
+	lr := &windowReader{r: r}
+	dec := json.NewDecoder(lr)
+	lr.limit = maxRecordWire
+	if t, err := dec.Token(); err != nil {
+		return fmt.Errorf("decode the incident records: %w", err)
+	} else if t != json.Delim('[') {
+		return fmt.Errorf("decode the incident records: want a JSON array, got %v", t)
+	}
+	for i := 1; dec.More(); i++ {
+		lr.limit = lr.read + maxRecordWire
+		var inc state.Incident
+		if err := dec.Decode(&inc); err != nil {
+			if lr.read >= lr.limit {
+				return fmt.Errorf("incident record %d is larger than %d bytes: not a vllm-guard record", i, maxRecordWire)
+			}
+			return fmt.Errorf("decode incident record %d: %w", i, err)
+		}
+		if err := each(inc); err != nil {
+			return err
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return fmt.Errorf("decode the incident records: the answer ended early: %w", err)
+	}
+	return nil
+}
+
+// windowReader reads r up to limit bytes in all, then says EOF; the
+// decoder moves limit on before each record.
+type windowReader struct {
+	r           io.Reader
+	read, limit int64
+}
+
+func (w *windowReader) Read(p []byte) (int, error) {
+	if w.read >= w.limit {
+		return 0, io.ErrUnexpectedEOF
+	}
+	if int64(len(p)) > w.limit-w.read {
+		p = p[:w.limit-w.read]
+	}
+	n, err := w.r.Read(p)
+	w.read += int64(n)
+	return n, err
 }
 
 // Restart asks the guard to restart vLLM.
@@ -252,14 +340,27 @@ func (c *Client) do(ctx context.Context, method, path string, decode func(io.Rea
 		if json.Unmarshal(data, &eb) == nil && eb.Error != "" {
 			msg = eb.Error
 		}
-		return fmt.Errorf("vllm-guard on %s: %s %s: %s (HTTP %d)", c.path, method, path, msg, resp.StatusCode)
+		// The guard's words, for a terminal: cleaned and bounded.
+		return &refusedError{fmt.Sprintf("vllm-guard on %s: %s %s: %s (HTTP %d)", c.path, method, path, state.Cut(clean(msg), 4<<10), resp.StatusCode)}
 	}
 	if decode == nil {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return nil
 	}
 	if err := decode(resp.Body); err != nil {
-		return fmt.Errorf("vllm-guard on %s: %s %s: %w", c.path, method, path, err)
+		return &badAnswerError{fmt.Errorf("vllm-guard on %s answered %s %s, but: %w", c.path, method, path, err)}
 	}
 	return nil
 }
+
+// refusedError is a guard's answer that is not a 2xx: a guard answers.
+type refusedError struct{ msg string }
+
+func (e *refusedError) Error() string { return e.msg }
+
+// badAnswerError is a guard's answer that cannot be read (too large, not
+// JSON): a guard answers, so it is not ErrNoGuard.
+type badAnswerError struct{ err error }
+
+func (e *badAnswerError) Error() string { return clean(e.err.Error()) }
+func (e *badAnswerError) Unwrap() error { return e.err }

@@ -34,7 +34,9 @@ func (g *Guard) ResetProfile(ctx context.Context, peer string) error {
 	return g.sup.ResetProfile(ctx, peer)
 }
 
-func (g *Guard) Incidents(n int) ([]state.Incident, error) { return g.store.Incidents(n) }
+func (g *Guard) Incidents(n int, each func(state.Incident) error) error {
+	return g.store.EachIncident(n, each)
+}
 
 // wedgedAfter is how long the supervisor's loop may go without turning
 // before /livez calls the guard wedged (it turns at least every second).

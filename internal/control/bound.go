@@ -99,4 +99,5 @@ func Bound(d Doc) Doc {
 	return d
 }
 
-func cutDoc(s string) string { return state.Cut(s, docText) }
+// cutDoc bounds a text as it is written: docText bytes of JSON.
+func cutDoc(s string) string { return state.CutJSON(s, docText) }

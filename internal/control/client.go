@@ -263,7 +263,7 @@ func DecodeIncidents(r io.Reader, each func(state.Incident) error) error {
 		return fmt.Errorf("decode the incident records: want a JSON array, got %v", t)
 	}
 	for i := 1; dec.More(); i++ {
-		lr.limit = lr.read + maxRecordWire
+		lr.limit = dec.InputOffset() + maxRecordWire
 		var inc state.Incident
 		if err := dec.Decode(&inc); err != nil {
 			if lr.read >= lr.limit {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"syscall"
+	"unicode/utf8"
 )
 
 // Bounds of an incident record: whatever vLLM printed and whatever a
@@ -58,7 +59,7 @@ func Bounded(inc Incident) Incident {
 	return inc
 }
 
-// NewestLines keeps the newest of lines, each cut to lineBytes, while
+// NewestLines keeps the newest of lines, each cut to lineBytes as JSON, while
 // their JSON (escaped, with quotes and commas) fits totalBytes; omitted
 // counts the older lines left out. lines is not changed.
 func NewestLines(lines []string, lineBytes, totalBytes int) (kept []string, omitted int) {
@@ -68,7 +69,7 @@ func NewestLines(lines []string, lineBytes, totalBytes int) (kept []string, omit
 	total, from := 2, len(lines)
 	cuts := make([]string, 0, min(len(lines), 64))
 	for from > 0 {
-		l := Cut(lines[from-1], lineBytes)
+		l := CutJSON(lines[from-1], lineBytes)
 		size := EscapedLen(l) + 1
 		if total+size > totalBytes {
 			break
@@ -105,6 +106,49 @@ func Cut(s string, n int) string {
 		i--
 	}
 	return s[:i] + "…"
+}
+
+// CutJSON bounds s so that written as a JSON string (quotes excluded) it
+// takes at most n bytes: a '<' counts six (\u003c), as encoding/json
+// writes it. Cut at a rune, "…" where cut.
+func CutJSON(s string, n int) string {
+	if len(s)*6 <= n {
+		return s
+	}
+	size := 0
+	for i, r := range s {
+		c := escapedRune(r, s[i:])
+		if size+c > n {
+			// Room for the "…" (3 bytes): step back as needed.
+			j := i
+			for size+3 > n && j > 0 {
+				_, w := utf8.DecodeLastRuneInString(s[:j])
+				r2, _ := utf8.DecodeRuneInString(s[j-w:])
+				size -= escapedRune(r2, s[j-w:])
+				j -= w
+			}
+			return s[:j] + "…"
+		}
+		size += c
+	}
+	return s
+}
+
+// escapedRune is what r (at the start of rest) takes in a JSON string.
+func escapedRune(r rune, rest string) int {
+	switch {
+	case r == '<' || r == '>' || r == '&' || r == '\u2028' || r == '\u2029':
+		return 6
+	case r == '"' || r == '\\' || r == '\n' || r == '\r' || r == '\t' || r == '\b' || r == '\f':
+		return 2
+	case r < 0x20:
+		return 6
+	case r == utf8.RuneError:
+		if _, w := utf8.DecodeRuneInString(rest); w == 1 {
+			return 6 // an invalid byte becomes \ufffd
+		}
+	}
+	return utf8.RuneLen(r)
 }
 
 // openCapped opens name in root for reading: a regular file only (a

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
@@ -171,4 +172,28 @@ func TestReaderNamesWhatItCannotReadAndHoldsOneRecord(t *testing.T) {
 	if peak > 4<<20 {
 		t.Errorf("the reader held %d bytes between records; one record is ~1 MiB", peak)
 	}
+}
+
+// FuzzCutJSON: the cut text, written as JSON, takes at most n bytes (plus
+// its quotes), stays valid UTF-8 when s is, and is s itself when it fits.
+func FuzzCutJSON(f *testing.F) {
+	f.Add("<<<<<<<<", 10)
+	f.Add("héllo wörld", 5)
+	f.Add("\x1b[2J\u2028\xff", 7)
+	f.Add(strings.Repeat("a", 600), 512)
+	f.Fuzz(func(t *testing.T, s string, n int) {
+		if n < 4 || n > 1<<16 {
+			return
+		}
+		got := CutJSON(s, n)
+		if EscapedLen(got)-2 > n {
+			t.Errorf("CutJSON(%q, %d) = %q takes %d bytes as JSON", s, n, got, EscapedLen(got)-2)
+		}
+		if EscapedLen(s)-2 <= n && got != s {
+			t.Errorf("CutJSON(%q, %d) = %q; it fitted", s, n, got)
+		}
+		if utf8.ValidString(s) && !utf8.ValidString(got) {
+			t.Errorf("CutJSON(%q, %d) = %q is not valid UTF-8", s, n, got)
+		}
+	})
 }

@@ -3,8 +3,8 @@ package control
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"

@@ -50,7 +50,7 @@ func serveImpostor(path string) int {
 func secretDoc() Doc {
 	d := fixtureDoc()
 	inc := state.Incident{ID: "x", Time: fixtureNow, Cause: policy.CauseCrash, Summary: "crash",
-		Evidence:  []policy.Line{{N: 3, Text: "RuntimeError: bad key sk-evidence-secret-0000000000"}},
+		Evidence: []policy.Line{{N: 3, Text: "RuntimeError: bad key sk-evidence-secret-0000000000"}},
 	}
 	for i := 0; i < 1000; i++ {
 		inc.LastLines = append(inc.LastLines, strings.Repeat("x", 600))

@@ -21,6 +21,7 @@ func (g *Guard) Doc() control.Doc {
 	d := control.Doc{Version: buildinfo.Get().Version, Now: time.Now(), Guard: st, GPU: gpu, VLLM: g.stats.Latest(),
 		Alerts: control.AlertsInForce(g.alert.InForce())}
 	d.LastIncident = g.inc.Last()
+	d.Saved = g.savedDoc()
 	if g.proxy != nil {
 		st := g.proxy.Stats()
 		d.Proxy = &st

@@ -87,5 +87,8 @@ func lastIncidentLog(cfgPath, instance string) (string, string, error) {
 	if len(incs) == 0 {
 		return "", "", fmt.Errorf("no incident recorded in %s; give a log with --log FILE", cfg.Control.StateDir)
 	}
+	if why := incs[0].Unreadable; why != "" {
+		return "", "", fmt.Errorf("the newest incident record %s cannot be read (%s); give a log with --log FILE", incs[0].ID, why)
+	}
 	return strings.Join(incs[0].LastLines, "\n") + "\n", "incident " + incs[0].ID, nil
 }

@@ -1,6 +1,7 @@
 package control
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -88,7 +89,8 @@ func statusAll(ctx context.Context, dir string, asJSON bool, stdout, stderr io.W
 		return ExitNoGuard
 	}
 	if asJSON {
-		enc := json.NewEncoder(stdout)
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
 		enc.SetIndent("", "  ")
 		for i := range insts {
 			if insts[i].Status != nil {
@@ -100,6 +102,7 @@ func statusAll(ctx context.Context, dir string, asJSON bool, stdout, stderr io.W
 			fmt.Fprintf(stderr, "vllm-guard status --all: encode: %v\n", err)
 			return ExitNotReady
 		}
+		stdout.Write(terminalSafeJSON(buf.Bytes()))
 	} else {
 		WriteInstances(stdout, insts)
 	}

@@ -1,7 +1,10 @@
 package control
 
 import (
+	"fmt"
 	"slices"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/vllm-guard/vllm-guard/internal/state"
 )
@@ -101,3 +104,28 @@ func Bound(d Doc) Doc {
 
 // cutDoc bounds a text as it is written: docText bytes of JSON.
 func cutDoc(s string) string { return state.CutJSON(s, docText) }
+
+// terminalSafeJSON escapes, in JSON text, the characters encoding/json
+// writes raw that a terminal may act on or that change how a line reads:
+// C1 controls (U+0080–U+009F; U+009B is CSI) and format characters such
+// as bidirectional overrides. Outside strings JSON has none of them, so
+// the text means the same.
+func terminalSafeJSON(b []byte) []byte {
+	var out []byte
+	for i := 0; i < len(b); {
+		r, w := utf8.DecodeRune(b[i:])
+		if r >= 0x80 && (unicode.IsControl(r) || unicode.Is(unicode.Cf, r)) {
+			if out == nil {
+				out = append(make([]byte, 0, len(b)+16), b[:i]...)
+			}
+			out = fmt.Appendf(out, `\u%04x`, r)
+		} else if out != nil {
+			out = append(out, b[i:i+w]...)
+		}
+		i += w
+	}
+	if out == nil {
+		return b
+	}
+	return out
+}

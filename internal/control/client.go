@@ -207,7 +207,9 @@ func newClient(socketPath string, noFollow bool) *Client {
 		IdleConnTimeout:       5 * time.Second,
 		ResponseHeaderTimeout: 30 * time.Second,
 	}
-	return &Client{path: socketPath, http: &http.Client{Transport: tr, Timeout: time.Minute}}
+	// No overall Timeout: each call bounds itself (a context of
+	// requestTimeout; the records of /incidents by their pace).
+	return &Client{path: socketPath, http: &http.Client{Transport: tr}}
 }
 
 // Path is the socket the client talks to.
@@ -244,10 +246,26 @@ const maxRecordWire = 2 * state.MaxRecordFileBytes
 // EachIncident hands up to n incident records (all when n ≤ 0), newest
 // first, to each as they arrive: it never holds more than one. A record
 // the guard could not read comes with Unreadable set.
+// The answer may be long (hundreds of records): it is bounded by its
+// pace, not its length: requestTimeout to the first record and between
+// two, besides ctx.
 func (c *Client) EachIncident(ctx context.Context, n int, each func(state.Incident) error) error {
-	return c.do(ctx, http.MethodGet, "/incidents?n="+strconv.Itoa(max(n, 0)), func(r io.Reader) error {
-		return DecodeIncidents(r, each)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stalled := fmt.Errorf("no incident record came for %s", requestTimeout)
+	idle := time.AfterFunc(requestTimeout, func() { cancel(stalled) })
+	defer idle.Stop()
+	err := c.do(ctx, http.MethodGet, "/incidents?n="+strconv.Itoa(max(n, 0)), func(r io.Reader) error {
+		return DecodeIncidents(r, func(inc state.Incident) error {
+			idle.Stop()
+			defer idle.Reset(requestTimeout)
+			return each(inc)
+		})
 	})
+	if err != nil && context.Cause(ctx) == stalled {
+		return fmt.Errorf("%w: %w", stalled, err)
+	}
+	return err
 }
 
 // DecodeIncidents reads a JSON array of incident records, handing each to

@@ -237,7 +237,11 @@ func drawStatus(ctx context.Context, c *Client, asJSON, watch bool, stdout, errw
 	} else {
 		WriteStatus(&frame, d)
 	}
-	stdout.Write(frame.Bytes())
+	out := frame.Bytes()
+	if asJSON {
+		out = terminalSafeJSON(out)
+	}
+	stdout.Write(out)
 	if d.Guard.State == status.StateReady {
 		return ExitReady, false
 	}
@@ -281,8 +285,8 @@ func IncidentsCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	c := NewClient(path)
 	defer c.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-	defer cancel()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	// One record at a time, from the guard or the folder, into the output:
 	// JSON is written as each comes, the table keeps its rows' text.
 	out := newIncidentsOut(stdout, *asJSON)
@@ -335,6 +339,7 @@ func (o *incidentsOut) add(inc state.Incident) error {
 	if err != nil {
 		return fmt.Errorf("encode: %w", err)
 	}
+	data = terminalSafeJSON(data)
 	sep := ",\n  "
 	if o.count == 1 {
 		sep = "[\n  "

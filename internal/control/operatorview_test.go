@@ -84,30 +84,30 @@ func TestStatusOfAnUnreadableAnswerIsNotNoGuard(t *testing.T) {
 	}
 }
 
-// A record is read, served and printed one at a time; 20 records of 2 MiB
-// (40 MiB, which the old client cut at 8 MiB: "unexpected EOF") are all
+// A record is read, served and printed one at a time; 10 records of 1 MiB
+// (10 MiB, which the old client cut at 8 MiB: "unexpected EOF") are all
 // listed, and one the guard could not read is named.
 func TestIncidentsStreamAndNameUnreadable(t *testing.T) {
 	b := newFakeBackend(status.StateReady)
 	b.incs = append(b.incs, state.Incident{ID: "20260101T000000.000000Z-oom", Time: fixtureNow, Cause: policy.CauseOOM,
 		Unreadable: "20260101T000000.000000Z-oom.json is 40000000 bytes, more than the 8388608 a record can be"})
-	for i := range 20 {
+	for i := range 10 {
 		inc := state.Incident{Time: fixtureNow.Add(-time.Duration(i) * time.Minute), Cause: policy.CauseCrash}
-		for range 128 {
-			inc.LastLines = append(inc.LastLines, strings.Repeat("<", 16<<10/6*6/6))
+		for range 64 {
+			inc.LastLines = append(inc.LastLines, strings.Repeat("<", 16<<10/6))
 		}
 		b.incs = append(b.incs, inc)
 	}
 	_, path := startSocket(t, b, nil)
 	code, out, errs := runCmd(incidents, "--socket", path, "-n", "0")
 	rows := strings.Split(strings.TrimSpace(out), "\n")
-	if code != ExitReady || len(rows) != 22 || !strings.Contains(rows[1], "UNREADABLE record 20260101T000000.000000Z-oom") ||
+	if code != ExitReady || len(rows) != 12 || !strings.Contains(rows[1], "UNREADABLE record 20260101T000000.000000Z-oom") ||
 		!strings.Contains(errs, "1 record could not be read") {
-		t.Errorf("incidents: exit %d, %d rows, want a header, the unreadable one named, 20\n%.600s\n%s", code, len(rows), out, errs)
+		t.Errorf("incidents: exit %d, %d rows, want a header, the unreadable one named, 10\n%.600s\n%s", code, len(rows), out, errs)
 	}
 	code, out, _ = runCmd(incidents, "--socket", path, "-n", "0", "--json")
 	var incs []state.Incident
-	if err := json.Unmarshal([]byte(out), &incs); code != ExitReady || err != nil || len(incs) != 21 || incs[0].Unreadable == "" {
+	if err := json.Unmarshal([]byte(out), &incs); code != ExitReady || err != nil || len(incs) != 11 || incs[0].Unreadable == "" {
 		t.Errorf("incidents --json: exit %d, %v, %d records", code, err, len(incs))
 	}
 }
@@ -147,6 +147,25 @@ func TestStatusCleansEveryStringFromTheGuard(t *testing.T) {
 	}
 	if !strings.Contains(view.String(), "1.0 ]0;owned") {
 		t.Errorf("the version is not shown, cleaned: %q", view.String())
+	}
+}
+
+// The JSON views escape what a terminal could act on (C1 controls,
+// bidirectional overrides), which encoding/json writes raw; the document
+// reads back the same.
+func TestStatusJSONIsTerminalSafe(t *testing.T) {
+	b := newFakeBackend(status.StateReady)
+	d := fixtureDoc()
+	d.Version = "1.0\u009b2J\u202eevil"
+	b.doc = d
+	_, path := startSocket(t, b, nil)
+	code, out, errs := runCmd(statusCmd, "--socket", path, "--json")
+	if code != ExitReady || strings.ContainsAny(out, "\u009b\u202e") {
+		t.Fatalf("status --json: exit %d, raw terminal controls in it\n%s", code, errs)
+	}
+	got, err := DecodeDoc(strings.NewReader(out))
+	if err != nil || got.Version != d.Version {
+		t.Errorf("status --json reads back %q, %v; want %q", got.Version, err, d.Version)
 	}
 }
 

@@ -39,6 +39,8 @@ const (
 	DefaultIncidents = 20
 	maxIncidentsN    = 100000
 	shutdownTimeout  = 5 * time.Second
+	// recordWriteTimeout bounds the write of one incident record.
+	recordWriteTimeout = 30 * time.Second
 )
 
 // Server is the control socket's HTTP server.
@@ -374,7 +376,10 @@ func serveIncidents(w http.ResponseWriter, b Backend, n int, log *zap.Logger) {
 		started = true
 	}
 	first := true
+	// The write deadline bounds one record, not the whole answer.
+	rc := http.NewResponseController(w)
 	err := b.Incidents(n, func(inc state.Incident) error {
+		rc.SetWriteDeadline(time.Now().Add(recordWriteTimeout))
 		data, err := json.Marshal(state.Redacted(inc))
 		if err != nil {
 			data, _ = json.Marshal(state.Incident{ID: inc.ID, Time: inc.Time, Cause: inc.Cause, Unreadable: "cannot be encoded: " + err.Error()})

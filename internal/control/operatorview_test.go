@@ -195,3 +195,23 @@ func TestNoFollowClientReachesTheSocket(t *testing.T) {
 		t.Errorf("no-follow status: %v %s", err, d.Guard.State)
 	}
 }
+
+// The human view says when the state is not saved, and which rung a
+// restarted guard resumes; nothing when it is saved.
+func TestStatusSaysTheStateIsNotSaved(t *testing.T) {
+	d := fixtureDoc()
+	d.Saved = &SavedState{OK: true, Dir: "/var/lib/vllm-guard", SavedRung: 1}
+	var ok bytes.Buffer
+	WriteStatus(&ok, d)
+	if strings.Contains(ok.String(), "saved state") {
+		t.Errorf("a saved state is mentioned:\n%s", ok.String())
+	}
+	d.Saved = &SavedState{Dir: "/var/lib/vllm-guard", SavedRung: 0, Error: "state: save: write: no space left on device\x1b[2J",
+		Since: fixtureNow.Add(-time.Minute)}
+	var bad bytes.Buffer
+	WriteStatus(&bad, d)
+	if !strings.Contains(bad.String(), "NOT SAVED since 12:09:00 UTC (1m00s ago): state: save: write: no space left on device") ||
+		!strings.Contains(bad.String(), "a restarted guard resumes rung 0 (the one on disk), not rung 1") || strings.Contains(bad.String(), "\x1b") {
+		t.Errorf("the view of a state not saved:\n%s", bad.String())
+	}
+}

@@ -239,8 +239,9 @@ func (c *Client) Incidents(ctx context.Context, n int) ([]state.Incident, error)
 	return incs, err
 }
 
-// maxRecordWire bounds one record read from a guard: a record is at most
-// state.MaxRecordFileBytes on disk, and no larger on the wire.
+// maxRecordWire bounds one record read from a guard: this version serves
+// records of about 1 MiB; an earlier guard served what it read, at most
+// state.MaxRecordFileBytes, which JSON escaping may grow.
 const maxRecordWire = 2 * state.MaxRecordFileBytes
 
 // EachIncident hands up to n incident records (all when n ≤ 0), newest
@@ -272,20 +273,25 @@ func (c *Client) EachIncident(ctx context.Context, n int, each func(state.Incide
 // each as it is decoded; a record larger than maxRecordWire is an error,
 // not an allocation.
 func DecodeIncidents(r io.Reader, each func(state.Incident) error) error {
+	return decodeIncidents(r, maxRecordWire, each)
+}
+
+// decodeIncidents is DecodeIncidents with records of at most limit bytes.
+func decodeIncidents(r io.Reader, limit int64, each func(state.Incident) error) error {
 	lr := &windowReader{r: r}
 	dec := json.NewDecoder(lr)
-	lr.limit = maxRecordWire
+	lr.limit = limit
 	if t, err := dec.Token(); err != nil {
 		return fmt.Errorf("decode the incident records: %w", err)
 	} else if t != json.Delim('[') {
 		return fmt.Errorf("decode the incident records: want a JSON array, got %v", t)
 	}
 	for i := 1; dec.More(); i++ {
-		lr.limit = dec.InputOffset() + maxRecordWire
+		lr.limit = dec.InputOffset() + limit
 		var inc state.Incident
 		if err := dec.Decode(&inc); err != nil {
 			if lr.read >= lr.limit {
-				return fmt.Errorf("incident record %d is larger than %d bytes: not a vllm-guard record", i, maxRecordWire)
+				return fmt.Errorf("incident record %d is larger than %d bytes: not a vllm-guard record", i, limit)
 			}
 			return fmt.Errorf("decode incident record %d: %w", i, err)
 		}

@@ -90,7 +90,7 @@ func TestStatusOfAnUnreadableAnswerIsNotNoGuard(t *testing.T) {
 func TestIncidentsStreamAndNameUnreadable(t *testing.T) {
 	b := newFakeBackend(status.StateReady)
 	b.incs = append(b.incs, state.Incident{ID: "20260101T000000.000000Z-oom", Time: fixtureNow, Cause: policy.CauseOOM,
-		Unreadable: "20260101T000000.000000Z-oom.json is 40000000 bytes, more than the 8388608 a record can be"})
+		Unreadable: "20260101T000000.000000Z-oom.json is 40000000 bytes, more than the 33554432 a record can be"})
 	for i := range 10 {
 		inc := state.Incident{Time: fixtureNow.Add(-time.Duration(i) * time.Minute), Cause: policy.CauseCrash}
 		for range 64 {
@@ -115,9 +115,10 @@ func TestIncidentsStreamAndNameUnreadable(t *testing.T) {
 // The client reads one record at a time: a record over its bound is an
 // error naming it, without reading the rest of the answer.
 func TestDecodeIncidentsBoundsOneRecord(t *testing.T) {
-	huge := `[{"id":"a"},{"id":"b","summary":"` + strings.Repeat("x", maxRecordWire) + `"},{"id":"c"}]`
+	const limit = 1 << 20
+	huge := `[{"id":"a"},{"id":"b","summary":"` + strings.Repeat("x", limit) + `"},{"id":"c"}]`
 	var seen []string
-	err := DecodeIncidents(strings.NewReader(huge), func(inc state.Incident) error {
+	err := decodeIncidents(strings.NewReader(huge), limit, func(inc state.Incident) error {
 		seen = append(seen, inc.ID)
 		return nil
 	})

@@ -25,10 +25,11 @@ const (
 	maxRecordEvidence = 64
 	// maxRecordText bounds the summary, the reason and a suspect's path.
 	maxRecordText = 16 << 10
-	// MaxRecordFileBytes is the largest record file the reader reads; a
-	// larger one is named as unreadable (records this version writes stay
-	// near 1 MiB).
-	MaxRecordFileBytes = 8 << 20
+	// MaxRecordFileBytes is the largest record file the reader reads (the
+	// bound of earlier versions, whose records were not bounded; it reads
+	// one at a time and bounds what it read); a larger one is named as
+	// unreadable. Records this version writes stay near 1 MiB.
+	MaxRecordFileBytes = 32 << 20
 	// DefaultMaxIncidentBytes bounds incidents/ in bytes as MaxIncidents
 	// does in count: a quarter of the chart's default 1 GiB state volume.
 	DefaultMaxIncidentBytes = 256 << 20

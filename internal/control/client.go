@@ -239,6 +239,10 @@ func (c *Client) Incidents(ctx context.Context, n int) ([]state.Incident, error)
 	return incs, err
 }
 
+// recordTimeout bounds the wait for one incident record (an earlier
+// guard's record of up to 32 MiB is read, decoded and sent whole).
+const recordTimeout = 30 * time.Second
+
 // maxRecordWire bounds one record read from a guard: this version serves
 // records of about 1 MiB; an earlier guard served what it read, at most
 // state.MaxRecordFileBytes, which JSON escaping may grow.
@@ -248,18 +252,18 @@ const maxRecordWire = 2 * state.MaxRecordFileBytes
 // first, to each as they arrive: it never holds more than one. A record
 // the guard could not read comes with Unreadable set.
 // The answer may be long (hundreds of records): it is bounded by its
-// pace, not its length: requestTimeout to the first record and between
+// pace, not its length: recordTimeout to the first record and between
 // two, besides ctx.
 func (c *Client) EachIncident(ctx context.Context, n int, each func(state.Incident) error) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stalled := fmt.Errorf("no incident record came for %s", requestTimeout)
-	idle := time.AfterFunc(requestTimeout, func() { cancel(stalled) })
+	stalled := fmt.Errorf("no incident record came for %s", recordTimeout)
+	idle := time.AfterFunc(recordTimeout, func() { cancel(stalled) })
 	defer idle.Stop()
 	err := c.do(ctx, http.MethodGet, "/incidents?n="+strconv.Itoa(max(n, 0)), func(r io.Reader) error {
 		return DecodeIncidents(r, func(inc state.Incident) error {
 			idle.Stop()
-			defer idle.Reset(requestTimeout)
+			defer idle.Reset(recordTimeout)
 			return each(inc)
 		})
 	})

@@ -21,6 +21,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/control"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/state"
+	"github.com/vllm-guard/vllm-guard/internal/testbin"
 )
 
 // guardCmd runs the guard's binary with args and returns its exit code,
@@ -219,4 +220,82 @@ func TestRestartDuringTheFinalStopIsRefused(t *testing.T) {
 	if n := s.CountEvents(isStarting); n != 1 {
 		t.Errorf("%d starts of vLLM; the refused restart must not start it again", n)
 	}
+}
+
+// vmHWM is a process's peak resident memory in bytes (/proc/PID/status).
+func vmHWM(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == "VmHWM:" {
+			var kb int64
+			fmt.Sscan(f[1], &kb)
+			return kb << 10
+		}
+	}
+	t.Fatalf("no VmHWM in /proc/%d/status", pid)
+	return 0
+}
+
+// Records as an earlier guard wrote them (19 MB each: 200 lines of 16,000
+// '<') are read one at a time: `incidents -n 0` lists all 20 and the
+// guard's peak memory grows by about one record, not by 20 (the old guard
+// grew to 1.7 GB).
+func TestOldLargeRecordsAreReadOneAtATime(t *testing.T) {
+	t.Parallel()
+	s := quick(newScene(t))
+	// Memory is measured on the shipped build (the race detector's
+	// shadow memory and its slow JSON would measure the detector).
+	plain, err := testbin.GuardPlain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.guardBin = plain
+	dir := filepath.Join(s.dir, "state", "incidents")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	inc := state.Incident{Cause: "crash", Summary: "killed by SIGKILL"}
+	for range 200 {
+		inc.LastLines = append(inc.LastLines, `INFO: 127.0.0.1:1 - "GET /v1/nothing?q=`+strings.Repeat("<", 16000)+` HTTP/1.1" 404`)
+	}
+	// Encoded once (19 MB); each record is the same with its own time.
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	inc.Time, inc.ID = base, base.Format("20060102T150405.000000Z")+"-crash"
+	data, err := json.MarshalIndent(inc, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		at := base.Add(time.Duration(i) * time.Minute)
+		id := at.Format("20060102T150405.000000Z") + "-crash"
+		rec := bytes.Replace(data, []byte(`"`+inc.ID+`"`), []byte(`"`+id+`"`), 1)
+		rec = bytes.Replace(rec, []byte(`"2026-01-01T00:00:00Z"`), []byte(`"`+at.Format(time.RFC3339)+`"`), 1)
+		if err := os.WriteFile(filepath.Join(dir, id+".json"), rec, 0o640); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.start()
+	s.WaitEvent("ready", 1, 30*time.Second, isReady)
+	before := vmHWM(t, s.Cmd.Process.Pid)
+	cmd := exec.Command(plain, "incidents", "--socket", s.socket(), "-n", "0")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	code, out, errs := cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+	if err != nil && code < 0 {
+		t.Fatal(err)
+	}
+	if rows := strings.Split(strings.TrimSpace(out), "\n"); code != 0 || len(rows) != 21 {
+		t.Errorf("incidents -n 0: exit %d, %d rows; want the 20 records\n%s", code, len(rows), errs)
+	}
+	grew := vmHWM(t, s.Cmd.Process.Pid) - before
+	t.Logf("the guard's peak memory grew by %d MiB", grew>>20)
+	if grew > 256<<20 {
+		t.Errorf("the guard's peak memory grew by %d MiB reading 20 records of 19 MB; one at a time is about 100 MiB (the old guard: 1.4 GiB)", grew>>20)
+	}
+	s.stopCleanly(30*time.Second, 5*time.Second)
 }

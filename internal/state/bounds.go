@@ -60,6 +60,18 @@ func Bounded(inc Incident) Incident {
 	return inc
 }
 
+// masked is Bounded(Redacted(inc)), with the lines Bounded would leave
+// out dropped first (whole, before masking: a line is masked uncut), so
+// masking costs what is kept, not what vLLM printed.
+func masked(inc Incident) Incident {
+	_, from := NewestLines(inc.LastLines, MaxRecordLineBytes, MaxRecordLinesBytes)
+	if from > 0 {
+		inc.LastLines = inc.LastLines[from:]
+		inc.LastLinesOmitted += from
+	}
+	return Bounded(Redacted(inc))
+}
+
 // NewestLines keeps the newest of lines, each cut to lineBytes as JSON, while
 // their JSON (escaped, with quotes and commas) fits totalBytes; omitted
 // counts the older lines left out. lines is not changed.

@@ -182,7 +182,7 @@ func (inc *Incident) UnmarshalJSON(b []byte) error {
 func (s *Store) AddIncident(inc Incident) (path string, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	inc = Bounded(Redacted(inc))
+	inc = masked(inc)
 	if inc.Time.IsZero() {
 		inc.Time = s.now()
 	}
@@ -256,7 +256,7 @@ func (s *Store) UpdateIncident(at time.Time, cause policy.Cause, update func(*In
 		for i := range s.memIncidents {
 			if inc := &s.memIncidents[i].inc; inc.Time.Equal(at) && inc.Cause == cause {
 				update(inc)
-				*inc = Bounded(Redacted(*inc))
+				*inc = masked(*inc)
 				return true, nil
 			}
 		}
@@ -285,7 +285,7 @@ func (s *Store) UpdateIncident(at time.Time, cause policy.Cause, update func(*In
 			continue
 		}
 		update(&inc)
-		if data, err = json.MarshalIndent(Bounded(Redacted(inc)), "", "  "); err != nil {
+		if data, err = json.MarshalIndent(masked(inc), "", "  "); err != nil {
 			return false, fmt.Errorf("state: encode incident %s: %w", inc.ID, err)
 		}
 		if err := s.writeRecord(name, append(data, '\n')); err != nil {
@@ -495,7 +495,7 @@ func (s *Store) readRecord(name string) (Incident, error) {
 	}
 	// Records written before masking and bounds existed may hold secrets
 	// and megabytes of lines.
-	return Bounded(Redacted(inc)), nil
+	return masked(inc), nil
 }
 
 // unreadable is the record that names a file the reader could not read.

@@ -335,7 +335,7 @@ func (o *incidentsOut) add(inc state.Incident) error {
 		o.table.Add(inc)
 		return nil
 	}
-	data, err := json.MarshalIndent(state.Redacted(inc), "  ", "  ")
+	data, err := json.MarshalIndent(inc, "  ", "  ")
 	if err != nil {
 		return fmt.Errorf("encode: %w", err)
 	}

@@ -94,7 +94,7 @@ func TestIncidentsStreamAndNameUnreadable(t *testing.T) {
 	for i := range 10 {
 		inc := state.Incident{Time: fixtureNow.Add(-time.Duration(i) * time.Minute), Cause: policy.CauseCrash}
 		for range 64 {
-			inc.LastLines = append(inc.LastLines, strings.Repeat("<", 16<<10/6))
+			inc.LastLines = append(inc.LastLines, strings.Repeat("x", 16<<10))
 		}
 		b.incs = append(b.incs, inc)
 	}

@@ -70,7 +70,7 @@ func TestRecordsArePrunedByTotalBytes(t *testing.T) {
 	s := open(t, t.TempDir())
 	s.MaxIncidentBytes = 3 << 20
 	base := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
-	for i := range 10 {
+	for i := range 6 {
 		inc := sampleIncident(base.Add(time.Duration(i)*time.Minute), policy.CauseCrash)
 		inc.LastLines = hostileLines(200)
 		if _, err := s.AddIncident(inc); err != nil {
@@ -135,7 +135,7 @@ func TestFullDiskDropsTheOldestNotTheNewest(t *testing.T) {
 func TestReaderNamesWhatItCannotReadAndHoldsOneRecord(t *testing.T) {
 	s := open(t, t.TempDir())
 	base := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
-	for i := range 20 {
+	for i := range 10 {
 		inc := sampleIncident(base.Add(time.Duration(i)*time.Minute), policy.CauseCrash)
 		inc.LastLines = hostileLines(200)
 		if _, err := s.AddIncident(inc); err != nil {
@@ -162,13 +162,13 @@ func TestReaderNamesWhatItCannotReadAndHoldsOneRecord(t *testing.T) {
 		got = append(got, inc)
 		return nil
 	})
-	if err != nil || len(got) != 21 {
+	if err != nil || len(got) != 11 {
 		t.Fatalf("EachIncident: %v, %d records", err, len(got))
 	}
 	if got[0].ID != "20260601T000000.000000Z-oom" || !strings.Contains(got[0].Unreadable, "more than") || got[0].Cause != policy.CauseOOM {
 		t.Errorf("the over-large record is not named first: %+v", got[0])
 	}
-	// One record is ~1 MiB; holding the 20 would be 20 MiB.
+	// One record is ~1 MiB; holding the 10 would be 10 MiB.
 	if peak > 4<<20 {
 		t.Errorf("the reader held %d bytes between records; one record is ~1 MiB", peak)
 	}

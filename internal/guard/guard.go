@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -291,6 +292,10 @@ func (g *Guard) onEvent(e events.Event) {
 		g.onReady(e.First, e.TimeToReady)
 	case events.KindExited:
 		g.onFailure(*e.Failure)
+	case events.KindIncident:
+		if why, ok := strings.CutPrefix(e.Reason, incident.NotWritten); ok {
+			g.notSaved(fmt.Errorf("an incident record could not be written (status keeps the last one): %s", why), g.pol.Current().Index)
+		}
 	case events.KindAlert:
 		g.met.SetAlert(e.Alert.Name, e.Alert.Active)
 		g.gate.SetPressure(g.alert.InForce())
@@ -406,7 +411,7 @@ func (g *Guard) notSaved(err error, inForce int) {
 	raise := !g.saved.alert
 	g.saved.alert = true
 	g.saved.mu.Unlock()
-	msg := fmt.Sprintf("the guard's state (rung %d in force) cannot be saved: %v; a restarted guard resumes rung %d, the one on disk. Free space in or make writable %s",
+	msg := fmt.Sprintf("what the guard keeps in state_dir cannot be saved (rung %d in force): %v; a restarted guard resumes rung %d, the one on disk. Free space in or make writable %s",
 		inForce, err, saved, g.store.Dir())
 	g.log.Warn("could not save the guard's state: a restarted guard resumes the rung on disk", zap.Int("rung_in_force", inForce),
 		zap.Int("rung_on_disk", saved), zap.Error(err))

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/vllm-guard/vllm-guard/internal/alerts"
+	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/incident"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
@@ -52,5 +54,22 @@ func TestStateNotSavedIsSaidBeyondTheLog(t *testing.T) {
 	}
 	if n != 1 {
 		t.Errorf("%d state_not_saved alerts in force after two failed saves, want 1", n)
+	}
+}
+
+// An incident record that cannot be written (a disk full even after the
+// oldest records went) is said the same way, not only in the log.
+func TestRecordNotWrittenIsSaidBeyondTheLog(t *testing.T) {
+	g, _ := newTestGuard(t)
+	g.bus.Publish(events.Event{Kind: events.KindIncident, Reason: incident.NotWritten + "write: no space left on device"})
+	if sv := g.Doc().Saved; sv == nil || sv.OK || !strings.Contains(sv.Error, "an incident record could not be written") {
+		t.Errorf("status after a record not written: %+v", sv)
+	}
+	raised := false
+	for _, e := range g.alert.InForce() {
+		raised = raised || e.Alert == alerts.StateNotSaved
+	}
+	if !raised {
+		t.Error("no state_not_saved alert for a record not written")
 	}
 }

@@ -19,6 +19,10 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/state"
 )
 
+// NotWritten begins the reason of an incident event whose record could
+// not be written; the rest says why.
+const NotWritten = "not written: "
+
 // Store is where records go (state.Store).
 type Store interface {
 	AddIncident(inc state.Incident) (path string, err error)
@@ -183,7 +187,7 @@ func (r *Recorder) writeAll() {
 		path, err := r.store.AddIncident(inc)
 		if err != nil {
 			r.log.Warn("could not write the incident record; status still shows it", zap.Error(err))
-			r.say(events.Event{Kind: events.KindIncident, Reason: "not written: " + err.Error()})
+			r.say(events.Event{Kind: events.KindIncident, Reason: NotWritten + err.Error()})
 			continue
 		}
 		r.log.Info("incident recorded", zap.String("path", path), zap.String("cause", string(inc.Cause)))

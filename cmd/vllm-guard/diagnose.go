@@ -63,8 +63,10 @@ func cmdDiagnose(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		return exitcode.OK
 	}
-	fmt.Fprintf(stdout, "# %s\n", source)
-	if err := rep.WriteText(stdout); err != nil {
+	if err := writeClean(stdout, func(w io.Writer) error {
+		fmt.Fprintf(w, "# %s\n", source)
+		return rep.WriteText(w)
+	}); err != nil {
 		return exitcode.Failed
 	}
 	return exitcode.OK

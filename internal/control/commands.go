@@ -395,11 +395,11 @@ func withOfflineStore(dir, socket string, stderr io.Writer, use func(*state.Stor
 		return err
 	}
 	defer store.Close()
-	if !store.Persistent() {
+	if !store.Persistent() && store.NotWritable() == "" {
 		return fmt.Errorf("cannot read the incident records in %s as this user: %s; run as root or as a member of the folder's group",
 			incDir, strings.Join(warnings, "; "))
 	}
-	if !store.IncidentsOnDisk() {
+	if !store.RecordsReadable() {
 		return fmt.Errorf("cannot read the incident records in %s: %s", incDir, strings.Join(warnings, "; "))
 	}
 	return use(store)

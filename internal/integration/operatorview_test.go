@@ -161,6 +161,10 @@ func TestReadOnlyStateDirKeepsTheSavedRung(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "state.json"), []byte(`{"rung": 1}`+"\n"), 0o640); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(dir, "incidents", "20260101T000000.000000Z-oom.json"),
+		[]byte(`{"id":"20260101T000000.000000Z-oom","time":"2026-01-01T00:00:00Z","cause":"oom","summary":"an earlier OOM"}`), 0o640); err != nil {
+		t.Fatal(err)
+	}
 	if out, err := exec.Command("chattr", "+i", dir).CombinedOutput(); err != nil {
 		t.Fatalf("chattr +i %s (this test needs root and a file system with the immutable flag, such as ext4 or xfs): %v\n%s", dir, err, out)
 	}
@@ -185,6 +189,11 @@ func TestReadOnlyStateDirKeepsTheSavedRung(t *testing.T) {
 	if !strings.Contains(out, "NOT SAVED") {
 		t.Errorf("status does not say the state is not saved:\n%s", out)
 	}
+	// The records already in the folder are still listed, by the guard
+	// and offline.
+	if code, out, errs := guardCmd(t, "incidents", "--socket", s.socket()); code != 0 || !strings.Contains(out, "2026-01-01 00:00:00  oom") {
+		t.Errorf("incidents from the guard over a read-only folder: exit %d\n%s\n%s", code, out, errs)
+	}
 	resp, err := http.Get("http://" + s.httpListen + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -198,6 +207,9 @@ func TestReadOnlyStateDirKeepsTheSavedRung(t *testing.T) {
 		}
 	}
 	s.stopCleanly(30*time.Second, 5*time.Second)
+	if code, out, errs := guardCmd(t, "incidents", "--config", filepath.Join(s.dir, "vllm-guard.toml")); code != 0 || !strings.Contains(out, "2026-01-01 00:00:00  oom") {
+		t.Errorf("incidents offline over a read-only folder: exit %d\n%s\n%s", code, out, errs)
+	}
 }
 
 // Deliver 6: `restart` during the guard's final stop is refused, saying

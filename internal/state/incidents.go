@@ -451,24 +451,27 @@ func (s *Store) Incidents(n int) ([]Incident, error) {
 func (s *Store) EachIncident(n int, each func(Incident) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.inc == nil {
-		for i, k := len(s.memIncidents)-1, 0; i >= 0 && (n <= 0 || k < n); i, k = i-1, k+1 {
+	root, k := s.inc, 0
+	if root == nil {
+		for i := len(s.memIncidents) - 1; i >= 0 && (n <= 0 || k < n); i, k = i-1, k+1 {
 			if err := each(s.memIncidents[i].inc); err != nil {
 				return err
 			}
 		}
-		return nil
+		if root = s.incRead; root == nil {
+			return nil
+		}
 	}
 	dir := filepath.Join(s.dir, incidentsDir)
-	names, err := recordNames(s.inc)
+	names, err := recordNames(root)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("state: list incident records in %s: %w", dir, err)
 	}
-	for i, k := len(names)-1, 0; i >= 0 && (n <= 0 || k < n); i, k = i-1, k+1 {
-		inc, err := s.readRecord(names[i])
+	for i := len(names) - 1; i >= 0 && (n <= 0 || k < n); i, k = i-1, k+1 {
+		inc, err := s.readRecord(root, names[i])
 		if err != nil {
 			s.log.Warn("an incident record cannot be read", zap.String("file", filepath.Join(dir, names[i])), zap.Error(err))
 			inc = unreadable(names[i], err)
@@ -482,8 +485,8 @@ func (s *Store) EachIncident(n int, each func(Incident) error) error {
 
 // readRecord reads and decodes one record, streaming from the file (no
 // copy of its bytes besides the decoder's): at most MaxRecordFileBytes.
-func (s *Store) readRecord(name string) (Incident, error) {
-	f, size, err := openCapped(s.inc, name, MaxRecordFileBytes)
+func (s *Store) readRecord(root *os.Root, name string) (Incident, error) {
+	f, size, err := openCapped(root, name, MaxRecordFileBytes)
 	if err != nil {
 		return Incident{}, err
 	}

@@ -202,6 +202,8 @@ type Store struct {
 	// full or foreign folder): state.json is read from it, Save keeps the
 	// new state in memory and fails, saying the saved one stays in force.
 	readOnly error
+	// incRead: dir/incidents of a read-only dir, read only.
+	incRead *os.Root
 	// failWrite, when set, is asked before each record write (tests).
 	failWrite func(name string) error
 }
@@ -233,7 +235,14 @@ func Open(dir string, log *zap.Logger) (*Store, []string, error) {
 		// it, and keep it in force.
 		if ro, rerr := os.OpenRoot(dir); rerr == nil {
 			s.root, s.readOnly = ro, err
-			return s, []string{fmt.Sprintf("state: %s cannot be written (%v): the saved state (rung) is read and stays in force, but nothing new is saved and the incident records are kept in memory only. Make the folder writable by the guard", dir, err)}, nil
+			// The records already there are still listed (after the new
+			// ones, kept in memory); a symlink is not followed.
+			if fi, lerr := ro.Lstat(incidentsDir); lerr == nil && fi.IsDir() {
+				if inc, oerr := ro.OpenRoot(incidentsDir); oerr == nil {
+					s.incRead = inc
+				}
+			}
+			return s, []string{fmt.Sprintf("state: %s cannot be written (%v): the saved state (rung) is read and stays in force, but nothing new is saved and new incident records are kept in memory only. Make the folder writable by the guard", dir, err)}, nil
 		}
 	}
 	if err != nil {
@@ -398,12 +407,12 @@ func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var errs []error
-	for _, r := range []*os.Root{s.inc, s.root} {
+	for _, r := range []*os.Root{s.inc, s.incRead, s.root} {
 		if r != nil {
 			errs = append(errs, r.Close())
 		}
 	}
-	s.inc, s.root, s.persistent = nil, nil, false
+	s.inc, s.incRead, s.root, s.persistent = nil, nil, nil, false
 	return errors.Join(errs...)
 }
 
@@ -422,6 +431,10 @@ func (s *Store) NotWritable() string {
 	}
 	return s.readOnly.Error()
 }
+
+// RecordsReadable reports whether incident records can be read from
+// dir/incidents (written there, or a read-only folder's).
+func (s *Store) RecordsReadable() bool { return s.inc != nil || s.incRead != nil }
 
 // IncidentsOnDisk reports whether incident records are written to
 // dir/incidents (false: kept in memory).

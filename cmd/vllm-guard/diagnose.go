@@ -63,8 +63,10 @@ func cmdDiagnose(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		return exitcode.OK
 	}
-	fmt.Fprintf(stdout, "# %s\n", source)
-	if err := rep.WriteText(stdout); err != nil {
+	if err := writeClean(stdout, func(w io.Writer) error {
+		fmt.Fprintf(w, "# %s\n", source)
+		return rep.WriteText(w)
+	}); err != nil {
 		return exitcode.Failed
 	}
 	return exitcode.OK
@@ -86,6 +88,9 @@ func lastIncidentLog(cfgPath, instance string) (string, string, error) {
 	}
 	if len(incs) == 0 {
 		return "", "", fmt.Errorf("no incident recorded in %s; give a log with --log FILE", cfg.Control.StateDir)
+	}
+	if why := incs[0].Unreadable; why != "" {
+		return "", "", fmt.Errorf("the newest incident record %s cannot be read (%s); give a log with --log FILE", incs[0].ID, why)
 	}
 	return strings.Join(incs[0].LastLines, "\n") + "\n", "incident " + incs[0].ID, nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
+	"github.com/vllm-guard/vllm-guard/internal/state"
 )
 
 // cmdGPUs prints what NVML sees; it needs no running guard.
@@ -39,11 +40,14 @@ func cmdGPUs(args []string, stdout, stderr io.Writer) int {
 			Health []gpumon.DeviceHealth `json:"health"`
 		}{snap, health.Devices})
 	} else if snap.Up {
-		gpumon.WriteTable(stdout, snap)
-		gpumon.WriteHealth(stdout, health)
+		writeClean(stdout, func(w io.Writer) error {
+			gpumon.WriteTable(w, snap)
+			gpumon.WriteHealth(w, health)
+			return nil
+		})
 	}
 	if !snap.Up {
-		fmt.Fprintf(stderr, "vllm-guard gpus: %s\n", snap.Reason)
+		fmt.Fprintf(stderr, "vllm-guard gpus: %s\n", state.Clean(snap.Reason))
 		return exitcode.Failed
 	}
 	return exitcode.OK

@@ -1,5 +1,6 @@
 // Package alerts owns the delivery of the guard's alerts:
-// gpu_memory_warn, gpu_memory_critical, oom_predicted, oom and gave_up.
+// gpu_memory_warn, gpu_memory_critical, oom_predicted, oom, gave_up,
+// gpu_fault and state_not_saved.
 // Each goes once per episode to the log and, when configured, to the
 // [alerts] command (the event as JSON on stdin, bounded in time) and the
 // webhook (a JSON POST with retries). Delivery runs on its own goroutine
@@ -38,10 +39,15 @@ const (
 	// GPUFault: vLLM's GPU failed (package policy's gpu_fault): which GPU,
 	// what it said (the XID and its meaning) and what to do.
 	GPUFault = "gpu_fault"
+	// StateNotSaved: the guard's state (the rung, the counters) cannot be
+	// written to state_dir (a full disk, a read-only folder): a restarted
+	// guard resumes the state on disk, not the one in force. Cleared by
+	// the next save that succeeds.
+	StateNotSaved = "state_not_saved"
 )
 
 // Names lists every alert.
-var Names = []string{GPUMemoryWarn, GPUMemoryCritical, OOMPredicted, OOM, GaveUp, GPUFault}
+var Names = []string{GPUMemoryWarn, GPUMemoryCritical, OOMPredicted, OOM, GaveUp, GPUFault, StateNotSaved}
 
 // Severities.
 const (

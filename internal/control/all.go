@@ -1,10 +1,13 @@
 package control
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -25,6 +28,8 @@ type Instance struct {
 	Socket string `json:"socket"`
 	Status *Doc   `json:"status,omitempty"`
 	Error  string `json:"error,omitempty"`
+
+	answered bool // a guard answered, but not with a document that reads
 }
 
 // findInstances asks every *.sock in dir for its status, concurrently,
@@ -39,14 +44,30 @@ func findInstances(ctx context.Context, dir string) ([]Instance, error) {
 	var wg sync.WaitGroup
 	for i, path := range socks {
 		out[i] = Instance{Name: strings.TrimSuffix(filepath.Base(path), ".sock"), Socket: path}
+		// Only sockets that are there: a symlink in the runtime folder
+		// (made by whoever can write there) could lead to any socket on
+		// the host, root's included. The client dials the socket it
+		// opened, not the name (a swap after this look is not followed).
+		if fi, err := os.Lstat(path); err != nil {
+			out[i].Error = err.Error()
+			continue
+		} else if fi.Mode()&os.ModeSymlink != 0 {
+			target, _ := os.Readlink(path)
+			out[i].Error = fmt.Sprintf("%s is a symlink (to %q), not a guard's socket: not followed", path, target)
+			continue
+		} else if fi.Mode()&os.ModeSocket == 0 {
+			out[i].Error = fmt.Sprintf("%s is not a socket (%s)", path, fi.Mode().Type())
+			continue
+		}
 		wg.Go(func() {
-			c := NewClient(path)
+			c := newClient(path, true)
 			defer c.CloseIdleConnections()
 			rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 			defer cancel()
 			d, err := c.Status(rctx)
 			if err != nil {
 				out[i].Error = err.Error()
+				out[i].answered = !errors.Is(err, ErrNoGuard)
 				return
 			}
 			out[i].Status = &d
@@ -68,7 +89,8 @@ func statusAll(ctx context.Context, dir string, asJSON bool, stdout, stderr io.W
 		return ExitNoGuard
 	}
 	if asJSON {
-		enc := json.NewEncoder(stdout)
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
 		enc.SetIndent("", "  ")
 		for i := range insts {
 			if insts[i].Status != nil {
@@ -80,6 +102,7 @@ func statusAll(ctx context.Context, dir string, asJSON bool, stdout, stderr io.W
 			fmt.Fprintf(stderr, "vllm-guard status --all: encode: %v\n", err)
 			return ExitNotReady
 		}
+		stdout.Write(terminalSafeJSON(buf.Bytes()))
 	} else {
 		WriteInstances(stdout, insts)
 	}
@@ -91,6 +114,9 @@ func statusAll(ctx context.Context, dir string, asJSON bool, stdout, stderr io.W
 func allCode(insts []Instance) int {
 	answered, ready := 0, 0
 	for _, in := range insts {
+		if in.answered {
+			answered++
+		}
 		if in.Status == nil {
 			continue
 		}
@@ -116,11 +142,15 @@ func WriteInstances(w io.Writer, insts []Instance) {
 	fmt.Fprintln(tw, "INSTANCE\tSTATE\tRUNG\tGPUS (used/total)\tLAST INCIDENT")
 	for _, in := range insts {
 		if in.Status == nil {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t%s\n", clean(in.Name), "no answer", clean(in.Error))
+			what := "no answer"
+			if in.answered {
+				what = "bad answer"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t%s\n", clean(in.Name), what, clean(in.Error))
 			continue
 		}
-		d := Redacted(*in.Status)
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", clean(in.Name), d.Guard.State, d.Guard.Rung.Index, gpusCell(d), lastIncidentCell(d))
+		d := Bound(Redacted(*in.Status))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", clean(in.Name), clean(string(d.Guard.State)), d.Guard.Rung.Index, gpusCell(d), lastIncidentCell(d))
 	}
 	tw.Flush()
 }

@@ -165,11 +165,35 @@ type Client struct {
 }
 
 // NewClient returns a client for the guard on socketPath.
-func NewClient(socketPath string) *Client {
+func NewClient(socketPath string) *Client { return newClient(socketPath, false) }
+
+// newClient is NewClient; with noFollow the socket must be the file at
+// socketPath itself, never what a symlink there leads to (`status --all`
+// reads a folder others may write in).
+func newClient(socketPath string, noFollow bool) *Client {
 	var d net.Dialer
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			c, err := d.DialContext(ctx, "unix", socketPath)
+			addr := socketPath
+			if noFollow {
+				// O_PATH|O_NOFOLLOW opens the name itself; connecting to
+				// /proc/self/fd/N reaches the socket that descriptor is,
+				// whatever the name becomes after.
+				fd, err := unix.Open(socketPath, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+				if err != nil {
+					return nil, &net.OpError{Op: "dial", Net: "unix", Err: err}
+				}
+				defer unix.Close(fd)
+				var st unix.Stat_t
+				if err := unix.Fstat(fd, &st); err != nil {
+					return nil, &net.OpError{Op: "dial", Net: "unix", Err: err}
+				}
+				if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+					return nil, &net.OpError{Op: "dial", Net: "unix", Err: fmt.Errorf("%s is not a socket (a symlink is not followed)", socketPath)}
+				}
+				addr = fmt.Sprintf("/proc/self/fd/%d", fd)
+			}
+			c, err := d.DialContext(ctx, "unix", addr)
 			if err != nil {
 				return nil, err
 			}
@@ -183,7 +207,9 @@ func NewClient(socketPath string) *Client {
 		IdleConnTimeout:       5 * time.Second,
 		ResponseHeaderTimeout: 30 * time.Second,
 	}
-	return &Client{path: socketPath, http: &http.Client{Transport: tr, Timeout: time.Minute}}
+	// No overall Timeout: each call bounds itself (a context of
+	// requestTimeout; the records of /incidents by their pace).
+	return &Client{path: socketPath, http: &http.Client{Transport: tr}}
 }
 
 // Path is the socket the client talks to.
@@ -203,13 +229,103 @@ func (c *Client) Status(ctx context.Context) (Doc, error) {
 }
 
 // Incidents returns up to n incident records (all when n ≤ 0), newest
-// first.
+// first. It holds them all; EachIncident does not.
 func (c *Client) Incidents(ctx context.Context, n int) ([]state.Incident, error) {
 	var incs []state.Incident
-	err := c.do(ctx, http.MethodGet, "/incidents?n="+strconv.Itoa(max(n, 0)), func(r io.Reader) error {
-		return json.NewDecoder(io.LimitReader(r, maxDoc)).Decode(&incs)
+	err := c.EachIncident(ctx, n, func(inc state.Incident) error {
+		incs = append(incs, inc)
+		return nil
 	})
 	return incs, err
+}
+
+// recordTimeout bounds the wait for one incident record (an earlier
+// guard's record of up to 32 MiB is read, decoded and sent whole).
+const recordTimeout = 30 * time.Second
+
+// maxRecordWire bounds one record read from a guard: this version serves
+// records of about 1 MiB; an earlier guard served what it read, at most
+// state.MaxRecordFileBytes, which JSON escaping may grow.
+const maxRecordWire = 2 * state.MaxRecordFileBytes
+
+// EachIncident hands up to n incident records (all when n ≤ 0), newest
+// first, to each as they arrive: it never holds more than one. A record
+// the guard could not read comes with Unreadable set.
+// The answer may be long (hundreds of records): it is bounded by its
+// pace, not its length: recordTimeout to the first record and between
+// two, besides ctx.
+func (c *Client) EachIncident(ctx context.Context, n int, each func(state.Incident) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stalled := fmt.Errorf("no incident record came for %s", recordTimeout)
+	idle := time.AfterFunc(recordTimeout, func() { cancel(stalled) })
+	defer idle.Stop()
+	err := c.do(ctx, http.MethodGet, "/incidents?n="+strconv.Itoa(max(n, 0)), func(r io.Reader) error {
+		return DecodeIncidents(r, func(inc state.Incident) error {
+			idle.Stop()
+			defer idle.Reset(recordTimeout)
+			return each(inc)
+		})
+	})
+	if err != nil && context.Cause(ctx) == stalled {
+		return fmt.Errorf("%w: %w", stalled, err)
+	}
+	return err
+}
+
+// DecodeIncidents reads a JSON array of incident records, handing each to
+// each as it is decoded; a record larger than maxRecordWire is an error,
+// not an allocation.
+func DecodeIncidents(r io.Reader, each func(state.Incident) error) error {
+	return decodeIncidents(r, maxRecordWire, each)
+}
+
+// decodeIncidents is DecodeIncidents with records of at most limit bytes.
+func decodeIncidents(r io.Reader, limit int64, each func(state.Incident) error) error {
+	lr := &windowReader{r: r}
+	dec := json.NewDecoder(lr)
+	lr.limit = limit
+	if t, err := dec.Token(); err != nil {
+		return fmt.Errorf("decode the incident records: %w", err)
+	} else if t != json.Delim('[') {
+		return fmt.Errorf("decode the incident records: want a JSON array, got %v", t)
+	}
+	for i := 1; dec.More(); i++ {
+		lr.limit = dec.InputOffset() + limit
+		var inc state.Incident
+		if err := dec.Decode(&inc); err != nil {
+			if lr.read >= lr.limit {
+				return fmt.Errorf("incident record %d is larger than %d bytes: not a vllm-guard record", i, limit)
+			}
+			return fmt.Errorf("decode incident record %d: %w", i, err)
+		}
+		if err := each(inc); err != nil {
+			return err
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return fmt.Errorf("decode the incident records: the answer ended early: %w", err)
+	}
+	return nil
+}
+
+// windowReader reads r up to limit bytes in all, then says EOF; the
+// decoder moves limit on before each record.
+type windowReader struct {
+	r           io.Reader
+	read, limit int64
+}
+
+func (w *windowReader) Read(p []byte) (int, error) {
+	if w.read >= w.limit {
+		return 0, io.ErrUnexpectedEOF
+	}
+	if int64(len(p)) > w.limit-w.read {
+		p = p[:w.limit-w.read]
+	}
+	n, err := w.r.Read(p)
+	w.read += int64(n)
+	return n, err
 }
 
 // Restart asks the guard to restart vLLM.
@@ -252,14 +368,27 @@ func (c *Client) do(ctx context.Context, method, path string, decode func(io.Rea
 		if json.Unmarshal(data, &eb) == nil && eb.Error != "" {
 			msg = eb.Error
 		}
-		return fmt.Errorf("vllm-guard on %s: %s %s: %s (HTTP %d)", c.path, method, path, msg, resp.StatusCode)
+		// The guard's words, for a terminal: cleaned and bounded.
+		return &refusedError{fmt.Sprintf("vllm-guard on %s: %s %s: %s (HTTP %d)", c.path, method, path, state.Cut(clean(msg), 4<<10), resp.StatusCode)}
 	}
 	if decode == nil {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return nil
 	}
 	if err := decode(resp.Body); err != nil {
-		return fmt.Errorf("vllm-guard on %s: %s %s: %w", c.path, method, path, err)
+		return &badAnswerError{fmt.Errorf("vllm-guard on %s answered %s %s, but: %w", c.path, method, path, err)}
 	}
 	return nil
 }
+
+// refusedError is a guard's answer that is not a 2xx: a guard answers.
+type refusedError struct{ msg string }
+
+func (e *refusedError) Error() string { return e.msg }
+
+// badAnswerError is a guard's answer that cannot be read (too large, not
+// JSON): a guard answers, so it is not ErrNoGuard.
+type badAnswerError struct{ err error }
+
+func (e *badAnswerError) Error() string { return clean(e.err.Error()) }
+func (e *badAnswerError) Unwrap() error { return e.err }

@@ -218,7 +218,12 @@ func drawStatus(ctx context.Context, c *Client, asJSON, watch bool, stdout, errw
 		} else {
 			fmt.Fprintf(errw, "vllm-guard status: %v\n", err)
 		}
-		return ExitNoGuard, false
+		// A guard that answered, even with an answer that cannot be
+		// read, is not "no guard".
+		if errors.Is(err, ErrNoGuard) {
+			return ExitNoGuard, false
+		}
+		return ExitNotReady, false
 	}
 	if asJSON {
 		enc := json.NewEncoder(&frame)
@@ -232,7 +237,11 @@ func drawStatus(ctx context.Context, c *Client, asJSON, watch bool, stdout, errw
 	} else {
 		WriteStatus(&frame, d)
 	}
-	stdout.Write(frame.Bytes())
+	out := frame.Bytes()
+	if asJSON {
+		out = terminalSafeJSON(out)
+	}
+	stdout.Write(out)
 	if d.Guard.State == status.StateReady {
 		return ExitReady, false
 	}
@@ -276,62 +285,124 @@ func IncidentsCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	c := NewClient(path)
 	defer c.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-	defer cancel()
-	incs, err := c.Incidents(ctx, *n)
-	if errors.Is(err, ErrNoGuard) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	// One record at a time, from the guard or the folder, into the output:
+	// JSON is written as each comes, the table keeps its rows' text.
+	out := newIncidentsOut(stdout, *asJSON)
+	err = c.EachIncident(ctx, *n, out.add)
+	if errors.Is(err, ErrNoGuard) && out.count == 0 {
 		fmt.Fprintf(stderr, "vllm-guard incidents: %v\n", err)
-		incs, err = readIncidents(cfg.Control.StateDir, *n, path, stderr)
+		err = eachIncidentOffline(cfg.Control.StateDir, *n, path, stderr, out.add)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "vllm-guard incidents: %v\n", err)
+		if out.count > 0 {
+			fmt.Fprintf(stderr, "vllm-guard incidents: the %d records above were read before that\n", out.count)
+			out.finish()
+		}
 		return ExitNotReady
 	}
-	if *asJSON {
-		if incs == nil {
-			incs = []state.Incident{}
-		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(incs); err != nil {
-			fmt.Fprintf(stderr, "vllm-guard incidents: encode: %v\n", err)
-			return ExitNotReady
-		}
-		return ExitReady
-	}
-	if err := state.WriteIncidents(stdout, incs); err != nil {
+	if err := out.finish(); err != nil {
 		fmt.Fprintf(stderr, "vllm-guard incidents: %v\n", err)
 		return ExitNotReady
+	}
+	if out.unreadable > 0 {
+		fmt.Fprintf(stderr, "vllm-guard incidents: %d %s could not be read (named above as UNREADABLE)\n", out.unreadable, plural(out.unreadable, "record", "records"))
 	}
 	return ExitReady
 }
 
-// readIncidents reads the records from the state folder when no guard
-// answers. It creates nothing: a missing folder means no records.
+// incidentsOut writes the records as they come: a JSON array written
+// record by record, or the table (rows kept, records not).
+type incidentsOut struct {
+	w                 io.Writer
+	json              bool
+	table             state.IncidentTable
+	count, unreadable int
+}
+
+func newIncidentsOut(w io.Writer, asJSON bool) *incidentsOut {
+	return &incidentsOut{w: w, json: asJSON}
+}
+
+func (o *incidentsOut) add(inc state.Incident) error {
+	o.count++
+	if inc.Unreadable != "" {
+		o.unreadable++
+	}
+	if !o.json {
+		o.table.Add(inc)
+		return nil
+	}
+	data, err := json.MarshalIndent(inc, "  ", "  ")
+	if err != nil {
+		return fmt.Errorf("encode: %w", err)
+	}
+	data = terminalSafeJSON(data)
+	sep := ",\n  "
+	if o.count == 1 {
+		sep = "[\n  "
+	}
+	if _, err := io.WriteString(o.w, sep); err != nil {
+		return err
+	}
+	_, err = o.w.Write(data)
+	return err
+}
+
+func (o *incidentsOut) finish() error {
+	if !o.json {
+		return o.table.Write(o.w)
+	}
+	end := "\n]\n"
+	if o.count == 0 {
+		end = "[]\n"
+	}
+	_, err := io.WriteString(o.w, end)
+	return err
+}
+
+// eachIncidentOffline reads the records from the state folder when no
+// guard answers, one at a time. A missing folder means no records.
+func eachIncidentOffline(dir string, n int, socket string, stderr io.Writer, each func(state.Incident) error) error {
+	return withOfflineStore(dir, socket, stderr, func(store *state.Store) error { return store.EachIncident(n, each) })
+}
+
+// readIncidents is eachIncidentOffline holding them all (tests).
 func readIncidents(dir string, n int, socket string, stderr io.Writer) ([]state.Incident, error) {
+	var incs []state.Incident
+	err := eachIncidentOffline(dir, n, socket, stderr, func(inc state.Incident) error {
+		incs = append(incs, inc)
+		return nil
+	})
+	return incs, err
+}
+
+func withOfflineStore(dir, socket string, stderr io.Writer, use func(*state.Store) error) error {
 	if dir == "" {
-		return nil, fmt.Errorf("no vllm-guard answers on %s and [control] state_dir is empty: no records to read", socket)
+		return fmt.Errorf("no vllm-guard answers on %s and [control] state_dir is empty: no records to read", socket)
 	}
 	incDir := filepath.Join(dir, "incidents")
 	fmt.Fprintf(stderr, "vllm-guard incidents: reading the records in %s directly\n", incDir)
 	if _, err := os.Stat(incDir); errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil
 	} else if err != nil {
-		return nil, fmt.Errorf("read the incident records in %s: %w", incDir, err)
+		return fmt.Errorf("read the incident records in %s: %w", incDir, err)
 	}
 	store, warnings, err := state.Open(dir, zap.NewNop())
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer store.Close()
-	if !store.Persistent() {
-		return nil, fmt.Errorf("cannot read the incident records in %s as this user: %s; run as root or as a member of the folder's group",
+	if !store.Persistent() && store.NotWritable() == "" {
+		return fmt.Errorf("cannot read the incident records in %s as this user: %s; run as root or as a member of the folder's group",
 			incDir, strings.Join(warnings, "; "))
 	}
-	if !store.IncidentsOnDisk() {
-		return nil, fmt.Errorf("cannot read the incident records in %s: %s", incDir, strings.Join(warnings, "; "))
+	if !store.RecordsReadable() {
+		return fmt.Errorf("cannot read the incident records in %s: %s", incDir, strings.Join(warnings, "; "))
 	}
-	return store.Incidents(n)
+	return use(store)
 }
 
 func cmpOr(a, b string) string {

@@ -35,8 +35,22 @@ type Doc struct {
 	Alerts       []ActiveAlert   `json:"alerts"`
 	LastIncident *state.Incident `json:"last_incident,omitempty"`
 	Proxy        *proxy.Stats    `json:"proxy,omitempty"` // nil when [proxy] listen is off
+	// Saved says whether the guard's state (rung, counters) is on disk as
+	// the guard holds it; nil from a guard that does not say.
+	Saved *SavedState `json:"saved_state,omitempty"`
 	// Note is set on the summary the TCP /status serves (SummaryNote).
 	Note string `json:"note,omitempty"`
+}
+
+// SavedState is whether the guard's state reaches state_dir. When it does
+// not (a full disk, a read-only folder) the state on disk stays in force:
+// a restarted guard resumes SavedRung, not the rung in force now.
+type SavedState struct {
+	OK        bool      `json:"ok"`
+	Dir       string    `json:"dir"`
+	SavedRung int       `json:"saved_rung"` // the rung on disk: what a restarted guard resumes
+	Error     string    `json:"error,omitempty"`
+	Since     time.Time `json:"since,omitzero"` // when saving began to fail
 }
 
 // ActiveAlert is one alert in force, as package alerts (their one owner)
@@ -56,8 +70,10 @@ type Backend interface {
 	Restart(ctx context.Context, peer string) error
 	// ResetProfile returns the profile to rung 0 at the next restart.
 	ResetProfile(ctx context.Context, peer string) error
-	// Incidents returns up to n records (all when n ≤ 0), newest first.
-	Incidents(n int) ([]state.Incident, error)
+	// Incidents hands up to n records (all when n ≤ 0), newest first, to
+	// each, one at a time (a record that cannot be read comes with
+	// Unreadable set); an error from each stops it.
+	Incidents(n int, each func(state.Incident) error) error
 	// Alive says whether the guard's own loop works (/livez); why says
 	// what is wrong when it does not.
 	Alive() (ok bool, why string)

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/vllm-guard/vllm-guard/internal/state"
 )
 
 func FuzzIncidentsQuery(f *testing.F) {
@@ -55,5 +57,22 @@ func FuzzDecodeDoc(f *testing.F) {
 			t.Fatalf("escape sequence in the view of %q", data)
 		}
 		WriteStatus(io.Discard, d)
+	})
+}
+
+// FuzzDecodeIncidents: any answer decodes to records or an error, never a
+// panic, and the records handed on are whole.
+func FuzzDecodeIncidents(f *testing.F) {
+	f.Add(`[]`)
+	f.Add(`[{"id":"a","cause":"oom","last_lines":["x"]},{"id":"b","unreadable":"torn"}]`)
+	f.Add(`[{"id":"a"},`)
+	f.Add(`{"error":"x"}`)
+	f.Add(`[{"delay":"5q"}]`)
+	f.Fuzz(func(t *testing.T, s string) {
+		n := 0
+		err := DecodeIncidents(strings.NewReader(s), func(state.Incident) error { n++; return nil })
+		if err == nil && !strings.Contains(s, "[") {
+			t.Errorf("decoded %q without an array", s)
+		}
 	})
 }

@@ -50,11 +50,13 @@ func serveImpostor(path string) int {
 func secretDoc() Doc {
 	d := fixtureDoc()
 	inc := state.Incident{ID: "x", Time: fixtureNow, Cause: policy.CauseCrash, Summary: "crash",
-		Evidence:  []policy.Line{{N: 3, Text: "RuntimeError: bad key sk-evidence-secret-0000000000"}},
-		LastLines: []string{"(APIServer pid=7) INFO non-default args: {'model_tag': 'm', 'api_key': 'line-secret', 'port': 8000}"}}
+		Evidence: []policy.Line{{N: 3, Text: "RuntimeError: bad key sk-evidence-secret-0000000000"}},
+	}
 	for i := 0; i < 1000; i++ {
 		inc.LastLines = append(inc.LastLines, strings.Repeat("x", 600))
 	}
+	// The newest line: the socket's document keeps the newest few KiB.
+	inc.LastLines = append(inc.LastLines, "(APIServer pid=7) INFO non-default args: {'model_tag': 'm', 'api_key': 'line-secret', 'port': 8000}")
 	d.LastIncident = &inc
 	d.Guard.Reason = strings.Repeat("r", 1<<20)
 	d.Guard.LastFailure.Verdict.Evidence = append(d.Guard.LastFailure.Verdict.Evidence, policy.Line{N: 9, Text: "Authorization: Bearer failure-secret"})
@@ -100,7 +102,7 @@ func TestHTTPStatusIsARedactedSummary(t *testing.T) {
 	_, path := startSocket(t, b, nil)
 	code, full := call(t, path, http.MethodGet, "/status", nil)
 	if code != 200 || !strings.Contains(full, "last_lines") || !strings.Contains(full, "'api_key': '***'") || !strings.Contains(full, "--api-key ***") {
-		t.Errorf("socket /status: %d, want the full document, masked", code)
+		t.Errorf("socket /status: %d, want the document with the newest lines, masked", code)
 	}
 	if strings.Contains(full, "secret") {
 		t.Error("socket /status carries a secret")

@@ -114,18 +114,24 @@ func (f *fakeBackend) ResetProfile(_ context.Context, peer string) error {
 	return nil
 }
 
-func (f *fakeBackend) Incidents(n int) ([]state.Incident, error) {
+func (f *fakeBackend) Incidents(n int, each func(state.Incident) error) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.lastN = n
 	if f.incErr != nil {
-		return nil, f.incErr
+		f.mu.Unlock()
+		return f.incErr
 	}
 	out := f.incs
 	if n > 0 && len(out) > n {
 		out = out[:n]
 	}
-	return out, nil
+	f.mu.Unlock()
+	for _, inc := range out {
+		if err := each(inc); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (f *fakeBackend) Alive() (bool, string) {

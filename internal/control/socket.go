@@ -39,6 +39,8 @@ const (
 	DefaultIncidents = 20
 	maxIncidentsN    = 100000
 	shutdownTimeout  = 5 * time.Second
+	// recordWriteTimeout bounds the write of one incident record.
+	recordWriteTimeout = 30 * time.Second
 )
 
 // Server is the control socket's HTTP server.
@@ -320,7 +322,9 @@ type errorBody struct {
 func socketHandler(b Backend, log *zap.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/status", only(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, Redacted(b.Doc()))
+		// A few KiB of vLLM's output whatever it printed: the full lines
+		// are in the incident record.
+		writeJSON(w, http.StatusOK, Bound(Redacted(b.Doc())))
 	}))
 	mux.HandleFunc("/incidents", only(http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
 		n, err := ParseIncidentsQuery(r.URL.RawQuery)
@@ -328,18 +332,7 @@ func socketHandler(b Backend, log *zap.Logger) http.Handler {
 			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
-		incs, err := b.Incidents(n)
-		if err != nil {
-			writeError(w, http.StatusInternalServerError, err.Error())
-			return
-		}
-		if incs == nil {
-			incs = []state.Incident{}
-		}
-		for i := range incs {
-			incs[i] = state.Redacted(incs[i])
-		}
-		writeJSON(w, http.StatusOK, incs)
+		serveIncidents(w, b, n, log)
 	}))
 	action := func(name, done string, do func(context.Context, string) error) http.HandlerFunc {
 		return only(http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
@@ -367,6 +360,52 @@ func socketHandler(b Backend, log *zap.Logger) http.Handler {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s; the control socket serves GET /status, GET /incidents?n=N, POST /restart, POST /profile/reset", r.URL.Path))
 	})
 	return mux
+}
+
+// serveIncidents writes the records as one JSON array, one record at a
+// time as the store reads them: the guard never holds more than one. An
+// error before the first record is a 500; after it, the array is cut
+// short (the client's decoder says the answer ended early).
+func serveIncidents(w http.ResponseWriter, b Backend, n int, log *zap.Logger) {
+	started := false
+	start := func() {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, "[")
+		started = true
+	}
+	first := true
+	// The write deadline bounds one record, not the whole answer.
+	rc := http.NewResponseController(w)
+	err := b.Incidents(n, func(inc state.Incident) error {
+		rc.SetWriteDeadline(time.Now().Add(recordWriteTimeout))
+		data, err := json.Marshal(state.Redacted(inc))
+		if err != nil {
+			data, _ = json.Marshal(state.Incident{ID: inc.ID, Time: inc.Time, Cause: inc.Cause, Unreadable: "cannot be encoded: " + err.Error()})
+		}
+		if !started {
+			start()
+		}
+		if !first {
+			io.WriteString(w, ",\n")
+		}
+		first = false
+		_, err = w.Write(data)
+		return err
+	})
+	if err != nil && !started {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	if err != nil {
+		log.Warn("the incident records were cut short", zap.Error(err))
+		return
+	}
+	if !started {
+		start()
+	}
+	io.WriteString(w, "]\n")
 }
 
 // only answers 405 with an Allow header to any method but m (and HEAD for

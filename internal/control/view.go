@@ -8,7 +8,6 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
 
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
@@ -29,9 +28,10 @@ func WriteStatus(w io.Writer, d Doc) {
 	g := d.Guard
 	name := "vllm-guard"
 	if d.Version != "" {
-		name += " " + d.Version
+		name += " " + state.Cut(d.Version, docVersion)
 	}
-	fmt.Fprintf(w, "%s: %s since %s\n", name, strings.ToUpper(string(g.State)), at(d.Now, g.Since))
+	// Every string in the document came from another process: cleaned.
+	fmt.Fprintf(w, "%s: %s since %s\n", clean(name), clean(state.Cut(strings.ToUpper(string(g.State)), docText)), at(d.Now, g.Since))
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(label, format string, args ...any) {
@@ -77,6 +77,10 @@ func WriteStatus(w io.Writer, d Doc) {
 	} else {
 		row("profile", "rung %d: max_num_seqs %d, gpu_memory_utilization %.2f",
 			g.Rung.Index, g.Rung.MaxNumSeqs, g.Rung.GPUMemoryUtilization)
+	}
+	if sv := d.Saved; sv != nil && !sv.OK {
+		row("saved state", "NOT SAVED since %s: %s; a restarted guard resumes rung %d (the one on disk), not rung %d",
+			at(d.Now, sv.Since), state.Cut(sv.Error, docText), sv.SavedRung, g.Rung.Index)
 	}
 	if g.Probe != "" {
 		row("probe", "%s", g.Probe)
@@ -334,13 +338,7 @@ func mib(bytesPerSec float64) string {
 	return fmt.Sprintf("%+.0f MiB", bytesPerSec/(1<<20))
 }
 
-// clean keeps a field on one line and the terminal safe: control
-// characters (escape sequences from vLLM's output included) become spaces.
-func clean(s string) string {
-	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return ' '
-		}
-		return r
-	}, s)
-}
+// clean keeps a field on one line and the terminal safe: control and
+// format characters (escape sequences from vLLM's output or a peer guard's
+// document included) become spaces (state.Clean).
+func clean(s string) string { return state.Clean(s) }

@@ -323,10 +323,10 @@ func (b *scriptBackend) Doc() control.Doc {
 	b.i++
 	return d
 }
-func (b *scriptBackend) Restart(context.Context, string) error      { return nil }
-func (b *scriptBackend) ResetProfile(context.Context, string) error { return nil }
-func (b *scriptBackend) Incidents(int) ([]state.Incident, error)    { return nil, nil }
-func (b *scriptBackend) Alive() (bool, string)                      { return true, "" }
+func (b *scriptBackend) Restart(context.Context, string) error           { return nil }
+func (b *scriptBackend) ResetProfile(context.Context, string) error      { return nil }
+func (b *scriptBackend) Incidents(int, func(state.Incident) error) error { return nil }
+func (b *scriptBackend) Alive() (bool, string)                           { return true, "" }
 
 func doc(st status.State, ooms int, fail time.Time, frac float64, alerts ...gpumon.Alert) control.Doc {
 	d := control.Doc{Guard: status.Status{State: st, Restarts: map[policy.Cause]int{policy.CauseOOM: ooms}},

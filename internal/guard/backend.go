@@ -21,6 +21,7 @@ func (g *Guard) Doc() control.Doc {
 	d := control.Doc{Version: buildinfo.Get().Version, Now: time.Now(), Guard: st, GPU: gpu, VLLM: g.stats.Latest(),
 		Alerts: control.AlertsInForce(g.alert.InForce())}
 	d.LastIncident = g.inc.Last()
+	d.Saved = g.savedDoc()
 	if g.proxy != nil {
 		st := g.proxy.Stats()
 		d.Proxy = &st
@@ -34,7 +35,9 @@ func (g *Guard) ResetProfile(ctx context.Context, peer string) error {
 	return g.sup.ResetProfile(ctx, peer)
 }
 
-func (g *Guard) Incidents(n int) ([]state.Incident, error) { return g.store.Incidents(n) }
+func (g *Guard) Incidents(n int, each func(state.Incident) error) error {
+	return g.store.EachIncident(n, each)
+}
 
 // wedgedAfter is how long the supervisor's loop may go without turning
 // before /livez calls the guard wedged (it turns at least every second).

@@ -7,8 +7,11 @@ package guard
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -54,6 +57,15 @@ type Guard struct {
 	bus   *events.Bus
 	inc   *incident.Recorder
 	jsonl *events.JSONLines // --events, nil when not asked for
+	saved savedState        // whether the state reaches state_dir
+}
+
+// savedState is whether the guard's state reaches state_dir, for status,
+// metrics and the state_not_saved alert.
+type savedState struct {
+	mu    sync.Mutex
+	doc   control.SavedState
+	alert bool // state_not_saved raised
 }
 
 // New wires a guard for cfg; extra are the arguments after "--" for vLLM.
@@ -88,6 +100,7 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 	} else if found {
 		log.Info("resuming from the saved state", zap.String("path", store.StatePath()), zap.Int("rung", pst.Rung))
 	}
+	g.saved.doc = control.SavedState{OK: true, Dir: store.Dir(), SavedRung: pst.Rung}
 	g.pol = policy.New(cfg.Policy(), pst, realClock{})
 	g.pol.SetKVCacheBytes(args.KVCacheMemoryBytes)
 
@@ -101,6 +114,11 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 	}, log.Named("gpu"))
 	// The GPU and vLLM series are read from the samplers at scrape time.
 	g.met = metrics.New(metrics.Sources{GPU: g.gpu, VLLM: g.stats})
+	if err := g.unsaved(); err != nil {
+		// Said in status and metrics now; the alert goes out from Run.
+		g.saved.doc.OK, g.saved.doc.Error, g.saved.doc.Since = false, err.Error(), time.Now()
+		g.met.SetStateSaved(false)
+	}
 
 	g.inc = incident.New(store, g.gpu.Snapshot, cfg.Log.ChildLines, cfg.GPU.SampleInterval.Duration, log.Named("incidents"))
 	// The event stream's consumers, in order: the log, then what acts on it.
@@ -167,6 +185,9 @@ func (g *Guard) Run(ctx context.Context) int {
 	// reports a failure.
 	_ = g.gpu.Open()
 	g.met.SetProfile(g.pol.Current())
+	if sv := g.savedDoc(); !sv.OK {
+		g.notSaved(errors.New(sv.Error), g.pol.Current().Index)
+	}
 	var wg sync.WaitGroup
 	gctx, cancel := context.WithCancel(context.Background())
 	background := func(f func(context.Context)) {
@@ -276,6 +297,10 @@ func (g *Guard) onEvent(e events.Event) {
 		g.onReady(e.First, e.TimeToReady)
 	case events.KindExited:
 		g.onFailure(*e.Failure)
+	case events.KindIncident:
+		if why, ok := strings.CutPrefix(e.Reason, incident.NotWritten); ok {
+			g.notSaved(fmt.Errorf("an incident record could not be written (status keeps the last one): %s", why), g.pol.Current().Index)
+		}
 	case events.KindAlert:
 		g.met.SetAlert(e.Alert.Name, e.Alert.Active)
 		g.gate.SetPressure(g.alert.InForce())
@@ -343,10 +368,70 @@ func (g *Guard) forwardGPUAlerts(ctx context.Context) {
 	}
 }
 
-func (g *Guard) savePolicy(st policy.State) {
-	if err := g.store.Save(st); err != nil {
-		g.log.Warn("could not save the guard's state: a restarted guard will start on rung 0", zap.Error(err))
+// unsaved is why nothing the guard saves reaches state_dir (nil: it does).
+func (g *Guard) unsaved() error {
+	if why := g.store.NotWritable(); why != "" {
+		return fmt.Errorf("%s cannot be written: %s", g.store.Dir(), why)
 	}
+	if !g.store.Persistent() {
+		return fmt.Errorf("%s cannot be used: the state is kept in memory only", g.store.Dir())
+	}
+	return nil
+}
+
+func (g *Guard) savePolicy(st policy.State) {
+	err := g.store.Save(st)
+	if err == nil {
+		err = g.unsaved()
+	}
+	if err != nil {
+		g.notSaved(err, st.Rung)
+		return
+	}
+	g.saved.mu.Lock()
+	was := g.saved.doc
+	g.saved.doc = control.SavedState{OK: true, Dir: g.store.Dir(), SavedRung: st.Rung}
+	clear := g.saved.alert
+	g.saved.alert = false
+	g.saved.mu.Unlock()
+	g.met.SetStateSaved(true)
+	if clear {
+		g.log.Info("the guard's state is saved again", zap.String("dir", was.Dir), zap.Int("rung", st.Rung))
+		g.alert.Send(alerts.Event{Alert: alerts.StateNotSaved, Active: false, GPU: -1, SecondsToCritical: -1,
+			Message: fmt.Sprintf("the guard's state is saved again in %s (rung %d)", was.Dir, st.Rung)})
+	}
+}
+
+// notSaved says, in status, metrics and the state_not_saved alert (not only
+// the log), that the state in force is not on disk: a restarted guard
+// resumes the saved rung, not inForce.
+func (g *Guard) notSaved(err error, inForce int) {
+	g.saved.mu.Lock()
+	d := &g.saved.doc
+	if d.OK {
+		d.Since = time.Now()
+	}
+	d.OK, d.Error = false, err.Error()
+	saved := d.SavedRung
+	raise := !g.saved.alert
+	g.saved.alert = true
+	g.saved.mu.Unlock()
+	msg := fmt.Sprintf("what the guard keeps in state_dir cannot be saved (rung %d in force): %v; a restarted guard resumes rung %d, the one on disk. Free space in or make writable %s",
+		inForce, err, saved, g.store.Dir())
+	g.log.Warn("could not save the guard's state: a restarted guard resumes the rung on disk", zap.Int("rung_in_force", inForce),
+		zap.Int("rung_on_disk", saved), zap.Error(err))
+	g.met.SetStateSaved(false)
+	if raise {
+		g.alert.Send(alerts.Event{Alert: alerts.StateNotSaved, Active: true, GPU: -1, SecondsToCritical: -1, Message: msg})
+	}
+}
+
+// savedDoc is the status document's saved_state.
+func (g *Guard) savedDoc() *control.SavedState {
+	g.saved.mu.Lock()
+	defer g.saved.mu.Unlock()
+	d := g.saved.doc
+	return &d
 }
 
 // childEnvValue is what vLLM will see for k: [vllm] env first, then the guard's.

@@ -19,6 +19,10 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/state"
 )
 
+// NotWritten begins the reason of an incident event whose record could
+// not be written; the rest says why.
+const NotWritten = "not written: "
+
 // Store is where records go (state.Store).
 type Store interface {
 	AddIncident(inc state.Incident) (path string, err error)
@@ -141,7 +145,9 @@ func (r *Recorder) Handle(e events.Event) {
 	if e.Kind != events.KindExited || e.Failure == nil {
 		return
 	}
-	inc := Assemble(*e.Failure, r.memory(), r.childLines, r.interval)
+	// Bounded at once: the record kept for status is no larger than the
+	// one written, whatever vLLM (or a client through it) printed.
+	inc := state.Bounded(Assemble(*e.Failure, r.memory(), r.childLines, r.interval))
 	if r.held != nil {
 		h := r.held()
 		inc.Held = &h
@@ -181,7 +187,7 @@ func (r *Recorder) writeAll() {
 		path, err := r.store.AddIncident(inc)
 		if err != nil {
 			r.log.Warn("could not write the incident record; status still shows it", zap.Error(err))
-			r.say(events.Event{Kind: events.KindIncident, Reason: "not written: " + err.Error()})
+			r.say(events.Event{Kind: events.KindIncident, Reason: NotWritten + err.Error()})
 			continue
 		}
 		r.log.Info("incident recorded", zap.String("path", path), zap.String("cause", string(inc.Cause)))

@@ -42,7 +42,7 @@ import (
 const Namespace = "vllm_guard"
 
 // AlertNames are every alert, in the order the series are created.
-var AlertNames = []string{"gpu_memory_warn", "gpu_memory_critical", "oom_predicted", "oom", "gave_up", "gpu_fault"}
+var AlertNames = []string{"gpu_memory_warn", "gpu_memory_critical", "oom_predicted", "oom", "gave_up", "gpu_fault", "state_not_saved"}
 
 // TimeToReadyBuckets span a small model on a fast disk (1 s) to a large one
 // pulled from a hub and compiled (1 h).
@@ -64,6 +64,7 @@ type Metrics struct {
 	kvBytes     prometheus.Gauge
 
 	alertActive *prometheus.GaugeVec
+	stateSaved  prometheus.Gauge
 }
 
 // New makes the series and registers them, with the Go runtime and process
@@ -92,6 +93,7 @@ func New(src Sources) *Metrics {
 		maxNumSeqs:  g("profile_max_num_seqs", "--max-num-seqs of the rung in force."),
 		utilization: g("profile_gpu_memory_utilization", "--gpu-memory-utilization of the rung in force."),
 		kvBytes:     g("profile_kv_cache_memory_bytes", "--kv-cache-memory-bytes of the rung in force; 0 when vLLM sizes its KV cache from gpu_memory_utilization."),
+		stateSaved:  g("state_saved", "1 while the guard's state (rung, counters) is on disk as the guard holds it; 0 when the last save failed or state_dir cannot be written (a full disk, a read-only folder): a restarted guard would resume the state on disk."),
 		alertActive: gv("alert_active", "1 while the alert is in force: a memory episode until it clears, oom until vLLM is ready again, gave_up once the guard gave up.", "alert"),
 	}
 	bi := buildinfo.Get()
@@ -105,7 +107,7 @@ func New(src Sources) *Metrics {
 		build,
 		m.state, m.ready, m.starts, m.exits, m.timeToReady,
 		m.rung, m.maxNumSeqs, m.utilization, m.kvBytes,
-		m.alertActive,
+		m.alertActive, m.stateSaved,
 		sourceCollector{src},
 	)
 	for _, s := range status.States {
@@ -117,6 +119,7 @@ func New(src Sources) *Metrics {
 	for _, a := range AlertNames {
 		m.alertActive.WithLabelValues(a)
 	}
+	m.stateSaved.Set(1)
 	return m
 }
 
@@ -155,6 +158,9 @@ func (m *Metrics) SetProfile(r policy.Rung) {
 	m.utilization.Set(r.GPUMemoryUtilization)
 	m.kvBytes.Set(float64(r.KVCacheMemoryBytes))
 }
+
+// SetStateSaved sets state_saved.
+func (m *Metrics) SetStateSaved(saved bool) { m.stateSaved.Set(b2f(saved)) }
 
 // SetAlert sets alert_active{alert}.
 func (m *Metrics) SetAlert(name string, active bool) {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 	"unicode"
@@ -23,23 +24,27 @@ import (
 // Incident is one failure of vLLM as `vllm-guard incidents` shows it and
 // as incidents/<time>-<cause>.json keeps it.
 type Incident struct {
-	ID          string        `json:"id"` // the file name without .json; set by AddIncident when empty
-	Time        time.Time     `json:"time"`
-	Cause       policy.Cause  `json:"cause"`
-	Confidence  string        `json:"confidence,omitempty"` // "high" | "low"
-	Summary     string        `json:"summary"`
-	Evidence    []policy.Line `json:"evidence"`
-	ExitCode    int           `json:"exit_code"`        // -1 when killed by a signal
-	Signal      string        `json:"signal,omitempty"` // "SIGKILL" etc.
-	Phase       policy.Phase  `json:"phase,omitempty"`
-	RungBefore  policy.Rung   `json:"rung_before"`
-	RungAfter   policy.Rung   `json:"rung_after"`
-	Action      policy.Action `json:"action"`
-	Reason      string        `json:"reason,omitempty"`
-	Delay       time.Duration `json:"-"` // written as "delay": "5s"
-	LastLines   []string      `json:"last_lines"`
-	Memory      []MemSample   `json:"memory"` // GPU memory of the last minutes, oldest first
-	MemoryTrend string        `json:"memory_trend,omitempty"`
+	ID         string        `json:"id"` // the file name without .json; set by AddIncident when empty
+	Time       time.Time     `json:"time"`
+	Cause      policy.Cause  `json:"cause"`
+	Confidence string        `json:"confidence,omitempty"` // "high" | "low"
+	Summary    string        `json:"summary"`
+	Evidence   []policy.Line `json:"evidence"`
+	ExitCode   int           `json:"exit_code"`        // -1 when killed by a signal
+	Signal     string        `json:"signal,omitempty"` // "SIGKILL" etc.
+	Phase      policy.Phase  `json:"phase,omitempty"`
+	RungBefore policy.Rung   `json:"rung_before"`
+	RungAfter  policy.Rung   `json:"rung_after"`
+	Action     policy.Action `json:"action"`
+	Reason     string        `json:"reason,omitempty"`
+	Delay      time.Duration `json:"-"` // written as "delay": "5s"
+	LastLines  []string      `json:"last_lines"`
+	// LastLinesOmitted counts the earlier lines left out of LastLines: a
+	// record keeps at most MaxRecordLinesBytes of them (escaped as JSON),
+	// the status document a few KiB.
+	LastLinesOmitted int         `json:"last_lines_omitted,omitempty"`
+	Memory           []MemSample `json:"memory"` // GPU memory of the last minutes, oldest first
+	MemoryTrend      string      `json:"memory_trend,omitempty"`
 	// GPU: for a gpu_fault, the GPU (index, UUID), the XID and its meaning,
 	// the uncorrected ECC counts before and after, whether it needs a reset.
 	GPU *policy.GPUFault `json:"gpu,omitempty"`
@@ -56,6 +61,11 @@ type Incident struct {
 	// the next death or the guard's stop, with those still going as
 	// pending); nil until then, and without the proxy.
 	Requests *DeathRequests `json:"requests,omitempty"`
+	// Unreadable is set, by the reader only, on a record it could not
+	// read: ID names its file, Time is the one in its name, and this says
+	// why (too large, not JSON, not a regular file). The record is named,
+	// never hidden.
+	Unreadable string `json:"unreadable,omitempty"`
 }
 
 // DeathRequests is what became of the requests one death of vLLM touched
@@ -160,15 +170,19 @@ func (inc *Incident) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// AddIncident writes inc to incidents/<time>-<cause>.json atomically and
-// removes the oldest records beyond MaxIncidents. A zero Time is set to
-// now. Secrets in its text (vLLM's lines, evidence) are masked first. When
-// the records are kept in memory (no usable incidents folder) it keeps the
-// record there and returns "".
+// AddIncident writes inc to incidents/<time>-<cause>.json atomically,
+// bounded (Bounded), after removing the oldest records beyond
+// MaxIncidents and MaxIncidentBytes: room is made before the write, so a
+// full disk never keeps the oldest records and drops the newest. When the
+// write still finds no room (ENOSPC, a quota) the oldest records go one by
+// one until it fits or none is left. A zero Time is set to now. Secrets in
+// its text (vLLM's lines, evidence) are masked first. When the records are
+// kept in memory (no usable incidents folder) it keeps the record there
+// and returns "".
 func (s *Store) AddIncident(inc Incident) (path string, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	inc = Redacted(inc)
+	inc = masked(inc)
 	if inc.Time.IsZero() {
 		inc.Time = s.now()
 	}
@@ -178,10 +192,7 @@ func (s *Store) AddIncident(inc Incident) (path string, err error) {
 		if inc.ID == "" {
 			inc.ID = base
 		}
-		s.memIncidents = append(s.memIncidents, inc)
-		if over := len(s.memIncidents) - s.maxIncidents(); over > 0 {
-			s.memIncidents = slices.Delete(s.memIncidents, 0, over)
-		}
+		s.addMemory(inc)
 		return "", nil
 	}
 	name := base + ".json"
@@ -195,12 +206,42 @@ func (s *Store) AddIncident(inc Incident) (path string, err error) {
 	if err != nil {
 		return "", fmt.Errorf("state: encode incident %s: %w", inc.ID, err)
 	}
+	data = append(data, '\n')
 	path = filepath.Join(s.dir, incidentsDir, name)
-	if err := writeAtomic(s.inc, name, append(data, '\n'), fileMode); err != nil {
+	s.prune(int64(len(data)))
+	for {
+		err = s.writeRecord(name, data)
+		if err == nil || !noRoom(err) || !s.pruneOldest(name) {
+			break
+		}
+	}
+	if err != nil {
 		return "", fmt.Errorf("state: incident record: %w", err)
 	}
-	s.prune()
 	return path, nil
+}
+
+// noRoom is a write that failed for want of space: the disk, a quota, a
+// file size limit.
+func noRoom(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, syscall.EFBIG)
+}
+
+// addMemory keeps a record in memory, within both bounds.
+func (s *Store) addMemory(inc Incident) {
+	size := 0
+	if data, err := json.Marshal(inc); err == nil {
+		size = len(data)
+	}
+	s.memIncidents = append(s.memIncidents, memIncident{inc, size})
+	total := 0
+	for _, m := range s.memIncidents {
+		total += m.size
+	}
+	for len(s.memIncidents) > 1 && (len(s.memIncidents) > s.maxIncidents() || int64(total) > s.maxIncidentBytes()) {
+		total -= s.memIncidents[0].size
+		s.memIncidents = slices.Delete(s.memIncidents, 0, 1)
+	}
 }
 
 // UpdateIncident rewrites the record of the failure at the time at (of
@@ -213,9 +254,9 @@ func (s *Store) UpdateIncident(at time.Time, cause policy.Cause, update func(*In
 	at = at.UTC()
 	if s.inc == nil {
 		for i := range s.memIncidents {
-			if inc := &s.memIncidents[i]; inc.Time.Equal(at) && inc.Cause == cause {
+			if inc := &s.memIncidents[i].inc; inc.Time.Equal(at) && inc.Cause == cause {
 				update(inc)
-				*inc = Redacted(*inc)
+				*inc = masked(*inc)
 				return true, nil
 			}
 		}
@@ -229,7 +270,7 @@ func (s *Store) UpdateIncident(at time.Time, cause policy.Cause, update func(*In
 		if i > 1 {
 			name = fmt.Sprintf("%s-%d.json", base, i)
 		}
-		data, err := readCapped(s.inc, name, maxIncidentBytes)
+		data, err := readCapped(s.inc, name, MaxRecordFileBytes)
 		if errors.Is(err, os.ErrNotExist) {
 			return false, nil
 		}
@@ -244,10 +285,10 @@ func (s *Store) UpdateIncident(at time.Time, cause policy.Cause, update func(*In
 			continue
 		}
 		update(&inc)
-		if data, err = json.MarshalIndent(Redacted(inc), "", "  "); err != nil {
+		if data, err = json.MarshalIndent(masked(inc), "", "  "); err != nil {
 			return false, fmt.Errorf("state: encode incident %s: %w", inc.ID, err)
 		}
-		if err := writeAtomic(s.inc, name, append(data, '\n'), fileMode); err != nil {
+		if err := s.writeRecord(name, append(data, '\n')); err != nil {
 			return false, fmt.Errorf("state: incident record: %w", err)
 		}
 		return true, nil
@@ -284,21 +325,95 @@ func (s *Store) maxIncidents() int {
 	return s.MaxIncidents
 }
 
-// prune removes the oldest records beyond the bound. File names start with
-// a fixed-width UTC time, so name order is time order. Only regular files
+func (s *Store) maxIncidentBytes() int64 {
+	if s.MaxIncidentBytes <= 0 {
+		return DefaultMaxIncidentBytes
+	}
+	return s.MaxIncidentBytes
+}
+
+// writeRecord writes one record file atomically (the tests' fault seam).
+func (s *Store) writeRecord(name string, data []byte) error {
+	if s.failWrite != nil {
+		if err := s.failWrite(name); err != nil {
+			return err
+		}
+	}
+	return writeAtomic(s.inc, name, data, fileMode)
+}
+
+// record is one incident file and its size.
+type record struct {
+	name string
+	size int64
+}
+
+// records lists the incident files with their sizes, oldest first.
+func (s *Store) records() ([]record, error) {
+	entries, err := readDir(s.inc)
+	if err != nil {
+		return nil, err
+	}
+	var out []record
+	for _, e := range entries {
+		n := e.Name()
+		if !e.Type().IsRegular() || !strings.HasSuffix(n, ".json") || strings.HasPrefix(n, ".") {
+			continue
+		}
+		var size int64
+		if fi, err := e.Info(); err == nil {
+			size = fi.Size()
+		}
+		out = append(out, record{n, size})
+	}
+	slices.SortFunc(out, func(a, b record) int { return strings.Compare(a.name, b.name) })
+	return out, nil
+}
+
+// prune removes the oldest records until one more of incoming bytes fits
+// within both bounds (MaxIncidents, MaxIncidentBytes). It runs before the
+// write, whatever the write then does. File names start with a
+// fixed-width UTC time, so name order is time order. Only regular files
 // inside the incidents folder itself are ever removed.
-func (s *Store) prune() {
+func (s *Store) prune(incoming int64) {
 	dir := filepath.Join(s.dir, incidentsDir)
-	names, err := recordNames(s.inc)
+	recs, err := s.records()
 	if err != nil {
 		s.log.Warn("cannot list incident records to prune them", zap.String("dir", dir), zap.Error(err))
 		return
 	}
-	for _, n := range names[:max(0, len(names)-s.maxIncidents())] {
-		if err := s.inc.Remove(n); err != nil && !errors.Is(err, os.ErrNotExist) {
-			s.log.Warn("cannot remove an old incident record", zap.String("file", filepath.Join(dir, n)), zap.Error(err))
+	var total int64
+	for _, r := range recs {
+		total += r.size
+	}
+	for len(recs) > 0 && (len(recs)+1 > s.maxIncidents() || total+incoming > s.maxIncidentBytes()) {
+		s.remove(recs[0].name)
+		total -= recs[0].size
+		recs = recs[1:]
+	}
+}
+
+// pruneOldest removes the oldest record but keep; false when there is none.
+func (s *Store) pruneOldest(keep string) bool {
+	recs, err := s.records()
+	if err != nil {
+		return false
+	}
+	for _, r := range recs {
+		if r.name != keep {
+			s.log.Warn("no room for the new incident record: removing the oldest", zap.String("file", filepath.Join(s.dir, incidentsDir, r.name)))
+			return s.remove(r.name)
 		}
 	}
+	return false
+}
+
+func (s *Store) remove(name string) bool {
+	if err := s.inc.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.log.Warn("cannot remove an old incident record", zap.String("file", filepath.Join(s.dir, incidentsDir, name)), zap.Error(err))
+		return false
+	}
+	return true
 }
 
 // recordNames lists the incident files, oldest first.
@@ -317,45 +432,88 @@ func recordNames(root *os.Root) ([]string, error) {
 	return names, nil
 }
 
-// Incidents returns up to n records (all when n ≤ 0), newest first. A file
-// that cannot be read or decoded is skipped with a warning in the log.
+// Incidents returns up to n records (all when n ≤ 0), newest first; see
+// EachIncident. It holds them all: for tests and small n.
 func (s *Store) Incidents(n int) ([]Incident, error) {
+	var out []Incident
+	err := s.EachIncident(n, func(inc Incident) error {
+		out = append(out, inc)
+		return nil
+	})
+	return out, err
+}
+
+// EachIncident hands up to n records (all when n ≤ 0), newest first (by
+// file name, which is the record's time), to each, one at a time: it never
+// holds more than one record. A file that cannot be read or decoded (too
+// large, torn, not a regular file) is handed on as a record with
+// Unreadable saying why, named by its file. An error from each stops it.
+func (s *Store) EachIncident(n int, each func(Incident) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.inc == nil {
-		out := slices.Clone(s.memIncidents)
-		slices.Reverse(out)
-		if n > 0 && len(out) > n {
-			out = out[:n]
+	root, k := s.inc, 0
+	if root == nil {
+		for i := len(s.memIncidents) - 1; i >= 0 && (n <= 0 || k < n); i, k = i-1, k+1 {
+			if err := each(s.memIncidents[i].inc); err != nil {
+				return err
+			}
 		}
-		return out, nil
+		if root = s.incRead; root == nil {
+			return nil
+		}
 	}
 	dir := filepath.Join(s.dir, incidentsDir)
-	names, err := recordNames(s.inc)
+	names, err := recordNames(root)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("state: list incident records in %s: %w", dir, err)
+		return fmt.Errorf("state: list incident records in %s: %w", dir, err)
 	}
-	var out []Incident
-	for i := len(names) - 1; i >= 0 && (n <= 0 || len(out) < n); i-- {
-		data, err := readCapped(s.inc, names[i], maxIncidentBytes)
-		var inc Incident
-		if err == nil {
-			err = json.Unmarshal(data, &inc)
-		}
+	for i := len(names) - 1; i >= 0 && (n <= 0 || k < n); i, k = i-1, k+1 {
+		inc, err := s.readRecord(root, names[i])
 		if err != nil {
-			s.log.Warn("skipping an unreadable incident record", zap.String("file", filepath.Join(dir, names[i])), zap.Error(err))
-			continue
+			s.log.Warn("an incident record cannot be read", zap.String("file", filepath.Join(dir, names[i])), zap.Error(err))
+			inc = unreadable(names[i], err)
 		}
-		// Records written before masking existed may hold secrets.
-		out = append(out, Redacted(inc))
+		if err := each(inc); err != nil {
+			return err
+		}
 	}
-	// Records written by hand or by another version may not match their
-	// names; the recorded time decides.
-	slices.SortStableFunc(out, func(a, b Incident) int { return b.Time.Compare(a.Time) })
-	return out, nil
+	return nil
+}
+
+// readRecord reads and decodes one record, streaming from the file (no
+// copy of its bytes besides the decoder's): at most MaxRecordFileBytes.
+func (s *Store) readRecord(root *os.Root, name string) (Incident, error) {
+	f, size, err := openCapped(root, name, MaxRecordFileBytes)
+	if err != nil {
+		return Incident{}, err
+	}
+	defer f.Close()
+	var inc Incident
+	dec := json.NewDecoder(io.LimitReader(f, size))
+	if err := dec.Decode(&inc); err != nil {
+		return Incident{}, fmt.Errorf("not a readable record (%v); look at it with jq, or remove it", err)
+	}
+	// Records written before masking and bounds existed may hold secrets
+	// and megabytes of lines.
+	return masked(inc), nil
+}
+
+// unreadable is the record that names a file the reader could not read.
+func unreadable(name string, err error) Incident {
+	id := strings.TrimSuffix(name, ".json")
+	inc := Incident{ID: id, Unreadable: oneLine(err.Error())}
+	if len(id) >= len("20060102T150405.000000Z") {
+		if t, perr := time.Parse("20060102T150405.000000Z", id[:len("20060102T150405.000000Z")]); perr == nil {
+			inc.Time = t
+		}
+	}
+	if i := strings.IndexByte(id, '-'); i > 0 {
+		inc.Cause = policy.Cause(strings.TrimRightFunc(id[i+1:], func(r rune) bool { return r == '-' || r >= '0' && r <= '9' }))
+	}
+	return inc
 }
 
 func fileSafe(s string) string {
@@ -376,30 +534,67 @@ const evidenceWidth = 100
 // WriteIncidents writes the `vllm-guard incidents` table: time, cause, rung
 // before → after, memory trend and the first evidence line.
 func WriteIncidents(w io.Writer, incs []Incident) error {
-	if len(incs) == 0 {
+	var t IncidentTable
+	for _, inc := range incs {
+		t.Add(inc)
+	}
+	return t.Write(w)
+}
+
+// IncidentTable is the `vllm-guard incidents` table built one record at a
+// time: it keeps each row's cells (a few hundred bytes), never the record.
+type IncidentTable struct {
+	rows [][6]string
+}
+
+// Add puts inc's row in the table. A record that could not be read gets a
+// row that names its file and says why.
+func (t *IncidentTable) Add(inc Incident) {
+	when := "-"
+	if !inc.Time.IsZero() {
+		when = inc.Time.UTC().Format("2006-01-02 15:04:05")
+	}
+	cause := oneLine(string(inc.Cause))
+	if cause == "" {
+		cause = "-"
+	}
+	if inc.Unreadable != "" {
+		t.rows = append(t.rows, [6]string{when, cause, "-", "-", "-",
+			bounded("UNREADABLE record "+oneLine(inc.ID)+": "+oneLine(inc.Unreadable), 2*evidenceWidth)})
+		return
+	}
+	after := rung(inc.RungAfter)
+	if inc.Action == policy.ActionGiveUp {
+		after = "gave up"
+	}
+	trend := oneLine(inc.MemoryTrend)
+	if trend == "" {
+		trend = "-"
+	}
+	t.rows = append(t.rows, [6]string{when, cause, rung(inc.RungBefore) + " → " + after,
+		bounded(trend, evidenceWidth), inc.Requests.Line(), evidence(inc)})
+}
+
+// Write writes the table (or "no incidents recorded").
+func (t *IncidentTable) Write(w io.Writer) error {
+	if len(t.rows) == 0 {
 		_, err := io.WriteString(w, "no incidents recorded\n")
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "TIME (UTC)\tCAUSE\tRUNG (max_num_seqs, gpu_util)\tMEMORY\tREQUESTS\tEVIDENCE")
-	for _, inc := range incs {
-		after := rung(inc.RungAfter)
-		if inc.Action == policy.ActionGiveUp {
-			after = "gave up"
-		}
-		trend := oneLine(inc.MemoryTrend)
-		if trend == "" {
-			trend = "-"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s → %s\t%s\t%s\t%s\n",
-			inc.Time.UTC().Format("2006-01-02 15:04:05"),
-			oneLine(string(inc.Cause)),
-			rung(inc.RungBefore), after,
-			trend,
-			inc.Requests.Line(),
-			evidence(inc))
+	for _, r := range t.rows {
+		fmt.Fprintln(tw, strings.Join(r[:], "\t"))
 	}
 	return tw.Flush()
+}
+
+// bounded cuts s to width runes, "…" where cut.
+func bounded(s string, width int) string {
+	if r := []rune(s); len(r) > width {
+		return string(r[:width-1]) + "…"
+	}
+	return s
 }
 
 // Line is the requests a death touched and what became of them, in one
@@ -452,19 +647,24 @@ func evidence(inc Incident) string {
 	if s == "" {
 		return "-"
 	}
-	if r := []rune(s); len(r) > evidenceWidth {
-		s = string(r[:evidenceWidth-1]) + "…"
-	}
-	return s
+	return bounded(s, evidenceWidth)
 }
 
-// oneLine keeps a table cell on one line: tabs, newlines and other control
-// characters from vLLM's output become spaces.
-func oneLine(s string) string {
+// oneLine keeps a table cell on one line and the terminal safe: tabs,
+// newlines and other control characters (C0 and C1: escape sequences) from
+// vLLM's output become spaces, and so do the invisible format characters
+// (bidirectional overrides) that could make a line read as another.
+func oneLine(s string) string { return Clean(s) }
+
+// Clean makes text from another process safe to print on a terminal:
+// every control character (C0, C1, DEL) and format character (Cf:
+// bidirectional overrides, zero-width) becomes a space, invalid UTF-8 a
+// U+FFFD.
+func Clean(s string) string {
 	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
 			return ' '
 		}
 		return r
-	}, s)
+	}, strings.ToValidUTF8(s, "\uFFFD"))
 }

@@ -45,11 +45,9 @@ const (
 	dirMode  os.FileMode = 0o750
 	fileMode os.FileMode = 0o640
 
-	// Bounds of a read: state.json is a few KiB, an incident record at most
-	// a few MiB (child_lines lines of up to 16 KiB). Anything larger is not
-	// ours.
-	maxStateBytes    = 4 << 20
-	maxIncidentBytes = 32 << 20
+	// Bounds of a read: state.json is a few KiB (an incident record:
+	// MaxRecordFileBytes). Anything larger is not ours.
+	maxStateBytes = 4 << 20
 )
 
 // WriteFileAtomic replaces path with data: a temp file in the same directory
@@ -186,6 +184,9 @@ type Store struct {
 	// MaxIncidents is how many incident records are kept; the oldest beyond
 	// it are removed when a new one is added. Open sets DefaultMaxIncidents.
 	MaxIncidents int
+	// MaxIncidentBytes bounds the records' files together; the oldest go
+	// first. Open sets DefaultMaxIncidentBytes.
+	MaxIncidentBytes int64
 
 	dir        string
 	persistent bool     // state.json on disk
@@ -194,9 +195,23 @@ type Store struct {
 	log        *zap.Logger
 
 	mu           sync.Mutex
-	memState     []byte     // in-memory mode: the last Save
-	memIncidents []Incident // records not on disk: oldest first
+	memState     []byte        // in-memory mode: the last Save
+	memIncidents []memIncident // records not on disk: oldest first
 	now          func() time.Time
+	// readOnly: dir can be read but not written (a read-only mount, a
+	// full or foreign folder): state.json is read from it, Save keeps the
+	// new state in memory and fails, saying the saved one stays in force.
+	readOnly error
+	// incRead: dir/incidents of a read-only dir, read only.
+	incRead *os.Root
+	// failWrite, when set, is asked before each record write (tests).
+	failWrite func(name string) error
+}
+
+// memIncident is a record kept in memory and the size of its JSON.
+type memIncident struct {
+	inc  Incident
+	size int
 }
 
 // Open prepares dir (mode 0750) and dir/incidents. When dir cannot be
@@ -216,8 +231,23 @@ func Open(dir string, log *zap.Logger) (*Store, []string, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	s := &Store{MaxIncidents: DefaultMaxIncidents, dir: dir, log: log, now: time.Now}
+	s := &Store{MaxIncidents: DefaultMaxIncidents, MaxIncidentBytes: DefaultMaxIncidentBytes, dir: dir, log: log, now: time.Now}
 	root, err := openStateDir(dir)
+	if errors.Is(err, errNotWritable) {
+		// The saved state is still the one a restarted guard resumes: read
+		// it, and keep it in force.
+		if ro, rerr := os.OpenRoot(dir); rerr == nil {
+			s.root, s.readOnly = ro, err
+			// The records already there are still listed (after the new
+			// ones, kept in memory); a symlink is not followed.
+			if fi, lerr := ro.Lstat(incidentsDir); lerr == nil && fi.IsDir() {
+				if inc, oerr := ro.OpenRoot(incidentsDir); oerr == nil {
+					s.incRead = inc
+				}
+			}
+			return s, []string{fmt.Sprintf("state: %s cannot be written (%v): the saved state (rung) is read and stays in force, but nothing new is saved and new incident records are kept in memory only. Make the folder writable by the guard", dir, err)}, nil
+		}
+	}
 	if err != nil {
 		return s, []string{fmt.Sprintf("state: cannot use %s (%v); running without persistence: the rung and the incident records will not survive a restart of the guard. Fix the directory's ownership or permissions, or set [control] state_dir to a writable directory", dir, err)}, nil
 	}
@@ -257,10 +287,13 @@ func openStateDir(dir string) (*os.Root, error) {
 	}
 	if err := probeWritable(root); err != nil {
 		root.Close()
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", errNotWritable, err)
 	}
 	return root, nil
 }
+
+// errNotWritable is a state folder that opens but takes no new file.
+var errNotWritable = errors.New("not writable")
 
 // openIncidentsDir opens root/incidents, creating it 0750 when missing. A
 // symlink there is refused: following it let pruning remove another
@@ -377,12 +410,12 @@ func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var errs []error
-	for _, r := range []*os.Root{s.inc, s.root} {
+	for _, r := range []*os.Root{s.inc, s.incRead, s.root} {
 		if r != nil {
 			errs = append(errs, r.Close())
 		}
 	}
-	s.inc, s.root, s.persistent = nil, nil, false
+	s.inc, s.incRead, s.root, s.persistent = nil, nil, nil, false
 	return errors.Join(errs...)
 }
 
@@ -392,6 +425,19 @@ func (s *Store) Dir() string { return s.dir }
 // Persistent reports whether the Store writes state.json to disk (false:
 // memory only).
 func (s *Store) Persistent() bool { return s.persistent }
+
+// NotWritable says why the state folder cannot be written ("" when it
+// can): the saved state was read from it and stays in force.
+func (s *Store) NotWritable() string {
+	if s.readOnly == nil {
+		return ""
+	}
+	return s.readOnly.Error()
+}
+
+// RecordsReadable reports whether incident records can be read from
+// dir/incidents (written there, or a read-only folder's).
+func (s *Store) RecordsReadable() bool { return s.inc != nil || s.incRead != nil }
 
 // IncidentsOnDisk reports whether incident records are written to
 // dir/incidents (false: kept in memory).
@@ -408,6 +454,18 @@ func (s *Store) StatePath() string { return filepath.Join(s.dir, stateFile) }
 func (s *Store) Load(v any) (found bool, warning string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.persistent && s.readOnly != nil && s.memState == nil {
+		data, err := readCapped(s.root, stateFile, maxStateBytes)
+		if errors.Is(err, fs.ErrNotExist) {
+			return false, ""
+		}
+		if err == nil {
+			if err = json.Unmarshal(data, v); err == nil {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("state: %s is unreadable (%v) and the folder is not writable, so it stays; starting from defaults (rung 0)", s.StatePath(), err)
+	}
 	if !s.persistent {
 		if s.memState == nil {
 			return false, ""
@@ -451,6 +509,9 @@ func (s *Store) Save(v any) error {
 	defer s.mu.Unlock()
 	if !s.persistent {
 		s.memState = data
+		if s.readOnly != nil {
+			return fmt.Errorf("state: save: %s is not writable (%w); the new state is kept in memory only", s.dir, s.readOnly)
+		}
 		return nil
 	}
 	if err := writeAtomic(s.root, stateFile, data, fileMode); err != nil {

@@ -286,14 +286,20 @@ func TestIncidentsOrderPruneAndSkip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The torn record is named (its file, its time and cause from the
+	// name, why), not hidden; then the others, newest first.
+	if len(incs) != 4 || incs[0].ID != "20990101T000000.000000Z-oom" || incs[0].Cause != policy.CauseOOM ||
+		incs[0].Time.Year() != 2099 || !strings.Contains(incs[0].Unreadable, "not a readable record") {
+		t.Fatalf("the torn record is not named first: %+v", incs)
+	}
 	var mins []int
-	for _, inc := range incs {
+	for _, inc := range incs[1:] {
 		mins = append(mins, int(inc.Time.Sub(base)/time.Minute))
 	}
 	if len(mins) != 3 || mins[0] != 4 || mins[1] != 4 || mins[2] != 3 {
 		t.Errorf("incidents newest first: minutes %v, want [4 4 3]", mins)
 	}
-	if logs.FilterMessage("skipping an unreadable incident record").Len() != 1 {
+	if logs.FilterMessage("an incident record cannot be read").Len() != 1 {
 		t.Errorf("no warning for the unreadable record: %v", logs.All())
 	}
 	if incs, _ := s.Incidents(2); len(incs) != 2 {

@@ -96,6 +96,12 @@ func (m *machine) onRequest(r request, sink *logSink) {
 	}
 	switch r.kind {
 	case "restart":
+		if m.stopAsked {
+			// The final stop: nothing will start again, so saying "will be
+			// restarted" would be a lie.
+			r.reply <- fmt.Errorf("the guard is stopping (asked to stop); vLLM will not be restarted: start the guard again (systemctl start) once it has stopped")
+			return
+		}
 		s.log.Info("operator asked for a restart", zap.String("peer", r.peer))
 		r.reply <- nil
 		switch m.sub {

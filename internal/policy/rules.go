@@ -243,6 +243,11 @@ var rules = []rule{
 	{"exited with exit code", CauseCrash, scoreDied}, // a platform's word for a worker's death
 }
 
+// kernelRules are the kernel's own lines (NVRM's XID report): evidence
+// in a saved journal, never in vLLM's output, where they can only be a
+// quote.
+var kernelRules = map[string]bool{"fallen off the bus": true, "Xid (PCI:": true}
+
 // shmStall is vLLM's shared-memory broadcast warning (see rules).
 const shmStall = "No available shared memory broadcast block found"
 

@@ -127,7 +127,11 @@ type parsed struct {
 	msg    string
 }
 
-func parseLine(text string) parsed {
+// parseLine cuts a line into its parts. On stderr a logger header is not
+// cut: vLLM's logger writes to stdout (VLLM_LOGGING_STREAM's default), so
+// a line on stderr that looks like one of its records is raw text, maybe
+// a client's inside a traceback's message.
+func parseLine(text, stream string) parsed {
 	s := strings.TrimRight(vllmlog.StripANSI(text), "\r\n ")
 	s, _ = vllmlog.CutWrapper(s)
 	var p parsed
@@ -139,10 +143,19 @@ func parseLine(text string) parsed {
 		p.proc += "(" + proc + ")"
 		s = r
 	}
+	if stream == "stderr" {
+		p.msg = s
+		return p
+	}
 	if r, _, ok := vllmlog.CutLevel(s); ok {
 		p.header = s[:len(s)-len(r)]
 		s = r
+		// The prefix after the level (journal-era lines); after a
+		// prefix already cut, what follows the header is the message.
 		for range 2 {
+			if p.proc != "" {
+				break
+			}
 			r, proc, ok := vllmlog.CutProcess(s)
 			if !ok {
 				break
@@ -156,13 +169,25 @@ func parseLine(text string) parsed {
 }
 
 // provenance gives each line from start its origin.
+//
+// A traceback's exception message is printed as it is, newlines and all:
+// a request's text in it can write lines that look like anything (a
+// traceback header, a logger record, NCCL's words). So a traceback that is
+// not fatal quarantines what follows it: a header while its exception
+// message may still go on inherits its fatality (Python prints a chained
+// traceback only after a chainer line), and after a raw traceback (uvicorn's
+// "Exception in ASGI application", printed without vLLM's formatter) no
+// raw line of that stream is evidence again in this run: where its message
+// ends cannot be told.
 func provenance(lines []Line, start int) []origin {
 	out := make([]origin, len(lines))
 	tbs := map[string]*tbState{}
-	prevProc := map[string]string{} // the last message of each process
-	prevRec := map[string]string{}  // the last message of each process and logger header
+	prevProc := map[string]string{}  // the last message of each process
+	prevRec := map[string]string{}   // the last message of each process and logger header
+	quarantined := map[string]bool{} // by stream
+	prevRaw := map[string]string{}   // the last raw message of each stream
 	for i := start; i < len(lines); i++ {
-		p := parseLine(lines[i].Text)
+		p := parseLine(lines[i].Text, lines[i].Stream)
 		key := p.proc + "\x00" + p.header
 		tb := tbs[key]
 		msg := p.msg
@@ -171,16 +196,30 @@ func provenance(lines []Line, start int) []origin {
 		if p.header != "" {
 			last = prevRec[key]
 		}
+		raw := p.header == ""
+		if raw {
+			// uvicorn's announcement and Python's traceback are two
+			// writes to one stream, the first maybe with a process
+			// prefix, the second without.
+			if prev := prevRaw[lines[i].Stream]; hasAnyPrefix(prev, handledAnnouncers) {
+				last = prev
+			}
+			prevRaw[lines[i].Stream] = strings.TrimPrefix(strings.TrimLeft(msg, " "), "ERROR:    ")
+		}
 		prevProc[p.proc], prevRec[key] = msg, msg
+		if raw && quarantined[lines[i].Stream] {
+			continue
+		}
 		switch {
 		case vllmlog.IsTracebackHeader(trimmed):
 			fatal := false
 			switch {
-			case tb != nil && tb.chained:
+			case tb != nil && (tb.chained || tb.exc || tb.in):
 				fatal = tb.fatal
-			case p.header != "":
-				// logger.exception: the record's first line announces it.
-				fatal = hasAnyPrefix(last, fatalAnnouncers)
+			case !raw:
+				// logger.exception: the record's first line announces
+				// it, at one of the engine's own sites.
+				fatal = hasAnyPrefix(last, fatalAnnouncers) && engineSite(p.header)
 			default:
 				fatal = !hasAnyPrefix(strings.TrimPrefix(strings.TrimLeft(last, " "), "ERROR:    "), handledAnnouncers)
 			}
@@ -190,6 +229,8 @@ func provenance(lines []Line, start int) []origin {
 		case tb != nil && hasAnyPrefix(trimmed, chainers):
 			tb.in, tb.exc, tb.chained = false, false, true
 			continue
+		case tb != nil && tb.chained && trimmed == "":
+			continue
 		case tb != nil && tb.in && (isFrame(msg) || strings.HasPrefix(msg, "    ") || trimmed == "" || isCarets(trimmed)):
 			out[i] = origin{body: true, fatal: tb.fatal}
 			continue
@@ -198,18 +239,15 @@ func provenance(lines []Line, start int) []origin {
 			tb.in, tb.exc = false, true
 			if tb.fatal {
 				out[i] = origin{own: ownText(msg), fatal: true}
+			} else if raw {
+				quarantined[lines[i].Stream] = true
 			}
 			continue
-		case tb != nil && tb.exc && p.header == "" && !isUvicorn(msg):
-			// The exception's message went on over more lines (NCCL's
+		case tb != nil && tb.exc && (!raw || !isUvicorn(msg)):
+			// The exception's message going on over more lines (NCCL's
 			// "ncclUnhandledCudaError: …" / "Cuda failure 2 'out of
-			// memory'", pydantic's field lines).
-			if tb.fatal {
-				out[i] = origin{own: ownText(msg), fatal: true}
-			}
-			continue
-		case tb != nil && tb.exc && p.header != "":
-			// The same logger record going on: a continuation too.
+			// memory'", pydantic's field lines), or the same logger
+			// record going on.
 			if tb.fatal {
 				out[i] = origin{own: ownText(msg), fatal: true}
 			}
@@ -219,13 +257,16 @@ func provenance(lines []Line, start int) []origin {
 			delete(tbs, key)
 		}
 		switch {
-		case p.header != "" && engineSite(p.header) && isExceptionLine(msg):
+		case !raw && engineSite(p.header) && isExceptionLine(msg):
 			// An exception line of the engine's own logger record whose
 			// first lines the excerpt cut: the engine's fatal error.
 			tbs[key] = &tbState{exc: true, fatal: true}
 			out[i] = origin{own: ownText(msg), fatal: true}
-		case p.header != "":
-			if hasAnyPrefix(msg, startupFacts) {
+		case !raw:
+			// A client's text with a newline in it goes on in a line
+			// of its own under the same header (vLLM's formatter
+			// repeats it): only the engine's own sites count.
+			if hasAnyPrefix(msg, startupFacts) && engineSite(p.header) {
 				out[i] = origin{own: msg, fatal: true}
 			}
 		case isUvicorn(msg):
@@ -247,8 +288,7 @@ func provenance(lines []Line, start int) []origin {
 			out[i] = origin{own: ownText(msg), fatal: true}
 		default:
 			// A line a runtime printed from its start (NCCL, c10,
-			// faulthandler, a bare exception line): no client writes a
-			// line's start.
+			// faulthandler): no client writes a line's start.
 			out[i] = origin{own: ownText(msg), fatal: true}
 		}
 	}
@@ -326,7 +366,8 @@ func isExceptionLine(msg string) bool {
 // exception handlers; see docs/how-it-decides.md).
 var engineFiles = []string{"core.py", "multiproc_executor.py", "gpu_worker.py", "gpu_model_runner.py", "model_runner.py",
 	"worker.py", "worker_base.py", "llm_engine.py", "engine.py", "ray_distributed_executor.py", "ray_utils.py",
-	"multiproc_worker_utils.py", "cpu_worker.py", "kv_cache_utils.py", "model_runner_base.py", "cuda.py", "parallel_state.py"}
+	"multiproc_worker_utils.py", "cpu_worker.py", "kv_cache_utils.py", "model_runner_base.py", "cuda.py", "parallel_state.py",
+	"shm_broadcast.py", "ray_executor_v2.py", "executor_base.py", "gpu_executor.py", "cache_engine.py", "block_manager.py"}
 
 // engineSite reports whether a logger header ("ERROR 06-02 09:39:03
 // [core.py:396] ") names one of engineFiles.
@@ -338,8 +379,8 @@ func engineSite(header string) bool {
 		return false
 	}
 	h = h[:c]
-	if i := strings.LastIndexAny(h, "[ "); i >= 0 {
-		h = h[i+1:]
+	if i := strings.LastIndexAny(h, "[ /"); i >= 0 {
+		h = h[i+1:] // the file's name (vLLM may print a path)
 	}
 	for _, f := range engineFiles {
 		if h == f {

@@ -1,0 +1,303 @@
+package policy
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+// Issue 41: vLLM quotes its clients in its own lines. clientFamilies are
+// those lines as vLLM 0.32.0 prints them (docs/how-it-decides.md, "Lines
+// that quote a client", names each site), with X where the client's text
+// goes; each renders a payload the way its site does: repr'd (a newline
+// becomes \n), or raw, where vLLM's formatter repeats the record's header
+// on every line of a newline-bearing message, or a traceback's exception
+// message that Python prints as it is.
+type clientFamily struct {
+	name   string
+	render func(x string) []string
+	raw    bool // printed on stderr without vLLM's formatter (uvicorn's errors, tracebacks)
+}
+
+const (
+	apiProc = "(APIServer pid=41) "
+	engProc = "(EngineCore_DP0 pid=77) "
+)
+
+// record renders one record of vLLM's logger: every line of msg under the
+// same header (vllm/logging_utils/formatter.py NewLineFormatter).
+func record(proc, header, msg string) []string {
+	var out []string
+	for _, l := range strings.Split(msg, "\n") {
+		out = append(out, proc+header+l)
+	}
+	return out
+}
+
+// pyRepr is Python's repr of a str, enough for the test: quotes and
+// escapes of newlines and backslashes.
+func pyRepr(s string) string {
+	s = strings.ReplaceAll(s, `\`, `\\`)
+	s = strings.ReplaceAll(s, "\n", `\n`)
+	s = strings.ReplaceAll(s, "\r", `\r`)
+	s = strings.ReplaceAll(s, "'", `\'`)
+	return "'" + s + "'"
+}
+
+func oneLine(s string) string { return strings.NewReplacer("\n", " ", "\r", " ").Replace(s) }
+
+var clientFamilies = []clientFamily{
+	// entrypoints/openai/chat_completion/serving.py:274 (and responses,
+	// batch, render, token_in_token_out): an ErrorResponse's str, its
+	// message from entrypoints/serve/engine/serving.py:213.
+	{"Error with model (model name)", func(x string) []string {
+		return record(apiProc, "ERROR 12-06 07:00:00 [serving.py:274] ",
+			"Error with model error=ErrorInfo(message="+pyRepr("The model `"+x+"` does not exist.")+", type='NotFoundError', param='model', code=404)")
+	}, false},
+	// v1/engine/async_llm.py:578 with --enable-log-requests: X-Request-Id
+	// (a header: no newline).
+	{"Added request (X-Request-Id)", func(x string) []string {
+		return record(apiProc, "INFO 12-06 07:00:00 [async_llm.py:578] ", "Added request "+oneLine(x)+".")
+	}, false},
+	{"Aborted request(s) (X-Request-Id)", func(x string) []string {
+		return record(apiProc, "INFO 12-06 07:00:00 [async_llm.py:922] ", "Aborted request(s) "+oneLine(x)+".")
+	}, false},
+	// v1/engine/async_llm.py:795: the request id and an exception's str.
+	{"Request failed (bad request)", func(x string) []string {
+		return record(apiProc, "INFO 12-06 07:00:00 [async_llm.py:795] ", "Request "+oneLine(x)+" failed (bad request): "+x+".")
+	}, false},
+	// entrypoints/serve/utils/request_logger.py:65.
+	{"Received request", func(x string) []string {
+		return record(apiProc, "INFO 12-06 07:00:00 [request_logger.py:65] ",
+			"Received request "+oneLine(x)+": params: SamplingParams(n=1), lora_request: "+pyRepr(x)+".")
+	}, false},
+	// uvicorn's access line: the client field (X-Forwarded-For behind
+	// 127.0.0.1) and the path.
+	{"uvicorn access line", func(x string) []string {
+		return []string{`INFO:     ` + oneLine(x) + `:0 - "GET /` + oneLine(x) + ` HTTP/1.1" 404 Not Found`}
+	}, false},
+	// entrypoints/openai/models/serving.py:226, 339: LoRA names and paths.
+	{"LoRA adapter", func(x string) []string {
+		return append(record(apiProc, "INFO 12-06 07:00:00 [serving.py:226] ", "Loaded new LoRA adapter: name '"+x+"', path '"+x+"'"),
+			record(apiProc, "WARNING 12-06 07:00:00 [serving.py:339] ", "Failed to load LoRA '"+x+"' resolved by r: "+x+". Trying next resolver.")...)
+	}, false},
+	// renderers/hf.py:839: a template error's str, raw.
+	{"Chat template rejected", func(x string) []string {
+		return record(apiProc, "WARNING 12-06 07:00:00 [hf.py:839] ", "Chat template rejected the request: "+x)
+	}, false},
+	// entrypoints/serve/exception_handling/handlers/vllm_error.py:54:
+	// logger.exception, the exception's message built from the request.
+	{"Engine Exception caught (handled traceback)", func(x string) []string {
+		return record(apiProc, "ERROR 12-06 07:00:00 [vllm_error.py:54] ",
+			"Engine Exception caught. Request id: "+oneLine(x)+"\nTraceback (most recent call last):\n"+
+				`  File "/usr/lib/python3.12/site-packages/vllm/v1/engine/async_llm.py", line 640, in generate`+"\n    raise ValueError(msg)\nValueError: "+x)
+	}, false},
+	// uvicorn's "Exception in ASGI application": the traceback raw under
+	// the process prefix, the message as Python prints it.
+	{"Exception in ASGI application", func(x string) []string {
+		out := []string{"ERROR:    Exception in ASGI application", "Traceback (most recent call last):",
+			`  File "/usr/lib/python3.12/site-packages/starlette/routing.py", line 74, in app`, "    response = await f(request)"}
+		for _, l := range strings.Split("ValueError: "+x, "\n") {
+			out = append(out, l)
+		}
+		return out
+	}, true},
+	// v1/engine/core.py:2056: the engine's handled error for one request.
+	{"Unexpected error pre-processing request", func(x string) []string {
+		return record(engProc, "ERROR 12-06 07:00:00 [core.py:2056] ",
+			"Unexpected error pre-processing request "+oneLine(x)+"\nTraceback (most recent call last):\n"+
+				`  File "/usr/lib/python3.12/site-packages/vllm/v1/engine/core.py", line 2050, in preprocess_add_request`+"\n    raise ValueError(x)\nValueError: "+x)
+	}, false},
+}
+
+// hostilePayloads are every cause's signature words, and whole structured
+// lines of each, with and without newlines.
+func hostilePayloads() []string {
+	out := []string{
+		"Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
+		"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
+		"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.",
+		"[Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use",
+		"OSError: [Errno 98] Address already in use",
+		"ValueError: Free memory on device cuda:0 (1.0/80.0 GiB) on startup is less than desired GPU memory utilization (0.9, 72 GiB).",
+		"RuntimeError: CUDA error: uncorrectable ECC error encountered",
+		"pynvml.NVMLError_GPUIsLost: GPU is lost",
+		"ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
+		"Watchdog caught collective operation timeout",
+		"vllm serve: error: unrecognized arguments: --x",
+		"huggingface_hub.errors.RepositoryNotFoundError: 401 Client Error. Repository Not Found",
+		"No available shared memory broadcast block found in 60 seconds.",
+	}
+	for _, r := range rules {
+		out = append(out, r.needle)
+	}
+	out = append(out, wrappers...)
+	out = append(out, startupFacts...)
+	var nl []string
+	for _, p := range out {
+		nl = append(nl, "x\n"+p, "\n"+p+"\n", "x'\n"+p)
+	}
+	for _, p := range []string{
+		"Traceback (most recent call last):\n  File \"/x/vllm/v1/engine/core.py\", line 1, in run\n    raise\ntorch.OutOfMemoryError: CUDA out of memory.",
+		"EngineCore failed to start.\nTraceback (most recent call last):\n  File \"x.py\", line 1, in f\n    f()\ntorch.OutOfMemoryError: CUDA out of memory.",
+		"\nERROR 12-06 07:00:00 [gpu_worker.py:239] Free memory on device cuda:0 (1.0/80.0 GiB) on startup is less than desired GPU memory utilization (0.9, 72 GiB).",
+		"\n(EngineCore_DP0 pid=77) ERROR 12-06 07:00:00 [core.py:866] RuntimeError: CUDA error: uncorrectable ECC error encountered",
+		"\n(EngineCore_DP0 pid=77) torch.OutOfMemoryError: CUDA out of memory.",
+		"\n[rank0]: torch.OutOfMemoryError: CUDA out of memory.",
+	} {
+		nl = append(nl, p)
+	}
+	return append(out, nl...)
+}
+
+func randomPayload(r *rand.Rand, pool []string) string {
+	var b strings.Builder
+	for range 1 + r.IntN(4) {
+		switch r.IntN(4) {
+		case 0:
+			b.WriteString(pool[r.IntN(len(pool))])
+		case 1:
+			b.WriteString("\n")
+		case 2:
+			for range r.IntN(20) {
+				b.WriteByte(byte(32 + r.IntN(95)))
+			}
+		default:
+			b.WriteString([]string{"'", "`", "\"", ": ", "(", ")", "] ", "    "}[r.IntN(8)])
+		}
+	}
+	return b.String()
+}
+
+// deaths are deaths whose cause the client's lines must leave as it is.
+func deaths() []struct {
+	name  string
+	exit  Exit
+	before, after []string
+} {
+	ready := apiProc + "INFO:     Application startup complete."
+	oomTB := []string{engProc + "ERROR 12-06 07:00:01 [core.py:1512] EngineCore encountered a fatal error.",
+		engProc + "ERROR 12-06 07:00:01 [core.py:1512] Traceback (most recent call last):",
+		engProc + `ERROR 12-06 07:00:01 [core.py:1512]   File "/x/vllm/v1/worker/gpu_model_runner.py", line 3000, in execute_model`,
+		engProc + "ERROR 12-06 07:00:01 [core.py:1512]     return self.model(x)",
+		engProc + "ERROR 12-06 07:00:01 [core.py:1512] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."}
+	healthy := &GPUEvidence{Before: []GPUDevice{{Index: 0, UUID: "GPU-1"}}, After: []GPUDevice{{Index: 0, UUID: "GPU-1"}}}
+	return []struct {
+		name          string
+		exit          Exit
+		before, after []string
+	}{
+		{"SIGKILL while ready", Exit{Signal: "SIGKILL", ExitCode: -1, Phase: PhaseReady}, []string{ready}, nil},
+		{"SIGKILL while ready, NVML watching", Exit{Signal: "SIGKILL", ExitCode: -1, Phase: PhaseReady, GPU: healthy, Critical: 0.97, MemFractions: []float64{0.5}}, []string{ready}, nil},
+		{"exit 1 while ready", Exit{ExitCode: 1, Phase: PhaseReady}, []string{ready}, nil},
+		{"exit 1 while starting", Exit{ExitCode: 1, Phase: PhaseStarting}, nil, nil},
+		{"an engine OOM after the client", Exit{ExitCode: 1, Phase: PhaseReady}, []string{ready}, oomTB},
+	}
+}
+
+func check(t *testing.T, family, payload string, e Exit, want Verdict) {
+	t.Helper()
+	v := Classify(e)
+	if v.Cause != want.Cause {
+		t.Fatalf("%s with %q: cause %s, want %s (summary %q, evidence %+v)", family, payload, v.Cause, want.Cause, v.Summary, v.Evidence)
+	}
+	if (v.GPU != nil && v.GPU.Reset) != (want.GPU != nil && want.GPU.Reset) {
+		t.Fatalf("%s with %q: needs-reset %v", family, payload, v.GPU)
+	}
+}
+
+// withClient puts a family's lines between a death's lines, each on the
+// stream vLLM 0.32.0 writes it to: its logger on stdout, uvicorn's access
+// log on stdout, uvicorn's errors and Python's tracebacks on stderr.
+func withClient(d []string, f clientFamily, x string, after []string) []Line {
+	var client []string
+	if f.render != nil {
+		client = f.render(x)
+	}
+	out := lines(append(append(append([]string{}, d...), client...), after...)...)
+	for i := range out {
+		out[i].Stream = "stdout"
+		if i >= len(d) && i < len(d)+len(client) && f.raw {
+			out[i].Stream = "stderr"
+		}
+	}
+	return out
+}
+
+// TestClientLinesNeverChangeTheCause is issue 41's property at the
+// classifier: for every line family that quotes a client, hostile and
+// random contents never change the cause of a death from what it is
+// without them.
+func TestClientLinesNeverChangeTheCause(t *testing.T) {
+	pool := hostilePayloads()
+	r := rand.New(rand.NewPCG(41, 41))
+	payloads := append([]string{}, pool...)
+	for range 300 {
+		payloads = append(payloads, randomPayload(r, pool))
+	}
+	for _, d := range deaths() {
+		e := d.exit
+		e.Lines = withClient(d.before, clientFamily{}, "", d.after)
+		want := Classify(e)
+		if d.name == "an engine OOM after the client" && want.Cause != CauseOOM {
+			t.Fatalf("the engine's OOM traceback alone: %s, want oom", want.Cause)
+		}
+		if strings.HasPrefix(d.name, "SIGKILL") && want.Cause != CauseCrash {
+			t.Fatalf("%s alone: %s, want crash", d.name, want.Cause)
+		}
+		for _, f := range clientFamilies {
+			for _, p := range payloads {
+				e.Lines = withClient(d.before, f, p, d.after)
+				check(t, d.name+": "+f.name, p, e, want)
+			}
+		}
+	}
+}
+
+// The issue's own lines, as the review found them on vLLM 0.32.0.
+func TestIssue41ModelNameLines(t *testing.T) {
+	for _, model := range []string{
+		"Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
+		"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB",
+		"[Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use",
+	} {
+		l := "(APIServer pid=1208) ERROR 12-06 06:40:11 [serving.py:274] Error with model error=ErrorInfo(message='The model `" + model +
+			"` does not exist.', type='NotFoundError', param='model', code=404)"
+		v := Classify(Exit{Signal: "SIGKILL", ExitCode: -1, Phase: PhaseReady, Lines: lines("(APIServer pid=1208) INFO:     Application startup complete.", l)})
+		if v.Cause != CauseCrash {
+			t.Errorf("model %q: cause %s, want crash (%s)", model, v.Cause, v.Summary)
+		}
+	}
+}
+
+// FuzzClientLine: whatever a client writes into any family, the SIGKILL
+// of a ready vLLM stays a crash.
+func FuzzClientLine(f *testing.F) {
+	for _, p := range hostilePayloads() {
+		f.Add(p, uint8(0))
+	}
+	f.Fuzz(func(t *testing.T, x string, fam uint8) {
+		fm := clientFamilies[int(fam)%len(clientFamilies)]
+		e := Exit{Signal: "SIGKILL", ExitCode: -1, Phase: PhaseReady,
+			Lines: withClient([]string{apiProc + "INFO:     Application startup complete."}, fm, x, nil)}
+		check(t, fm.name, x, e, Verdict{Cause: CauseCrash})
+	})
+}
+
+// A hardware word in the log, with NVML watching a healthy GPU, never
+// makes the GPU one that needs a reset.
+func TestLogNeverResetsAGPUNVMLSawHealthy(t *testing.T) {
+	ls := lines(engProc+"Traceback (most recent call last):",
+		engProc+`  File "/x/vllm/v1/worker/gpu_model_runner.py", line 1, in f`,
+		engProc+"    f()",
+		engProc+"pynvml.NVMLError_GPUIsLost: GPU is lost")
+	without := Classify(Exit{ExitCode: 1, Lines: ls})
+	if without.Cause != CauseGPUFault || without.GPU == nil || !without.GPU.Reset {
+		t.Fatalf("no NVML: %+v, want gpu_fault needing a reset", without)
+	}
+	healthy := &GPUEvidence{Before: []GPUDevice{{Index: 0, UUID: "GPU-1"}}, After: []GPUDevice{{Index: 0, UUID: "GPU-1"}}}
+	with := Classify(Exit{ExitCode: 1, Lines: ls, GPU: healthy})
+	if with.GPU != nil && with.GPU.Reset {
+		t.Fatalf("NVML saw the GPU healthy, yet: %+v", with)
+	}
+}

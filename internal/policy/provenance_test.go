@@ -171,8 +171,8 @@ func randomPayload(r *rand.Rand, pool []string) string {
 
 // deaths are deaths whose cause the client's lines must leave as it is.
 func deaths() []struct {
-	name  string
-	exit  Exit
+	name          string
+	exit          Exit
 	before, after []string
 } {
 	ready := apiProc + "INFO:     Application startup complete."

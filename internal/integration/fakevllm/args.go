@@ -35,6 +35,7 @@ type serveArgs struct {
 	DisableAccessLog    bool
 	UvicornLogLevel     string
 	DisableLogStats     bool
+	EnableLogRequests   bool // --enable-log-requests: "Added request …" lines
 	ConfigFile          string
 	modelFlag           string
 
@@ -144,6 +145,7 @@ var knownFlags = map[string]flagKind{
 	"--disable-uvicorn-access-log": kindBool,
 	"--uvicorn-log-level":          kindString,
 	"--disable-log-stats":          kindBool,
+	"--enable-log-requests":        kindBool,
 	"--config":                     kindString,
 	"--dtype":                      kindString, // accepted, not simulated (the tests serve real tiny models as float32)
 }
@@ -381,6 +383,8 @@ func (a *serveArgs) setBool(name string) {
 		a.DisableAccessLog = true
 	case "--disable-log-stats":
 		a.DisableLogStats = true
+	case "--enable-log-requests":
+		a.EnableLogRequests = true
 	}
 }
 

@@ -31,6 +31,7 @@ const (
 	ruleStalledStats     = "stats: requests running at 0 tokens/s"
 	ruleWaitingEngine    = "starting: waiting for the engine core, over and over"
 	ruleShutdown         = "shutdown: begun, never finished"
+	ruleRPCTimeout       = "vLLM executor: RPC call timed out"
 )
 
 // matchLine classifies one message (prefixes already stripped); off, when

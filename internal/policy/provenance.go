@@ -186,6 +186,7 @@ func provenance(lines []Line, start int) []origin {
 	prevRec := map[string]string{}   // the last message of each process and logger header
 	quarantined := map[string]bool{} // by stream
 	prevRaw := map[string]string{}   // the last raw message of each stream
+	recs := map[string]bool{}        // by key, where starts are known: the record's first line announces a fatal error
 	for i := start; i < len(lines); i++ {
 		p := parseLine(lines[i].Text, lines[i].Stream)
 		key := p.proc + "\x00" + p.header
@@ -210,15 +211,36 @@ func provenance(lines []Line, start int) []origin {
 		if raw && quarantined[lines[i].Stream] {
 			continue
 		}
+		// What came before the line, where the guard's pump knows it.
+		start := lines[i].Start
+		if start == vllmlog.StartCR {
+			continue // a rewrite, or a "\r" inside someone's text
+		}
+		known := !raw && start != vllmlog.StartUnknown
+		if known && start == vllmlog.StartFresh {
+			// A record's first line: its message is what the site's
+			// format string starts with.
+			recs[key] = hasAnyPrefix(msg, fatalAnnouncers) && engineSite(p.header)
+			delete(tbs, key)
+			tb = nil
+		}
+		if known && start == vllmlog.StartCRLF {
+			if _, ok := recs[key]; !ok {
+				continue // a record whose first line the ring cut
+			}
+			last = ""
+		}
 		switch {
 		case vllmlog.IsTracebackHeader(trimmed):
 			fatal := false
 			switch {
 			case tb != nil && (tb.chained || tb.exc || tb.in):
 				fatal = tb.fatal
-			case !raw:
+			case known:
 				// logger.exception: the record's first line announces
 				// it, at one of the engine's own sites.
+				fatal = start == vllmlog.StartCRLF && recs[key]
+			case !raw:
 				fatal = hasAnyPrefix(last, fatalAnnouncers) && engineSite(p.header)
 			default:
 				fatal = !hasAnyPrefix(strings.TrimPrefix(strings.TrimLeft(last, " "), "ERROR:    "), handledAnnouncers)
@@ -255,6 +277,11 @@ func provenance(lines []Line, start int) []origin {
 		}
 		if tb != nil && !tb.chained {
 			delete(tbs, key)
+		}
+		if known && start == vllmlog.StartCRLF {
+			// A record going on past its traceback, or a message with
+			// a newline in it: never a first line of anything.
+			continue
 		}
 		switch {
 		case !raw && engineSite(p.header) && isExceptionLine(msg):

@@ -1,9 +1,12 @@
 package policy
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
 
 // Issue 41: vLLM quotes its clients in its own lines. clientFamilies are
@@ -15,21 +18,55 @@ import (
 // message that Python prints as it is.
 type clientFamily struct {
 	name   string
-	render func(x string) []string
-	raw    bool // printed on stderr without vLLM's formatter (uvicorn's errors, tracebacks)
+	render func(x string) []chunk
+	// startsOnly: a site at one of the engine's own files that prints a
+	// client's text raw; only what came before each line (the guard's pump
+	// knows it, a saved log does not) tells its continuation lines from
+	// a record's first line.
+	startsOnly bool
 }
+
+// chunk is one write of vLLM's: a stream and its bytes.
+type chunk struct{ stream, data string }
 
 const (
 	apiProc = "(APIServer pid=41) "
 	engProc = "(EngineCore_DP0 pid=77) "
 )
 
-// record renders one record of vLLM's logger: every line of msg under the
-// same header (vllm/logging_utils/formatter.py NewLineFormatter).
-func record(proc, header, msg string) []string {
-	var out []string
-	for _, l := range strings.Split(msg, "\n") {
-		out = append(out, proc+header+l)
+// record renders one record of vLLM's logger as it writes it, on stdout:
+// a message with newlines goes on after "\r\n" under the same header
+// (vllm/logging_utils/formatter.py NewLineFormatter).
+func record(proc, header, msg string) []chunk {
+	h := proc + header
+	return []chunk{{"stdout", h + strings.ReplaceAll(msg, "\n", "\r\n"+h) + "\n"}}
+}
+
+// raw renders lines printed without vLLM's formatter, on stderr
+// (Python's tracebacks, uvicorn's errors).
+func raw(ls ...string) []chunk { return []chunk{{"stderr", strings.Join(ls, "\n") + "\n"}} }
+
+// toLines cuts writes into lines as the guard's pump does, one splitter
+// per stream; starts says whether the lines keep what came before them
+// (the live guard) or not (a saved log).
+func toLines(cs []chunk, starts bool) []Line {
+	split := map[string]*vllmlog.Splitter{}
+	var out []Line
+	for _, c := range cs {
+		sp := split[c.stream]
+		if sp == nil {
+			sp = &vllmlog.Splitter{}
+			split[c.stream] = sp
+		}
+		sp.WriteStart([]byte(c.data), func(b []byte, st vllmlog.LineStart) {
+			if strings.TrimSpace(string(b)) == "" {
+				return // the pump drops blank lines
+			}
+			if !starts {
+				st = vllmlog.StartUnknown
+			}
+			out = append(out, Line{N: len(out) + 1, Stream: c.stream, Text: string(b), Start: st})
+		})
 	}
 	return out
 }
@@ -50,64 +87,70 @@ var clientFamilies = []clientFamily{
 	// entrypoints/openai/chat_completion/serving.py:274 (and responses,
 	// batch, render, token_in_token_out): an ErrorResponse's str, its
 	// message from entrypoints/serve/engine/serving.py:213.
-	{"Error with model (model name)", func(x string) []string {
+	{name: "Error with model (model name)", render: func(x string) []chunk {
 		return record(apiProc, "ERROR 12-06 07:00:00 [serving.py:274] ",
 			"Error with model error=ErrorInfo(message="+pyRepr("The model `"+x+"` does not exist.")+", type='NotFoundError', param='model', code=404)")
-	}, false},
+	}},
 	// v1/engine/async_llm.py:578 with --enable-log-requests: X-Request-Id
-	// (a header: no newline).
-	{"Added request (X-Request-Id)", func(x string) []string {
+	// (a header: no newline), or the body's request_id (raw: newlines).
+	{name: "Added request (X-Request-Id)", render: func(x string) []chunk {
 		return record(apiProc, "INFO 12-06 07:00:00 [async_llm.py:578] ", "Added request "+oneLine(x)+".")
-	}, false},
-	{"Aborted request(s) (X-Request-Id)", func(x string) []string {
-		return record(apiProc, "INFO 12-06 07:00:00 [async_llm.py:922] ", "Aborted request(s) "+oneLine(x)+".")
-	}, false},
+	}},
+	{name: "Added request (the body's request_id)", render: func(x string) []chunk {
+		return record(apiProc, "INFO 12-06 07:00:00 [async_llm.py:578] ", "Added request chatcmpl-"+x+".")
+	}},
+	{name: "Aborted request(s)", render: func(x string) []chunk {
+		return record(apiProc, "INFO 12-06 07:00:00 [async_llm.py:922] ", "Aborted request(s) "+x+".")
+	}},
 	// v1/engine/async_llm.py:795: the request id and an exception's str.
-	{"Request failed (bad request)", func(x string) []string {
-		return record(apiProc, "INFO 12-06 07:00:00 [async_llm.py:795] ", "Request "+oneLine(x)+" failed (bad request): "+x+".")
-	}, false},
+	{name: "Request failed (bad request)", render: func(x string) []chunk {
+		return record(apiProc, "INFO 12-06 07:00:00 [async_llm.py:795] ", "Request "+x+" failed (bad request): "+x+".")
+	}},
 	// entrypoints/serve/utils/request_logger.py:65.
-	{"Received request", func(x string) []string {
+	{name: "Received request", render: func(x string) []chunk {
 		return record(apiProc, "INFO 12-06 07:00:00 [request_logger.py:65] ",
-			"Received request "+oneLine(x)+": params: SamplingParams(n=1), lora_request: "+pyRepr(x)+".")
-	}, false},
-	// uvicorn's access line: the client field (X-Forwarded-For behind
-	// 127.0.0.1) and the path.
-	{"uvicorn access line", func(x string) []string {
-		return []string{`INFO:     ` + oneLine(x) + `:0 - "GET /` + oneLine(x) + ` HTTP/1.1" 404 Not Found`}
-	}, false},
+			"Received request "+x+": params: SamplingParams(n=1), lora_request: "+pyRepr(x)+".")
+	}},
+	// uvicorn's access line, on stdout: the client field (X-Forwarded-For
+	// behind 127.0.0.1) and the path.
+	{name: "uvicorn access line", render: func(x string) []chunk {
+		return []chunk{{"stdout", `INFO:     ` + oneLine(x) + `:0 - "GET /` + oneLine(x) + ` HTTP/1.1" 404 Not Found` + "\n"}}
+	}},
 	// entrypoints/openai/models/serving.py:226, 339: LoRA names and paths.
-	{"LoRA adapter", func(x string) []string {
+	{name: "LoRA adapter", render: func(x string) []chunk {
 		return append(record(apiProc, "INFO 12-06 07:00:00 [serving.py:226] ", "Loaded new LoRA adapter: name '"+x+"', path '"+x+"'"),
 			record(apiProc, "WARNING 12-06 07:00:00 [serving.py:339] ", "Failed to load LoRA '"+x+"' resolved by r: "+x+". Trying next resolver.")...)
-	}, false},
+	}},
 	// renderers/hf.py:839: a template error's str, raw.
-	{"Chat template rejected", func(x string) []string {
+	{name: "Chat template rejected", render: func(x string) []chunk {
 		return record(apiProc, "WARNING 12-06 07:00:00 [hf.py:839] ", "Chat template rejected the request: "+x)
-	}, false},
+	}},
 	// entrypoints/serve/exception_handling/handlers/vllm_error.py:54:
 	// logger.exception, the exception's message built from the request.
-	{"Engine Exception caught (handled traceback)", func(x string) []string {
+	{name: "Engine Exception caught (handled traceback)", render: func(x string) []chunk {
 		return record(apiProc, "ERROR 12-06 07:00:00 [vllm_error.py:54] ",
-			"Engine Exception caught. Request id: "+oneLine(x)+"\nTraceback (most recent call last):\n"+
+			"Engine Exception caught. Request id: "+x+"\nTraceback (most recent call last):\n"+
 				`  File "/usr/lib/python3.12/site-packages/vllm/v1/engine/async_llm.py", line 640, in generate`+"\n    raise ValueError(msg)\nValueError: "+x)
-	}, false},
-	// uvicorn's "Exception in ASGI application": the traceback raw under
-	// the process prefix, the message as Python prints it.
-	{"Exception in ASGI application", func(x string) []string {
-		out := []string{"ERROR:    Exception in ASGI application", "Traceback (most recent call last):",
-			`  File "/usr/lib/python3.12/site-packages/starlette/routing.py", line 74, in app`, "    response = await f(request)"}
-		for _, l := range strings.Split("ValueError: "+x, "\n") {
-			out = append(out, l)
-		}
-		return out
-	}, true},
-	// v1/engine/core.py:2056: the engine's handled error for one request.
-	{"Unexpected error pre-processing request", func(x string) []string {
+	}},
+	// uvicorn's "Exception in ASGI application": the traceback raw on
+	// stderr, the message as Python prints it.
+	{name: "Exception in ASGI application", render: func(x string) []chunk {
+		return raw("ERROR:    Exception in ASGI application", "Traceback (most recent call last):",
+			`  File "/usr/lib/python3.12/site-packages/starlette/routing.py", line 74, in app`, "    response = await f(request)",
+			"ValueError: "+x)
+	}},
+	// v1/engine/core.py:2056: the engine's handled error for one request,
+	// at one of the engine's own files, the body's request_id raw.
+	{name: "Unexpected error pre-processing request", startsOnly: true, render: func(x string) []chunk {
 		return record(engProc, "ERROR 12-06 07:00:00 [core.py:2056] ",
-			"Unexpected error pre-processing request "+oneLine(x)+"\nTraceback (most recent call last):\n"+
+			"Unexpected error pre-processing request "+x+"\nTraceback (most recent call last):\n"+
 				`  File "/usr/lib/python3.12/site-packages/vllm/v1/engine/core.py", line 2050, in preprocess_add_request`+"\n    raise ValueError(x)\nValueError: "+x)
-	}, false},
+	}},
+	// v1/engine/core.py:2011: the engine's warning, the request id raw.
+	{name: "Multi-modal cache miss", startsOnly: true, render: func(x string) []chunk {
+		return record(engProc, "WARNING 12-06 07:00:00 [core.py:2011] ",
+			"Multi-modal cache miss for request "+x+" (mm_hashes=['"+x+"']): P0/P1 cache drift; returning a retryable response")
+	}},
 }
 
 // hostilePayloads are every cause's signature words, and whole structured
@@ -173,25 +216,23 @@ func randomPayload(r *rand.Rand, pool []string) string {
 func deaths() []struct {
 	name          string
 	exit          Exit
-	before, after []string
+	before, after []chunk
 } {
-	ready := apiProc + "INFO:     Application startup complete."
-	oomTB := []string{engProc + "ERROR 12-06 07:00:01 [core.py:1512] EngineCore encountered a fatal error.",
-		engProc + "ERROR 12-06 07:00:01 [core.py:1512] Traceback (most recent call last):",
-		engProc + `ERROR 12-06 07:00:01 [core.py:1512]   File "/x/vllm/v1/worker/gpu_model_runner.py", line 3000, in execute_model`,
-		engProc + "ERROR 12-06 07:00:01 [core.py:1512]     return self.model(x)",
-		engProc + "ERROR 12-06 07:00:01 [core.py:1512] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."}
+	ready := []chunk{{"stdout", apiProc + "INFO:     Application startup complete.\n"}}
+	oomTB := record(engProc, "ERROR 12-06 07:00:01 [core.py:1512] ", "EngineCore encountered a fatal error.\nTraceback (most recent call last):\n"+
+		`  File "/x/vllm/v1/worker/gpu_model_runner.py", line 3000, in execute_model`+"\n    return self.model(x)\n"+
+		"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
 	healthy := &GPUEvidence{Before: []GPUDevice{{Index: 0, UUID: "GPU-1"}}, After: []GPUDevice{{Index: 0, UUID: "GPU-1"}}}
 	return []struct {
 		name          string
 		exit          Exit
-		before, after []string
+		before, after []chunk
 	}{
-		{"SIGKILL while ready", Exit{Signal: "SIGKILL", ExitCode: -1, Phase: PhaseReady}, []string{ready}, nil},
-		{"SIGKILL while ready, NVML watching", Exit{Signal: "SIGKILL", ExitCode: -1, Phase: PhaseReady, GPU: healthy, Critical: 0.97, MemFractions: []float64{0.5}}, []string{ready}, nil},
-		{"exit 1 while ready", Exit{ExitCode: 1, Phase: PhaseReady}, []string{ready}, nil},
+		{"SIGKILL while ready", Exit{Signal: "SIGKILL", ExitCode: -1, Phase: PhaseReady}, ready, nil},
+		{"SIGKILL while ready, NVML watching", Exit{Signal: "SIGKILL", ExitCode: -1, Phase: PhaseReady, GPU: healthy, Critical: 0.97, MemFractions: []float64{0.5}}, ready, nil},
+		{"exit 1 while ready", Exit{ExitCode: 1, Phase: PhaseReady}, ready, nil},
 		{"exit 1 while starting", Exit{ExitCode: 1, Phase: PhaseStarting}, nil, nil},
-		{"an engine OOM after the client", Exit{ExitCode: 1, Phase: PhaseReady}, []string{ready}, oomTB},
+		{"an engine OOM after the client", Exit{ExitCode: 1, Phase: PhaseReady}, ready, oomTB},
 	}
 }
 
@@ -206,28 +247,24 @@ func check(t *testing.T, family, payload string, e Exit, want Verdict) {
 	}
 }
 
-// withClient puts a family's lines between a death's lines, each on the
-// stream vLLM 0.32.0 writes it to: its logger on stdout, uvicorn's access
-// log on stdout, uvicorn's errors and Python's tracebacks on stderr.
-func withClient(d []string, f clientFamily, x string, after []string) []Line {
-	var client []string
+// withClient puts a family's writes between a death's, each on the
+// stream vLLM 0.32.0 writes it to, and cuts them into lines.
+func withClient(before []chunk, f clientFamily, x string, after []chunk, starts bool) []Line {
+	var cs []chunk
+	cs = append(cs, before...)
 	if f.render != nil {
-		client = f.render(x)
+		cs = append(cs, f.render(x)...)
 	}
-	out := lines(append(append(append([]string{}, d...), client...), after...)...)
-	for i := range out {
-		out[i].Stream = "stdout"
-		if i >= len(d) && i < len(d)+len(client) && f.raw {
-			out[i].Stream = "stderr"
-		}
-	}
-	return out
+	return toLines(append(cs, after...), starts)
 }
 
 // TestClientLinesNeverChangeTheCause is issue 41's property at the
 // classifier: for every line family that quotes a client, hostile and
 // random contents never change the cause of a death from what it is
-// without them.
+// without them, read as the live guard reads (what came before each line
+// known) and as a saved excerpt is (not known; then the engine's own sites
+// that print a client's text raw are left out: only the starts tell their
+// continuation lines from a record's first line).
 func TestClientLinesNeverChangeTheCause(t *testing.T) {
 	pool := hostilePayloads()
 	r := rand.New(rand.NewPCG(41, 41))
@@ -235,20 +272,25 @@ func TestClientLinesNeverChangeTheCause(t *testing.T) {
 	for range 300 {
 		payloads = append(payloads, randomPayload(r, pool))
 	}
-	for _, d := range deaths() {
-		e := d.exit
-		e.Lines = withClient(d.before, clientFamily{}, "", d.after)
-		want := Classify(e)
-		if d.name == "an engine OOM after the client" && want.Cause != CauseOOM {
-			t.Fatalf("the engine's OOM traceback alone: %s, want oom", want.Cause)
-		}
-		if strings.HasPrefix(d.name, "SIGKILL") && want.Cause != CauseCrash {
-			t.Fatalf("%s alone: %s, want crash", d.name, want.Cause)
-		}
-		for _, f := range clientFamilies {
-			for _, p := range payloads {
-				e.Lines = withClient(d.before, f, p, d.after)
-				check(t, d.name+": "+f.name, p, e, want)
+	for _, starts := range []bool{true, false} {
+		for _, d := range deaths() {
+			e := d.exit
+			e.Lines = withClient(d.before, clientFamily{}, "", d.after, starts)
+			want := Classify(e)
+			if d.name == "an engine OOM after the client" && want.Cause != CauseOOM {
+				t.Fatalf("the engine's OOM traceback alone: %s, want oom", want.Cause)
+			}
+			if strings.HasPrefix(d.name, "SIGKILL") && want.Cause != CauseCrash {
+				t.Fatalf("%s alone: %s, want crash", d.name, want.Cause)
+			}
+			for _, f := range clientFamilies {
+				if f.startsOnly && !starts {
+					continue
+				}
+				for _, p := range payloads {
+					e.Lines = withClient(d.before, f, p, d.after, starts)
+					check(t, fmt.Sprintf("%s (starts %v): %s", d.name, starts, f.name), p, e, want)
+				}
 			}
 		}
 	}
@@ -279,7 +321,7 @@ func FuzzClientLine(f *testing.F) {
 	f.Fuzz(func(t *testing.T, x string, fam uint8) {
 		fm := clientFamilies[int(fam)%len(clientFamilies)]
 		e := Exit{Signal: "SIGKILL", ExitCode: -1, Phase: PhaseReady,
-			Lines: withClient([]string{apiProc + "INFO:     Application startup complete."}, fm, x, nil)}
+			Lines: withClient([]chunk{{"stdout", apiProc + "INFO:     Application startup complete.\n"}}, fm, x, nil, true)}
 		check(t, fm.name, x, e, Verdict{Cause: CauseCrash})
 	})
 }

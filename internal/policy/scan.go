@@ -371,7 +371,7 @@ func scanWith(lines []Line, severalRuns bool, off map[string]bool, fired map[str
 		if fired != nil && kind != kindNone {
 			recordAll(msg, fired)
 		}
-		if kind == kindRoot && cause == CauseConfigError && isBindFailure(msg) {
+		if kind == kindRoot && cause == CauseConfigError && ((!strict && isBindFailure(msg)) || (strict && isBindFailure(orig[i].own))) {
 			s.bindFailed = true
 		}
 		if kind == kindRoot {

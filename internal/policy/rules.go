@@ -254,7 +254,8 @@ var rules = []rule{
 	// ROCm's HSA runtime, on an invalid GPU address ("Memory access fault
 	// by GPU node-2 (Agent handle: 0x…) on address 0x…. Reason: Page not
 	// present or supervisor privilege."), printed bare before the abort:
-	// AMD's illegal memory access, usually the application's.
+	// AMD's illegal memory access, usually the application's. Users' logs:
+	// vllm-project/vllm issues #35169, #16840; ROCm/legacy-rocm-build #5051.
 	{"Memory access fault by GPU node", CauseCrash, scoreCrash},
 	{"CUDA error:", CauseCrash, scoreCrash},
 	{"Segmentation fault", CauseCrash, scoreCrash},

@@ -125,6 +125,10 @@ type parsed struct {
 	proc   string // process prefixes, outermost first
 	header string // vLLM's logger header, "" for a raw line
 	msg    string
+	// misplaced: a logger record's shape on stderr, where vLLM's logger
+	// does not write (by default): someone's text, or a logging
+	// configuration the guard cannot read provenance from.
+	misplaced bool
 }
 
 // parseLine cuts a line into its parts. On stderr a logger header is not
@@ -144,6 +148,7 @@ func parseLine(text, stream string) parsed {
 		s = r
 	}
 	if stream == "stderr" {
+		_, _, p.misplaced = vllmlog.CutLevel(s)
 		p.msg = s
 		return p
 	}
@@ -189,6 +194,9 @@ func provenance(lines []Line, start int) []origin {
 	recs := map[string]bool{}        // by key, where starts are known: the record's first line announces a fatal error
 	for i := start; i < len(lines); i++ {
 		p := parseLine(lines[i].Text, lines[i].Stream)
+		if p.misplaced {
+			continue
+		}
 		key := p.proc + "\x00" + p.header
 		tb := tbs[key]
 		msg := p.msg

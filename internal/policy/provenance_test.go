@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -250,12 +251,25 @@ func check(t *testing.T, family, payload string, e Exit, want Verdict) {
 // withClient puts a family's writes between a death's, each on the
 // stream vLLM 0.32.0 writes it to, and cuts them into lines.
 func withClient(before []chunk, f clientFamily, x string, after []chunk, starts bool) []Line {
+	return withClientOn(before, f, x, after, starts, false)
+}
+
+// withClientOn is withClient where vLLM's logger may write to stderr
+// (VLLM_LOGGING_STREAM=ext://sys.stderr).
+func withClientOn(before []chunk, f clientFamily, x string, after []chunk, starts, allStderr bool) []Line {
 	var cs []chunk
 	cs = append(cs, before...)
 	if f.render != nil {
 		cs = append(cs, f.render(x)...)
 	}
-	return toLines(append(cs, after...), starts)
+	cs = append(cs, after...)
+	if allStderr {
+		cs = slices.Clone(cs)
+		for i := range cs {
+			cs[i].stream = "stderr"
+		}
+	}
+	return toLines(cs, starts)
 }
 
 // TestClientLinesNeverChangeTheCause is issue 41's property at the
@@ -272,12 +286,13 @@ func TestClientLinesNeverChangeTheCause(t *testing.T) {
 	for range 300 {
 		payloads = append(payloads, randomPayload(r, pool))
 	}
-	for _, starts := range []bool{true, false} {
+	for _, mode := range []struct{ starts, allStderr bool }{{true, false}, {false, false}, {true, true}} {
+		starts := mode.starts
 		for _, d := range deaths() {
 			e := d.exit
-			e.Lines = withClient(d.before, clientFamily{}, "", d.after, starts)
+			e.Lines = withClientOn(d.before, clientFamily{}, "", d.after, starts, mode.allStderr)
 			want := Classify(e)
-			if d.name == "an engine OOM after the client" && want.Cause != CauseOOM {
+			if d.name == "an engine OOM after the client" && want.Cause != CauseOOM && !mode.allStderr {
 				t.Fatalf("the engine's OOM traceback alone: %s, want oom", want.Cause)
 			}
 			if strings.HasPrefix(d.name, "SIGKILL") && want.Cause != CauseCrash {
@@ -288,8 +303,8 @@ func TestClientLinesNeverChangeTheCause(t *testing.T) {
 					continue
 				}
 				for _, p := range payloads {
-					e.Lines = withClient(d.before, f, p, d.after, starts)
-					check(t, fmt.Sprintf("%s (starts %v): %s", d.name, starts, f.name), p, e, want)
+					e.Lines = withClientOn(d.before, f, p, d.after, starts, mode.allStderr)
+					check(t, fmt.Sprintf("%s (starts %v, all on stderr %v): %s", d.name, starts, mode.allStderr, f.name), p, e, want)
 				}
 			}
 		}

@@ -358,3 +358,31 @@ func TestLogNeverResetsAGPUNVMLSawHealthy(t *testing.T) {
 		t.Fatalf("NVML saw the GPU healthy, yet: %+v", with)
 	}
 }
+
+// FuzzProvenance: any lines, any starts and streams: no panic, and the
+// text the rules may read is always text of its own line.
+func FuzzProvenance(f *testing.F) {
+	f.Add("(EngineCore_DP0 pid=7) ERROR 12-06 07:00:00 [core.py:1512] EngineCore encountered a fatal error.\n(EngineCore_DP0 pid=7) ERROR 12-06 07:00:00 [core.py:1512] Traceback (most recent call last):\nTimeoutError", []byte{1, 2, 2})
+	f.Add("ERROR:    Exception in ASGI application\nTraceback (most recent call last):\n  File \"x\", line 1, in f\n    f()\nValueError: 'x'\nOSError: [Errno 98]", []byte{1, 1, 1, 1, 1, 3})
+	f.Fuzz(func(t *testing.T, text string, starts []byte) {
+		ls := SplitLines(text)
+		for i := range ls {
+			if i < len(starts) {
+				ls[i].Start = vllmlog.LineStart(starts[i] % 4)
+				if starts[i]&4 != 0 {
+					ls[i].Stream = "stderr"
+				}
+			}
+		}
+		out := provenance(ls, 0)
+		if len(out) != len(ls) {
+			t.Fatalf("%d origins for %d lines", len(out), len(ls))
+		}
+		for i, o := range out {
+			if o.own != "" && !strings.Contains(vllmlog.StripANSI(ls[i].Text), o.own) {
+				t.Fatalf("line %d %q: own text %q is not on it", i, ls[i].Text, o.own)
+			}
+		}
+		Classify(Exit{Lines: ls, ExitCode: 1})
+	})
+}

@@ -101,3 +101,64 @@ func TestSplitterLineStarts(t *testing.T) {
 		}
 	}
 }
+
+// FuzzSplitterStarts: however the stream is cut into writes, the lines
+// and what came before each are those of a reading of the whole stream at
+// once (the oracle below, written the plain way).
+func FuzzSplitterStarts(f *testing.F) {
+	f.Add("a\r\nb\rc\n\nd\r\r\ne", uint8(1))
+	f.Add("\r\n\r\nx", uint8(2))
+	f.Fuzz(func(t *testing.T, in string, step uint8) {
+		type got struct {
+			line  string
+			start LineStart
+		}
+		var want []got
+		start, cr := StartFresh, false
+		cur := ""
+		for i := 0; i < len(in); i++ {
+			switch c := in[i]; c {
+			case '\r', '\n':
+				if cur != "" {
+					want = append(want, got{cur, start})
+					cur = ""
+					start, cr = StartFresh, c == '\r'
+					if cr {
+						start = StartCR
+					}
+					continue
+				}
+				switch {
+				case c == '\n' && cr:
+					start, cr = StartCRLF, false
+				case c == '\n':
+					start = StartFresh
+				default:
+					start, cr = StartCR, true
+				}
+			default:
+				cur += in[i : i+1]
+				cr = false
+			}
+		}
+		if cur != "" {
+			want = append(want, got{cur, start})
+		}
+		n := int(step)%7 + 1
+		var s Splitter
+		var out []got
+		emit := func(l []byte, st LineStart) { out = append(out, got{string(l), st}) }
+		for i := 0; i < len(in); i += n {
+			s.WriteStart([]byte(in[i:min(len(in), i+n)]), emit)
+		}
+		s.FlushStart(emit)
+		if len(out) != len(want) {
+			t.Fatalf("%q by %d: %v, want %v", in, n, out, want)
+		}
+		for i := range want {
+			if out[i] != want[i] {
+				t.Fatalf("%q by %d: line %d %+v, want %+v", in, n, i, out[i], want[i])
+			}
+		}
+	})
+}

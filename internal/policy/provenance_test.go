@@ -386,3 +386,30 @@ func FuzzProvenance(f *testing.F) {
 		Classify(Exit{Lines: ls, ExitCode: 1})
 	})
 }
+
+// A saved log (vllm-guard diagnose) is read word by word, but never in the
+// lines vLLM prints to quote a client: a healthy log with the issue's
+// requests in it stays healthy. (Newlines inside such a message make lines
+// only the live guard can place: see TestClientLinesNeverChangeTheCause.)
+func TestDiagnoseSkipsClientQuotingLines(t *testing.T) {
+	ready := []chunk{{"stdout", apiProc + "INFO:     Application startup complete.\n"}}
+	for _, f := range clientFamilies {
+		if f.name == "Exception in ASGI application" || f.name == "Engine Exception caught (handled traceback)" || f.name == "Unexpected error pre-processing request" {
+			continue // tracebacks: their exception lines are read offline
+		}
+		for _, p := range hostilePayloads() {
+			p = oneLine(p)
+			var text strings.Builder
+			for _, l := range withClient(ready, f, p, nil, false) {
+				text.WriteString(l.Text + "\n")
+			}
+			rep, err := Diagnose(strings.NewReader(text.String()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Cause != "" {
+				t.Fatalf("%s with %q: diagnose says %s (%s)", f.name, p, rep.Cause, rep.Summary)
+			}
+		}
+	}
+}

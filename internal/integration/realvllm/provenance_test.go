@@ -7,9 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
+	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
@@ -23,16 +23,13 @@ var clientWords = []string{
 	"Free memory on device cuda:0 (1.0/80.0 GiB) on startup is less than desired GPU memory utilization (0.9, 72 GiB).",
 }
 
-// Issue 41 item 1 on vLLM 0.32.0 itself: its ERROR line quoting a model it
-// does not serve (serving.py) and, with --enable-log-requests, its
-// "Added request …" lines quoting X-Request-Id; then a SIGKILL of vLLM.
-// The cause stays crash, the next rung and the saved rung 0, no give-up.
-func TestClientTextIsNoEvidence(t *testing.T) {
-	scenario(t, "model names and X-Request-Ids holding every cause's words, then SIGKILL: crash, rung 0 kept, no exit 69/78")
-	s := newScene(t, generate("--enable-log-requests")...)
-	s.start()
-	ready := s.WaitEvent("ready", 1, startBound, isReady)
-
+// sendClientWords is issue 41 item 1 on vLLM 0.32.0 itself: every text
+// of clientWords as a model name (vLLM's ERROR line in serving.py quotes
+// it) and as an X-Request-Id (with --enable-log-requests, its "Added
+// request …" lines quote it), until the guard has relayed those lines. The
+// death that follows must keep its own cause (checkClientWordsNoEvidence).
+func sendClientWords(t *testing.T, s *scene) {
+	t.Helper()
 	send := func(path string, body map[string]any, hdr map[string]string) int {
 		b, _ := json.Marshal(body)
 		req, _ := http.NewRequest(http.MethodPost, s.vllmURL(path), bytes.NewReader(b))
@@ -55,7 +52,6 @@ func TestClientTextIsNoEvidence(t *testing.T) {
 			map[string]string{"X-Request-Id": x}); c != http.StatusOK {
 			t.Fatalf("completion with X-Request-Id %q: %d", x, c)
 		}
-		// vLLM's own lines quote the client's text, as the review saw.
 		s.WaitLog("vLLM's ERROR line quoting the model", i+1, exitBound, func(m map[string]any) bool {
 			msg, _ := m["msg"].(string)
 			return m["logger"] == "vllm" && strings.Contains(msg, "Error with model") && strings.Contains(msg, "does not exist")
@@ -65,14 +61,22 @@ func TestClientTextIsNoEvidence(t *testing.T) {
 			return m["logger"] == "vllm" && strings.Contains(msg, "Added request cmpl-"+x)
 		})
 	}
+}
 
-	if err := syscall.Kill(ready.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	ex := s.WaitEvent("the death", 1, exitBound, isExited)
+// checkClientWordsNoEvidence: the death after sendClientWords is a crash
+// on rung 0, saved so, and the guard restarts vLLM (no exit 69 or 78).
+func checkClientWordsNoEvidence(t *testing.T, s *scene, ex events.Event) {
+	t.Helper()
 	f := ex.Failure
 	if f.Verdict.Cause != "crash" || f.Verdict.GPU != nil {
-		t.Fatalf("a SIGKILL after the client's lines: cause %s (gpu %v): %s", f.Verdict.Cause, f.Verdict.GPU, f.Verdict.Summary)
+		t.Fatalf("a death after the client's lines: cause %s (gpu %v): %s", f.Verdict.Cause, f.Verdict.GPU, f.Verdict.Summary)
+	}
+	for _, l := range f.Verdict.Evidence {
+		for _, x := range clientWords {
+			if strings.Contains(l.Text, x) {
+				t.Fatalf("the client's text is evidence: %q", l.Text)
+			}
+		}
 	}
 	if f.Decision.Action != "restart" || f.Decision.Rung.Index != 0 {
 		t.Fatalf("decision %s on rung %d, want a restart on rung 0: %s", f.Decision.Action, f.Decision.Rung.Index, f.Decision.Reason)
@@ -89,8 +93,5 @@ func TestClientTextIsNoEvidence(t *testing.T) {
 	})
 	if saved.Rung != 0 || saved.Failures[len(saved.Failures)-1].Cause != "crash" {
 		t.Fatalf("saved rung %d, failures %+v; want rung 0 and a crash", saved.Rung, saved.Failures)
-	}
-	if l := s.WaitEvent("the relaunch", 2, exitBound, isStarting); l.Rung == nil || l.Rung.Index != 0 {
-		t.Fatalf("relaunched on %+v, want rung 0", l.Rung)
 	}
 }

@@ -194,7 +194,11 @@ func provenance(lines []Line, start int) []origin {
 	recs := map[string]bool{}        // by key, where starts are known: the record's first line announces a fatal error
 	for i := start; i < len(lines); i++ {
 		p := parseLine(lines[i].Text, lines[i].Stream)
-		if p.misplaced {
+		if p.misplaced || (p.header == "" && lines[i].Stream == "stdout") {
+			// On stdout vLLM writes only its logger's records (and
+			// uvicorn its access lines): a line there without a header
+			// is the rest of a long record another process's write cut
+			// in two, maybe a client's text.
 			continue
 		}
 		key := p.proc + "\x00" + p.header

@@ -22,9 +22,16 @@
 //   - a line of vLLM's logger whose message starts with one of the
 //     engine's own words (startupFacts): "Free memory on device …",
 //     "Available KV cache memory: -…", "Worker proc … died unexpectedly";
-//   - a raw line (no logger header, not uvicorn's, not in a traceback's
-//     body) printed by a library: NCCL, PyTorch's c10, faulthandler;
+//   - a raw line on stderr (no logger header, not uvicorn's, not in a
+//     traceback's body) printed by a library: NCCL, PyTorch's c10,
+//     faulthandler;
 //   - uvicorn's own ERROR lines (its bind refusal).
+//
+// Where the guard's pump knows what came before each line (Line.Start),
+// a line after "\r\n" continues the record above (vLLM's formatter) and
+// is never a record's first line, and a line after a lone "\r" is
+// nothing; vLLM's logger writes to stdout, so a record's shape on stderr,
+// or a header-less line on stdout, is nobody's evidence.
 //
 // Within such a line the rules read only its own text: the part before the
 // first quote (', ", `), where vLLM and the libraries put every value they

@@ -68,6 +68,12 @@ func verdictOf(e Exit, s *scan) Verdict {
 	v := classify(e, s, phase)
 	if v.Cause == CauseGPUFault && v.GPU == nil {
 		v.GPU = gpuFromLog(v.Evidence)
+		if e.GPU != nil && v.GPU.Reset {
+			// NVML watched the GPU and saw no fault: the log's words
+			// alone never take a GPU out of service (issue 41).
+			v.GPU.Reset = false
+			v.Summary += "; NVML watched the GPU and saw no fault, so it is not taken for one that needs a reset"
+		}
 		if v.GPU.XID > 0 {
 			v.Summary += fmt.Sprintf(" (XID %d: %s)", v.GPU.XID, v.GPU.Meaning)
 		}

@@ -61,7 +61,7 @@ func diagnose(r io.Reader, off map[string]bool, fired map[string]Cause) (Report,
 		return Report{}, fmt.Errorf("diagnose: the log is larger than %d MiB; pass its last part (e.g. tail -n 100000)", maxLogBytes>>20)
 	}
 	lines := SplitLines(string(data))
-	s := scanWith(lines, true, off, fired)
+	s := scanWith(lines, true, off, fired, false)
 	v := verdictOf(Exit{Lines: lines, Offline: true}, s)
 	rep := Report{Verdict: v, Phase: PhaseStarting, Lines: len(lines)}
 	rep.Facts = extractFacts(lines, s)

@@ -39,7 +39,10 @@ type ruleCond struct {
 }
 
 // ruleAlso: the rules whose needle alone would say too much, by needle.
-var ruleAlso = map[string]ruleCond{"out of memory": {ruleGPURuntimeOOM, namesGPURuntime}}
+var ruleAlso = map[string]ruleCond{
+	"out of memory": {ruleGPURuntimeOOM, namesGPURuntime},
+	"RPC call to ":  {ruleRPCTimeout, func(msg string) bool { return strings.Contains(msg, " timed out") }},
+}
 
 // ruleNames: needles that are one rule together, because one mechanism of
 // one program prints them all (see the comments at the rules).
@@ -152,6 +155,10 @@ var rules = []rule{
 	// vllm/utils: "Free memory on device (…) on startup is less than desired
 	// GPU memory utilization (…)") and V0's profiling assertion.
 	{"less than desired GPU memory utilization", CauseGPUBusy, scoreGPUBusy},
+	// vLLM 0.32.0 (v1/worker/utils.py) when weights are held by another
+	// process: "Free memory on device cuda:0 (…) on startup is less than
+	// the engine's budget after excluding external process's weights".
+	{"on startup is less than the engine's budget", CauseGPUBusy, scoreGPUBusy},
 	{"Error in memory profiling", CauseGPUBusy, scoreGPUBusy},
 
 	// vLLM's KV cache checks: V0 raise_if_cache_size_invalid and
@@ -197,6 +204,16 @@ var rules = []rule{
 	// VLLM_RINGBUFFER_WARNING_INTERVAL, 60 s) is only a sign: see
 	// stallVerdict.
 	{"Watchdog caught collective operation timeout", CauseHang, scoreTimeout},
+	// vLLM's multiprocessing executor waiting on its workers
+	// (v1/executor/multiproc_executor.py: raise TimeoutError(f"RPC call to
+	// {method} timed out.") from the shared-memory queue's own bare
+	// TimeoutError, see frameRules) and the engine client waiting on the
+	// engine (v1/engine/core_client.py: "Timed out waiting for engine core
+	// processes to start."): the engine was stuck, not crashed. Users' logs:
+	// vllm-project/vllm issues #17965, #19668, #48801; kvcache-ai/Mooncake
+	// #1458; verl-project/verl #6583; intel/llm-scaler #77.
+	{"RPC call to ", CauseHang, scoreTimeout}, // and " timed out" (ruleAlso)
+	{"Timed out waiting for engine core processes to start", CauseHang, scoreTimeout},
 	{"RayChannelTimeoutError", CauseHang, scoreTimeout},
 	{"Timed out waiting for object available to read", CauseHang, scoreTimeout},
 	{shmStall, CauseHang, scoreStuck},
@@ -234,6 +251,12 @@ var rules = []rule{
 	{"ncclRemoteError", CauseCrash, scoreCrash},
 	{"illegal memory access", CauseCrash, scoreCrash},
 	{"device-side assert triggered", CauseCrash, scoreCrash},
+	// ROCm's HSA runtime, on an invalid GPU address ("Memory access fault
+	// by GPU node-2 (Agent handle: 0x…) on address 0x…. Reason: Page not
+	// present or supervisor privilege."), printed bare before the abort:
+	// AMD's illegal memory access, usually the application's. Users' logs:
+	// vllm-project/vllm issues #35169, #16840; ROCm/legacy-rocm-build #5051.
+	{"Memory access fault by GPU node", CauseCrash, scoreCrash},
 	{"CUDA error:", CauseCrash, scoreCrash},
 	{"Segmentation fault", CauseCrash, scoreCrash},
 	{"SIGSEGV", CauseCrash, scoreCrash},
@@ -242,6 +265,11 @@ var rules = []rule{
 	{"died unexpectedly", CauseCrash, scoreDied},
 	{"exited with exit code", CauseCrash, scoreDied}, // a platform's word for a worker's death
 }
+
+// kernelRules are the kernel's own lines (NVRM's XID report): evidence
+// in a saved journal, never in vLLM's output, where they can only be a
+// quote.
+var kernelRules = map[string]bool{"fallen off the bus": true, "Xid (PCI:": true}
 
 // shmStall is vLLM's shared-memory broadcast warning (see rules).
 const shmStall = "No available shared memory broadcast block found"
@@ -285,6 +313,7 @@ var frameRules = []struct {
 	{"in _check_enough_kv_cache_memory", "raise ValueError(", CauseKVInsufficient, scoreKV}, // V1 KV check, later name
 	{"in raise_if_cache_size_invalid", "raise ValueError(", CauseKVInsufficient, scoreKV},   // V0 KV check
 	{"in _dummy_sampler_run", "raise RuntimeError(", CauseOOM, scoreOOM},                    // the sampler warm-up OOM
+	{"in acquire_read", "raise TimeoutError", CauseHang, scoreTimeout},                      // shm_broadcast.py: a worker never answered
 }
 
 // wrappers only say that the engine died; the root cause is above them.
@@ -309,7 +338,7 @@ var prefilter = []string{"rror", "emory", "died", "NCCL", "nccl", "fault", "Fata
 	"unrecognized", "OOM", "oom-kill", "dumped", "illegal", "assert", "xception", "ngine", "_FAILED", "Value error",
 	"stored in KV", "model identifier", "path_or_model_id", "repository ID", "gated repo", "file named", "Watchdog", "SIGSEGV", "output_handler",
 	"Timed out", "auto-fit", "exit code", "exited with code", "killed", "fatal signal", "blocks: 0,", "oom-killer", "Address family",
-	"ECC", "launch failure", "NVLink", "GPU is lost", "off the bus", "Xid"}
+	"ECC", "launch failure", "NVLink", "GPU is lost", "off the bus", "Xid", "RPC call to ", "engine's budget"}
 
 func mayMatch(msg string) bool {
 	for _, p := range prefilter {

@@ -31,6 +31,7 @@ const (
 	ruleStalledStats     = "stats: requests running at 0 tokens/s"
 	ruleWaitingEngine    = "starting: waiting for the engine core, over and over"
 	ruleShutdown         = "shutdown: begun, never finished"
+	ruleRPCTimeout       = "vLLM executor: RPC call timed out"
 )
 
 // matchLine classifies one message (prefixes already stripped); off, when
@@ -191,6 +192,11 @@ type scan struct {
 	// cause of every rule that decided a line. Both are nil in production.
 	off   map[string]bool
 	fired map[string]Cause
+
+	// strict: the live guard's reading (see provenance.go): only text
+	// vLLM's structure owns is evidence, and an OOM stands only on a
+	// fatal traceback (or, in classify, on NVML's memory).
+	strict bool
 }
 
 // isBindFailure recognises a failed bind of vLLM's port: Python's
@@ -252,10 +258,16 @@ func text(l Line) string { return strings.TrimRight(vllmlog.StripANSI(l.Text), "
 // banner line on stdout of the same run, and must not be cut away.
 var runMarkers = []string{"vLLM API server version", "vLLM server version", "non-default args:"}
 
-func scanLines(lines []Line, severalRuns bool) *scan { return scanWith(lines, severalRuns, nil, nil) }
+// scanLines reads a death's lines; offline (a saved log a person
+// diagnoses) it reads several runs and every line's text, live (the
+// guard's own decision) only what provenance gives.
+func scanLines(lines []Line, offline bool) *scan {
+	s := scanWith(lines, offline, nil, nil, !offline)
+	return s
+}
 
-func scanWith(lines []Line, severalRuns bool, off map[string]bool, fired map[string]Cause) *scan {
-	s := &scan{byCause: make(map[Cause]*hits, 4), wrapper: -1, readyLine: -1, lastFrame: -1, lastTB: -1, shutdown: -1, off: off, fired: fired, pydantic: pydanticError{at: -1}}
+func scanWith(lines []Line, severalRuns bool, off map[string]bool, fired map[string]Cause, strict bool) *scan {
+	s := &scan{byCause: make(map[Cause]*hits, 4), wrapper: -1, readyLine: -1, lastFrame: -1, lastTB: -1, shutdown: -1, off: off, fired: fired, pydantic: pydanticError{at: -1}, strict: strict}
 	for i := range lines {
 		if !severalRuns {
 			break
@@ -268,6 +280,10 @@ func scanWith(lines []Line, severalRuns bool, off map[string]bool, fired map[str
 				}
 			}
 		}
+	}
+	var orig []origin
+	if strict {
+		orig = provenance(lines, s.start)
 	}
 	for i := s.start; i < len(lines); i++ {
 		// A client's text (an access line's path and query, a logged
@@ -332,18 +348,37 @@ func scanWith(lines []Line, severalRuns bool, off map[string]bool, fired map[str
 			s.traceback = true
 			s.lastFrame, s.lastTB = i, i
 		}
-		kind, cause, score, id := matchLine(msg, off)
+		var kind lineKind
+		var cause Cause
+		var score int
+		var id string
+		switch {
+		case !strict:
+			kind, cause, score, id = matchLine(msg, off)
+		case orig[i].own != "":
+			kind, cause, score, id = matchLine(orig[i].own, off)
+			if kind == kindRoot && kernelRules[id] {
+				// The kernel's lines never reach vLLM's output: a
+				// line of it there is a quote.
+				kind = kindNone
+			}
+			if kind == kindRoot && cause == CauseOOM && !orig[i].fatal {
+				// Not a fatal traceback's: a crash unless NVML
+				// saw the memory full (classify).
+				cause, score = CauseCrash, scoreCrash
+			}
+		}
 		if fired != nil && kind != kindNone {
 			recordAll(msg, fired)
 		}
-		if kind == kindRoot && cause == CauseConfigError && isBindFailure(msg) {
+		if kind == kindRoot && cause == CauseConfigError && ((!strict && isBindFailure(msg)) || (strict && isBindFailure(orig[i].own))) {
 			s.bindFailed = true
 		}
 		if kind == kindRoot {
 			if _, ok := pydanticHeader(msg); ok {
 				s.pydantic = pydanticError{at: i, cause: cause, score: score, id: id}
 			}
-		} else if p := s.pydantic; kind == kindNone && p.at >= 0 && i-p.at <= 2 && !off[p.id] {
+		} else if p := s.pydantic; kind == kindNone && p.at >= 0 && i-p.at <= 2 && !off[p.id] && (!strict || orig[i].fatal) {
 			// Pydantic's exception line says only that a validation
 			// failed; the error's field and message are on the next lines.
 			if _, ok := pydanticDetail(msg); ok {
@@ -354,7 +389,7 @@ func scanWith(lines []Line, severalRuns bool, off map[string]bool, fired map[str
 				s.pydantic.at = -1
 			}
 		}
-		if kind == kindNone && s.lastFrame >= 0 && s.lastFrame == i-1 {
+		if kind == kindNone && s.lastFrame >= 0 && s.lastFrame == i-1 && (!strict || orig[i].fatal) {
 			// The source line under a frame: a raise in a known check.
 			if c, sc, fid, ok := frameCause(vllmlog.Message(lines[i-1].Text), msg, off); ok {
 				kind, cause, score, id = kindRoot, c, sc, fid

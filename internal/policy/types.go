@@ -4,7 +4,11 @@
 // pass the time and the facts in.
 package policy
 
-import "time"
+import (
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
+)
 
 // Cause is one of the causes docs/how-it-decides.md lists.
 type Cause string
@@ -48,6 +52,11 @@ type Line struct {
 	N      int    `json:"n"`
 	Stream string `json:"stream,omitempty"` // "stdout" | "stderr" | "" (offline log)
 	Text   string `json:"text"`             // ANSI already stripped
+	// Start is what came before the line in its stream (the guard's log
+	// pump knows; a saved log does not): after "\r\n" vLLM's formatter
+	// continues one record, after a lone "\r" nothing vLLM printed
+	// starts. The live classifier's provenance reads it (issue 41).
+	Start vllmlog.LineStart `json:"-"`
 }
 
 // Phase is where vLLM was when it died.

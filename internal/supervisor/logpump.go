@@ -125,10 +125,10 @@ type lineRing struct {
 
 func newLineRing(size int) *lineRing { return &lineRing{lines: make([]policy.Line, 0, size)} }
 
-func (r *lineRing) add(stream, text string) {
+func (r *lineRing) add(stream, text string, start vllmlog.LineStart) {
 	r.mu.Lock()
 	r.n++
-	l := policy.Line{N: r.n, Stream: stream, Text: text}
+	l := policy.Line{N: r.n, Stream: stream, Text: text, Start: start}
 	if len(r.lines) < cap(r.lines) {
 		r.lines = append(r.lines, l)
 	} else {
@@ -195,13 +195,13 @@ func (o *output) writer(stream string) *streamWriter {
 }
 
 func (w *streamWriter) Write(b []byte) (int, error) {
-	w.split.Write(b, w.line)
+	w.split.WriteStart(b, w.line)
 	return len(b), nil
 }
 
 // Close emits a last line that had no newline.
 func (w *streamWriter) Close() error {
-	w.split.Flush(w.line)
+	w.split.FlushStart(w.line)
 	return nil
 }
 
@@ -244,7 +244,7 @@ func (f *lineFilter) noteTasks(text string) {
 	}
 }
 
-func (w *streamWriter) line(b []byte) {
+func (w *streamWriter) line(b []byte, start vllmlog.LineStart) {
 	w.clean = vllmlog.AppendStripANSI(w.clean[:0], b)
 	if len(bytes.TrimSpace(w.clean)) == 0 {
 		return
@@ -258,7 +258,7 @@ func (w *streamWriter) line(b []byte) {
 		}
 	}
 	o.lastLine.Store(time.Now())
-	o.ring.add(w.name, text)
+	o.ring.add(w.name, text, start)
 	if strings.HasPrefix(text, "INFO:") {
 		if pid, ok := vllmlog.ServerFinished(text); ok && pid == int(o.pid.Load()) {
 			o.serverDone.Store(true)

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
 
 func newTestOutput(t *testing.T) *output {
@@ -144,5 +146,25 @@ func TestTasksOnlyFromVLLMsLineBeforeReady(t *testing.T) {
 	w.Write([]byte("(APIServer pid=1) INFO 12-02 09:00:00 [api_server.py:1805] Supported_tasks: ['embed']\n"))
 	if got := tasks.Load(); strings.Join(*got, ",") != "generate" {
 		t.Fatalf("tasks %q changed after ready", *got)
+	}
+}
+
+// Issue 41: the ring keeps what came before each line, the provenance the
+// classifier reads: vLLM's formatter continues a record after "\r\n", and
+// a lone "\r" (tqdm, or one inside a client's text) starts nothing.
+func TestRingKeepsWhatCameBeforeEachLine(t *testing.T) {
+	o := newTestOutput(t)
+	w := o.writer("stdout")
+	fmt.Fprint(w, "(EngineCore_DP0 pid=7) ERROR 12-06 07:00:00 [core.py:2056] Unexpected error pre-processing request x\r")
+	fmt.Fprint(w, "\n(EngineCore_DP0 pid=7) ERROR 12-06 07:00:00 [core.py:2056] EngineCore encountered a fatal error.\n")
+	fmt.Fprint(w, "a\rFree memory on device\n")
+	w.Close()
+	var got []string
+	for _, l := range o.ring.snapshot() {
+		got = append(got, fmt.Sprintf("%d:%d", l.N, l.Start))
+	}
+	want := fmt.Sprintf("1:%d|2:%d|3:%d|4:%d", vllmlog.StartFresh, vllmlog.StartCRLF, vllmlog.StartFresh, vllmlog.StartCR)
+	if strings.Join(got, "|") != want {
+		t.Fatalf("starts %v, want %s", got, want)
 	}
 }

@@ -113,24 +113,47 @@ func IsAccessShape(line string) bool {
 	return accessShape.MatchString(Message(line))
 }
 
+// clientQuoting start the messages of vLLM's logger that quote what a
+// client sent: a prompt, a model name, a request id, a LoRA name, an
+// error built from the request (vLLM 0.32.0; docs/how-it-decides.md,
+// "Lines that quote a client", names each site).
+var clientQuoting = []string{
+	"Received request ", "Generated response ", "Error with model ", "Added request ", "Aborted request(s) ", "Request ",
+	"Exception caught. Request id:", "Engine Exception caught. Request id:", "HTTPException caught. Request id:",
+	"RequestValidationError caught. Request id:", "Chat template rejected the request", "Loaded new LoRA adapter",
+	"Failed to load LoRA", "Removed LoRA adapter", "Reloaded LoRA adapter", "Resolved and loaded LoRA adapter",
+	"Unexpected error pre-processing request ", "Multi-modal cache miss for request ",
+}
+
 // IsClientText reports whether a line carries what a client sent: one of
 // uvicorn's access lines (the client's path and query, copied as sent) or
-// one of vLLM's request-log lines ("Received request …: prompt: '…'",
-// "Generated response …: output: …", with --enable-log-requests and
-// --enable-log-outputs). Such lines are never evidence of a failure and
-// never say what vLLM serves: a client could write anything in them. An
-// access line counts by its shape (IsAccessShape), whatever its client
-// field holds: X-Forwarded-For: torch.OutOfMemoryError: CUDA out of
-// memory…, 127.0.0.1 makes that text the client (issue 32).
+// one of vLLM's lines that quote a request (clientQuoting: "Received
+// request …: prompt: '…'", "Error with model error=ErrorInfo(message='The
+// model `…` does not exist.'", "Added request …" …). Such lines are never
+// evidence of a failure and never say what vLLM serves: a client could
+// write anything in them. An access line counts by its shape
+// (IsAccessShape), whatever its client field holds: X-Forwarded-For:
+// torch.OutOfMemoryError: CUDA out of memory…, 127.0.0.1 makes that text
+// the client (issue 32).
+//
+// This is the reading of a saved log (vllm-guard diagnose); the live
+// guard reads only what vLLM's structure owns (policy's provenance) and
+// needs no list: a line of a client's that is not here is no evidence
+// there either.
 func IsClientText(line string) bool {
 	if IsAccessShape(line) {
 		return true
 	}
-	if !strings.Contains(line, "Received request ") && !strings.Contains(line, "Generated response ") {
+	if !strings.Contains(line, "equest") && !strings.Contains(line, "esponse ") && !strings.Contains(line, "LoRA") &&
+		!strings.Contains(line, "rror with model") {
 		return false
 	}
 	if msg, ok := LoggerMessage(line); ok {
-		return strings.HasPrefix(msg, "Received request ") || strings.HasPrefix(msg, "Generated response ")
+		for _, p := range clientQuoting {
+			if strings.HasPrefix(msg, p) {
+				return true
+			}
+		}
 	}
 	return false
 }

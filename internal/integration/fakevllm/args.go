@@ -35,7 +35,8 @@ type serveArgs struct {
 	DisableAccessLog    bool
 	UvicornLogLevel     string
 	DisableLogStats     bool
-	StreamInterval      int // --stream-interval: output ids per streamed chunk after the first
+	StreamInterval      int  // --stream-interval: output ids per streamed chunk after the first
+	EnableLogRequests   bool // --enable-log-requests: "Added request …" lines
 	ConfigFile          string
 	modelFlag           string
 
@@ -149,6 +150,7 @@ var knownFlags = map[string]flagKind{
 	"--uvicorn-log-level":          kindString,
 	"--disable-log-stats":          kindBool,
 	"--stream-interval":            kindInt,
+	"--enable-log-requests":        kindBool,
 	"--config":                     kindString,
 	"--dtype":                      kindString, // accepted, not simulated (the tests serve real tiny models as float32)
 }
@@ -387,6 +389,8 @@ func (a *serveArgs) setBool(name string) {
 		a.DisableAccessLog = true
 	case "--disable-log-stats":
 		a.DisableLogStats = true
+	case "--enable-log-requests":
+		a.EnableLogRequests = true
 	}
 }
 

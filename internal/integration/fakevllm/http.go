@@ -394,6 +394,9 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 		writeError(w, http.StatusInternalServerError, "InternalServerError", "The model is not ready: no model is loaded.", "")
 		return
 	}
+	if chat && !a.servesModel(req.Model) {
+		a.logUnknownModel(req.Model)
+	}
 	if a.refuseUnknownModel(w, req.Model) {
 		return
 	}
@@ -452,8 +455,10 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 	defer a.requestDone()
 	if chat {
 		g.id = "chatcmpl-" + g.id
+		a.logAddedRequest(r, "chatcmpl-", g.id)
 	} else {
 		g.id = "cmpl-" + g.id
+		a.logAddedRequest(r, "cmpl-", g.id)
 	}
 	if req.Stream {
 		g.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage

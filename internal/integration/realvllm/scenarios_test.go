@@ -218,12 +218,15 @@ func TestNamesAndConfigYAML(t *testing.T) {
 }
 
 // SIGKILL of the EngineCore: vLLM's own engine-death path; cause crash,
-// restart, ready again, nothing left of the old tree.
+// restart, ready again, nothing left of the old tree. Before it, clients
+// wrote every cause's words where vLLM quotes them (issue 41): the death
+// stays a crash on rung 0.
 func TestEngineCoreKilled(t *testing.T) {
-	scenario(t, "SIGKILL of the EngineCore: crash, restart, ready, old tree gone")
-	s := newScene(t, generate()...)
+	scenario(t, "SIGKILL of the EngineCore after model names and X-Request-Ids holding every cause's words: crash, rung 0 kept, restart, ready, old tree gone")
+	s := newScene(t, generate("--enable-log-requests")...)
 	s.start()
 	s.WaitEvent("ready", 1, startBound, isReady)
+	sendClientWords(t, s)
 	old := s.ours()
 	core := s.byTitle("VLLM::EngineCore")
 	if core == 0 {
@@ -236,6 +239,7 @@ func TestEngineCoreKilled(t *testing.T) {
 		t.Fatalf("cause %q, want crash (%s)", c, ex.Failure.Verdict.Summary)
 	}
 	t.Logf("exit %s after %s: %s", ex.Failure.Exit, time.Since(killedAt).Round(time.Millisecond), ex.Failure.Verdict.Summary)
+	checkClientWordsNoEvidence(t, s, ex)
 	s.WaitEvent("ready again", 2, startBound, isReady)
 	waitGone(t, old, exitBound)
 	capture(t, "enginecore-sigkill", s.runLines(1), "crash")

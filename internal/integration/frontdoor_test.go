@@ -260,8 +260,11 @@ func TestTrustedProxyClientsEachGetAShare(t *testing.T) {
 	s.WaitLog("the warning about trusted_proxies", 1, 30*time.Second, everyone)
 
 	// Client A, behind the balancer, has its two requests in progress.
+	var slow []net.Conn
 	for range 2 {
-		sendRead(t, pid, from(t, balancer, proxyAddr), slowPost("203.0.113.7")...)
+		c := from(t, balancer, proxyAddr)
+		sendRead(t, pid, c, slowPost("203.0.113.7")...)
+		slow = append(slow, c)
 	}
 	if code, body := askOnce(t, balancer, proxyAddr, post("203.0.113.7")); code != http.StatusTooManyRequests || !strings.Contains(body, "max_connections_per_client") {
 		t.Errorf("client A's third request: %d %q; want 429 naming max_connections_per_client", code, body)
@@ -273,6 +276,10 @@ func TestTrustedProxyClientsEachGetAShare(t *testing.T) {
 	}
 	if code, body := askOnce(t, balancer, proxyAddr, post("203.0.113.8")); code != http.StatusOK {
 		t.Errorf("client B behind the same balancer: %d %q; want 200", code, body)
+	}
+
+	for _, c := range slow {
+		c.Close() // client A gives up: the guard's stop waits for no body
 	}
 
 	cfg := filepath.Join(s.dir, "vllm-guard.toml")

@@ -386,7 +386,18 @@ func (p *Proxy) frontDoor(next http.Handler, share *clientShare) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
 			connlimit.Reading(r.Context())
-			r.Body = &readingBody{ReadCloser: r.Body, ctx: r.Context()}
+			b := &readingBody{ReadCloser: r.Body, ctx: r.Context(), left: r.ContentLength}
+			r.Body = b
+			defer func() {
+				if !b.eof.Load() {
+					// Answered with the body unread (408 for one too
+					// slow, 413, a refusal): the server would go on
+					// reading the rest, with no deadline, before it let
+					// the connection go (a body stalled after a 408 held
+					// its connection for as long as the client liked).
+					_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+				}
+			}()
 		}
 		if p.trustedPeer(r.RemoteAddr) {
 			client := p.forwardedClient(r)
@@ -404,11 +415,7 @@ func (p *Proxy) frontDoor(next http.Handler, share *clientShare) http.Handler {
 // requests in progress already: at once, its body unread.
 func (p *Proxy) overShare(w http.ResponseWriter, r *http.Request, share int) {
 	if r.ContentLength != 0 {
-		// The body is not read: the connection cannot carry another
-		// request, and a read deadline of now ends the server's wait
-		// for the rest of it.
-		w.Header().Set("Connection", "close")
-		_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+		w.Header().Set("Connection", "close") // the body is not read
 	}
 	w.Header().Set("Retry-After", retryAfterBusy)
 	writeError(w, http.StatusTooManyRequests, "rate_limit_error",
@@ -417,14 +424,20 @@ func (p *Proxy) overShare(w http.ResponseWriter, r *http.Request, share int) {
 
 // readingBody tells the listener the request is working once its body is
 // read to its end.
+// read to its end (its Content-Length, or io.EOF when it has none).
 type readingBody struct {
 	io.ReadCloser
-	ctx context.Context
+	ctx  context.Context
+	left int64       // bytes still to come; < 0: not known
+	eof  atomic.Bool // read to its end
 }
 
 func (b *readingBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err == io.EOF {
+	if b.left > 0 {
+		b.left -= int64(n)
+	}
+	if (err == io.EOF || b.left == 0) && !b.eof.Swap(true) {
 		connlimit.Working(b.ctx)
 	}
 	return n, err

@@ -188,7 +188,7 @@ func TestProbesAndClientsAnsweredWhateverOthersHold(t *testing.T) {
 	pid := s.Cmd.Process.Pid
 	per := max(ctlCap/4, 2)
 	src := func(i int) string { return fmt.Sprintf("127.0.0.%d", 10+i/per) } // per connections from each
-	probes := func(when string) {
+	probes := func(t *testing.T, when string) {
 		t.Helper()
 		for _, path := range []string{"/livez", "/readyz"} {
 			for _, who := range []string{"127.0.0.200", src(0)} {
@@ -204,14 +204,14 @@ func TestProbesAndClientsAnsweredWhateverOthersHold(t *testing.T) {
 			c := from(t, src(i), s.httpListen)
 			sendRead(t, pid, c, "GET /livez HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\n\r\nx", "x")
 		}
-		probes(fmt.Sprintf("%d slow bodies sent", ctlCap))
+		probes(t, fmt.Sprintf("%d slow bodies sent", ctlCap))
 	})
 	t.Run("headers never finished", func(t *testing.T) {
 		for i := range ctlCap {
 			c := from(t, src(i), s.httpListen)
 			sendRead(t, pid, c, "GET /livez HTTP/1.1\r\n", "Host: loc")
 		}
-		probes(fmt.Sprintf("%d connections sending their headers", ctlCap))
+		probes(t, fmt.Sprintf("%d connections sending their headers", ctlCap))
 	})
 	t.Run("idle connections", func(t *testing.T) {
 		for i := range ctlCap {
@@ -221,7 +221,7 @@ func TestProbesAndClientsAnsweredWhateverOthersHold(t *testing.T) {
 				resp.Body.Close() // kept alive, idle from now on
 			}
 		}
-		probes(fmt.Sprintf("%d idle connections", ctlCap))
+		probes(t, fmt.Sprintf("%d idle connections", ctlCap))
 	})
 	t.Run("proxy: two addresses trickling bodies", func(t *testing.T) {
 		for i := range proxyCap {
@@ -253,11 +253,6 @@ func TestTrustedProxyClientsEachGetAShare(t *testing.T) {
 	s.start()
 	s.WaitEvent("ready", 1, 60*time.Second, isReady)
 	pid := s.Cmd.Process.Pid
-	everyone := func(l map[string]any) bool {
-		m, _ := l["msg"].(string)
-		return l["level"] == "warn" && strings.Contains(m, `"::/0" trusts every address`)
-	}
-	s.WaitLog("the warning about trusted_proxies", 1, 30*time.Second, everyone)
 
 	// Client A, behind the balancer, has its two requests in progress.
 	var slow []net.Conn
@@ -282,6 +277,10 @@ func TestTrustedProxyClientsEachGetAShare(t *testing.T) {
 		c.Close() // client A gives up: the guard's stop waits for no body
 	}
 
+	everyone := func(l map[string]any) bool {
+		m, _ := l["msg"].(string)
+		return l["level"] == "warn" && strings.Contains(m, `"::/0" trusts every address`)
+	}
 	cfg := filepath.Join(s.dir, "vllm-guard.toml")
 	if out := guardCLI(t, "check", "--config", cfg); !strings.Contains(out, `warning: [proxy] trusted_proxies: "::/0" trusts every address`) {
 		t.Errorf("check with trusted_proxies ::/0 says no warning:\n%s", out)
@@ -293,5 +292,6 @@ func TestTrustedProxyClientsEachGetAShare(t *testing.T) {
 	if out := guardCLI(t, "check", "--config", v4); !strings.Contains(out, `warning: [proxy] trusted_proxies: "0.0.0.0/0" trusts every address`) {
 		t.Errorf("check with trusted_proxies 0.0.0.0/0 says no warning:\n%s", out)
 	}
+	s.WaitLog("the warning about trusted_proxies ::/0", 1, 30*time.Second, everyone)
 	s.stopCleanly(30*time.Second, 5*time.Second)
 }

@@ -15,13 +15,20 @@ type rigServer struct {
 	addr    string
 	entered chan string // the path of each request whose handler began
 	working chan string // the path of each request past Working
+	idle    chan struct{}  // a connection went idle after its answer
 	hold    chan struct{}
 }
 
 func serveRig(t *testing.T, l *Listener) *rigServer {
 	t.Helper()
-	r := &rigServer{addr: l.Addr().String(), entered: make(chan string, 64), working: make(chan string, 64), hold: make(chan struct{})}
-	srv := &http.Server{ConnState: l.ConnState, ConnContext: ConnContext, Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	r := &rigServer{addr: l.Addr().String(), entered: make(chan string, 64), working: make(chan string, 64), idle: make(chan struct{}, 64), hold: make(chan struct{})}
+	connState := func(c net.Conn, st http.ConnState) {
+		l.ConnState(c, st)
+		if st == http.StateIdle {
+			r.idle <- struct{}{}
+		}
+	}
+	srv := &http.Server{ConnState: connState, ConnContext: ConnContext, Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if req.ContentLength != 0 {
 			Reading(req.Context())
 		}
@@ -100,6 +107,7 @@ func TestReadingGivesWayWorkingHolds(t *testing.T) {
 	if code, body, err := answer(c); err != nil || code != http.StatusOK || body != "ok" {
 		t.Fatalf("a newcomer with slow bodies in every place: %d %q %v; want 200", code, body, err)
 	}
+	<-r.idle // the newcomer's connection, kept alive
 	if _, _, err := answer(slow[0]); err == nil {
 		t.Error("the oldest slow body was answered; want its connection closed")
 	}
@@ -152,6 +160,7 @@ func TestReserveTakesWhatTheCapRefuses(t *testing.T) {
 			t.Fatalf("from 127.0.0.%d with every place working: %d %q %v; want 200 on the reserve", ip, code, body, err)
 		}
 		<-r.entered
+		<-r.idle // kept alive: the next newcomer may take its place
 	}
 	if l.Refused() != 0 {
 		t.Errorf("refused %d; want none (the reserve's idle place given to each newcomer)", l.Refused())

@@ -13,9 +13,9 @@ import (
 // blocks requests to /hold (after reading their body) until it is closed.
 type rigServer struct {
 	addr    string
-	entered chan string // the path of each request whose handler began
-	working chan string // the path of each request past Working
-	idle    chan struct{}  // a connection went idle after its answer
+	entered chan string   // the path of each request whose handler began
+	working chan string   // the path of each request past Working
+	idle    chan struct{} // a connection went idle after its answer
 	hold    chan struct{}
 }
 

@@ -126,7 +126,7 @@ type Proxy struct {
 	MaxConnections int `toml:"max_connections"`
 	// MaxConnectionsPerClient caps the connections of one client address
 	// that have a request in progress; idle ones, and those still
-	// receiving their request's body, give way to newcomers. 0: an eighth
+	// receiving their request's body, give way to newcomers. 0: a quarter
 	// of the connection cap (at least 4). Behind a peer in TrustedProxies
 	// it is the share of each client that peer forwards.
 	MaxConnectionsPerClient int `toml:"max_connections_per_client"`
@@ -266,7 +266,7 @@ func Default() *Config {
 			MaxBodyBytes:   16 << 20,
 			WriteTimeout:   d("30s"),
 			MaxConnections: 1024,
-			// 0: an eighth, so that a handful of addresses cannot take
+			// 0: a quarter, so that a few addresses cannot take
 			// every place (issue 41: with half, two did). A load balancer
 			// in front is listed in trusted_proxies: each client it
 			// forwards then gets a share.

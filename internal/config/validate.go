@@ -306,7 +306,7 @@ func (c *checker) validate(cfg *Config) {
 		c.add(k("proxy", "max_connections"), "%d is out of range; allowed: 1 to %d (open client connections; more are closed at accept, such as 1024)", px.MaxConnections, MaxConnections)
 	}
 	if px.MaxConnectionsPerClient < 0 || px.MaxConnectionsPerClient > MaxConnections {
-		c.add(k("proxy", "max_connections_per_client"), "%d is out of range; allowed: 0 (an eighth of max_connections) or 1 to %d (connections of one client address with a request in progress, such as 128; behind a load balancer, list it in trusted_proxies)",
+		c.add(k("proxy", "max_connections_per_client"), "%d is out of range; allowed: 0 (a quarter of max_connections) or 1 to %d (connections of one client address with a request in progress, such as 256; behind a load balancer, list it in trusted_proxies)",
 			px.MaxConnectionsPerClient, MaxConnections)
 	}
 	bodyOK := px.MaxBodyBytes > 0 && px.MaxBodyBytes <= MaxBodyBytes

@@ -151,7 +151,7 @@ func TestForwardedClient(t *testing.T) {
 
 func TestPerClientDefault(t *testing.T) {
 	for _, tc := range []struct{ configured, capN, want int }{
-		{0, 1024, 128}, {0, 352, 44}, {0, 12, 4}, {7, 1024, 7},
+		{0, 1024, 256}, {0, 352, 88}, {0, 12, 4}, {7, 1024, 7},
 	} {
 		if got := perClient(tc.configured, tc.capN); got != tc.want {
 			t.Errorf("perClient(%d, %d) = %d; want %d", tc.configured, tc.capN, got, tc.want)

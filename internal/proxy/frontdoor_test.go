@@ -158,3 +158,26 @@ func TestPerClientDefault(t *testing.T) {
 		}
 	}
 }
+
+// Whatever a client writes in X-Forwarded-For, the client it is counted as
+// is the balancer itself or an address not trusted, of the right width.
+func FuzzForwardedClient(f *testing.F) {
+	for _, s := range []string{"203.0.113.7", "1.2.3.4, 10.0.0.5", "::ffff:1.2.3.4", "[2001:db8::1]:80", ",,,", "CUDA out of memory", "10.0.0.1, 2001:db9::5"} {
+		f.Add(s)
+	}
+	p := New(proxyConfig(), &fakeUp{}, nil, nil)
+	p.trusted = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	peer := netip.MustParsePrefix("10.0.0.1/32")
+	f.Fuzz(func(t *testing.T, xff string) {
+		r, _ := http.NewRequest(http.MethodGet, "http://x/", nil)
+		r.RemoteAddr = "10.0.0.1:4000"
+		r.Header.Set("X-Forwarded-For", xff)
+		got := p.forwardedClient(r)
+		if got == peer {
+			return
+		}
+		if !got.IsValid() || p.trustedAddr(got.Addr()) || (got.Addr().Is4() && got.Bits() != 32) || (got.Addr().Is6() && got.Bits() != 64) {
+			t.Fatalf("X-Forwarded-For %q: client %s", xff, got)
+		}
+	})
+}

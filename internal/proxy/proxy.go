@@ -389,9 +389,14 @@ func (p *Proxy) frontDoor(next http.Handler, share *clientShare) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
 			connlimit.Reading(r.Context())
-			b := &readingBody{ReadCloser: r.Body, ctx: r.Context(), left: r.ContentLength}
+			orig := r.Body
+			b := &readingBody{ReadCloser: orig, ctx: r.Context(), left: r.ContentLength}
 			r.Body = b
 			defer func() {
+				// The server looks at the request's own body once the
+				// handler is done (to know whether the connection can
+				// carry another request): it gets it back.
+				r.Body = orig
 				if !b.eof.Load() {
 					// Answered with the body unread (408 for one too
 					// slow, 413, a refusal): the server would go on

@@ -68,15 +68,17 @@ func (c *configFlags) resolve(stderr io.Writer) (instance, path string, ok bool)
 	return instance, config.ResolveFor(c.config, instance), true
 }
 
-// instanceWarnings says when an instance's file sets [control] socket or
+// instanceWarnings says what in the file is allowed but weakens the guard
+// (config's Warnings: a trusted_proxies that trusts everyone), and when an
+// instance's file sets [control] socket or
 // state_dir to the single guard's defaults (a copy of the example
 // vllm-guard.toml does): the key wins over the instance's default, so two
 // instances would fight over one socket or one state folder.
 func instanceWarnings(instance string, cfg *config.Config) []string {
+	out := cfg.Warnings()
 	if instance == "" {
-		return nil
+		return out
 	}
-	var out []string
 	single, own := config.Default().Control, config.DefaultFor(instance).Control
 	if cfg.Control.Socket == single.Socket {
 		out = append(out, fmt.Sprintf("instance %s: [control] socket is %s, the guard without an instance's: every instance whose file says so shares it; remove the key (the instance's default is %s)",

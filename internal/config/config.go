@@ -129,7 +129,10 @@ type Proxy struct {
 	// it are closed at accept.
 	MaxConnections int `toml:"max_connections"`
 	// MaxConnectionsPerClient caps the connections of one client address
-	// that have a request in progress; idle ones give way to newcomers.
+	// that have a request in progress; idle ones, and those still
+	// receiving their request's body, give way to newcomers. 0: a quarter
+	// of the connection cap (at least 4). Behind a peer in TrustedProxies
+	// it is the share of each client that peer forwards.
 	MaxConnectionsPerClient int `toml:"max_connections_per_client"`
 	// MaxBufferedBytes bounds the request bodies the proxy holds in memory
 	// at once, all requests together (read before admission, sent to vLLM
@@ -152,6 +155,20 @@ type Proxy struct {
 	// peer appended; anyone else's are dropped (vLLM's uvicorn prints
 	// X-Forwarded-For as the client in its access lines).
 	TrustedProxies []string `toml:"trusted_proxies"`
+}
+
+// Warnings says what in cfg is allowed but likely a mistake that weakens
+// the guard: `check` prints each and `run` logs each at start.
+func (cfg *Config) Warnings() []string {
+	var out []string
+	ps, _ := TrustedPrefixes(cfg.Proxy.TrustedProxies)
+	for i, p := range ps {
+		if p.Bits() == 0 {
+			out = append(out, fmt.Sprintf("[proxy] trusted_proxies: %q trusts every address: any client can name itself in X-Forwarded-For, which then reaches vLLM's access lines as the client, and each name it makes up gets its own share of max_connections_per_client; list only your load balancers' addresses",
+				strings.TrimSpace(cfg.Proxy.TrustedProxies[i])))
+		}
+	}
+	return out
 }
 
 // TrustedPrefixes parses [proxy] trusted_proxies: each entry a CIDR
@@ -254,9 +271,11 @@ func Default() *Config {
 			MaxBodyBytes:   16 << 20,
 			WriteTimeout:   d("30s"),
 			MaxConnections: 1024,
-			// Half: one address cannot take every place, two can (a
-			// load balancer in front needs max_connections).
-			MaxConnectionsPerClient: 512,
+			// 0: a quarter, so that a few addresses cannot take
+			// every place (issue 41: with half, two did). A load balancer
+			// in front is listed in trusted_proxies: each client it
+			// forwards then gets a share.
+			MaxConnectionsPerClient: 0,
 			MaxBufferedBytes:        512 << 20,
 			TrustedProxies:          []string{},
 			Resume:                  true,

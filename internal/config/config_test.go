@@ -163,7 +163,7 @@ func TestLoadErrors(t *testing.T) {
 		{"stall_timeout huge", "[readiness]\nstall_timeout = \"2562047h\"\n", 2, "[readiness] stall_timeout", "allowed: 1s to 24h"},
 		{"write_timeout", "[proxy]\nwrite_timeout = \"10ms\"\n", 2, "[proxy] write_timeout", "allowed: 1s to 1h"},
 		{"max_connections", "[proxy]\nmax_connections = 0\n", 2, "[proxy] max_connections", "allowed: 1 to 1048576"},
-		{"max_connections_per_client", "[proxy]\nmax_connections_per_client = 0\n", 2, "[proxy] max_connections_per_client", "allowed: 1 to 1048576"},
+		{"max_connections_per_client", "[proxy]\nmax_connections_per_client = -1\n", 2, "[proxy] max_connections_per_client", "or 1 to 1048576"},
 		{"max_buffered_bytes below a body", "[proxy]\nmax_buffered_bytes = 1024\n", 2, "[proxy] max_buffered_bytes", "allowed: max_body_bytes (16777216)"},
 		{"max_buffered_bytes_per_client below a body", "[proxy]\nmax_buffered_bytes_per_client = 1024\n", 2, "[proxy] max_buffered_bytes_per_client", "allowed: 0 (a quarter of max_buffered_bytes) or max_body_bytes (16777216)"},
 		{"max_buffered_bytes_per_client above the budget", "[proxy]\nmax_buffered_bytes_per_client = 1073741824\n", 2, "[proxy] max_buffered_bytes_per_client", "to max_buffered_bytes (536870912)"},
@@ -605,5 +605,26 @@ func TestTrustedPrefixes(t *testing.T) {
 	}
 	if p, err := TrustedPrefixes(nil); err != nil || len(p) != 0 {
 		t.Errorf("none: %v %v; want nothing trusted", p, err)
+	}
+}
+
+// A trusted_proxies entry that trusts every address is allowed but warned
+// about (issue 41); a list of balancers is not.
+func TestTrustEveryoneWarns(t *testing.T) {
+	for _, tc := range []struct {
+		list []string
+		warn string
+	}{
+		{[]string{"10.0.0.0/8", "192.0.2.7"}, ""},
+		{[]string{"10.0.0.0/8", " 0.0.0.0/0"}, `"0.0.0.0/0" trusts every address`},
+		{[]string{"::/0"}, `"::/0" trusts every address`},
+		{[]string{"::ffff:0.0.0.0/96"}, `"::ffff:0.0.0.0/96" trusts every address`},
+	} {
+		cfg := Default()
+		cfg.Proxy.TrustedProxies = tc.list
+		w := strings.Join(cfg.Warnings(), "\n")
+		if (tc.warn == "") != (w == "") || !strings.Contains(w, tc.warn) || (w != "" && !strings.Contains(w, "list only your load balancers")) {
+			t.Errorf("trusted_proxies %q: warnings %q; want one containing %q", tc.list, w, tc.warn)
+		}
 	}
 }

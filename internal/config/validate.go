@@ -306,8 +306,8 @@ func (c *checker) validate(cfg *Config) {
 	if px.MaxConnections < 1 || px.MaxConnections > MaxConnections {
 		c.add(k("proxy", "max_connections"), "%d is out of range; allowed: 1 to %d (open client connections; more are closed at accept, such as 1024)", px.MaxConnections, MaxConnections)
 	}
-	if px.MaxConnectionsPerClient < 1 || px.MaxConnectionsPerClient > MaxConnections {
-		c.add(k("proxy", "max_connections_per_client"), "%d is out of range; allowed: 1 to %d (connections of one client address with a request in progress, such as 512; behind a load balancer, max_connections)",
+	if px.MaxConnectionsPerClient < 0 || px.MaxConnectionsPerClient > MaxConnections {
+		c.add(k("proxy", "max_connections_per_client"), "%d is out of range; allowed: 0 (a quarter of max_connections) or 1 to %d (connections of one client address with a request in progress, such as 256; behind a load balancer, list it in trusted_proxies)",
 			px.MaxConnectionsPerClient, MaxConnections)
 	}
 	bodyOK := px.MaxBodyBytes > 0 && px.MaxBodyBytes <= MaxBodyBytes

@@ -8,6 +8,7 @@ package connlimit
 
 import (
 	"container/list"
+	"context"
 	"net"
 	"net/http"
 	"net/netip"
@@ -56,12 +57,17 @@ func NoFile() uint64 {
 	return rl.Cur
 }
 
-// refusal is written to a connection over the cap.
-var refusal = func() []byte {
-	const body = "vllm-guard: too many open connections; retry shortly\n"
+// refusal is written to a connection over the cap; refusalPerSource to
+// one over its address's share.
+var (
+	refusal          = answer503("vllm-guard: too many open connections; retry shortly\n")
+	refusalPerSource = answer503("vllm-guard: too many connections from your address with a request in progress; retry shortly\n")
+)
+
+func answer503(body string) []byte {
 	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n" +
 		"Retry-After: 1\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
-}()
+}
 
 // Listener is a net.Listener with at most Max connections open at once,
 // and at most PerSource from one client address.
@@ -73,18 +79,31 @@ var refusal = func() []byte {
 // progress count against a newcomer, so idle keep-alive connections (and
 // requests whose headers never finish) cannot shut anyone out, and
 // /livez cannot be starved by them (issue 24: 64 idle connections made the
-// control port answer 503 for a minute). Set ConnState as the
-// http.Server's ConnState hook.
+// control port answer 503 for a minute). A handler may say that its
+// request is still receiving its body (Reading): until the body is read
+// (Working) the connection gives its place like one sending its headers,
+// so slow bodies cannot shut anyone out either (issue 41). Set ConnState
+// as the http.Server's ConnState hook and ConnContext as its ConnContext.
+//
+// A listener with a reserve (SetReserve) does not refuse a newcomer that
+// finds every place working: it accepts it into the reserve, a few places
+// of their own that the handler keeps for requests answered at once
+// (Reserved tells it which connections those are: the control port serves
+// only /livez and /readyz on them), so that whatever other clients hold,
+// a probe is answered.
 type Listener struct {
 	net.Listener
 	max, perSource int
 	refused        atomic.Uint64
 	evicted        atomic.Uint64
 
-	mu       sync.Mutex
-	open     int
-	bySource map[netip.Prefix]int
-	waiting  list.List // of *conn not working on a request, oldest first
+	mu          sync.Mutex
+	open        int
+	bySource    map[netip.Prefix]int
+	waiting     list.List // of *conn not working on a request, oldest first
+	reserve     int       // places of the reserve (SetReserve)
+	reserveOpen int       // connections open in it
+	exempt      []netip.Prefix
 
 	// wait: past the cap Accept waits for a place instead of refusing,
 	// and only idle connections give theirs (NewWaiting).
@@ -123,6 +142,26 @@ func NewWaiting(l net.Listener, limit int) *Listener {
 	return ln
 }
 
+// SetReserve gives the listener n places beyond its cap for connections
+// that find every place working, whatever their address (see Listener).
+// Call it before Accept; a waiting listener (NewWaiting) has none.
+func (l *Listener) SetReserve(n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.wait {
+		l.reserve = max(n, 0)
+	}
+}
+
+// Exempt lifts the per-source cap from the peers in ps (load balancers in
+// [proxy] trusted_proxies: the clients behind them are counted by the
+// handler, by the address the balancer forwards). Call it before Accept.
+func (l *Listener) Exempt(ps []netip.Prefix) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.exempt = append([]netip.Prefix(nil), ps...)
+}
+
 // Close closes the listener and wakes an Accept waiting for a place.
 func (l *Listener) Close() error {
 	l.mu.Lock()
@@ -152,14 +191,15 @@ func (l *Listener) Refused() uint64 { return l.refused.Load() }
 // Evicted is the number of idle connections closed to make room.
 func (l *Listener) Evicted() uint64 { return l.evicted.Load() }
 
-// source is the client's address as the per-source cap counts it.
-func source(a net.Addr) netip.Prefix {
+// source is the client's address as the per-source cap counts it, and the
+// address itself.
+func source(a net.Addr) (netip.Prefix, netip.Addr) {
 	if a == nil {
-		return netip.Prefix{} // a unix socket's peer: one source
+		return netip.Prefix{}, netip.Addr{} // a unix socket's peer: one source
 	}
 	ap, err := netip.ParseAddrPort(a.String())
 	if err != nil {
-		return netip.Prefix{}
+		return netip.Prefix{}, netip.Addr{}
 	}
 	ip := ap.Addr().Unmap()
 	bits := 32
@@ -167,27 +207,38 @@ func source(a net.Addr) netip.Prefix {
 		bits = 64 // one host's privacy addresses share its /64
 	}
 	p, _ := ip.Prefix(bits)
-	return p
+	return p, ip
+}
+
+func (l *Listener) exemptLocked(a netip.Addr) bool {
+	for _, p := range l.exempt {
+		if a.IsValid() && p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // Accept returns the next connection within the caps, closing the oldest
 // idle connection (of the same source, when that cap is the one reached)
-// to make room; a connection that finds none to replace is answered 503
-// and closed here, and Accept goes on waiting.
+// to make room; a connection that finds none to replace goes to the
+// reserve, if any has room (or an idle place to take), else is answered
+// 503 and closed here, and Accept goes on waiting.
 func (l *Listener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
 		}
-		nc := &conn{Conn: c, l: l, src: source(c.RemoteAddr())}
+		src, addr := source(c.RemoteAddr())
+		nc := &conn{Conn: c, l: l, src: src}
 		var victims []*conn
-		ok := true
+		ok, perSource := true, false
 		l.mu.Lock()
 		// A waiting listener holds the newcomer (one descriptor over the
 		// cap at most) until a place frees or an idle connection can give
 		// its own; those behind it wait in the kernel's backlog.
-		for l.wait && !l.closed && l.open >= l.max && l.oldestWaitingLocked(netip.Prefix{}, false) == nil {
+		for l.wait && !l.closed && l.open >= l.max && l.oldestWaitingLocked(netip.Prefix{}, false, false) == nil {
 			l.cond.Wait()
 		}
 		if l.closed {
@@ -195,27 +246,39 @@ func (l *Listener) Accept() (net.Conn, error) {
 			_ = c.Close()
 			return nil, net.ErrClosed
 		}
-		if l.bySource[nc.src] >= l.perSource {
-			if v := l.oldestWaitingLocked(nc.src, true); v != nil {
+		if l.bySource[nc.src] >= l.perSource && !l.exemptLocked(addr) {
+			if v := l.oldestWaitingLocked(nc.src, true, false); v != nil {
 				l.dropLocked(v)
 				victims = append(victims, v)
 			} else {
-				ok = false
+				ok, perSource = false, l.perSource < l.max
 			}
 		}
 		if ok && l.open >= l.max {
-			if v := l.oldestWaitingLocked(netip.Prefix{}, false); v != nil {
+			if v := l.oldestWaitingLocked(netip.Prefix{}, false, false); v != nil {
 				l.dropLocked(v)
 				victims = append(victims, v)
 			} else {
 				ok = false
 			}
 		}
-		if ok {
+		switch {
+		case ok:
 			l.open++
 			l.bySource[nc.src]++
 			// Waiting (replaceable) once the server says so: with no
 			// ConnState hook every connection holds its place.
+		case l.reserve > 0:
+			if l.reserveOpen >= l.reserve {
+				if v := l.oldestWaitingLocked(netip.Prefix{}, false, true); v != nil {
+					l.dropLocked(v)
+					victims = append(victims, v)
+				}
+			}
+			if l.reserveOpen < l.reserve {
+				ok, nc.reserved = true, true
+				l.reserveOpen++
+			}
 		}
 		l.mu.Unlock()
 		for _, v := range victims {
@@ -229,16 +292,20 @@ func (l *Listener) Accept() (net.Conn, error) {
 		// A fresh socket's send buffer is empty: the write does not
 		// block; the deadline is a guard against the impossible.
 		_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-		_, _ = c.Write(refusal)
+		if perSource {
+			_, _ = c.Write(refusalPerSource)
+		} else {
+			_, _ = c.Write(refusal)
+		}
 		_ = c.Close()
 	}
 }
 
 // oldestWaitingLocked is the connection that has waited longest with no
-// request in progress, of src when bySrc.
-func (l *Listener) oldestWaitingLocked(src netip.Prefix, bySrc bool) *conn {
+// request in progress, of src when bySrc, in the reserve or not.
+func (l *Listener) oldestWaitingLocked(src netip.Prefix, bySrc, reserved bool) *conn {
 	for e := l.waiting.Front(); e != nil; e = e.Next() {
-		if c := e.Value.(*conn); !bySrc || c.src == src {
+		if c := e.Value.(*conn); c.reserved == reserved && (!bySrc || c.src == src) {
 			return c
 		}
 	}
@@ -251,10 +318,14 @@ func (l *Listener) dropLocked(c *conn) {
 		return
 	}
 	c.released = true
-	l.open--
 	l.cond.Broadcast()
-	if l.bySource[c.src]--; l.bySource[c.src] <= 0 {
-		delete(l.bySource, c.src)
+	if c.reserved {
+		l.reserveOpen--
+	} else {
+		l.open--
+		if l.bySource[c.src]--; l.bySource[c.src] <= 0 {
+			delete(l.bySource, c.src)
+		}
 	}
 	if c.elem != nil {
 		l.waiting.Remove(c.elem)
@@ -276,6 +347,7 @@ func (l *Listener) ConnState(nc net.Conn, s http.ConnState) {
 	if c.released {
 		return
 	}
+	c.reading = false
 	if c.elem != nil {
 		l.waiting.Remove(c.elem)
 		c.elem = nil
@@ -287,13 +359,80 @@ func (l *Listener) ConnState(nc net.Conn, s http.ConnState) {
 	}
 }
 
+type connKey struct{}
+
+// ConnContext is the http.Server's ConnContext hook: it lets a handler
+// tell the listener about its request's connection (Reading, Working) and
+// ask whether it is in the reserve (Reserved).
+func ConnContext(ctx context.Context, c net.Conn) context.Context {
+	if nc, ok := c.(*conn); ok {
+		return context.WithValue(ctx, connKey{}, nc)
+	}
+	return ctx
+}
+
+func connOf(ctx context.Context) *conn {
+	c, _ := ctx.Value(connKey{}).(*conn)
+	return c
+}
+
+// Reserved reports whether the request's connection (ctx: the request's
+// context) was accepted into the reserve: every other place was working.
+func Reserved(ctx context.Context) bool {
+	c := connOf(ctx)
+	return c != nil && c.reserved
+}
+
+// Reading says that the request's connection is receiving the request's
+// body, not yet working on it: a newcomer that finds the cap reached may
+// take its place, as it may an idle one's, until Working. A slow uploader
+// then cannot hold a place that others need (issue 41: 1,024 bodies
+// trickling a byte each 5 s shut every other client out of the proxy).
+func Reading(ctx context.Context) {
+	c := connOf(ctx)
+	if c == nil {
+		return
+	}
+	l := c.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c.released || c.elem != nil {
+		return
+	}
+	c.reading = true
+	c.elem = l.waiting.PushBack(c)
+	l.cond.Broadcast()
+}
+
+// Working says that the request's body is read: its connection holds its
+// place again. After the request has ended it does nothing.
+func Working(ctx context.Context) {
+	c := connOf(ctx)
+	if c == nil {
+		return
+	}
+	l := c.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c.released || !c.reading {
+		return
+	}
+	c.reading = false
+	if c.elem != nil {
+		l.waiting.Remove(c.elem)
+		c.elem = nil
+	}
+}
+
 // conn gives its place back once, on the first Close.
 type conn struct {
 	net.Conn
 	l        *Listener
 	src      netip.Prefix
+	reserved bool          // in the reserve, not under the cap
 	elem     *list.Element // in l.waiting while no request is in progress
 	released bool          // guarded by l.mu
+	reading  bool          // guarded by l.mu: in l.waiting by Reading
 }
 
 // NetConn is the accepted connection itself (for its socket options: the

@@ -94,13 +94,21 @@ func ListenHTTP(addr string, h http.Handler, log *zap.Logger) (*HTTPServer, erro
 	// their place to a newcomer, and one client address holds at most a
 	// quarter of them, so /livez and /readyz cannot be starved by
 	// connections that ask nothing (issue 24).
+	//
+	// Connections with a request in progress can still fill it (scrapes
+	// whose answer is read slowly, from many addresses): a newcomer that
+	// finds every place working goes to a reserve of its own, where only
+	// /livez and /readyz are answered, each at once and on a connection
+	// closed after it, so nothing can hold the reserve (issue 41).
 	_, capN := connlimit.Caps(connlimit.NoFile(), 0)
 	cl := connlimit.NewPerSource(ln, capN, max(capN/4, 2))
+	cl.SetReserve(healthReserve)
 	s := &HTTPServer{
 		ln:   cl,
 		done: make(chan struct{}),
 		srv: &http.Server{
-			Handler: checkHost(ln.Addr(), addr, h),
+			Handler:     frontDoor(checkHost(ln.Addr(), addr, h)),
+			ConnContext: connlimit.ConnContext,
 			// Probes and scrapes send their headers at once and are
 			// answered at once: short bounds, so a connection that does
 			// neither leaves soon even when nobody needs its place.
@@ -124,6 +132,38 @@ func ListenHTTP(addr string, h http.Handler, log *zap.Logger) (*HTTPServer, erro
 	}()
 	log.Info("HTTP endpoints listening", zap.String("listen", ln.Addr().String()))
 	return s, nil
+}
+
+// healthReserve is the number of connections kept for /livez and /readyz
+// when every place of the port is working (connlimit's reserve).
+const healthReserve = 8
+
+// frontDoor answers what the port's endpoints need and nothing more. No
+// endpoint here takes a body, so none is read: a request that announces
+// one is answered at once, and its connection closed at once (a read
+// deadline of now ends the server's wait for the rest of the body), so a
+// body that never arrives holds no place (issue 41: 64 `GET /livez` with
+// `Content-Length: 100000` and one byte held every place for the 10 s
+// read timeout, and /livez answered 503). On a connection of the reserve
+// only /livez and /readyz are answered, and the connection is closed
+// after its one answer.
+func frontDoor(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reserved := connlimit.Reserved(r.Context())
+		if r.ContentLength != 0 || reserved {
+			w.Header().Set("Connection", "close")
+		}
+		if r.ContentLength != 0 {
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+		}
+		if reserved && r.URL.Path != "/livez" && r.URL.Path != "/readyz" {
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf(
+				"too many open connections with a request in progress: only /livez and /readyz are answered now, not %s; retry shortly", r.URL.Path))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Addr is the address listened on (the real port when addr had port 0).

@@ -216,7 +216,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		sc := newPromptScanner()
 		var ok bool
-		if body, ok = p.readBody(rec, r, sc, fixedDeadline(start.Add(bodyReadTimeout))); !ok {
+		if body, ok = p.readBody(rec, r, sc, bodyDeadline(start)); !ok {
 			return
 		}
 		defer body.release()

@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"context"
 	"errors"
+	"net/netip"
 	"sync"
 	"time"
 )
@@ -491,4 +492,38 @@ func isRejection(err error) (*rejection, bool) {
 	var r *rejection
 	ok := errors.As(err, &r)
 	return r, ok
+}
+
+// clientShare counts the requests in progress of each client a trusted
+// load balancer forwards, each at most max ([proxy]
+// max_connections_per_client): behind one balancer, clients get a share
+// each, as they do when they connect themselves.
+type clientShare struct {
+	mu  sync.Mutex
+	max int
+	n   map[netip.Prefix]int
+}
+
+func newClientShare(max int) *clientShare {
+	return &clientShare{max: max, n: map[netip.Prefix]int{}}
+}
+
+// take counts one more request of c; false (nothing counted) when c has
+// its share in progress already.
+func (s *clientShare) take(c netip.Prefix) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n[c] >= s.max {
+		return false
+	}
+	s.n[c]++
+	return true
+}
+
+func (s *clientShare) give(c netip.Prefix) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n[c]--; s.n[c] <= 0 {
+		delete(s.n, c)
+	}
 }

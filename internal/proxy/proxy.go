@@ -16,11 +16,13 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -100,7 +102,12 @@ const QueueWaitHeader = "X-Vllm-Guard-Queue-Wait-Ms"
 // in flight: vLLM's liveness is the supervisor's job.
 const (
 	readHeaderTimeout = 5 * time.Second  // a client's request headers
-	bodyReadTimeout   = 60 * time.Second // a client's request body
+	bodyReadTimeout   = 60 * time.Second // a client's request body, at most
+	// An inference request's body must come at bodyMinRate once
+	// bodyGrace has passed (bodyDeadline): a body trickled a byte at a
+	// time ends in about bodyGrace, not bodyReadTimeout (issue 41).
+	bodyGrace   = 10 * time.Second
+	bodyMinRate = 64 << 10 // bytes a second
 	// A kept-alive client connection between requests (vLLM's own uvicorn
 	// keeps one 5 s). Under pressure an idle connection gives its place
 	// to a newcomer sooner (connlimit).
@@ -173,8 +180,8 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 	if cfg.MaxConnections <= 0 {
 		cfg.MaxConnections = config.Default().Proxy.MaxConnections
 	}
-	if cfg.MaxConnectionsPerClient <= 0 {
-		cfg.MaxConnectionsPerClient = config.Default().Proxy.MaxConnectionsPerClient
+	if cfg.MaxConnectionsPerClient < 0 {
+		cfg.MaxConnectionsPerClient = 0 // a quarter of the cap (perClient)
 	}
 	if cfg.MaxBufferedBytes <= 0 {
 		cfg.MaxBufferedBytes = max(config.Default().Proxy.MaxBufferedBytes, cfg.MaxBodyBytes)
@@ -306,9 +313,13 @@ func (p *Proxy) refresh() {
 // most [proxy] max_connections client connections are open at once, fewer
 // if the descriptor limit leaves less after the supervision reserve
 // (connlimit.Caps), and at most max_connections_per_client of one client
-// address have a request in progress; more are answered 503 and closed at
-// accept. Idle connections (and those still sending their headers) give
-// their place to a newcomer, so they cannot shut clients out.
+// address (by default a quarter of them) have a request in progress; more
+// are answered 503 and closed at accept. Idle connections, those still
+// sending their headers and those whose request is still receiving its
+// body give their place to a newcomer, so they cannot shut clients out
+// (issue 41: two addresses trickling 512 bodies each did). A peer in
+// trusted_proxies is held to no share itself: the clients it forwards are,
+// each by the address it names (frontDoor).
 func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
 	nofile := connlimit.NoFile()
 	capN, _ := connlimit.Caps(nofile, p.cfg.MaxConnections)
@@ -317,15 +328,18 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
 			zap.Int("max_connections", p.cfg.MaxConnections), zap.Int("cap", capN), zap.Uint64("nofile", nofile),
 			zap.Int("reserved_for_supervision", connlimit.Reserve))
 	}
-	cl := connlimit.NewPerSource(l, capN, p.cfg.MaxConnectionsPerClient)
+	per := perClient(p.cfg.MaxConnectionsPerClient, capN)
+	cl := connlimit.NewPerSource(l, capN, per)
+	cl.Exempt(p.trusted)
 	l = cl
 	srv := &http.Server{
-		Handler:           p,
+		Handler:           p.frontDoor(p, newClientShare(per)),
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       clientIdleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          newStdLog(p.log, zap.WarnLevel),
 		ConnState:         cl.ConnState,
+		ConnContext:       connlimit.ConnContext,
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
@@ -350,4 +364,144 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
 	<-errc
 	p.tr.CloseIdleConnections()
 	return nil
+}
+
+// perClient is the share of one client address: [proxy]
+// max_connections_per_client, or when 0 a quarter of the connection cap
+// (256 of 1024), at least 4: a few addresses cannot fill it with requests
+// in progress (and none with connections that ask nothing or send slowly:
+// those give way). A single host running a benchmark at 200 requests at
+// once stays within it.
+func perClient(configured, capN int) int {
+	if configured > 0 {
+		return configured
+	}
+	return max(capN/4, 4)
+}
+
+// frontDoor is what every request meets before next (the proxy itself).
+// A request with a body is receiving it, not working, until the body is
+// read: its connection gives its place to a newcomer meanwhile
+// (connlimit.Reading). A request from a peer in trusted_proxies counts
+// against the share of the client that peer forwards (forwardedClient):
+// over it, 429 at once.
+func (p *Proxy) frontDoor(next http.Handler, share *clientShare) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
+			connlimit.Reading(r.Context())
+			orig := r.Body
+			b := &readingBody{ReadCloser: orig, ctx: r.Context(), left: r.ContentLength}
+			r.Body = b
+			defer func() {
+				// The server looks at the request's own body once the
+				// handler is done (to know whether the connection can
+				// carry another request): it gets it back.
+				r.Body = orig
+				if !b.eof.Load() {
+					// Answered with the body unread (408 for one too
+					// slow, 413, a refusal): the server would go on
+					// reading the rest, with no deadline, before it let
+					// the connection go (a body stalled after a 408 held
+					// its connection for as long as the client liked).
+					_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+				}
+			}()
+		}
+		if p.trustedPeer(r.RemoteAddr) {
+			client := p.forwardedClient(r)
+			if !share.take(client) {
+				p.overShare(w, r, share.max)
+				return
+			}
+			defer share.give(client)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// overShare answers a request whose forwarded client has its share of
+// requests in progress already: at once, its body unread.
+func (p *Proxy) overShare(w http.ResponseWriter, r *http.Request, share int) {
+	if r.ContentLength != 0 {
+		w.Header().Set("Connection", "close") // the body is not read
+	}
+	w.Header().Set("Retry-After", retryAfterBusy)
+	writeError(w, http.StatusTooManyRequests, "rate_limit_error",
+		fmt.Sprintf("this client has %d requests in progress already, its share ([proxy] max_connections_per_client); retry shortly", share))
+}
+
+// readingBody tells the listener the request is working once its body is
+// read to its end.
+// read to its end (its Content-Length, or io.EOF when it has none).
+type readingBody struct {
+	io.ReadCloser
+	ctx  context.Context
+	left int64       // bytes still to come; < 0: not known
+	eof  atomic.Bool // read to its end
+}
+
+func (b *readingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if b.left > 0 {
+		b.left -= int64(n)
+	}
+	if (err == io.EOF || b.left == 0) && !b.eof.Swap(true) {
+		connlimit.Working(b.ctx)
+	}
+	return n, err
+}
+
+// forwardedClient is the client a request from a trusted peer stands for:
+// the rightmost address of its X-Forwarded-For that is not itself in
+// trusted_proxies (the one the outermost trusted balancer saw); the peer
+// itself when there is none or it cannot be read. An IPv6 /64 counts as
+// one client, as at accept.
+func (p *Proxy) forwardedClient(r *http.Request) netip.Prefix {
+	peer := clientOf(r.RemoteAddr)
+	var hops []string
+	for _, v := range r.Header.Values("X-Forwarded-For") {
+		hops = append(hops, strings.Split(v, ",")...)
+	}
+	for i := len(hops) - 1; i >= 0; i-- {
+		h := strings.TrimSpace(hops[i])
+		a, err := netip.ParseAddr(h)
+		if err != nil {
+			ap, perr := netip.ParseAddrPort(h)
+			if perr != nil {
+				return peer
+			}
+			a = ap.Addr()
+		}
+		a = a.Unmap()
+		if p.trustedAddr(a) {
+			continue
+		}
+		bits := 32
+		if a.Is6() {
+			bits = 64
+		}
+		pfx, _ := a.Prefix(bits)
+		return pfx
+	}
+	return peer
+}
+
+// bodyDeadline is when an inference request's body, begun at start, must
+// have arrived, given how much of it has: bodyGrace plus a bodyMinRate
+// for what came, and never past bodyReadTimeout.
+func bodyDeadline(start time.Time) func(read int64) time.Time {
+	return func(read int64) time.Time {
+		d := bodyGrace + time.Duration(float64(read)/bodyMinRate*float64(time.Second))
+		return start.Add(min(d, bodyReadTimeout))
+	}
+}
+
+// trustedAddr reports whether a is in [proxy] trusted_proxies.
+func (p *Proxy) trustedAddr(a netip.Addr) bool {
+	for _, t := range p.trusted {
+		if t.Contains(a) {
+			return true
+		}
+	}
+	return false
 }

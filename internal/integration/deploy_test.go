@@ -58,7 +58,8 @@ func TestAPIKeyReadyAndNeverShown(t *testing.T) {
 			}
 			oneShot(s, "crash_after=200ms")
 			s.start()
-			s.WaitEvent("ready twice (before and after the crash)", 2, 60*time.Second, isReady)
+			crash := s.WaitEvent("the crash", 1, 60*time.Second, isExited)
+			s.WaitEvent("ready after the crash", 1, 60*time.Second, after(crash, isReady))
 
 			// The key works: vLLM refuses a request without it, takes one with it.
 			url := fmt.Sprintf("http://127.0.0.1:%d/v1/models", s.port)

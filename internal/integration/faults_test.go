@@ -86,7 +86,7 @@ func TestFaultSegfaultIsRestarted(t *testing.T) {
 	if r := f.Failure.Decision.Rung.Index; r != 0 {
 		t.Fatalf("a segfault moved the profile to rung %d: only an OOM steps down", r)
 	}
-	s.WaitEvent("ready again", 2, 30*time.Second, isReady)
+	s.WaitEvent("ready after the segfault", 1, 30*time.Second, after(f, isReady))
 }
 
 // Every HTTP request hangs while ready: liveness fails `failures` times,
@@ -460,7 +460,8 @@ func TestFaultUnwritableStateDirRunsOn(t *testing.T) {
 	if !strings.Contains(w["msg"].(string), s.stateDir) {
 		t.Errorf("the warning does not name the folder: %q", w["msg"])
 	}
-	s.WaitEvent("ready again", 2, 30*time.Second, isReady)
+	crash := s.WaitEvent("the crash", 1, 30*time.Second, isExited)
+	s.WaitEvent("ready after the crash", 1, 30*time.Second, after(crash, isReady))
 	d := waitState(t, s.socket(), "ready", 10*time.Second)
 	if d.LastIncident == nil || d.LastIncident.Cause == "" {
 		t.Fatalf("no incident kept in memory: %+v", d.LastIncident)

@@ -108,7 +108,7 @@ func TestExitZeroEngineDeathIsRestarted(t *testing.T) {
 	if f.Failure.Exit != "exit code 0" {
 		t.Fatalf("exit %v, want exit code 0", f.Failure.Exit)
 	}
-	s.WaitEvent("ready again", 2, 30*time.Second, isReady)
+	s.WaitEvent("ready after the failure", 1, 30*time.Second, after(f, isReady))
 	if n := s.CountEvents(isStarting); n != 2 {
 		t.Fatalf("%d launches, want 2", n)
 	}

@@ -105,7 +105,7 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, req.Context().Err()
 		}
 		t.p.touched(st, st.kind())
-		if why == replayDeath && !t.p.noteDeath(st) {
+		if why == replayDeath && !st.streamOwned && !t.p.noteDeath(st) {
 			return nil, t.p.suspect(req, st)
 		}
 		body, ok := st.replayBody()
@@ -133,8 +133,12 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		req.Body = body
-		t.p.noteResumed(ResumedReplayed)
-		st.resumedHow(ResumedReplayed)
+		if !st.streamOwned || st.how == "" {
+			// (A stream's continuation is counted by the stream: one
+			// resumption of it, however its sends went.)
+			t.p.noteResumed(ResumedReplayed)
+			st.resumedHow(ResumedReplayed)
+		}
 	}
 }
 

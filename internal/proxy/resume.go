@@ -324,6 +324,7 @@ func (s *resumer) next(first []byte) (body []byte, path string, ok bool) {
 		s.refuse(nrNoTokenIDs)
 		return nil, "", false
 	}
+	s.wholeCheck()
 	if reason := s.led.cut(s.plan.greedy, s.plan.wantIDs); reason != "" {
 		s.refuse(reason)
 		return nil, "", false
@@ -346,6 +347,31 @@ func (s *resumer) next(first []byte) (body []byte, path string, ok bool) {
 		s.text.cut()
 	}
 	return cont, "/v1/completions", true
+}
+
+// wholeCheck asks vLLM (/detokenize) where the ids given after the last
+// known whole character end on one (chunks of several ids do not say). When
+// the text of ids[whole:j] is exactly the text received for ids[whole:],
+// no byte of theirs is pending (vLLM writes no text that ends inside a
+// character) and ids[j:] wrote none: the ledger is whole up to j. The last
+// few ids are tried (a character takes at most 4 bytes); any doubt leaves
+// the ledger as it is.
+func (s *resumer) wholeCheck() {
+	l := &s.led
+	if l.regenerating() || l.whole == len(l.ids) || l.rawSince == "" {
+		return
+	}
+	for j := len(l.ids); j > l.whole && j >= len(l.ids)-3; j-- {
+		text, err := s.p.detokenize(s.r.Context(), s.plan.fields["model"], l.ids[l.whole:j], s.r.Header.Get("Authorization"))
+		if err != nil {
+			s.p.log.Debug("vLLM's /detokenize did not answer; continuing from the last id known to end a character", zap.Error(err))
+			return
+		}
+		if text == l.rawSince {
+			l.whole, l.rawSince, l.chunks = j, "", 0
+			return
+		}
+	}
 }
 
 // send posts body to vLLM's path as every request the proxy sends goes

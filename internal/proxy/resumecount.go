@@ -4,6 +4,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -75,4 +76,37 @@ func (p *Proxy) maxModelLen(ctx context.Context, model json.RawMessage, auth str
 		return 0, errors.New("vLLM's /v1/models gave no max_model_len")
 	}
 	return best, nil
+}
+
+// detokenize is vLLM's text of ids (its /detokenize), asked with the
+// client's Authorization.
+func (p *Proxy) detokenize(ctx context.Context, model json.RawMessage, ids []int, auth string) (string, error) {
+	u, err := p.targetURL()
+	if err != nil {
+		return "", err
+	}
+	body, _ := json.Marshal(map[string]any{"model": model, "tokens": ids})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.Scheme+"://"+u.Host+"/detokenize", bytes.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := p.tr.RoundTrip(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("vLLM's /detokenize answered HTTP %d", resp.StatusCode)
+	}
+	var out struct {
+		Prompt *string `json:"prompt"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, peekLimit)).Decode(&out); err != nil || out.Prompt == nil {
+		return "", fmt.Errorf("vLLM's /detokenize: no text (%v)", err)
+	}
+	return *out.Prompt, nil
 }

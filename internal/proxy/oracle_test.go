@@ -26,8 +26,8 @@ import (
 type oracleRig struct {
 	splits int // sampled cuts not continued (split_character)
 	t      *testing.T
-	o *oracleLLM
-	r *rig
+	o      *oracleLLM
+	r      *rig
 }
 
 func newOracle(t *testing.T, per int, apiKey string) *oracleRig {

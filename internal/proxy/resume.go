@@ -251,7 +251,13 @@ func (s *resumer) afterCut(why string, first []byte) (body []byte, path string, 
 		loss++
 	}
 	if !s.countDeath(loss) {
-		s.suspect = s.p.suspect(s.r, s.st)
+		// Named as vLLM would have seen it (the sanitized address), not
+		// by the stream's own X-Forwarded-For.
+		named := s.r
+		if out, err := s.p.outgoing(s.r.Context(), s.r, s.r.URL.Path, http.NoBody, 0); err == nil {
+			named = out
+		}
+		s.suspect = s.p.suspect(named, s.st)
 		s.refuse(nrLimit)
 		return nil, "", false
 	}

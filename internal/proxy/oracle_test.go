@@ -40,9 +40,12 @@ func newOracleCfg(t *testing.T, per int, apiKey string, cfg config.Proxy) *oracl
 	o := &oracleLLM{perChunk: per, modelLen: 60, apiKey: apiKey}
 	x := &oracleRig{t: t, o: o}
 	x.r = newRig(t, cfg, 8, o.handler)
-	o.down = func() {
+	o.downed = func() {
 		x.r.up.set(func(u *fakeUp) { u.ready = false })
 		x.r.p.Notify()
+	}
+	o.down = func() {
+		o.downed()
 		x.r.p.Died()
 	}
 	return x

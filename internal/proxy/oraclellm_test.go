@@ -30,9 +30,16 @@ type oracleLLM struct {
 	cuts     []int // per request: chunks before vLLM dies; -1 none
 	down     func()
 	log      []oracleReq
+	// style of a death: "" the connection closes; "error" vLLM's
+	// engine-error event; "error alive" the same with vLLM staying up (no
+	// death); "abort" finish_reason abort (a planned restart's drain: no
+	// death claimed).
+	style  string
+	downed func() // vLLM goes unready without a death claimed (abort)
 }
 
 type oracleReq struct {
+	header http.Header
 	path   string
 	body   map[string]any
 	prompt []int
@@ -248,7 +255,7 @@ func (o *oracleLLM) handler(w http.ResponseWriter, r *http.Request) {
 	if len(o.cuts) > 0 {
 		cut, o.cuts = o.cuts[0], o.cuts[1:]
 	}
-	o.log = append(o.log, oracleReq{path: r.URL.Path, body: b, prompt: prompt})
+	o.log = append(o.log, oracleReq{header: r.Header.Clone(), path: r.URL.Path, body: b, prompt: prompt})
 	idx := len(o.log) - 1
 	per := o.perChunk
 	o.mu.Unlock()
@@ -281,6 +288,16 @@ func (g *oracleGen) send(v string) {
 }
 
 func (g *oracleGen) run() {
+	if g.cut == -2 {
+		// vLLM dies before it answers.
+		g.o.down()
+		conn, _, err := http.NewResponseController(g.w).Hijack()
+		if err != nil {
+			panic(err)
+		}
+		conn.Close()
+		return
+	}
 	g.w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	g.w.WriteHeader(http.StatusOK) // (uvicorn sends the headers before the first chunk)
 	g.w.(http.Flusher).Flush()
@@ -436,7 +453,23 @@ func (g *oracleGen) chunk(finish, stopReason string) {
 func (g *oracleGen) die() {
 	g.o.mu.Lock()
 	g.o.log[g.idx].gen = g.gen[:len(g.gen)-len(g.batchIDs)]
+	style := g.o.style
 	g.o.mu.Unlock()
+	switch style {
+	case "error", "error alive":
+		if style == "error" {
+			g.o.down()
+		}
+		g.send(`{"error": {"message": "EngineCore encountered an issue.", "type": "InternalServerError", "param": null, "code": 500}}`)
+		fmt.Fprint(g.w, "data: [DONE]\n\n")
+		return
+	case "abort":
+		g.o.downed()
+		g.batchIDs, g.batchText = []int{}, ""
+		g.chunk("abort", "")
+		fmt.Fprint(g.w, "data: [DONE]\n\n")
+		return
+	}
 	g.o.down()
 	conn, _, err := http.NewResponseController(g.w).Hijack()
 	if err != nil {

@@ -62,7 +62,7 @@ func TestStopStringHeldTextAtTheSeam(t *testing.T) {
 func TestSampledCutIsOneSample(t *testing.T) {
 	for _, per := range []int{1, 2} {
 		x := newOracle(t, per, "")
-		body := `{"model":"m","stream":true,"prompt":"once upon a time","temperature":1,"ignore_eos":true,"max_tokens":20,"return_token_ids":true,"stream_options":{"include_usage":true}}`
+		body := `{"model":"m","stream":true,"prompt":"a","temperature":1,"ignore_eos":true,"max_tokens":20,"return_token_ids":true,"stream_options":{"include_usage":true}}`
 		want := x.direct("/v1/completions", body, "")
 		continued := 0
 		for cut := 1; cut < want.chunks; cut++ {

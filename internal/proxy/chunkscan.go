@@ -210,6 +210,12 @@ func (c *chunkScan) readChoice(choice jsonSpan, chat bool) bool {
 	if text.has() || !delta.has() || data[delta.start] != '{' {
 		return false
 	}
+	return c.readDelta(delta)
+}
+
+// readDelta reads a chat choice's delta: its role, content and output.
+func (c *chunkScan) readDelta(delta jsonSpan) bool {
+	data := c.b
 	nkeys := 0
 	return objectMembers(data, delta.start, func(key jsonSpan, esc bool, v jsonSpan) bool {
 		k := data[key.start:key.end]

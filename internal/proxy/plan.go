@@ -76,65 +76,88 @@ func planStream(path string, body []byte) (plan *streamPlan, reason string) {
 	if !rawTrue(f["stream"]) {
 		return nil, ""
 	}
-	if fieldTypesOdd(f) {
-		return nil, nrFieldType
+	if reason := refusedShape(f, chat); reason != "" {
+		return nil, reason
 	}
-	pl := &streamPlan{chat: chat, fields: f, maxTokens: -1}
+	pl := &streamPlan{chat: chat}
+	if reason := pl.read(f); reason != "" {
+		return nil, reason
+	}
+	if reason := pl.forwardBody(f); reason != "" {
+		return nil, reason
+	}
+	return pl, ""
+}
+
+// refusedShape is why a stream of this request cannot be continued
+// exactly, whatever it generates ("": it can).
+func refusedShape(f map[string]json.RawMessage, chat bool) string {
+	if fieldTypesOdd(f) {
+		return nrFieldType
+	}
 	if n, ok := rawInt(f["n"]); ok && n != 1 {
-		return nil, nrN
+		return nrN
 	}
 	// best_of is no field of vLLM 0.32.0 (ignored: one ordinary sample),
 	// nor are the guided_* fields (ignored with a warning, output
 	// unconstrained): such a stream continues like any other.
 	if rawTrue(f["use_beam_search"]) {
-		return nil, nrBeamSearch
+		return nrBeamSearch
 	}
 	if rf := f["response_format"]; !rawNull(rf) {
 		var t struct{ Type string }
 		if json.Unmarshal(rf, &t) != nil || (t.Type != "" && t.Type != "text") {
-			return nil, nrStructured
+			return nrStructured
 		}
 	}
-	if !rawNull(f["structured_outputs"]) {
-		return nil, nrStructured
-	}
-	if rawTrue(f["echo"]) {
-		return nil, nrEcho
-	}
-	if lp := f["logprobs"]; !rawNull(lp) && string(lp) != "false" {
-		return nil, nrLogprobs
-	}
-	if !rawNull(f["prompt_logprobs"]) {
-		return nil, nrLogprobs
+	switch {
+	case !rawNull(f["structured_outputs"]):
+		return nrStructured
+	case rawTrue(f["echo"]):
+		return nrEcho
+	case !rawNull(f["logprobs"]) && string(f["logprobs"]) != "false", !rawNull(f["prompt_logprobs"]):
+		return nrLogprobs
 	}
 	if chat {
-		if tc := f["tool_choice"]; !rawNull(tc) && string(tc) != `"none"` && string(tc) != `"auto"` {
-			return nil, nrStructured // required or a named function: a grammar forces the call
-		}
-		// Tools the model may call: vLLM's tool parser holds text back
-		// while it decides whether a call begins, and that state is lost.
-		var tools []json.RawMessage
-		if json.Unmarshal(f["tools"], &tools) == nil && len(tools) > 0 && string(f["tool_choice"]) != `"none"` {
-			return nil, nrTools
-		}
-		if multimodal(f["messages"]) {
-			return nil, nrMultimodal
-		}
+		return refusedChat(f)
+	}
+	switch {
+	case !rawNull(f["suffix"]):
+		return nrSuffix
+	case !rawNull(f["prompt_embeds"]):
+		return nrEmbeds
+	case severalPrompts(f["prompt"]):
+		return nrPrompts
+	}
+	return ""
+}
+
+func refusedChat(f map[string]json.RawMessage) string {
+	if tc := f["tool_choice"]; !rawNull(tc) && string(tc) != `"none"` && string(tc) != `"auto"` {
+		return nrStructured // required or a named function: a grammar forces the call
+	}
+	// Tools the model may call: vLLM's tool parser holds text back while
+	// it decides whether a call begins, and that state is lost.
+	var tools []json.RawMessage
+	if json.Unmarshal(f["tools"], &tools) == nil && len(tools) > 0 && string(f["tool_choice"]) != `"none"` {
+		return nrTools
+	}
+	if multimodal(f["messages"]) {
+		return nrMultimodal
+	}
+	return ""
+}
+
+// read takes from the request what a continuation needs to know.
+func (pl *streamPlan) read(f map[string]json.RawMessage) string {
+	pl.maxTokens = -1
+	if pl.chat {
 		if v, ok := rawInt(f["max_completion_tokens"]); ok {
 			pl.maxTokens = v
 		} else if v, ok := rawInt(f["max_tokens"]); ok {
 			pl.maxTokens = v
 		}
 	} else {
-		if !rawNull(f["suffix"]) {
-			return nil, nrSuffix
-		}
-		if !rawNull(f["prompt_embeds"]) {
-			return nil, nrEmbeds
-		}
-		if severalPrompts(f["prompt"]) {
-			return nil, nrPrompts
-		}
 		// vLLM's default for completions, also for an explicit null
 		// (0.32.0's CompletionRequest.normalize_null_max_tokens).
 		pl.maxTokens = 16
@@ -153,34 +176,44 @@ func planStream(path string, body []byte) (plan *streamPlan, reason string) {
 	}
 	if !rawNull(f["stream_options"]) {
 		if json.Unmarshal(f["stream_options"], &so) != nil {
-			return nil, nrFieldType
+			return nrFieldType
 		}
 		if so.Continuous != nil && *so.Continuous {
-			return nil, nrUsageStats
+			return nrUsageStats
 		}
 		pl.usage = so.IncludeUsage != nil && *so.IncludeUsage
 	}
+	return pl.readStops(f)
+}
+
+func (pl *streamPlan) readStops(f map[string]json.RawMessage) string {
 	if s := f["stop"]; !rawNull(s) {
 		var one string
 		if json.Unmarshal(s, &one) == nil {
 			pl.stops = []string{one}
 		} else if json.Unmarshal(s, &pl.stops) != nil {
-			return nil, nrBadBody
+			return nrBadBody
 		}
 		pl.stops = nonEmpty(pl.stops)
 	}
 	pl.keepStop = rawTrue(f["include_stop_str_in_output"])
 	if len(pl.stops) > 0 && !pl.keepStop {
-		// The proxy asks vLLM for the stop string's text (below), which
-		// also keeps the text of a stop token (stop_token_ids, and EOS when
-		// special tokens are not skipped): the proxy cannot tell it from
-		// the chunk's other text, so such a request is not rewritten.
+		// The proxy asks vLLM for the stop string's text (forwardBody),
+		// which also keeps the text of a stop token (stop_token_ids, and
+		// EOS when special tokens are not skipped): the proxy cannot tell
+		// it from the chunk's other text, so such a request is not
+		// rewritten.
 		var ids []json.RawMessage
 		if (json.Unmarshal(f["stop_token_ids"], &ids) == nil && len(ids) > 0) || strings.TrimSpace(string(f["skip_special_tokens"])) == "false" {
-			return nil, nrStopTokenText
+			return nrStopTokenText
 		}
 	}
+	return ""
+}
 
+// forwardBody is the request as the proxy sends it (token ids asked for),
+// and the fields a continuation carries.
+func (pl *streamPlan) forwardBody(f map[string]json.RawMessage) string {
 	fwd := cloneFields(f)
 	fwd["return_token_ids"] = json.RawMessage("true")
 	if len(pl.stops) > 0 && !pl.keepStop {
@@ -192,18 +225,17 @@ func planStream(path string, body []byte) (plan *streamPlan, reason string) {
 	}
 	var err error
 	if pl.forward, err = json.Marshal(fwd); err != nil {
-		return nil, nrBadBody
+		return nrBadBody
 	}
 	// Keep only what a continuation carries (not the messages or prompt:
 	// they would be one more copy of the body).
-	keep := make(map[string]json.RawMessage, len(continuationFields)+1)
+	pl.fields = make(map[string]json.RawMessage, len(continuationFields)+1)
 	for _, k := range append(continuationFields, "stream_options") {
 		if v, ok := f[k]; ok {
-			keep[k] = v
+			pl.fields[k] = v
 		}
 	}
-	pl.fields = keep
-	return pl, ""
+	return ""
 }
 
 // mentions: word occurs in the body held in chunks (also across two).

@@ -127,3 +127,42 @@ func TestSystemdProtectHomeSaysWhatItHides(t *testing.T) {
 		})
 	}
 }
+
+// A config may hold API keys: wherever we tell an operator to install one
+// (the units' headers, the docs), it is 0640 root:vllm — the guard's
+// group reads it — or 0600 (issue 41: the headers said 0644). A file
+// installed for a guard that runs as vllm gets the group, after useradd
+// has made it.
+func TestConfigInstalledUnreadableToOthers(t *testing.T) {
+	installRE := regexp.MustCompile(`install\b[^\n]*\.toml\s+/etc/vllm-guard/\S+`)
+	files := []string{"vllm-guard.service", "vllm-guard@.service", "../README.md"}
+	docs, _ := filepath.Glob("../docs/*.md")
+	files = append(files, docs...)
+	seen := 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(data)
+		for _, loc := range installRE.FindAllStringIndex(text, -1) {
+			line := text[loc[0]:loc[1]]
+			seen++
+			mode := regexp.MustCompile(`-m\s+(\d+)`).FindStringSubmatch(line)
+			if mode == nil || mode[1] != "0640" && mode[1] != "0600" {
+				t.Errorf("%s: %q installs a config readable by others; write -m 0640 -g vllm (or -m 0600)", f, line)
+			}
+			if strings.HasSuffix(f, ".service") {
+				if !strings.Contains(line, "-g vllm") {
+					t.Errorf("%s: %q: the guard runs as vllm: give the file its group (-g vllm)", f, line)
+				}
+				if u := strings.Index(text, "useradd"); u < 0 || u > loc[0] {
+					t.Errorf("%s: %q comes before useradd makes the group vllm", f, line)
+				}
+			}
+		}
+	}
+	if seen < 4 {
+		t.Errorf("found %d config installs in the units and docs; want the units' and the docs' (the pattern is stale)", seen)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 	"github.com/vllm-guard/vllm-guard/internal/launch"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/redact"
 	"github.com/vllm-guard/vllm-guard/internal/supervisor"
 	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 )
@@ -34,6 +35,10 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	vargs, err := cfg.VLLMArgs(fs.Args())
 	if err != nil {
+		fmt.Fprintf(stderr, "%v\n", err)
+		return exitcode.Config
+	}
+	if err := cfg.CheckStateDir(); err != nil {
 		fmt.Fprintf(stderr, "%v\n", err)
 		return exitcode.Config
 	}
@@ -107,7 +112,9 @@ func writeVLLM(w io.Writer, cfg *config.Config, args *vllmargs.Args, extra []str
 		from = "[vllm] served_model_name"
 	}
 	fmt.Fprintf(w, "served names:   %s (from %s)\n", strings.Join(quoted(names), ", "), from)
-	fmt.Fprintf(w, "command line:   %s\n", strings.Join(shellQuote(args.Masked(argv)), " "))
+	// vLLM's secret flags by vLLM's reading, then whatever else looks like
+	// a key (a URL's credentials, a token's shape).
+	fmt.Fprintf(w, "command line:   %s\n", strings.Join(shellQuote(redact.Args(args.Masked(argv))), " "))
 	if args.ConfigFile != "" {
 		fmt.Fprintf(w, "config file:    %s (its keys come before the command line's flags)\n", args.ConfigFile)
 	}

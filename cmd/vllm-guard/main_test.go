@@ -288,3 +288,41 @@ func TestCheckMasksAnAbbreviatedAPIKey(t *testing.T) {
 		t.Errorf("check output does not show the masked flags:\n%s", out)
 	}
 }
+
+// check prints no secret (issue 41 item 7): not one in an environment
+// variable whose name says nothing (MY_CREDS, found by its shape), not the
+// second value of a flag that takes two (--api-key k1 k2 in vLLM's
+// command, an alert command's, the extra arguments').
+func TestCheckMasksEverySecret(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "g.toml")
+	secrets := []string{"Zx9pQ7rT2mVb8LkW4nHs6YdC3fJa1GeU", "hunter2-cred", "first-cmd-key-01", "second-cmd-key-02",
+		"first-alert-key-03", "second-alert-key-04", "second-extra-key-05", "lorapass-06", "Qm7xT2vK9pL4wZ8nR3bY6hJ1"}
+	os.WriteFile(cfg, []byte(`[vllm]
+command = ["vllm", "serve", "m", "--api-key", "first-cmd-key-01", "second-cmd-key-02", "--port", "8000"]
+env = { MY_CREDS = "Zx9pQ7rT2mVb8LkW4nHs6YdC3fJa1GeU", DB_CREDENTIALS = "hunter2-cred", CUDA_VISIBLE_DEVICES = "0,1" }
+[alerts]
+command = ["notify", "--api-key", "first-alert-key-03", "second-alert-key-04"]
+[control]
+state_dir = "`+dir+`/state"
+`), 0o600)
+	code, out, errs := call("check", "--config", cfg, "--", "--api-key", "first-extra", "second-extra-key-05",
+		"--lora-modules", "a=https://user:lorapass-06@hub.example/a", "--middleware", "m.Auth:Qm7xT2vK9pL4wZ8nR3bY6hJ1")
+	if code != 0 {
+		t.Fatalf("check: exit %d\n%s\n%s", code, out, errs)
+	}
+	for _, s := range secrets {
+		if strings.Contains(out+errs, s) {
+			t.Errorf("check prints %q", s)
+		}
+	}
+	for _, want := range []string{`MY_CREDS = "***"`, `CUDA_VISIBLE_DEVICES = "0,1"`, `"--api-key", "***", "***", "--port"`,
+		`command = ["notify", "--api-key", "***", "***"]`, "--api-key *** *** --port 8000 --api-key *** ***"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("check output lacks %s", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("check's output:\n%s%s", out, errs)
+	}
+}

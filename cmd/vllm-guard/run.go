@@ -28,6 +28,11 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	if code, ok := parse(fs, args, stdout); !ok {
 		return code
 	}
+	// Before the config (it may hold keys) is read: no core dump, no
+	// ptrace or /proc/PID/environ by the same user.
+	if err := guard.NonDumpable(); err != nil {
+		fmt.Fprintf(stderr, "vllm-guard: cannot mark the guard non-dumpable (prctl PR_SET_DUMPABLE): %v\n", err)
+	}
 	instance, path, ok := cf.resolve(stderr)
 	if !ok {
 		return exitcode.Usage

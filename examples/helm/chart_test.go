@@ -58,6 +58,9 @@ var chartCases = []struct {
 		if len(o.podMonitors) != 0 {
 			t.Error("a PodMonitor by default: it needs the Prometheus Operator's CRDs")
 		}
+		if len(o.netPolicies) != 0 {
+			t.Error("a NetworkPolicy by default: which clients to allow is the operator's to say")
+		}
 		if p.dep.Spec.Template.Annotations["prometheus.io/scrape"] != "true" {
 			t.Error("no prometheus.io/scrape annotation without a PodMonitor")
 		}
@@ -66,6 +69,34 @@ var chartCases = []struct {
 		}
 		if p.container.Image != "registry.example.com/vllm-guard:v1" {
 			t.Errorf("image %q, want the chart's appVersion as its tag", p.container.Image)
+		}
+	}},
+	// The optional NetworkPolicy (issue 41): checkGuardPod holds it to the
+	// API and control ports; here, the sources each rule admits.
+	{"NetworkPolicy", []string{"networkPolicy.enabled=true",
+		"networkPolicy.controlFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring"}, func(t *testing.T, o objects, p guardPod) {
+		if len(o.netPolicies) != 1 {
+			t.Fatalf("%d NetworkPolicies with networkPolicy.enabled, want 1", len(o.netPolicies))
+		}
+		rules := o.netPolicies[0].Spec.Ingress
+		if len(rules) != 2 {
+			t.Fatalf("%d ingress rules, want 2 (API, control)", len(rules))
+		}
+		if len(rules[0].From) != 0 {
+			t.Errorf("the API rule admits only %v; with apiFrom empty, want any source", rules[0].From)
+		}
+		if f := rules[1].From; len(f) != 1 || f[0].NamespaceSelector == nil ||
+			f[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != "monitoring" {
+			t.Errorf("the control rule admits %v; want the namespace monitoring (controlFrom)", f)
+		}
+	}},
+	{"NetworkPolicy without the proxy", []string{"networkPolicy.enabled=true", "proxy=false",
+		"networkPolicy.apiFrom[0].podSelector.matchLabels.role=gateway"}, func(t *testing.T, o objects, p guardPod) {
+		if len(o.netPolicies) != 1 {
+			t.Fatalf("%d NetworkPolicies with networkPolicy.enabled, want 1", len(o.netPolicies))
+		}
+		if f := o.netPolicies[0].Spec.Ingress[0].From; len(f) != 1 || f[0].PodSelector == nil || f[0].PodSelector.MatchLabels["role"] != "gateway" {
+			t.Errorf("the API rule admits %v; want the pods role=gateway (apiFrom)", f)
 		}
 	}},
 	{"PodMonitor", []string{"podMonitor.enabled=true", "podMonitor.labels.release=kube-prometheus-stack", "podMonitor.interval=15s"}, func(t *testing.T, o objects, p guardPod) {

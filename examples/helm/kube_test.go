@@ -3,6 +3,7 @@ package helm
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path"
@@ -16,6 +17,7 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -36,6 +38,7 @@ var kinds = map[string]func() any{
 	"v1 PersistentVolumeClaim":            func() any { return new(corev1.PersistentVolumeClaim) },
 	"apps/v1 Deployment":                  func() any { return new(appsv1.Deployment) },
 	"monitoring.coreos.com/v1 PodMonitor": func() any { return new(monitoringv1.PodMonitor) },
+	"networking.k8s.io/v1 NetworkPolicy":  func() any { return new(networkingv1.NetworkPolicy) },
 }
 
 // decodeStrict decodes one YAML document into its API type as the API
@@ -73,6 +76,7 @@ type objects struct {
 	services    []*corev1.Service
 	deployments []*appsv1.Deployment
 	podMonitors []*monitoringv1.PodMonitor
+	netPolicies []*networkingv1.NetworkPolicy
 }
 
 // decodeAll decodes every manifest strictly; it fails the test for each
@@ -102,6 +106,8 @@ func decodeAll(t *testing.T, ms []Manifest) objects {
 			o.deployments = append(o.deployments, x)
 		case *monitoringv1.PodMonitor:
 			o.podMonitors = append(o.podMonitors, x)
+		case *networkingv1.NetworkPolicy:
+			o.netPolicies = append(o.netPolicies, x)
 		}
 	}
 	return o
@@ -393,6 +399,39 @@ func checkGuardPod(t *testing.T, o objects) guardPod {
 			if ep.Path != "" && ep.Path != "/metrics" {
 				t.Errorf("PodMonitor %s: path %q, the guard serves /metrics", pm.Name, ep.Path)
 			}
+		}
+	}
+
+	// Nothing in the pod talks to the Kubernetes API: no token is mounted
+	// for vLLM, or a model's remote code, to find (issue 41).
+	if a := p.spec.AutomountServiceAccountToken; a == nil || *a {
+		t.Error("the pod mounts a service-account token (automountServiceAccountToken is not false); nothing in it needs one")
+	}
+	// A NetworkPolicy opens the API port and the guard's control port, and
+	// nothing else: every rule names its ports, all of them the pod's.
+	for _, np := range o.netPolicies {
+		selects(t, "NetworkPolicy "+np.Name+"'s podSelector", &np.Spec.PodSelector, podLabels)
+		if !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
+			t.Errorf("NetworkPolicy %s: policyTypes %v, want [Ingress] (egress left open: vLLM downloads weights)", np.Name, np.Spec.PolicyTypes)
+		}
+		open := map[int]bool{}
+		for i, rule := range np.Spec.Ingress {
+			if len(rule.Ports) == 0 {
+				t.Errorf("NetworkPolicy %s: ingress rule %d names no port: it opens every port", np.Name, i)
+			}
+			for _, rp := range rule.Ports {
+				n := 0
+				if rp.Port != nil {
+					n = portNumber(*rp.Port, ports)
+				}
+				if n == 0 || rp.Protocol == nil || *rp.Protocol != corev1.ProtocolTCP {
+					t.Errorf("NetworkPolicy %s: port %v (%v) is not a TCP port of the container", np.Name, rp.Port, rp.Protocol)
+				}
+				open[n] = true
+			}
+		}
+		if want := map[int]bool{serving: true, controlPort: true}; !maps.Equal(open, want) {
+			t.Errorf("NetworkPolicy %s opens ports %v; want the API port %d and the control port %d", np.Name, open, serving, controlPort)
 		}
 	}
 	return p

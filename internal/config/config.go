@@ -38,6 +38,10 @@ type VLLM struct {
 	Env             map[string]string `toml:"env"`
 	Workdir         string            `toml:"workdir"`
 	StopTimeout     Duration          `toml:"stop_timeout"`
+	// PortWait: at the guard's first start, how long another process may
+	// hold vLLM's port before the guard stops with exit 78 (at a restart
+	// it waits as long as it takes).
+	PortWait Duration `toml:"port_wait"`
 }
 
 // Profile is rung 0 of the degrade ladder and the rules that compute the others.
@@ -197,6 +201,7 @@ func Default() *Config {
 			Port:        8000,
 			Env:         map[string]string{},
 			StopTimeout: d("30s"),
+			PortWait:    d("30s"),
 		},
 		Profile: Profile{
 			MaxNumSeqs:               256,

@@ -69,6 +69,7 @@ type durationRange struct {
 // checks that none is missing.
 var durationRanges = map[string]durationRange{
 	"vllm.stop_timeout":        {100 * time.Millisecond, time.Hour, false, "the wait between SIGTERM and SIGKILL when vLLM stops", "30s"},
+	"vllm.port_wait":           {0, time.Hour, false, "at the first start, how long vLLM's port may be held by another process before exit 78", "30s"},
 	"profile.restore_after":    {10 * time.Second, 30 * 24 * time.Hour, true, "ready this long on a lower rung before trying one rung up", "2h"},
 	"readiness.poll_interval":  {10 * time.Millisecond, time.Minute, false, "how often the guard probes vLLM while it loads", "250ms"},
 	"readiness.probe_timeout":  {10 * time.Millisecond, 10 * time.Minute, false, "the bound of one readiness probe", "2s"},

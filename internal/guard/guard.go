@@ -68,9 +68,11 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 	g := &Guard{cfg: cfg, log: log, sd: notify.New(log.Named("systemd")),
 		alert: alerts.New(cfg.Alerts, log.Named("alerts")), bus: events.NewBus(),
 		stats: vllmstats.NewScraper(cfg.GPU.SampleInterval.Duration, log.Named("vllm-metrics")), extra: extra}
-	g.stats.Dial(conns.Dial(&net.Dialer{Timeout: 5 * time.Second}))
 	if len(args.APIKeys) > 0 {
 		g.stats.SetAPIKey(args.APIKeys[0])
+	}
+	if err := cfg.CheckStateDir(); err != nil {
+		return nil, err // a symlink or another user's folder: never followed, never tightened
 	}
 	store, warnings, err := state.Open(cfg.Control.StateDir, log.Named("state"))
 	if err != nil {
@@ -133,6 +135,9 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		return nil, err
 	}
 	g.sup = sup
+	// The scraper reaches vLLM only, like the probes: its key goes to no
+	// other listener on the port.
+	g.stats.Dial(sup.DialVLLM(&net.Dialer{Timeout: 5 * time.Second}))
 	g.gate = admission.New(cfg, extra, admission.Sources{Status: sup.Status, GPU: g.gpu.Snapshot,
 		Sampled: g.gpu.Sampled, VLLM: g.stats.Latest, Publish: g.bus.Publish, Log: log})
 	g.gate.Refresh(sup.Status())

@@ -562,6 +562,7 @@ func TestFaultPortTakenIsAConfigError(t *testing.T) {
 	}
 	defer l.Close()
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
+	portWait(s, "1s") // held for good at the first start: 78 after port_wait
 	s.start()
 	if code := s.WaitExit(30 * time.Second); code != 78 {
 		t.Fatalf("exit %d, want 78", code)

@@ -14,6 +14,7 @@ import (
 // pid; the other vLLM is untouched and still serving.
 func TestPortHeldByAnotherVLLMIsAConfigError(t *testing.T) {
 	s := newScene(t)
+	portWait(s, "1s")                 // the holder stays: the wait at the first start is portguard_test.go's
 	other := startSim(t, s.port, nil) // answers /health, /v1/models and completions at once
 	s.start()
 	if code := s.WaitExit(60 * time.Second); code != 78 {
@@ -58,6 +59,7 @@ func TestSecondGuardOnTheSamePortLeavesTheFirstAlone(t *testing.T) {
 
 	second := newScene(t)
 	second.port = first.port
+	portWait(second, "1s")
 	second.start()
 	if code := second.WaitExit(60 * time.Second); code != 78 {
 		t.Fatalf("second guard: exit %d, want 78", code)

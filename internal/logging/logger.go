@@ -173,19 +173,15 @@ func (a cleanArray) MarshalLogArray(enc zapcore.ArrayEncoder) error {
 	return a.ArrayMarshaler.MarshalLogArray(&cleanArrayEncoder{ArrayEncoder: enc})
 }
 
-// cleanArrayEncoder cleans each string of an array; the one after a secret
-// flag (an argv's "--api-key", "X") is masked whole.
+// cleanArrayEncoder cleans each string of an array; those after a secret
+// flag (an argv's "--api-key", "X", "Y") are masked whole.
 type cleanArrayEncoder struct {
 	zapcore.ArrayEncoder
-	afterSecretFlag bool
+	argv redact.ArgMasker
 }
 
 func (e *cleanArrayEncoder) AppendString(v string) {
-	if e.afterSecretFlag {
-		v = redact.Mask
-	}
-	e.afterSecretFlag = redact.IsSecretFlag(v)
-	e.ArrayEncoder.AppendString(clean(v))
+	e.ArrayEncoder.AppendString(clean(e.argv.Next(v)))
 }
 func (e *cleanArrayEncoder) AppendByteString(v []byte) { e.AppendString(string(v)) }
 func (e *cleanArrayEncoder) AppendArray(a zapcore.ArrayMarshaler) error {

@@ -27,7 +27,7 @@ func TestLoggerEscapesControlsAndRedacts(t *testing.T) {
 			vllm := log.Named("vllm").With(zap.String("with", "VLLM_API_KEY=withsecret\x00"))
 			vllm.Info(hostile, zap.String("stream", "stdout\x1b[31m"), zap.Int("pid", 7))
 			vllm.Info("(APIServer pid=7) INFO non-default args: {'model_tag': 'm', 'api_key': 'linesecret', 'max_num_seqs': 8}")
-			log.Info("launching vLLM", zap.Strings("argv", []string{"vllm", "serve", "m", "--api-key", "argvsecret", "--port", "8000"}))
+			log.Info("launching vLLM", zap.Strings("argv", []string{"vllm", "serve", "m", "--api-key", "argvsecret", "argvsecond", "--port", "8000"}))
 			log.Warn("webhook failed", zap.Error(errors.New("POST https://u:pwsecret@hooks.example/x: refused\nsecond line")),
 				zap.ByteString("raw", []byte("Authorization: Bearer bytesecret")))
 			log.Sync()
@@ -45,7 +45,7 @@ func TestLoggerEscapesControlsAndRedacts(t *testing.T) {
 					t.Errorf("control character %U reached the log:\n%q", r, text)
 				}
 			}
-			for _, secret := range []string{"withsecret", "linesecret", "argvsecret", "pwsecret", "bytesecret"} {
+			for _, secret := range []string{"withsecret", "linesecret", "argvsecret", "argvsecond", "pwsecret", "bytesecret"} {
 				if strings.Contains(text, secret) {
 					t.Errorf("%q reached the log:\n%s", secret, text)
 				}
@@ -69,8 +69,8 @@ func TestLoggerEscapesControlsAndRedacts(t *testing.T) {
 					t.Errorf("the vLLM line does not carry %q escaped: %q", want, first)
 				}
 			}
-			if !strings.Contains(strings.ReplaceAll(argv, `"`, ""), "--api-key, ***, --port") {
-				t.Errorf("argv not masked after --api-key: %s", argv)
+			if !strings.Contains(strings.ReplaceAll(argv, `"`, ""), "--api-key, ***, ***, --port") {
+				t.Errorf("argv not masked after --api-key (both of its values): %s", argv)
 			}
 		})
 	}

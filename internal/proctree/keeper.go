@@ -58,6 +58,10 @@ const (
 
 // RunKeeper is the keeper's main. args are the arguments after KeeperArg.
 func RunKeeper(args []string) int {
+	// The keeper holds vLLM's command line and environment (API keys):
+	// no core dump, no ptrace or /proc/PID/environ by the same user. vLLM,
+	// which it execs, is dumpable again (execve resets the flag).
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	fs := flag.NewFlagSet(KeeperArg, flag.ContinueOnError)
 	grace := fs.Duration("grace", 30*time.Second, "")
 	parent := fs.Int("parent", 0, "")

@@ -1,8 +1,10 @@
 // Package redact removes secrets from text before it leaves the guard: API
-// keys given to vLLM (--api-key X, api_key='X' in vLLM's `non-default args`
-// line, VLLM_API_KEY=X), tokens (Authorization: Bearer X, hf_… tokens,
-// HF_TOKEN=X), and the credentials of URLs (https://user:pass@host). Each
-// secret becomes "***"; the text around it is kept so a line stays readable.
+// keys given to vLLM (--api-key X Y, api_key='X' in vLLM's `non-default
+// args` line, VLLM_API_KEY=X), tokens (Authorization: Bearer X, HF_TOKEN=X),
+// and the credentials of URLs (https://user:pass@host), found by their
+// names; and, whatever their name, values shaped like keys (shape.go): hf_…,
+// sk-…, JWTs, and long random-looking strings. Each secret becomes "***";
+// the text around it is kept so a line stays readable.
 //
 // The guard applies it to everything it writes or serves outside the
 // supervisor: its own log (every message and string field), incident
@@ -40,8 +42,6 @@ var (
 	// Authorization: Bearer X, Authorization: Basic X, and a bare Bearer X.
 	authRE   = regexp.MustCompile(`(?i)(\bauthorization["']?\s*[:=]\s*["']?(?:(?:bearer|basic|token|digest)\s+)?)([^\s"',;-][^\s"',;]*)`)
 	bearerRE = regexp.MustCompile(`(?i)(\bbearer\s+)([A-Za-z0-9._~+/][A-Za-z0-9\-._~+/]*=*)`)
-	// Tokens recognisable by their shape: Hugging Face and OpenAI-style keys.
-	tokenRE = regexp.MustCompile(`hf_[A-Za-z0-9]{16,}|\bsk-[A-Za-z0-9_-]{16,}`)
 	// The user information of a URL: scheme://user:pass@host. Greedy up to
 	// the last @ before the path, so an unescaped @ in a password is covered.
 	userinfoRE = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)([^/\s"'?#<>]+)@`)
@@ -53,7 +53,7 @@ var (
 // needs after them (a quote, = or :, a space): vLLM's stats lines say
 // "tokens/s" many times a second, and must stay cheap.
 var (
-	triggers     = append([]string{"passw", "bearer", "authorization", "hf_", "sk-", "@"}, abbrevTriggers()...)
+	triggers     = append(append([]string{"passw", "bearer", "authorization", "@"}, prefixTriggers...), abbrevTriggers()...)
 	nameTriggers = []string{"key", "token", "secret"}
 )
 
@@ -82,21 +82,75 @@ func String(s string) string {
 	// may be the name of the next secret (--api-key 'api_key': 'X'), and
 	// masking it would hide X's name.
 	s = maskAssignments(s)
-	s = flagRE.ReplaceAllStringFunc(s, func(m string) string {
-		sub := flagRE.FindStringSubmatch(m)
-		return sub[1] + sub[2] + maskValue(sub[3])
-	})
-	s = anyFlagRE.ReplaceAllStringFunc(s, func(m string) string {
-		sub := anyFlagRE.FindStringSubmatch(m)
-		if !vllmargs.IsSecretFlag(strings.ToLower(sub[1])) {
-			return m
-		}
-		return sub[1] + sub[2] + maskValue(sub[3])
-	})
+	s = maskFlags(s, flagRE, func(string) bool { return true })
+	s = maskFlags(s, anyFlagRE, func(flag string) bool { return vllmargs.IsSecretFlag(strings.ToLower(flag)) })
 	s = authRE.ReplaceAllString(s, "${1}"+Mask)
 	s = bearerRE.ReplaceAllString(s, "${1}"+Mask)
-	s = tokenRE.ReplaceAllString(s, Mask)
-	return s
+	return maskShapes(s)
+}
+
+// moreValueRE is one more value after a flag's value: " Y" of --api-key X
+// Y, ", 'Y'" of a rendered argv list '--api-key', 'X', 'Y'. A value
+// starting with a dash is the next flag.
+var moreValueRE = regexp.MustCompile(`^(\s+|["']\s*,\s*["'])("(?:-?[^"-][^"]*|-)?"|'(?:-?[^'-][^']*|-)?'|[^\s"',\]-][^\s"',\]]*)`)
+
+// maskFlags masks the values of the flags re finds that secret accepts:
+// the first value, and every further one where the flag takes several
+// (valuesAfter).
+func maskFlags(s string, re *regexp.Regexp, secret func(flag string) bool) string {
+	var b strings.Builder
+	done, from := 0, 0
+	for from < len(s) {
+		loc := re.FindStringSubmatchIndex(s[from:])
+		if loc == nil {
+			break
+		}
+		flag := s[from+loc[2] : from+loc[3]]
+		valStart, valEnd := from+loc[6], from+loc[7]
+		if !secret(flag) {
+			from += loc[1]
+			continue
+		}
+		b.WriteString(s[done:valStart])
+		b.WriteString(maskValue(s[valStart:valEnd]))
+		done, from = valEnd, valEnd
+		for {
+			m := moreValueRE.FindStringSubmatchIndex(s[from:])
+			if m == nil {
+				break
+			}
+			inList := strings.Contains(s[from+m[2]:from+m[3]], ",")
+			if valuesAfter(flag, inList) == 1 {
+				break
+			}
+			b.WriteString(s[done : from+m[4]])
+			b.WriteString(maskValue(s[from+m[4] : from+m[5]]))
+			done = from + m[5]
+			from = done
+		}
+	}
+	if done == 0 {
+		return s
+	}
+	b.WriteString(s[done:])
+	return b.String()
+}
+
+// valuesAfter is how many of the arguments after a secret flag are its
+// values: 1 for a flag of vLLM's that takes one (--hf-token X model), -1
+// (all up to the next flag) for one that takes several (--api-key X Y). A
+// flag vLLM does not know (an alert command's --token) is taken to take
+// several in an argument list, where every word is an argument; in text,
+// where the words after its value are more likely prose, one.
+func valuesAfter(flag string, argv bool) int {
+	flag = strings.ToLower(flag)
+	switch {
+	case vllmargs.TakesSeveral(flag):
+		return -1
+	case vllmargs.Known(flag) || !argv:
+		return 1
+	}
+	return -1
 }
 
 // maskAssignments masks the value of each assignment. A "value" that is a
@@ -160,18 +214,48 @@ func maskValue(v string) string {
 	return Mask
 }
 
-// Args redacts an argument vector: the value after a secret flag (--api-key
-// X as two arguments) as well as everything String finds in each argument.
+// Args redacts an argument vector: every value after a secret flag
+// (--api-key X Y as three arguments) as well as everything String finds in
+// each argument.
 func Args(args []string) []string {
 	out := make([]string, len(args))
+	var m ArgMasker
 	for i, a := range args {
-		if i > 0 && IsSecretFlag(args[i-1]) {
-			out[i] = Mask
-			continue
-		}
-		out[i] = String(a)
+		out[i] = m.Next(a)
 	}
 	return out
+}
+
+// ArgMasker redacts an argument vector one argument at a time, for a
+// caller that is handed them one by one (a log encoder).
+type ArgMasker struct {
+	flag string // the secret flag whose values follow ("" for none)
+	left int    // how many more values it takes (-1: up to the next flag)
+}
+
+// Next is arg redacted: masked whole when it is a value of the secret flag
+// before it, else what String finds in it.
+func (m *ArgMasker) Next(arg string) string {
+	if m.flag != "" && !isFlagArg(arg) && m.left != 0 {
+		if m.left > 0 {
+			m.left--
+		}
+		return Mask
+	}
+	m.flag, m.left = "", 0
+	if IsSecretFlag(arg) {
+		m.flag, m.left = arg, valuesAfter(arg, true)
+	}
+	return String(arg)
+}
+
+// isFlagArg: a flag ends a secret flag's values ("-" alone and negative
+// numbers are values, as argparse reads them).
+func isFlagArg(a string) bool {
+	if len(a) < 2 || a[0] != '-' {
+		return false
+	}
+	return a[1] < '0' || a[1] > '9'
 }
 
 var secretFlagRE = regexp.MustCompile(`(?i)^--[\w-]*?` + secretName + `$`)
@@ -185,6 +269,9 @@ func IsSecretFlag(arg string) bool {
 }
 
 func mayHoldSecret(s string) bool {
+	if hasRandomRun(s) {
+		return true
+	}
 	for _, t := range triggers {
 		if indexFold(s, t, 0) >= 0 {
 			return true

@@ -36,7 +36,30 @@ var cases = []struct {
 	{"vllm serve m --api_k=abbrevkey2", []string{"abbrevkey2"}, "vllm serve m --api_k=***"},
 	{"['vllm', 'serve', '--hf-tok', 'abbrevkey3']", []string{"abbrevkey3"}, "['vllm', 'serve', '--hf-tok', '***']"},
 	{"vllm serve m --api 4 --api-server-c 2 --max-num-se 8", nil, "vllm serve m --api 4 --api-server-c 2 --max-num-se 8"},
+	// Every value of a flag that takes several (issue 41): vLLM reads
+	// --api-key k1 k2 as two keys; a rendered argv list is an argv.
+	{"vllm serve m --api-key firstkey1 secondkey2 --port 8000", []string{"firstkey1", "secondkey2"}, "vllm serve m --api-key *** *** --port 8000"},
+	{"['vllm', 'serve', '--api-key', 'firstkey1', 'secondkey2', '--port', '8000']", []string{"firstkey1", "secondkey2"},
+		"['vllm', 'serve', '--api-key', '***', '***', '--port', '8000']"},
+	{`["notify", "--token", "tok1value", "tok2value"]`, []string{"tok1value", "tok2value"}, `["notify", "--token", "***", "***"]`},
+	// A flag of vLLM's that takes one value: the next word is the model.
+	{"vllm serve --hf-token hftokvalue org/model --port 8000", []string{"hftokvalue"}, "vllm serve --hf-token *** org/model --port 8000"},
+	// Keys by their shape, whatever their name.
+	{"MY_CREDS=Zx9pQ7rT2mVb8LkW4nHs6YdC3fJa1GeU", []string{"Zx9pQ7rT2mVb8LkW4nHs6YdC3fJa1GeU"}, "MY_CREDS=***"},
+	{"creds: 'q8Rt5ZmW2xKp9LvN3bYh7JcF' ok", []string{"q8Rt5ZmW2xKp9LvN3bYh7JcF"}, "creds: '***' ok"},
+	{"base64 kR4+/nZ8wQ2xLm9PvB7yTc3HdF6gJs1A== end", []string{"kR4+/nZ8wQ2xLm9PvB7yTc3HdF6gJs1A"}, "base64 ***== end"},
+	{"hex 3f9a0c7e5b1d2f4a6c8e0b9d7f5a3c1e2d4f6a8c0e9b7d5f3a1c2e4f6a8b0c9d here",
+		[]string{"3f9a0c7e5b1d2f4a6c8e0b9d7f5a3c1e2d4f6a8c0e9b7d5f3a1c2e4f6a8b0c9d"}, "hex *** here"},
+	{"jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.c2lnbmF0dXJl", []string{"eyJzdWIiOiJhbGljZSJ9", "c2lnbmF0dXJl"}, "jwt ***"},
+	{"gh ghp_abcdefghijklmnopqrstuvwxyz0123456789 aws AKIAIOSFODNN7EXAMPLE", []string{"ghp_abcdefghij", "AKIAIOSFODNN7EXAMPLE"}, "gh *** aws ***"},
+	{"openai sk-proj-abcdefghijklmnop1234", []string{"sk-proj-abcdefghijklmnop1234"}, "openai ***"},
 	// Not secrets: left alone.
+	{"Added request chatcmpl-3f2a9c0e8b7d4e1f9a6b5c4d3e2f1a0b. Resolved architecture: Qwen2_5_VLForConditionalGeneration", nil,
+		"Added request chatcmpl-3f2a9c0e8b7d4e1f9a6b5c4d3e2f1a0b. Resolved architecture: Qwen2_5_VLForConditionalGeneration"},
+	{"loading /root/.cache/huggingface/hub/models--meta-llama--Meta-Llama-3-8B-Instruct/snapshots/0e9e39f249a16976918f6564b8830bc894c89659", nil,
+		"loading /root/.cache/huggingface/hub/models--meta-llama--Meta-Llama-3-8B-Instruct/snapshots/0e9e39f249a16976918f6564b8830bc894c89659"},
+	{"model deepseek-ai/DeepSeek-R1-Distill-Qwen-32B and RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic", nil,
+		"model deepseek-ai/DeepSeek-R1-Distill-Qwen-32B and RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic"},
 	{"max_tokens=16 tokenizer=gpt2 --tokenizer-mode auto --max-num-seqs 8 key cache 4.5 GiB", nil,
 		"max_tokens=16 tokenizer=gpt2 --tokenizer-mode auto --max-num-seqs 8 key cache 4.5 GiB"},
 	{"Maximum concurrency for 4096 tokens per request: 12.5x", nil, "Maximum concurrency for 4096 tokens per request: 12.5x"},
@@ -81,6 +104,19 @@ func TestArgs(t *testing.T) {
 	if got := Args(in); !slices.Equal(got, want) {
 		t.Errorf("Args:\n got %q\nwant %q", got, want)
 	}
+	// Every value of a secret flag (issue 41): --api-key takes several, an
+	// unknown secret flag (an alert command's) is taken to; --hf-token
+	// takes one, and the model may follow it.
+	in = []string{"vllm", "serve", "--hf-token", "hfv", "org/m", "--api-key", "k1", "k2", "--port", "8000", "--api-key", "k3"}
+	want = []string{"vllm", "serve", "--hf-token", Mask, "org/m", "--api-key", Mask, Mask, "--port", "8000", "--api-key", Mask}
+	if got := Args(in); !slices.Equal(got, want) {
+		t.Errorf("Args:\n got %q\nwant %q", got, want)
+	}
+	in = []string{"notify", "--token", "t1", "t2", "-v", "--password", "-", "p2"}
+	want = []string{"notify", "--token", Mask, Mask, "-v", "--password", Mask, Mask}
+	if got := Args(in); !slices.Equal(got, want) {
+		t.Errorf("Args:\n got %q\nwant %q", got, want)
+	}
 	if !IsSecretFlag("--api-key") || !IsSecretFlag("--HF-TOKEN") || IsSecretFlag("--tokenizer") || IsSecretFlag("api_key") ||
 		!IsSecretFlag("--api-ke") || IsSecretFlag("--api") || IsSecretFlag("--api-key=x") {
 		t.Error("IsSecretFlag misjudges a flag")
@@ -99,6 +135,7 @@ func FuzzString(f *testing.F) {
 		"%s --api-key SECRET %s", "%s --api-key=SECRET%s", "%s'api_key': 'SECRET'%s", `%s"api_key": "SECRET"%s`,
 		"%s VLLM_API_KEY=SECRET %s", "%s HF_TOKEN=SECRET %s", "%s Authorization: Bearer SECRET %s",
 		"%s https://user:SECRET@host/p %s", "%s --api-ke SECRET %s", "%s --api_k=SECRET%s", "%s'--hf-tok', 'SECRET'%s",
+		"%s --api-key k1 SECRET %s", "%s'--api-key', 'k1', 'SECRET'%s", `%s["--token", "t1", "SECRET"]%s`,
 	}
 	f.Fuzz(func(t *testing.T, around, secret string) {
 		out := String(around)

@@ -138,3 +138,28 @@ func TestFoldersTightenedAndRecordsMasked(t *testing.T) {
 		t.Errorf("record mode %v holds a secret:\n%s", fi.Mode().Perm(), data)
 	}
 }
+
+// A state folder that is a symlink is refused by Open, for every caller
+// (the guard, `incidents` and `diagnose` without one): its target is not
+// created in, tightened or written (issue 41).
+func TestSymlinkStateDirIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "elsewhere")
+	if err := os.Mkdir(target, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(target, 0o777)
+	link := filepath.Join(dir, "state")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Open(link, nil); err == nil || !strings.Contains(err.Error(), "is a symlink") {
+		t.Errorf("Open of a symlinked state folder: %v; want it refused", err)
+	}
+	if fi, _ := os.Stat(target); fi.Mode().Perm() != 0o777 {
+		t.Errorf("the symlink's target was tightened to %v", fi.Mode().Perm())
+	}
+	if ents, _ := os.ReadDir(target); len(ents) != 0 {
+		t.Errorf("Open wrote %d entries in the symlink's target", len(ents))
+	}
+}

@@ -210,6 +210,9 @@ func Open(dir string, log *zap.Logger) (*Store, []string, error) {
 	if dir == "" {
 		return nil, nil, errors.New("state: no state directory given; set [control] state_dir")
 	}
+	if err := checkDir(dir); err != nil {
+		return nil, nil, err // a symlink or another user's folder: never followed, never tightened
+	}
 	if log == nil {
 		log = zap.NewNop()
 	}

@@ -19,7 +19,7 @@ import (
 // the memory release, backoff, free memory before a start) is a state with
 // a timer, so the heartbeat turns all the while.
 //
-//	check_gpu → wait_gpu (no room) → starting → ready
+//	check_gpu → wait_gpu (no room) → check_port → wait_port (held) → starting → ready
 //	    ↑                               ↓ exit, hang, stop, restart, restore
 //	 backoff ← releasing ← cleaning ← draining, stop_sigterm, stop_sigkill
 //	failed / gave_up (gave up)   stopped (asked to)
@@ -54,6 +54,7 @@ const (
 	tFreeMemory                  // read NVML again while waiting for free memory
 	tFastRetry                   // a refused probe right after the startup line, tried again
 	tDrain                       // the proxy's requests in flight looked at again before SIGTERM
+	tPortRetry                   // vLLM's port was held: try its bind again
 	timerKinds
 )
 
@@ -69,6 +70,7 @@ const (
 	evProbe                  // a probe answered
 	evCleaned                // what outlived the keeper was killed (or declared unkillable)
 	evGPURead                // an NVML read made off the loop (free memory, the release) answered
+	evPortRead               // the trial bind of vLLM's port answered
 )
 
 type event struct {
@@ -82,6 +84,9 @@ type event struct {
 	// gpu: evGPURead's answer; id is its read's number (a newer read
 	// makes it stale).
 	gpu gpuRead
+	// holder: evPortRead's answer, who holds vLLM's port ("": the bind
+	// works); id is its check's number.
+	holder string
 }
 
 // gpuRead is one NVML read made off the loop: a free-memory check before a
@@ -109,11 +114,12 @@ const (
 )
 
 type machine struct {
-	s        *Supervisor
-	ev       chan event
-	quit     chan struct{}
-	timers   timerSet
-	gpuReads uint64 // NVML reads made off the loop; only the newest one's answer counts
+	s         *Supervisor
+	ev        chan event
+	quit      chan struct{}
+	timers    timerSet
+	gpuReads  uint64 // NVML reads made off the loop; only the newest one's answer counts
+	portReads uint64 // trial binds of vLLM's port; only the newest one's answer counts
 
 	sub       subState
 	now       time.Time // the time of the event being handled (the loop reads the clock, the decisions read this)
@@ -125,6 +131,7 @@ type machine struct {
 	runN int         // the number of the run in progress, or of the last one
 	r    run         // the run in progress (or the last one): replaced whole at each launch
 	rel  releaseWait // after a failure: the wait for the old tree's GPU memory
+	pw   portWait    // before a launch: the check of vLLM's port, and the wait while another process holds it
 }
 
 // timerSet holds the machine's timers, at most one of each kind armed.
@@ -146,7 +153,8 @@ type run struct {
 	stdout    *streamWriter
 	stderr    *streamWriter
 	prober    checker
-	port      int             // where this run's vLLM listens (the probes' endpoint)
+	bindHost  string // where vLLM binds (its --host) and its port: tried again when it fails before ready
+	bindPort  int
 	ctx       context.Context // cancelled when the run ends: in-flight probes stop
 	cancel    context.CancelFunc
 	probing   bool
@@ -226,7 +234,7 @@ func (m *machine) handle(e event, sink *logSink) {
 			return // a newer read is on its way
 		}
 		switch m.sub {
-		case subCheckGPU, subWaitGPU:
+		case subCheckGPU, subWaitGPU, subWaitPort:
 			m.onFreeRead(e.gpu, sink)
 		case subReleasing:
 			m.onReleaseRead(e.gpu)
@@ -244,6 +252,10 @@ func (m *machine) handle(e event, sink *logSink) {
 			ph := m.r.out.Phase()
 			m.s.update(func(st *Status) { st.Phase, st.Reason = ph, "loading: "+ph })
 			m.s.publish(events.Event{Kind: events.KindProgress, Phase: ph, PID: m.r.child.pid()})
+		}
+	case evPortRead:
+		if e.id == m.portReads {
+			m.onPortRead(e.holder, sink)
 		}
 	case evProbe:
 		m.r.probing = false
@@ -284,6 +296,9 @@ func (m *machine) onTimer(k timerKind, sink *logSink) {
 		m.s.update(func(st *Status) { st.NextStartAt = time.Time{} })
 		m.next(sink)
 	case tFreeMemory:
+		m.next(sink)
+	case tPortRetry:
+		m.s.update(func(st *Status) { st.NextStartAt = time.Time{} })
 		m.next(sink)
 	case tFastRetry:
 		if m.sub == subStarting {

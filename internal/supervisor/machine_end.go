@@ -157,6 +157,9 @@ type cleanup struct {
 	outlived   []int              // processes that outlived the keeper
 	unkillable []int              // of those, still alive after every kill round
 	gpuAfter   []policy.GPUDevice // the GPUs' hardware state once the tree was gone
+	// portHeld: for a run that was never ready, who holds its port now
+	// that its tree is gone ("": the bind works, or not checked).
+	portHeld string
 }
 
 // cleaningStatus says, while the leftovers are being killed, which process
@@ -190,6 +193,7 @@ func (m *machine) settleRun(sink *logSink, cl cleanup) {
 	}
 	m.r.stdout.Close()
 	m.r.stderr.Close()
+	s.tree.Store(nil)
 	if s.gpu != nil {
 		s.gpu.SetTree(nil)
 		s.gpu.SetLoading(false)
@@ -223,8 +227,41 @@ func (m *machine) settleRun(sink *logSink, cl cleanup) {
 			Reason: "stepped one rung up after a stable stretch"})
 		m.next(sink)
 	default:
+		if cl.portHeld != "" {
+			m.portTaken(res, cl.portHeld, sink)
+			return
+		}
 		m.fail(res)
 	}
+}
+
+// portTaken: vLLM ended before it was ready while another process holds
+// its port (vLLM could not bind it, or the holder took it while vLLM
+// loaded): neither vLLM's failure nor a configuration error, whatever
+// vLLM printed. The death is recorded as it was read, not counted by the
+// policy, and the guard waits for the port as before a launch: as long as
+// it takes at a restart, port_wait at the guard's first start.
+func (m *machine) portTaken(res outcome, holder string, sink *logSink) {
+	s := m.s
+	_, v := m.classify(res)
+	d := policy.Decision{Action: policy.ActionRestart, Rung: s.pol.Current(),
+		Reason: fmt.Sprintf("vLLM's port is held by %s: waiting for it to be free, then starting vLLM again (not counted as a failure)", holder)}
+	f := Failure{Time: m.now, PID: res.pid, Exit: res.exit.String(), ExitCode: res.exit.Code, Signal: res.exit.Signal,
+		Phase: res.phase, Verdict: v, Decision: d, RungBefore: m.r.rung, Lines: res.lines, Uptime: res.uptime}
+	s.update(func(st *Status) {
+		st.Restarts[v.Cause]++
+		st.LastFailure = &f
+		st.PID = 0
+	})
+	s.publish(events.Event{Kind: events.KindExited, Failure: &f, PID: res.pid})
+	if m.stopAsked {
+		m.finish(exitcode.OK, "stopped on request")
+		return
+	}
+	if m.pw.since.IsZero() {
+		m.pw = portWait{since: m.now, bounded: m.runN == 1 && !m.everReady}
+	}
+	m.next(sink)
 }
 
 // outcome is how one run of vLLM ended, as the classifier needs it.
@@ -241,11 +278,9 @@ type outcome struct {
 	unkillable    []int              // processes of the tree still alive after every kill round
 }
 
-// fail classifies a death, asks the policy what next, publishes it, and
-// moves on: give up, or wait for the memory, then back off.
-func (m *machine) fail(res outcome) {
+// classify reads one death's evidence into a verdict.
+func (m *machine) classify(res outcome) (policy.Exit, policy.Verdict) {
 	s := m.s
-	now := m.now
 	exit := policy.Exit{
 		Lines:         res.lines,
 		ExitCode:      res.exit.Code,
@@ -265,7 +300,15 @@ func (m *machine) fail(res outcome) {
 	if exit.GPU != nil {
 		exit.GPU.Unkillable = res.unkillable
 	}
-	v := policy.Classify(exit)
+	return exit, policy.Classify(exit)
+}
+
+// fail classifies a death, asks the policy what next, publishes it, and
+// moves on: give up, or wait for the memory, then back off.
+func (m *machine) fail(res outcome) {
+	s := m.s
+	now := m.now
+	exit, v := m.classify(res)
 	d := s.pol.OnFailure(now, v)
 	s.savePolicy()
 	m.describeCost()

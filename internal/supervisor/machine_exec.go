@@ -99,6 +99,15 @@ func (m *machine) readGPU(read func() gpuRead) {
 	go func() { m.post(event{kind: evGPURead, run: run, id: id, gpu: read()}) }()
 }
 
+// checkPort tries vLLM's bind of host:port off the loop (a name may take
+// a resolver's time; who holds the port is read from /proc) and posts the
+// holder back; only the newest check's answer is taken.
+func (m *machine) checkPort(host string, port int) {
+	m.portReads++
+	id, run, holder := m.portReads, m.runN, m.s.portHolder
+	go func() { m.post(event{kind: evPortRead, run: run, id: id, holder: holder(host, port)}) }()
+}
+
 // readFree is the NVML read before a start, off the loop: hardware health
 // first (a GPU lost, asking for a reset or with a row remap pending or
 // failed is not started on; read fresh: a reset clears it), then free
@@ -123,9 +132,17 @@ func readFree(gpu GPU, health GPUHealth, rung policy.Rung, since time.Time) gpuR
 // run (the classifier's first evidence) and posts evCleaned.
 func (m *machine) cleanUp(c proc) {
 	run, health, since := m.runN, m.s.health, m.r.startedAt
+	var holder func(string, int) string
+	if !m.r.ready && m.r.end == endExited {
+		holder = m.s.portHolder // a start that failed: was its port taken?
+	}
+	host, port := m.r.bindHost, m.r.bindPort
 	go func() {
 		outlived, unkillable := c.killLeftovers()
 		cl := cleanup{outlived: outlived, unkillable: unkillable}
+		if holder != nil && len(unkillable) == 0 { // (a process of its own that does not die may hold it)
+			cl.portHeld = holder(host, port)
+		}
 		if health != nil {
 			cl.gpuAfter = health.GPUs(since, true)
 		}

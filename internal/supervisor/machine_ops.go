@@ -102,9 +102,10 @@ func (m *machine) onRequest(r request, sink *logSink) {
 		case subStarting, subReady:
 			m.r.peer = r.peer
 			m.endRun(endRestart)
-		case subBackoff, subCheckGPU, subWaitGPU:
+		case subBackoff, subCheckGPU, subWaitGPU, subWaitPort:
 			m.disarm(tBackoff)
 			m.disarm(tFreeMemory)
+			m.disarm(tPortRetry)
 			s.update(func(st *Status) { st.NextStartAt = time.Time{} })
 			s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestart, Reason: "restarting vLLM on request from " + r.peer})
 			m.next(sink)

@@ -3,7 +3,6 @@ package supervisor
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -36,7 +35,7 @@ func (m *machine) next(sink *logSink) {
 		m.launch(sink, rung, nil)
 		return
 	}
-	if m.sub != subWaitGPU { // waiting already: read again, still waiting
+	if m.sub != subWaitGPU && m.sub != subWaitPort { // waiting already: read again, still waiting
 		m.enter(subCheckGPU, "checking the GPUs' health and free memory before starting vLLM", nil)
 	}
 	gpu, health, since := m.s.gpu, m.s.health, m.now
@@ -45,7 +44,7 @@ func (m *machine) next(sink *logSink) {
 
 // onFreeRead: room → launch; none → wait a sample interval and read again.
 func (m *machine) onFreeRead(r gpuRead, sink *logSink) {
-	if m.sub != subCheckGPU && m.sub != subWaitGPU {
+	if m.sub != subCheckGPU && m.sub != subWaitGPU && m.sub != subWaitPort {
 		return
 	}
 	if r.blocked != "" {
@@ -64,8 +63,97 @@ func (m *machine) onFreeRead(r gpuRead, sink *logSink) {
 	m.arm(tFreeMemory, m.s.cfg.GPU.SampleInterval.Duration)
 }
 
-// launch starts vLLM on rung.
+// portWait is the check of vLLM's port before a launch, and the wait while
+// another process holds it.
+type portWait struct {
+	rung    policy.Rung
+	gpus    []policy.GPUDevice
+	port    int
+	since   time.Time     // when the port was first found held (zero: not waiting)
+	bounded bool          // the wait began at the guard's first start: it ends after port_wait
+	delay   time.Duration // the last retry's delay
+	holder  string        // who held the port at the last try
+}
+
+// The retries while vLLM's port is held: the first after portRetryFirst,
+// each one twice as late, at most portRetryMax apart.
+const (
+	portRetryFirst = 250 * time.Millisecond
+	portRetryMax   = 5 * time.Second
+)
+
+// launch starts vLLM on rung once its port is free: vLLM's own bind is
+// tried first, off the loop (checkPort); onPortRead goes on.
 func (m *machine) launch(sink *logSink, rung policy.Rung, gpuBefore []policy.GPUDevice) {
+	s := m.s
+	if s.portHolder == nil {
+		m.start(sink, rung, gpuBefore, "")
+		return
+	}
+	argv, ep := launch.BuildArgv(s.cfg.VLLM.Command, s.extra, rung, s.cfg.VLLM.Host, s.cfg.VLLM.Port)
+	m.pw.rung, m.pw.gpus, m.pw.port = rung, gpuBefore, ep.Port
+	if m.sub != subWaitPort { // waiting already: try again, still waiting
+		m.enter(subCheckPort, "checking that vLLM's port is free", nil)
+	}
+	m.checkPort(bindHost(argv, s.cfg.VLLM.Host), ep.Port)
+}
+
+// onPortRead: the port is free → launch. Held → wait and try again with
+// backoff, saying who holds it: at a restart for as long as it takes (a
+// brief grab by another process must not stop the service); at the
+// guard's first start for port_wait, then a configuration error naming
+// the holder (exit 78): two instances configured on one port.
+func (m *machine) onPortRead(holder string, sink *logSink) {
+	if m.sub != subCheckPort && m.sub != subWaitPort {
+		return
+	}
+	s, w := m.s, &m.pw
+	if holder == "" {
+		if !w.since.IsZero() {
+			s.log.Info("vLLM's port is free again: starting vLLM", zap.Int("port", w.port), zap.Duration("waited", m.now.Sub(w.since)))
+		}
+		rung, gpus := w.rung, w.gpus
+		*w = portWait{}
+		m.start(sink, rung, gpus, "")
+		return
+	}
+	if w.since.IsZero() {
+		w.since, w.bounded = m.now, m.runN == 0
+	}
+	w.delay = min(max(2*w.delay, portRetryFirst), portRetryMax)
+	waited, limit := m.now.Sub(w.since), s.cfg.VLLM.PortWait.Duration
+	if w.bounded && waited >= limit {
+		rung, gpus := w.rung, w.gpus
+		if waited > 0 {
+			holder += fmt.Sprintf(" (held for %s, port_wait %s)", waited.Round(time.Millisecond), limit)
+		}
+		*w = portWait{}
+		m.start(sink, rung, gpus, holder)
+		return
+	}
+	if holder != w.holder {
+		w.holder = holder
+		s.log.Warn("vLLM's port is held by another process: waiting for it to be free before starting vLLM",
+			zap.Int("port", w.port), zap.String("holder", holder), zap.Bool("first_start", w.bounded))
+	}
+	delay := w.delay
+	until := "as long as it takes (a restart)"
+	if w.bounded {
+		delay = min(delay, limit-waited)
+		until = fmt.Sprintf("at most port_wait %s at the first start, then exit 78", limit)
+	}
+	next := m.now.Add(delay)
+	m.enter(subWaitPort, fmt.Sprintf("vLLM's port %d is held by %s: waiting %s for it to be free, %s; trying again in %s",
+		w.port, holder, waited.Round(time.Second), until, delay.Round(time.Millisecond)),
+		func(st *Status) { st.NextStartAt = next })
+	m.arm(tPortRetry, delay)
+}
+
+// start launches vLLM on rung; heldBy names who holds its port when the
+// guard's first start gave up waiting for it: then vLLM is not launched
+// (it would fail to bind, and meanwhile the holder would answer the
+// probes in its name) and the start ends as a configuration error.
+func (m *machine) start(sink *logSink, rung policy.Rung, gpuBefore []policy.GPUDevice, heldBy string) {
 	s := m.s
 	cfg := s.cfg
 	argv, ep := launch.BuildArgv(cfg.VLLM.Command, s.extra, rung, cfg.VLLM.Host, cfg.VLLM.Port)
@@ -82,24 +170,21 @@ func (m *machine) launch(sink *logSink, rung policy.Rung, gpuBefore []policy.GPU
 	s.pol.OnStart(m.now)
 	s.savePolicy()
 	m.r.startedAt = m.now
+	m.r.bindHost, m.r.bindPort = bindHost(argv, cfg.VLLM.Host), ep.Port
 	m.enter(subStarting, "launching vLLM", func(st *Status) {
 		st.Phase, st.LastProbe, st.PID, st.StartedAt, st.ReadySince, st.Rung = "", "", 0, m.r.startedAt, time.Time{}, rung
 		st.Starts++
 	})
-	if s.portHolder != nil {
-		if holder := s.portHolder(bindHost(argv, cfg.VLLM.Host), ep.Port); holder != "" {
-			// Not launched: vLLM would fail to bind, and meanwhile the holder
-			// would answer the probes in its name.
-			r := rung
-			s.publish(events.Event{Kind: events.KindStarting, Rung: &r, Argv: s.MaskedArgv(argv)})
-			m.r.child = nil
-			m.r.stdout.Close()
-			m.r.stderr.Close()
-			m.fail(outcome{exit: exitInfo{Code: -1, StartFailure: fmt.Sprintf("vLLM's port %d is already in use by %s: "+
-				"another vLLM (another guard instance's?) or server holds it; give this instance its own port ([vllm] port, or --port in [vllm] command)",
-				ep.Port, holder)}, phase: policy.PhaseStarting, lines: m.r.out.ring.snapshot()})
-			return
-		}
+	if heldBy != "" {
+		r := rung
+		s.publish(events.Event{Kind: events.KindStarting, Rung: &r, Argv: s.MaskedArgv(argv)})
+		m.r.child = nil
+		m.r.stdout.Close()
+		m.r.stderr.Close()
+		m.fail(outcome{exit: exitInfo{Code: -1, StartFailure: fmt.Sprintf("vLLM's port %d is already in use by %s: "+
+			"another vLLM (another guard instance's?) or server holds it; give this instance its own port ([vllm] port, or --port in [vllm] command)",
+			ep.Port, heldBy)}, phase: policy.PhaseStarting, lines: m.r.out.ring.snapshot()})
+		return
 	}
 	c, err := s.launcher.launch(launchSpec{keeper: s.keeper, argv: argv, env: cfg.VLLM.Env,
 		dir: cfg.VLLM.Workdir, grace: cfg.VLLM.StopTimeout.Duration, stdout: m.r.stdout, stderr: m.r.stderr})
@@ -122,27 +207,12 @@ func (m *machine) launch(sink *logSink, rung policy.Rung, gpuBefore []policy.GPU
 		s.gpu.SetTree(c.tree)
 		s.gpu.SetLoading(true)
 	}
-	m.r.prober, m.r.port = s.newProber(ep, s.model), ep.Port
+	tree := c.tree
+	s.tree.Store(&tree)
+	m.r.prober = s.newProber(ep, s.model, tree)
 	m.r.ctx, m.r.cancel = context.WithCancel(context.Background())
 	m.forward(c)
 	m.arm(tPoll, cfg.Readiness.PollInterval.Duration)
-}
-
-// listensItself says whether a process of this run's tree holds the
-// listener on its port: an answer is its own then, even before its server
-// line (a vLLM whose startup lines the guard does not know).
-func (m *machine) listensItself() bool {
-	if m.s.listenerOwners == nil || m.r.child == nil {
-		return false
-	}
-	m.r.child.refresh()
-	tree := m.r.child.tree()
-	for _, pid := range m.s.listenerOwners(m.r.port) {
-		if slices.Contains(tree, pid) {
-			return true
-		}
-	}
-	return false
 }
 
 // bindHost is the --host vLLM's argv ends with (the last one wins, under any
@@ -285,10 +355,12 @@ func (m *machine) onProbe(r probeResult) {
 			}
 			return
 		}
-		if !m.r.out.serverUp.Load() && !m.listensItself() {
+		if !m.r.out.serverUp.Load() && !r.own {
 			// Something answered on vLLM's port before vLLM started its
-			// server: another process's listener, not this vLLM (issue 32
-			// item 4). Its answers count only after this vLLM's own line.
+			// server, over a connection nobody checked: another process's
+			// listener, not this vLLM (issue 32 item 4). Its answers count
+			// only after this vLLM's own line. (The guard's prober checks
+			// every connection: its answers are own.)
 			s.update(func(st *Status) {
 				st.LastProbe = r.step + ": answered before vLLM's own server started (another process on the port?); waiting for vLLM's startup line"
 			})

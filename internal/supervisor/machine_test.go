@@ -180,6 +180,7 @@ type fakeProber struct {
 	healthR func() probeResult // nil: ok
 	pausedR func() probeResult // nil: 404, as vLLM without dev mode answers /is_paused
 	calls   atomic.Int64       // readiness probes asked
+	own     atomic.Bool        // answers come over connections checked to reach vLLM's own listener
 }
 
 func (f *fakeProber) ready(ctx context.Context, level string, timeout time.Duration) probeResult {
@@ -193,7 +194,7 @@ func (f *fakeProber) ready(ctx context.Context, level string, timeout time.Durat
 	if r != nil {
 		return r()
 	}
-	return probeResult{ok: true, step: level, status: 200}
+	return probeResult{ok: true, step: level, status: 200, own: f.own.Load()}
 }
 
 func (f *fakeProber) health(ctx context.Context, timeout time.Duration) probeResult {
@@ -292,9 +293,9 @@ type scenario struct {
 	pr       *fakeProber
 	gpu      *fakeGPU
 	noGPU    bool
-	holder   string    // who holds vLLM's port, as portHolder says ("" = free)
-	owners   []int     // who listens on vLLM's port, as listenerOwners says
-	health   GPUHealth // nil: no hardware view (gpufault_test.go)
+	holder   string        // who holds vLLM's port, as the trial bind says ("" = free); under mu once started
+	slowPort time.Duration // each trial bind takes this long
+	health   GPUHealth     // nil: no hardware view (gpufault_test.go)
 	load     func() (float64, float64, bool)
 	progress func() (float64, float64, bool)
 	awaiting func() (int, float64)
@@ -350,10 +351,14 @@ func (s *scenario) start() {
 		s.t.Fatal(err)
 	}
 	sup.launcher = s.l
-	sup.newProber = func(launch.Endpoint, string) checker { return s.pr }
+	sup.newProber = func(launch.Endpoint, string, func() []int) checker { return s.pr }
 	sup.hostOOM = s.oom.Load
-	sup.portHolder = func(string, int) string { return s.holder }
-	sup.listenerOwners = func(int) []int { return s.owners }
+	sup.portHolder = func(string, int) string {
+		time.Sleep(s.slowPort)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.holder
+	}
 	s.subs = []subState{subIdle}
 	sup.traceSub = func(_, to subState) { s.mu.Lock(); s.subs = append(s.subs, to); s.mu.Unlock() }
 	s.sup = sup

@@ -3,76 +3,203 @@ package supervisor
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 )
 
+// vLLM's port, read from the operating system (off the machine's loop):
+// whether vLLM can bind it, who holds it when not, and whether the listener
+// a connection reaches belongs to vLLM's own process tree.
+//
 // Two instance configs that share vLLM's port (a copy-paste mistake) made
-// the second guard call the first instance's vLLM ready: it answered the
-// probes 0.27 s after the launch, and the second vLLM died 9 s later with
-// "Address already in use" (issue 32 item 4). Before a launch the guard
-// looks for a listener on the port in /proc/net/tcp and tcp6 and names its
-// holder (pid and command, from the socket's inode in /proc/*/fd), and
-// does not launch: vLLM would fail to bind, and meanwhile the holder would
-// answer for it.
+// the second guard call the first instance's vLLM ready (issue 32 item 4);
+// a listener of user nobody started on the port while vLLM loaded received
+// the guard's probes, API key included, and one that bound the port during
+// a backoff stopped the service with exit 78 (issue 41). So: "in use" is
+// decided by the bind vLLM will make, tried before each launch (not by
+// reading /proc/net/tcp, which cannot tell an IPV6_V6ONLY listener on [::]
+// from a dual-stack one); /proc/net/tcp only names the holder; and a
+// probe reaches vLLM only over a connection whose listeners, and whose
+// accepting process once there is one, are of vLLM's tree.
 
-// listener is one listening socket of /proc/net/tcp or tcp6.
+// listener is one socket of /proc/net/tcp or tcp6: a listening one
+// (state 0A), or with its peer (rip, rport) one end of a connection.
 type listener struct {
 	ip    net.IP
 	port  int
 	uid   int
-	inode uint64
+	inode uint64 // 0 for a connection not accepted yet (in a listener's queue)
+	state string
+	rip   net.IP
+	rport int
 }
 
-// portHolder says who listens where vLLM will bind host:port ("" when the
-// port is free). host is vLLM's --host: "", 0.0.0.0 and :: are every
-// address, a name is resolved.
+// portHolder tries the bind vLLM will make for host:port and returns ""
+// when it works, else who holds the port. vLLM 0.32.0
+// (vllm/entrypoints/launchers/launcher.py create_server_socket) makes an
+// AF_INET6 socket when host is an IPv6 literal and AF_INET otherwise
+// ("" is 0.0.0.0, a name is resolved to its first IPv4 address), sets
+// SO_REUSEADDR (a port in TIME_WAIT is free), leaves IPV6_V6ONLY at the
+// system's default, and binds; so does the trial. SO_REUSEPORT, which
+// vLLM sets only with --api-server-count > 1, is not: a second instance
+// of the same user could then share the port, which is what the trial
+// is for. Only EADDRINUSE is "held": any other error (a name that does
+// not resolve, an address not of this host, a port below 1024) is vLLM's
+// to report, and it will.
 func portHolder(host string, port int) string {
+	family, sa, ok := bindAddr(host, port)
+	if !ok {
+		return ""
+	}
+	fd, err := syscall.Socket(family, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return ""
+	}
+	defer syscall.Close(fd)
+	if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
+		return ""
+	}
+	if err := syscall.Bind(fd, sa); !errors.Is(err, syscall.EADDRINUSE) {
+		return ""
+	}
+	return nameHolder(family, sa, port)
+}
+
+// bindAddr is the family and address vLLM binds for host; ok is false when
+// vLLM itself would fail before the bind (a name that does not resolve).
+func bindAddr(host string, port int) (family int, sa syscall.Sockaddr, ok bool) {
+	if a, err := netip.ParseAddr(host); err == nil && a.Is6() {
+		s := &syscall.SockaddrInet6{Port: port, Addr: a.As16()}
+		if z := a.Zone(); z != "" {
+			if ifi, err := net.InterfaceByName(z); err == nil {
+				s.ZoneId = uint32(ifi.Index)
+			}
+		}
+		return syscall.AF_INET6, s, true
+	}
+	s := &syscall.SockaddrInet4{Port: port}
+	if host != "" {
+		a, err := netip.ParseAddr(host)
+		if err != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			addrs, lerr := net.DefaultResolver.LookupNetIP(ctx, "ip4", host)
+			if lerr != nil || len(addrs) == 0 {
+				return 0, nil, false
+			}
+			a = addrs[0]
+		}
+		s.Addr = a.Unmap().As4()
+	}
+	return syscall.AF_INET, s, true
+}
+
+// nameHolder names who holds the port that the bind of sa (family) met:
+// the listeners in its way, by pid and command, or a bound socket the
+// guard cannot see when none listens.
+func nameHolder(family int, sa syscall.Sockaddr, port int) string {
+	var ours net.IP
+	switch a := sa.(type) {
+	case *syscall.SockaddrInet4:
+		ours = net.IP(a.Addr[:])
+	case *syscall.SockaddrInet6:
+		ours = net.IP(a.Addr[:])
+	}
+	// A listener of vLLM's own family is named first; a [::] is named only
+	// when nothing else can be in the way (it may be IPV6_V6ONLY, and then
+	// an IPv4 bind does not meet it).
+	var same, other []string
+	for _, l := range readListeners() {
+		if l.port != port {
+			continue
+		}
+		switch inTheWay(family, ours, l.ip) {
+		case 1:
+			same = append(same, describeHolder(l))
+		case 2:
+			other = append(other, describeHolder(l))
+		}
+	}
+	if len(same) == 0 {
+		same = other
+	}
+	if len(same) == 0 {
+		return fmt.Sprintf("a socket bound to port %d that does not listen yet (another vLLM loading?)", port)
+	}
+	return strings.Join(same, "; ")
+}
+
+// inTheWay says whether a listener on ip may be what stopped a bind of
+// ours (family): 1 for the same address or a wildcard of the same family
+// on either side, 2 for a [::] in the way of an IPv4 bind (only when it
+// is dual-stack), 0 for none.
+func inTheWay(family int, ours, ip net.IP) int {
+	v4 := ip.To4() != nil
+	switch {
+	case ours.Equal(ip):
+		return 1
+	case family == syscall.AF_INET && v4:
+		if ours.IsUnspecified() || ip.IsUnspecified() {
+			return 1
+		}
+	case family == syscall.AF_INET:
+		if ip.IsUnspecified() {
+			return 2
+		}
+	case ours.IsUnspecified() || ip.IsUnspecified() && !v4:
+		return 1 // a dual-stack [::] meets every listener; any [::] meets an IPv6 bind
+	}
+	return 0
+}
+
+// readSockets is every TCP socket of this network namespace, as
+// /proc/net/tcp and tcp6 list them (the kernel writes the whole table: a
+// read costs milliseconds on a busy host, so it is made per connection,
+// never per refused attempt).
+func readSockets() []listener {
 	var ls []listener
 	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue
 		}
-		ls = append(ls, parseListeners(b)...)
+		ls = append(ls, parseSockets(b)...)
 	}
-	for _, l := range ls {
-		if l.port == port && clashes(host, l.ip) {
-			return describeHolder(l)
-		}
-	}
-	return ""
+	return ls
 }
 
-// listenerOwners are the processes that hold a listening socket on port.
-func listenerOwners(port int) []int {
-	var out []int
-	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		for _, l := range parseListeners(b) {
-			if l.port == port {
-				if pid := socketOwner(l.inode); pid > 0 {
-					out = append(out, pid)
-				}
-			}
+// readListeners is every listening TCP socket of this network namespace.
+func readListeners() []listener { return listening(readSockets()) }
+
+func listening(ls []listener) []listener {
+	var out []listener
+	for _, l := range ls {
+		if l.state == "0A" {
+			out = append(out, l)
 		}
 	}
 	return out
 }
 
 // parseListeners reads the LISTEN (state 0A) sockets of a /proc/net/tcp or
-// tcp6 table: "sl local_address rem_address st … uid timeout inode".
-func parseListeners(b []byte) []listener {
+// tcp6 table.
+func parseListeners(b []byte) []listener { return listening(parseSockets(b)) }
+
+// parseSockets reads a /proc/net/tcp or tcp6 table: "sl local_address
+// rem_address st … uid timeout inode".
+func parseSockets(b []byte) []listener {
 	var out []listener
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	first := true
@@ -82,23 +209,33 @@ func parseListeners(b []byte) []listener {
 			continue
 		}
 		f := strings.Fields(sc.Text())
-		if len(f) < 10 || f[3] != "0A" {
+		if len(f) < 10 {
 			continue
 		}
-		addr, portHex, ok := strings.Cut(f[1], ":")
-		if !ok {
-			continue
-		}
-		ip := procIP(addr)
-		p, err := strconv.ParseUint(portHex, 16, 16)
-		if ip == nil || err != nil {
+		ip, port, ok := procAddr(f[1])
+		rip, rport, rok := procAddr(f[2])
+		if !ok || !rok {
 			continue
 		}
 		uid, _ := strconv.Atoi(f[7])
 		inode, _ := strconv.ParseUint(f[9], 10, 64)
-		out = append(out, listener{ip: ip, port: int(p), uid: uid, inode: inode})
+		out = append(out, listener{ip: ip, port: port, uid: uid, inode: inode, state: f[3], rip: rip, rport: rport})
 	}
 	return out
+}
+
+// procAddr decodes "HEXIP:HEXPORT".
+func procAddr(s string) (net.IP, int, bool) {
+	addr, portHex, ok := strings.Cut(s, ":")
+	if !ok {
+		return nil, 0, false
+	}
+	ip := procIP(addr)
+	p, err := strconv.ParseUint(portHex, 16, 16)
+	if ip == nil || err != nil {
+		return nil, 0, false
+	}
+	return ip, int(p), true
 }
 
 // procIP decodes the kernel's hex address: 32-bit words in host (little
@@ -114,26 +251,89 @@ func procIP(s string) net.IP {
 	return net.IP(b)
 }
 
-// clashes says whether vLLM binding host would meet a listener on ip (the
-// same port): either is a wildcard, or they are the same address.
-func clashes(host string, ip net.IP) bool {
-	if ip.IsUnspecified() {
-		return true
-	}
-	if host == "" || host == "0.0.0.0" || host == "::" {
-		return true
-	}
-	ours := []net.IP{net.ParseIP(host)}
-	if ours[0] == nil {
-		addrs, err := net.LookupIP(host)
-		if err != nil {
-			return true // vLLM will resolve it somehow; any listener may be in the way
+// takers are the listeners that may take a connection to dst, as the
+// kernel picks one: a listener on dst's own address first, then, for an
+// IPv4 dst, one on 0.0.0.0 before a dual-stack [::] (an IPv4 socket scores
+// higher, and a [::] that coexists with a 0.0.0.0 on the same port is
+// IPV6_V6ONLY and takes no IPv4 at all), then [::].
+func takers(ls []listener, dst *net.TCPAddr) []listener {
+	var exact, any4, any6 []listener
+	for _, l := range ls {
+		switch {
+		case l.port != dst.Port:
+		case l.ip.Equal(dst.IP):
+			exact = append(exact, l)
+		case l.ip.Equal(net.IPv4zero) && len(l.ip) == net.IPv4len:
+			if dst.IP.To4() != nil {
+				any4 = append(any4, l)
+			}
+		case l.ip.Equal(net.IPv6unspecified):
+			any6 = append(any6, l)
 		}
-		ours = addrs
 	}
-	for _, o := range ours {
-		if o.Equal(ip) {
-			return true
+	for _, set := range [][]listener{exact, any4, any6} {
+		if len(set) > 0 {
+			return set
+		}
+	}
+	return nil
+}
+
+// notVLLMs is a connection refused before a byte was sent: the listener it
+// reached is not held by vLLM's process tree.
+type notVLLMs struct{ why string }
+
+func (e *notVLLMs) Error() string { return e.why }
+
+// servedByTree says whether the connection from local to remote (just
+// made) reaches vLLM's tree, from one read of the socket tables: every
+// listener that may have taken it is held by a process of tree, and if a
+// process has accepted it already, that process is one of tree (a
+// listener that accepted and closed, replaced by vLLM's since, is caught
+// by its accepted end). Not yet accepted (inode 0), it waits in the queue
+// of a listener that is there now: one of the tree's. When not, an error
+// that names the holder.
+func servedByTree(local, remote *net.TCPAddr, tree []int) error {
+	return judgeConn(readSockets(), local, remote, func(inode uint64) bool { return treeHolds(tree, inode) })
+}
+
+func judgeConn(socks []listener, local, remote *net.TCPAddr, ours func(inode uint64) bool) error {
+	ls := takers(listening(socks), remote)
+	if len(ls) == 0 {
+		return &notVLLMs{fmt.Sprintf("no listener on %s is in /proc/net/tcp: cannot tell that it is vLLM's", remote)}
+	}
+	for _, l := range ls {
+		if !ours(l.inode) {
+			return &notVLLMs{fmt.Sprintf("the listener on %s is not vLLM's: %s", remote, describeHolder(l))}
+		}
+	}
+	for _, c := range socks {
+		if c.state != "0A" && c.port == remote.Port && c.rport == local.Port && c.ip.Equal(remote.IP) && c.rip.Equal(local.IP) &&
+			c.inode != 0 && !ours(c.inode) {
+			return &notVLLMs{fmt.Sprintf("the connection to %s was accepted by a process that is not vLLM's: %s", remote, describeHolder(c))}
+		}
+	}
+	return nil
+}
+
+// treeHolds says whether a process of tree has a descriptor on socket
+// inode. Only the tree's own descriptors are read: a handful of processes,
+// not the whole of /proc.
+func treeHolds(tree []int, inode uint64) bool {
+	if inode == 0 {
+		return false
+	}
+	want := "socket:[" + strconv.FormatUint(inode, 10) + "]"
+	for _, pid := range tree {
+		dir := "/proc/" + strconv.Itoa(pid) + "/fd/"
+		fds, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			if t, err := os.Readlink(dir + fd.Name()); err == nil && t == want {
+				return true
+			}
 		}
 	}
 	return false
@@ -144,10 +344,14 @@ func clashes(host string, ip net.IP) bool {
 // descriptors (another user's process).
 func describeHolder(l listener) string {
 	addr := net.JoinHostPort(l.ip.String(), strconv.Itoa(l.port))
-	if pid := socketOwner(l.inode); pid > 0 {
-		return fmt.Sprintf("pid %d (%s), listening on %s", pid, commandLine(pid), addr)
+	on := "listening on "
+	if l.state != "0A" {
+		on = "on "
 	}
-	return fmt.Sprintf("a process of uid %d that the guard cannot see into, listening on %s", l.uid, addr)
+	if pid := socketOwner(l.inode); pid > 0 {
+		return fmt.Sprintf("pid %d (%s), %s%s", pid, commandLine(pid), on, addr)
+	}
+	return fmt.Sprintf("a process of uid %d that the guard cannot see into, %s%s", l.uid, on, addr)
 }
 
 // socketOwner finds the process with a descriptor on socket inode.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -27,6 +28,11 @@ type probeSpec struct {
 	// in this run (nil before the line).
 	tasks func() []string
 	conns *ownconns.Set // records the prober's connections (nil: not recorded)
+	// tree is vLLM's process tree in this run: a connection is kept only
+	// when the listener it reaches is held by one of these processes, and
+	// only then does the key go (nil: nothing is checked and no key is
+	// sent).
+	tree func() []int
 }
 
 // prober asks vLLM whether it is ready or still alive, over plain HTTP.
@@ -45,6 +51,11 @@ func newProber(ep launch.Endpoint, spec probeSpec) *prober {
 	if spec.conns != nil {
 		dial = spec.conns.Dial(d)
 	}
+	if spec.tree != nil {
+		dial = vllmOnly(dial, spec.tree)
+	} else {
+		spec.key = "" // a listener nobody checked gets no key
+	}
 	tr := &http.Transport{
 		DialContext:         dial,
 		MaxIdleConnsPerHost: 2,
@@ -55,6 +66,34 @@ func newProber(ep launch.Endpoint, spec probeSpec) *prober {
 }
 
 func (p *prober) close() { p.client.CloseIdleConnections() }
+
+type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// vllmOnly wraps dial so that a connection is kept only when it reaches
+// vLLM's own process tree (servedByTree): the API key, and every answer
+// the guard believes, come from vLLM alone (issue 41: a listener of user
+// nobody on the port while vLLM loaded got the key). A refused connect
+// (vLLM loading) reads nothing; a made one is judged before a byte is
+// sent on it.
+func vllmOnly(dial dialFunc, tree func() []int) dialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		local, _ := c.LocalAddr().(*net.TCPAddr)
+		remote, _ := c.RemoteAddr().(*net.TCPAddr)
+		if local == nil || remote == nil {
+			c.Close()
+			return nil, &notVLLMs{"not a TCP connection: " + addr}
+		}
+		if err := servedByTree(local, remote, tree()); err != nil {
+			c.Close()
+			return nil, err
+		}
+		return c, nil
+	}
+}
 
 // probeResult is one probe's answer.
 // refusal: vLLM's server answered with a 4xx that waiting does not heal
@@ -74,6 +113,9 @@ type probeResult struct {
 	explains bool
 	probe    string // ok: the request that answered, e.g. "auto: POST /v1/embeddings (task embed)"
 	paused   bool   // step "paused": vLLM said {"is_paused": true}
+	// own: the answer came over connections to a listener of vLLM's own
+	// tree (vllmOnly checked each one).
+	own bool
 }
 
 // ready runs the readiness chain up to level: health → models → the
@@ -251,6 +293,10 @@ func (p *prober) do(ctx context.Context, step, method, path string, body []byte,
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {
+		if nv := (*notVLLMs)(nil); errors.As(err, &nv) {
+			return probeResult{step: step, err: fmt.Sprintf("%s %s not sent: %s; the guard sends nothing (no API key) until vLLM's own process listens there",
+				method, path, nv.why)}, nil
+		}
 		return probeResult{step: step, err: err.Error(), refused: isRefused(err)}, nil
 	}
 	defer resp.Body.Close()
@@ -258,13 +304,14 @@ func (p *prober) do(ctx context.Context, step, method, path string, body []byte,
 	if err != nil {
 		return probeResult{step: step, status: resp.StatusCode, err: "reading the answer: " + err.Error()}, nil
 	}
+	own := p.spec.tree != nil
 	switch resp.StatusCode {
 	case http.StatusOK:
-		return probeResult{ok: true, step: step, status: resp.StatusCode}, b
+		return probeResult{ok: true, step: step, status: resp.StatusCode, own: own}, b
 	case http.StatusUnauthorized, http.StatusForbidden:
-		return probeResult{step: step, status: resp.StatusCode, explains: true, err: authReason(resp.StatusCode, p.spec.key != "")}, b
+		return probeResult{step: step, status: resp.StatusCode, explains: true, err: authReason(resp.StatusCode, p.spec.key != ""), own: own}, b
 	}
-	return probeResult{step: step, status: resp.StatusCode, err: fmt.Sprintf("%s %s answered %d", method, path, resp.StatusCode)}, b
+	return probeResult{step: step, status: resp.StatusCode, err: fmt.Sprintf("%s %s answered %d", method, path, resp.StatusCode), own: own}, b
 }
 
 // authReason says why vLLM refused the guard's request, and what to do.

@@ -6,14 +6,17 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/launch"
 	"github.com/vllm-guard/vllm-guard/internal/ownconns"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
 // fakeAPI is a small vLLM API: an optional key, the names it lists, and
@@ -58,10 +61,16 @@ func probeOnce(t *testing.T, api *fakeAPI, spec probeSpec, level string) probeRe
 	t.Helper()
 	srv := httptest.NewServer(api)
 	defer srv.Close()
+	if spec.tree == nil {
+		spec.tree = thisProcess
+	}
 	p := newProber(endpointOf(t, srv.URL), spec)
 	defer p.close()
 	return p.ready(context.Background(), level, 2*time.Second)
 }
+
+// thisProcess is the tree of a test whose listener is its own.
+func thisProcess() []int { return []int{os.Getpid()} }
 
 func TestProbeAPIKey(t *testing.T) {
 	api := &fakeAPI{key: "sk-1", names: []string{"m"}}
@@ -131,7 +140,7 @@ func TestProbeConnectionsAreRecorded(t *testing.T) {
 	}
 	srv.Start()
 	defer srv.Close()
-	p := newProber(endpointOf(t, srv.URL), probeSpec{names: []string{"m"}, conns: conns})
+	p := newProber(endpointOf(t, srv.URL), probeSpec{names: []string{"m"}, conns: conns, tree: thisProcess})
 	defer p.close()
 	if r := p.ready(context.Background(), "health", time.Second); !r.ok {
 		t.Fatal(r)
@@ -165,7 +174,7 @@ func TestProbePaused(t *testing.T) {
 			w.WriteHeader(c.status)
 			w.Write([]byte(c.body))
 		}))
-		p := newProber(endpointOf(t, srv.URL), probeSpec{names: []string{"m"}, key: "sk-1"})
+		p := newProber(endpointOf(t, srv.URL), probeSpec{names: []string{"m"}, key: "sk-1", tree: thisProcess})
 		r := p.paused(context.Background(), time.Second)
 		p.close()
 		srv.Close()
@@ -173,4 +182,56 @@ func TestProbePaused(t *testing.T) {
 			t.Errorf("%d %s: paused %v (%+v), key %q; want %v", c.status, c.body, r.paused, r, *auth.Load(), c.want)
 		}
 	}
+}
+
+// Issue 41 item 2: a listener that is not vLLM's (here: the tree is
+// another process) gets no probe at all, so no key; the probe says who
+// holds the port. With no tree to check against, no key is sent either.
+func TestProbeSendsNothingToAListenerOutsideTheTree(t *testing.T) {
+	var got atomic.Int64
+	var auth atomic.Pointer[string]
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Add(1)
+		a := r.Header.Get("Authorization")
+		auth.Store(&a)
+		w.Write([]byte(`{"data":[{"id":"m"}]}`))
+	}))
+	defer srv.Close()
+	p := newProber(endpointOf(t, srv.URL), probeSpec{names: []string{"m"}, key: "sk-1", tree: func() []int { return []int{1} }})
+	r := p.ready(context.Background(), "auto", time.Second)
+	p.close()
+	if r.ok || got.Load() != 0 || !strings.Contains(r.err, "not vLLM's: pid "+strconv.Itoa(os.Getpid())) || !strings.Contains(r.err, "no API key") {
+		t.Fatalf("%+v after %d requests reached the listener", r, got.Load())
+	}
+	p = newProber(endpointOf(t, srv.URL), probeSpec{names: []string{"m"}, key: "sk-1"})
+	p.ready(context.Background(), "models", time.Second)
+	p.close()
+	if a := auth.Load(); a == nil || *a != "" {
+		t.Fatalf("unchecked listener: Authorization %v, want none", a)
+	}
+}
+
+// DialVLLM (the metrics scraper's dial) reaches the running vLLM's own
+// listener only: between runs nothing, during a run its tree's.
+func TestDialVLLMReachesTheRunningTreeOnly(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer srv.Close()
+	cfg := config.Default()
+	sup, err := New(cfg, Options{Policy: policy.New(cfg.Policy(), policy.State{}, realClockForTest{}), Keeper: []string{"keeper"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := sup.DialVLLM(&net.Dialer{Timeout: time.Second})
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	if c, err := dial(context.Background(), "tcp", addr); err == nil {
+		c.Close()
+		t.Fatal("connected with no vLLM running")
+	}
+	tree := func() []int { return thisProcess() }
+	sup.tree.Store(&tree)
+	c, err := dial(context.Background(), "tcp", addr)
+	if err != nil {
+		t.Fatalf("the running tree's listener: %v", err)
+	}
+	c.Close()
 }

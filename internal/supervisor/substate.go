@@ -10,6 +10,8 @@ const (
 	subIdle      subState = iota // not started yet
 	subCheckGPU                  // reading NVML before a start: health, then free memory
 	subWaitGPU                   // no room on the GPU, or a GPU needs a reset: read again every sample
+	subCheckPort                 // trying vLLM's bind of its port, off the loop, before the launch
+	subWaitPort                  // another process holds vLLM's port: try again with backoff
 	subStarting                  // vLLM launched, loading; readiness probed
 	subReady                     // vLLM answered the readiness probe; liveness, stuck and restore watched
 	subDraining                  // a planned stop waits for the proxy's requests in flight before SIGTERM
@@ -25,7 +27,7 @@ const (
 )
 
 var subStateNames = [subStates]string{
-	subIdle: "idle", subCheckGPU: "check_gpu", subWaitGPU: "wait_gpu", subStarting: "starting", subReady: "ready",
+	subIdle: "idle", subCheckGPU: "check_gpu", subWaitGPU: "wait_gpu", subCheckPort: "check_port", subWaitPort: "wait_port", subStarting: "starting", subReady: "ready",
 	subDraining: "draining", subStopTerm: "stop_sigterm", subStopKill: "stop_sigkill", subCleaning: "cleaning",
 	subReleasing: "releasing", subBackoff: "backoff", subFailed: "failed", subGaveUp: "gave_up", subStopped: "stopped",
 }
@@ -38,6 +40,8 @@ var publicState = [subStates]State{
 	subIdle:      StateStarting,
 	subCheckGPU:  StateStarting,
 	subWaitGPU:   StateWaitingGPU,
+	subCheckPort: StateStarting,
+	subWaitPort:  StateBackoff,
 	subStarting:  StateStarting,
 	subReady:     StateReady,
 	subDraining:  StateStopping,

@@ -79,6 +79,10 @@ func restart(s *scenario) {
 	}
 }
 
+// slowPort makes every trial bind of vLLM's port take a minute, with no
+// NVML view, so the machine can be seen while the check is on its way.
+func slowPort(s *scenario) { s.noGPU, s.slowPort = true, time.Minute }
+
 // slowNVML makes every NVML read take a minute, so the machine can be
 // seen while a read is on its way.
 func slowNVML(s *scenario) { s.gpu.slow = time.Minute }
@@ -98,8 +102,8 @@ func (h slowHealth) GPUs(since time.Time, fresh bool) []policy.GPUDevice {
 
 var cells = []cell{
 	{from: subIdle, event: "Run begins (NVML)", to: subCheckGPU},
-	{from: subIdle, event: "Run begins (no NVML)", to: subStarting, effects: []string{"launch"}, setup: func(s *scenario) { s.noGPU = true }},
-	{from: subCheckGPU, event: "NVML read: room", to: subStarting, effects: []string{"launch"}, setup: slowNVML,
+	{from: subIdle, event: "Run begins (no NVML)", to: subCheckPort, effects: []string{"launch"}, setup: func(s *scenario) { s.noGPU = true }},
+	{from: subCheckGPU, event: "NVML read: room", to: subCheckPort, effects: []string{"launch"}, setup: slowNVML,
 		fire: func(s *scenario) { s.advance(time.Minute) }},
 	{from: subCheckGPU, event: "NVML read: no room", to: subWaitGPU, effects: []string{},
 		setup: func(s *scenario) { slowNVML(s); s.gpu.free = false },
@@ -111,13 +115,26 @@ var cells = []cell{
 			s.health = slowHealth{h, new(atomic.Bool)}
 		}, fire: func(s *scenario) { s.advance(time.Minute) }},
 	{from: subCheckGPU, event: "stop", to: subStopped, setup: slowNVML, fire: func(s *scenario) { s.cancel() }},
-	{from: subWaitGPU, event: "sample timer, NVML read: room", to: subStarting, effects: []string{"launch"},
+	{from: subWaitGPU, event: "sample timer, NVML read: room", to: subCheckPort, effects: []string{"launch"},
 		setup: func(s *scenario) { s.gpu.free = false },
 		fire: func(s *scenario) {
 			s.gpu.set(func(g *fakeGPU) { g.free = true })
 			s.advance(s.cfg.GPU.SampleInterval.Duration)
 		}},
 	{from: subWaitGPU, event: "stop", to: subStopped, setup: func(s *scenario) { s.gpu.free = false }, fire: func(s *scenario) { s.cancel() }},
+	{from: subCheckPort, event: "trial bind: free", to: subStarting, effects: []string{"launch"}, setup: slowPort,
+		fire: func(s *scenario) { s.advance(time.Minute) }},
+	{from: subCheckPort, event: "trial bind: held", to: subWaitPort, effects: []string{},
+		setup: func(s *scenario) { slowPort(s); s.holder = squatter }, fire: func(s *scenario) { s.advance(time.Minute) }},
+	{from: subCheckPort, event: "stop", to: subStopped, setup: slowPort, fire: func(s *scenario) { s.cancel() }},
+	{from: subWaitPort, event: "retry timer, trial bind: free", to: subStarting, effects: []string{"launch"},
+		setup: func(s *scenario) { s.noGPU, s.holder = true, squatter },
+		fire:  func(s *scenario) { s.setHolder(""); s.advance(portRetryFirst) }},
+	{from: subWaitPort, event: "retry timer past port_wait at the first start: held", to: subStarting, effects: []string{},
+		edit:  func(c *config.Config) { c.VLLM.PortWait = config.Duration{Duration: time.Second} },
+		setup: func(s *scenario) { s.noGPU, s.holder = true, squatter }, fire: func(s *scenario) { s.advance(time.Second) }},
+	{from: subWaitPort, event: "stop", to: subStopped, setup: func(s *scenario) { s.noGPU, s.holder = true, squatter },
+		fire: func(s *scenario) { s.cancel() }},
 	{from: subStarting, event: "readiness probe answered", to: subReady, effects: []string{}, fire: func(s *scenario) { s.ready() }},
 	{from: subStarting, event: "vLLM's API server exits", to: subStopTerm, effects: []string{}, fire: crash},
 	{from: subStarting, event: "stall timer: no output, no I/O", to: subStopKill, effects: []string{"SIGKILL"},
@@ -178,6 +195,8 @@ var cells = []cell{
 	{from: subCleaning, event: "cleaned: a failure that gives up, on_give_up = stay", to: subFailed,
 		edit:  func(c *config.Config) { c.Restart.OnGiveUp = "stay" },
 		reach: func(s *scenario) { stuckLeftovers(s); badFlag(s) }, fire: func(s *scenario) { s.advance(time.Minute) }},
+	{from: subCleaning, event: "cleaned: a start that failed before ready, its port taken", to: subCheckGPU,
+		reach: func(s *scenario) { stuckLeftovers(s); s.setHolder(squatter); bindFails(s) }, fire: func(s *scenario) { s.advance(time.Minute) }},
 	{from: subCleaning, event: "cleaned: asked to stop", to: subStopped,
 		reach: func(s *scenario) { s.ready(); stuckLeftovers(s); s.cancel() }, fire: func(s *scenario) { s.advance(time.Minute) }},
 	{from: subCleaning, event: "cleaned: an operator restart", to: subCheckGPU,

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"sync/atomic"
 	"time"
@@ -132,13 +133,17 @@ type Supervisor struct {
 	tasks    atomic.Pointer[[]string] // vLLM's Supported tasks, from this run's log before ready
 
 	// The machine's ports: real processes and HTTP unless a test sets them.
-	launcher  launcher
-	newProber func(ep launch.Endpoint, model string) checker
+	launcher launcher
+	// newProber makes the run's prober; tree is the run's process tree,
+	// whose listener alone the probes (and the key) may reach.
+	newProber func(ep launch.Endpoint, model string, tree func() []int) checker
 	hostOOM   func() int64 // the cgroup's oom_kill counter, -1 when unknown
-	// portHolder names who listens where vLLM will bind ("" when free).
+	// portHolder tries vLLM's bind of host:port and names who holds the
+	// port ("" when the bind works); called off the loop (checkPort).
 	portHolder func(host string, port int) string
-	// listenerOwners are the PIDs that listen on a port.
-	listenerOwners func(port int) []int
+	// tree is the running vLLM's process tree (nil between runs), for
+	// the clients of vLLM's port beside the prober (DialVLLM).
+	tree atomic.Pointer[func() []int]
 	// traceSub, when set (tests), hears every change of the machine's
 	// sub-state, on the machine's goroutine.
 	traceSub func(from, to subState)
@@ -193,11 +198,15 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 	}
 	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, health: opts.Health, bus: opts.Events, persist: persist,
 		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, tokens: opts.Progress, waiting: opts.Awaiting, inFlight: opts.InFlight, reqs: make(chan request), kill: make(chan struct{}, 1),
-		launcher: processLauncher{}, hostOOM: hostOOMKills, portHolder: portHolder, listenerOwners: listenerOwners, args: args, conns: conns}
+		launcher: processLauncher{}, hostOOM: hostOOMKills, portHolder: portHolder, args: args, conns: conns}
 	if names := cfg.ServedModelNames(args); len(names) > 0 {
 		s.model = names[0]
 	}
-	s.newProber = func(ep launch.Endpoint, model string) checker { return newProber(ep, s.probeSpec()) }
+	s.newProber = func(ep launch.Endpoint, model string, tree func() []int) checker {
+		sp := s.probeSpec()
+		sp.tree = tree
+		return newProber(ep, sp)
+	}
 	st := Status{State: publicState[subIdle], Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[policy.Cause]int{},
 		Cost: s.pol.Cost().Describe(s.pol.Current().GPUMemoryUtilization, cfg.Profile.Headroom), LongestTimeToReady: s.pol.LongestTimeToReady()}
 	s.status.Store(&st)
@@ -294,6 +303,20 @@ func (s *Supervisor) criticalFraction() float64 {
 // Conns records the guard's own connections to vLLM: the metrics scraper
 // dials through it too, so that its access lines are dropped.
 func (s *Supervisor) Conns() *ownconns.Set { return s.conns }
+
+// DialVLLM is how another client of vLLM's port (the metrics scraper)
+// connects: recorded as the guard's own connection, and made only to a
+// listener of the running vLLM's process tree (between runs, none), like
+// the probes, so that no key or request of the guard's reaches another
+// process on the port.
+func (s *Supervisor) DialVLLM(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return vllmOnly(s.conns.Dial(d), func() []int {
+		if t := s.tree.Load(); t != nil {
+			return (*t)()
+		}
+		return nil
+	})
+}
 
 // MaskedArgv is argv with vLLM's secrets (API keys) replaced by ***.
 func (s *Supervisor) MaskedArgv(argv []string) []string { return s.args.Masked(argv) }

@@ -94,3 +94,18 @@ func ShortestAbbrev(flag string) string {
 	}
 	return flag
 }
+
+// TakesSeveral reports whether vLLM reads every argument after flag up to
+// the next flag as its values (--api-key k1 k2, --served-model-name a b).
+// An unknown flag does not.
+func TakesSeveral(flag string) bool {
+	name, _ := ResolveFlag(flag)
+	return multiFlags[name]
+}
+
+// Known reports whether flag names (or abbreviates) one flag vLLM knows.
+func Known(flag string) bool {
+	name, _ := ResolveFlag(flag)
+	_, found := slices.BinarySearch(knownFlags, name)
+	return found
+}

@@ -117,7 +117,9 @@ var secretEnv = []string{"VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}
 
 // SecretEnvName says whether an environment variable's value is a secret
 // to mask where the guard shows [vllm] env: the variables above, and any
-// whose name says it holds a key, token, secret or password.
+// whose name says it holds a key, token, secret, password, credentials or
+// authentication (a value shaped like a key is masked whatever its name:
+// internal/redact).
 func SecretEnvName(name string) bool {
 	u := strings.ToUpper(name)
 	for _, s := range secretEnv {
@@ -125,7 +127,7 @@ func SecretEnvName(name string) bool {
 			return true
 		}
 	}
-	for _, w := range []string{"KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD"} {
+	for _, w := range []string{"KEY", "TOKEN", "SECRET", "PASS", "CRED", "AUTH"} {
 		if strings.Contains(u, w) {
 			return true
 		}

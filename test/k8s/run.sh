@@ -65,23 +65,24 @@ make -C "$root" -s build >/dev/null
 # One cluster at a time on a machine: its ports, bridge and iptables chains
 # are fixed. The lock is held until this script exits (the processes it
 # starts do not inherit it).
+mkdir -p /run/lock # not every machine has it
 exec 9>/run/lock/vllm-guard-k8s.lock
 if ! flock -n 9; then
   echo "   another test-k8s runs its cluster here: waiting for it"
   flock 9
 fi
 
-# What is here before the cluster: teardown must leave the same.
-snapshot() (
-  set +eo pipefail # an empty list is an answer, not an error
-  { iptables-save; ip6tables-save; } 2>/dev/null | grep -vE '^#|^:[A-Z]+ (ACCEPT|DROP)' | sed 's/\[[0-9:]*\]//' | sort
-  ip -o link | awk -F': ' '{print "link " $2}' | sort
-  awk '{print "mount " $2}' /proc/mounts | sort
-  ip netns list 2>/dev/null | sed 's/^/netns /'
-  ls -d /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/*/k8s.io 2>/dev/null | sed 's/^/cgroup /'
-  ls -d /var/log/pods/* /var/log/containers/* 2>/dev/null | sed 's/^/log /'
-)
-snapshot > "$K/before"
+# What is here before the cluster: teardown must leave nothing of the
+# cluster's that was not here already (test/k8s/leftovers.sh says what is
+# the cluster's; leftovers_test.go checks that comparison).
+. "$root/test/k8s/leftovers.sh"
+leftovers_dump "$K" > "$K/before.raw"
+leftovers_view "$K" < "$K/before.raw" > "$K/before"
+# The kernel settings the kubelet changes, to put back.
+for s in $leftovers_sysctls; do if [ -r "/proc/sys/$s" ]; then echo "$s $(cat "/proc/sys/$s")"; fi; done > "$K/sysctls"
+# The kubelet makes /var/log/containers when it is missing: remove it after
+# if this run made it (empty).
+[ -d /var/log/containers ] || made_containers_log=1
 
 teardown() {
   set +e
@@ -117,12 +118,16 @@ teardown() {
     done
   done
   # The cgroups the kubelet (kubepods) and containerd (k8s.io) made.
-  for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/*/k8s.io; do [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} \; ; done
-  snapshot > "$K/after"
-  if ! diff "$K/before" "$K/after" > "$K/left"; then
-    echo "test-k8s: teardown left these (< before, > after):" >&2; cat "$K/left" >&2; status=1
+  for d in /sys/fs/cgroup/kubepods* /sys/fs/cgroup/*/kubepods* /sys/fs/cgroup/k8s.io /sys/fs/cgroup/*/k8s.io; do [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} \; ; done
+  # The kernel settings the kubelet changed, as they were.
+  while read -r s v; do [ "$(cat "/proc/sys/$s")" = "$v" ] || echo "$v" > "/proc/sys/$s"; done < "$K/sysctls"
+  [ -n "${made_containers_log:-}" ] && rmdir /var/log/containers 2>/dev/null
+  leftovers_dump "$K" > "$K/after.raw"
+  leftovers_view "$K" < "$K/after.raw" > "$K/after"
+  if ! leftovers_left "$K/before" "$K/after" > "$K/left"; then
+    echo "test-k8s: teardown left these (the cluster's, not here before):" >&2; cat "$K/left" >&2; status=1
   else
-    echo "   nothing left: no process, mount, interface, iptables rule, cgroup or pod log folder"
+    echo "   nothing left: no process, mount, interface, iptables rule or chain, network namespace, cgroup, pod log or kernel setting of the cluster's"
   fi
   if [ "${status:-0}" != 0 ]; then echo "   logs kept in $K/log" >&2; else rm -rf "$K"; fi
 }

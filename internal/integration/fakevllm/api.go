@@ -107,6 +107,7 @@ func runServe(argv []string) int {
 		errw.write([]byte(usageText + "vllm serve: error: " + err.Error() + "\n"))
 		return 2
 	}
+	nestedErrors = env.Era == eraV1Plain
 	f := env.Faults
 	if !env.markerAllows() {
 		f = faults{set: map[string]time.Duration{}}
@@ -179,6 +180,12 @@ func (a *apiServer) run() int {
 	a.log.info(a.src("utils.py:233", "api_server.py:529"), "non-default args: %s", a.args.nonDefaultArgs())
 
 	if err := a.args.validate(); err != nil {
+		var ve *validationError
+		if errors.As(err, &ve) {
+			exc := ve.lines()
+			a.log.stderrLines(append(apiStartupTrace(framesSchedulerConfig, exc[0]), exc[1:]...)...)
+			return a.exit(1)
+		}
 		a.log.stderrLines(apiStartupTrace(framesConfig, "ValueError: "+err.Error())...)
 		return a.exit(1)
 	}
@@ -191,6 +198,12 @@ func (a *apiServer) run() int {
 	}
 	a.log.info(a.src("model.py:1510", "config.py:1826"), "Using max model len %d", a.args.MaxModelLen)
 
+	for a.env.BindGate != "" {
+		if _, err := os.Stat(a.env.BindGate); err == nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	if err := a.bind(); err != nil {
 		a.log.stderrLines(apiStartupTrace(framesBind, err.Error())...)
 		return a.exit(1)

@@ -35,6 +35,7 @@ type serveArgs struct {
 	DisableAccessLog    bool
 	UvicornLogLevel     string
 	DisableLogStats     bool
+	StreamInterval      int // --stream-interval: output ids per streamed chunk after the first
 	ConfigFile          string
 	modelFlag           string
 
@@ -68,6 +69,7 @@ const usageText = `usage: vllm serve [-h] [--config CONFIG] [--host HOST] [--por
                   [--disable-uvicorn-access-log]
                   [--uvicorn-log-level UVICORN_LOG_LEVEL]
                   [--disable-log-stats]
+                  [--stream-interval STREAM_INTERVAL]
                   [model_tag]
 `
 
@@ -110,6 +112,8 @@ options:
   --uvicorn-log-level UVICORN_LOG_LEVEL
                         Log level for uvicorn. (default: info)
   --disable-log-stats   Disable logging statistics. (default: False)
+  --stream-interval STREAM_INTERVAL
+                        Output tokens per streamed chunk after the first (the first and the last chunk go at once). (default: 1)
 `
 
 // flagKind says how a flag takes its value.
@@ -144,6 +148,7 @@ var knownFlags = map[string]flagKind{
 	"--disable-uvicorn-access-log": kindBool,
 	"--uvicorn-log-level":          kindString,
 	"--disable-log-stats":          kindBool,
+	"--stream-interval":            kindInt,
 	"--config":                     kindString,
 	"--dtype":                      kindString, // accepted, not simulated (the tests serve real tiny models as float32)
 }
@@ -232,6 +237,7 @@ func parseServeArgsFor(argv []string, e era) (*serveArgs, error) {
 		MaxNumSeqs:     256,
 		MaxModelLen:    4096,
 		TensorParallel: 1,
+		StreamInterval: 1,
 		set:            map[string]bool{},
 	}
 	// Repeated flags on the command line warn (last wins); a config key
@@ -448,6 +454,8 @@ func (a *serveArgs) setFlag(name string, kind flagKind, value string) error {
 			a.TensorParallel = int(n)
 		case "--shutdown-timeout":
 			a.ShutdownTimeout = float64(n)
+		case "--stream-interval":
+			a.StreamInterval = int(n)
 		}
 	case kindFloat:
 		f, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
@@ -637,8 +645,30 @@ func (a *serveArgs) validate() error {
 		return fmt.Errorf("tensor_parallel_size (%d) must be greater than or equal to 1.", a.TensorParallel)
 	case a.ShutdownTimeout < 0:
 		return fmt.Errorf("shutdown_timeout (%s) must be greater than or equal to 0.", pyFloat(a.ShutdownTimeout))
+	case a.StreamInterval < 1:
+		// SchedulerConfig's field (ge=1): pydantic's error, not a ValueError.
+		return &validationError{model: "SchedulerConfig", field: "stream_interval", value: a.StreamInterval}
 	}
 	return nil
+}
+
+// validationError is pydantic's refusal of a config field below its
+// bound, as vLLM 0.32.0 prints it for --stream-interval 0 (exit 1).
+type validationError struct {
+	model, field string
+	value        int
+}
+
+func (e *validationError) Error() string { return "1 validation error for " + e.model }
+
+// lines is the exception as Python prints it: its line, then pydantic's.
+func (e *validationError) lines() []string {
+	return []string{
+		"pydantic_core._pydantic_core.ValidationError: " + e.Error(),
+		e.field,
+		fmt.Sprintf("  Input should be greater than or equal to 1 [type=greater_than_equal, input_value=%d, input_type=int]", e.value),
+		"    For further information visit https://errors.pydantic.dev/2.14/v/greater_than_equal",
+	}
 }
 
 // nonDefaultArgs renders vLLM's `non-default args: {...}` dict. The guard
@@ -713,6 +743,9 @@ func (a *serveArgs) nonDefaultArgs() string {
 	}
 	if a.set["--shutdown-timeout"] {
 		add("shutdown_timeout", pyNum(a.ShutdownTimeout))
+	}
+	if a.set["--stream-interval"] {
+		add("stream_interval", strconv.Itoa(a.StreamInterval))
 	}
 	return "{" + strings.Join(parts, ", ") + "}"
 }

@@ -239,6 +239,8 @@
 //	                          and listen(2) (default 0; uvicorn's own gap)
 //	FAKEVLLM_LISTEN_GATE      PATH: listen only once PATH exists (tests of the
 //	                          refused window)
+//	FAKEVLLM_BIND_GATE        PATH: bind the port only once PATH exists (vLLM's
+//	                          seconds of imports before its bind)
 //	VLLM_API_KEY              the API key when --api-key is not given (vLLM's)
 //
 // A malformed value exits 2 with a message naming the variable.
@@ -347,12 +349,36 @@
 // "tokens", "token_strs": null}) and POST /detokenize ({"model", "tokens"}
 // → {"prompt"}), both for every task and open without the API key, GET
 // /version, POST /v1/completions and /v1/chat/completions (OpenAI shapes;
-// max_tokens default 16 (vLLM's chat default is the rest of max_model_len;
-// the simulator, which never generates EOS, keeps 16), one token per
-// FAKEVLLM_TOKEN_INTERVAL; "stream": true → SSE "data: {...}" per token
-// then "data: [DONE]"; a wrong model → 404 NotFoundError; prompt +
-// max_tokens > max_model_len → 400), GET /metrics. At most max_num_seqs
-// requests run; the rest wait FIFO.
+// one token per FAKEVLLM_TOKEN_INTERVAL; "stream": true → SSE "data:
+// {...}" chunks then "data: [DONE]"; a wrong model → 404 NotFoundError),
+// GET /metrics. At most max_num_seqs requests run; the rest wait FIFO.
+//
+// max_tokens as vLLM 0.32.0 decides it (the v1 era): completions'
+// max_tokens absent or null is 16 (max_completion_tokens is not its
+// field); chat's max_completion_tokens, else max_tokens, absent or null
+// is what max_model_len leaves after the prompt; either is capped by what
+// max_model_len leaves (finish "length", not a refusal). Refused with
+// 0.32.0's messages and params: a limit above max_model_len (param
+// max_tokens or max_completion_tokens), a prompt longer than
+// max_model_len (input_tokens), nothing left or a limit below 1
+// (max_tokens). The older eras refuse prompt + max_tokens over
+// max_model_len instead of capping. Number fields (max_tokens,
+// max_completion_tokens, stream_interval, min_tokens, seed, stop_token_ids,
+// temperature) are read as pydantic's lax mode reads them: "5" and 5.0
+// are 5, 5.5 → 400 naming body.<field>. In the v1 era error bodies nest
+// the error ({"error": {"message", "type", "param", "code"}}), as
+// 0.32.0's do; the older eras answer the flat ErrorResponse.
+//
+// --stream-interval N (default 1; below 1: pydantic's ValidationError at
+// startup, exit 1) and the request's "stream_interval" (the larger of the
+// two; below 1 → 400 naming body.stream_interval): a stream's first id
+// goes out in a chunk of its own, then a chunk every N ids, the last chunk
+// (with the finish_reason) the rest: 10 ids at 2 come as 1,2,2,2,2,1. A
+// chunk carries all its ids and the text they completed; a stop string or
+// stop id ends the stream at the id that completed it, the last chunk
+// carrying the ids since the previous chunk up to that one. (The real
+// server also merges chunks when its API process falls behind; the
+// simulator never does.)
 //
 // # Tokens (docs/resume-facts.md has what the real vLLM 0.32.0 does)
 //

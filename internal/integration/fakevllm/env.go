@@ -68,6 +68,7 @@ type simEnv struct {
 	DownloadRate int64         // FAKEVLLM_DOWNLOAD_MIBPS, bytes per second
 	ListenDelay  time.Duration // FAKEVLLM_LISTEN_DELAY: "Application startup complete." → listen
 	ListenGate   string        // FAKEVLLM_LISTEN_GATE: listen only once this file exists
+	BindGate     string        // FAKEVLLM_BIND_GATE: bind the port only once this file exists (vLLM's imports)
 	APIKeyEnv    string        // VLLM_API_KEY
 }
 
@@ -191,6 +192,7 @@ func loadEnv(lookup func(string) (string, bool)) (*simEnv, error) {
 	}
 	e.ListenDelay = dur("FAKEVLLM_LISTEN_DELAY", 0)
 	e.ListenGate = get("FAKEVLLM_LISTEN_GATE")
+	e.BindGate = get("FAKEVLLM_BIND_GATE")
 	e.APIKeyEnv = get("VLLM_API_KEY")
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("fakevllm: bad environment: %s; fix the variable or unset it to use the default", strings.Join(errs, "; "))

@@ -322,7 +322,7 @@ type stopRule struct {
 }
 
 func newStopRule(req *completionRequest, text *textStream) (*stopRule, error) {
-	r := &stopRule{text: text, include: req.IncludeStopStrInOutput, minTokens: req.MinTokens}
+	r := &stopRule{text: text, include: req.IncludeStopStrInOutput, minTokens: int(req.MinTokens)}
 	if s := bytes.TrimSpace(req.Stop); len(s) > 0 && string(s) != "null" {
 		var one string
 		if err := json.Unmarshal(s, &one); err == nil {
@@ -335,7 +335,7 @@ func newStopRule(req *completionRequest, text *textStream) (*stopRule, error) {
 	if len(req.StopTokenIDs) > 0 {
 		r.ids = map[int]bool{}
 		for _, id := range req.StopTokenIDs {
-			r.ids[id] = true
+			r.ids[int(id)] = true
 		}
 	}
 	if len(r.strings) > 0 && !r.include {

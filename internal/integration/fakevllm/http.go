@@ -27,22 +27,34 @@ type completionRequest struct {
 	Model               string          `json:"model"`
 	Prompt              json.RawMessage `json:"prompt"`
 	Messages            []chatMessage   `json:"messages"`
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	MaxTokens           *laxInt         `json:"max_tokens"`
+	MaxCompletionTokens *laxInt         `json:"max_completion_tokens"`
 	Stream              bool            `json:"stream"`
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 	// Sampling, as vLLM names it: greedy when temperature < 1e-5.
-	Temperature            *float64        `json:"temperature"`
-	Seed                   *int64          `json:"seed"`
+	Temperature            *laxFloat       `json:"temperature"`
+	Seed                   *laxInt         `json:"seed"`
 	Stop                   json.RawMessage `json:"stop"`
-	StopTokenIDs           []int           `json:"stop_token_ids"`
+	StopTokenIDs           []laxInt        `json:"stop_token_ids"`
 	IncludeStopStrInOutput bool            `json:"include_stop_str_in_output"`
-	MinTokens              int             `json:"min_tokens"`
+	MinTokens              laxInt          `json:"min_tokens"`
 	UseBeamSearch          bool            `json:"use_beam_search"`
 	ReturnTokenIDs         bool            `json:"return_token_ids"`
 	AddGenerationPrompt    *bool           `json:"add_generation_prompt"`
+	// StreamInterval raises the server's --stream-interval for this
+	// request (the larger of the two applies).
+	StreamInterval *laxInt `json:"stream_interval"`
+}
+
+// seed is the request's seed, nil when unset.
+func seed(n *laxInt) *int64 {
+	if n == nil {
+		return nil
+	}
+	v := int64(*n)
+	return &v
 }
 
 // generationPrompt is add_generation_prompt, true unless set false.
@@ -63,10 +75,19 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Write(b)
 }
 
+// nestedErrors: the process imitates vLLM 0.32.0, whose error bodies nest
+// the error ({"error": {"message", "type", "param", "code"}}); the older
+// servers answered the flat ErrorResponse. Set once, before serving.
+var nestedErrors bool
+
 func writeError(w http.ResponseWriter, code int, typ, message string, param string) {
 	e := apiError{Object: "error", Message: message, Type: typ, Code: code}
 	if param != "" {
 		e.Param = &param
+	}
+	if nestedErrors {
+		writeJSON(w, code, obj{{"error", obj{{"message", e.Message}, {"type", e.Type}, {"param", e.Param}, {"code", e.Code}}}})
+		return
 	}
 	writeJSON(w, code, e)
 }
@@ -353,7 +374,16 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 	}
 	var req completionRequest
 	if err := json.Unmarshal(body, &req); err != nil {
+		var lax *laxError
+		if errors.As(err, &lax) {
+			lax.locate(body)
+		}
 		badJSON(w, err)
+		return
+	}
+	if si := intPtr(req.StreamInterval); si != nil && *si < 1 && a.env.Era != eraV0 {
+		// pydantic's refusal of the field (ge=1), as vLLM 0.32.0 words it.
+		writeError(w, http.StatusBadRequest, "Bad Request", fmt.Sprintf("1 validation error:\n  {'type': 'greater_than_equal', 'loc': 'body.stream_interval', 'msg': 'Input should be greater than or equal to 1', 'input': '%d', 'ctx': {'ge': 1}}", *si), "body.stream_interval")
 		return
 	}
 	if req.StreamOptions != nil && !req.Stream {
@@ -391,18 +421,9 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 		writeError(w, http.StatusBadRequest, "BadRequestError", err.Error(), "stop")
 		return
 	}
-	maxTokens := 16
-	if req.MaxTokens != nil {
-		maxTokens = *req.MaxTokens
-	} else if req.MaxCompletionTokens != nil {
-		maxTokens = *req.MaxCompletionTokens
-	}
-	if maxTokens < 1 {
-		writeError(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf("max_tokens must be at least 1, got %d.", maxTokens), "max_tokens")
-		return
-	}
-	if mml := int(a.maxModelLen.Load()); prompt+maxTokens > mml {
-		writeError(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.", mml, prompt+maxTokens, prompt, maxTokens), "")
+	maxTokens, param, msg := a.maxTokens(&req, chat, prompt)
+	if msg != "" {
+		writeError(w, http.StatusBadRequest, "BadRequestError", msg, param)
 		return
 	}
 
@@ -415,8 +436,12 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 	g := &generation{a: a, chat: chat, id: a.reqID(), created: time.Now().Unix(), promptIDs: ids, model: a.respModel(req.Model),
 		shape032: a.env.Era == eraV1Plain,
 		tokenIDs: req.ReturnTokenIDs && a.env.Era != eraV0, // vLLM ≥ 0.10.2
-		sampler:  newSampler(ids, req.Temperature != nil && *req.Temperature < 1e-5, req.Seed),
+		sampler:  newSampler(ids, req.Temperature != nil && *req.Temperature < 1e-5, seed(req.Seed)),
 		stop:     stop,
+		interval: a.args.StreamInterval,
+	}
+	if si := intPtr(req.StreamInterval); si != nil {
+		g.interval = max(g.interval, *si)
 	}
 	defer func() {
 		a.sched.finish(prompt, g.n)
@@ -453,6 +478,50 @@ func (a *apiServer) handleCompletion(w http.ResponseWriter, r *http.Request, cha
 		return
 	}
 	writeJSON(w, http.StatusOK, g.answer(text.String(), out, last))
+}
+
+// maxTokens is how many ids a request may generate, as vLLM 0.32.0
+// decides it (get_max_tokens in serve/utils/api_utils.py): completions'
+// max_tokens, null or absent meaning 16 (its field's default, restored
+// for null by normalize_null_max_tokens); chat's max_completion_tokens,
+// else max_tokens, null or absent meaning no limit of its own; either
+// capped by what max_model_len leaves after the prompt (a request that
+// asks more is cut short with finish "length", not refused). Refused
+// (param and message): a prompt longer than max_model_len, a limit above
+// max_model_len, and a limit (or what is left) below 1. The older eras
+// refuse a prompt plus max_tokens over max_model_len instead of capping.
+func (a *apiServer) maxTokens(req *completionRequest, chat bool, prompt int) (n int, param, msg string) {
+	mml := int(a.maxModelLen.Load())
+	asked, param := intPtr(req.MaxTokens), "max_tokens"
+	if chat && req.MaxCompletionTokens != nil {
+		asked, param = intPtr(req.MaxCompletionTokens), "max_completion_tokens"
+	}
+	n = mml - prompt
+	if asked != nil {
+		n = *asked
+	} else if !chat {
+		n = 16
+	}
+	if a.env.Era != eraV1Plain {
+		if n < 1 {
+			return 0, "max_tokens", fmt.Sprintf("max_tokens must be at least 1, got %d.", n)
+		}
+		if prompt+n > mml {
+			return 0, "", fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.", mml, prompt+n, prompt, n)
+		}
+		return n, "", ""
+	}
+	switch {
+	case n > mml:
+		return 0, param, fmt.Sprintf("%s=%d cannot be greater than max_model_len=%d. Please request fewer output tokens. (parameter=%s, value=%d)", param, n, mml, param, n)
+	case prompt > mml:
+		return 0, "input_tokens", fmt.Sprintf("This model's maximum context length is %d tokens. However, your prompt contains %d input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=%d)", mml, prompt, prompt)
+	}
+	n = min(n, mml-prompt)
+	if n < 1 {
+		return 0, "max_tokens", fmt.Sprintf("max_tokens must be at least 1, got %d. (parameter=max_tokens, value=%d)", n, n)
+	}
+	return n, "", ""
 }
 
 // nextToken waits one token interval. It reports false when the request
@@ -522,6 +591,7 @@ type generation struct {
 	tokenIDs  bool // return_token_ids
 	sampler   *sampler
 	stop      *stopRule
+	interval  int // ids per streamed chunk after the first (--stream-interval)
 	n         int // ids generated
 }
 
@@ -651,14 +721,20 @@ func (g *generation) chunk(choice obj, extra ...kv) []byte {
 }
 
 // stream writes the request's SSE events as vLLM does, then "data:
-// [DONE]". A completions chunk per token, its choice carrying the
-// prompt's ids on the first chunk and the token's id on each (with
-// return_token_ids). A chat stream starts with the role chunk, sent with
-// the first token (vLLM sends it when the first output arrives), which
-// carries the prompt's ids at the top level; each token's chunk carries
-// its id in the choice. In the v1 era the token-id keys are always there,
-// null unless asked for, and system_fingerprint is on the last chunk (the
-// usage chunk when there is one).
+// [DONE]". The first id goes out in a chunk of its own, then a chunk every
+// interval ids (--stream-interval, or the request's stream_interval when
+// larger), and the last chunk, with the finish_reason, carries whatever is
+// left: at --stream-interval 2, ten ids come as 1, 2, 2, 2, 2, 1 (vLLM's
+// output processor, RequestState.make_request_output). A chunk's text is
+// the text its ids completed ("" when a character is still incomplete or
+// held back for a stop string), its token_ids those ids. A completions
+// chunk's choice carries the prompt's ids on the first chunk and the
+// chunk's ids on each (with return_token_ids). A chat stream starts with
+// the role chunk, sent with the first chunk (vLLM sends it when the first
+// output arrives), which carries the prompt's ids at the top level; each
+// later chunk carries its ids in the choice. In the v1 era the token-id
+// keys are always there, null unless asked for, and system_fingerprint is
+// on the last chunk (the usage chunk when there is one).
 func (g *generation) stream(w http.ResponseWriter, r *http.Request, maxTokens int) {
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -674,44 +750,18 @@ func (g *generation) stream(w http.ResponseWriter, r *http.Request, maxTokens in
 		return true
 	}
 	first := true
+	var pending outChunk
 	ok := g.generate(r, maxTokens, func(t token) bool {
-		var choice obj
-		var top []kv
-		if g.chat {
-			if first {
-				role := obj{{"index", 0}, {"delta", obj{{"role", "assistant"}, {"content", ""}}}, {"logprobs", nil}, {"finish_reason", nil}}
-				var head []kv
-				if g.shape032 {
-					head = []kv{{"prompt_token_ids", g.ids(g.promptIDs)}, {"prompt_text", nil}}
-				} else if g.tokenIDs {
-					head = []kv{{"prompt_token_ids", g.promptIDs}}
-				}
-				if !send(g.chunk(role, head...)) {
-					return false
-				}
-			}
-			choice = obj{{"index", 0}, {"delta", obj{{"content", t.text}}}, {"logprobs", nil}, {"finish_reason", t.finish}}
-			if t.finish != nil {
-				choice = append(choice, kv{"stop_reason", t.reason})
-			}
-			if g.shape032 || g.tokenIDs {
-				choice = append(choice, kv{"token_ids", g.ids([]int{t.id})})
-			}
-		} else {
-			choice = obj{{"index", 0}, {"text", t.text}, {"logprobs", nil}, {"finish_reason", t.finish}, {"stop_reason", t.reason}}
-			if g.shape032 || g.tokenIDs {
-				var prompt any
-				if first {
-					prompt = g.ids(g.promptIDs)
-				}
-				choice = append(choice, kv{"prompt_token_ids", prompt}, kv{"token_ids", g.ids([]int{t.id})})
-			}
+		pending.add(t)
+		if !first && t.finish == nil && len(pending.ids) < g.interval {
+			return true
 		}
-		first = false
-		if t.finish != nil && g.shape032 && !g.usage {
-			top = append(top, kv{"system_fingerprint", g.fingerprint()})
+		if first && g.chat && !send(g.roleChunk()) {
+			return false
 		}
-		return send(g.chunk(choice, top...))
+		b := g.outChunk(pending, first)
+		first, pending = false, outChunk{}
+		return send(b)
 	})
 	if !ok {
 		g.a.cutIfAborted()
@@ -733,6 +783,62 @@ func (g *generation) stream(w http.ResponseWriter, r *http.Request, maxTokens in
 		send(g.chunk(nil, append([]kv{{"usage", g.usageObj(g.n, false)}}, fp...)...))
 	}
 	send([]byte("data: [DONE]\n\n"))
+}
+
+// outChunk is what one streamed chunk carries: the ids since the last
+// chunk, their text, and how the request ended when it did.
+type outChunk struct {
+	ids    []int
+	text   string
+	finish any
+	reason any
+}
+
+func (c *outChunk) add(t token) {
+	c.ids = append(c.ids, t.id)
+	c.text += t.text
+	c.finish, c.reason = t.finish, t.reason
+}
+
+// roleChunk is a chat stream's first chunk: the assistant's role, no
+// text, the prompt's ids at the top level.
+func (g *generation) roleChunk() []byte {
+	role := obj{{"index", 0}, {"delta", obj{{"role", "assistant"}, {"content", ""}}}, {"logprobs", nil}, {"finish_reason", nil}}
+	var head []kv
+	if g.shape032 {
+		head = []kv{{"prompt_token_ids", g.ids(g.promptIDs)}, {"prompt_text", nil}}
+	} else if g.tokenIDs {
+		head = []kv{{"prompt_token_ids", g.promptIDs}}
+	}
+	return g.chunk(role, head...)
+}
+
+// outChunk renders one chunk of generated ids (first: the stream's first).
+func (g *generation) outChunk(c outChunk, first bool) []byte {
+	var choice obj
+	if g.chat {
+		choice = obj{{"index", 0}, {"delta", obj{{"content", c.text}}}, {"logprobs", nil}, {"finish_reason", c.finish}}
+		if c.finish != nil {
+			choice = append(choice, kv{"stop_reason", c.reason})
+		}
+		if g.shape032 || g.tokenIDs {
+			choice = append(choice, kv{"token_ids", g.ids(c.ids)})
+		}
+	} else {
+		choice = obj{{"index", 0}, {"text", c.text}, {"logprobs", nil}, {"finish_reason", c.finish}, {"stop_reason", c.reason}}
+		if g.shape032 || g.tokenIDs {
+			var prompt any
+			if first {
+				prompt = g.ids(g.promptIDs)
+			}
+			choice = append(choice, kv{"prompt_token_ids", prompt}, kv{"token_ids", g.ids(c.ids)})
+		}
+	}
+	var top []kv
+	if c.finish != nil && g.shape032 && !g.usage {
+		top = append(top, kv{"system_fingerprint", g.fingerprint()})
+	}
+	return g.chunk(choice, top...)
 }
 
 // handleMetrics renders vLLM's Prometheus metrics plus the simulator's
@@ -978,6 +1084,11 @@ type tokenizeRequest struct {
 
 // badJSON answers a body that is not the JSON the route takes, as vLLM does.
 func badJSON(w http.ResponseWriter, err error) {
+	var lax *laxError
+	if errors.As(err, &lax) {
+		writeError(w, http.StatusBadRequest, "Bad Request", lax.Error(), lax.loc)
+		return
+	}
 	writeError(w, http.StatusBadRequest, "BadRequestError", "invalid JSON body: "+err.Error(), "")
 }
 

@@ -197,7 +197,8 @@ func TestTokenIDShapes(t *testing.T) {
 			{"/tokenize", map[string]any{"model": "m", "prompt": []int{1, 2}}, "prompt must be a string"},
 		} {
 			code, out := post(c.path, c.body)
-			if msg, _ := out["message"].(string); code != 400 || !strings.Contains(msg, c.want) {
+			e, _ := out["error"].(map[string]any) // 0.32.0 nests the error
+			if msg, _ := e["message"].(string); code != 400 || !strings.Contains(msg, c.want) {
 				t.Errorf("%s %v: %d %v, want 400 %q", c.path, c.body, code, out, c.want)
 			}
 		}
@@ -227,11 +228,11 @@ func TestStopRule(t *testing.T) {
 			{1000, false, " the", nil}, {1001, false, " quick", nil}, {1002, false, " brown", " brown"}}},
 		{"a stop string inside a token", completionRequest{Stop: json.RawMessage(`["ui"]`)}, []step{
 			{1000, false, " th", nil}, {1001, false, "e q", "ui"}}},
-		{"stop id: its text dropped", completionRequest{StopTokenIDs: []int{1002}}, []step{
+		{"stop id: its text dropped", completionRequest{StopTokenIDs: []laxInt{1002}}, []step{
 			{1000, false, " the", nil}, {1001, false, " quick", nil}, {1002, false, "", 1002}}},
-		{"stop id kept with include_stop_str_in_output", completionRequest{StopTokenIDs: []int{1002}, IncludeStopStrInOutput: true}, []step{
+		{"stop id kept with include_stop_str_in_output", completionRequest{StopTokenIDs: []laxInt{1002}, IncludeStopStrInOutput: true}, []step{
 			{1001, false, " quick", nil}, {1002, false, " brown", 1002}}},
-		{"min_tokens defers the stop id", completionRequest{StopTokenIDs: []int{1002}, MinTokens: 3}, []step{
+		{"min_tokens defers the stop id", completionRequest{StopTokenIDs: []laxInt{1002}, MinTokens: 3}, []step{
 			{1002, false, " brown", nil}, {1002, false, " brown", nil}, {1002, false, "", 1002}}},
 		{"min_tokens defers the stop string", completionRequest{Stop: json.RawMessage(`"."`), MinTokens: 2}, []step{
 			{1009, false, ".", nil}, {1003, false, " fox", nil}, {1009, false, "", "."}}},
@@ -264,7 +265,7 @@ func FuzzStopRule(f *testing.F) {
 	f.Add("\u00e9 t|\ufffd", []byte{0, 10, 0, 23}, false, uint8(0), true)
 	f.Fuzz(func(t *testing.T, stops string, ids []byte, include bool, minTokens uint8, split bool) {
 		list, _ := json.Marshal(strings.Split(stops, "|"))
-		req := completionRequest{Stop: list, IncludeStopStrInOutput: include, MinTokens: int(minTokens % 8), StopTokenIDs: []int{firstWordID + 7}}
+		req := completionRequest{Stop: list, IncludeStopStrInOutput: include, MinTokens: laxInt(minTokens % 8), StopTokenIDs: []laxInt{firstWordID + 7}}
 		r, err := newStopRule(&req, newTextStream(nil, split))
 		if err != nil {
 			t.Fatal(err)

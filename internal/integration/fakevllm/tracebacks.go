@@ -148,6 +148,12 @@ var framesConfig = []frame{
 	vf("vllm/config/__init__.py", 3597, "__post_init__", "raise ValueError("),
 }
 
+var framesSchedulerConfig = []frame{
+	vf("vllm/entrypoints/launchers/api_server/entry.py", 83, "build_async_engine_client_from_engine_args", "vllm_config = engine_args.create_engine_config(usage_context=usage_context)"),
+	vf("vllm/engine/arg_utils.py", 2617, "create_engine_config", "scheduler_config = SchedulerConfig("),
+	{file: pyLib + "/pydantic/_internal/_dataclasses.py", line: 121, fn: "__init__", code: "s.__pydantic_validator__.validate_python(ArgsKwargs(args, kwargs), self_instance=s)"},
+}
+
 var framesModelMissing = []frame{
 	vf("vllm/engine/arg_utils.py", 1039, "create_engine_config", "model_config = self.create_model_config()"),
 	vf("vllm/transformers_utils/config.py", 369, "get_config", "config_dict, _ = PretrainedConfig.get_config_dict("),

@@ -372,6 +372,39 @@ func checkDeb(t *testing.T, b *built) {
 	if out := installDebSaying(t, root, deb); strings.Contains(out, "already exists") {
 		t.Errorf("an upgrade said again that the account exists:\n%s", out)
 	}
+
+	// A group vllm without a user vllm is not the package's (another
+	// program's, or people's): the guard is not put in it, where its
+	// members would read the config's keys and use the socket (issue 41).
+	// The install says so and what to do; no user is made; the config
+	// stays root's.
+	root = newRoot(t)
+	f, _ = os.OpenFile(filepath.Join(root, "etc/group"), os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString("vllm:x:1001:alice,bob\n")
+	f.Close()
+	out = installDebSaying(t, root, deb)
+	for _, want := range []string{"a group vllm already exists (vllm:x:1001:alice,bob)", "created no user vllm", "systemctl edit vllm-guard", "useradd --system --user-group"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("installing over a foreign group vllm said:\n%s\nwant %q", out, want)
+		}
+	}
+	if got := accountLine(t, filepath.Join(root, "etc/passwd"), "vllm"); got != "" {
+		t.Errorf("installing over a foreign group vllm made the user %q", got)
+	}
+	fi, err := os.Stat(filepath.Join(root, "etc/vllm-guard/vllm-guard.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := fi.Sys().(*syscall.Stat_t); st.Uid != 0 || st.Gid != 0 || fi.Mode().Perm() != 0o640 {
+		t.Errorf("over a foreign group vllm the config is uid %d gid %d mode %v; want 0640 root:root", st.Uid, st.Gid, fi.Mode().Perm())
+	}
+	// The operator chose: the warning is not repeated at an upgrade.
+	if err := os.Chown(filepath.Join(root, "etc/vllm-guard/vllm-guard.toml"), 0, 1002); err != nil {
+		t.Fatal(err)
+	}
+	if out := installDebSaying(t, root, deb); strings.Contains(out, "already exists") {
+		t.Errorf("an upgrade after the operator chose a group warned again:\n%s", out)
+	}
 }
 
 // installDebSaying is installDeb, returning what dpkg and the scripts

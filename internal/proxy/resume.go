@@ -148,6 +148,9 @@ type resumer struct {
 	scan      chunkScan // reused from chunk to chunk
 	out       []byte    // the chunk written, reused
 	unflushed bool      // written to the client, not yet flushed (writeSoon)
+	// lastComment: the last comment written while a continuation gave
+	// again what the client has (catchingUp).
+	lastComment time.Time
 }
 
 type outcome int
@@ -347,7 +350,7 @@ func (s *resumer) next(first []byte) (body []byte, path string, ok bool) {
 		return nil, "", false
 	}
 	s.p.streamResumed(s.st, ResumedContinued)
-	s.continuing = true
+	s.continuing, s.lastComment = true, time.Now()
 	if s.text != nil && len(s.led.ids) >= s.plan.minTokens {
 		// (Under min_tokens vLLM ignores stop strings.)
 		s.text.cut()

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -90,6 +91,9 @@ func (s *resumer) onChoice(data []byte) (done bool, why string, cut bool) {
 		s.led.add(sc.ids, raw, len(sc.ids) == 1)
 	}
 	s.progress = s.progress || len(newIDs) > 0
+	if len(newIDs) == 0 && newRaw == "" && s.continuing && finish == "" {
+		s.catchingUp()
+	}
 	return s.give(data, newIDs, newRaw, raw, finish)
 }
 
@@ -124,6 +128,16 @@ func (s *resumer) give(data []byte, newIDs []int, newRaw, raw, finish string) (d
 		return true, "", false
 	}
 	return false, "", false
+}
+
+// catchingUp: a greedy continuation gives again what the client has, and
+// the client hears nothing of it; a comment every few seconds keeps it
+// (and a load balancer) from timing out meanwhile.
+func (s *resumer) catchingUp() {
+	if now := time.Now(); now.Sub(s.lastComment) >= s.p.tickEvery {
+		s.lastComment = now
+		s.writeSoon([]byte(": vllm-guard: vLLM restarting after a cut: it gives again the tokens the client has; resuming\n\n"))
+	}
 }
 
 // remember keeps the stream's id, created and model, and the prompt's

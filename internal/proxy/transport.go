@@ -105,7 +105,7 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, req.Context().Err()
 		}
 		t.p.touched(st, st.kind())
-		if why == replayDeath && !st.streamOwned && !t.p.noteDeath(st) {
+		if why == replayDeath && !t.p.noteDeath(st) {
 			return nil, t.p.suspect(req, st)
 		}
 		body, ok := st.replayBody()

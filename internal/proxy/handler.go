@@ -50,9 +50,9 @@ type reqState struct {
 	// generated tokens; how: resumed how (ResumedReplayed,
 	// ResumedContinued); end and endReason: how it ended when not
 	// answered (OutcomeRefused, OutcomeSuspect, notResumed and why).
-	// streamOwned: a resumable stream's life (resume.go) counts its own
-	// deaths and resumptions; the transport only waits out a refused
-	// connection and a death before any answer for it.
+	// streamOwned: a resumable stream's life (resume.go) decides what
+	// every death means to it; the transport only waits out a refused
+	// connection for it.
 	streamOwned    bool
 	touched        bool
 	lastTally      *deathTally

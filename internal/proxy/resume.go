@@ -9,9 +9,11 @@
 //	               → continuing → streaming → … → done
 //	             or refused (the clean error event: not continued, and why)
 //
-// One loop (run) moves it between them, and one send serves the first
-// request, a replay (nothing generated had reached the client: the same
-// request again) and a continuation (a /v1/completions request whose prompt
+// One loop (run) moves it between them — a death before vLLM's first
+// byte, after it, a drain, an engine error are all cuts of this loop (the
+// transport under it only waits out a refused connection) — and one send
+// serves the first request, a replay (nothing generated had reached the
+// client: the same request again) and a continuation (a /v1/completions request whose prompt
 // is the prompt's token ids and the ids the client was given). What the
 // client was given is one ledger (ledger.go): the exact ids behind every
 // byte, with the text held back for stop strings (stoptext.go), so a
@@ -189,6 +191,16 @@ func (s *resumer) forward(path string, body []byte) (outcome, string) {
 	s.phase = phaseForwarding
 	s.st.body = newTrackBody(&bufferedBody{chunks: [][]byte{body}, size: int64(len(body))})
 	resp, err := s.send(ctx, path, body)
+	if !s.headerSent && ctx.Err() == nil {
+		// vLLM died or drains before it answered: the same as a cut.
+		if why := s.p.nothingProduced(s.r, s.st, resp, err); why != replayNone {
+			if resp != nil {
+				resp.Body.Close()
+			}
+			s.planned = why == replayDrain
+			return outCut, "vLLM answered nothing (" + why.String() + ")"
+		}
+	}
 	switch {
 	case err != nil:
 		if ctx.Err() != nil {
@@ -244,8 +256,14 @@ func (s *resumer) afterCut(why string, first []byte) (body []byte, path string, 
 		return nil, "", false
 	}
 	if gen1, _ := s.p.lim.generation(); ready0 && gen1 == gen0 {
-		// The guard never saw vLLM go: not a death. What vLLM sent is
-		// the stream's answer.
+		// The guard never saw vLLM go: not a death. A connection vLLM
+		// closed before any answer (as it was reused) is sent again,
+		// once; else what vLLM sent is the stream's answer.
+		s.p.untouched(s.st)
+		if s.vllmErr == nil && s.st.unnoticed == 0 && len(s.led.ids) == 0 && s.led.chunks == 0 && !s.continuing {
+			s.st.unnoticed++
+			return s.next(first)
+		}
 		s.endAlive()
 		return nil, "", false
 	}
@@ -542,7 +560,6 @@ func (s *resumer) refuse(reason string) {
 // It was no death: the stream leaves the death's account.
 func (s *resumer) endAlive() {
 	s.phase = phaseRefused
-	s.p.untouched(s.st)
 	s.st.ended(OutcomeFailed, "")
 	s.p.log.Info("a stream was cut while vLLM stayed up; ending it with the error", zap.String("path", s.r.URL.Path))
 	if s.vllmErr == nil {

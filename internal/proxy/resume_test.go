@@ -405,6 +405,9 @@ func (f *fakeLLM) run(path, body string, onComment func()) streamed {
 // bringBack is what a test does at a hold's first comment: vLLM is
 // ready again.
 func (f *fakeLLM) bringBack() {
+	if _, ready := f.r.up.Target(); ready {
+		return // never down: a connection closed before any answer, sent again once
+	}
 	// Once the stream is held (vLLM coming back before the hold began is
 	// another case: the guard never saw it down).
 	testkit.WaitFor(f.t, "the stream held", 30*time.Second, func() bool { return f.r.p.Stats().Paused > 0 })

@@ -317,7 +317,8 @@ func BenchmarkResumableStreamChunk(b *testing.B) {
 			plan, _ := planStream(c.path, []byte(c.body))
 			dw := &discardWriter{h: http.Header{}}
 			p := New(proxyConfig(), &fakeUp{ready: true, seqs: 1}, prometheus.NewRegistry(), nil)
-			s := &resumer{p: p, w: &recorder{ResponseWriter: dw, rc: http.NewResponseController(dw)}, plan: plan, sends: 1, headerSent: true}
+			s := &resumer{p: p, w: &recorder{ResponseWriter: dw, rc: http.NewResponseController(dw)}, plan: plan, sends: 1, headerSent: true,
+				st: &reqState{}, r: httptest.NewRequest(http.MethodPost, c.path, nil)}
 			if len(plan.stops) > 0 {
 				s.text = &stopText{stops: plan.stops, keep: plan.keepStop}
 				s.text.init()
@@ -326,7 +327,7 @@ func BenchmarkResumableStreamChunk(b *testing.B) {
 			b.ReportAllocs()
 			for i := range b.N {
 				if i%1024 == 0 { // a new stream, for the same memory
-					s.delivered, s.seenIDs, s.safeIDs, s.textSince = s.delivered[:0], 0, 0, ""
+					s.led = ledger{ids: s.led.ids[:0]}
 				}
 				if done, _, cut := s.event(ev); done || cut || s.clientGone || s.notResumed != "" {
 					b.Fatalf("chunk %d: done %v cut %v gone %v not resumed %q", i, done, cut, s.clientGone, s.notResumed)

@@ -1,15 +1,11 @@
-// A resumable stream's chunks read without decoding them (the common case:
-// a stream vLLM has not cut). Decoding every chunk into maps and encoding
-// it again cost about 50 µs and 150 allocations a chunk, enough to starve
-// the rest of the guard of CPU under a few hundred streams on a small
-// machine. Here the chunk is checked (json.Valid), walked once for the few
-// members the proxy needs, and passed on as vLLM sent it, with only the
-// token ids the client did not ask for replaced by null (as vLLM shows
-// them without return_token_ids). Anything unusual (a finish, a usage
-// chunk, an error, escaped or case-folded keys, duplicate members, ids
-// that are not plain integers) is left to the decoding path, which reads
-// every chunk of a continuation too; the two give the same JSON
-// (FuzzChunkScanAgainstDecode).
+// A stream's chunks read without decoding them: checked (json.Valid),
+// walked once for the few members the proxy needs, and passed on as vLLM
+// sent them with only the values the proxy changes replaced (rewrite.go).
+// Decoding every chunk into maps and encoding it again cost about 50 µs and
+// 150 allocations a chunk, and changed the bytes a client gets (the keys'
+// order). Anything unusual (escaped or case-folded keys, duplicate members,
+// ids that are not plain integers, several choices) is not read: such a
+// stream is not continued.
 
 package proxy
 
@@ -31,11 +27,14 @@ type chunkScan struct {
 	topPrompt          jsonSpan // prompt_token_ids at the top level (chat's first chunk)
 	text               jsonSpan // the choice's text (completions) or delta.content (chat): a JSON string
 	tokenIDs, prompt   jsonSpan // the choice's token_ids and prompt_token_ids
+	finish, stopReason jsonSpan // the choice's finish_reason and stop_reason
+	usage              jsonSpan // a usage chunk's usage
 	role               bool     // the delta holds a role
 	output             bool     // the delta holds output (deltaHasOutput)
 	reasoning          bool     // the delta holds reasoning or tool-call output
 	// The ids read (none for an absent or null member); their arrays are
 	// reused from chunk to chunk.
+	choices                      jsonSpan
 	ids, promptIDs, topPromptIDs []int
 	idsBuf, promptBuf, topBuf    []int
 	keys                         [8]jsonSpan // a delta's keys seen (duplicates)
@@ -46,9 +45,24 @@ type chunkScan struct {
 // differs from one only in case is left to that path.
 var choiceFields = []string{"index", "text", "delta", "finish_reason", "stop_reason", "token_ids", "prompt_token_ids"}
 
-// read scans data (one chunk, already known to be valid JSON); false: the
-// chunk is not the plain one-choice chunk this reader handles.
-func (c *chunkScan) read(data []byte, chat bool) bool {
+// What a chunk is, as read.
+type chunkKind int
+
+const (
+	chunkOdd    chunkKind = iota // not read: an error, or an unusual chunk
+	chunkChoice                  // one choice
+	chunkUsage                   // no choice, the usage
+)
+
+// read scans data (one chunk, already known to be valid JSON).
+func (c *chunkScan) read(data []byte, chat bool) chunkKind {
+	if !c.readTop(data) {
+		return chunkOdd
+	}
+	return c.kind(chat)
+}
+
+func (c *chunkScan) readTop(data []byte) bool {
 	*c = chunkScan{b: data, idsBuf: c.idsBuf, promptBuf: c.promptBuf, topBuf: c.topBuf}
 	i := skipWS(data, 0)
 	if i >= len(data) || data[i] != '{' {
@@ -90,32 +104,50 @@ func (c *chunkScan) read(data []byte, chat bool) bool {
 	if end < 0 || !choices.has() || data[choices.start] != '[' {
 		return false
 	}
-	// vLLM's flat error event, a usage chunk, an error: the decoding path.
-	if string(data[object.start:object.end]) == `"error"` || (usage.has() && !isNull(data, usage)) || (errv.has() && !isNull(data, errv)) {
+	// vLLM's flat error event, an error: not a chunk.
+	if string(data[object.start:object.end]) == `"error"` || (errv.has() && !isNull(data, errv)) {
 		return false
 	}
+	if usage.has() && !isNull(data, usage) {
+		c.usage = usage
+	}
+	c.choices = choices
 	if c.topPrompt.has() && !isNull(data, c.topPrompt) {
 		if c.topBuf, ok = readInts(data, c.topPrompt, c.topBuf); !ok {
 			return false
 		}
 		c.topPromptIDs = c.topBuf
 	}
-	// One choice, an object.
+	return true
+}
+
+// kind reads the chunk's choices: one, an object (its usage, if any, is
+// continuous usage: not read), or none with a usage.
+func (c *chunkScan) kind(chat bool) chunkKind {
+	data := c.b
 	n := 0
 	var choice jsonSpan
-	if arrayElems(data, choices.start, func(v jsonSpan) bool {
+	if arrayElems(data, c.choices.start, func(v jsonSpan) bool {
 		n++
 		choice = v
 		return n == 1
-	}) < 0 || n != 1 || data[choice.start] != '{' {
-		return false
+	}) < 0 {
+		return chunkOdd
 	}
-	return c.readChoice(choice, chat)
+	switch {
+	case n == 0 && c.usage.has():
+		return chunkUsage
+	case n != 1 || c.usage.has() || data[choice.start] != '{':
+		return chunkOdd
+	case c.readChoice(choice, chat):
+		return chunkChoice
+	}
+	return chunkOdd
 }
 
 func (c *chunkScan) readChoice(choice jsonSpan, chat bool) bool {
 	data := c.b
-	var text, delta, finish jsonSpan
+	var text, delta jsonSpan
 	var seen [7]bool
 	if objectMembers(data, choice.start, func(key jsonSpan, esc bool, v jsonSpan) bool {
 		k := data[key.start:key.end]
@@ -134,7 +166,9 @@ func (c *chunkScan) readChoice(choice jsonSpan, chat bool) bool {
 				case 2:
 					delta = v
 				case 3:
-					finish = v
+					c.finish = v
+				case 4:
+					c.stopReason = v
 				case 5:
 					c.tokenIDs = v
 				case 6:
@@ -150,8 +184,8 @@ func (c *chunkScan) readChoice(choice jsonSpan, chat bool) bool {
 	}) < 0 {
 		return false
 	}
-	if finish.has() && !isNull(data, finish) {
-		return false // the last chunk: the decoding path ends the stream
+	if c.finish.has() && !isNull(data, c.finish) && data[c.finish.start] != '"' {
+		return false
 	}
 	var ok bool
 	if c.tokenIDs.has() && !isNull(data, c.tokenIDs) {
@@ -176,6 +210,12 @@ func (c *chunkScan) readChoice(choice jsonSpan, chat bool) bool {
 	if text.has() || !delta.has() || data[delta.start] != '{' {
 		return false
 	}
+	return c.readDelta(delta)
+}
+
+// readDelta reads a chat choice's delta: its role, content and output.
+func (c *chunkScan) readDelta(delta jsonSpan) bool {
+	data := c.b
 	nkeys := 0
 	return objectMembers(data, delta.start, func(key jsonSpan, esc bool, v jsonSpan) bool {
 		k := data[key.start:key.end]
@@ -371,123 +411,4 @@ func jsonString(raw []byte) string {
 	var s string
 	_ = json.Unmarshal(raw, &s)
 	return s
-}
-
-var jsonNull = []byte("null")
-
-// chunkEdit replaces a value of a chunk passed on.
-type chunkEdit struct {
-	at   jsonSpan
-	with []byte
-}
-
-// fastChunk handles the chunk data as chunk does, without decoding it,
-// when it is a plain chunk of a stream that was not cut; false: not
-// handled, nothing changed.
-func (s *resumer) fastChunk(data []byte) bool {
-	if s.continuing || s.sends != 1 || s.skipText != "" || s.aborted || s.seenIDs > len(s.delivered) {
-		return false
-	}
-	// A chunk over several data lines (joined by a newline) is written
-	// again as one line by the decoding path.
-	if bytes.IndexByte(data, '\n') >= 0 || bytes.IndexByte(data, '\r') >= 0 || !json.Valid(data) {
-		return false
-	}
-	sc := &s.scan
-	if !sc.read(data, s.plan.chat) || (s.plan.chat && sc.role && s.roleSent) {
-		return false
-	}
-	// From here as chunk, in its order.
-	if s.id == nil {
-		s.id, s.created, s.model = spanBytes(data, sc.id), spanBytes(data, sc.created), spanBytes(data, sc.model)
-	}
-	if len(s.prompt) == 0 && len(sc.topPromptIDs) > 0 {
-		s.prompt = append([]int(nil), sc.topPromptIDs...)
-	}
-	if len(s.prompt) == 0 && len(sc.promptIDs) > 0 {
-		s.prompt = append([]int(nil), sc.promptIDs...)
-	}
-	textOut := sc.text.has() && sc.text.end-sc.text.start > 2
-	if (!sc.tokenIDs.has() || isNull(data, sc.tokenIDs)) && ((!s.plan.chat && textOut) || sc.output) {
-		s.notResumed = nrNoTokenIDs
-	}
-	if s.plan.chat {
-		if sc.reasoning {
-			s.notResumed = nrReasoning
-		}
-		if sc.role {
-			s.roleSent = true
-		}
-	}
-	var edits [4]chunkEdit
-	ne := 0
-	// The text: decoded only when the proxy holds some back or keeps it
-	// for a rewind.
-	var text string
-	if sc.text.has() && (s.text != nil || len(sc.ids) != 1 || !textOut) {
-		vllmText := jsonString(data[sc.text.start:sc.text.end])
-		text = vllmText
-		if s.text != nil {
-			// (A chat delta without content gives the stop-string
-			// holder nothing: it would give nothing back.)
-			text, _ = s.text.feed(text, false, nil)
-			if text != vllmText {
-				b, _ := json.Marshal(text)
-				edits[ne] = chunkEdit{sc.text, b}
-				ne++
-			}
-		}
-	}
-	s.delivered = append(s.delivered, sc.ids...)
-	if textOut && len(sc.ids) == 1 {
-		s.safeIDs, s.textSince = len(s.delivered), s.skipText
-	} else if text != "" {
-		s.textSince += text
-	}
-	s.seenIDs = max(s.seenIDs, len(s.delivered))
-	if sc.prompt.has() && !isNull(data, sc.prompt) {
-		if s.plan.wantIDs && !s.promptSent {
-			s.promptSent = true
-		} else {
-			edits[ne] = chunkEdit{sc.prompt, jsonNull}
-			ne++
-		}
-	}
-	if sc.tokenIDs.has() && !isNull(data, sc.tokenIDs) && !s.plan.wantIDs {
-		edits[ne] = chunkEdit{sc.tokenIDs, jsonNull}
-		ne++
-	}
-	if sc.topPrompt.has() {
-		if !s.plan.wantIDs || s.promptSent {
-			if !isNull(data, sc.topPrompt) {
-				edits[ne] = chunkEdit{sc.topPrompt, jsonNull}
-				ne++
-			}
-		} else {
-			s.promptSent = true
-		}
-	}
-	// In the chunk's order.
-	for i := 1; i < ne; i++ {
-		for j := i; j > 0 && edits[j].at.start < edits[j-1].at.start; j-- {
-			edits[j], edits[j-1] = edits[j-1], edits[j]
-		}
-	}
-	out := append(s.out[:0], "data: "...)
-	pos := 0
-	for _, e := range edits[:ne] {
-		out = append(append(out, data[pos:e.at.start]...), e.with...)
-		pos = e.at.end
-	}
-	out = append(append(out, data[pos:]...), "\n\n"...)
-	s.out = out
-	s.writeSoon(out)
-	return true
-}
-
-func spanBytes(data []byte, v jsonSpan) json.RawMessage {
-	if !v.has() {
-		return nil
-	}
-	return bytes.Clone(data[v.start:v.end])
 }

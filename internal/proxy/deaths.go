@@ -116,6 +116,7 @@ type deathBook struct {
 	tallies map[uint64]*deathTally // collecting, by generation
 	claimed []*deathTally          // deaths not handed over yet, oldest first
 	deaths  uint64                 // Died's count
+	died    [16]uint64             // the losses of readiness last claimed as deaths (generations)
 	// open: some account is collecting or not handed over (settleDeaths
 	// has work, on every refresh otherwise a lock for nothing).
 	open atomic.Bool
@@ -330,6 +331,7 @@ func (p *Proxy) Died() uint64 {
 	}
 	b.deaths++
 	t.id = b.deaths
+	b.died[b.deaths%uint64(len(b.died))] = gen
 	b.claimed = append(b.claimed[:0], t)
 	b.open.Store(true)
 	on := b.on
@@ -359,4 +361,18 @@ func (p *Proxy) flushDeaths() {
 	on := b.on
 	b.mu.Unlock()
 	deliver(on, out)
+}
+
+// diedAt reports whether the loss of readiness gen was claimed as a death
+// (Died): not a planned restart's drain, nor a loss nobody claimed.
+func (p *Proxy) diedAt(gen uint64) bool {
+	b := &p.deaths
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, g := range b.died {
+		if g == gen && gen != 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -50,6 +50,10 @@ type reqState struct {
 	// generated tokens; how: resumed how (ResumedReplayed,
 	// ResumedContinued); end and endReason: how it ended when not
 	// answered (OutcomeRefused, OutcomeSuspect, notResumed and why).
+	// streamOwned: a resumable stream's life (resume.go) decides what
+	// every death means to it; the transport only waits out a refused
+	// connection for it.
+	streamOwned    bool
 	touched        bool
 	lastTally      *deathTally
 	stream, output bool

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"go.uber.org/zap"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,7 +61,7 @@ func newRig(t *testing.T, cfg config.Proxy, seqs int, h http.HandlerFunc) *rig {
 	r := &rig{t: t, reg: prometheus.NewRegistry()}
 	r.upstream = httptest.NewServer(h)
 	r.up = &fakeUp{url: r.upstream.URL, ready: true, seqs: seqs}
-	r.p = New(cfg, r.up, r.reg, nil)
+	r.p = New(cfg, r.up, r.reg, testLog)
 	r.front = httptest.NewServer(r.p)
 	r.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1000}}
 	t.Cleanup(r.close)
@@ -833,5 +835,13 @@ func TestIsInference(t *testing.T) {
 		if got := IsInference(req); got != c.want {
 			t.Errorf("IsInference(%s %s) = %v, want %v", c.method, c.path, got, c.want)
 		}
+	}
+}
+
+var testLog *zap.Logger
+
+func init() {
+	if os.Getenv("PROXY_TEST_LOG") != "" {
+		testLog, _ = zap.NewDevelopment()
 	}
 }

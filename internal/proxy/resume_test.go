@@ -58,6 +58,10 @@ func nextToken(seq []int) int {
 }
 
 func (f *fakeLLM) handler(w http.ResponseWriter, req *http.Request) {
+	if req.URL.Path == "/detokenize" {
+		http.NotFound(w, req) // (the ledger then keeps to the ids it knows end a character)
+		return
+	}
 	if req.URL.Path == "/v1/models" {
 		fmt.Fprint(w, `{"object":"list","data":[{"id":"m","object":"model","max_model_len":200}]}`)
 		return
@@ -73,7 +77,7 @@ func (f *fakeLLM) handler(w http.ResponseWriter, req *http.Request) {
 		cut, f.cuts = f.cuts[0], f.cuts[1:]
 	}
 	f.seen = append(f.seen, fakeReq{path: req.URL.Path, body: body})
-	merge := f.merge
+	merge, errStyle := f.merge, f.style == "error"
 	f.mu.Unlock()
 	chat := req.URL.Path == "/v1/chat/completions"
 	var prompt []int
@@ -168,7 +172,7 @@ func (f *fakeLLM) handler(w http.ResponseWriter, req *http.Request) {
 			} else {
 				choice["text"] = ""
 			}
-			f.die(w, chunk(choice), sentAny)
+			f.die(w, chunk(choice), sentAny || errStyle)
 			return
 		}
 		tok := nextToken(seq)
@@ -232,16 +236,19 @@ func (f *fakeLLM) handler(w http.ResponseWriter, req *http.Request) {
 
 // die marks vLLM down and cuts the stream, as a death does.
 func (f *fakeLLM) die(w http.ResponseWriter, abort map[string]any, answered bool) {
+	f.mu.Lock()
+	style := f.style
+	f.mu.Unlock()
 	if answered {
 		f.r.up.set(func(u *fakeUp) { u.ready = false })
 		f.r.p.Notify()
+		if style != "abort" {
+			f.r.p.Died() // the guard records the failure (an abort is a planned restart's)
+		}
 	}
 	// else: a connection closed before any answer, while the guard still
 	// calls vLLM ready (it did not notice a death yet): the proxy sends the
 	// request again without waiting for the test.
-	f.mu.Lock()
-	style := f.style
-	f.mu.Unlock()
 	if style == "abort" {
 		b, _ := json.Marshal(abort)
 		fmt.Fprintf(w, "data: %s\n\ndata: [DONE]\n\n", b)
@@ -310,7 +317,6 @@ func (f *fakeLLM) run(path, body string, onComment func()) streamed {
 	}
 	s := streamed{objects: map[string]bool{}, chunkIDs: map[string]bool{}, createds: map[float64]bool{}}
 	rd := bufio.NewReader(resp.Body)
-	held := false
 	for {
 		line, err := rd.ReadString('\n')
 		if err != nil {
@@ -322,8 +328,7 @@ func (f *fakeLLM) run(path, body string, onComment func()) streamed {
 				f.t.Errorf("comment %q", line)
 			}
 			s.comments++
-			if !held {
-				held = true
+			if strings.Contains(line, "the stream was cut") { // a hold's first
 				onComment()
 			}
 			continue
@@ -332,7 +337,6 @@ func (f *fakeLLM) run(path, body string, onComment func()) streamed {
 		if !ok {
 			continue
 		}
-		held = false
 		if s.done > 0 {
 			s.afterDone = true
 		}
@@ -401,6 +405,9 @@ func (f *fakeLLM) run(path, body string, onComment func()) streamed {
 // bringBack is what a test does at a hold's first comment: vLLM is
 // ready again.
 func (f *fakeLLM) bringBack() {
+	if _, ready := f.r.up.Target(); ready {
+		return // never down: a connection closed before any answer, sent again once
+	}
 	// Once the stream is held (vLLM coming back before the hold began is
 	// another case: the guard never saw it down).
 	testkit.WaitFor(f.t, "the stream held", 30*time.Second, func() bool { return f.r.p.Stats().Paused > 0 })
@@ -420,11 +427,11 @@ func TestStreamCutContinuesExactly(t *testing.T) {
 		name, path, body string
 		merge            bool
 	}{
-		{"completions", "/v1/completions", `{"model":"m","prompt":"hello","max_tokens":24,"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, false},
-		{"chat", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":24,"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, false},
-		{"chat no limit", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"return_token_ids":true}`, false},
-		{"completions merged", "/v1/completions", `{"model":"m","prompt":"hello","max_tokens":24,"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, true},
-		{"chat merged", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":24,"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, true},
+		{"completions", "/v1/completions", `{"model":"m","temperature":0,"prompt":"hello","max_tokens":24,"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, false},
+		{"chat", "/v1/chat/completions", `{"model":"m","temperature":0,"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":24,"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, false},
+		{"chat no limit", "/v1/chat/completions", `{"model":"m","temperature":0,"messages":[{"role":"user","content":"hi"}],"stream":true,"return_token_ids":true}`, false},
+		{"completions merged", "/v1/completions", `{"model":"m","temperature":0,"prompt":"hello","max_tokens":24,"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, true},
+		{"chat merged", "/v1/chat/completions", `{"model":"m","temperature":0,"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":24,"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true}`, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFakeLLM(t)
@@ -501,7 +508,7 @@ func prompt(t *testing.T, r fakeReq) []int {
 
 func TestStreamCutTokenIDsStayHiddenUnlessAsked(t *testing.T) {
 	f := newFakeLLM(t)
-	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":12,"stream":true}`
+	body := `{"model":"m","temperature":0,"messages":[{"role":"user","content":"hi"}],"max_tokens":12,"stream":true}`
 	want := f.run("/v1/chat/completions", body, func() { t.Fatal("held without a cut") })
 	f.queue(5, -1)
 	got := f.run("/v1/chat/completions", body, f.bringBack)
@@ -515,8 +522,8 @@ func TestStreamCutTokenIDsStayHiddenUnlessAsked(t *testing.T) {
 
 func TestStreamCutBeforeFirstTokenIsReplayed(t *testing.T) {
 	for _, tc := range []struct{ name, path, body string }{
-		{"chat", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8,"stream":true}`},
-		{"completions", "/v1/completions", `{"model":"m","prompt":"hi","max_tokens":8,"stream":true}`},
+		{"chat", "/v1/chat/completions", `{"model":"m","temperature":0,"messages":[{"role":"user","content":"hi"}],"max_tokens":8,"stream":true}`},
+		{"completions", "/v1/completions", `{"model":"m","temperature":0,"prompt":"hi","max_tokens":8,"stream":true}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFakeLLM(t)
@@ -545,7 +552,7 @@ func TestEngineErrorAndAbortAreResumed(t *testing.T) {
 			f := newFakeLLM(t)
 			f.style = style
 			for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
-				body := `{"model":"m","prompt":"hello","messages":[{"role":"user","content":"hi"}],"max_tokens":10,"stream":true}`
+				body := `{"model":"m","temperature":0,"prompt":"hello","messages":[{"role":"user","content":"hi"}],"max_tokens":10,"stream":true}`
 				want := f.run(path, body, func() { t.Fatal("held without a cut") })
 				f.queue(4, -1)
 				got := f.run(path, body, f.bringBack)
@@ -562,7 +569,7 @@ func TestStreamCutSeveralTimes(t *testing.T) {
 	cfg.ResumeLimit = 4
 	f := &fakeLLM{t: t}
 	f.r = newRig(t, cfg, 8, f.handler)
-	body := `{"model":"m","prompt":"hello","max_tokens":20,"stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}`
+	body := `{"model":"m","temperature":0,"prompt":"hello","max_tokens":20,"stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}`
 	want := f.run("/v1/completions", body, func() { t.Fatal("held without a cut") })
 	f.queue(3, 4, 5, -1)
 	got := f.run("/v1/completions", body, f.bringBack)
@@ -573,8 +580,10 @@ func TestStreamCutSeveralTimes(t *testing.T) {
 
 func TestStreamCutBeyondTheLimitEnds(t *testing.T) {
 	f := newFakeLLM(t)
-	body := `{"model":"m","prompt":"hello","max_tokens":20,"stream":true}`
-	f.queue(3, 4)
+	body := `{"model":"m","temperature":0,"prompt":"hello","max_tokens":20,"stream":true}`
+	// The continuation dies before it gives anything: no progress.
+	f.style = "error"
+	f.queue(3, 0)
 	got := f.run("/v1/completions", body, f.bringBack)
 	if got.errors != 1 {
 		t.Fatalf("got %+v: want the error event after %d sends", got, 2)
@@ -588,7 +597,7 @@ func TestStopStringAcrossTheCut(t *testing.T) {
 	for _, keep := range []bool{false, true} {
 		t.Run(fmt.Sprint("include=", keep), func(t *testing.T) {
 			f := newFakeLLM(t)
-			plain := f.run("/v1/completions", `{"model":"m","prompt":"hello","max_tokens":30,"stream":true,"return_token_ids":true}`, func() {})
+			plain := f.run("/v1/completions", `{"model":"m","temperature":0,"prompt":"hello","max_tokens":30,"stream":true,"return_token_ids":true}`, func() {})
 			const k = 12
 			// A stop string over the end of token k and the start of
 			// token k+1: vLLM holds its first part back when it is cut.
@@ -597,7 +606,7 @@ func TestStopStringAcrossTheCut(t *testing.T) {
 			if strings.Index(plain.text, stop) < len(plain.text[:strings.Index(plain.text, a)]) {
 				t.Skip("fixture: stop string occurs earlier")
 			}
-			body := fmt.Sprintf(`{"model":"m","prompt":"hello","max_tokens":30,"stream":true,"return_token_ids":true,"stop":[%q,"zzzzzzz"],"include_stop_str_in_output":%v}`, stop, keep)
+			body := fmt.Sprintf(`{"model":"m","temperature":0,"prompt":"hello","max_tokens":30,"stream":true,"return_token_ids":true,"stop":[%q,"zzzzzzz"],"include_stop_str_in_output":%v}`, stop, keep)
 			want := f.run("/v1/completions", body, func() { t.Fatal("held without a cut") })
 			for _, cut := range []int{k - 2, k} {
 				f.queue(cut, -1)
@@ -700,13 +709,15 @@ func FuzzResumeEvent(f *testing.F) {
 		plan, _ := planStream(path, []byte(body))
 		rr := httptest.NewRecorder()
 		p := New(proxyConfig(), &fakeUp{ready: true, seqs: 1}, nil, nil)
-		s := &resumer{p: p, w: &recorder{ResponseWriter: rr, rc: http.NewResponseController(rr)}, plan: plan, sends: 1, headerSent: true}
+		s := &resumer{p: p, w: &recorder{ResponseWriter: rr, rc: http.NewResponseController(rr)}, plan: plan, sends: 1, headerSent: true,
+			st: &reqState{}, r: httptest.NewRequest(http.MethodPost, path, nil)}
 		s.text = &stopText{stops: plan.stops, keep: plan.keepStop}
 		s.text.init()
 		for i := range 3 {
 			if i == 2 {
 				s.text.cut()
-				s.continuing, s.base, s.skipText = true, len(s.delivered), "a"
+				s.continuing = true
+				s.led.regen, s.led.regenRaw = []int{1}, "a"
 			}
 			s.event(ev)
 		}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -68,6 +69,9 @@ type sseBody struct {
 	pending []byte // the error event still to hand out
 	ended   bool
 	cut     func() // counts the cut (a stream the proxy does not resume)
+	errSeen bool   // vLLM's error event passed: counted as the cut
+	tail    []byte // the last bytes passed, for an event across two reads
+	started bool
 }
 
 func (b *sseBody) Read(p []byte) (int, error) {
@@ -76,13 +80,14 @@ func (b *sseBody) Read(p []byte) (int, error) {
 	}
 	n, err := b.rc.Read(p)
 	b.track(p[:n])
+	b.seeError(p[:n])
 	if err == nil || err == io.EOF || b.ctx.Err() != nil {
 		return n, err
 	}
 	// Debug: one vLLM death cuts every stream at once; the supervisor logs the death.
 	b.log.Debug("SSE stream cut by vLLM; ending it with an error event", zap.String("path", b.path), zap.Error(err))
 	b.ended = true
-	if b.cut != nil {
+	if b.cut != nil && !b.errSeen {
 		b.cut()
 	}
 	// Close the event the cut interrupted, so that the error event is
@@ -92,6 +97,27 @@ func (b *sseBody) Read(p []byte) (int, error) {
 		return n, nil
 	}
 	return b.drain(p)
+}
+
+// seeError counts a stream that vLLM ended with its engine-error event (a
+// death seen from inside the stream: vLLM writes the error, then [DONE])
+// as cut, once.
+func (b *sseBody) seeError(p []byte) {
+	if b.cut == nil || b.errSeen || len(p) == 0 {
+		return
+	}
+	pat := []byte("\ndata: {\"error\"")
+	if !b.started {
+		b.started, b.tail = true, append(b.tail[:0], '\n')
+	}
+	seam := append(append(make([]byte, 0, 2*len(pat)), b.tail...), p[:min(len(p), len(pat))]...)
+	if bytes.Contains(seam, pat) || bytes.Contains(p, pat) {
+		b.errSeen = true
+		b.cut()
+		return
+	}
+	w := append(b.tail, p[max(0, len(p)-len(pat)):]...)
+	b.tail = append(b.tail[:0], w[max(0, len(w)-len(pat)):]...)
 }
 
 func (b *sseBody) drain(p []byte) (int, error) {

@@ -82,6 +82,11 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			continue
 		}
+		if st.streamOwned {
+			// A resumable stream's one loop (resume.go) decides what a
+			// death before its answer means: the same as one after.
+			return resp, err
+		}
 		why := t.p.nothingProduced(req, st, resp, err)
 		if why == replayNone || (why == replayDeath && err != nil && st.unnoticed > 0) {
 			// A second close the guard did not see as a death: vLLM is up

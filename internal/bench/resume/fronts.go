@@ -84,8 +84,8 @@ func newRunEnv(b bins, scratch, name string, sim map[string]string) (*runEnv, er
 
 // vllmArgs is the command line of vLLM direct: the guard's first rung's.
 func (e *runEnv) vllmArgs() []string {
-	return []string{"serve", model, "--max-num-seqs", fmt.Sprint(maxNumSeqs), "--gpu-memory-utilization", fmt.Sprint(util),
-		"--host", "127.0.0.1", "--port", strconv.Itoa(e.port)}
+	return append([]string{"serve", model, "--max-num-seqs", fmt.Sprint(maxNumSeqs), "--gpu-memory-utilization", fmt.Sprint(util),
+		"--host", "127.0.0.1", "--port", strconv.Itoa(e.port)}, simArgs()...)
 }
 
 func freePort() (int, error) {
@@ -375,7 +375,7 @@ type guardFront struct {
 
 func guardConfig(e *runEnv, proxyAddr string, resume bool) string {
 	var b strings.Builder
-	cmd, _ := json.Marshal([]string{e.b.fakevllm, "serve", model})
+	cmd, _ := json.Marshal(append([]string{e.b.fakevllm, "serve", model}, simArgs()...))
 	fmt.Fprintf(&b, "[vllm]\ncommand = %s\nport = %d\nstop_timeout = \"3s\"\n\n[vllm.env]\n", cmd, e.port)
 	for k, v := range e.simEnv {
 		fmt.Fprintf(&b, "%s = %q\n", k, v)

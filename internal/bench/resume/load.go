@@ -14,7 +14,8 @@ import (
 )
 
 // request is one of the bench's requests: a greedy completion or chat,
-// streamed or not, always the same body for the same index.
+// half of them with stop strings, streamed or not, always the same body
+// for the same index.
 type request struct {
 	idx  int
 	chat bool
@@ -38,6 +39,11 @@ func (q request) body(stream bool) []byte {
 		m["messages"] = []map[string]string{{"role": "user", "content": prompt}}
 	} else {
 		m["prompt"] = prompt
+	}
+	if q.idx%4 >= 2 {
+		// Stop strings (issue 40): the proxy holds their text back itself,
+		// and a cut must neither repeat nor lose it.
+		m["stop"] = []string{"wn. f", "zzzz"}
 	}
 	b, _ := json.Marshal(m)
 	return b

@@ -60,6 +60,18 @@ const (
 
 type bins struct{ guard, fakevllm, nvmlDir, nginx string }
 
+// streamInterval is the simulator's --stream-interval (-stream-interval).
+var streamInterval = 1
+
+// simArgs are the simulator's arguments after "serve <model>" beyond the
+// rung's own.
+func simArgs() []string {
+	if streamInterval <= 1 {
+		return nil
+	}
+	return []string{"--stream-interval", fmt.Sprint(streamInterval)}
+}
+
 // scenario is how vLLM dies.
 type scenario struct {
 	name   string
@@ -93,6 +105,7 @@ func realMain(args []string) int {
 	limit := fs.Duration("run-limit", 90*time.Second, "a run ends after this long even when vLLM did not die as often as the scenario wants")
 	out := fs.String("json", "internal/bench/resume/results.json", "where to write the JSON results (\"\": nowhere)")
 	keep := fs.Bool("keep", false, "keep the scratch folder (the guard's log, nginx's, the GPU state of every run)")
+	fs.IntVar(&streamInterval, "stream-interval", 1, "the simulator's --stream-interval: ids per streamed chunk (issue 40: several ids a chunk)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}

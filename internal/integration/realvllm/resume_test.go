@@ -143,23 +143,27 @@ func wholeIDs(url string, body map[string]any) clientView {
 }
 
 // TestNoClientSeesVLLMDie: through the guard's proxy, a death of the real
-// vLLM costs its clients only time. 8 greedy streams of 64 tokens (4
-// completions, 4 chat) and 4 non-streaming requests are in flight when the
+// vLLM (--stream-interval 2: several ids a chunk) costs its clients only
+// time. 16 greedy streams of up to 64 tokens (8 completions, 8 chat, half
+// of them with a stop string near their end) and 4 non-streaming requests
+// are in flight when the
 // EngineCore is killed (SIGKILL: a crash) or frozen (SIGSTOP: the guard
 // kills it as hung) about 10 tokens in; every stream ends with [DONE], no
-// error event, one finish reason, and exactly the token ids of the same
-// request run uninterrupted; each non-streaming request gets one 200; 8
+// error event, one finish reason, and exactly the token ids and text of
+// the same request run uninterrupted; each non-streaming request gets one 200; 8
 // requests sent while vLLM reloads all get 200. The death's incident record
 // then accounts for every one of them, as the clients saw it.
 func TestNoClientSeesVLLMDie(t *testing.T) {
-	scenario(t, "a death under 8 streams and 4 requests through the proxy (SIGKILL, SIGSTOP of the EngineCore): every stream continues with the uninterrupted token ids, every request answered 200")
+	scenario(t, "a death under 16 streams (2 ids a chunk, half with stop strings) and 4 requests through the proxy (SIGKILL, SIGSTOP of the EngineCore): every stream continues with the uninterrupted token ids and text, every request answered 200")
 	for _, how := range []struct {
 		name  string
 		sig   syscall.Signal
 		cause string
 	}{{"SIGKILL", syscall.SIGKILL, "crash"}, {"SIGSTOP", syscall.SIGSTOP, "hang"}} {
 		t.Run(how.name, func(t *testing.T) {
-			s := newScene(t, tiny("tiny-llama", 2048, "--enforce-eager")...)
+			// Several ids a chunk (issue 40): every continuation starts
+			// where the ids given end on a whole character.
+			s := newScene(t, tiny("tiny-llama", 2048, "--enforce-eager", "--stream-interval", "2")...)
 			s.proxy = freePort(t)
 			s.extra = "\n[liveness]\ninterval = \"1s\"\nstuck_timeout = \"5s\"\n"
 			s.start()
@@ -167,15 +171,41 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 			base := fmt.Sprintf("http://127.0.0.1:%d", s.proxy)
 
 			// The reference: each stream's request run alone, uninterrupted.
-			const streams, whole, maxTokens = 8, 4, 64
+			// Half the streams have a stop string, taken from near the end
+			// of their answer: the proxy holds its text back and finds it
+			// after the cut.
+			const streams, whole, maxTokens = 16, 4, 64
 			want := make([][]int, streams)
-			for i := range streams {
+			wantText := make([]string, streams)
+			stops := make([]string, streams)
+			streamBody := func(i int) (string, map[string]any) {
 				path, body := resumeRequest(i, i%2 == 1, true, maxTokens)
+				if stops[i] != "" {
+					body["stop"] = []string{stops[i]}
+				}
+				return path, body
+			}
+			for i := range streams {
+				path, body := streamBody(i)
 				v := streamIDs(base+path, body, nil)
 				if v.err != nil || !v.done || v.errEv || len(v.ids) != maxTokens {
 					t.Fatalf("reference stream %d: %+v", i, v)
 				}
-				want[i] = v.ids
+				if i%4 >= 2 {
+					r := []rune(v.text)
+					stops[i] = "zz-no-such-text"
+					if len(r) > 12 {
+						stops[i] = string(r[len(r)-5 : len(r)-2])
+					}
+					path, body = streamBody(i)
+					if v = streamIDs(base+path, body, nil); v.err != nil || !v.done || v.errEv || len(v.ids) < 20 {
+						t.Logf("stream %d: stop %q comes too soon (%d ids); no stop string", i, stops[i], len(v.ids))
+						stops[i] = ""
+						path, body = streamBody(i)
+						v = streamIDs(base+path, body, nil)
+					}
+				}
+				want[i], wantText[i] = v.ids, v.text
 			}
 
 			// The load: the streams, and long non-streaming requests that
@@ -189,7 +219,7 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 			var wg sync.WaitGroup
 			for i := range streams {
 				wg.Go(func() {
-					path, body := resumeRequest(i, i%2 == 1, true, maxTokens)
+					path, body := streamBody(i)
 					got[i] = streamIDs(base+path, body, func(n int) {
 						mu.Lock()
 						defer mu.Unlock()
@@ -212,7 +242,7 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 			select {
 			case <-allTen:
 			case <-time.After(exitBound):
-				t.Fatal("the 8 streams did not all reach 10 tokens")
+				t.Fatalf("the %d streams did not all reach 10 tokens", streams)
 			}
 			core := s.byTitle("VLLM::EngineCore")
 			if core == 0 {
@@ -252,6 +282,9 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 				if !slices.Equal(v.ids, want[i]) {
 					t.Errorf("stream %d: token ids %v\nwant (uninterrupted)  %v", i, v.ids, want[i])
 				}
+				if v.text != wantText[i] {
+					t.Errorf("stream %d (stop %q): text %q\nwant (uninterrupted) %q", i, stops[i], v.text, wantText[i])
+				}
 			}
 			for i, v := range gotWhole {
 				if v.err != nil || v.status != 200 || len(v.ids) != 1500 {
@@ -262,8 +295,8 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 			// continued, and every long request replayed: the proxy says
 			// so (a stream already whole when the kill landed was not).
 			cut := 0
-			for _, n := range atKill {
-				if n < maxTokens {
+			for i, n := range atKill {
+				if n < len(want[i]) {
 					cut++
 				}
 			}

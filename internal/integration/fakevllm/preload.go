@@ -57,9 +57,7 @@ type preloadArgs struct {
 	HealthPort   int // -1: none
 	HealthHost   string
 	LoadFormat   string
-	GPUMemUtil   string
 	passthrough  []string
-	nonDefault   []string
 	modelFlagSet bool
 }
 

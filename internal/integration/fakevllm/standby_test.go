@@ -380,3 +380,33 @@ func TestIPCExtraConfig(t *testing.T) {
 		t.Errorf("formatGiB(15 GiB) = %q", got)
 	}
 }
+
+// The loader's extra config is JSON from the command line: any input is
+// a config or a ValueError-shaped refusal, never a panic.
+func FuzzIPCExtraConfig(f *testing.F) {
+	for _, s := range []string{"", "{}", `{"fallback": false, "state_timeout_s": 1}`, `{"mode": "copy"}`, `{"mode": 3}`, `[1]`, `{"x":`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		st, err := ipcExtraConfig(raw)
+		if err == nil && st.mode != "zero_copy" && st.mode != "copy" {
+			t.Fatalf("%q accepted with mode %q", raw, st.mode)
+		}
+		if err != nil && !strings.Contains(err.Error(), "Error: ") {
+			t.Fatalf("%q: refusal %q does not name its exception", raw, err)
+		}
+	})
+}
+
+// vllm preload's command line: parsed or refused as argparse does.
+func FuzzPreloadArgs(f *testing.F) {
+	f.Add("--model m -tp 2 --weight-cache-health-port 9000")
+	f.Add("--model=m --weight_cache_socket_dir /x --enforce-eager")
+	f.Add("--tensor-parallel-size 0")
+	f.Fuzz(func(t *testing.T, line string) {
+		p, err := parsePreloadArgs(strings.Fields(line))
+		if err == nil && p.TP < 1 {
+			t.Fatalf("%q parsed to %+v", line, p)
+		}
+	})
+}

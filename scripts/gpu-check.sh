@@ -18,6 +18,11 @@
 #     memory, as vLLM's EngineCore is), and shows that the memory is
 #     released before the guard's next start.
 #
+#  5. with a CUDA build of vLLM and a local model (GPU_CHECK_MODEL), the
+#     standby measurements of scripts/gpu-standby-check.sh: restarts with
+#     and without the weight cache daemon and the startup plan, sleep and
+#     wake, failover kill → first token (skipped, saying so, without them).
+#
 #   scripts/gpu-check.sh [DEVICE]        (default device 0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -205,4 +210,8 @@ kill -TERM "$GUARD_PID"
 wait "$GUARD_PID" || true
 GUARD_PID=""
 compare end
+
+echo
+echo "== standby: restarts, the weight cache daemon, sleep mode, failover (vLLM on the GPU)"
+scripts/gpu-standby-check.sh "$DEV"
 echo "gpu-check: done"

@@ -22,7 +22,37 @@ func TestCudallocCompiles(t *testing.T) {
 }
 
 func TestScriptParses(t *testing.T) {
-	if out, err := exec.Command("bash", "-n", "../gpu-check.sh").CombinedOutput(); err != nil {
-		t.Fatalf("bash -n: %v\n%s", err, out)
+	for _, s := range []string{"../gpu-check.sh", "../gpu-standby-check.sh"} {
+		if out, err := exec.Command("bash", "-n", s).CombinedOutput(); err != nil {
+			t.Fatalf("bash -n %s: %v\n%s", s, err, out)
+		}
+	}
+}
+
+// The standby measurements' dry run walks every step without a GPU: the
+// script's plumbing (its functions, the order of the runs) holds.
+func TestStandbyCheckDryRun(t *testing.T) {
+	cmd := exec.Command("bash", "../gpu-standby-check.sh")
+	cmd.Env = append(cmd.Environ(), "GPU_CHECK_DRY_RUN=1", "GPU_CHECK_MODEL=/models/tiny")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("dry run: %v\n%s", err, out)
+	}
+	for _, want := range []string{"vllm serve /models/tiny --port", "would run: vllm preload --model /models/tiny",
+		"--load-format ipc_cache", "--enable-sleep-mode", "would POST /sleep?level=2", "gpu-standby-check: done"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("dry run lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// Without a CUDA vLLM or a model it skips, saying so, and succeeds
+// (scripts/gpu-check.sh calls it last).
+func TestStandbyCheckSkipsWithoutModel(t *testing.T) {
+	cmd := exec.Command("bash", "../gpu-standby-check.sh")
+	cmd.Env = append(cmd.Environ(), "GPU_CHECK_MODEL=")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "skipped: set GPU_CHECK_MODEL") {
+		t.Fatalf("%v\n%s", err, out)
 	}
 }

@@ -86,6 +86,8 @@ type apiServer struct {
 	hung      atomic.Bool
 	health503 atomic.Bool
 	exiting   atomic.Bool
+
+	sleep *sleepState // sleep mode (sleep.go)
 }
 
 func runServe(argv []string) int {
@@ -119,6 +121,7 @@ func runServe(argv []string) int {
 		sched: newScheduler(args.MaxNumSeqs), sockFD: -1,
 		abortCh: make(chan struct{}), forceCh: make(chan struct{}), drainCutCh: make(chan struct{}),
 		task: args.poolingTask(), apiKeys: args.APIKeys,
+		sleep: newSleepState(),
 	}
 	if len(a.apiKeys) == 0 && env.APIKeyEnv != "" {
 		a.apiKeys = []string{env.APIKeyEnv}
@@ -187,6 +190,9 @@ func (a *apiServer) run() int {
 			return a.exit(1)
 		}
 		a.log.stderrLines(apiStartupTrace(framesConfig, "ValueError: "+err.Error())...)
+		return a.exit(1)
+	}
+	if a.args.EnableSleepMode && !a.sleepModeConfig() {
 		return a.exit(1)
 	}
 	if strings.HasPrefix(a.args.Model, "missing/") {
@@ -383,6 +389,8 @@ func (a *apiServer) readEngine(r io.ReadCloser, done chan<- struct{}) {
 			}
 		case "dead":
 			a.deathReason.Store(m.Fields["reason"])
+		case "slept", "woke":
+			a.sleep.reply <- m
 		case "mem":
 			if n, err := m.int("device_used"); err == nil {
 				a.deviceUsed.Store(n)

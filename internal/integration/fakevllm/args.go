@@ -40,6 +40,11 @@ type serveArgs struct {
 	ConfigFile          string
 	modelFlag           string
 
+	// Standby (issue 42): sleep.go and preload.go read them.
+	EnableSleepMode   bool   // --enable-sleep-mode
+	LoadFormat        string // --load-format ("" = auto)
+	LoaderExtraConfig string // --model-loader-extra-config, JSON as given
+
 	// Warnings are vLLM's warnings about the command line (a repeated
 	// flag, the deprecated --model), printed by the API process.
 	Warnings []string
@@ -71,6 +76,8 @@ const usageText = `usage: vllm serve [-h] [--config CONFIG] [--host HOST] [--por
                   [--uvicorn-log-level UVICORN_LOG_LEVEL]
                   [--disable-log-stats]
                   [--stream-interval STREAM_INTERVAL]
+                  [--enable-sleep-mode] [--load-format LOAD_FORMAT]
+                  [--model-loader-extra-config MODEL_LOADER_EXTRA_CONFIG]
                   [model_tag]
 `
 
@@ -115,6 +122,11 @@ options:
   --disable-log-stats   Disable logging statistics. (default: False)
   --stream-interval STREAM_INTERVAL
                         Output tokens per streamed chunk after the first (the first and the last chunk go at once). (default: 1)
+  --enable-sleep-mode   Enable sleep mode for the engine (only cuda and hip platforms are supported). (default: False)
+  --load-format LOAD_FORMAT
+                        The format of the model weights to load; "ipc_cache" maps them from a weight cache daemon (vllm preload). (default: auto)
+  --model-loader-extra-config MODEL_LOADER_EXTRA_CONFIG
+                        Extra config for the model loader, JSON (ipc_cache: socket_path, socket_dir, mode, fallback, connect_timeout_s, state_timeout_s). (default: {})
 `
 
 // flagKind says how a flag takes its value.
@@ -153,6 +165,9 @@ var knownFlags = map[string]flagKind{
 	"--enable-log-requests":        kindBool,
 	"--config":                     kindString,
 	"--dtype":                      kindString, // accepted, not simulated (the tests serve real tiny models as float32)
+	"--enable-sleep-mode":          kindBool,
+	"--load-format":                kindString,
+	"--model-loader-extra-config":  kindString,
 }
 
 // shortFlags are argparse aliases.
@@ -391,6 +406,8 @@ func (a *serveArgs) setBool(name string) {
 		a.DisableLogStats = true
 	case "--enable-log-requests":
 		a.EnableLogRequests = true
+	case "--enable-sleep-mode":
+		a.EnableSleepMode = true
 	}
 }
 
@@ -488,6 +505,10 @@ func (a *serveArgs) setFlag(name string, kind flagKind, value string) error {
 			if !slices.Contains([]string{"auto", "half", "float16", "bfloat16", "float", "float32"}, value) {
 				return &argError{msg: fmt.Sprintf("argument --dtype: invalid choice: '%s' (choose from auto, half, float16, bfloat16, float, float32)", value)}
 			}
+		case "--load-format":
+			a.LoadFormat = value
+		case "--model-loader-extra-config":
+			a.LoaderExtraConfig = value
 		case "--config":
 			// Expanded before parsing; only reached for a --config that
 			// came out of a config file, which vLLM does not follow.
@@ -734,6 +755,12 @@ func (a *serveArgs) nonDefaultArgs() string {
 	if a.set["--tensor-parallel-size"] {
 		add("tensor_parallel_size", strconv.Itoa(a.TensorParallel))
 	}
+	if a.set["--load-format"] {
+		add("load_format", pyStr(a.LoadFormat))
+	}
+	if a.EnableSleepMode {
+		add("enable_sleep_mode", "True")
+	}
 	add("gpu_memory_utilization", pyFloat(a.GPUMemUtil))
 	if a.set["--kv-cache-memory-bytes"] {
 		add("kv_cache_memory_bytes", strconv.FormatInt(a.KVCacheMemoryBytes, 10))
@@ -796,6 +823,15 @@ func (a *serveArgs) argv() []string {
 	}
 	if a.set["--kv-cache-memory-bytes"] {
 		out = append(out, "--kv-cache-memory-bytes="+strconv.FormatInt(a.KVCacheMemoryBytes, 10))
+	}
+	if a.EnableSleepMode {
+		out = append(out, "--enable-sleep-mode")
+	}
+	if a.LoadFormat != "" {
+		out = append(out, "--load-format="+a.LoadFormat)
+	}
+	if a.LoaderExtraConfig != "" {
+		out = append(out, "--model-loader-extra-config="+a.LoaderExtraConfig)
 	}
 	return out
 }

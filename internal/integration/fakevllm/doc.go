@@ -27,6 +27,26 @@
 //	    [--enforce-eager] [--max-num-batched-tokens N] [--kv-cache-memory-bytes N]
 //	    [--shutdown-timeout S] [--disable-uvicorn-access-log]
 //	    [--uvicorn-log-level L] [--disable-log-stats]
+//	    [--enable-sleep-mode] [--load-format F] [--model-loader-extra-config JSON]
+//	fakevllm preload [--model M] [-tp N] [--weight-cache-socket-dir D]
+//	    [--weight-cache-health-port P] [--weight-cache-health-host H] ...
+//
+// Sleep mode (sleep.go), `vllm preload` and --load-format ipc_cache
+// (preload.go, ipccache.go), the startup plan (startupplan.go) and the
+// weights' progress bar (progress.go) follow vLLM 0.32.0 as
+// docs/standby-facts.md records it: the dev routes /sleep, /wake_up and
+// /is_sleeping with VLLM_SERVER_DEV_MODE=1 only; level 1 and 2 give back
+// all but FAKEVLLM_SLEEP_RESIDUAL_MIB of the engine's memory (with
+// --enable-sleep-mode; without it nothing), requests wait until the wake,
+// which takes FAKEVLLM_WAKE; vllm:engine_sleep_state and the sleep
+// operation metrics; the weight cache daemon as a launcher and one
+// re-executed daemon per rank holding the weights in the stand-in NVML,
+// its socket and /health; an ipc_cache engine that maps them (no disk
+// load, the daemon's memory inside its budget) or falls back to the disk
+// with vLLM's warning; VLLM_ENABLE_STARTUP_PLAN=1 saving the profiled KV
+// cache size under VLLM_CACHE_ROOT and skipping the profiling at the next
+// boot; FAKEVLLM_DEVICE=cpu refusing --enable-sleep-mode, ipc_cache and
+// preload with the CPU build's messages.
 //
 // Both "--flag value" and "--flag=value" work, underscores in flag names
 // are dashes (vLLM's FlexibleArgumentParser), an unambiguous prefix is
@@ -185,6 +205,7 @@
 //	                          model M" (0.32 prints an ASCII logo instead),
 //	                          "Supported tasks:", "Starting vLLM server on ...", no --task)
 //	FAKEVLLM_LOAD_WEIGHTS     weights phase (default 300ms); shard bars on stderr
+//	                          (v1 era: vLLM 0.32.0's bytes, progress.go)
 //	FAKEVLLM_COMPILE          torch.compile phase (default 100ms)
 //	FAKEVLLM_SILENT_COMPILE   1: print nothing during compile (stall tests)
 //	FAKEVLLM_KV_PROFILE       KV cache profiling phase (default 50ms)
@@ -242,6 +263,17 @@
 //	FAKEVLLM_BIND_GATE        PATH: bind the port only once PATH exists (vLLM's
 //	                          seconds of imports before its bind)
 //	VLLM_API_KEY              the API key when --api-key is not given (vLLM's)
+//	FAKEVLLM_DEVICE           cuda (default) or cpu: the CPU build's refusals of
+//	                          sleep mode, ipc_cache and preload
+//	VLLM_SERVER_DEV_MODE      1: the dev routes (/sleep, /wake_up, /is_sleeping)
+//	FAKEVLLM_WAKE             a wake from sleep (default: level 1 the weights at
+//	                          20 GiB/s, level 2 10ms)
+//	FAKEVLLM_SLEEP_RESIDUAL_MIB  what a sleeping engine keeps on the GPU (default 512)
+//	FAKEVLLM_IPC_MAP          mapping the weights from the daemon (default 100ms)
+//	VLLM_ENABLE_STARTUP_PLAN  1: save and apply the startup plan (GPU only)
+//	VLLM_CACHE_ROOT           where the plan goes (default $XDG_CACHE_HOME/vllm,
+//	                          ~/.cache/vllm)
+//	TMPDIR                    the weight cache daemon's socket folder's parent
 //
 // A malformed value exits 2 with a message naming the variable.
 //

@@ -51,6 +51,9 @@ type engine struct {
 	used          int64
 	lastMem       string
 	started       time.Time
+	sleep         engineSleep // sleep mode (sleep.go); only the serve loop touches it
+	ipc           ipcState    // --load-format ipc_cache (ipccache.go)
+	savePlan      func()      // the startup plan to save after the graphs (startupplan.go)
 }
 
 func runEngine(argv []string) int {
@@ -135,6 +138,9 @@ func (e *engine) run() int {
 		TokenCost: e.env.TokenCost, LeakPerSec: e.env.LeakPerSec, MaxNumSeqs: e.args.MaxNumSeqs,
 		BytesPerKV: e.env.KVBytesPerTok,
 	}
+	if e.args.LoadFormat == "ipc_cache" {
+		e.ipcInit()
+	}
 	e.checkFreeMemory()
 	e.loadWeights()
 	if e.faults.has(fHangLoading) {
@@ -147,6 +153,9 @@ func (e *engine) run() int {
 	e.compile()
 	kvTokens := e.profileKV()
 	e.captureGraphs()
+	if e.savePlan != nil {
+		e.savePlan()
+	}
 	e.log.info(e.src("core.py:214", "llm_engine.py:459"), "init engine (profile, create kv cache, warmup model) took %.2f seconds", time.Since(e.started).Seconds())
 	e.send(formatMsg("loaded", "kv_tokens", kvTokens, "max_model_len", e.maxLen))
 	e.loaded.Store(true)
@@ -193,6 +202,11 @@ func (e *engine) checkFreeMemoryOn(r rank) {
 	others := e.othersUsedOn(r)
 	free := r.gpu.dev.Total - r.gpu.dev.Reserved - others
 	want := int64(e.args.GPUMemUtil * float64(r.gpu.dev.Total))
+	if e.mm.External > 0 {
+		// The daemon's weights are part of the budget (ipccache.go).
+		e.checkFreeMemoryExternal(free, want)
+		return
+	}
 	if free >= want {
 		return
 	}
@@ -221,6 +235,9 @@ func (e *engine) loadWeights() {
 	if e.env.Era != eraV0 {
 		e.log.info("gpu_model_runner.py:1985", "Loading model from scratch...")
 	}
+	if e.ipc.on && e.ipcLoad() {
+		return
+	}
 	if e.env.DownloadFor > 0 {
 		e.download()
 	}
@@ -233,7 +250,7 @@ func (e *engine) loadWeights() {
 	shards := int((e.mm.Weights + 5*gib - 1) / (5 * gib))
 	shards = max(1, min(shards, 64))
 	start := time.Now()
-	e.log.bar(shardsBar(0, shards, 0), false)
+	bar := e.log.shards(shards)
 	d := e.env.LoadWeights
 	steps := shards
 	if e.faults.has(fCrashOnStart) {
@@ -241,18 +258,25 @@ func (e *engine) loadWeights() {
 	}
 	shown := 0
 	runPhase(d, steps, e.env.ProgressEvery, func(step int) {
-		if step > 0 {
+		switch {
+		case step < 0:
+			bar.idle(shown)
+		case step > 0:
 			shown = step
+			if shown < shards {
+				bar.step(shown)
+			}
 		}
-		e.log.bar(shardsBar(shown, shards, time.Since(start)), shown == shards)
 	})
 	if e.faults.has(fCrashOnStart) {
 		e.env.fired()
-		if shown != shards {
-			e.log.bar(shardsBar(shown, shards, time.Since(start)), true)
-		}
+		bar.close(shown)
 		e.startupFailure(engineStartupTrace(e.env.Era, framesLoadModel, "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"))
 	}
+	if e.env.Era == eraV1Plain {
+		bar.step(shards)
+	}
+	bar.close(shards)
 	took := time.Since(start)
 	if e.env.Era == eraV0 {
 		e.log.info("model_runner.py:1067", "Loading model weights took %.4f GB", float64(e.mm.Weights)/float64(gib))
@@ -280,12 +304,20 @@ func (e *engine) compile() {
 // profileKV sizes the KV cache and fails the way vLLM does when it cannot.
 func (e *engine) profileKV() int64 {
 	start := time.Now()
-	runPhase(e.env.KVProfile, 0, e.env.ProgressEvery, func(step int) {
-		if step < 0 {
-			e.log.info(e.src("gpu_worker.py:263", "worker.py:262"), "Profiling memory usage: %.1f s elapsed", time.Since(start).Seconds())
-		}
-	})
+	free := e.freeAtInit()
+	planned := e.env.Era == eraV1Plain && e.applyStartupPlan(free)
+	if !planned {
+		runPhase(e.env.KVProfile, 0, e.env.ProgressEvery, func(step int) {
+			if step < 0 {
+				e.log.info(e.src("gpu_worker.py:263", "worker.py:262"), "Profiling memory usage: %.1f s elapsed", time.Since(start).Seconds())
+			}
+		})
+	}
 	avail := e.mm.kvAvailable()
+	if !planned && e.env.Era == eraV1Plain && e.env.StartupPlan {
+		// vLLM saves it after the graph capture (compile_or_warm_up_model).
+		e.savePlan = func() { e.saveStartupPlan(free, avail) }
+	}
 	if e.args.MaxModelLenAuto {
 		e.autoFit(avail)
 	}
@@ -293,7 +325,7 @@ func (e *engine) profileKV() int64 {
 		e.log.info("worker.py:232", "Memory profiling takes %.2f seconds\nthe current vLLM instance can use total_gpu_memory (%sGiB) x gpu_memory_utilization (%.2f) = %sGiB\nmodel weights take %sGiB; non_torch_memory takes 0.19GiB; PyTorch activation peak memory takes %sGiB; the rest of the memory reserved for KV Cache is %sGiB.",
 			time.Since(start).Seconds(), gibStr(e.mm.Total), e.args.GPUMemUtil, gibStr(e.mm.requested()), gibStr(e.mm.Weights),
 			gibStr(int64(e.args.MaxNumSeqs)*e.mm.SeqCost), gibStr(avail))
-	} else {
+	} else if !planned {
 		e.log.info("gpu_worker.py:276", "Available KV cache memory: %s GiB", gibStr(avail))
 	}
 	if avail <= 0 {
@@ -311,7 +343,7 @@ func (e *engine) profileKV() int64 {
 		}
 		e.startupFailure(engineStartupTrace(e.env.Era, framesKVCache, exc))
 	}
-	e.allocStartup(e.mm.budget())
+	e.allocStartup(e.mm.budget() - e.mm.External)
 	if e.env.Era == eraV0 {
 		e.log.info("executor_base.py:110", "# GPU blocks: %d, # CPU blocks: %d", tokens/16, 4*gib/(16*e.mm.BytesPerKV))
 		e.log.info("executor_base.py:115", "Maximum concurrency for %d tokens per request: %.2fx", e.maxLen, float64(tokens)/float64(e.maxLen))
@@ -442,6 +474,10 @@ func (e *engine) serve(fromAPI <-chan msg) {
 				// to the EngineCore, which logs it and keeps stepping.
 				e.log.info("core.py:1454", "[shutdown] EngineCore: trigger received signal=%s", m.Fields["signal"])
 				e.drainShutdown.Store(true)
+			case "sleep":
+				e.sleepNow(m)
+			case "wake":
+				e.wakeNow(m)
 			case "load":
 				r, err1 := m.int("running")
 				p, err2 := m.int("prompt_tokens")
@@ -474,6 +510,10 @@ func (e *engine) serve(fromAPI <-chan msg) {
 // step recomputes the engine's memory, publishes it, and dies of OOM when
 // the device would exceed its total.
 func (e *engine) step(running, prompt int, since time.Duration) {
+	if e.sleep.level > 0 {
+		return // asleep: the pool's memory is given back, nothing runs
+	}
+	e.watchDaemon()
 	want := e.mm.serving(running, prompt, since)
 	e.usedMu.Lock()
 	cur := e.used

@@ -70,6 +70,16 @@ type simEnv struct {
 	ListenGate   string        // FAKEVLLM_LISTEN_GATE: listen only once this file exists
 	BindGate     string        // FAKEVLLM_BIND_GATE: bind the port only once this file exists (vLLM's imports)
 	APIKeyEnv    string        // VLLM_API_KEY
+
+	// Standby (issue 42; sleep.go, preload.go, startupplan.go).
+	Device        string        // FAKEVLLM_DEVICE: "cuda" (default) or "cpu" (the CPU build's refusals)
+	DevMode       bool          // VLLM_SERVER_DEV_MODE=1: the dev routes (/sleep, /wake_up, /is_sleeping)
+	Wake          time.Duration // FAKEVLLM_WAKE: wake_up from level 1 (0: the weights at 20 GiB/s)
+	SleepResidual int64         // FAKEVLLM_SLEEP_RESIDUAL_MIB: what a sleeping engine keeps on the GPU
+	IPCMap        time.Duration // FAKEVLLM_IPC_MAP: mapping the weights from the weight cache daemon
+	StartupPlan   bool          // VLLM_ENABLE_STARTUP_PLAN=1
+	CacheRoot     string        // VLLM_CACHE_ROOT (default $XDG_CACHE_HOME/vllm, ~/.cache/vllm)
+	TempDir       string        // TMPDIR (default /tmp): the weight cache daemon's socket folder's parent
 }
 
 // loadEnv reads the environment through lookup (os.LookupEnv in the
@@ -194,6 +204,24 @@ func loadEnv(lookup func(string) (string, bool)) (*simEnv, error) {
 	e.ListenGate = get("FAKEVLLM_LISTEN_GATE")
 	e.BindGate = get("FAKEVLLM_BIND_GATE")
 	e.APIKeyEnv = get("VLLM_API_KEY")
+	switch v := strings.TrimSpace(get("FAKEVLLM_DEVICE")); v {
+	case "", "cuda":
+		e.Device = "cuda"
+	case "cpu":
+		e.Device = "cpu"
+	default:
+		errs = append(errs, fmt.Sprintf("FAKEVLLM_DEVICE=%q is not cuda or cpu", v))
+	}
+	e.DevMode = pyIntFlag(get("VLLM_SERVER_DEV_MODE"), "VLLM_SERVER_DEV_MODE", &errs)
+	e.StartupPlan = pyIntFlag(get("VLLM_ENABLE_STARTUP_PLAN"), "VLLM_ENABLE_STARTUP_PLAN", &errs)
+	e.Wake = dur("FAKEVLLM_WAKE", 0)
+	e.SleepResidual = size("FAKEVLLM_SLEEP_RESIDUAL_MIB", 512, mib)
+	e.IPCMap = dur("FAKEVLLM_IPC_MAP", 100*time.Millisecond)
+	e.CacheRoot = vllmCacheRoot(get)
+	e.TempDir = get("TMPDIR")
+	if e.TempDir == "" {
+		e.TempDir = "/tmp"
+	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("fakevllm: bad environment: %s; fix the variable or unset it to use the default", strings.Join(errs, "; "))
 	}

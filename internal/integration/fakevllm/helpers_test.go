@@ -79,7 +79,13 @@ func merge(ms ...map[string]string) map[string]string {
 // Cleanup kills the whole group and waits for the output readers.
 func startSim(t *testing.T, env map[string]string, args ...string) *simProc {
 	t.Helper()
-	cmd := exec.Command(simBin(t), append([]string{"serve"}, args...)...)
+	return startSub(t, env, "serve", args...)
+}
+
+// startSub runs `fakevllm SUB ARGS` as startSim runs serve.
+func startSub(t *testing.T, env map[string]string, sub string, args ...string) *simProc {
+	t.Helper()
+	cmd := exec.Command(simBin(t), append([]string{sub}, args...)...)
 	for _, kv := range os.Environ() {
 		if strings.HasPrefix(kv, "FAKEVLLM_") || strings.HasPrefix(kv, "FAKENVML_") || strings.HasPrefix(kv, "CUDA_VISIBLE_DEVICES=") {
 			continue

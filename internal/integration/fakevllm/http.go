@@ -154,7 +154,7 @@ func (a *apiServer) routes() []route {
 	default:
 		rs = append(rs, route{"/pooling", "POST"})
 	}
-	return rs
+	return append(rs, a.sleepRoutes()...)
 }
 
 func (a *apiServer) handler() http.Handler {
@@ -165,6 +165,7 @@ func (a *apiServer) handler() http.Handler {
 	mux.HandleFunc("/metrics", a.handleMetrics)
 	mux.HandleFunc("/tokenize", a.handleTokenize)
 	mux.HandleFunc("/detokenize", a.handleDetokenize)
+	a.registerSleepRoutes(mux)
 	engineRoute := map[string]bool{"/tokenize": true, "/detokenize": true}
 	for _, r := range a.routes() {
 		if r.methods == "POST" {
@@ -533,6 +534,9 @@ func (a *apiServer) maxTokens(req *completionRequest, chat bool, prompt int) (n 
 // must stop: the client left or the engine died. Under hang_after it never
 // returns.
 func (a *apiServer) nextToken(r *http.Request) bool {
+	if !a.holdWhileAsleep(r) {
+		return false
+	}
 	if a.hung.Load() {
 		a.blockIfHung(r)
 	}
@@ -891,6 +895,7 @@ func (a *apiServer) handleMetrics(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(&b, "%s_bucket%s,le=\"+Inf\"} %s\n", name, inner, pyFloat(float64(count)))
 		fmt.Fprintf(&b, "%s_count%s %s\n%s_sum%s %s\n", name, labels, pyFloat(float64(count)), name, labels, pyFloat(float64(sum)))
 	}
+	a.sleepMetrics(&b, labels)
 	fmt.Fprintf(&b, "# HELP fakevllm_gpu_used_bytes Simulator truth: memory used on the device (reserved + every live process), as NVML reports it.\n# TYPE fakevllm_gpu_used_bytes gauge\nfakevllm_gpu_used_bytes %d\n", a.deviceUsed.Load())
 	fmt.Fprintf(&b, "# HELP fakevllm_true_seq_cost_bytes Simulator truth: activation memory of one running sequence.\n# TYPE fakevllm_true_seq_cost_bytes gauge\nfakevllm_true_seq_cost_bytes %d\n", a.env.SeqCost)
 	fmt.Fprintf(&b, "# HELP fakevllm_true_safe_max_num_seqs Simulator truth: the largest max_num_seqs whose full-batch peak fits the device now.\n# TYPE fakevllm_true_safe_max_num_seqs gauge\nfakevllm_true_safe_max_num_seqs %d\n", a.safeSeqs.Load())

@@ -164,21 +164,6 @@ func tqdmBar(desc string, n, total int, elapsed time.Duration) string {
 	return fmt.Sprintf("%s: %3d%%|%s| %d/%d [%s<%s, %sit/s]", desc, pct, bar, n, total, clock(elapsed), remaining, rate)
 }
 
-// shardsBar renders vLLM's safetensors loading bar, which says "Completed".
-func shardsBar(n, total int, elapsed time.Duration) string {
-	pct := 0
-	if total > 0 {
-		pct = n * 100 / total
-	}
-	rate := "?"
-	remaining := "?"
-	if n > 0 && elapsed > 0 {
-		rate = fmt.Sprintf("%5.2f", float64(n)/elapsed.Seconds())
-		remaining = clock(elapsed / time.Duration(n) * time.Duration(total-n))
-	}
-	return fmt.Sprintf("Loading safetensors checkpoint shards: %3d%% Completed | %d/%d [%s<%s, %sit/s]", pct, n, total, clock(elapsed), remaining, rate)
-}
-
 func clock(d time.Duration) string {
 	s := int(d.Seconds())
 	return fmt.Sprintf("%02d:%02d", s/60, s%60)

@@ -29,6 +29,10 @@ func run(argv []string) int {
 		return runWorker(argv[2:])
 	case grandchildArg:
 		return runGrandchild(argv[2:])
+	case "preload":
+		return runPreload(argv[2:])
+	case daemonArg:
+		return runWeightCacheDaemon(argv[2:])
 	case "--version", "-v":
 		fmt.Println(versionOf(eraV1ANSI))
 		return 0

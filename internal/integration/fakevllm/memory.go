@@ -15,6 +15,10 @@ type memModel struct {
 	LeakPerSec int64
 	MaxNumSeqs int
 	BytesPerKV int64
+	// External is the weights another process holds (a weight cache
+	// daemon, --load-format ipc_cache in zero-copy mode): part of the
+	// budget, not of this process's own memory.
+	External int64
 }
 
 // budget is what the engine holds once the KV cache is allocated.
@@ -48,7 +52,7 @@ func (m memModel) kvTokens() int64 {
 // serving is the engine's memory while serving.
 func (m memModel) serving(running, promptTokens int, sinceReady time.Duration) int64 {
 	leak := int64(float64(m.LeakPerSec) * sinceReady.Seconds())
-	return m.budget() + int64(running)*m.SeqCost + int64(promptTokens)*m.TokenCost + leak
+	return m.budget() - m.External + int64(running)*m.SeqCost + int64(promptTokens)*m.TokenCost + leak
 }
 
 // safeMaxNumSeqs is the largest max_num_seqs whose peak (every slot

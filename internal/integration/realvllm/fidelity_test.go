@@ -147,7 +147,8 @@ func observe(s *server, key, name string) map[string]string {
 	obs["GET /v1/no-such-route"] = code(get(s.url("/v1/no-such-route"), key))
 	m, err := metrics(s.url("/metrics"))
 	for _, series := range []string{"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-		"vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total"} {
+		"vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
+		"vllm:engine_sleep_state"} {
 		_, ok := m[series]
 		obs["/metrics has "+series] = fmt.Sprint(err == nil && ok)
 	}

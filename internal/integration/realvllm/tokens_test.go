@@ -229,7 +229,8 @@ func observeTokens(s *server, key, name string) map[string]string {
 	}
 	if len(c.prompt) > 0 && len(c.ids) == 12 {
 		// Every cut: the ids always continue; the text too when the cut
-		// follows a chunk that carried text; else the continuation's text,
+		// follows a chunk that carried text and ends on a whole character;
+		// else the continuation's text,
 		// if any, starts with the whole prompt's (vLLM's DecodeStream).
 		chunkText := func(ev map[string]any) string {
 			t, _ := choice(ev)["text"].(string)
@@ -258,7 +259,13 @@ func observeTokens(s *server, key, name string) map[string]string {
 			for _, ev := range cont.evs {
 				contText += chunkText(ev)
 			}
-			carried := chunkText(c.evs[j]) != ""
+			// Whether the ids so far end on a whole character: vLLM's
+			// detokenizer holds text back while it ends in U+FFFD. A chunk
+			// with text can still end mid-character when a loaded server
+			// merged ids into it (docs/resume-facts.md).
+			var so struct{ Prompt string }
+			_ = json.Unmarshal([]byte(post(s.url("/detokenize"), key, map[string]any{"model": name, "tokens": c.ids[:k]}).body), &so)
+			carried := chunkText(c.evs[j]) != "" && !strings.HasSuffix(so.Prompt, "\ufffd")
 			idsOK = idsOK && slices.Equal(cont.ids, c.ids[k:])
 			startsWithPrompt := detok.Prompt != "" && strings.HasPrefix(contText, detok.Prompt)
 			glitch = glitch || !carried && startsWithPrompt

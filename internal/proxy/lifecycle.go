@@ -77,14 +77,26 @@ func (p *Proxy) live(st *reqState, c course) {
 
 // afterCut is the one place that decides what a cut means: hold, then send
 // again, pass vLLM's answer on, or refuse a suspect; false: it ended.
+//
+// A death counts against the request as soon as it can be told from a
+// planned restart: at the cut when the guard has not seen vLLM go yet (the
+// suspect is refused then, and named in that death's record) or has
+// claimed it as a death; else after the hold. A count the hold shows
+// wrong (the guard never saw vLLM go, or it was no death) is taken back.
 func (p *Proxy) afterCut(st *reqState, c course, ct cut, first time.Time) bool {
 	gen0, ready0 := p.lim.generation()
+	loss := gen0
+	if ready0 {
+		loss++
+	}
 	p.touched(st, st.kind())
-	if !ready0 && !p.countDeath(st, gen0, ct) {
-		// The guard has seen this death already: a suspect is refused
-		// at once, not after vLLM is back.
-		c.refuse(p.suspect(c.named(), st))
-		return false
+	counted := false
+	if !ct.planned && (ready0 || p.diedAt(loss)) {
+		var ok bool
+		if counted, ok = p.countDeath(st, loss, ct.progress); !ok {
+			c.refuse(p.suspect(c.named(), st))
+			return false
+		}
 	}
 	if c.hold(ct) != nil {
 		return false
@@ -93,48 +105,53 @@ func (p *Proxy) afterCut(st *reqState, c course, ct cut, first time.Time) bool {
 		// The guard never saw vLLM go: not a death, and not held
 		// against the request.
 		p.untouched(st)
-		_, _, limit, _ := p.outlook()
-		switch {
-		case ct.engine && !ct.delivered && time.Since(first) <= limit:
-			// vLLM says its engine is gone; the guard has yet to see it.
-		case !ct.delivered && !ct.vllmErr && st.unnoticed == 0:
-			// A connection vLLM closed before any answer (as it was
-			// reused): sent again, once.
-			st.unnoticed++
-		default:
-			c.endAlive(ct)
+		if counted {
+			st.deaths--
+		}
+		return p.unnoticed(st, c, ct, first)
+	}
+	switch died := p.diedAt(loss); {
+	case counted && !died:
+		st.deaths-- // a planned restart after all
+	case !counted && !ct.planned && died:
+		if _, ok := p.countDeath(st, loss, ct.progress); !ok {
+			c.refuse(p.suspect(c.named(), st))
 			return false
 		}
-		return c.again()
 	}
-	loss := gen0
-	if ready0 {
-		loss++
-	}
-	if !p.countDeath(st, loss, ct) {
-		c.refuse(p.suspect(c.named(), st))
+	return c.again()
+}
+
+// unnoticed decides for a cut the guard never saw as vLLM going: vLLM
+// saying its engine is gone is believed until the hold limit; a close
+// before any answer is sent again once; else vLLM's answer is the
+// request's.
+func (p *Proxy) unnoticed(st *reqState, c course, ct cut, first time.Time) bool {
+	_, _, limit, _ := p.outlook()
+	switch {
+	case ct.engine && !ct.delivered && time.Since(first) <= limit:
+	case !ct.delivered && !ct.vllmErr && st.unnoticed == 0:
+		st.unnoticed++
+	default:
+		c.endAlive(ct)
 		return false
 	}
 	return c.again()
 }
 
-// countDeath counts the loss of readiness loss against st when it was a
-// death it could have caused (the guard claimed it as a death, and vLLM did
-// not abort it for a planned restart); false: st is at [proxy]
-// resume_limit such deaths. A loss counts once however often it is asked
-// (before the hold when the guard has seen it, after it else).
-func (p *Proxy) countDeath(st *reqState, loss uint64, ct cut) bool {
-	if ct.planned || !p.diedAt(loss) {
-		return true
-	}
-	if ct.progress {
-		// A continuation made progress: the deaths before it were not
-		// this request's doing.
+// countDeath counts the loss of readiness loss against st (once however
+// often it is asked); added: this call counted it; ok false: st is at
+// [proxy] resume_limit deaths. A continuation that made progress since the
+// last send clears the deaths before it: they were not this request's
+// doing.
+func (p *Proxy) countDeath(st *reqState, loss uint64, progress bool) (added, ok bool) {
+	if progress {
 		st.deaths = 0
 	}
 	if st.deaths == 0 || loss != st.deathGen {
 		st.deaths++
 		st.deathGen = loss
+		added = true
 	}
-	return st.deaths < max(p.cfg.ResumeLimit, 1)
+	return added, st.deaths < max(p.cfg.ResumeLimit, 1)
 }

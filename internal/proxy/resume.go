@@ -9,9 +9,11 @@
 //	               → continuing → streaming → … → done
 //	             or refused (the clean error event: not continued, and why)
 //
-// One loop (run) moves it between them — a death before vLLM's first
-// byte, after it, a drain, an engine error are all cuts of this loop (the
-// transport under it only waits out a refused connection) — and one send
+// The one forward loop every inference request lives in (lifecycle.go,
+// which decides hold, send again, pass on or suspect) moves it between
+// them — a death before vLLM's first byte, after it, a drain, an engine
+// error are all cuts of this loop (the transport under it only waits out a
+// refused connection) — and one send
 // serves the first request, a replay (nothing generated had reached the
 // client: the same request again) and a continuation (a /v1/completions request whose prompt
 // is the prompt's token ids and the ids the client was given). What the

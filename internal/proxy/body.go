@@ -275,7 +275,6 @@ func expectsContinue(r *http.Request) bool {
 	return r.ContentLength > 0 && strings.EqualFold(r.Header.Get("Expect"), "100-continue")
 }
 
-
 // minRateDeadline: after start, expectGrace and then expectMinRate: the
 // deadline for the next read when read bytes have arrived, allowing for the
 // next piece (up to bodyChunkMax).

@@ -199,6 +199,10 @@ func (s *resumer) send() (cut, bool) {
 	case s.notResumed != "":
 		s.refuseStream(s.notResumed)
 		return cut{}, false
+	case s.led.splitForSure(s.plan.greedy, s.plan.wantIDs):
+		// Refused now, not after the hold: vLLM could not change it.
+		s.refuseStream(nrSplitChar)
+		return cut{}, false
 	}
 	c := cut{why: why, planned: s.planned, engine: s.engine, vllmErr: s.vllmErr != nil,
 		delivered: len(s.led.ids) > 0 || s.led.chunks > 0 || s.led.regenerating() || s.continuing,

@@ -162,6 +162,8 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 	if cfg.Proxy.Listen != "" {
 		g.gate.EnableMemory(store, pst.CostSamples)
 		g.proxy = proxy.New(cfg.Proxy, g.gate, g.met.Registry(), log.Named("proxy"))
+		// Clients' keys and prompts reach vLLM's own listener only.
+		g.proxy.DialThrough(sup.DialVLLM)
 		g.gate.Attach(g.proxy)
 		// A request refused another send after resume_limit deaths is
 		// named in the record of the death.

@@ -95,6 +95,16 @@ func clientOf(remoteAddr string) netip.Prefix {
 	return p
 }
 
+// bodyClient is whose share of the budget r's body counts against: the
+// client a trusted peer forwards (forwardedClient, as for the share of
+// requests in progress), else the peer's address.
+func (p *Proxy) bodyClient(r *http.Request) netip.Prefix {
+	if p.trustedPeer(r.RemoteAddr) {
+		return p.forwardedClient(r)
+	}
+	return clientOf(r.RemoteAddr)
+}
+
 func (b *bodyBudget) inUse() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -154,7 +164,7 @@ var errClientBudget = errors.New("buffered request bodies of one client at [prox
 // ok is false when it answered the request itself (too large, too slow,
 // no room) or the client left; the caller releases body once done with it.
 func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, sc *promptScanner, deadline func(read int64) time.Time) (body *bufferedBody, ok bool) {
-	body = &bufferedBody{budget: p.budget, client: clientOf(r.RemoteAddr)}
+	body = &bufferedBody{budget: p.budget, client: p.bodyClient(r)}
 	if r.Body == nil || r.Body == http.NoBody {
 		return body, true
 	}
@@ -264,9 +274,6 @@ func (p *Proxy) clientBufferFull(w http.ResponseWriter) {
 func expectsContinue(r *http.Request) bool {
 	return r.ContentLength > 0 && strings.EqualFold(r.Header.Get("Expect"), "100-continue")
 }
-
-// fixedDeadline: the whole body by t.
-func fixedDeadline(t time.Time) func(int64) time.Time { return func(int64) time.Time { return t } }
 
 // minRateDeadline: after start, expectGrace and then expectMinRate: the
 // deadline for the next read when read bytes have arrived, allowing for the

@@ -6,7 +6,7 @@
 //
 // A death is known to the proxy by the loss of readiness it belongs to (the
 // limiter's generation; a cut seen while the guard still calls vLLM ready
-// belongs to the loss to come, as noteDeath counts it). Requests touched
+// belongs to the loss to come, as countDeath counts it). Requests touched
 // then join that loss's account; the guard claims it as a death (Died) when
 // it records the failure. A loss nobody claims (a planned restart's drain,
 // the first load) is forgotten once vLLM is ready again.

@@ -221,3 +221,49 @@ func TestClientOf(t *testing.T) {
 		}
 	}
 }
+
+// Issue 40 item 4: behind a peer in trusted_proxies a body counts against
+// the share of the client that peer forwards, as its requests in progress
+// do: a stalled client of the balancer holds only its own share, and
+// another client behind the same balancer still sends.
+func TestBodyShareFollowsTheForwardedClient(t *testing.T) {
+	cfg := proxyConfig()
+	cfg.MaxBodyBytes, cfg.MaxBufferedBytes = 1<<20, 4<<20 // a share of 1 MiB
+	cfg.TrustedProxies = []string{"127.0.0.1/32"}
+	r := newRig(t, cfg, 8, func(w http.ResponseWriter, req *http.Request) {
+		n, _ := io.Copy(io.Discard, req.Body)
+		fmt.Fprint(w, n)
+	})
+	post := func(xff, body string) (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, r.front.URL+"/v1/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Forwarded-For", xff)
+		resp, err := r.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	small := `{"prompt": "` + strings.Repeat("a", 64<<10) + `"}`
+
+	// The balancer's client 203.0.113.7 sends all of a 1 MiB body but its
+	// last bytes, and stalls.
+	stall, err := net.Dial("tcp", r.front.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stall.Close()
+	fmt.Fprintf(stall, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 203.0.113.7\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", 1<<20)
+	if _, err := stall.Write([]byte(`{"prompt": "` + strings.Repeat("a", 1<<20-100))); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "the stalled body held", 30*time.Second, func() bool { return r.p.budget.inUse() == 1<<20 })
+	if code, body := post("203.0.113.8", small); code != http.StatusOK {
+		t.Errorf("another client behind the same balancer: %d %.200s; want 200", code, body)
+	}
+	if code, body := post("203.0.113.7", small); code != http.StatusTooManyRequests || !strings.Contains(body, "max_buffered_bytes_per_client") {
+		t.Errorf("a second body of the stalled client: %d %.200s; want 429 naming max_buffered_bytes_per_client", code, body)
+	}
+}

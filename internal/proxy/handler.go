@@ -39,7 +39,7 @@ type reqState struct {
 	cost     float64 // its predicted memory (the memory bound)
 	slot     bool    // it holds an admission slot now
 	// deaths: the deaths of vLLM it was in flight at, the last one in the
-	// limiter's generation deathGen (noteDeath).
+	// limiter's generation deathGen (countDeath, lifecycle.go).
 	deaths   int
 	deathGen uint64
 	// unnoticed: it was sent again after a death the guard never saw (a

@@ -148,21 +148,6 @@ type Suspect struct {
 	Deaths       int       `json:"deaths"`
 }
 
-// noteDeath counts a death of vLLM under the request; deaths the guard
-// has not told apart (the same loss of readiness) count once. It reports
-// whether the request may still be sent again.
-func (p *Proxy) noteDeath(st *reqState) bool {
-	gen, ready := p.lim.generation()
-	if ready {
-		gen++ // the loss to come: the guard has not seen it yet
-	}
-	if st.deaths == 0 || gen != st.deathGen {
-		st.deaths++
-		st.deathGen = gen
-	}
-	return st.deaths < max(p.cfg.ResumeLimit, 1)
-}
-
 // suspectError is errSuspect in words for the client.
 type suspectError struct{ msg string }
 

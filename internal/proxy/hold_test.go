@@ -239,6 +239,7 @@ func TestSuspectNotSentAThirdTime(t *testing.T) {
 		io.ReadAll(req.Body)
 		calls.Add(1)
 		r.setReady(false) // the giant request OOMs vLLM on every start
+		r.p.Died()        // and the guard records each death
 		killConn(w)
 		died <- struct{}{}
 	})

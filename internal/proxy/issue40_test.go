@@ -157,10 +157,9 @@ func TestSuspectStreamNamedBySanitizedAddress(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodPost, x.r.front.URL+"/v1/completions",
 		strings.NewReader(`{"model":"m","stream":true,"prompt":"hello","temperature":0,"max_tokens":20}`))
 	req.Header.Set("X-Forwarded-For", "6.6.6.6")
-	go func() {
-		testkit.WaitFor(t, "the stream held", 30*time.Second, func() bool { return x.r.p.Stats().Paused > 0 })
-		x.back()
-	}()
+	// The guard has seen the death: the suspect is refused at once, not
+	// held until vLLM is back (lifecycle.go).
+	defer x.back()
 	resp, err := x.r.client.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -292,4 +291,39 @@ func wholeText(ids []int) string {
 		s = s[:len(s)-1]
 	}
 	return s
+}
+
+// Issue 40 item 3: a sampled stream cut where its client has ids after the
+// last whole character and none of their text cannot be continued (no
+// continuation keeps those ids and is one sample with text vLLM would
+// write): the error event comes at the cut, not after the client was held
+// through vLLM's restart. Every cut position, one id a chunk (where every
+// such cut is known at once).
+func TestSplitCharacterRefusedAtTheCut(t *testing.T) {
+	x := newOracle(t, 1, "")
+	splits := 0
+	for seed := 1; seed <= 8; seed++ {
+		s := oracleShape{name: "sampled ids", fields: fmt.Sprintf(`"temperature":0.8,"seed":%d,"max_tokens":24,"return_token_ids":true`, seed)}
+		want := x.direct(s.path(), s.body(""), "")
+		for cut := 0; cut < want.chunks; cut++ {
+			x.o.cuts = []int{cut}
+			got := x.post(x.r.front.URL, s.path(), s.body(""), "", func() {
+				testkit.WaitFor(t, "the stream held", 30*time.Second, func() bool { return x.r.p.Stats().Paused > 0 })
+				x.back()
+			})
+			x.back() // (a stream not continued leaves vLLM down)
+			if got.errors == 0 {
+				continue
+			}
+			splits++
+			if got.comments != 0 || x.r.counter(t, nrSplitChar) != float64(splits) {
+				t.Fatalf("seed %d, vLLM died after chunk %d: %d hold comments before the refusal (%v counted split_character, want %d)\n%s",
+					seed, cut, got.comments, x.r.counter(t, nrSplitChar), splits, got.raw)
+			}
+		}
+	}
+	if splits == 0 {
+		t.Fatal("no cut fell inside a character: the test tests nothing")
+	}
+	t.Logf("%d cuts inside a character, each refused at the cut", splits)
 }

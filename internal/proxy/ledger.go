@@ -107,6 +107,15 @@ func (l *ledger) cut(greedy, shown bool) (reason string) {
 	return ""
 }
 
+// splitForSure: cut now, a sampled stream is refused split_character
+// whatever vLLM's /detokenize would say: its client has ids after the last
+// whole character (shown) and no text of theirs, so no shorter run of them
+// can be found to end on a whole character (wholeCheck needs text to
+// compare). Known at the cut, before any hold.
+func (l *ledger) splitForSure(greedy, shown bool) bool {
+	return !greedy && shown && !l.regenerating() && l.whole < len(l.ids) && l.rawSince == ""
+}
+
 // merge says whether a continuation's chunk (not the last) is merged into
 // the next, and keeps its text until then.
 func (l *ledger) merge(text string) bool {

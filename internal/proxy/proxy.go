@@ -198,7 +198,7 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 	p.trusted = trusted
 	p.tr = &http.Transport{
 		Proxy:                 nil, // never an environment proxy between the guard and its vLLM
-		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           upstreamDialer().DialContext,
 		MaxIdleConns:          0,
 		MaxIdleConnsPerHost:   4096,
 		IdleConnTimeout:       upstreamIdle,
@@ -218,6 +218,29 @@ func New(cfg config.Proxy, up Upstream, reg prometheus.Registerer, log *zap.Logg
 	p.m = newMetrics(reg, p.lim, p.budget)
 	p.refresh()
 	return p
+}
+
+// upstreamDialer is the dialer of the proxy's connections to vLLM.
+func upstreamDialer() *net.Dialer {
+	return &net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
+}
+
+// DialThrough makes every new connection of the proxy to vLLM with
+// through(its dialer): the guard's check that the listener is the running
+// vLLM's own (supervisor.DialVLLM), so that no client's key or prompt
+// reaches another process on vLLM's port. Connections are kept alive and
+// reused: the check is paid per new connection only. A dial it refuses is
+// a refused connection to the proxy: nothing was sent, and an inference
+// request waits for vLLM as for any refusal. Call it before Serve.
+func (p *Proxy) DialThrough(through func(*net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error)) {
+	dial := through(upstreamDialer())
+	p.tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil && !isDialError(err) {
+			err = &net.OpError{Op: "dial", Net: network, Err: err}
+		}
+		return c, err
+	}
 }
 
 // perClientBuffered is one client address's share of the body budget:

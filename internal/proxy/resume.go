@@ -9,9 +9,11 @@
 //	               → continuing → streaming → … → done
 //	             or refused (the clean error event: not continued, and why)
 //
-// One loop (run) moves it between them — a death before vLLM's first
-// byte, after it, a drain, an engine error are all cuts of this loop (the
-// transport under it only waits out a refused connection) — and one send
+// The one forward loop every inference request lives in (lifecycle.go,
+// which decides hold, send again, pass on or suspect) moves it between
+// them — a death before vLLM's first byte, after it, a drain, an engine
+// error are all cuts of this loop (the transport under it only waits out a
+// refused connection) — and one send
 // serves the first request, a replay (nothing generated had reached the
 // client: the same request again) and a continuation (a /v1/completions request whose prompt
 // is the prompt's token ids and the ids the client was given). What the
@@ -140,12 +142,17 @@ type resumer struct {
 	clientGone bool
 	stopped    bool   // the proxy found the stop string (across a cut)
 	planned    bool   // vLLM aborted it: a planned restart's drain, no death
+	engine     bool   // vLLM answered, before the stream, that its engine is gone
 	vllmErr    []byte // the engine error event vLLM sent at the cut
 	notResumed string // why this stream cannot be resumed now ("": it can)
 	partial    []byte // an event the cut interrupted (ended streams pass it on)
 	suspect    error
 	charged    int64 // budget bytes held for the prompt's ids
 	bodyCharge int64 // budget bytes held for the continuation's body
+
+	first []byte // the request as first sent (a replay sends it again)
+	body  []byte // what the next send sends
+	path  string // and where
 
 	scan      chunkScan // reused from chunk to chunk
 	out       []byte    // the chunk written, reused
@@ -162,25 +169,77 @@ const (
 	outCut                 // vLLM went away under the stream
 )
 
-// run is the stream's one loop: send, stream, and at a cut hold and send
-// again, until the stream is done or refused.
+// run is the stream's life in the one forward loop (lifecycle.go): send,
+// stream, and at a cut hold and send again, until it is done or refused.
 func (s *resumer) run(first []byte) {
-	body, path := first, s.r.URL.Path
-	for {
-		out, why := s.forward(path, body)
-		if out == outDone || s.clientGone || s.r.Context().Err() != nil {
-			if s.phase != phaseRefused {
-				s.phase = phaseDone
-			}
-			return
-		}
-		s.phase = phaseCut
-		var ok bool
-		if body, path, ok = s.afterCut(why, first); !ok {
-			return
-		}
+	s.first, s.body, s.path = first, first, s.r.URL.Path
+	s.p.live(s.st, s)
+	if s.phase != phaseRefused {
+		s.phase = phaseDone
+	}
+}
+
+// send is the course's send: the body to vLLM and its answer streamed to
+// the client; at a cut, what the ledger makes of it.
+func (s *resumer) send() (cut, bool) {
+	out, why := s.forward(s.path, s.body)
+	if out == outDone || s.clientGone || s.r.Context().Err() != nil {
+		return cut{}, false
+	}
+	s.phase = phaseCut
+	if !s.finished {
+		s.st.output = len(s.led.ids) > 0 || s.led.regenerating()
+		s.p.touched(s.st, s.st.kind())
+	}
+	switch {
+	case s.finished:
+		// Only the usage and [DONE] were missing: nothing to ask vLLM.
+		s.finish()
+		return cut{}, false
+	case s.notResumed != "":
+		s.refuseStream(s.notResumed)
+		return cut{}, false
+	case s.led.splitForSure(s.plan.greedy, s.plan.wantIDs):
+		// Refused now, not after the hold: vLLM could not change it.
+		s.refuseStream(nrSplitChar)
+		return cut{}, false
+	}
+	c := cut{why: why, planned: s.planned, engine: s.engine, vllmErr: s.vllmErr != nil,
+		delivered: len(s.led.ids) > 0 || s.led.chunks > 0 || s.led.regenerating() || s.continuing,
+		progress:  s.progress && s.sends > 1}
+	s.planned, s.engine = false, false
+	return c, true
+}
+
+func (s *resumer) hold(c cut) error {
+	if !s.holdStream(c.why) {
+		return errEnded
+	}
+	return nil
+}
+
+func (s *resumer) again() bool {
+	var ok bool
+	if s.body, s.path, ok = s.next(s.first); ok {
 		s.phase = phaseContinuing
 	}
+	return ok
+}
+
+func (s *resumer) endAlive(cut) { s.endStream() }
+
+func (s *resumer) refuse(err error) {
+	s.suspect = err
+	s.refuseStream(nrLimit)
+}
+
+// named is the stream as vLLM would have seen it (the sanitized address),
+// not by its own X-Forwarded-For.
+func (s *resumer) named() *http.Request {
+	if out, err := s.p.outgoing(s.r.Context(), s.r, s.r.URL.Path, http.NoBody, 0); err == nil {
+		return out
+	}
+	return s.r
 }
 
 // forward sends body to vLLM's path and streams its answer to the client.
@@ -190,14 +249,14 @@ func (s *resumer) forward(path string, body []byte) (outcome, string) {
 	s.progress = false
 	s.phase = phaseForwarding
 	s.st.body = newTrackBody(&bufferedBody{chunks: [][]byte{body}, size: int64(len(body))})
-	resp, err := s.send(ctx, path, body)
+	resp, err := s.post(ctx, path, body)
 	if !s.headerSent && ctx.Err() == nil {
 		// vLLM died or drains before it answered: the same as a cut.
 		if why := s.p.nothingProduced(s.r, s.st, resp, err); why != replayNone {
 			if resp != nil {
 				resp.Body.Close()
 			}
-			s.planned = why == replayDrain
+			s.planned, s.engine = why == replayDrain, resp != nil
 			return outCut, "vLLM answered nothing (" + why.String() + ")"
 		}
 	}
@@ -222,7 +281,7 @@ func (s *resumer) forward(path string, body []byte) (outcome, string) {
 			// vLLM refused the continuation itself: nothing to wait for.
 			s.p.log.Warn("vLLM refused a stream's continuation; ending the stream with an error event",
 				zap.Int("status", resp.StatusCode), zap.ByteString("answer", b))
-			s.refuse(nrContinuationKO)
+			s.refuseStream(nrContinuationKO)
 			return outDone, ""
 		}
 		return outCut, fmt.Sprintf("HTTP %d", resp.StatusCode)
@@ -235,59 +294,9 @@ func (s *resumer) forward(path string, body []byte) (outcome, string) {
 	return s.pump(resp)
 }
 
-// afterCut decides what a cut means for the stream, holds it while vLLM
-// is down, and gives the next body to send; ok false: the stream ended.
-func (s *resumer) afterCut(why string, first []byte) (body []byte, path string, ok bool) {
-	gen0, ready0 := s.p.lim.generation()
-	if !s.finished {
-		s.st.output = len(s.led.ids) > 0 || s.led.regenerating()
-		s.p.touched(s.st, s.st.kind())
-	}
-	if s.finished {
-		// Only the usage and [DONE] were missing: nothing to ask vLLM.
-		s.finish()
-		return nil, "", false
-	}
-	if s.notResumed != "" {
-		s.refuse(s.notResumed)
-		return nil, "", false
-	}
-	if !s.hold(why) {
-		return nil, "", false
-	}
-	if gen1, _ := s.p.lim.generation(); ready0 && gen1 == gen0 {
-		// The guard never saw vLLM go: not a death. A connection vLLM
-		// closed before any answer (as it was reused) is sent again,
-		// once; else what vLLM sent is the stream's answer.
-		s.p.untouched(s.st)
-		if s.vllmErr == nil && s.st.unnoticed == 0 && len(s.led.ids) == 0 && s.led.chunks == 0 && !s.continuing {
-			s.st.unnoticed++
-			return s.next(first)
-		}
-		s.endAlive()
-		return nil, "", false
-	}
-	loss := gen0
-	if ready0 {
-		loss++
-	}
-	if !s.countDeath(loss) {
-		// Named as vLLM would have seen it (the sanitized address), not
-		// by the stream's own X-Forwarded-For.
-		named := s.r
-		if out, err := s.p.outgoing(s.r.Context(), s.r, s.r.URL.Path, http.NoBody, 0); err == nil {
-			named = out
-		}
-		s.suspect = s.p.suspect(named, s.st)
-		s.refuse(nrLimit)
-		return nil, "", false
-	}
-	return s.next(first)
-}
-
-// hold waits, with SSE comments, for vLLM to be ready again; false: the
+// holdStream waits, with SSE comments, for vLLM to be ready again; false: the
 // stream ended (the client left, or vLLM did not come back).
-func (s *resumer) hold(why string) bool {
+func (s *resumer) holdStream(why string) bool {
 	s.phase = phaseHeld
 	if !s.headerSent {
 		s.writeHeader(http.Header{"Content-Type": {"text/event-stream; charset=utf-8"}})
@@ -309,32 +318,10 @@ func (s *resumer) hold(why string) bool {
 	}
 	if err != nil {
 		s.p.log.Info("vLLM did not come back for a held stream; ending it with an error event", zap.Error(err))
-		s.refuse(nrHoldFailed)
+		s.refuseStream(nrHoldFailed)
 		return false
 	}
 	return true
-}
-
-// countDeath counts the loss of readiness loss against the stream when it
-// was a death it could have caused (the guard claimed it as a death, and
-// vLLM did not abort the stream for a planned restart); false: the stream
-// is at [proxy] resume_limit such deaths.
-func (s *resumer) countDeath(loss uint64) bool {
-	planned := s.planned || !s.p.diedAt(loss)
-	s.planned = false
-	if planned {
-		return true
-	}
-	if s.progress && s.sends > 1 {
-		// A continuation made progress: the deaths before it were not
-		// this request's doing.
-		s.st.deaths = 0
-	}
-	if s.st.deaths == 0 || loss != s.st.deathGen {
-		s.st.deaths++
-		s.st.deathGen = loss
-	}
-	return s.st.deaths < max(s.p.cfg.ResumeLimit, 1)
 }
 
 // next is the body to send after a cut: the same request again when the
@@ -348,18 +335,18 @@ func (s *resumer) next(first []byte) (body []byte, path string, ok bool) {
 	if len(s.prompt) == 0 {
 		// vLLM sent the generated ids but not the prompt's: there is no
 		// prefix to continue from.
-		s.refuse(nrNoTokenIDs)
+		s.refuseStream(nrNoTokenIDs)
 		return nil, "", false
 	}
 	s.wholeCheck()
 	if reason := s.led.cut(s.plan.greedy, s.plan.wantIDs); reason != "" {
-		s.refuse(reason)
+		s.refuseStream(reason)
 		return nil, "", false
 	}
 	cont, reason := s.continuation()
 	switch {
 	case reason != "":
-		s.refuse(reason)
+		s.refuseStream(reason)
 		return nil, "", false
 	case cont == nil:
 		// max_tokens were all given; only the finish was cut.
@@ -401,10 +388,10 @@ func (s *resumer) wholeCheck() {
 	}
 }
 
-// send posts body to vLLM's path as every request the proxy sends goes
+// post posts body to vLLM's path as every request the proxy sends goes
 // (outgoing), through the retrying transport (a refused connection waits
 // for vLLM).
-func (s *resumer) send(ctx context.Context, path string, body []byte) (*http.Response, error) {
+func (s *resumer) post(ctx context.Context, path string, body []byte) (*http.Response, error) {
 	req, err := s.p.outgoing(ctx, s.r, path, s.st.body, int64(len(body)))
 	if err != nil {
 		return nil, err
@@ -523,9 +510,9 @@ func (s *resumer) giveBudget() {
 	s.charged, s.bodyCharge = 0, 0
 }
 
-// refuse ends a stream that is not resumed: the error event (a suspect's
+// refuseStream ends a stream that is not resumed: the error event (a suspect's
 // own), counted by its reason.
-func (s *resumer) refuse(reason string) {
+func (s *resumer) refuseStream(reason string) {
 	s.notResumed = reason
 	s.phase = phaseRefused
 	if s.suspect == nil {
@@ -555,10 +542,10 @@ func (s *resumer) refuse(reason string) {
 	_ = s.write(append(b, ev...))
 }
 
-// endAlive ends a stream vLLM cut while it stayed up (the guard saw no
+// endStream ends a stream vLLM cut while it stayed up (the guard saw no
 // death): with vLLM's own error event when it sent one, else the proxy's.
 // It was no death: the stream leaves the death's account.
-func (s *resumer) endAlive() {
+func (s *resumer) endStream() {
 	s.phase = phaseRefused
 	s.st.ended(OutcomeFailed, "")
 	s.p.log.Info("a stream was cut while vLLM stayed up; ending it with the error", zap.String("path", s.r.URL.Path))

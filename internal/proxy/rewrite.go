@@ -83,7 +83,7 @@ func (s *resumer) onChoice(data []byte) (done bool, why string, cut bool) {
 		var ok bool
 		if newIDs, newRaw, ok = s.led.match(sc.ids, raw); !ok {
 			s.p.log.Warn("a greedy continuation gave other ids than the client has; ending the stream with an error event")
-			s.refuse(nrDiverged)
+			s.refuseStream(nrDiverged)
 			return true, "", false
 		}
 	}
@@ -359,7 +359,7 @@ func (s *resumer) oddEvent(ev, data []byte) (done bool, why string, cut bool) {
 	}
 	if s.continuing || s.led.regenerating() {
 		// Nothing of it can be passed on as the original's.
-		s.refuse(nrUnknownChunk)
+		s.refuseStream(nrUnknownChunk)
 		return true, "", false
 	}
 	s.notResumed = nrUnknownChunk

@@ -22,23 +22,33 @@ var errNotReady = errors.New("vLLM did not come back before the request's queue 
 
 // retryTransport sends to vLLM. A refused connection (vLLM just died or
 // restarts, before the supervisor noticed) is retried until vLLM is back:
-// nothing was sent, so a retry is safe for any method. An inference request
-// that vLLM's death or drain left with nothing for its client is held and
-// sent again from the one copy of its body once vLLM is ready (replay):
-// planned restarts and failures take this one path.
+// nothing was sent, so a retry is safe for any method (dial). An inference
+// request that is not a resumable stream lives in the one forward loop
+// (lifecycle.go) as its zero-delivered case: replay.
 type retryTransport struct{ p *Proxy }
 
 func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	st, _ := req.Context().Value(ctxKey{}).(*reqState)
-	// refusedSince: vLLM first refused the connection; firstReplay: the
-	// request was first held to be sent again (past the hold limit from
-	// it, vLLM's answer is passed on).
-	var refusedSince, firstReplay time.Time
+	if st == nil || st.streamOwned {
+		// A pass-through request, or a resumable stream's send (its own
+		// loop decides what a death means).
+		resp, err, _ := t.dial(req, st)
+		return resp, err
+	}
+	rp := &replay{t: t, req: req, st: st}
+	t.p.live(st, rp)
+	return rp.resp, rp.err
+}
+
+// dial sends req, waiting out refused connections (nothing was sent). written
+// closes once the transport is done with the body.
+func (t *retryTransport) dial(req *http.Request, st *reqState) (*http.Response, error, <-chan struct{}) {
+	var refusedSince time.Time // vLLM first refused the connection
 	for {
 		if req.URL.Host == "" {
 			// The target was unknown at rewrite time.
 			if _, err := t.p.targetURL(); err != nil {
-				return nil, err
+				return nil, err, nil
 			}
 		}
 		var wait *awaitEntry
@@ -57,91 +67,113 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 				resp.Body = &firstByteBody{ReadCloser: resp.Body, e: wait}
 			}
 		}
-		if st == nil {
-			return resp, err
+		if st == nil || err == nil || !isDialError(err) || (st.body != nil && st.body.touched()) {
+			return resp, err, written
 		}
-		if err != nil && isDialError(err) && (st.body == nil || !st.body.touched()) {
-			// Nothing was sent: wait for vLLM and send it again. While the
-			// guard still calls vLLM ready this is bounded by the queue
-			// timeout, as before; once it does not, by the hold.
-			if refusedSince.IsZero() {
-				refusedSince = time.Now()
-			}
-			t.p.log.Debug("vLLM refused a connection; waiting for it", zap.Error(err))
-			t.p.retries.Add(1)
-			if err := t.p.awaitRefused(req.Context(), st, refusedSince); err != nil {
-				return nil, err
-			}
-			if req, err = t.reaim(req); err != nil {
-				return nil, err
-			}
-			if st.body != nil {
-				// The transport closed the ReverseProxy's wrapper of the
-				// body; the body itself was not read.
-				req.Body = st.body
-			}
-			continue
+		// Nothing was sent: wait for vLLM and send it again. While the
+		// guard still calls vLLM ready this is bounded by the queue
+		// timeout, as before; once it does not, by the hold.
+		if refusedSince.IsZero() {
+			refusedSince = time.Now()
 		}
-		if st.streamOwned {
-			// A resumable stream's one loop (resume.go) decides what a
-			// death before its answer means: the same as one after.
-			return resp, err
-		}
-		why := t.p.nothingProduced(req, st, resp, err)
-		if why == replayNone || (why == replayDeath && err != nil && st.unnoticed > 0) {
-			// A second close the guard did not see as a death: vLLM is up
-			// and cut this request itself; the failure is passed on.
-			return resp, err
-		}
-		if _, _, limit, _ := t.p.outlook(); !firstReplay.IsZero() && time.Since(firstReplay) > limit {
-			// vLLM keeps saying its engine is gone (or shutting down) and
-			// the guard never sees it go: its answer is passed on.
-			return resp, err
-		}
-		if firstReplay.IsZero() {
-			firstReplay = time.Now()
-		}
-		refusedSince = time.Time{}
-		if resp != nil {
-			resp.Body.Close()
-		}
-		waitWritten(req.Context(), written)
-		if req.Context().Err() != nil {
-			return nil, req.Context().Err()
-		}
-		t.p.touched(st, st.kind())
-		if why == replayDeath && !t.p.noteDeath(st) {
-			return nil, t.p.suspect(req, st)
-		}
-		body, ok := st.replayBody()
-		if !ok {
-			t.p.noteResumeFailed(FailedBodyNotKept)
-			st.ended(notResumed, FailedBodyNotKept)
-			return nil, errAbortedNoReplay
-		}
-		t.p.log.Debug("vLLM answered nothing (it died, or drains for a restart); holding the request until it is back",
-			zap.String("path", req.URL.Path), zap.String("why", why.String()))
+		t.p.log.Debug("vLLM refused a connection; waiting for it", zap.Error(err))
 		t.p.retries.Add(1)
-		if err := t.p.holdUntilReady(req.Context(), st, nil); err != nil {
-			t.p.countHoldFailure(err)
-			return nil, err
-		}
-		if gen, _ := t.p.lim.generation(); why == replayDeath && gen < st.deathGen {
-			// The guard has not seen vLLM go: not a death (a connection
-			// vLLM closed as it was reused, or an engine error the guard
-			// has yet to see), and not held against the request.
-			st.deaths--
-			st.unnoticed++
-			t.p.untouched(st)
+		if err := t.p.awaitRefused(req.Context(), st, refusedSince); err != nil {
+			return nil, err, nil
 		}
 		if req, err = t.reaim(req); err != nil {
-			return nil, err
+			return nil, err, nil
 		}
-		req.Body = body
-		t.p.noteResumed(ResumedReplayed)
-		st.resumedHow(ResumedReplayed)
+		if st.body != nil {
+			// The transport closed the ReverseProxy's wrapper of the
+			// body; the body itself was not read.
+			req.Body = st.body
+		}
 	}
 }
+
+// replay is the course (lifecycle.go) of a request whose answer the
+// ReverseProxy passes on: a cut is a death or drain before vLLM's answer,
+// and sending again is the same request from the one copy of its body.
+type replay struct {
+	t    *retryTransport
+	req  *http.Request
+	st   *reqState
+	resp *http.Response // vLLM's answer (passed on unless sent again)
+	err  error
+}
+
+func (r *replay) send() (cut, bool) {
+	p := r.t.p
+	resp, err, written := r.t.dial(r.req, r.st)
+	r.resp, r.err = resp, err
+	why := p.nothingProduced(r.req, r.st, resp, err)
+	if why == replayNone {
+		return cut{}, false
+	}
+	waitWritten(r.req.Context(), written)
+	if err := r.req.Context().Err(); err != nil {
+		r.drop()
+		r.err = err
+		return cut{}, false
+	}
+	if _, ok := r.st.replayBody(); !ok {
+		p.touched(r.st, r.st.kind())
+		p.noteResumeFailed(FailedBodyNotKept)
+		r.st.ended(notResumed, FailedBodyNotKept)
+		r.drop()
+		r.err = errAbortedNoReplay
+		return cut{}, false
+	}
+	return cut{why: why.String(), planned: why == replayDrain, engine: resp != nil}, true
+}
+
+// drop closes and forgets vLLM's answer: it is not the request's.
+func (r *replay) drop() {
+	if r.resp != nil {
+		r.resp.Body.Close()
+	}
+	r.resp, r.err = nil, nil
+}
+
+func (r *replay) hold(c cut) error {
+	p := r.t.p
+	p.log.Debug("vLLM answered nothing (it died, or drains for a restart); holding the request until it is back",
+		zap.String("path", r.req.URL.Path), zap.String("why", c.why))
+	p.retries.Add(1)
+	err := p.holdUntilReady(r.req.Context(), r.st, nil)
+	if err != nil {
+		p.countHoldFailure(err)
+		r.drop()
+		r.err = err
+	}
+	return err
+}
+
+func (r *replay) again() bool {
+	r.drop()
+	body, _ := r.st.replayBody()
+	req, err := r.t.reaim(r.req)
+	if err != nil {
+		r.err = err
+		return false
+	}
+	req.Body, r.req = body, req
+	r.t.p.noteResumed(ResumedReplayed)
+	r.st.resumedHow(ResumedReplayed)
+	return true
+}
+
+// endAlive: vLLM stayed up; what it answered (or how it failed) is passed
+// on.
+func (r *replay) endAlive(cut) {}
+
+func (r *replay) refuse(err error) {
+	r.drop()
+	r.err = err
+}
+
+func (r *replay) named() *http.Request { return r.req }
 
 // reaim returns req aimed at vLLM as it is now; the caller sets its body.
 func (t *retryTransport) reaim(req *http.Request) (*http.Request, error) {

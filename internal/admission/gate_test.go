@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/vllm-guard/vllm-guard/internal/alerts"
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
@@ -71,7 +72,7 @@ func TestGateOutlook(t *testing.T) {
 	g := New(cfg, nil, Sources{Log: zap.NewNop()})
 	rung := policy.Rung{Index: 1, MaxNumSeqs: 16, GPUMemoryUtilization: 0.8}
 	ready := time.Now().Add(-time.Hour)
-	oom := &status.Failure{Time: time.Now(), Verdict: policy.Verdict{Cause: policy.CauseOOM}}
+	oom := &status.Failure{Time: time.Now(), Verdict: cause.Verdict{Cause: cause.CauseOOM}}
 	next := time.Now().Add(30 * time.Second)
 	for _, tc := range []struct {
 		name                 string

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/vllm-guard/vllm-guard/internal/alerts"
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
@@ -75,7 +76,7 @@ type awayView struct {
 	nextStartAt time.Time // the launch to come (backoff)
 	lastTTR     time.Duration
 	longestTTR  time.Duration
-	cause       policy.Cause // of the last failure, when it came after the last ready
+	cause       cause.Cause // of the last failure, when it came after the last ready
 	rung        int
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/admission"
 	"github.com/vllm-guard/vllm-guard/internal/alerts"
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/control"
 	"github.com/vllm-guard/vllm-guard/internal/events"
@@ -345,7 +346,7 @@ func (g *Guard) onReady(first bool, ttr time.Duration) {
 
 func (g *Guard) onFailure(f status.Failure) {
 	g.met.Exited(f.Verdict.Cause)
-	if f.Verdict.Cause == policy.CauseOOM {
+	if f.Verdict.Cause == cause.CauseOOM {
 		g.gate.OnOOM()
 	}
 	for _, e := range alerts.FromFailure(f) {

@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"github.com/vllm-guard/vllm-guard/internal/cause"
+
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -91,7 +93,7 @@ func TestOOMStepsToTheComputedRung(t *testing.T) {
 	now := time.Unix(1e9, 0)
 	p.OnStart(now)
 	p.OnReady(now)
-	d := p.OnFailure(now.Add(time.Minute), Verdict{Cause: CauseOOM})
+	d := p.OnFailure(now.Add(time.Minute), cause.Verdict{Cause: cause.CauseOOM})
 	if got := d.Rung.MaxNumSeqs; got < 171 || got > 190 {
 		t.Fatalf("next max_num_seqs %d, want 171–190 (90–100%% of the true 190); reason: %s", got, d.Reason)
 	}
@@ -112,7 +114,7 @@ func TestOOMWithoutConfidenceHalvesAndSaysWhy(t *testing.T) {
 	}
 	now := time.Unix(1e9, 0)
 	p.OnStart(now)
-	d := p.OnFailure(now, Verdict{Cause: CauseOOM})
+	d := p.OnFailure(now, cause.Verdict{Cause: cause.CauseOOM})
 	if d.Rung.MaxNumSeqs != 128 || !strings.Contains(d.Reason, "halving ladder (too little spread") {
 		t.Fatalf("rung %+v reason %q: want the halving ladder and the reason", d.Rung, d.Reason)
 	}
@@ -163,7 +165,7 @@ func TestComputedRungLowersUtilizationBeforeConcurrency(t *testing.T) {
 	}
 	now := time.Unix(1e9, 0)
 	p.OnStart(now)
-	d := p.OnFailure(now, Verdict{Cause: CauseOOM})
+	d := p.OnFailure(now, cause.Verdict{Cause: cause.CauseOOM})
 	r := d.Rung
 	if r.MaxNumSeqs < 128 || r.MaxNumSeqs >= 256 {
 		t.Fatalf("max_num_seqs %d: want at least the ladder's 128 and below 256 (%s)", r.MaxNumSeqs, d.Reason)

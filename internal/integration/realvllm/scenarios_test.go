@@ -429,7 +429,7 @@ func keep(t *testing.T, name string, lines []string) string {
 }
 
 // capture keeps vLLM's output of a failure as the guard relayed it in
-// build/realvllm/captured/NAME.log (the corpus of policy/testdata/real
+// build/realvllm/captured/NAME.log (the corpus of cause/testdata/real
 // takes them from there, with a source line) and requires `vllm-guard
 // diagnose` to name cause on it.
 func capture(t *testing.T, name string, lines []string, cause string) {

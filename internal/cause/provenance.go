@@ -38,7 +38,7 @@
 // interpolate, except the quoted values that are themselves a runtime's
 // word (a worker's re-raised exception, NCCL's CUDA error string).
 
-package policy
+package cause
 
 import (
 	"strings"

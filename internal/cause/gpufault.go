@@ -5,7 +5,7 @@
 // survivable one restarts on the same rung once, and a second within
 // give_up_window is treated as needing a reset.
 
-package policy
+package cause
 
 import (
 	"fmt"
@@ -13,9 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
-
-	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 )
 
 // XIDInfo is what NVIDIA's XID catalogue says of one XID, in short.
@@ -308,37 +305,6 @@ func gpuFromLog(ev []Line) *GPUFault {
 	}
 	g.Meaning = "a GPU hardware error in vLLM's log"
 	return g
-}
-
-// onGPUFault decides after a gpu_fault: never restart into a GPU that
-// needs a reset; restart once on the same rung after a survivable one; a
-// second within give_up_window needs a reset too.
-func (p *Policy) onGPUFault(now time.Time, v Verdict) Decision {
-	g := v.GPU
-	if g == nil {
-		g = &GPUFault{Device: -1, Meaning: "a GPU hardware error"}
-	}
-	n, window := 0, p.cfg.Restart.GiveUpWindow
-	for _, f := range p.failures {
-		if f.Cause == CauseGPUFault && !f.Time.Before(p.loopSince) && (window <= 0 || now.Sub(f.Time) < window) {
-			n++
-		}
-	}
-	if g.Reset {
-		return p.giveUp(exitcode.GPUFault, "GPU fault, not restarted into: "+g.What())
-	}
-	if n >= 2 {
-		r := *g
-		r.Reset = true
-		return p.giveUp(exitcode.GPUFault, fmt.Sprintf("second GPU fault within %s, treated as needing a reset: %s", window, r.What()))
-	}
-	if c, window := p.countFailures(now); p.cfg.Restart.GiveUpAfter > 0 && c >= p.cfg.Restart.GiveUpAfter {
-		return p.giveUp(exitcode.Failed, fmt.Sprintf("crash loop: %d failed starts within %s (last cause gpu_fault: %s); giving up, fix the cause and restart the guard",
-			c, window, g.What()))
-	}
-	d := Decision{Action: ActionRestart, Rung: p.Current(), Delay: p.nextDelay(),
-		Reason: fmt.Sprintf("GPU fault that a restart survives (%s): restarting on the same rung; a second within %s is treated as needing a reset", g.What(), window)}
-	return d
 }
 
 // StartBlock says why vLLM must not be started on these GPUs now ("" when

@@ -1,7 +1,7 @@
 // The classifier's rules: what each needle in vLLM's output means, how much
 // it weighs against the others, and the conditions a line must also meet.
 
-package policy
+package cause
 
 import (
 	"strings"

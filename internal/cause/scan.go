@@ -1,7 +1,7 @@
 // Reading a log: each line matched against the rules, tracebacks followed
 // per process, load progress and the start of a shutdown noted.
 
-package policy
+package cause
 
 import (
 	"strings"

@@ -1,4 +1,4 @@
-package policy
+package cause
 
 import (
 	"os"
@@ -43,7 +43,7 @@ func TestSummaryQuotesWhatPydanticFoundWrong(t *testing.T) {
 			if strings.Contains(rep.Summary, "validation error for") || strings.Contains(rep.Summary, "[type=") {
 				t.Errorf("summary %q quotes pydantic's framing", rep.Summary)
 			}
-			if got := evidenceWords(rep.Verdict); !strings.HasPrefix(got, tc.want[:40]) {
+			if got := rep.Verdict.Words(); !strings.HasPrefix(got, tc.want[:40]) {
 				t.Errorf("the decision's reason is %q, want it to start %q", got, tc.want[:40])
 			}
 		})

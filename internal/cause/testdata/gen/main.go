@@ -1,11 +1,11 @@
-// Command gen writes the classifier's log corpus (policy/testdata/logs) from
+// Command gen writes the classifier's log corpus (internal/cause/testdata/logs) from
 // the facts in shared/VLLM-FACTS.md: the eras of vLLM's log format (V0 2024
 // without brackets, V1 2025 with ANSI process prefixes, 2026 without ANSI),
 // tensor-parallel workers interleaving, and journalctl/docker/Kubernetes
 // wrappers. The logs are synthetic, written for this project, and the output
 // is deterministic. Run from the repository root:
 //
-//	go run ./policy/testdata/gen
+//	go run ./internal/cause/testdata/gen
 package main
 
 import (
@@ -447,7 +447,7 @@ func healthyStart(l *logw, r run, avail float64, tokens int) {
 }
 
 func main() {
-	dir := filepath.Join("policy", "testdata", "logs")
+	dir := filepath.Join("internal", "cause", "testdata", "logs")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		fmt.Fprintln(os.Stderr, "gen:", err)
 		os.Exit(1)

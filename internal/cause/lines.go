@@ -1,4 +1,4 @@
-package policy
+package cause
 
 // vLLM's log format (ANSI, prefixes, tracebacks) lives in internal/vllmlog.
 

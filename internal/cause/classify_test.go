@@ -1,4 +1,4 @@
-package policy
+package cause
 
 import (
 	"bytes"
@@ -510,7 +510,7 @@ func TestSummaryNamesTheExceptionNotTheRaise(t *testing.T) {
 	if !strings.Contains(got, "line 71: ValueError: To serve") {
 		t.Fatalf("summary %q, want the exception's line", got)
 	}
-	if got := evidenceWords(Verdict{Evidence: ev}); !strings.HasPrefix(got, "line 71: ValueError: To serve") {
+	if got := (Verdict{Evidence: ev}).Words(); !strings.HasPrefix(got, "line 71: ValueError: To serve") {
 		t.Fatalf("the decision's reason quotes %q, want the exception's line", got)
 	}
 }

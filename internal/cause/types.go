@@ -1,11 +1,13 @@
-// Package policy owns the guard's pure decisions: why vLLM died (cause
-// classification), which profile rung to run next, whether to give up, and
-// when to step back up. It never sleeps, execs or reads the clock: callers
-// pass the time and the facts in.
-package policy
+// Package cause says what killed vLLM: one cause with its evidence, from
+// the output lines and the exit facts (Classify, the live guard's answer),
+// or from a saved log (Diagnose, `vllm-guard diagnose`). It is the
+// classifier alone: what the guard does about a cause is the restart
+// policy's (internal/policy), which imports this package and never the
+// other way. It never sleeps, execs or reads the clock.
+package cause
 
 import (
-	"time"
+	"fmt"
 
 	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
@@ -35,17 +37,6 @@ const CauseUnknown Cause = "unknown"
 
 // Causes lists every cause, in docs/how-it-decides.md's order (metrics pre-create one series each).
 var Causes = []Cause{CauseOOM, CauseKVInsufficient, CauseGPUBusy, CauseConfigError, CauseHang, CauseCrash, CauseHostOOM, CauseGPUFault}
-
-// Rung is one step of the degrade ladder. Rung 0 is [profile] as written.
-type Rung struct {
-	Index                int     `json:"index"`
-	MaxNumSeqs           int     `json:"max_num_seqs"`
-	GPUMemoryUtilization float64 `json:"gpu_memory_utilization"`
-	// KVCacheMemoryBytes is --kv-cache-memory-bytes for this rung when the
-	// operator sizes vLLM's KV cache in bytes (0: vLLM sizes it from the
-	// utilization). See KVBytesFor.
-	KVCacheMemoryBytes uint64 `json:"kv_cache_memory_bytes,omitempty"`
-}
 
 // Line is one line of vLLM output as the guard saw it; N counts from 1.
 type Line struct {
@@ -107,21 +98,19 @@ type Verdict struct {
 	guardStart bool
 }
 
-// Action is what the guard does next.
-type Action string
+// GuardStart says the guard's own start of vLLM failed (Exit.GuardFailure),
+// not vLLM: the restart policy says so instead of "vLLM died".
+func (v Verdict) GuardStart() bool { return v.guardStart }
 
-const (
-	ActionRestart Action = "restart" // after Delay, on Rung
-	ActionGiveUp  Action = "give_up" // stop trying; ExitCode says how the guard exits
-)
-
-// Decision is the policy's answer after a failure.
-type Decision struct {
-	Action   Action        `json:"action"`
-	Rung     Rung          `json:"rung"`
-	Delay    time.Duration `json:"delay"`             // backoff before the next start
-	WaitGPU  bool          `json:"wait_gpu"`          // wait for GPU memory before starting
-	ExitCode int           `json:"exit_code"`         // for ActionGiveUp: 78 config, 1 crash loop
-	Reason   string        `json:"reason"`            // operator's words: why this step
-	AtFloor  bool          `json:"at_floor,omitzero"` // the ladder's floor is reached
+// Words names the evidence of a verdict in one short phrase, for a
+// decision's reason.
+func (v Verdict) Words() string {
+	if len(v.Evidence) > 0 {
+		n, msg := quote(v.Evidence)
+		return fmt.Sprintf("line %d: %s", n, clip(msg, 160))
+	}
+	if v.Summary != "" {
+		return clip(v.Summary, 160)
+	}
+	return "vLLM rejected its configuration"
 }

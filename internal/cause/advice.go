@@ -1,7 +1,7 @@
 // What a verdict says to the operator: the exit in words, the cause's
 // title, the summary and the advice.
 
-package policy
+package cause
 
 import (
 	"fmt"

@@ -6,9 +6,13 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 
+	"github.com/vllm-guard/vllm-guard/internal/admission"
 	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 )
+
+// maxCostSamples bounds the cost samples kept (and persisted in state.json).
+const maxCostSamples = 600
 
 // Clock is the only way the backoff learns the time: callers pass theirs in.
 // With MaxElapsedTime 0 backoff/v4 only uses it to stamp Reset, so a nil
@@ -68,7 +72,7 @@ type State struct {
 	ComputedGPUMemoryUtilization float64 `json:"computed_gpu_memory_utilization,omitempty"`
 	// CostSamples are the (running sequences, memory) observations the
 	// cost model is fitted on, newest last.
-	CostSamples []CostSample `json:"cost_samples,omitempty"`
+	CostSamples []admission.CostSample `json:"cost_samples,omitempty"`
 	// LongestTimeToReady is the longest time from a launch to ready seen
 	// in this state_dir: the proxy holds requests while vLLM restarts for
 	// up to 1.5 times it (issue 30).
@@ -97,10 +101,10 @@ type Policy struct {
 	restoredAt  time.Time
 	restoreMult int
 
-	computed     int          // > 0: max_num_seqs computed from the cost model, in place of the ladder's
-	computedUtil float64      // > 0: gpu_memory_utilization lowered further than the ladder's to make room
-	costSamples  []CostSample // newest last, at most maxCostSamples
-	kvBase       uint64       // rung 0's --kv-cache-memory-bytes (0: none)
+	computed     int                    // > 0: max_num_seqs computed from the cost model, in place of the ladder's
+	computedUtil float64                // > 0: gpu_memory_utilization lowered further than the ladder's to make room
+	costSamples  []admission.CostSample // newest last, at most maxCostSamples
+	kvBase       uint64                 // rung 0's --kv-cache-memory-bytes (0: none)
 	longestTTR   time.Duration
 }
 
@@ -146,7 +150,7 @@ func New(cfg Config, st State, clock Clock) *Policy {
 	if n := len(st.CostSamples); n > maxCostSamples {
 		st.CostSamples = st.CostSamples[n-maxCostSamples:]
 	}
-	p.costSamples = append([]CostSample(nil), st.CostSamples...)
+	p.costSamples = append([]admission.CostSample(nil), st.CostSamples...)
 	p.longestTTR = max(st.LongestTimeToReady, 0)
 	return p
 }
@@ -242,7 +246,7 @@ func (p *Policy) State() State {
 		RestoreMultiplier:            p.restoreMult,
 		ComputedMaxNumSeqs:           p.computed,
 		ComputedGPUMemoryUtilization: p.computedUtil,
-		CostSamples:                  append([]CostSample(nil), p.costSamples...),
+		CostSamples:                  append([]admission.CostSample(nil), p.costSamples...),
 		LongestTimeToReady:           p.longestTTR,
 	}
 }
@@ -254,7 +258,7 @@ func (p *Policy) ObserveCost(running float64, used, total uint64) {
 		return
 	}
 	util := p.Current().GPUMemoryUtilization
-	p.costSamples = append(p.costSamples, CostSample{Running: running,
+	p.costSamples = append(p.costSamples, admission.CostSample{Running: running,
 		Above: float64(used) - util*float64(total), Total: float64(total)})
 	if n := len(p.costSamples); n > maxCostSamples {
 		p.costSamples = append(p.costSamples[:0], p.costSamples[n-maxCostSamples:]...)
@@ -262,7 +266,7 @@ func (p *Policy) ObserveCost(running float64, used, total uint64) {
 }
 
 // Cost is the cost model fitted on the samples so far.
-func (p *Policy) Cost() CostModel { return FitCost(p.costSamples) }
+func (p *Policy) Cost() admission.CostModel { return admission.FitCost(p.costSamples) }
 
 // OnStart records a launch of vLLM.
 func (p *Policy) OnStart(now time.Time) {

@@ -1,4 +1,4 @@
-package admission
+package gate
 
 import (
 	"context"
@@ -12,15 +12,15 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/admission"
 	"github.com/vllm-guard/vllm-guard/internal/events"
-	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/state"
 	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // Memory-aware admission (the proxy's limit). Each GPU sample pairs the
 // proxy's requests in flight and their prompt tokens with the memory of the
-// fullest device; policy.FitAdmission fits them and Policy turns
+// fullest device; admission.FitAdmission fits them and Policy turns
 // the fit, the rung, the trend and the alerts into the bound the proxy
 // applies. The samples are saved next to state.json (admission.json) so a
 // restarted guard admits by memory from its first request; without that
@@ -34,19 +34,19 @@ const admissionSaveEvery = 20
 // memory is the memory-aware limit's state.
 type memory struct {
 	mu         sync.Mutex
-	dec        Policy
-	samples    []policy.CostSample // newest last, at most maxAdmissionSamples
-	model      policy.CostModel
+	dec        admission.Policy
+	samples    []admission.CostSample // newest last, at most maxAdmissionSamples
+	model      admission.CostModel
 	meanTokens float64 // prompt tokens of a typical recent request (moving average)
-	bound      policy.AdmissionBound
+	bound      admission.Bound
 	path       string // "" when the state folder is not persistent
 	unsaved    int
 	// What pairs a GPU reading with the requests in flight: the span over
 	// which they held still, where the last window began, vLLM's last two
 	// counts, and the reading the last sample used (each is used once).
-	span     InflightSpan
+	span     admission.InflightSpan
 	winStart time.Time
-	counts   [2]RunningCount
+	counts   [2]admission.RunningCount
 	lastRead time.Time
 	// What the event stream last said (a KindAdmission on each change).
 	saidBound     string
@@ -77,12 +77,12 @@ const maxAdmissionSamples = 600
 
 // EnableMemory turns the memory-aware limit on (the proxy is on): its
 // samples from the state folder, else seed (the rung's cost samples).
-func (g *Gate) EnableMemory(store *state.Store, seed []policy.CostSample) {
+func (g *Gate) EnableMemory(store *state.Store, seed []admission.CostSample) {
 	g.adm = loadMemory(store, seed, g.src.Log.Named("admission"))
 	g.stepAdmission()
 }
 
-func loadMemory(store *state.Store, seed []policy.CostSample, log *zap.Logger) *memory {
+func loadMemory(store *state.Store, seed []admission.CostSample, log *zap.Logger) *memory {
 	a := &memory{}
 	if store.Persistent() {
 		a.path = filepath.Join(store.Dir(), admissionFile)
@@ -100,15 +100,15 @@ func loadMemory(store *state.Store, seed []policy.CostSample, log *zap.Logger) *
 	if a.samples == nil {
 		a.samples = slices.Clone(seed)
 	}
-	a.model = policy.FitAdmission(a.samples)
+	a.model = admission.FitAdmission(a.samples)
 	a.dec.Seed(a.samples)
 	return a
 }
 
 // facts are the admission inputs that do not come from a sample.
-func (g *Gate) admissionFacts(tick bool) Facts {
+func (g *Gate) admissionFacts(tick bool) admission.Facts {
 	v := g.view.Load()
-	f := Facts{Rung: v.rung, InflightFactor: g.cfg.Proxy.InflightFactor, Headroom: g.cfg.Profile.Headroom,
+	f := admission.Facts{MaxNumSeqs: v.rung.MaxNumSeqs, Utilization: v.rung.GPUMemoryUtilization, InflightFactor: g.cfg.Proxy.InflightFactor, Headroom: g.cfg.Profile.Headroom,
 		CriticalFraction: g.cfg.GPU.CriticalFraction, Pressure: g.pressure.Load(), SecondsToCritical: -1,
 		Horizon: admissionHorizon(g.cfg.GPU.SampleInterval.Duration).Seconds()}
 	if g.proxy != nil {
@@ -136,7 +136,7 @@ func (g *Gate) stepAdmission() {
 }
 
 // Admission is the bound the proxy applies now.
-func (g *Gate) Admission() policy.AdmissionBound {
+func (g *Gate) Admission() admission.Bound {
 	g.adm.mu.Lock()
 	defer g.adm.mu.Unlock()
 	return g.adm.bound
@@ -245,17 +245,17 @@ func (g *Gate) admissionTick() {
 	}
 	serving := st.State == status.StateReady
 	if !a.winStart.IsZero() && serving {
-		a.span = a.span.Extend(InflightSpan{Since: a.winStart, Min: win.MinInflight, Max: win.MaxInflight, MinTokens: win.MinTokens})
+		a.span = a.span.Extend(admission.InflightSpan{Since: a.winStart, Min: win.MinInflight, Max: win.MaxInflight, MinTokens: win.MinTokens})
 	} else {
-		a.span = InflightSpan{}
+		a.span = admission.InflightSpan{}
 	}
 	a.winStart = now
 	if v.Up && !v.AskedAt.Equal(a.counts[1].AskedAt) {
-		a.counts = [2]RunningCount{a.counts[1], {AskedAt: v.AskedAt, At: v.ScrapedAt, Running: v.Running}}
+		a.counts = [2]admission.RunningCount{a.counts[1], {AskedAt: v.AskedAt, At: v.ScrapedAt, Running: v.Running}}
 	}
 	f.Learning = snap.Up && best >= 0
 	if serving && f.Learning && readAt.After(a.lastRead) {
-		sample, seen, ok := SettledSample(Reading{Span: a.span, Counts: a.counts[:], MemReadAt: readAt,
+		sample, seen, ok := admission.SettledSample(admission.Reading{Span: a.span, Counts: a.counts[:], MemReadAt: readAt,
 			Used: float64(used), Total: float64(total), Utilization: st.Rung.GPUMemoryUtilization})
 		if ok {
 			a.lastRead = readAt
@@ -272,10 +272,10 @@ func (g *Gate) admissionTick() {
 		zap.Int("samples", len(a.samples)), zap.Bool("confident", a.model.Confident))
 }
 
-func (a *memory) addSampleLocked(s policy.CostSample, log *zap.Logger) {
-	a.samples = KeepSample(a.samples, s, maxAdmissionSamples)
+func (a *memory) addSampleLocked(s admission.CostSample, log *zap.Logger) {
+	a.samples = admission.KeepSample(a.samples, s, maxAdmissionSamples)
 	was := a.model.Confident
-	a.model = policy.FitAdmission(a.samples)
+	a.model = admission.FitAdmission(a.samples)
 	if a.model.Confident && !was {
 		log.Info("admission cost model confident: the proxy admits by predicted memory",
 			zap.Float64("per_seq_mib", a.model.PerSeq/(1<<20)), zap.Float64("per_prompt_token_kib", a.model.PerToken/(1<<10)),

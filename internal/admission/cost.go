@@ -1,4 +1,4 @@
-package policy
+package admission
 
 import (
 	"fmt"
@@ -27,9 +27,6 @@ type CostSample struct {
 	// (the proxy's samples); 0 otherwise.
 	Tokens float64 `json:"p,omitempty"`
 }
-
-// maxCostSamples bounds the samples kept (and persisted in state.json).
-const maxCostSamples = 600
 
 // Thresholds for a confident fit.
 const (
@@ -184,12 +181,12 @@ const collinearRatio = 1.5
 //
 // The proxy acts on this model at once (its limit), so it is fitted more
 // cautiously than the restart profile's: a concurrency level counts only
-// once seen in at least AdmissionSamplesPerLevel samples, near it (one reading may
+// once seen in at least SamplesPerLevel samples, near it (one reading may
 // have caught requests still on their way to vLLM's batch), and the cost
 // per sequence is the admissionSlopeQuantile of the pairwise slopes, not
 // their median, so a model that errs, errs on the high side.
 func FitAdmission(samples []CostSample) CostModel {
-	samples = repeatedLevels(samples, AdmissionSamplesPerLevel)
+	samples = repeatedLevels(samples, SamplesPerLevel)
 	m := fitCost(samples, admissionSlopeQuantile)
 	if !m.Confident {
 		return m
@@ -245,10 +242,10 @@ func FitAdmission(samples []CostSample) CostModel {
 	return m
 }
 
-// AdmissionSamplesPerLevel is how many settled samples a concurrency level
-// needs before FitAdmission counts it (internal/admission's reopening grows
-// at the same pace).
-const AdmissionSamplesPerLevel = 2
+// SamplesPerLevel is how many settled samples a concurrency level
+// needs before FitAdmission counts it (Policy's reopening grows at the same
+// pace).
+const SamplesPerLevel = 2
 
 const admissionSlopeQuantile = 0.75
 

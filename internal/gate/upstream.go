@@ -1,13 +1,13 @@
-// Package admission is where the proxy and the policy meet. It keeps the
-// answers the proxy asks on every request ready (vLLM's address, whether it
-// is ready, the rung in force, memory pressure) and, with the proxy on, the
-// memory-aware limit: GPU samples paired with the requests in flight, the
-// cost model policy.FitAdmission fits to them, and the bound its Policy
-// decides from the fit, the rung, the trend and the alerts (policy.go: the
-// pure decisions, no I/O, no clock).
+// Package gate is where the proxy meets the supervisor and the GPU. It
+// keeps the answers the proxy asks on every request ready (vLLM's address,
+// whether it is ready, the rung in force, memory pressure, how long vLLM is
+// away) and, with the proxy on, wires the memory-aware limit: GPU samples
+// paired with the requests in flight, kept in admission.json, fed to the
+// pure decisions of internal/admission (the fit, and the bound its Policy
+// steps to from the fit, the rung, the trend and the alerts).
 // The guard (cmd/vllm-guard) wires it; the proxy reads it through
 // proxy.Upstream and proxy.Admitter.
-package admission
+package gate
 
 import (
 	"fmt"

@@ -1,34 +1,6 @@
-package policy
+package admission
 
 import "testing"
-
-// The scene of the admission tests: an 80 GiB device at utilization 0.8,
-// 768 MiB above vLLM's budget at rest, 131.25 MiB per running request of
-// 2 000 prompt tokens (100 MiB + 16 KiB a token).
-const (
-	admTotal   = 80 << 30
-	admBase    = 768 << 20
-	admPerSeq  = 100 << 20
-	admPerTok  = 16 << 10
-	admTokens  = 2000
-	admPerReq  = admPerSeq + admTokens*admPerTok
-	admUtil    = 0.8
-	admTrueMax = 118 // (80 GiB − 0.8 × 80 GiB − 768 MiB) / 131.25 MiB
-)
-
-func admSample(running, tokensEach float64) CostSample {
-	return CostSample{Running: running, Tokens: running * tokensEach, Total: admTotal,
-		Above: admBase + running*admPerSeq + running*tokensEach*admPerTok}
-}
-
-// levels returns two samples at each running level.
-func levels(tokensEach float64, rs ...float64) []CostSample {
-	var out []CostSample
-	for _, r := range rs {
-		out = append(out, admSample(r, tokensEach), admSample(r, tokensEach))
-	}
-	return out
-}
 
 func TestFitAdmissionLearnsTheCostOfATypicalRequest(t *testing.T) {
 	m := FitAdmission(levels(admTokens, 10, 20, 30, 40, 50))

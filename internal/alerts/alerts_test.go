@@ -134,12 +134,8 @@ func TestCommandTimeoutKillsGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	deadline := time.Now().Add(wait)
-	for alive(pid) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the command's child %d outlived the timeout", pid)
-		}
-		time.Sleep(10 * time.Millisecond) // polling a condition with a deadline
+	if !testkit.Poll(wait, func() bool { return !alive(pid) }) {
+		t.Fatalf("the command's child %d outlived the timeout", pid)
 	}
 }
 

@@ -171,12 +171,8 @@ func TestWatchdogStopsWhenLoopWedged(t *testing.T) {
 
 func waitLog(t *testing.T, logs *observer.ObservedLogs, snippet string) {
 	t.Helper()
-	deadline := time.Now().Add(wait)
-	for logs.FilterMessageSnippet(snippet).Len() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no log %q within %s; logs: %v", snippet, wait, logs.All())
-		}
-		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
+	if !testkit.Poll(wait, func() bool { return logs.FilterMessageSnippet(snippet).Len() > 0 }) {
+		t.Fatalf("no log %q within %s; logs: %v", snippet, wait, logs.All())
 	}
 }
 

@@ -1,13 +1,13 @@
 package policy
 
 import (
-	"github.com/vllm-guard/vllm-guard/internal/cause"
-
 	"encoding/json"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 )
 
 var t0 = time.Date(2026, 1, 12, 10, 0, 0, 0, time.UTC)

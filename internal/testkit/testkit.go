@@ -1,6 +1,6 @@
 // Package testkit is for tests only: _test.go files import it, the guard's
 // own code never does (docs/layers_test.go fails otherwise). It imports
-// only the standard library and goleak.
+// only the standard library, goleak and internal/freeport.
 //
 // It holds the helpers every package's tests used to copy:
 //
@@ -11,6 +11,8 @@
 //   - Main (and MainWithCleanup): a package's TestMain that runs its tests
 //     and then, when they passed, fails the run if goroutines are left
 //     (goleak).
+//   - FreePort: a TCP port nobody listens on, for a test's guard,
+//     simulator or proxy (internal/freeport, which the benchmarks use too).
 package testkit
 
 import (
@@ -21,6 +23,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/vllm-guard/vllm-guard/internal/freeport"
 )
 
 // The pace of Poll: every millisecond at first, then a little slower, up
@@ -58,6 +62,17 @@ func WaitFor(t testing.TB, what string, bound time.Duration, cond func() bool) {
 	if !Poll(bound, cond) {
 		t.Fatalf("timed out after %s waiting for %s", bound, what)
 	}
+}
+
+// FreePort returns a TCP port on 127.0.0.1 nobody listens on right now
+// (freeport.Pick), and fails the test when there is none.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	port, err := freeport.Pick()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return port
 }
 
 // Main is a package's TestMain:

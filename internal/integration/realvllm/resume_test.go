@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/state"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // resumeClient waits through a whole restart of the real vLLM (a cold
@@ -160,7 +161,7 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 	}{{"SIGKILL", syscall.SIGKILL, "crash"}, {"SIGSTOP", syscall.SIGSTOP, "hang"}} {
 		t.Run(how.name, func(t *testing.T) {
 			s := newScene(t, tiny("tiny-llama", 2048, "--enforce-eager")...)
-			s.proxy = freePort(t)
+			s.proxy = testkit.FreePort(t)
 			s.extra = "\n[liveness]\ninterval = \"1s\"\nstuck_timeout = \"5s\"\n"
 			s.start()
 			s.WaitEvent("ready", 1, startBound, isReady)

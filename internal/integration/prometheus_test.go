@@ -548,12 +548,6 @@ func (w *alertWatch) close() {
 	<-w.done
 }
 
-func (w *alertWatch) stateOf(alert string) string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.state[alert]
-}
-
 // waitState waits until alert is in state.
 func (w *alertWatch) waitState(alert, state string, timeout time.Duration) {
 	w.p.t.Helper()

@@ -532,16 +532,6 @@ func fileSafe(s string) string {
 // evidenceWidth bounds the evidence column so a row fits a wide terminal.
 const evidenceWidth = 100
 
-// WriteIncidents writes the `vllm-guard incidents` table: time, cause, rung
-// before → after, memory trend and the first evidence line.
-func WriteIncidents(w io.Writer, incs []Incident) error {
-	var t IncidentTable
-	for _, inc := range incs {
-		t.Add(inc)
-	}
-	return t.Write(w)
-}
-
 // IncidentTable is the `vllm-guard incidents` table built one record at a
 // time: it keeps each row's cells (a few hundred bytes), never the record.
 type IncidentTable struct {

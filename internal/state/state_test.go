@@ -3,6 +3,7 @@ package state
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -308,9 +309,9 @@ func TestIncidentsOrderPruneAndSkip(t *testing.T) {
 	}
 }
 
-func TestWriteIncidents(t *testing.T) {
+func TestIncidentTable(t *testing.T) {
 	var buf bytes.Buffer
-	if err := WriteIncidents(&buf, nil); err != nil || buf.String() != "no incidents recorded\n" {
+	if err := writeIncidents(&buf, nil); err != nil || buf.String() != "no incidents recorded\n" {
 		t.Fatalf("empty: %q %v", buf.String(), err)
 	}
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -320,7 +321,7 @@ func TestWriteIncidents(t *testing.T) {
 	giveUp.Evidence = []cause.Line{{N: 3, Text: "error: unrecognized arguments:\t--bogus " + strings.Repeat("x", 200)}}
 	giveUp.MemoryTrend = ""
 	buf.Reset()
-	if err := WriteIncidents(&buf, []Incident{giveUp, oom}); err != nil {
+	if err := writeIncidents(&buf, []Incident{giveUp, oom}); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimRight(buf.String(), "\n"), "\n")
@@ -395,7 +396,7 @@ func TestUpdateIncidentRewritesAtomically(t *testing.T) {
 	}
 	incs, _ := s.Incidents(1)
 	var table bytes.Buffer
-	if err := WriteIncidents(&table, incs); err != nil {
+	if err := writeIncidents(&table, incs); err != nil {
 		t.Fatal(err)
 	}
 	if want := "4 touched: 1 continued, 1 replayed, 1 served after hold, 1 not resumed (n)"; !strings.Contains(table.String(), want) {
@@ -404,4 +405,14 @@ func TestUpdateIncidentRewritesAtomically(t *testing.T) {
 	if found, err := s.UpdateIncident(at.Add(time.Second), cause.CauseOOM, func(*Incident) {}); found || err != nil {
 		t.Errorf("UpdateIncident of no record: found %v, %v", found, err)
 	}
+}
+
+// writeIncidents writes the `vllm-guard incidents` table of incs, as the
+// command does record by record.
+func writeIncidents(w io.Writer, incs []Incident) error {
+	var t IncidentTable
+	for _, inc := range incs {
+		t.Add(inc)
+	}
+	return t.Write(w)
 }

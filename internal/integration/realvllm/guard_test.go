@@ -351,9 +351,7 @@ func (s *scene) status() map[string]any {
 
 var (
 	kind       = guardrun.OfKind
-	exitedWith = guardrun.ExitedWith
 	decided    = guardrun.Decided
-	after      = guardrun.After
 	causeOf    = guardrun.CauseOf
 	isStarting = kind(events.KindStarting)
 	isReady    = kind(events.KindReady)

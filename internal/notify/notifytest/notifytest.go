@@ -101,4 +101,3 @@ func (s *Socket) Await(t testing.TB, what string, match func(string) bool, timeo
 		}
 	}
 }
-

@@ -84,6 +84,17 @@ func SecretFlags() []string {
 	return out
 }
 
+// ShortestAbbrev is the shortest prefix of flag that vLLM reads as flag:
+// every name from it up to flag itself names flag (--api-k for --api-key).
+func ShortestAbbrev(flag string) string {
+	for n := 3; n < len(flag); n++ {
+		if f, _ := ResolveFlag(flag[:n]); f == flag {
+			return flag[:n]
+		}
+	}
+	return flag
+}
+
 // TakesSeveral reports whether vLLM reads every argument after flag up to
 // the next flag as its values (--api-key k1 k2, --served-model-name a b).
 // An unknown flag does not.

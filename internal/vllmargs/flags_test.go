@@ -36,6 +36,9 @@ func TestResolveFlagAsVLLMsParser(t *testing.T) {
 			t.Errorf("ResolveFlag(%q) = %q %q, want %q %q", tc.in, got, amb, tc.want, tc.ambiguous)
 		}
 	}
+	if got := ShortestAbbrev("--api-key"); got != "--api-k" {
+		t.Errorf("ShortestAbbrev(--api-key) = %q, want --api-k (--api is also --api-server-count)", got)
+	}
 }
 
 // The key the guard's probes send, and every masking of the command line,

@@ -84,7 +84,7 @@ func TestStatusAndMetricsAfterOOMAndRestart(t *testing.T) {
 	// last reading; wait for vLLM's own metrics to be in.
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 	var scrape string
-	if !testkit.Poll(10*time.Second, func() bool {
+	if !testkit.PollEvery(10*time.Second, 50*time.Millisecond, func() bool {
 		scrape = get(t, base+"/metrics", 200)
 		// The sample line, not the HELP line (which starts "… 1 when"),
 		// and vLLM's gauges themselves.

@@ -270,7 +270,7 @@ func TestHealthyVLLMRaisesNoMemoryAlert(t *testing.T) {
 			s.WaitEvent("ready", 1, 60*time.Second, isReady)
 			d := statusDoc(t, s)
 			base := len(d.GPU.Devices[0].History)
-			if !testkit.Poll(60*time.Second, func() bool {
+			if !testkit.PollEvery(60*time.Second, 50*time.Millisecond, func() bool {
 				d = statusDoc(t, s)
 				return len(d.GPU.Devices[0].History) >= base+60
 			}) {
@@ -294,7 +294,9 @@ func TestOwnAccessLinesDropped(t *testing.T) {
 	s.extra = "\n[gpu]\nsample_interval = \"50ms\"\n[liveness]\ninterval = \"100ms\"\n"
 	s.start()
 	s.WaitEvent("ready", 1, 60*time.Second, isReady)
-	testkit.WaitFor(t, "10 scrapes of vLLM's /metrics", 60*time.Second, func() bool { return statusDoc(t, s).VLLM.Scrapes >= 10 })
+	if !testkit.PollEvery(60*time.Second, 50*time.Millisecond, func() bool { return statusDoc(t, s).VLLM.Scrapes >= 10 }) {
+		t.Fatal("vLLM's /metrics was not scraped 10 times within 60 s")
+	}
 	body := []byte(`{"model": "test-model", "prompt": "hi", "max_tokens": 1}`)
 	resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/v1/completions", s.port), "application/json", bytes.NewReader(body))
 	if err != nil || resp.StatusCode != 200 {

@@ -54,7 +54,7 @@ func waitState(t testing.TB, sock string, want string, timeout time.Duration) co
 	defer c.CloseIdleConnections()
 	var last string
 	var d control.Doc
-	if !testkit.Poll(timeout, func() bool {
+	if !testkit.PollEvery(timeout, 50*time.Millisecond, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		var err error
 		d, err = c.Status(ctx)
@@ -202,8 +202,8 @@ func TestFaultLogFloodBlocksNothing(t *testing.T) {
 	// let it write 75 MB, and a status that never came back is an error.
 	// How long a write or a status took is a figure of BenchmarkLogFlood.
 	// Each look asks for the status (it must come back, and say ready) and
-	// reads how much the flood has written.
-	if !testkit.Poll(90*time.Second, func() bool {
+	// reads how much the flood has written, every 100 ms.
+	if !testkit.PollEvery(90*time.Second, 100*time.Millisecond, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		d, err := c.Status(ctx)
 		cancel()
@@ -278,7 +278,7 @@ func TestFaultClosedStdoutIsSupervised(t *testing.T) {
 func hasGrandchild(t *testing.T, s *scene) int {
 	t.Helper()
 	found := 0
-	if !testkit.Poll(10*time.Second, func() bool {
+	if !testkit.PollEvery(10*time.Second, 20*time.Millisecond, func() bool {
 		for _, pid := range s.ours() {
 			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 			if strings.HasPrefix(string(b), "fakevllm-grandchild") {

@@ -241,7 +241,7 @@ func (s *scene) stopCleanly(exit, gone time.Duration) {
 func (s *scene) waitNoProcesses(timeout time.Duration) {
 	s.t.Helper()
 	var left []int
-	if !testkit.Poll(timeout, func() bool { left = s.ours(); return len(left) == 0 }) {
+	if !testkit.PollEvery(timeout, 20*time.Millisecond, func() bool { left = s.ours(); return len(left) == 0 }) {
 		s.t.Fatalf("vLLM processes left behind: %v", describe(left))
 	}
 }

@@ -89,7 +89,7 @@ func launchSim(t testing.TB, port int, env map[string]string, flags ...string) (
 	client := &http.Client{Timeout: time.Second}
 	defer client.CloseIdleConnections()
 	var exited bool
-	ready := testkit.Poll(30*time.Second, func() bool {
+	ready := testkit.PollEvery(30*time.Second, 20*time.Millisecond, func() bool {
 		resp, err := client.Get(s.url() + "/health")
 		if err == nil {
 			resp.Body.Close()

@@ -4,7 +4,8 @@
 //
 // It holds the helpers every package's tests used to copy:
 //
-//   - WaitFor (and Poll, its loop): wait until a condition holds, with a
+//   - WaitFor (and Poll, its loop; PollEvery at a pace of its own): wait
+//     until a condition holds, with a
 //     bound that only ends a test that would never pass. Tests never sleep
 //     to "wait enough"; they wait for what they need, and the bound is
 //     generous because a loaded 2-core machine may take seconds.
@@ -39,8 +40,20 @@ const (
 // looks once more when bound has passed. cond runs on the caller's
 // goroutine, so it may call t.Fatal.
 func Poll(bound time.Duration, cond func() bool) bool {
+	return poll(bound, firstPause, maxPause, cond)
+}
+
+// PollEvery is Poll at a pace of its own: it looks every pause. For a
+// condition that costs the system under test something to look at (a
+// status request, a scan of /proc) on a loaded machine, where Poll's
+// millisecond pace would add load of its own.
+func PollEvery(bound, pause time.Duration, cond func() bool) bool {
+	return poll(bound, pause, pause, cond)
+}
+
+func poll(bound, first, most time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(bound)
-	pause := firstPause
+	pause := first
 	for {
 		if cond() {
 			return true
@@ -50,7 +63,7 @@ func Poll(bound time.Duration, cond func() bool) bool {
 			return false
 		}
 		time.Sleep(min(pause, left))
-		pause = min(pause+pause/8+time.Microsecond, maxPause)
+		pause = min(pause+pause/8+time.Microsecond, most)
 	}
 }
 

@@ -75,7 +75,7 @@ func (s *server) url(path string) string { return fmt.Sprintf("http://127.0.0.1:
 // waitUp waits until /health answers 200.
 func (s *server) waitUp() {
 	s.t.Helper()
-	up := testkit.Poll(startBound, func() bool {
+	up := testkit.PollEvery(startBound, 100*time.Millisecond, func() bool {
 		select {
 		case <-s.done:
 			s.t.Fatalf("%s exited %d before it served:\n%s", s.name, s.code, s.tail())

@@ -494,7 +494,7 @@ func memoryCgroup(t *testing.T, limit int64) (string, int64, error) {
 		t.Cleanup(func() {
 			// Every process has left by now (the scene's cleanup ran first).
 			// The kernel empties the group as the dead are reaped.
-			testkit.Poll(5*time.Second, func() bool { return os.Remove(l.dir) == nil })
+			testkit.PollEvery(5*time.Second, 100*time.Millisecond, func() bool { return os.Remove(l.dir) == nil })
 		})
 		if err := os.WriteFile(filepath.Join(l.dir, l.limitFile), []byte(fmt.Sprint(limit)), 0o644); err != nil {
 			errs = append(errs, err.Error())

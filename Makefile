@@ -126,11 +126,11 @@ fuzz:
 soak: build
 	bash scripts/soak.sh
 
-# The classifier on real vLLM logs from public issues (internal/policy/testdata/real)
+# The classifier on real vLLM logs from public issues (internal/cause/testdata/real)
 # and on the synthetic corpus: confusion tables, per-cause precision and
 # recall, every miss with its source.
 diagnose-report:
-	$(GO) test -count=1 -run 'TestDiagnoseReport$$' -v ./policy
+	$(GO) test -count=1 -run 'TestDiagnoseReport$$' -v ./internal/cause
 
 # Release packages in dist/ for VERSION: vllm-guard_V_linux_ARCH.tar.gz,
 # vllm-guard_V_ARCH.deb, vllm-guard-V-1.RPMARCH.rpm and SHA256SUMS, V being

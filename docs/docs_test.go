@@ -1,7 +1,9 @@
 // Package docs holds the tests that keep the README and docs/ honest: every
 // relative link resolves (the file, and the heading of an #anchor), every
 // `make` target they name exists, and docs/configuration.md covers every key
-// of the example vllm-guard.toml.
+// of the example vllm-guard.toml; every Go name and repository path they
+// write exists (names_test.go); design.md's import levels hold
+// (layers_test.go); no waiting test sleeps (nosleep_test.go).
 package docs
 
 import (

@@ -10,8 +10,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/config"
-	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/state"
 )
 
@@ -50,7 +50,7 @@ func cmdDiagnose(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		defer f.Close()
 		in = f
 	}
-	rep, err := policy.Diagnose(in)
+	rep, err := cause.Diagnose(in)
 	if err != nil {
 		fmt.Fprintf(stderr, "vllm-guard diagnose: reading %s: %v\n", source, err)
 		return exitcode.Failed

@@ -4,18 +4,18 @@ import (
 	"fmt"
 	"math"
 	"time"
-
-	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
 // Facts are what one admission step looks at.
 type Facts struct {
-	Rung             policy.Rung
+	// The rung in force: its max_num_seqs and gpu_memory_utilization.
+	MaxNumSeqs       int
+	Utilization      float64
 	InflightFactor   float64
 	Headroom         float64 // [profile] headroom
 	CriticalFraction float64 // [gpu] critical_fraction
 	Pressure         bool    // gpu_memory_critical or oom_predicted in force
-	Model            policy.CostModel
+	Model            CostModel
 	Inflight         int     // requests in flight now
 	MeanTokens       float64 // prompt tokens of a typical recent request
 	// SecondsToCritical is the GPU trend's (< 0 when not climbing);
@@ -62,9 +62,9 @@ type Policy struct {
 	kind     string
 	seen     int  // the highest concurrency observed without trouble
 	pressure bool // pressure was in force at the last step
-	// The settled samples at the latest level (within policy.StillTolerance of
+	// The settled samples at the latest level (within StillTolerance of
 	// level): the reopening grows once the level has as many as the cost
-	// model needs of each (policy.AdmissionSamplesPerLevel).
+	// model needs of each (SamplesPerLevel).
 	level, atLevel int
 }
 
@@ -77,7 +77,7 @@ func (a *Policy) observe(n int) int {
 	if n <= 0 {
 		return 0
 	}
-	if a.atLevel == 0 || abs(n-a.level) > policy.StillTolerance(a.level) {
+	if a.atLevel == 0 || abs(n-a.level) > StillTolerance(a.level) {
 		a.level, a.atLevel = n, 0
 	}
 	a.atLevel++
@@ -88,7 +88,7 @@ func abs(n int) int { return max(n, -n) }
 
 // Seed sets the highest concurrency observed without trouble, from the
 // samples a restarted guard finds (their highest running).
-func (a *Policy) Seed(samples []policy.CostSample) {
+func (a *Policy) Seed(samples []CostSample) {
 	for _, s := range samples {
 		a.seen = max(a.seen, int(s.Running))
 	}
@@ -105,11 +105,11 @@ func (a *Policy) OnOOM(f Facts) {
 	if f.Model.Confident {
 		return // the next samples correct the model; the memory bound stays
 	}
-	a.reopen, a.kind = max(rungLimit(f)/16, 2), policy.BoundReopening
+	a.reopen, a.kind = max(rungLimit(f)/16, 2), BoundReopening
 }
 
 func rungLimit(f Facts) int {
-	return max(int(float64(f.Rung.MaxNumSeqs)*max(f.InflightFactor, 0)), 1)
+	return max(int(float64(f.MaxNumSeqs)*max(f.InflightFactor, 0)), 1)
 }
 
 // Ceiling is the memory fraction admission keeps the predicted peak under:
@@ -117,17 +117,17 @@ func rungLimit(f Facts) int {
 // when the headroom leaves no room above vLLM's own budget.
 func (f Facts) Ceiling() float64 {
 	c := 1 - f.Headroom
-	if c <= f.Rung.GPUMemoryUtilization {
-		c = (f.Rung.GPUMemoryUtilization + max(f.CriticalFraction, f.Rung.GPUMemoryUtilization)) / 2
+	if c <= f.Utilization {
+		c = (f.Utilization + max(f.CriticalFraction, f.Utilization)) / 2
 	}
 	return c
 }
 
 // Step returns the bound in force now.
-func (a *Policy) Step(f Facts) policy.AdmissionBound {
+func (a *Policy) Step(f Facts) Bound {
 	rl := rungLimit(f)
-	b := policy.AdmissionBound{Limit: rl, Bound: policy.BoundRung, Model: f.Model,
-		Why: fmt.Sprintf("max_num_seqs %d × inflight_factor %g", f.Rung.MaxNumSeqs, f.InflightFactor)}
+	b := Bound{Limit: rl, Bound: BoundRung, Model: f.Model,
+		Why: fmt.Sprintf("max_num_seqs %d × inflight_factor %g", f.MaxNumSeqs, f.InflightFactor)}
 	m := f.Model
 	a.seen = max(a.seen, f.Observed)
 	pressureBegins := f.Pressure && !a.pressure
@@ -135,7 +135,7 @@ func (a *Policy) Step(f Facts) policy.AdmissionBound {
 	if m.Confident {
 		a.reopen = 0
 		ceil := f.Ceiling()
-		room := m.RoomBytes(f.Rung.GPUMemoryUtilization, 1-ceil)
+		room := m.RoomBytes(f.Utilization, 1-ceil)
 		per := m.RequestBytes(f.MeanTokens)
 		b.RoomBytes = max(room, 1) // a model that leaves no room admits nothing but is still a bound
 		n, capAt := math.MaxInt, a.seen+growth(a.seen)
@@ -144,11 +144,11 @@ func (a *Policy) Step(f Facts) policy.AdmissionBound {
 		}
 		switch {
 		case capAt < n && capAt < rl:
-			b.Limit, b.Bound = capAt, policy.BoundMemory
+			b.Limit, b.Bound = capAt, BoundMemory
 			b.Why = fmt.Sprintf("learning: at most one step past the %d requests in flight seen without trouble (the model predicts %d fit under %.1f %% of the device)",
 				a.seen, n, ceil*100)
 		case n < rl:
-			b.Limit, b.Bound = max(n, 1), policy.BoundMemory
+			b.Limit, b.Bound = max(n, 1), BoundMemory
 			b.Why = fmt.Sprintf("predicted peak under %.1f %% of the device: %d requests of %.0f prompt tokens (≈ %.0f MiB each over %.1f GiB of room)",
 				ceil*100, n, f.MeanTokens, per/(1<<20), room/(1<<30))
 		}
@@ -157,9 +157,9 @@ func (a *Policy) Step(f Facts) policy.AdmissionBound {
 		stepDown := climbing || (pressureBegins && f.Inflight > 1)
 		switch {
 		case stepDown && (a.reopen == 0 || f.Inflight*7/8 < a.reopen):
-			a.reopen, a.kind = max(f.Inflight*7/8, 1), policy.BoundTrend
+			a.reopen, a.kind = max(f.Inflight*7/8, 1), BoundTrend
 			if !climbing {
-				a.kind = policy.BoundPressure
+				a.kind = BoundPressure
 			}
 		case stepDown:
 			// Already stepped down below what is in flight: hold.
@@ -169,7 +169,7 @@ func (a *Policy) Step(f Facts) policy.AdmissionBound {
 			// keep up with the limit: growing at every sample left each
 			// level one sample, which the model cannot use, and with 1 s
 			// samples it never became confident.
-			if a.observe(f.Observed) >= policy.AdmissionSamplesPerLevel {
+			if a.observe(f.Observed) >= SamplesPerLevel {
 				a.reopen = max(a.reopen, f.Observed+growth(f.Observed))
 			}
 		case f.Tick && a.reopen > 0 && f.Inflight >= a.reopen-1:
@@ -181,9 +181,9 @@ func (a *Policy) Step(f Facts) policy.AdmissionBound {
 		if a.reopen > 0 {
 			b.Limit, b.Bound = a.reopen, a.kind
 			switch a.kind {
-			case policy.BoundTrend:
+			case BoundTrend:
 				b.Why = fmt.Sprintf("memory predicted to reach critical within %.0f s before the cost model is confident (%s): stepped down, reopening step by step", f.Horizon, m.Why)
-			case policy.BoundPressure:
+			case BoundPressure:
 				b.Why = fmt.Sprintf("gpu_memory_critical or oom_predicted before the cost model is confident (%s): stepped down to 7/8 of the requests in flight, reopening step by step", m.Why)
 			default:
 				b.Why = fmt.Sprintf("vLLM ran out of memory before the cost model was confident (%s): reopening step by step", m.Why)
@@ -191,7 +191,7 @@ func (a *Policy) Step(f Facts) policy.AdmissionBound {
 		}
 	}
 	if f.Pressure && b.Limit > 1 && b.RoomBytes == 0 && a.reopen == 0 {
-		b.Limit, b.Bound = max(b.Limit/2, 1), policy.BoundPressure
+		b.Limit, b.Bound = max(b.Limit/2, 1), BoundPressure
 		b.Why = "halved while gpu_memory_critical or oom_predicted is active (" + b.Why + ")"
 	}
 	return b
@@ -212,7 +212,7 @@ type InflightSpan struct {
 
 // Still: the requests in flight held still over the span.
 func (s InflightSpan) Still() bool {
-	return !s.Since.IsZero() && s.Max-s.Min <= policy.StillTolerance(s.Max)
+	return !s.Since.IsZero() && s.Max-s.Min <= StillTolerance(s.Max)
 }
 
 // Extend adds the next window w (its Since is where it began) to the span
@@ -262,21 +262,21 @@ type Reading struct {
 // pairs the memory with the fewest requests of the latest window, which
 // errs on the side of a higher cost. seen is the most the span held: that
 // many ran without trouble (Facts.Observed).
-func SettledSample(r Reading) (sample policy.CostSample, seen int, ok bool) {
+func SettledSample(r Reading) (sample CostSample, seen int, ok bool) {
 	if !r.Span.Still() || r.Total <= 0 || r.MemReadAt.IsZero() {
-		return policy.CostSample{}, 0, false
+		return CostSample{}, 0, false
 	}
-	tol := float64(policy.StillTolerance(r.Span.Max))
+	tol := float64(StillTolerance(r.Span.Max))
 	for _, c := range r.Counts {
 		if c.AskedAt.Before(r.Span.Since) || c.At.After(r.MemReadAt) {
 			continue
 		}
 		if c.Running >= float64(r.Span.Min)-tol && c.Running <= float64(r.Span.Max)+tol {
-			return policy.CostSample{Running: float64(r.Span.Last), Tokens: r.Span.LastTokens,
+			return CostSample{Running: float64(r.Span.Last), Tokens: r.Span.LastTokens,
 				Above: r.Used - r.Utilization*r.Total, Total: r.Total}, r.Span.Max, true
 		}
 	}
-	return policy.CostSample{}, 0, false
+	return CostSample{}, 0, false
 }
 
 // samplesPerLevel bounds the samples kept at one concurrency level, so that
@@ -285,7 +285,7 @@ const samplesPerLevel = 8
 
 // KeepSample appends s to samples (newest last), dropping the oldest at
 // its level beyond samplesPerLevel and the oldest of all beyond max.
-func KeepSample(samples []policy.CostSample, s policy.CostSample, maxSamples int) []policy.CostSample {
+func KeepSample(samples []CostSample, s CostSample, maxSamples int) []CostSample {
 	n := 0
 	for _, x := range samples {
 		if math.Round(x.Running) == math.Round(s.Running) {

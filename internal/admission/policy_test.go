@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
 // The scene of the admission tests: an 80 GiB device at utilization 0.8,
@@ -23,34 +21,34 @@ const (
 	admTrueMax = 118 // (80 GiB − 0.8 × 80 GiB − 768 MiB) / 131.25 MiB
 )
 
-func admSample(running, tokensEach float64) policy.CostSample {
-	return policy.CostSample{Running: running, Tokens: running * tokensEach, Total: admTotal,
+func admSample(running, tokensEach float64) CostSample {
+	return CostSample{Running: running, Tokens: running * tokensEach, Total: admTotal,
 		Above: admBase + running*admPerSeq + running*tokensEach*admPerTok}
 }
 
 // levels returns two samples at each running level.
-func levels(tokensEach float64, rs ...float64) []policy.CostSample {
-	var out []policy.CostSample
+func levels(tokensEach float64, rs ...float64) []CostSample {
+	var out []CostSample
 	for _, r := range rs {
 		out = append(out, admSample(r, tokensEach), admSample(r, tokensEach))
 	}
 	return out
 }
 
-func admFacts(m policy.CostModel) Facts {
-	return Facts{Rung: policy.Rung{MaxNumSeqs: 256, GPUMemoryUtilization: admUtil}, InflightFactor: 1, Headroom: 0.005,
+func admFacts(m CostModel) Facts {
+	return Facts{MaxNumSeqs: 256, Utilization: admUtil, InflightFactor: 1, Headroom: 0.005,
 		CriticalFraction: 0.97, Model: m, MeanTokens: admTokens, SecondsToCritical: -1, Horizon: 1, Tick: true, Learning: true}
 }
 
 func TestAdmissionBeforeConfidenceIsTheRung(t *testing.T) {
 	var a Policy
-	f := admFacts(policy.FitAdmission(nil))
+	f := admFacts(FitAdmission(nil))
 	b := a.Step(f)
-	if b.Bound != policy.BoundRung || b.Limit != 256 || b.RoomBytes != 0 {
+	if b.Bound != BoundRung || b.Limit != 256 || b.RoomBytes != 0 {
 		t.Fatalf("bound %+v, want the rung's 256", b)
 	}
 	f.Pressure = true
-	if b := a.Step(f); b.Bound != policy.BoundPressure || b.Limit != 128 {
+	if b := a.Step(f); b.Bound != BoundPressure || b.Limit != 128 {
 		t.Fatalf("under pressure: %+v, want 128 (pressure)", b)
 	}
 }
@@ -58,9 +56,9 @@ func TestAdmissionBeforeConfidenceIsTheRung(t *testing.T) {
 func TestAdmissionMemoryBoundHoldsBelowThePointOfFailure(t *testing.T) {
 	var a Policy
 	a.Seed(levels(admTokens, 100, 105, 110))
-	m := policy.FitAdmission(levels(admTokens, 10, 20, 30, 40, 50, 100, 105, 110))
+	m := FitAdmission(levels(admTokens, 10, 20, 30, 40, 50, 100, 105, 110))
 	b := a.Step(admFacts(m))
-	if b.Bound != policy.BoundMemory || b.RoomBytes <= 0 {
+	if b.Bound != BoundMemory || b.RoomBytes <= 0 {
 		t.Fatalf("bound %+v, want memory", b)
 	}
 	if b.Limit >= admTrueMax || b.Limit*10 < admTrueMax*9 {
@@ -77,9 +75,9 @@ func TestAdmissionMemoryBoundIsCappedAtWhatWasSeen(t *testing.T) {
 	var a Policy
 	ss := levels(admTokens, 10, 20, 30, 35, 40)
 	a.Seed(ss)
-	f := admFacts(policy.FitAdmission(ss))
+	f := admFacts(FitAdmission(ss))
 	b := a.Step(f)
-	if b.Bound != policy.BoundMemory || b.Limit != 45 || !strings.Contains(b.Why, "seen without trouble") {
+	if b.Bound != BoundMemory || b.Limit != 45 || !strings.Contains(b.Why, "seen without trouble") {
 		t.Fatalf("bound %+v, want memory at 45 (40 seen + 5)", b)
 	}
 	f.Observed = 45
@@ -99,10 +97,10 @@ func TestAdmissionMemoryBoundIsCappedAtWhatWasSeen(t *testing.T) {
 
 func TestAdmissionTrendStepsDownThenReopensWithTheSamples(t *testing.T) {
 	var a Policy
-	f := admFacts(policy.FitAdmission(nil))
+	f := admFacts(FitAdmission(nil))
 	f.Inflight, f.SecondsToCritical = 80, 0.5
 	b := a.Step(f)
-	if b.Bound != policy.BoundTrend || b.Limit != 70 {
+	if b.Bound != BoundTrend || b.Limit != 70 {
 		t.Fatalf("climbing: %+v, want trend at 70", b)
 	}
 	f.SecondsToCritical = -1
@@ -113,7 +111,7 @@ func TestAdmissionTrendStepsDownThenReopensWithTheSamples(t *testing.T) {
 	if b := a.Step(f); b.Limit != 70 {
 		t.Fatalf("after one sample at 69: limit %d, want 70 held (the model needs two at a level)", b.Limit)
 	}
-	if b := a.Step(f); b.Bound != policy.BoundTrend || b.Limit != 69+8 {
+	if b := a.Step(f); b.Bound != BoundTrend || b.Limit != 69+8 {
 		t.Fatalf("after two samples at 69: %+v, want 77", b)
 	}
 }
@@ -125,14 +123,14 @@ func TestAdmissionTrendStepsDownThenReopensWithTheSamples(t *testing.T) {
 // it steps down again.
 func TestAdmissionPressureStepsDownFromWhatIsInFlight(t *testing.T) {
 	var a Policy
-	f := admFacts(policy.FitAdmission(nil))
+	f := admFacts(FitAdmission(nil))
 	f.Inflight = 100
-	if b := a.Step(f); b.Bound != policy.BoundRung || b.Limit != 256 {
+	if b := a.Step(f); b.Bound != BoundRung || b.Limit != 256 {
 		t.Fatalf("before pressure: %+v, want the rung's 256", b)
 	}
 	f.Pressure, f.Tick = true, false // the alert's own step, between samples
 	b := a.Step(f)
-	if b.Bound != policy.BoundPressure || b.Limit != 87 || !strings.Contains(b.Why, "7/8 of the requests in flight") {
+	if b.Bound != BoundPressure || b.Limit != 87 || !strings.Contains(b.Why, "7/8 of the requests in flight") {
 		t.Fatalf("pressure begins at 100 in flight: %+v, want pressure at 87", b)
 	}
 	f.Tick, f.Inflight = true, 87
@@ -141,7 +139,7 @@ func TestAdmissionPressureStepsDownFromWhatIsInFlight(t *testing.T) {
 	}
 	f.Observed = 87
 	a.Step(f)
-	if b := a.Step(f); b.Bound != policy.BoundPressure || b.Limit != 87+10 {
+	if b := a.Step(f); b.Bound != BoundPressure || b.Limit != 87+10 {
 		t.Fatalf("after two samples at 87 under pressure: %+v, want 97", b)
 	}
 	f.Observed, f.Pressure = 0, false
@@ -156,21 +154,21 @@ func TestAdmissionPressureStepsDownFromWhatIsInFlight(t *testing.T) {
 	ss := levels(admTokens, 10, 20, 30, 40, 50, 100, 105, 110)
 	a2 := Policy{}
 	a2.Seed(ss)
-	g := admFacts(policy.FitAdmission(ss))
+	g := admFacts(FitAdmission(ss))
 	g.Inflight = 100
 	a2.Step(g)
 	g.Pressure = true
-	if b := a2.Step(g); b.Bound != policy.BoundMemory || b.Limit*10 < admTrueMax*9 {
+	if b := a2.Step(g); b.Bound != BoundMemory || b.Limit*10 < admTrueMax*9 {
 		t.Fatalf("confident model under pressure: %+v, want the memory bound", b)
 	}
 }
 
 func TestAdmissionReopensAfterAnOOM(t *testing.T) {
 	var a Policy
-	f := admFacts(policy.FitAdmission(nil))
+	f := admFacts(FitAdmission(nil))
 	a.OnOOM(f)
 	b := a.Step(f)
-	if b.Bound != policy.BoundReopening || b.Limit != 16 {
+	if b.Bound != BoundReopening || b.Limit != 16 {
 		t.Fatalf("after an OOM: %+v, want reopening at 16", b)
 	}
 	f.Observed = 16
@@ -187,9 +185,9 @@ func TestAdmissionReopensAfterAnOOM(t *testing.T) {
 		t.Fatalf("unlearning growth: %d, want 19", b.Limit)
 	}
 	// A confident model takes over from the reopening.
-	m := policy.FitAdmission(levels(admTokens, 10, 20, 30, 40, 50))
+	m := FitAdmission(levels(admTokens, 10, 20, 30, 40, 50))
 	f.Model, f.Learning = m, true
-	if b := a.Step(f); b.Bound != policy.BoundMemory {
+	if b := a.Step(f); b.Bound != BoundMemory {
 		t.Fatalf("with a confident model: %+v", b)
 	}
 }
@@ -198,12 +196,12 @@ func TestAdmissionOOMWithAConfidentModelStepsTheCapBack(t *testing.T) {
 	var a Policy
 	ss := levels(admTokens, 10, 20, 30, 40, 80)
 	a.Seed(ss)
-	f := admFacts(policy.FitAdmission(ss))
+	f := admFacts(FitAdmission(ss))
 	if b := a.Step(f); b.Limit != 90 {
 		t.Fatalf("limit %d, want 90", b.Limit)
 	}
 	a.OnOOM(f)
-	if b := a.Step(f); b.Bound != policy.BoundMemory || b.Limit != 70+8 {
+	if b := a.Step(f); b.Bound != BoundMemory || b.Limit != 70+8 {
 		t.Fatalf("after an OOM: %+v, want memory at 78 (70 + 8)", b)
 	}
 }
@@ -256,16 +254,16 @@ func TestInflightSpanExtends(t *testing.T) {
 }
 
 func TestKeepSampleBoundsEachLevel(t *testing.T) {
-	var ss []policy.CostSample
+	var ss []CostSample
 	for i := range 3 * samplesPerLevel {
-		ss = KeepSample(ss, policy.CostSample{Running: 10, Above: float64(i)}, 100)
+		ss = KeepSample(ss, CostSample{Running: 10, Above: float64(i)}, 100)
 	}
-	ss = KeepSample(ss, policy.CostSample{Running: 20}, 100)
+	ss = KeepSample(ss, CostSample{Running: 20}, 100)
 	if len(ss) != samplesPerLevel+1 || ss[0].Above != 2*samplesPerLevel {
 		t.Fatalf("kept %d samples (oldest at 10: %v), want the newest %d at 10 and the one at 20", len(ss), ss[0].Above, samplesPerLevel)
 	}
 	for range 10 {
-		ss = KeepSample(ss, policy.CostSample{Running: float64(30 + len(ss))}, 10)
+		ss = KeepSample(ss, CostSample{Running: float64(30 + len(ss))}, 10)
 	}
 	if len(ss) != 10 {
 		t.Fatalf("kept %d, want 10", len(ss))

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
@@ -133,12 +134,8 @@ func TestCommandTimeoutKillsGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	deadline := time.Now().Add(wait)
-	for alive(pid) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the command's child %d outlived the timeout", pid)
-		}
-		time.Sleep(10 * time.Millisecond) // polling a condition with a deadline
+	if !testkit.Poll(wait, func() bool { return !alive(pid) }) {
+		t.Fatalf("the command's child %d outlived the timeout", pid)
 	}
 }
 
@@ -404,7 +401,7 @@ func TestFromGPUAndFailure(t *testing.T) {
 	}
 
 	f := status.Failure{Exit: "exit code 1", MemFractions: []float64{0.9, 0.99, 0.5}, RungBefore: rung,
-		Verdict:  policy.Verdict{Cause: policy.CauseOOM, Evidence: []policy.Line{{N: 812, Text: "torch.OutOfMemoryError: CUDA out of memory."}}},
+		Verdict:  cause.Verdict{Cause: cause.CauseOOM, Evidence: []cause.Line{{N: 812, Text: "torch.OutOfMemoryError: CUDA out of memory."}}},
 		Decision: policy.Decision{Action: policy.ActionRestart, Rung: policy.Rung{Index: 3, MaxNumSeqs: 32, GPUMemoryUtilization: 0.7}}}
 	evs := FromFailure(f)
 	if len(evs) != 1 || evs[0].Alert != OOM || evs[0].Fraction != 0.99 || evs[0].Details["evidence_line"] != 812 ||
@@ -416,7 +413,7 @@ func TestFromGPUAndFailure(t *testing.T) {
 	if evs := FromFailure(f); len(evs) != 2 || evs[0].Alert != OOM || evs[1].Alert != GaveUp || evs[1].Details["exit_code"] != 1 {
 		t.Errorf("FromFailure(oom, give up) = %+v, want oom then gave_up", evs)
 	}
-	f.Verdict.Cause = policy.CauseCrash
+	f.Verdict.Cause = cause.CauseCrash
 	f.Decision.Action = policy.ActionRestart
 	if evs := FromFailure(f); len(evs) != 0 {
 		t.Errorf("FromFailure(crash, restart) = %+v, want none", evs)
@@ -502,8 +499,8 @@ func TestWebhookRedirectIsRefused(t *testing.T) {
 // TestFromFailureGPUFault: a gpu_fault raises gpu_fault naming the GPU, the
 // XID and what to do; when the policy gave up, gave_up follows.
 func TestFromFailureGPUFault(t *testing.T) {
-	g := &policy.GPUFault{Device: 0, UUID: "GPU-aaaa", XID: 79, Meaning: policy.XIDMeaning(79), Reset: true, Source: "nvml"}
-	f := status.Failure{Exit: "signal SIGKILL", Verdict: policy.Verdict{Cause: policy.CauseGPUFault, GPU: g},
+	g := &cause.GPUFault{Device: 0, UUID: "GPU-aaaa", XID: 79, Meaning: cause.XIDMeaning(79), Reset: true, Source: "nvml"}
+	f := status.Failure{Exit: "signal SIGKILL", Verdict: cause.Verdict{Cause: cause.CauseGPUFault, GPU: g},
 		Decision: policy.Decision{Action: policy.ActionGiveUp, ExitCode: exitcode.GPUFault, Reason: "GPU fault, not restarted into: " + g.What()}}
 	evs := FromFailure(f)
 	if len(evs) != 2 || evs[0].Alert != GPUFault || evs[1].Alert != GaveUp || evs[1].Details["exit_code"] != exitcode.GPUFault {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/status"
@@ -45,7 +46,7 @@ func FromFailure(f status.Failure) []Event {
 		return e
 	}
 	var out []Event
-	if f.Verdict.Cause == policy.CauseOOM {
+	if f.Verdict.Cause == cause.CauseOOM {
 		e := base()
 		e.Alert, e.Severity = OOM, SeverityOf(OOM)
 		e.Message = fmt.Sprintf("vLLM died of GPU out of memory on rung %d (max_num_seqs %d, gpu_memory_utilization %.2f)",
@@ -57,7 +58,7 @@ func FromFailure(f status.Failure) []Event {
 		}
 		out = append(out, e)
 	}
-	if g := f.Verdict.GPU; f.Verdict.Cause == policy.CauseGPUFault && g != nil {
+	if g := f.Verdict.GPU; f.Verdict.Cause == cause.CauseGPUFault && g != nil {
 		e := base()
 		e.Alert, e.Severity, e.GPU = GPUFault, SeverityOf(GPUFault), g.Device
 		e.Message = "GPU fault: " + g.What()

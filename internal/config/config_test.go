@@ -628,3 +628,6 @@ func TestTrustEveryoneWarns(t *testing.T) {
 		}
 	}
 }
+
+// parse reads a config file's bytes as LoadFor(path, "") reads the file.
+func parse(path string, data []byte) (*Config, error) { return parseFor(path, data, "") }

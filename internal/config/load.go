@@ -78,8 +78,6 @@ func readCapped(path string) ([]byte, error) {
 	return data, nil
 }
 
-func parse(path string, data []byte) (*Config, error) { return parseFor(path, data, "") }
-
 func parseFor(path string, data []byte, instance string) (*Config, error) {
 	if err := prescan(path, data); err != nil {
 		return nil, err

@@ -112,9 +112,6 @@ type Listener struct {
 	closed bool
 }
 
-// New caps l at max open connections (at least 1), none per source.
-func New(l net.Listener, limit int) *Listener { return NewPerSource(l, limit, 0) }
-
 // NewPerSource caps l at limit open connections and at perSource from one
 // client address (an IPv6 /64 counts as one); perSource <= 0 or above
 // limit: only limit applies.

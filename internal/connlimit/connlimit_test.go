@@ -42,7 +42,7 @@ func TestListenerRefusesOverTheCap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := New(inner, 2)
+	l := NewPerSource(inner, 2, 0)
 	defer l.Close()
 	accepted := make(chan net.Conn)
 	done := make(chan struct{})

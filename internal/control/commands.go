@@ -369,16 +369,6 @@ func eachIncidentOffline(dir string, n int, socket string, stderr io.Writer, eac
 	return withOfflineStore(dir, socket, stderr, func(store *state.Store) error { return store.EachIncident(n, each) })
 }
 
-// readIncidents is eachIncidentOffline holding them all (tests).
-func readIncidents(dir string, n int, socket string, stderr io.Writer) ([]state.Incident, error) {
-	var incs []state.Incident
-	err := eachIncidentOffline(dir, n, socket, stderr, func(inc state.Incident) error {
-		incs = append(incs, inc)
-		return nil
-	})
-	return incs, err
-}
-
 func withOfflineStore(dir, socket string, stderr io.Writer, use func(*state.Store) error) error {
 	if dir == "" {
 		return fmt.Errorf("no vllm-guard answers on %s and [control] state_dir is empty: no records to read", socket)

@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/state"
 	"github.com/vllm-guard/vllm-guard/internal/status"
@@ -194,7 +195,7 @@ func TestStatusCommandWatch(t *testing.T) {
 
 func TestIncidentsCommand(t *testing.T) {
 	b := newFakeBackend(status.StateReady)
-	b.incs = []state.Incident{{ID: "2", Time: fixtureNow, Cause: policy.CauseOOM, Summary: "CUDA out of memory",
+	b.incs = []state.Incident{{ID: "2", Time: fixtureNow, Cause: cause.CauseOOM, Summary: "CUDA out of memory",
 		RungBefore: policy.Rung{Index: 0, MaxNumSeqs: 256, GPUMemoryUtilization: 0.85},
 		RungAfter:  policy.Rung{Index: 1, MaxNumSeqs: 128, GPUMemoryUtilization: 0.8}, Action: policy.ActionRestart}}
 	_, path := startSocket(t, b, nil)
@@ -210,7 +211,7 @@ func TestIncidentsCommand(t *testing.T) {
 	b.mu.Unlock()
 	code, out, _ = runCmd(incidents, "--socket", path, "--json")
 	var incs []state.Incident
-	if err := json.Unmarshal([]byte(out), &incs); code != 0 || err != nil || len(incs) != 1 || incs[0].Cause != policy.CauseOOM {
+	if err := json.Unmarshal([]byte(out), &incs); code != 0 || err != nil || len(incs) != 1 || incs[0].Cause != cause.CauseOOM {
 		t.Errorf("--json: exit %d %v %s", code, err, out)
 	}
 	if code, _, errs := runCmd(incidents, "-n", "-1"); code != 2 || !strings.Contains(errs, "-n -1") {
@@ -238,14 +239,14 @@ func TestIncidentsCommandWithoutGuard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i, cause := range []policy.Cause{policy.CauseCrash, policy.CauseOOM} {
+	for i, cause := range []cause.Cause{cause.CauseCrash, cause.CauseOOM} {
 		if _, err := store.AddIncident(state.Incident{Time: fixtureNow.Add(time.Duration(i) * time.Minute), Cause: cause, Summary: string(cause) + " happened"}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	code, out, _ = runCmd(incidents, "--config", cfg, "--json", "-n", "1")
 	var incs []state.Incident
-	if err := json.Unmarshal([]byte(out), &incs); code != 0 || err != nil || len(incs) != 1 || incs[0].Cause != policy.CauseOOM {
+	if err := json.Unmarshal([]byte(out), &incs); code != 0 || err != nil || len(incs) != 1 || incs[0].Cause != cause.CauseOOM {
 		t.Errorf("from the state folder: exit %d %v %s", code, err, out)
 	}
 	code, out, _ = runCmd(incidents, "--config", cfg)

@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/state"
@@ -21,7 +22,7 @@ func fixtureDoc() Doc {
 	oomAt := fixtureNow.Add(-6*time.Minute - 41*time.Second)
 	rung0 := policy.Rung{Index: 0, MaxNumSeqs: 256, GPUMemoryUtilization: 0.85}
 	rung1 := policy.Rung{Index: 1, MaxNumSeqs: 128, GPUMemoryUtilization: 0.80}
-	evidence := []policy.Line{{N: 812, Stream: "stderr", Text: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of 79.19 GiB of which 1.10 GiB is free. Including non-PyTorch memory, this process has 78.09 GiB memory in use."}}
+	evidence := []cause.Line{{N: 812, Stream: "stderr", Text: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of 79.19 GiB of which 1.10 GiB is free. Including non-PyTorch memory, this process has 78.09 GiB memory in use."}}
 	guard := status.Status{
 		State:       status.StateReady,
 		Since:       fixtureNow.Add(-5*time.Minute - 55*time.Second),
@@ -31,11 +32,11 @@ func fixtureDoc() Doc {
 		ReadySince:  fixtureNow.Add(-5*time.Minute - 55*time.Second),
 		Rung:        rung1,
 		Starts:      2,
-		Restarts:    map[policy.Cause]int{policy.CauseOOM: 1},
+		Restarts:    map[cause.Cause]int{cause.CauseOOM: 1},
 		TimeToReady: 41230 * time.Millisecond,
 		LastFailure: &status.Failure{
-			Time: oomAt, PID: 4100, Exit: "exit code 1", ExitCode: 1, Phase: policy.PhaseReady,
-			Verdict:    policy.Verdict{Cause: policy.CauseOOM, Confidence: "high", Evidence: evidence, Summary: "GPU out of memory while serving"},
+			Time: oomAt, PID: 4100, Exit: "exit code 1", ExitCode: 1, Phase: cause.PhaseReady,
+			Verdict:    cause.Verdict{Cause: cause.CauseOOM, Confidence: "high", Evidence: evidence, Summary: "GPU out of memory while serving"},
 			Decision:   policy.Decision{Action: policy.ActionRestart, Rung: rung1, Delay: 5 * time.Second, WaitGPU: true, Reason: "OOM: one rung down"},
 			RungBefore: rung0,
 			Uptime:     2 * time.Hour,
@@ -75,8 +76,8 @@ func fixtureDoc() Doc {
 			PromptTokens: 1.2e6, GenerationTokens: 6.5e5, ScrapedAt: fixtureNow.Add(-time.Second), Scrapes: 355},
 		Alerts: fixtureAlerts(gpu),
 		LastIncident: &state.Incident{
-			ID: "20260301T120319.000000Z-oom", Time: oomAt, Cause: policy.CauseOOM, Confidence: "high",
-			Summary: "GPU out of memory while serving", Evidence: evidence, ExitCode: 1, Phase: policy.PhaseReady,
+			ID: "20260301T120319.000000Z-oom", Time: oomAt, Cause: cause.CauseOOM, Confidence: "high",
+			Summary: "GPU out of memory while serving", Evidence: evidence, ExitCode: 1, Phase: cause.PhaseReady,
 			RungBefore: rung0, RungAfter: rung1, Action: policy.ActionRestart, Delay: 5 * time.Second,
 			MemoryTrend: "climbing",
 		},

@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/connlimit"
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
-	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/state"
 	"github.com/vllm-guard/vllm-guard/internal/status"
 )
@@ -49,8 +49,8 @@ func serveImpostor(path string) int {
 // far more of everything than a real guard holds.
 func secretDoc() Doc {
 	d := fixtureDoc()
-	inc := state.Incident{ID: "x", Time: fixtureNow, Cause: policy.CauseCrash, Summary: "crash",
-		Evidence: []policy.Line{{N: 3, Text: "RuntimeError: bad key sk-evidence-secret-0000000000"}},
+	inc := state.Incident{ID: "x", Time: fixtureNow, Cause: cause.CauseCrash, Summary: "crash",
+		Evidence: []cause.Line{{N: 3, Text: "RuntimeError: bad key sk-evidence-secret-0000000000"}},
 	}
 	for i := 0; i < 1000; i++ {
 		inc.LastLines = append(inc.LastLines, strings.Repeat("x", 600))
@@ -59,7 +59,7 @@ func secretDoc() Doc {
 	inc.LastLines = append(inc.LastLines, "(APIServer pid=7) INFO non-default args: {'model_tag': 'm', 'api_key': 'line-secret', 'port': 8000}")
 	d.LastIncident = &inc
 	d.Guard.Reason = strings.Repeat("r", 1<<20)
-	d.Guard.LastFailure.Verdict.Evidence = append(d.Guard.LastFailure.Verdict.Evidence, policy.Line{N: 9, Text: "Authorization: Bearer failure-secret"})
+	d.Guard.LastFailure.Verdict.Evidence = append(d.Guard.LastFailure.Verdict.Evidence, cause.Line{N: 9, Text: "Authorization: Bearer failure-secret"})
 	for i := range d.GPU.Devices {
 		dev := &d.GPU.Devices[i]
 		dev.History = make([]float64, 20000)
@@ -94,7 +94,7 @@ func TestHTTPStatusIsARedactedSummary(t *testing.T) {
 		t.Errorf("TCP /status is %d bytes, over the %d bound", len(body), maxSummaryBytes)
 	}
 	d, err := DecodeDoc(strings.NewReader(body))
-	if err != nil || d.Note != SummaryNote || d.Guard.State != status.StateReady || d.LastIncident == nil || d.LastIncident.Cause != policy.CauseCrash ||
+	if err != nil || d.Note != SummaryNote || d.Guard.State != status.StateReady || d.LastIncident == nil || d.LastIncident.Cause != cause.CauseCrash ||
 		len(d.LastIncident.LastLines) != 0 || len(d.LastIncident.Evidence) != 0 || len(d.Guard.LastFailure.Verdict.Evidence) != 0 {
 		t.Errorf("summary: %v note=%q state=%s incident=%+v", err, d.Note, d.Guard.State, d.LastIncident)
 	}

@@ -181,17 +181,6 @@ func (s *HTTPServer) Close() error {
 	return err
 }
 
-// ServeHTTP listens on addr and serves h until ctx ends, then shuts down
-// gracefully. It returns a listen error at once, nil after a clean stop.
-func ServeHTTP(ctx context.Context, addr string, h http.Handler, log *zap.Logger) error {
-	s, err := ListenHTTP(addr, h, log)
-	if err != nil {
-		return err
-	}
-	<-ctx.Done()
-	return s.Close()
-}
-
 // checkHost refuses a request whose Host header names something other
 // than this listener (421 Misdirected Request), against DNS rebinding: a
 // browser led to the port by a name an attacker controls sends that name.

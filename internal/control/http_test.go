@@ -1,7 +1,6 @@
 package control
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -109,27 +108,5 @@ func TestHTTPNoMetricsHandler(t *testing.T) {
 	defer s.Close()
 	if code, _ := get(t, "GET", "http://"+s.Addr().String()+"/metrics"); code != 404 {
 		t.Errorf("/metrics with no handler: %d", code)
-	}
-}
-
-func TestServeHTTP(t *testing.T) {
-	h := NewHTTPHandler(newFakeBackend(status.StateReady), nil)
-	taken, err := ListenHTTP("127.0.0.1:0", h, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer taken.Close()
-	// A port in use fails at once, naming the address and the key.
-	err = ServeHTTP(context.Background(), taken.Addr().String(), h, nil)
-	if err == nil || !strings.Contains(err.Error(), taken.Addr().String()) || !strings.Contains(err.Error(), "http_listen") {
-		t.Fatalf("ServeHTTP on a taken port: %v", err)
-	}
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ServeHTTP(ctx, "127.0.0.1:0", h, nil) }()
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("ServeHTTP after cancel: %v", err)
 	}
 }

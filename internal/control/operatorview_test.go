@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/state"
 	"github.com/vllm-guard/vllm-guard/internal/status"
 )
@@ -20,8 +20,8 @@ import (
 // hostileIncident is the record of a death after clients sent 200 long
 // queries: each a 16 KiB access line of '<' (six bytes each as JSON).
 func hostileIncident(at time.Time) *state.Incident {
-	inc := &state.Incident{ID: "x", Time: at, Cause: policy.CauseCrash, Summary: strings.Repeat("<", 64<<10),
-		Evidence: []policy.Line{{N: 3, Text: strings.Repeat("<", 16<<10)}}}
+	inc := &state.Incident{ID: "x", Time: at, Cause: cause.CauseCrash, Summary: strings.Repeat("<", 64<<10),
+		Evidence: []cause.Line{{N: 3, Text: strings.Repeat("<", 16<<10)}}}
 	for i := range 200 {
 		inc.LastLines = append(inc.LastLines, fmt.Sprintf(`INFO: 127.0.0.1:%d - "GET /v1/models?q=%s HTTP/1.1" 401`, i, strings.Repeat("<", 16000)))
 	}
@@ -89,10 +89,10 @@ func TestStatusOfAnUnreadableAnswerIsNotNoGuard(t *testing.T) {
 // listed, and one the guard could not read is named.
 func TestIncidentsStreamAndNameUnreadable(t *testing.T) {
 	b := newFakeBackend(status.StateReady)
-	b.incs = append(b.incs, state.Incident{ID: "20260101T000000.000000Z-oom", Time: fixtureNow, Cause: policy.CauseOOM,
+	b.incs = append(b.incs, state.Incident{ID: "20260101T000000.000000Z-oom", Time: fixtureNow, Cause: cause.CauseOOM,
 		Unreadable: "20260101T000000.000000Z-oom.json is 40000000 bytes, more than the 33554432 a record can be"})
 	for i := range 10 {
-		inc := state.Incident{Time: fixtureNow.Add(-time.Duration(i) * time.Minute), Cause: policy.CauseCrash}
+		inc := state.Incident{Time: fixtureNow.Add(-time.Duration(i) * time.Minute), Cause: cause.CauseCrash}
 		for range 64 {
 			inc.LastLines = append(inc.LastLines, strings.Repeat("x", 16<<10))
 		}

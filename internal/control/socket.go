@@ -117,9 +117,6 @@ func ListenSocket(path string, b Backend, log *zap.Logger) (*Server, error) {
 	return s, nil
 }
 
-// Path is the socket's path.
-func (s *Server) Path() string { return s.path }
-
 // Close stops accepting, lets requests in flight finish (up to 5s), and
 // removes the socket file.
 func (s *Server) Close() error {

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/state"
@@ -244,10 +245,10 @@ func vllmLine(d Doc) string {
 	return "not scraped (vLLM not ready)"
 }
 
-func restarts(m map[policy.Cause]int) string {
+func restarts(m map[cause.Cause]int) string {
 	var parts []string
-	seen := map[policy.Cause]bool{}
-	for _, c := range policy.Causes {
+	seen := map[cause.Cause]bool{}
+	for _, c := range cause.Causes {
 		seen[c] = true
 		if m[c] > 0 {
 			parts = append(parts, fmt.Sprintf("%s %d", c, m[c]))

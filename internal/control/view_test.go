@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/proxy"
 	"github.com/vllm-guard/vllm-guard/internal/status"
 )
@@ -83,7 +83,7 @@ func TestWriteStatusNotReady(t *testing.T) {
 		{"no incident, no alert, hostile text", func(d *Doc) {
 			d.LastIncident, d.Alerts = nil, nil
 			d.Guard.Reason = "evil\x1b[2Jreason\nsecond line"
-			d.Guard.Restarts = map[policy.Cause]int{}
+			d.Guard.Restarts = map[cause.Cause]int{}
 		}, []string{"Alerts: none", "Last incident: none", "restarts       none", "evil [2Jreason second line"}},
 	}
 	for _, c := range cases {

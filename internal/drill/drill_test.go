@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/control"
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
-	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/state"
 	"github.com/vllm-guard/vllm-guard/internal/status"
 	"github.com/vllm-guard/vllm-guard/internal/testkit"
@@ -329,10 +329,10 @@ func (b *scriptBackend) Incidents(int, func(state.Incident) error) error { retur
 func (b *scriptBackend) Alive() (bool, string)                           { return true, "" }
 
 func doc(st status.State, ooms int, fail time.Time, frac float64, alerts ...gpumon.Alert) control.Doc {
-	d := control.Doc{Guard: status.Status{State: st, Restarts: map[policy.Cause]int{policy.CauseOOM: ooms}},
+	d := control.Doc{Guard: status.Status{State: st, Restarts: map[cause.Cause]int{cause.CauseOOM: ooms}},
 		GPU: gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{Fraction: frac}}, Active: alerts}}
 	if !fail.IsZero() {
-		d.Guard.LastFailure = &status.Failure{Time: fail, Verdict: policy.Verdict{Cause: policy.CauseOOM}}
+		d.Guard.LastFailure = &status.Failure{Time: fail, Verdict: cause.Verdict{Cause: cause.CauseOOM}}
 	}
 	return d
 }

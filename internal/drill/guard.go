@@ -6,8 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/control"
-	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
 // statusSource is where the drill reads the guard's status; the control
@@ -32,8 +32,8 @@ type sample struct {
 }
 
 func sampleOf(at time.Time, d control.Doc) sample {
-	s := sample{at: at, state: string(d.Guard.State), ooms: d.Guard.Restarts[policy.CauseOOM]}
-	if f := d.Guard.LastFailure; f != nil && f.Verdict.Cause == policy.CauseOOM {
+	s := sample{at: at, state: string(d.Guard.State), ooms: d.Guard.Restarts[cause.CauseOOM]}
+	if f := d.Guard.LastFailure; f != nil && f.Verdict.Cause == cause.CauseOOM {
 		s.failTime = f.Time
 	}
 	s.alerts = append(s.alerts, d.Alerts...)

@@ -10,6 +10,7 @@ package events
 import (
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
@@ -83,12 +84,12 @@ type Failure struct {
 	Exit         string          `json:"exit"` // "exit code 0", "killed by SIGKILL", ...
 	ExitCode     int             `json:"exit_code"`
 	Signal       string          `json:"signal,omitempty"`
-	Phase        policy.Phase    `json:"phase"`
-	Verdict      policy.Verdict  `json:"verdict"`
+	Phase        cause.Phase     `json:"phase"`
+	Verdict      cause.Verdict   `json:"verdict"`
 	Decision     policy.Decision `json:"decision"`
 	RungBefore   policy.Rung     `json:"rung_before"`
 	Uptime       time.Duration   `json:"uptime_ns"`
-	Lines        []policy.Line   `json:"-"` // the kept output, oldest first (incidents)
+	Lines        []cause.Line    `json:"-"` // the kept output, oldest first (incidents)
 	MemFractions []float64       `json:"-"` // GPU fraction of the last samples, oldest first
 }
 

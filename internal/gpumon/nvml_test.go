@@ -22,6 +22,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/vllm-guard/vllm-guard/internal/testbin"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 const (
@@ -337,18 +338,15 @@ func TestFakeNVMLConcurrent(t *testing.T) {
 
 func waitZombie(t *testing.T, pid int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	testkit.WaitFor(t, fmt.Sprintf("pid %d to become a zombie", pid), 10*time.Second, func() bool {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err == nil {
-			s := string(b)
-			if i := strings.LastIndexByte(s, ')'); i > 0 && i+2 < len(s) && s[i+2] == 'Z' {
-				return
-			}
+		if err != nil {
+			return false
 		}
-		time.Sleep(time.Millisecond) // polling a condition, bounded by the deadline
-	}
-	t.Fatalf("pid %d did not become a zombie", pid)
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		return i > 0 && i+2 < len(s) && s[i+2] == 'Z'
+	})
 }
 
 func TestFaultCountedAndRecovered(t *testing.T) {

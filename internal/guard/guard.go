@@ -17,12 +17,13 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/vllm-guard/vllm-guard/internal/admission"
 	"github.com/vllm-guard/vllm-guard/internal/alerts"
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/control"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/gate"
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/incident"
 	"github.com/vllm-guard/vllm-guard/internal/logging"
@@ -51,8 +52,8 @@ type Guard struct {
 	sd    *notify.Notifier
 	alert *alerts.Dispatcher
 	stats *vllmstats.Scraper
-	proxy *proxy.Proxy    // nil unless [proxy] listen is set
-	gate  *admission.Gate // what the proxy asks, kept ready; its memory-aware limit
+	proxy *proxy.Proxy // nil unless [proxy] listen is set
+	gate  *gate.Gate   // what the proxy asks, kept ready; its memory-aware limit
 	extra []string
 	bus   *events.Bus
 	inc   *incident.Recorder
@@ -156,7 +157,7 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 	// The scraper reaches vLLM only, like the probes: its key goes to no
 	// other listener on the port.
 	g.stats.Dial(sup.DialVLLM(&net.Dialer{Timeout: 5 * time.Second}))
-	g.gate = admission.New(cfg, extra, admission.Sources{Status: sup.Status, GPU: g.gpu.Snapshot,
+	g.gate = gate.New(cfg, extra, gate.Sources{Status: sup.Status, GPU: g.gpu.Snapshot,
 		Sampled: g.gpu.Sampled, VLLM: g.stats.Latest, Publish: g.bus.Publish, Log: log})
 	g.gate.Refresh(sup.Status())
 	if cfg.Proxy.Listen != "" {
@@ -347,7 +348,7 @@ func (g *Guard) onReady(first bool, ttr time.Duration) {
 
 func (g *Guard) onFailure(f status.Failure) {
 	g.met.Exited(f.Verdict.Cause)
-	if f.Verdict.Cause == policy.CauseOOM {
+	if f.Verdict.Cause == cause.CauseOOM {
 		g.gate.OnOOM()
 	}
 	for _, e := range alerts.FromFailure(f) {

@@ -13,9 +13,9 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
-	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/state"
 )
 
@@ -28,7 +28,7 @@ type Store interface {
 	AddIncident(inc state.Incident) (path string, err error)
 	// UpdateIncident rewrites the record of the failure at at (of cause)
 	// with update applied, atomically; found is false when there is none.
-	UpdateIncident(at time.Time, cause policy.Cause, update func(*state.Incident)) (found bool, err error)
+	UpdateIncident(at time.Time, cause cause.Cause, update func(*state.Incident)) (found bool, err error)
 }
 
 // job is one write: a new record, or the account of a death's requests
@@ -41,7 +41,7 @@ type job struct {
 // recordKey names a record: its failure's time and cause.
 type recordKey struct {
 	at    time.Time
-	cause policy.Cause
+	cause cause.Cause
 }
 
 // Recorder turns exited events into incident records.

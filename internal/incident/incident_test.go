@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
@@ -35,7 +36,7 @@ func (s *memStore) AddIncident(inc state.Incident) (string, error) {
 	return "/state/incidents/x.json", nil
 }
 
-func (s *memStore) UpdateIncident(at time.Time, cause policy.Cause, update func(*state.Incident)) (bool, error) {
+func (s *memStore) UpdateIncident(at time.Time, cause cause.Cause, update func(*state.Incident)) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range s.recs {
@@ -48,12 +49,12 @@ func (s *memStore) UpdateIncident(at time.Time, cause policy.Cause, update func(
 }
 
 func oomFailure(at time.Time) *events.Failure {
-	lines := make([]policy.Line, 0, 300)
+	lines := make([]cause.Line, 0, 300)
 	for i := 1; i <= 300; i++ {
-		lines = append(lines, policy.Line{N: i, Text: "line"})
+		lines = append(lines, cause.Line{N: i, Text: "line"})
 	}
-	return &events.Failure{Time: at, ExitCode: 1, Phase: policy.PhaseReady, Lines: lines,
-		Verdict:  policy.Verdict{Cause: policy.CauseOOM, Confidence: "high", Summary: "GPU out of memory"},
+	return &events.Failure{Time: at, ExitCode: 1, Phase: cause.PhaseReady, Lines: lines,
+		Verdict:  cause.Verdict{Cause: cause.CauseOOM, Confidence: "high", Summary: "GPU out of memory"},
 		Decision: policy.Decision{Action: policy.ActionRestart, Rung: policy.Rung{Index: 1}, Delay: 5 * time.Second}}
 }
 
@@ -69,11 +70,11 @@ func TestRecorderWritesOneRecordPerFailure(t *testing.T) {
 		t.Fatalf("%d records", len(store.recs))
 	}
 	inc := store.recs[0]
-	if inc.Cause != policy.CauseOOM || len(inc.LastLines) != 200 || inc.RungAfter.Index != 1 || inc.MemoryTrend != "climbing" ||
+	if inc.Cause != cause.CauseOOM || len(inc.LastLines) != 200 || inc.RungAfter.Index != 1 || inc.MemoryTrend != "climbing" ||
 		len(inc.Memory) != 3 || !inc.Memory[0].T.Equal(at.Add(-2*time.Second)) || inc.Memory[2].Fraction != 0.99 {
 		t.Fatalf("record %+v", inc)
 	}
-	if last := r.Last(); last == nil || last.Cause != policy.CauseOOM {
+	if last := r.Last(); last == nil || last.Cause != cause.CauseOOM {
 		t.Fatalf("last %+v", last)
 	}
 }
@@ -83,7 +84,7 @@ func TestAFailedWriteStillShowsTheIncident(t *testing.T) {
 	r := New(store, func() gpumon.Snapshot { return gpumon.Snapshot{} }, 10, time.Second, zap.NewNop())
 	r.Handle(events.Event{Kind: events.KindExited, Failure: oomFailure(time.Now())})
 	r.Close()
-	if last := r.Last(); last == nil || last.Cause != policy.CauseOOM || len(last.LastLines) != 10 {
+	if last := r.Last(); last == nil || last.Cause != cause.CauseOOM || len(last.LastLines) != 10 {
 		t.Fatalf("last %+v after a failed write", last)
 	}
 }
@@ -91,8 +92,8 @@ func TestAFailedWriteStillShowsTheIncident(t *testing.T) {
 // TestAssembleKeepsTheGPUFault: a gpu_fault's record names the GPU, the
 // XID and the ECC counts.
 func TestAssembleKeepsTheGPUFault(t *testing.T) {
-	g := &policy.GPUFault{Device: 0, UUID: "GPU-a", XID: 94, Meaning: policy.XIDMeaning(94), ECCBefore: 1, ECCAfter: 2, Source: "nvml"}
-	inc := Assemble(events.Failure{Time: time.Unix(1, 0), Verdict: policy.Verdict{Cause: policy.CauseGPUFault, GPU: g}}, gpumon.Snapshot{}, 10, time.Second)
+	g := &cause.GPUFault{Device: 0, UUID: "GPU-a", XID: 94, Meaning: cause.XIDMeaning(94), ECCBefore: 1, ECCAfter: 2, Source: "nvml"}
+	inc := Assemble(events.Failure{Time: time.Unix(1, 0), Verdict: cause.Verdict{Cause: cause.CauseGPUFault, GPU: g}}, gpumon.Snapshot{}, 10, time.Second)
 	b, err := json.Marshal(inc)
 	if err != nil {
 		t.Fatal(err)

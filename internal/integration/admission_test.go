@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // Memory-aware admission (issue 18) over the real guard, the simulator and
@@ -44,7 +45,7 @@ const (
 
 func admissionScene(t *testing.T) (*scene, string) {
 	s := newScene(t)
-	proxyPort := freePort(t)
+	proxyPort := testkit.FreePort(t)
 	s.env["FAKEVLLM_SEQ_COST_MIB"] = fmt.Sprint(admSeqMiB)
 	s.env["FAKEVLLM_TOKEN_COST_KIB"] = fmt.Sprint(admTokenKiB)
 	s.env["FAKEVLLM_TOKEN_INTERVAL"] = admTokenPeriod

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // standIn is the http.server stand-in for vLLM (testdata/httpserver_vllm.py).
@@ -99,7 +101,7 @@ func BenchmarkReadinessLikeAPlainClient(b *testing.B) {
 	plain := make([]float64, 0, starts)
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
 	for i := range starts {
-		port := freePort(b)
+		port := testkit.FreePort(b)
 		lf := filepath.Join(b.TempDir(), "listen")
 		cmd := exec.Command("python3", script, "serve", "test-model", "--port", strconv.Itoa(port))
 		cmd.Env = append(os.Environ(), "STANDIN_LISTEN_FILE="+lf)
@@ -118,7 +120,7 @@ func BenchmarkReadinessLikeAPlainClient(b *testing.B) {
 					break
 				}
 			}
-			time.Sleep(time.Millisecond) // the client's polling cadence, not a wait for an event
+			time.Sleep(time.Millisecond) // not a wait: the measured client's polling cadence (a client polling every ms)
 		}
 		cmd.Process.Kill()
 		cmd.Wait()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/testbin"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // These benchmarks run the shipped guard (no race detector) over the
@@ -122,22 +123,20 @@ func BenchmarkLogFlood(b *testing.B) {
 	// read returns the first statistics written after t (the simulator
 	// rewrites the file every second; its mtime says when).
 	read := func(after time.Time) snap {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		var st snap
+		testkit.WaitFor(b, "flood statistics in "+stats, 10*time.Second, func() bool {
 			fi, err := os.Stat(stats)
-			if err == nil && fi.ModTime().After(after) {
-				var st snap
-				raw, err := os.ReadFile(stats)
-				if err == nil && json.Unmarshal(raw, &st) == nil {
-					st.at = fi.ModTime()
-					return st
-				}
+			if err != nil || !fi.ModTime().After(after) {
+				return false
 			}
-			if time.Now().After(deadline) {
-				b.Fatalf("no flood statistics in %s", stats)
+			raw, err := os.ReadFile(stats)
+			if err != nil || json.Unmarshal(raw, &st) != nil {
+				return false
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			st.at = fi.ModTime()
+			return true
+		})
+		return st
 	}
 	first := read(time.Now().Add(500 * time.Millisecond))
 	last := read(first.at.Add(3 * time.Second))

@@ -21,6 +21,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/connlimit"
 	"github.com/vllm-guard/vllm-guard/internal/control"
 	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // openFDs is how many descriptors pid has open.
@@ -127,8 +128,8 @@ func TestEveryListenerCapsItsConnections(t *testing.T) {
 	}
 	s := quick(newScene(t))
 	s.nofile = nofile
-	s.httpListen = fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	proxyAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	s.httpListen = fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
+	proxyAddr := fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
 	s.extra = fmt.Sprintf("\n[restart]\ninitial_delay = \"100ms\"\n\n[proxy]\nlisten = %q\nmax_connections = %d\nmax_connections_per_client = %d\n",
 		proxyAddr, proxyCap, proxyPer)
 	s.start()

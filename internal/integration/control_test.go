@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -66,7 +68,7 @@ func golden(t *testing.T, name, got string) {
 func TestStatusAndMetricsAfterOOMAndRestart(t *testing.T) {
 	t.Parallel()
 	s := newScene(t)
-	httpPort := freePort(t)
+	httpPort := testkit.FreePort(t)
 	s.env["FAKEVLLM_SEQ_COST_MIB"] = "64"
 	s.env["FAKEVLLM_BACKGROUND_SEQS"] = "200"
 	s.env["FAKEVLLM_BACKGROUND_AFTER"] = "200ms"
@@ -82,18 +84,13 @@ func TestStatusAndMetricsAfterOOMAndRestart(t *testing.T) {
 	// last reading; wait for vLLM's own metrics to be in.
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 	var scrape string
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	if !testkit.PollEvery(10*time.Second, 50*time.Millisecond, func() bool {
 		scrape = get(t, base+"/metrics", 200)
 		// The sample line, not the HELP line (which starts "… 1 when"),
 		// and vLLM's gauges themselves.
-		if strings.Contains(scrape, "\nvllm_guard_vllm_metrics_up 1\n") && strings.Contains(scrape, "\nvllm_guard_vllm_requests_running ") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("vLLM's metrics never scraped:\n%s", scrape)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return strings.Contains(scrape, "\nvllm_guard_vllm_metrics_up 1\n") && strings.Contains(scrape, "\nvllm_guard_vllm_requests_running ")
+	}) {
+		t.Fatalf("vLLM's metrics never scraped:\n%s", scrape)
 	}
 	for _, want := range []string{
 		"vllm_guard_profile_rung 1", "vllm_guard_profile_max_num_seqs 128",

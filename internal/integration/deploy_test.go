@@ -20,6 +20,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/control"
 	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 func statusDoc(t testing.TB, s *scene) control.Doc {
@@ -270,13 +271,11 @@ func TestHealthyVLLMRaisesNoMemoryAlert(t *testing.T) {
 			s.WaitEvent("ready", 1, 60*time.Second, isReady)
 			d := statusDoc(t, s)
 			base := len(d.GPU.Devices[0].History)
-			deadline := time.Now().Add(60 * time.Second)
-			for len(d.GPU.Devices[0].History) < base+60 {
-				if time.Now().After(deadline) {
-					t.Fatalf("60 samples did not come in 60 s (%d)", len(d.GPU.Devices[0].History)-base)
-				}
-				time.Sleep(50 * time.Millisecond) // polling status for the sample count
+			if !testkit.PollEvery(60*time.Second, 50*time.Millisecond, func() bool {
 				d = statusDoc(t, s)
+				return len(d.GPU.Devices[0].History) >= base+60
+			}) {
+				t.Fatalf("60 samples did not come in 60 s (%d)", len(d.GPU.Devices[0].History)-base)
 			}
 			dev := d.GPU.Devices[0]
 			if dev.Fraction < dev.Budget-0.05 || dev.Budget < 0.89 {
@@ -296,8 +295,8 @@ func TestOwnAccessLinesDropped(t *testing.T) {
 	s.extra = "\n[gpu]\nsample_interval = \"50ms\"\n[liveness]\ninterval = \"100ms\"\n"
 	s.start()
 	s.WaitEvent("ready", 1, 60*time.Second, isReady)
-	for d := statusDoc(t, s); d.VLLM.Scrapes < 10; d = statusDoc(t, s) {
-		time.Sleep(50 * time.Millisecond) // polling status for the scrape count
+	if !testkit.PollEvery(60*time.Second, 50*time.Millisecond, func() bool { return statusDoc(t, s).VLLM.Scrapes >= 10 }) {
+		t.Fatal("vLLM's /metrics was not scraped 10 times within 60 s")
 	}
 	body := []byte(`{"model": "test-model", "prompt": "hi", "max_tokens": 1}`)
 	resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/v1/completions", s.port), "application/json", bytes.NewReader(body))

@@ -24,6 +24,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/testbin"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // quick shortens the simulator's load phases so a fault test spends its
@@ -51,24 +52,23 @@ func waitState(t testing.TB, sock string, want string, timeout time.Duration) co
 	t.Helper()
 	c := control.NewClient(sock)
 	defer c.CloseIdleConnections()
-	deadline := time.Now().Add(timeout)
 	var last string
-	for {
+	var d control.Doc
+	if !testkit.PollEvery(timeout, 50*time.Millisecond, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		d, err := c.Status(ctx)
+		var err error
+		d, err = c.Status(ctx)
 		cancel()
-		if err == nil && string(d.Guard.State) == want {
-			return d
+		if err != nil {
+			last = err.Error()
+			return false
 		}
-		last = fmt.Sprint(err)
-		if err == nil {
-			last = string(d.Guard.State)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("guard on %s not %s within %s (last: %s)", sock, want, timeout, last)
-		}
-		time.Sleep(50 * time.Millisecond)
+		last = string(d.Guard.State)
+		return last == want
+	}) {
+		t.Fatalf("guard on %s not %s within %s (last: %s)", sock, want, timeout, last)
 	}
+	return d
 }
 
 // SIGSEGV of the API server: a crash with the signal named, restarted on
@@ -201,11 +201,9 @@ func TestFaultLogFloodBlocksNothing(t *testing.T) {
 	// Bounds, not measurements: a pump that stalled the child would never
 	// let it write 75 MB, and a status that never came back is an error.
 	// How long a write or a status took is a figure of BenchmarkLogFlood.
-	deadline := time.Now().Add(90 * time.Second)
-	for st.BytesWritten < 75e6 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the flood wrote only %.0f bytes in 90 s: vLLM's writes are blocked", st.BytesWritten)
-		}
+	// Each look asks for the status (it must come back, and say ready) and
+	// reads how much the flood has written, every 100 ms.
+	if !testkit.PollEvery(90*time.Second, 100*time.Millisecond, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		d, err := c.Status(ctx)
 		cancel()
@@ -219,7 +217,9 @@ func TestFaultLogFloodBlocksNothing(t *testing.T) {
 		if raw, err := os.ReadFile(stats); err == nil {
 			_ = json.Unmarshal(raw, &st)
 		}
-		time.Sleep(100 * time.Millisecond) // the pace of the status requests, not a wait
+		return st.BytesWritten >= 75e6
+	}) {
+		t.Fatalf("the flood wrote only %.0f bytes in 90 s: vLLM's writes are blocked", st.BytesWritten)
 	}
 	t.Logf("longest blocked write of vLLM: %.0f ms (goal on the plain build: BenchmarkLogFlood)", st.MaxWriteBlockMS)
 	if n := s.CountEvents(isExited); n != 0 {
@@ -277,19 +277,20 @@ func TestFaultClosedStdoutIsSupervised(t *testing.T) {
 // hasGrandchild waits until the setsid grandchild of the grandchild fault runs.
 func hasGrandchild(t *testing.T, s *scene) int {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	found := 0
+	if !testkit.PollEvery(10*time.Second, 20*time.Millisecond, func() bool {
 		for _, pid := range s.ours() {
 			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 			if strings.HasPrefix(string(b), "fakevllm-grandchild") {
-				return pid
+				found = pid
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no fakevllm-grandchild among %v", describe(s.ours()))
-		}
-		time.Sleep(20 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("no fakevllm-grandchild among %v", describe(s.ours()))
 	}
+	return found
 }
 
 // A descendant that left vLLM's process group (setsid): a SIGTERM of the

@@ -179,8 +179,8 @@ func TestProbesAndClientsAnsweredWhateverOthersHold(t *testing.T) {
 	}
 	s := quick(newScene(t))
 	s.nofile = nofile
-	s.httpListen = fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	proxyAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	s.httpListen = fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
+	proxyAddr := fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
 	// max_connections_per_client is left to its default.
 	s.extra = fmt.Sprintf("\n[proxy]\nlisten = %q\nmax_connections = %d\n", proxyAddr, proxyCap)
 	s.start()
@@ -245,7 +245,7 @@ func TestTrustedProxyClientsEachGetAShare(t *testing.T) {
 	t.Parallel()
 	const balancer = "127.0.0.9"
 	s := quick(newScene(t))
-	proxyAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	proxyAddr := fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
 	// "::/0" trusts every IPv6 client (none here: the clients are IPv4
 	// loopback addresses), and is warned about.
 	s.extra = fmt.Sprintf("\n[proxy]\nlisten = %q\nmax_connections = 64\nmax_connections_per_client = 2\ntrusted_proxies = [%q, \"::/0\"]\n",

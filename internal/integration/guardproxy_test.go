@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // The same drill (concurrency 4 × max_num_seqs, long prompts) through the
@@ -23,7 +25,7 @@ func TestDrillThroughTheGuardsProxy(t *testing.T) {
 		t.Run(through, func(t *testing.T) {
 			t.Parallel()
 			s := newScene(t)
-			proxyPort := freePort(t)
+			proxyPort := testkit.FreePort(t)
 			for k, v := range oomEnv {
 				s.env[k] = v
 			}

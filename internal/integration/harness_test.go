@@ -5,7 +5,6 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/procmark"
 	"github.com/vllm-guard/vllm-guard/internal/testbin"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 	"github.com/vllm-guard/vllm-guard/internal/testkit/guardrun"
 	"github.com/vllm-guard/vllm-guard/internal/vllmstats"
 )
@@ -49,17 +49,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// freePort returns a TCP port nobody listens on right now.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // scene is one guard over one simulator, in its own scratch folder.
 type scene struct {
 	t          testing.TB
@@ -89,7 +78,7 @@ type scene struct {
 func newScene(t testing.TB) *scene {
 	t.Helper()
 	dir := t.TempDir()
-	s := &scene{t: t, dir: dir, port: freePort(t), gpuDir: filepath.Join(dir, "gpu"),
+	s := &scene{t: t, dir: dir, port: testkit.FreePort(t), gpuDir: filepath.Join(dir, "gpu"),
 		testID: fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "_"), time.Now().UnixNano()),
 		env:    map[string]string{"FAKEVLLM_ERA": "v1-ansi"}, logLevel: "debug"}
 	if err := os.MkdirAll(filepath.Join(s.gpuDir, "procs"), 0o755); err != nil {
@@ -251,16 +240,9 @@ func (s *scene) stopCleanly(exit, gone time.Duration) {
 // waitNoProcesses waits until none of this scene's vLLM processes is alive.
 func (s *scene) waitNoProcesses(timeout time.Duration) {
 	s.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		left := s.ours()
-		if len(left) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("vLLM processes left behind: %v", describe(left))
-		}
-		time.Sleep(20 * time.Millisecond)
+	var left []int
+	if !testkit.PollEvery(timeout, 20*time.Millisecond, func() bool { left = s.ours(); return len(left) == 0 }) {
+		s.t.Fatalf("vLLM processes left behind: %v", describe(left))
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/vllm-guard/vllm-guard/internal/control"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // apiKey is the secret the hostile tests give vLLM: it must never leave
@@ -35,7 +36,7 @@ const apiKey = "sk-hostile-0123456789abcdef"
 func TestHostileTCPStatusIsARedactedSummary(t *testing.T) {
 	t.Parallel()
 	s := quick(newScene(t))
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
 	s.httpListen = addr
 	s.command = fmt.Sprintf("[%q, \"serve\", \"test-model\", \"--api-key\", %q]", bins.fakevllm, apiKey)
 	oneShot(s, "crash_on_start")

@@ -22,6 +22,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/state"
 	"github.com/vllm-guard/vllm-guard/internal/testbin"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // guardCmd runs the guard's binary with args and returns its exit code,
@@ -153,7 +154,7 @@ func TestIncidentsNameARecordTheyCannotRead(t *testing.T) {
 func TestReadOnlyStateDirKeepsTheSavedRung(t *testing.T) {
 	t.Parallel()
 	s := quick(newScene(t))
-	s.httpListen = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	s.httpListen = fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
 	dir := filepath.Join(s.dir, "state")
 	if err := os.MkdirAll(filepath.Join(dir, "incidents"), 0o750); err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // shippedRules is the alert rules file operators load into Prometheus.
@@ -64,7 +65,7 @@ func scaleRanges(t testing.TB, expr string) string {
 func TestLivePrometheus(t *testing.T) {
 	t.Parallel()
 	s := newScene(t)
-	guardAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	guardAddr := fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
 	s.httpListen = guardAddr
 	s.extra = "\n[restart]\ninitial_delay = \"200ms\"\n[gpu]\nsample_interval = \"100ms\"\n"
 
@@ -202,7 +203,7 @@ func startPrometheus(t *testing.T, target string) *promServer {
 	}
 	p := &promServer{t: t, dir: t.TempDir(), target: target, exited: make(chan struct{})}
 	p.writeConfig(rules)
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
 	p.base = "http://" + addr
 	logf, err := os.Create(filepath.Join(p.dir, "prometheus.log"))
 	if err != nil {
@@ -545,12 +546,6 @@ func (w *alertWatch) pollOnce() {
 func (w *alertWatch) close() {
 	w.once.Do(func() { close(w.stop) })
 	<-w.done
-}
-
-func (w *alertWatch) stateOf(alert string) string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.state[alert]
 }
 
 // waitState waits until alert is in state.

@@ -19,6 +19,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/drill"
 	"github.com/vllm-guard/vllm-guard/internal/proxy"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // Until `vllm-guard run` wires the proxy in, these tests put an in-process
@@ -85,27 +86,32 @@ func launchSim(t testing.TB, port int, env map[string]string, flags ...string) (
 			t.Logf("simulator on port %d, output tail:\n%s", port, out[max(0, len(out)-3000):])
 		}
 	})
-	deadline := time.Now().Add(30 * time.Second)
 	client := &http.Client{Timeout: time.Second}
 	defer client.CloseIdleConnections()
-	for {
+	var exited bool
+	ready := testkit.PollEvery(30*time.Second, 20*time.Millisecond, func() bool {
 		resp, err := client.Get(s.url() + "/health")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return s, nil
+				return true
 			}
 		}
 		select {
 		case <-s.exited:
-			return nil, fmt.Errorf("simulator exited before ready:\n%s", s.out.String())
+			exited = true
+			return true
 		default:
+			return false
 		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("simulator not ready within 30s:\n%s", s.out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	})
+	switch {
+	case exited:
+		return nil, fmt.Errorf("simulator exited before ready:\n%s", s.out.String())
+	case !ready:
+		return nil, fmt.Errorf("simulator not ready within 30s:\n%s", s.out.String())
 	}
+	return s, nil
 }
 
 func (s *sim) url() string { return fmt.Sprintf("http://127.0.0.1:%d", s.port) }
@@ -191,7 +197,7 @@ func oomDrill(url string) drill.Options {
 
 func TestDrillDirectOOMsButThroughTheProxyPasses(t *testing.T) {
 	t.Run("direct", func(t *testing.T) {
-		s := startSim(t, freePort(t), oomEnv, "--max-num-seqs", fmt.Sprint(oomSeqs))
+		s := startSim(t, testkit.FreePort(t), oomEnv, "--max-num-seqs", fmt.Sprint(oomSeqs))
 		rep := runDrill(t, oomDrill(s.url()))
 		select {
 		case <-s.exited:
@@ -207,7 +213,7 @@ func TestDrillDirectOOMsButThroughTheProxyPasses(t *testing.T) {
 		}
 	})
 	t.Run("through the proxy", func(t *testing.T) {
-		s := startSim(t, freePort(t), oomEnv, "--max-num-seqs", fmt.Sprint(oomSeqs))
+		s := startSim(t, testkit.FreePort(t), oomEnv, "--max-num-seqs", fmt.Sprint(oomSeqs))
 		up := &supervisorStandIn{url: s.url(), ready: true, seqs: oomSeqs}
 		p, url := startProxy(t, up, config.Default().Proxy)
 		rep := runDrill(t, oomDrill(url))
@@ -228,7 +234,7 @@ func TestDrillDirectOOMsButThroughTheProxyPasses(t *testing.T) {
 }
 
 func TestProxyRestartUnderLoadIsAPause(t *testing.T) {
-	port := freePort(t)
+	port := testkit.FreePort(t)
 	first := startSim(t, port, nil, "--max-num-seqs", "8")
 	up := &supervisorStandIn{url: first.url(), ready: true, seqs: 8}
 	cfg := config.Default().Proxy
@@ -239,8 +245,9 @@ func TestProxyRestartUnderLoadIsAPause(t *testing.T) {
 	go func() {
 		// Under load for a while, then a restart as the supervisor does
 		// it: not ready, SIGTERM, a new vLLM on the same port, ready.
-		for p.Stats().Admitted < 100 {
-			time.Sleep(10 * time.Millisecond)
+		if !testkit.Poll(time.Minute, func() bool { return p.Stats().Admitted >= 100 }) {
+			restarted <- fmt.Errorf("100 requests not admitted within a minute (%d)", p.Stats().Admitted)
+			return
 		}
 		up.setReady(false)
 		p.Notify()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/state"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // Issue 30 through the real guard: vLLM dies of an OOM (the simulator's
@@ -23,7 +24,7 @@ import (
 func TestNoClientSeesAnOOM(t *testing.T) {
 	t.Parallel()
 	s := newScene(t)
-	proxyPort := freePort(t)
+	proxyPort := testkit.FreePort(t)
 	s.env["FAKEVLLM_FAULT"] = "nccl_oom_after=2s"
 	s.env["FAKEVLLM_FAULT_MARKER"] = filepath.Join(s.dir, "oom-fired")
 	s.env["FAKEVLLM_TOKEN_INTERVAL"] = "20ms" // 200 tokens: 4 s, past the OOM
@@ -137,7 +138,7 @@ func waitIncidentRequests(t *testing.T, s *scene) state.DeathRequests {
 func TestGiantRequestSentTwiceThenRefused(t *testing.T) {
 	t.Parallel()
 	s := newScene(t)
-	proxyPort := freePort(t)
+	proxyPort := testkit.FreePort(t)
 	// 8 MiB a prompt token: a 3,000-token prompt needs 24 GiB, more than
 	// the room of any rung the two deaths reach; a short one 24 MiB.
 	s.env["FAKEVLLM_TOKEN_COST_KIB"] = "8192"

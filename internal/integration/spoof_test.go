@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 const spoofedXFF = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB, 127.0.0.1"
@@ -20,7 +22,7 @@ const spoofedXFF = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocat
 func TestSpoofedForwardedForIsNeverEvidence(t *testing.T) {
 	t.Parallel()
 	s := quick(newScene(t))
-	proxyPort := freePort(t)
+	proxyPort := testkit.FreePort(t)
 	s.extra = fmt.Sprintf("\n[restart]\ninitial_delay = \"100ms\"\n\n[proxy]\nlisten = \"127.0.0.1:%d\"\n", proxyPort)
 	s.start()
 	ready := s.WaitEvent("ready", 1, 60*time.Second, isReady)

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 	"io"
 	"net/http"
 	"os"
@@ -25,7 +26,7 @@ func TestSquatterOnVLLMsPortGetsNoClientRequestThroughTheProxy(t *testing.T) {
 	const key = "sk-client-40"
 	withKey(s, key)
 	portWait(s, "1s")
-	proxyPort := freePort(t)
+	proxyPort := testkit.FreePort(t)
 	s.extra = fmt.Sprintf("\n[restart]\ninitial_delay = \"2s\"\n[proxy]\nlisten = \"127.0.0.1:%d\"\n", proxyPort)
 	s.start()
 	ready := s.WaitEvent("ready", 1, 60*time.Second, isReady)

@@ -105,7 +105,7 @@ func TestStopDrainsAStreamInFlight(t *testing.T) {
 func TestRestartThroughTheProxyIsAPause(t *testing.T) {
 	t.Parallel()
 	s := quick(newScene(t))
-	proxyPort := freePort(t)
+	proxyPort := testkit.FreePort(t)
 	s.command = fmt.Sprintf("[%q, \"serve\", \"test-model\", \"--shutdown-timeout\", \"20\"]", bins.fakevllm)
 	s.env["FAKEVLLM_TOKEN_INTERVAL"] = "20ms"
 	// vLLM 0.32.0's own drain (the simulator's v1 era): new requests 500,

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -25,7 +26,7 @@ func TestResumeCutAtSampledPositionsThroughTheGuard(t *testing.T) {
 	s := quick(newScene(t))
 	s.env["FAKEVLLM_ERA"] = "v1"
 	s.env["FAKEVLLM_TOKEN_INTERVAL"] = "5ms"
-	proxyPort := freePort(t)
+	proxyPort := testkit.FreePort(t)
 	s.extra = fmt.Sprintf("\n[restart]\ninitial_delay = \"100ms\"\n[proxy]\nlisten = \"127.0.0.1:%d\"\n", proxyPort)
 	s.start()
 	readies := 1

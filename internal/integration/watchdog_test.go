@@ -14,6 +14,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/control"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/notify/notifytest"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // watchdogUSEC is the WatchdogSec the guard runs under in these tests. The
@@ -135,7 +136,7 @@ type livezAnswer struct {
 func watchHeartbeat(t *testing.T, s *scene) *heartbeat {
 	t.Helper()
 	hb := &heartbeat{s: s, sock: notifytest.Open(t), stop: make(chan struct{})}
-	s.httpListen = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	s.httpListen = fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
 	s.guardEnv = map[string]string{"NOTIFY_SOCKET": hb.sock.Path(), "WATCHDOG_USEC": fmt.Sprint(watchdogUSEC.Microseconds())}
 	hb.wg.Add(1)
 	go func() {

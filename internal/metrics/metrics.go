@@ -34,6 +34,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vllm-guard/vllm-guard/internal/buildinfo"
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/status"
 )
@@ -113,7 +114,7 @@ func New(src Sources) *Metrics {
 	for _, s := range status.States {
 		m.state.WithLabelValues(string(s))
 	}
-	for _, c := range policy.Causes {
+	for _, c := range cause.Causes {
 		m.exits.WithLabelValues(string(c))
 	}
 	for _, a := range AlertNames {
@@ -147,7 +148,7 @@ func (m *Metrics) Started() { m.starts.Inc() }
 func (m *Metrics) Ready(ttr time.Duration) { m.timeToReady.Observe(ttr.Seconds()) }
 
 // Exited counts a death by its cause.
-func (m *Metrics) Exited(c policy.Cause) {
+func (m *Metrics) Exited(c cause.Cause) {
 	m.exits.WithLabelValues(string(c)).Inc()
 }
 

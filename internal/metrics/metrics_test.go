@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/status"
@@ -135,7 +136,7 @@ func script(m *Metrics, src *source) {
 	m.SetAlert("gpu_memory_warn", true)
 	m.SetAlert("oom_predicted", true)
 	m.SetState(status.StateStopping)
-	m.Exited(policy.CauseOOM)
+	m.Exited(cause.CauseOOM)
 	src.setVLLM(0, 0, 0, false)
 	src.setGPU(gpu(0.01, -1))
 	m.SetAlert("gpu_memory_warn", false)

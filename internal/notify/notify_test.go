@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/notify/notifytest"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
@@ -170,19 +171,15 @@ func TestWatchdogStopsWhenLoopWedged(t *testing.T) {
 
 func waitLog(t *testing.T, logs *observer.ObservedLogs, snippet string) {
 	t.Helper()
-	deadline := time.Now().Add(wait)
-	for logs.FilterMessageSnippet(snippet).Len() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no log %q within %s; logs: %v", snippet, wait, logs.All())
-		}
-		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
+	if !testkit.Poll(wait, func() bool { return logs.FilterMessageSnippet(snippet).Len() > 0 }) {
+		t.Fatalf("no log %q within %s; logs: %v", snippet, wait, logs.All())
 	}
 }
 
 func TestStatusLine(t *testing.T) {
 	rung1 := policy.Rung{Index: 1, MaxNumSeqs: 128, GPUMemoryUtilization: 0.8}
 	oneGPU := gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{Index: 0, Fraction: 0.834}}}
-	oom := &status.Failure{Verdict: policy.Verdict{Cause: policy.CauseOOM}}
+	oom := &status.Failure{Verdict: cause.Verdict{Cause: cause.CauseOOM}}
 	for _, tc := range []struct {
 		name string
 		st   status.Status
@@ -220,7 +217,7 @@ func TestStatusChangesOnOOM(t *testing.T) {
 	n.Status(StatusLine(status.Status{State: status.StateReady, Rung: rung0}, gpu))
 	before, _ := s.Read(wait)
 	n.Status(StatusLine(status.Status{State: status.StateBackoff, Rung: policy.Rung{Index: 1, MaxNumSeqs: 128, GPUMemoryUtilization: 0.8},
-		LastFailure: &status.Failure{Verdict: policy.Verdict{Cause: policy.CauseOOM}}}, gpu))
+		LastFailure: &status.Failure{Verdict: cause.Verdict{Cause: cause.CauseOOM}}}, gpu))
 	after, _ := s.Read(wait)
 	if before == after || !strings.HasPrefix(after, "STATUS=backoff") || !strings.HasSuffix(after, "last: oom") {
 		t.Fatalf("STATUS before the OOM %q, after %q: want a backoff line ending in \"last: oom\"", before, after)
@@ -230,9 +227,9 @@ func TestStatusChangesOnOOM(t *testing.T) {
 func FuzzStatusLine(f *testing.F) {
 	f.Add("starting", "weights", "oom", 0.5)
 	f.Add("ready\n", "graphs\r\n", "crash\x00", 1.2)
-	f.Fuzz(func(t *testing.T, state, phase, cause string, frac float64) {
+	f.Fuzz(func(t *testing.T, state, phase, why string, frac float64) {
 		st := status.Status{State: status.State(state), Phase: phase,
-			LastFailure: &status.Failure{Verdict: policy.Verdict{Cause: policy.Cause(cause)}}}
+			LastFailure: &status.Failure{Verdict: cause.Verdict{Cause: cause.Cause(why)}}}
 		line := StatusLine(st, gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{Fraction: frac}}})
 		if strings.ContainsAny(line, "\n\r\x00") {
 			t.Fatalf("StatusLine is not one line: %q", line)

@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/admission"
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 )
 
 const gib = 1 << 30
@@ -13,62 +16,18 @@ const gib = 1 << 30
 // series records what a guard would see serving on an 80 GiB GPU at
 // utilization util: memory above the budget is base + cost × running, plus
 // noise, with running ramping from lo to hi and a few wild samples.
-func series(rng *rand.Rand, n int, lo, hi, base, cost, noise, util float64) []CostSample {
+func series(rng *rand.Rand, n int, lo, hi, base, cost, noise, util float64) []admission.CostSample {
 	total := 80.0 * gib
-	out := make([]CostSample, 0, n)
+	out := make([]admission.CostSample, 0, n)
 	for i := 0; i < n; i++ {
 		r := math.Round(lo + (hi-lo)*float64(i)/float64(n-1))
 		used := util*total + base + cost*r + noise*(rng.Float64()*2-1)
 		if i%17 == 5 {
 			used += 3 * gib // a reading taken mid-spike: an outlier
 		}
-		out = append(out, CostSample{Running: r, Above: used - util*total, Total: total})
+		out = append(out, admission.CostSample{Running: r, Above: used - util*total, Total: total})
 	}
 	return out
-}
-
-func TestFitCostOnANoisySeries(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	const cost = 52 << 20
-	m := FitCost(series(rng, 120, 0, 220, 0.75*gib, cost, 256<<20, 0.85))
-	if !m.Confident {
-		t.Fatalf("not confident: %s", m.Why)
-	}
-	if rel := math.Abs(m.PerSeq-cost) / cost; rel > 0.05 {
-		t.Fatalf("per-sequence cost %.1f MiB, truth %.1f MiB (%.0f%% off)", m.PerSeq/(1<<20), float64(cost)/(1<<20), rel*100)
-	}
-	if math.Abs(m.Base-0.75*gib) > 0.25*gib {
-		t.Fatalf("base %.2f GiB, truth 0.75 GiB", m.Base/gib)
-	}
-	// Truth at 2 % headroom: (0.98·80 − 0.85·80 − 0.75) GiB / 52 MiB = 190.
-	if safe := m.SafeMaxNumSeqs(0.85, 0.02); safe < 171 || safe > 190 {
-		t.Fatalf("safe max_num_seqs %d, want within 90–100%% of the truth 190", safe)
-	}
-	if d := m.Describe(0.85, 0.02); !strings.Contains(d, "MiB per running sequence above") {
-		t.Fatalf("description %q", d)
-	}
-}
-
-func TestFitCostTooLittleSpread(t *testing.T) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	m := FitCost(series(rng, 60, 100, 104, 0.75*gib, 52<<20, 64<<20, 0.85))
-	if m.Confident || !strings.Contains(m.Why, "too little spread") {
-		t.Fatalf("confident %v, why %q: want not confident for too little spread", m.Confident, m.Why)
-	}
-	if m.SafeMaxNumSeqs(0.85, 0.15) != 0 {
-		t.Fatal("an unconfident model must not compute a profile")
-	}
-	if FitCost(nil).Confident {
-		t.Fatal("no samples, yet confident")
-	}
-}
-
-func TestFitCostNoGrowthIsNotConfident(t *testing.T) {
-	rng := rand.New(rand.NewPCG(5, 6))
-	m := FitCost(series(rng, 60, 0, 200, 0.75*gib, 0, 64<<20, 0.85))
-	if m.Confident {
-		t.Fatalf("flat memory yet confident: %+v", m)
-	}
 }
 
 func costConfig(headroom float64) *Policy {
@@ -91,7 +50,7 @@ func TestOOMStepsToTheComputedRung(t *testing.T) {
 	now := time.Unix(1e9, 0)
 	p.OnStart(now)
 	p.OnReady(now)
-	d := p.OnFailure(now.Add(time.Minute), Verdict{Cause: CauseOOM})
+	d := p.OnFailure(now.Add(time.Minute), cause.Verdict{Cause: cause.CauseOOM})
 	if got := d.Rung.MaxNumSeqs; got < 171 || got > 190 {
 		t.Fatalf("next max_num_seqs %d, want 171–190 (90–100%% of the true 190); reason: %s", got, d.Reason)
 	}
@@ -112,7 +71,7 @@ func TestOOMWithoutConfidenceHalvesAndSaysWhy(t *testing.T) {
 	}
 	now := time.Unix(1e9, 0)
 	p.OnStart(now)
-	d := p.OnFailure(now, Verdict{Cause: CauseOOM})
+	d := p.OnFailure(now, cause.Verdict{Cause: cause.CauseOOM})
 	if d.Rung.MaxNumSeqs != 128 || !strings.Contains(d.Reason, "halving ladder (too little spread") {
 		t.Fatalf("rung %+v reason %q: want the halving ladder and the reason", d.Rung, d.Reason)
 	}
@@ -163,7 +122,7 @@ func TestComputedRungLowersUtilizationBeforeConcurrency(t *testing.T) {
 	}
 	now := time.Unix(1e9, 0)
 	p.OnStart(now)
-	d := p.OnFailure(now, Verdict{Cause: CauseOOM})
+	d := p.OnFailure(now, cause.Verdict{Cause: cause.CauseOOM})
 	r := d.Rung
 	if r.MaxNumSeqs < 128 || r.MaxNumSeqs >= 256 {
 		t.Fatalf("max_num_seqs %d: want at least the ladder's 128 and below 256 (%s)", r.MaxNumSeqs, d.Reason)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 )
 
@@ -18,8 +19,8 @@ func TestGuardsOwnStartFailureIsARetriedCrash(t *testing.T) {
 		"fork/exec /usr/bin/vllm: resource temporarily unavailable",
 		"start vLLM keeper /usr/bin/vllm-guard: fork/exec /usr/bin/vllm-guard: cannot allocate memory",
 	} {
-		v := Classify(Exit{GuardFailure: why, ExitCode: -1, Phase: PhaseStarting})
-		if v.Cause != CauseCrash || !strings.Contains(v.Summary, "the guard could not start vLLM: "+why) ||
+		v := cause.Classify(cause.Exit{GuardFailure: why, ExitCode: -1, Phase: cause.PhaseStarting})
+		if v.Cause != cause.CauseCrash || !strings.Contains(v.Summary, "the guard could not start vLLM: "+why) ||
 			!strings.Contains(v.Summary, "(its own error, not vLLM's configuration)") {
 			t.Fatalf("%s: verdict %+v", why, v)
 		}
@@ -35,7 +36,7 @@ func TestGuardsOwnStartFailureIsARetriedCrash(t *testing.T) {
 		}
 	}
 	// The command's own failure stays a configuration error.
-	if v := Classify(Exit{StartFailure: `"vllm": executable file not found in $PATH`, ExitCode: -1}); v.Cause != CauseConfigError {
+	if v := cause.Classify(cause.Exit{StartFailure: `"vllm": executable file not found in $PATH`, ExitCode: -1}); v.Cause != cause.CauseConfigError {
 		t.Fatalf("a missing command: %+v, want config_error", v)
 	}
 }

@@ -6,8 +6,13 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 
+	"github.com/vllm-guard/vllm-guard/internal/admission"
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 )
+
+// maxCostSamples bounds the cost samples kept (and persisted in state.json).
+const maxCostSamples = 600
 
 // Clock is the only way the backoff learns the time: callers pass theirs in.
 // With MaxElapsedTime 0 backoff/v4 only uses it to stamp Reset, so a nil
@@ -29,8 +34,8 @@ const maxFailures = 256
 // Failure is one failed start, as kept in State for the crash-loop count and
 // for status.
 type Failure struct {
-	Time  time.Time `json:"time"`
-	Cause Cause     `json:"cause"`
+	Time  time.Time   `json:"time"`
+	Cause cause.Cause `json:"cause"`
 }
 
 // State is what survives a restart of the guard (state.json). The zero
@@ -67,7 +72,7 @@ type State struct {
 	ComputedGPUMemoryUtilization float64 `json:"computed_gpu_memory_utilization,omitempty"`
 	// CostSamples are the (running sequences, memory) observations the
 	// cost model is fitted on, newest last.
-	CostSamples []CostSample `json:"cost_samples,omitempty"`
+	CostSamples []admission.CostSample `json:"cost_samples,omitempty"`
 	// LongestTimeToReady is the longest time from a launch to ready seen
 	// in this state_dir: the proxy holds requests while vLLM restarts for
 	// up to 1.5 times it (issue 30).
@@ -96,10 +101,10 @@ type Policy struct {
 	restoredAt  time.Time
 	restoreMult int
 
-	computed     int          // > 0: max_num_seqs computed from the cost model, in place of the ladder's
-	computedUtil float64      // > 0: gpu_memory_utilization lowered further than the ladder's to make room
-	costSamples  []CostSample // newest last, at most maxCostSamples
-	kvBase       uint64       // rung 0's --kv-cache-memory-bytes (0: none)
+	computed     int                    // > 0: max_num_seqs computed from the cost model, in place of the ladder's
+	computedUtil float64                // > 0: gpu_memory_utilization lowered further than the ladder's to make room
+	costSamples  []admission.CostSample // newest last, at most maxCostSamples
+	kvBase       uint64                 // rung 0's --kv-cache-memory-bytes (0: none)
 	longestTTR   time.Duration
 }
 
@@ -145,7 +150,7 @@ func New(cfg Config, st State, clock Clock) *Policy {
 	if n := len(st.CostSamples); n > maxCostSamples {
 		st.CostSamples = st.CostSamples[n-maxCostSamples:]
 	}
-	p.costSamples = append([]CostSample(nil), st.CostSamples...)
+	p.costSamples = append([]admission.CostSample(nil), st.CostSamples...)
 	p.longestTTR = max(st.LongestTimeToReady, 0)
 	return p
 }
@@ -241,7 +246,7 @@ func (p *Policy) State() State {
 		RestoreMultiplier:            p.restoreMult,
 		ComputedMaxNumSeqs:           p.computed,
 		ComputedGPUMemoryUtilization: p.computedUtil,
-		CostSamples:                  append([]CostSample(nil), p.costSamples...),
+		CostSamples:                  append([]admission.CostSample(nil), p.costSamples...),
 		LongestTimeToReady:           p.longestTTR,
 	}
 }
@@ -253,7 +258,7 @@ func (p *Policy) ObserveCost(running float64, used, total uint64) {
 		return
 	}
 	util := p.Current().GPUMemoryUtilization
-	p.costSamples = append(p.costSamples, CostSample{Running: running,
+	p.costSamples = append(p.costSamples, admission.CostSample{Running: running,
 		Above: float64(used) - util*float64(total), Total: float64(total)})
 	if n := len(p.costSamples); n > maxCostSamples {
 		p.costSamples = append(p.costSamples[:0], p.costSamples[n-maxCostSamples:]...)
@@ -261,7 +266,7 @@ func (p *Policy) ObserveCost(running float64, used, total uint64) {
 }
 
 // Cost is the cost model fitted on the samples so far.
-func (p *Policy) Cost() CostModel { return FitCost(p.costSamples) }
+func (p *Policy) Cost() admission.CostModel { return admission.FitCost(p.costSamples) }
 
 // OnStart records a launch of vLLM.
 func (p *Policy) OnStart(now time.Time) {
@@ -289,7 +294,7 @@ func (p *Policy) atFloor() bool { return p.seqStep >= len(p.ladder)-1 && p.utilS
 
 // OnFailure records a death of vLLM (any exit the guard did not ask for, or a
 // hang kill) and decides what to do next.
-func (p *Policy) OnFailure(now time.Time, v Verdict) Decision {
+func (p *Policy) OnFailure(now time.Time, v cause.Verdict) Decision {
 	wasReady := !p.readyAt.IsZero()
 	readyFor := now.Sub(p.readyAt)
 	p.readyAt = time.Time{}
@@ -307,29 +312,29 @@ func (p *Policy) OnFailure(now time.Time, v Verdict) Decision {
 	relapse := false
 	if !p.restoredAt.IsZero() {
 		if now.Sub(p.restoredAt) < p.cfg.Profile.RestoreAfter {
-			relapse = v.Cause == CauseOOM
+			relapse = v.Cause == cause.CauseOOM
 		} else {
 			p.restoreMult = 1
 		}
 		p.restoredAt = time.Time{}
 	}
 
-	if v.Cause == CauseConfigError {
-		return p.giveUp(exitcode.Config, fmt.Sprintf("configuration error: %s; fix the vLLM command or config and start again (not retried)", evidenceWords(v)))
+	if v.Cause == cause.CauseConfigError {
+		return p.giveUp(exitcode.Config, fmt.Sprintf("configuration error: %s; fix the vLLM command or config and start again (not retried)", v.Words()))
 	}
 
-	if v.Cause == CauseGPUFault {
+	if v.Cause == cause.CauseGPUFault {
 		return p.onGPUFault(now, v)
 	}
 
 	d := Decision{Action: ActionRestart}
 	switch v.Cause {
-	case CauseOOM:
+	case cause.CauseOOM:
 		if relapse {
 			p.restoreMult = min(p.restoreMult*2, maxRestoreMultiplier)
 		}
 		d = p.stepDown(d, relapse)
-	case CauseKVInsufficient:
+	case cause.CauseKVInsufficient:
 		// Only a utilization step that really lowered it can be taken back.
 		u := p.utilStep - 1
 		for u > 0 && p.ladder[u].GPUMemoryUtilization == p.ladder[p.utilStep].GPUMemoryUtilization {
@@ -337,7 +342,7 @@ func (p *Policy) OnFailure(now time.Time, v Verdict) Decision {
 		}
 		if u < 0 || p.ladder[u].GPUMemoryUtilization <= p.ladder[p.utilStep].GPUMemoryUtilization {
 			return p.giveUp(exitcode.Config, fmt.Sprintf("KV cache does not fit at gpu_memory_utilization %.2f (%s): raise [profile] gpu_memory_utilization "+
-				"or lower --max-model-len (not retried)", p.Current().GPUMemoryUtilization, evidenceWords(v)))
+				"or lower --max-model-len (not retried)", p.Current().GPUMemoryUtilization, v.Words()))
 		}
 		from := p.Current()
 		p.computed, p.computedUtil = 0, 0
@@ -355,16 +360,16 @@ func (p *Policy) OnFailure(now time.Time, v Verdict) Decision {
 		if to.MaxNumSeqs == from.MaxNumSeqs {
 			d.Reason += " (max_num_seqs already at its floor)"
 		}
-	case CauseGPUBusy:
+	case cause.CauseGPUBusy:
 		d.WaitGPU = true
 		d.Reason = "GPU memory held by another process: waiting for it to be released, same rung"
-	case CauseHang:
+	case cause.CauseHang:
 		d.Reason = "vLLM hung: killed, restarting on the same rung"
-	case CauseHostOOM:
+	case cause.CauseHostOOM:
 		d.Reason = "host memory ran out (kernel OOM killer, not the GPU): restarting on the same rung; raise the host/cgroup memory limit"
 	default:
 		d.Reason = fmt.Sprintf("vLLM died (%s): restarting on the same rung", causeWord(v.Cause))
-		if v.guardStart {
+		if v.GuardStart() {
 			d.Reason = v.Summary + ": retrying on the same rung"
 		}
 	}
@@ -419,7 +424,7 @@ func (p *Policy) giveUp(code int, reason string) Decision {
 	return Decision{Action: ActionGiveUp, Rung: p.Current(), ExitCode: code, Reason: reason, AtFloor: p.atFloor()}
 }
 
-func (p *Policy) recordFailure(now time.Time, c Cause) {
+func (p *Policy) recordFailure(now time.Time, c cause.Cause) {
 	window := p.cfg.Restart.GiveUpWindow
 	kept := p.failures[:0]
 	for _, f := range p.failures {
@@ -548,21 +553,9 @@ func (p *Policy) ResetProfile() {
 	p.restoreMult = 1
 }
 
-func causeWord(c Cause) string {
+func causeWord(c cause.Cause) string {
 	if c == "" {
 		return "unknown cause"
 	}
 	return string(c)
-}
-
-// evidenceWords names the evidence of a verdict in one short phrase.
-func evidenceWords(v Verdict) string {
-	if len(v.Evidence) > 0 {
-		n, msg := quote(v.Evidence)
-		return fmt.Sprintf("line %d: %s", n, clip(msg, 160))
-	}
-	if v.Summary != "" {
-		return clip(v.Summary, 160)
-	}
-	return "vLLM rejected its configuration"
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 )
 
 var t0 = time.Date(2026, 1, 12, 10, 0, 0, 0, time.UTC)
@@ -71,7 +73,7 @@ func TestLadder(t *testing.T) {
 type step struct {
 	at    time.Duration // since t0
 	ev    string        // start | ready | fail | restore | reset | due
-	cause Cause
+	cause cause.Cause
 	peak  float64 // due
 	idle  bool    // due
 
@@ -112,7 +114,7 @@ func runSteps(t *testing.T, cfg Config, st State, steps []step) *Policy {
 				t.Fatalf("step %d: restore to %+v, want %+v", i, got, *s.rung)
 			}
 		case "fail":
-			d := p.OnFailure(now, Verdict{Cause: s.cause})
+			d := p.OnFailure(now, cause.Verdict{Cause: s.cause})
 			want := s.action
 			if want == "" {
 				want = ActionRestart
@@ -162,77 +164,77 @@ func TestOnFailureSequences(t *testing.T) {
 	}{
 		{"oom steps down to the floor and keeps backing off", testConfig(), []step{
 			{ev: "start"},
-			{at: m1, ev: "fail", cause: CauseOOM, rung: r(1, 128, 0.80), delay: 5 * time.Second, reason: "rung 0→1"},
-			{at: 2 * m1, ev: "fail", cause: CauseOOM, rung: r(2, 64, 0.75), delay: 10 * time.Second},
-			{at: 3 * m1, ev: "fail", cause: CauseOOM, rung: r(3, 32, 0.70), delay: 20 * time.Second},
-			{at: 4 * m1, ev: "fail", cause: CauseOOM, rung: r(4, 16, 0.70), delay: 40 * time.Second, floor: true, reason: "floor is reached"},
-			{at: 5 * m1, ev: "fail", cause: CauseOOM, rung: r(4, 16, 0.70), delay: 80 * time.Second, floor: true, reason: "floor"},
-			{at: 6 * m1, ev: "fail", cause: CauseOOM, rung: r(4, 16, 0.70), delay: 160 * time.Second, floor: true},
-			{at: 7 * m1, ev: "fail", cause: CauseOOM, rung: r(4, 16, 0.70), delay: 5 * time.Minute, floor: true},
-			{at: 8 * m1, ev: "fail", cause: CauseOOM, rung: r(4, 16, 0.70), delay: 5 * time.Minute, floor: true},
+			{at: m1, ev: "fail", cause: cause.CauseOOM, rung: r(1, 128, 0.80), delay: 5 * time.Second, reason: "rung 0→1"},
+			{at: 2 * m1, ev: "fail", cause: cause.CauseOOM, rung: r(2, 64, 0.75), delay: 10 * time.Second},
+			{at: 3 * m1, ev: "fail", cause: cause.CauseOOM, rung: r(3, 32, 0.70), delay: 20 * time.Second},
+			{at: 4 * m1, ev: "fail", cause: cause.CauseOOM, rung: r(4, 16, 0.70), delay: 40 * time.Second, floor: true, reason: "floor is reached"},
+			{at: 5 * m1, ev: "fail", cause: cause.CauseOOM, rung: r(4, 16, 0.70), delay: 80 * time.Second, floor: true, reason: "floor"},
+			{at: 6 * m1, ev: "fail", cause: cause.CauseOOM, rung: r(4, 16, 0.70), delay: 160 * time.Second, floor: true},
+			{at: 7 * m1, ev: "fail", cause: cause.CauseOOM, rung: r(4, 16, 0.70), delay: 5 * time.Minute, floor: true},
+			{at: 8 * m1, ev: "fail", cause: cause.CauseOOM, rung: r(4, 16, 0.70), delay: 5 * time.Minute, floor: true},
 		}},
 		{"kv_insufficient on rung 0 gives up as config", testConfig(), []step{
 			{ev: "start"},
-			{at: m1, ev: "fail", cause: CauseKVInsufficient, action: ActionGiveUp, exitCode: 78, rung: r(0, 256, 0.85), reason: "lower --max-model-len"},
+			{at: m1, ev: "fail", cause: cause.CauseKVInsufficient, action: ActionGiveUp, exitCode: 78, rung: r(0, 256, 0.85), reason: "lower --max-model-len"},
 		}},
 		{"kv_insufficient takes a utilization step back for max_num_seqs", testConfig(), []step{
 			{ev: "start"},
-			{at: m1, ev: "fail", cause: CauseOOM, rung: r(1, 128, 0.80), delay: s5},
-			{at: 2 * m1, ev: "fail", cause: CauseKVInsufficient, rung: r(2, 64, 0.85), delay: 2 * s5, reason: "back up 0.80→0.85"},
-			{at: 3 * m1, ev: "fail", cause: CauseOOM, rung: r(3, 32, 0.80), delay: 4 * s5},
-			{at: 4 * m1, ev: "fail", cause: CauseKVInsufficient, rung: r(4, 16, 0.85), delay: 8 * s5},
+			{at: m1, ev: "fail", cause: cause.CauseOOM, rung: r(1, 128, 0.80), delay: s5},
+			{at: 2 * m1, ev: "fail", cause: cause.CauseKVInsufficient, rung: r(2, 64, 0.85), delay: 2 * s5, reason: "back up 0.80→0.85"},
+			{at: 3 * m1, ev: "fail", cause: cause.CauseOOM, rung: r(3, 32, 0.80), delay: 4 * s5},
+			{at: 4 * m1, ev: "fail", cause: cause.CauseKVInsufficient, rung: r(4, 16, 0.85), delay: 8 * s5},
 			// utilization back at rung 0's: no step left to take back
-			{at: 5 * m1, ev: "fail", cause: CauseKVInsufficient, action: ActionGiveUp, exitCode: 78, reason: "raise [profile] gpu_memory_utilization"},
+			{at: 5 * m1, ev: "fail", cause: cause.CauseKVInsufficient, action: ActionGiveUp, exitCode: 78, reason: "raise [profile] gpu_memory_utilization"},
 		}},
 		{"gpu_busy waits for memory on the same rung", testConfig(), []step{
 			{ev: "start"},
-			{at: m1, ev: "fail", cause: CauseGPUBusy, rung: r(0, 256, 0.85), delay: s5, waitGPU: true, reason: "waiting"},
-			{at: 2 * m1, ev: "fail", cause: CauseGPUBusy, rung: r(0, 256, 0.85), delay: 2 * s5, waitGPU: true},
+			{at: m1, ev: "fail", cause: cause.CauseGPUBusy, rung: r(0, 256, 0.85), delay: s5, waitGPU: true, reason: "waiting"},
+			{at: 2 * m1, ev: "fail", cause: cause.CauseGPUBusy, rung: r(0, 256, 0.85), delay: 2 * s5, waitGPU: true},
 		}},
 		{"config_error gives up at once", testConfig(), []step{
 			{ev: "start"},
-			{at: m1, ev: "fail", cause: CauseConfigError, action: ActionGiveUp, exitCode: 78, reason: "configuration error"},
+			{at: m1, ev: "fail", cause: cause.CauseConfigError, action: ActionGiveUp, exitCode: 78, reason: "configuration error"},
 		}},
 		{"hang, crash, host_oom, unknown: same rung with backoff", testConfig(), []step{
 			{ev: "start"},
-			{at: m1, ev: "fail", cause: CauseHang, rung: r(0, 256, 0.85), delay: s5, reason: "hung"},
-			{at: 2 * m1, ev: "fail", cause: CauseCrash, rung: r(0, 256, 0.85), delay: 2 * s5, reason: "crash"},
-			{at: 3 * m1, ev: "fail", cause: CauseHostOOM, rung: r(0, 256, 0.85), delay: 4 * s5, reason: "host memory"},
+			{at: m1, ev: "fail", cause: cause.CauseHang, rung: r(0, 256, 0.85), delay: s5, reason: "hung"},
+			{at: 2 * m1, ev: "fail", cause: cause.CauseCrash, rung: r(0, 256, 0.85), delay: 2 * s5, reason: "crash"},
+			{at: 3 * m1, ev: "fail", cause: cause.CauseHostOOM, rung: r(0, 256, 0.85), delay: 4 * s5, reason: "host memory"},
 			{at: 4 * m1, ev: "fail", cause: "", rung: r(0, 256, 0.85), delay: 8 * s5, reason: "unknown cause"},
 		}},
 		{"crash loop gives up with exit 1", loop, []step{
 			{ev: "start"},
-			{at: m1, ev: "fail", cause: CauseCrash, delay: s5},
-			{at: 2 * m1, ev: "fail", cause: CauseOOM, delay: 2 * s5, rung: r(1, 128, 0.80)},
-			{at: 3 * m1, ev: "fail", cause: CauseOOM, action: ActionGiveUp, exitCode: 1, rung: r(2, 64, 0.75), reason: "3 failed starts within 1h0m0s"},
+			{at: m1, ev: "fail", cause: cause.CauseCrash, delay: s5},
+			{at: 2 * m1, ev: "fail", cause: cause.CauseOOM, delay: 2 * s5, rung: r(1, 128, 0.80)},
+			{at: 3 * m1, ev: "fail", cause: cause.CauseOOM, action: ActionGiveUp, exitCode: 1, rung: r(2, 64, 0.75), reason: "3 failed starts within 1h0m0s"},
 		}},
 		{"failures outside give_up_window do not count", loop, []step{
 			{ev: "start"},
-			{at: m1, ev: "fail", cause: CauseCrash, delay: s5},
-			{at: 2 * m1, ev: "fail", cause: CauseCrash, delay: 2 * s5},
-			{at: 62 * m1, ev: "fail", cause: CauseCrash, delay: 4 * s5}, // 2m is exactly 1h old: out
-			{at: 63 * m1, ev: "fail", cause: CauseCrash, delay: 8 * s5},
-			{at: 64 * m1, ev: "fail", cause: CauseCrash, action: ActionGiveUp, exitCode: 1},
+			{at: m1, ev: "fail", cause: cause.CauseCrash, delay: s5},
+			{at: 2 * m1, ev: "fail", cause: cause.CauseCrash, delay: 2 * s5},
+			{at: 62 * m1, ev: "fail", cause: cause.CauseCrash, delay: 4 * s5}, // 2m is exactly 1h old: out
+			{at: 63 * m1, ev: "fail", cause: cause.CauseCrash, delay: 8 * s5},
+			{at: 64 * m1, ev: "fail", cause: cause.CauseCrash, action: ActionGiveUp, exitCode: 1},
 		}},
 		{"ready for reset_after resets backoff and the crash-loop count", loop, []step{
 			{ev: "start"},
-			{at: m1, ev: "fail", cause: CauseCrash, delay: s5},
+			{at: m1, ev: "fail", cause: cause.CauseCrash, delay: s5},
 			{at: 2 * m1, ev: "start"},
 			{at: 3 * m1, ev: "ready"},
-			{at: 13 * m1, ev: "fail", cause: CauseCrash, delay: s5}, // ready exactly reset_after
-			{at: 14 * m1, ev: "fail", cause: CauseCrash, delay: 2 * s5},
-			{at: 15 * m1, ev: "fail", cause: CauseCrash, action: ActionGiveUp, exitCode: 1},
+			{at: 13 * m1, ev: "fail", cause: cause.CauseCrash, delay: s5}, // ready exactly reset_after
+			{at: 14 * m1, ev: "fail", cause: cause.CauseCrash, delay: 2 * s5},
+			{at: 15 * m1, ev: "fail", cause: cause.CauseCrash, action: ActionGiveUp, exitCode: 1},
 		}},
 		{"ready shorter than reset_after keeps the backoff", testConfig(), []step{
 			{ev: "start"},
-			{at: m1, ev: "fail", cause: CauseCrash, delay: s5},
+			{at: m1, ev: "fail", cause: cause.CauseCrash, delay: s5},
 			{at: 2 * m1, ev: "start"},
 			{at: 3 * m1, ev: "ready"},
-			{at: 12 * m1, ev: "fail", cause: CauseCrash, delay: 2 * s5},
+			{at: 12 * m1, ev: "fail", cause: cause.CauseCrash, delay: 2 * s5},
 		}},
 		{"restore after restore_after idle and cool; relapse doubles the wait", restore, []step{
 			{ev: "start"},
-			{at: m1, ev: "fail", cause: CauseOOM, rung: r(1, 128, 0.80), delay: s5},
+			{at: m1, ev: "fail", cause: cause.CauseOOM, rung: r(1, 128, 0.80), delay: s5},
 			{at: 2 * m1, ev: "start"},
 			{at: 3 * m1, ev: "due", peak: 0.5, idle: true, due: false}, // not ready yet
 			{at: 4 * m1, ev: "ready"},
@@ -243,7 +245,7 @@ func TestOnFailureSequences(t *testing.T) {
 			{at: 34 * m1, ev: "restore"},
 			{at: 35 * m1, ev: "start"},
 			{at: 36 * m1, ev: "ready"},
-			{at: 50 * m1, ev: "fail", cause: CauseOOM, rung: r(1, 128, 0.80), delay: s5, reason: "next restore waits 1h0m0s"},
+			{at: 50 * m1, ev: "fail", cause: cause.CauseOOM, rung: r(1, 128, 0.80), delay: s5, reason: "next restore waits 1h0m0s"},
 			{at: 51 * m1, ev: "start"},
 			{at: 52 * m1, ev: "ready"},
 			{at: 82 * m1, ev: "due", peak: 0.5, idle: true, due: false},
@@ -252,24 +254,24 @@ func TestOnFailureSequences(t *testing.T) {
 			{at: 113 * m1, ev: "start"},
 			{at: 114 * m1, ev: "ready"},
 			// held past restore_after: the next OOM is no relapse
-			{at: 150 * m1, ev: "fail", cause: CauseOOM, rung: r(1, 128, 0.80), delay: s5},
+			{at: 150 * m1, ev: "fail", cause: cause.CauseOOM, rung: r(1, 128, 0.80), delay: s5},
 			{at: 151 * m1, ev: "start"},
 			{at: 152 * m1, ev: "ready"},
 			{at: 182 * m1, ev: "due", peak: 0.5, idle: true, due: true},
 		}},
 		{"restore off when restore_after is 0, and never above rung 0", testConfig(), []step{
 			{ev: "start"},
-			{at: m1, ev: "fail", cause: CauseOOM, rung: r(1, 128, 0.80), delay: s5},
+			{at: m1, ev: "fail", cause: cause.CauseOOM, rung: r(1, 128, 0.80), delay: s5},
 			{at: 2 * m1, ev: "start"},
 			{at: 3 * m1, ev: "ready"},
 			{at: 300 * m1, ev: "due", peak: 0.1, idle: true, due: false},
 		}},
 		{"profile reset returns to rung 0", testConfig(), []step{
 			{ev: "start"},
-			{at: m1, ev: "fail", cause: CauseOOM, rung: r(1, 128, 0.80), delay: s5},
-			{at: 2 * m1, ev: "fail", cause: CauseOOM, rung: r(2, 64, 0.75), delay: 2 * s5},
+			{at: m1, ev: "fail", cause: cause.CauseOOM, rung: r(1, 128, 0.80), delay: s5},
+			{at: 2 * m1, ev: "fail", cause: cause.CauseOOM, rung: r(2, 64, 0.75), delay: 2 * s5},
 			{at: 3 * m1, ev: "reset"},
-			{at: 4 * m1, ev: "fail", cause: CauseCrash, rung: r(0, 256, 0.85), delay: 4 * s5},
+			{at: 4 * m1, ev: "fail", cause: cause.CauseCrash, rung: r(0, 256, 0.85), delay: 4 * s5},
 		}},
 	}
 	for _, tc := range tests {
@@ -282,8 +284,8 @@ func TestRestoreAfterKVTrade(t *testing.T) {
 	cfg.Profile.RestoreAfter = dur("10m")
 	p := runSteps(t, cfg, State{}, []step{
 		{ev: "start"},
-		{at: m1, ev: "fail", cause: CauseOOM, rung: r(1, 128, 0.80), delay: s5},
-		{at: 2 * m1, ev: "fail", cause: CauseKVInsufficient, rung: r(2, 64, 0.85), delay: 2 * s5},
+		{at: m1, ev: "fail", cause: cause.CauseOOM, rung: r(1, 128, 0.80), delay: s5},
+		{at: 2 * m1, ev: "fail", cause: cause.CauseKVInsufficient, rung: r(2, 64, 0.85), delay: 2 * s5},
 		{at: 3 * m1, ev: "start"},
 		{at: 4 * m1, ev: "ready"},
 		{at: 14 * m1, ev: "due", peak: 0.5, idle: true, due: true, rung: r(1, 128, 0.85)},
@@ -302,9 +304,9 @@ func TestStateRoundTrip(t *testing.T) {
 	cfg.Profile.RestoreAfter = dur("30m")
 	p := runSteps(t, cfg, State{}, []step{
 		{ev: "start"},
-		{at: m1, ev: "fail", cause: CauseOOM, rung: r(1, 128, 0.80), delay: s5},
-		{at: 2 * m1, ev: "fail", cause: CauseKVInsufficient, rung: r(2, 64, 0.85), delay: 2 * s5},
-		{at: 3 * m1, ev: "fail", cause: CauseOOM, rung: r(3, 32, 0.80), delay: 4 * s5},
+		{at: m1, ev: "fail", cause: cause.CauseOOM, rung: r(1, 128, 0.80), delay: s5},
+		{at: 2 * m1, ev: "fail", cause: cause.CauseKVInsufficient, rung: r(2, 64, 0.85), delay: 2 * s5},
+		{at: 3 * m1, ev: "fail", cause: cause.CauseOOM, rung: r(3, 32, 0.80), delay: 4 * s5},
 		{at: 4 * m1, ev: "start"},
 		{at: 5 * m1, ev: "ready"},
 		{at: 35 * m1, ev: "due", peak: 0.5, idle: true, due: true},
@@ -318,7 +320,7 @@ func TestStateRoundTrip(t *testing.T) {
 	if err := json.Unmarshal(raw, &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.Profile != p.Current() || len(st.Failures) != 3 || st.Failures[2].Cause != CauseOOM || st.RestoredAt.IsZero() {
+	if st.Profile != p.Current() || len(st.Failures) != 3 || st.Failures[2].Cause != cause.CauseOOM || st.RestoredAt.IsZero() {
 		t.Fatalf("state %s", raw)
 	}
 	q := New(cfg, st, fixedClock{t0})
@@ -328,11 +330,11 @@ func TestStateRoundTrip(t *testing.T) {
 	// relapse within restore_after of the persisted restore: doubled wait,
 	// backoff continues (8 × 5s), and a fifth failure gives up.
 	q.OnStart(t0.Add(36 * m1))
-	d := q.OnFailure(t0.Add(40*m1), Verdict{Cause: CauseOOM})
+	d := q.OnFailure(t0.Add(40*m1), cause.Verdict{Cause: cause.CauseOOM})
 	if d.Delay != 8*s5 || !strings.Contains(d.Reason, "next restore waits 1h0m0s") || d.Rung != *r(3, 32, 0.75) {
 		t.Fatalf("after resume: %+v", d)
 	}
-	if d := q.OnFailure(t0.Add(41*m1), Verdict{Cause: CauseCrash}); d.Action != ActionGiveUp || d.ExitCode != 1 {
+	if d := q.OnFailure(t0.Add(41*m1), cause.Verdict{Cause: cause.CauseCrash}); d.Action != ActionGiveUp || d.ExitCode != 1 {
 		t.Fatalf("fifth failure in the window: %+v", d)
 	}
 }
@@ -370,7 +372,7 @@ func TestBackoffFakeTime(t *testing.T) {
 		interval := cfg.Restart.InitialDelay
 		for i := 0; i < 12; i++ {
 			p.OnStart(time.Now())
-			d := p.OnFailure(time.Now(), Verdict{Cause: CauseCrash})
+			d := p.OnFailure(time.Now(), cause.Verdict{Cause: cause.CauseCrash})
 			lo, hi := time.Duration(float64(interval)*0.8), time.Duration(float64(interval)*1.2)+1
 			if d.Delay < lo || d.Delay > hi {
 				t.Fatalf("failure %d: delay %s outside [%s, %s]", i, d.Delay, lo, hi)
@@ -381,7 +383,7 @@ func TestBackoffFakeTime(t *testing.T) {
 		p.OnStart(time.Now())
 		p.OnReady(time.Now())
 		time.Sleep(cfg.Restart.ResetAfter)
-		d := p.OnFailure(time.Now(), Verdict{Cause: CauseCrash})
+		d := p.OnFailure(time.Now(), cause.Verdict{Cause: cause.CauseCrash})
 		if d.Delay > 6*time.Second {
 			t.Fatalf("after a long ready stretch: delay %s, want about initial_delay", d.Delay)
 		}
@@ -413,7 +415,7 @@ func TestKVBytesStepWithTheLadder(t *testing.T) {
 	if r := p.Current(); r.KVCacheMemoryBytes != base {
 		t.Fatalf("rung 0: %+v", r)
 	}
-	d := p.OnFailure(time.Now(), Verdict{Cause: CauseOOM})
+	d := p.OnFailure(time.Now(), cause.Verdict{Cause: cause.CauseOOM})
 	if d.Rung.KVCacheMemoryBytes != want[1] || !strings.Contains(d.Reason, "kv_cache_memory_bytes") {
 		t.Fatalf("after an OOM: %+v", d)
 	}

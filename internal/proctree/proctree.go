@@ -16,7 +16,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"syscall"
 )
 
 // procInfo is what /proc/PID/stat says about one process.
@@ -175,12 +174,6 @@ func groupMembers(pgid int) []int {
 func alive(pid int) bool {
 	p, ok := readStat(pid)
 	return ok && p.state != 'Z'
-}
-
-func signalAll(pids []int, sig syscall.Signal) {
-	for _, pid := range pids {
-		_ = syscall.Kill(pid, sig)
-	}
 }
 
 // readIO is the storage I/O of pid: read_bytes + write_bytes of /proc/PID/io

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/admission"
 	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
@@ -18,19 +18,19 @@ import (
 type admitterUp struct {
 	*fakeUp
 	mu sync.Mutex
-	b  policy.AdmissionBound
+	b  admission.Bound
 }
 
-func (a *admitterUp) Admission() policy.AdmissionBound { a.mu.Lock(); defer a.mu.Unlock(); return a.b }
+func (a *admitterUp) Admission() admission.Bound { a.mu.Lock(); defer a.mu.Unlock(); return a.b }
 
 // memoryBound: room for 1 000 MiB; a request costs 1 MiB plus 4 KiB a
 // prompt token.
-func memoryBound() policy.AdmissionBound {
-	return policy.AdmissionBound{Limit: 100, RoomBytes: 1000 << 20, Bound: policy.BoundMemory, Why: "test",
-		Model: policy.CostModel{Confident: true, PerSeq: 1 << 20, PerToken: 4 << 10}}
+func memoryBound() admission.Bound {
+	return admission.Bound{Limit: 100, RoomBytes: 1000 << 20, Bound: admission.BoundMemory, Why: "test",
+		Model: admission.CostModel{Confident: true, PerSeq: 1 << 20, PerToken: 4 << 10}}
 }
 
-func newAdmissionRig(t *testing.T, b policy.AdmissionBound, h http.HandlerFunc) *rig {
+func newAdmissionRig(t *testing.T, b admission.Bound, h http.HandlerFunc) *rig {
 	t.Helper()
 	r := newRig(t, proxyConfig(), 256, h)
 	r.p.up = &admitterUp{fakeUp: r.up, b: b}
@@ -132,7 +132,7 @@ func TestAdmissionByPredictedMemory(t *testing.T) {
 	}
 	testkit.WaitFor(t, "2 upstream, 1 queued", 30*time.Second, func() bool { return g.n() == 2 && r.p.Stats().Queued == 1 })
 	s := r.p.Stats()
-	if s.Inflight != 2 || s.Bound != policy.BoundMemory || s.MemoryInflightBytes > s.MemoryRoomBytes || s.MemoryInflightBytes < 780<<20 {
+	if s.Inflight != 2 || s.Bound != admission.BoundMemory || s.MemoryInflightBytes > s.MemoryRoomBytes || s.MemoryInflightBytes < 780<<20 {
 		t.Fatalf("stats %+v: want 2 in flight of about 400 MiB each within 1000 MiB, bound memory", s)
 	}
 	if s.PromptTokensInflight != 2*100_000 {

@@ -21,7 +21,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/admission"
 )
 
 type ctxKey struct{}
@@ -308,7 +308,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (p *Proxy) tooLargeForMemory(w http.ResponseWriter, tokens, cost float64, b *policy.AdmissionBound) {
+func (p *Proxy) tooLargeForMemory(w http.ResponseWriter, tokens, cost float64, b *admission.Bound) {
 	p.lim.reject(reasonTooLargeForMemory)
 	p.m.rejected.WithLabelValues(reasonTooLargeForMemory).Inc()
 	writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error",

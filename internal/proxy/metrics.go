@@ -4,7 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
-	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/admission"
 )
 
 // metrics are the proxy_* series of section 10.
@@ -41,7 +41,7 @@ const (
 
 var resumeFailReasons = append([]string{FailedSuspect, FailedBodyNotKept, FailedHoldTimeout, FailedNotComingBack, FailedResumeOff}, resumeReasons...)
 
-var bounds = []string{policy.BoundRung, policy.BoundMemory, policy.BoundTrend, policy.BoundReopening, policy.BoundPressure}
+var bounds = []string{admission.BoundRung, admission.BoundMemory, admission.BoundTrend, admission.BoundReopening, admission.BoundPressure}
 
 func (m *metrics) setBound(b string) {
 	for _, x := range bounds {

@@ -10,7 +10,7 @@
 // probes, scrapes and listings pass straight through. It decides nothing about vLLM itself: an Upstream
 // (the supervisor's wiring) says where vLLM is, whether it is ready, the
 // rung in force and whether a memory alert is active; one that is also an
-// Admitter says the bound in force (admission.Policy decides it).
+// Admitter says the bound in force (internal/admission's Policy decides it).
 package proxy
 
 import (
@@ -30,9 +30,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/admission"
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/connlimit"
-	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
 // Upstream is what the proxy asks the supervisor. Its methods are called
@@ -51,7 +51,7 @@ type Upstream interface {
 // Admitter is an Upstream that decides the limit itself (the guard, from its
 // cost model). Admission is called on every request and must be cheap.
 type Admitter interface {
-	Admission() policy.AdmissionBound
+	Admission() admission.Bound
 }
 
 // Stats is the proxy's admission state, for status and the drill.
@@ -142,9 +142,9 @@ type Proxy struct {
 	budget  *bodyBudget
 	target  atomic.Pointer[parsedTarget]
 	retries atomic.Uint64
-	bound   atomic.Pointer[policy.AdmissionBound] // the last applied
-	await   awaiting                              // sent to vLLM, no byte of the answer yet
-	trusted []netip.Prefix                        // [proxy] trusted_proxies
+	bound   atomic.Pointer[admission.Bound] // the last applied
+	await   awaiting                        // sent to vLLM, no byte of the answer yet
+	trusted []netip.Prefix                  // [proxy] trusted_proxies
 	// stopping: the guard is stopping for good (Stopping); every new
 	// request is refused at once.
 	stopping atomic.Bool
@@ -302,14 +302,14 @@ func (p *Proxy) refresh() {
 	p.refreshMu.Lock()
 	defer p.refreshMu.Unlock()
 	_, ready := p.up.Target()
-	var b policy.AdmissionBound
+	var b admission.Bound
 	if a, ok := p.up.(Admitter); ok {
 		b = a.Admission()
 	} else {
-		b = policy.AdmissionBound{Limit: limitFor(p.up.MaxNumSeqs(), p.cfg.InflightFactor, p.up.Pressure()), Bound: policy.BoundRung,
+		b = admission.Bound{Limit: limitFor(p.up.MaxNumSeqs(), p.cfg.InflightFactor, p.up.Pressure()), Bound: admission.BoundRung,
 			Why: "max_num_seqs × inflight_factor"}
 		if p.up.Pressure() {
-			b.Bound, b.Why = policy.BoundPressure, "halved while gpu_memory_critical or oom_predicted is active"
+			b.Bound, b.Why = admission.BoundPressure, "halved while gpu_memory_critical or oom_predicted is active"
 		}
 	}
 	if old := p.bound.Load(); old == nil || old.Bound != b.Bound || old.Limit != b.Limit || old.RoomBytes != b.RoomBytes {

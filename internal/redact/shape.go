@@ -146,8 +146,3 @@ func maskShapes(s string) string {
 	b.WriteString(s[done:])
 	return b.String()
 }
-
-// LooksLikeKey reports whether v, a whole value, is shaped like a key.
-func LooksLikeKey(v string) bool {
-	return prefixRE.MatchString(v) || hasRandomRun(v)
-}

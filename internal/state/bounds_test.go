@@ -12,7 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 )
 
 // hostileLines is what vLLM prints after clients sent long queries: n
@@ -33,9 +33,9 @@ func hostileLines(n int) []string {
 func TestRecordIsBoundedWhateverVLLMPrinted(t *testing.T) {
 	for _, n := range []int{200, 4096} {
 		s := open(t, t.TempDir())
-		inc := sampleIncident(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), policy.CauseCrash)
+		inc := sampleIncident(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), cause.CauseCrash)
 		inc.LastLines = append(hostileLines(n), "the last line vLLM printed")
-		inc.Evidence = []policy.Line{{N: 1, Text: strings.Repeat("<", 1<<20)}}
+		inc.Evidence = []cause.Line{{N: 1, Text: strings.Repeat("<", 1<<20)}}
 		p, err := s.AddIncident(inc)
 		if err != nil {
 			t.Fatal(err)
@@ -71,7 +71,7 @@ func TestRecordsArePrunedByTotalBytes(t *testing.T) {
 	s.MaxIncidentBytes = 3 << 20
 	base := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
 	for i := range 6 {
-		inc := sampleIncident(base.Add(time.Duration(i)*time.Minute), policy.CauseCrash)
+		inc := sampleIncident(base.Add(time.Duration(i)*time.Minute), cause.CauseCrash)
 		inc.LastLines = hostileLines(200)
 		if _, err := s.AddIncident(inc); err != nil {
 			t.Fatal(err)
@@ -102,7 +102,7 @@ func TestFullDiskDropsTheOldestNotTheNewest(t *testing.T) {
 	s := open(t, t.TempDir())
 	base := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
 	for i := range 3 {
-		if _, err := s.AddIncident(sampleIncident(base.Add(time.Duration(i)*time.Minute), policy.CauseCrash)); err != nil {
+		if _, err := s.AddIncident(sampleIncident(base.Add(time.Duration(i)*time.Minute), cause.CauseCrash)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -113,7 +113,7 @@ func TestFullDiskDropsTheOldestNotTheNewest(t *testing.T) {
 		}
 		return nil
 	}
-	p, err := s.AddIncident(sampleIncident(base.Add(time.Hour), policy.CauseOOM))
+	p, err := s.AddIncident(sampleIncident(base.Add(time.Hour), cause.CauseOOM))
 	if err != nil {
 		t.Fatalf("the new record was not written on a full disk: %v", err)
 	}
@@ -124,7 +124,7 @@ func TestFullDiskDropsTheOldestNotTheNewest(t *testing.T) {
 	// Nothing fits at all: the error says so, no record is lost but the
 	// ones that had to go.
 	s.failWrite = func(string) error { return &os.PathError{Op: "write", Path: "x", Err: syscall.ENOSPC} }
-	if _, err := s.AddIncident(sampleIncident(base.Add(2*time.Hour), policy.CauseOOM)); !errors.Is(err, syscall.ENOSPC) {
+	if _, err := s.AddIncident(sampleIncident(base.Add(2*time.Hour), cause.CauseOOM)); !errors.Is(err, syscall.ENOSPC) {
 		t.Errorf("a write that never fits: %v", err)
 	}
 }
@@ -136,7 +136,7 @@ func TestReaderNamesWhatItCannotReadAndHoldsOneRecord(t *testing.T) {
 	s := open(t, t.TempDir())
 	base := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
 	for i := range 10 {
-		inc := sampleIncident(base.Add(time.Duration(i)*time.Minute), policy.CauseCrash)
+		inc := sampleIncident(base.Add(time.Duration(i)*time.Minute), cause.CauseCrash)
 		inc.LastLines = hostileLines(200)
 		if _, err := s.AddIncident(inc); err != nil {
 			t.Fatal(err)
@@ -165,7 +165,7 @@ func TestReaderNamesWhatItCannotReadAndHoldsOneRecord(t *testing.T) {
 	if err != nil || len(got) != 11 {
 		t.Fatalf("EachIncident: %v, %d records", err, len(got))
 	}
-	if got[0].ID != "20260601T000000.000000Z-oom" || !strings.Contains(got[0].Unreadable, "more than") || got[0].Cause != policy.CauseOOM {
+	if got[0].ID != "20260601T000000.000000Z-oom" || !strings.Contains(got[0].Unreadable, "more than") || got[0].Cause != cause.CauseOOM {
 		t.Errorf("the over-large record is not named first: %+v", got[0])
 	}
 	// One record is ~1 MiB; holding the 10 would be 10 MiB.

@@ -11,7 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 )
 
 // A FIFO as state.json: Load returns at once (the old os.ReadFile blocked
@@ -99,7 +99,7 @@ func TestIncidentsSymlinkIsNotFollowed(t *testing.T) {
 	}
 	s.MaxIncidents = 1
 	for i := range 2 {
-		if p, err := s.AddIncident(Incident{Time: time.Unix(int64(i), 0), Cause: policy.CauseCrash}); err != nil || p != "" {
+		if p, err := s.AddIncident(Incident{Time: time.Unix(int64(i), 0), Cause: cause.CauseCrash}); err != nil || p != "" {
 			t.Fatalf("AddIncident: %q %v", p, err)
 		}
 	}
@@ -125,9 +125,9 @@ func TestFoldersTightenedAndRecordsMasked(t *testing.T) {
 			t.Errorf("%s: mode %v %v, want 0750", d, fi.Mode().Perm(), err)
 		}
 	}
-	inc := sampleIncident(time.Unix(100, 0), policy.CauseCrash)
+	inc := sampleIncident(time.Unix(100, 0), cause.CauseCrash)
 	inc.LastLines = []string{"non-default args: {'api_key': 'sk-line-secret-000000000000'}"}
-	inc.Evidence = []policy.Line{{N: 1, Text: "Authorization: Bearer evsecret"}}
+	inc.Evidence = []cause.Line{{N: 1, Text: "Authorization: Bearer evsecret"}}
 	p, err := s.AddIncident(inc)
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/redact"
 )
@@ -26,13 +27,13 @@ import (
 type Incident struct {
 	ID         string        `json:"id"` // the file name without .json; set by AddIncident when empty
 	Time       time.Time     `json:"time"`
-	Cause      policy.Cause  `json:"cause"`
+	Cause      cause.Cause   `json:"cause"`
 	Confidence string        `json:"confidence,omitempty"` // "high" | "low"
 	Summary    string        `json:"summary"`
-	Evidence   []policy.Line `json:"evidence"`
+	Evidence   []cause.Line  `json:"evidence"`
 	ExitCode   int           `json:"exit_code"`        // -1 when killed by a signal
 	Signal     string        `json:"signal,omitempty"` // "SIGKILL" etc.
-	Phase      policy.Phase  `json:"phase,omitempty"`
+	Phase      cause.Phase   `json:"phase,omitempty"`
 	RungBefore policy.Rung   `json:"rung_before"`
 	RungAfter  policy.Rung   `json:"rung_after"`
 	Action     policy.Action `json:"action"`
@@ -47,7 +48,7 @@ type Incident struct {
 	MemoryTrend      string      `json:"memory_trend,omitempty"`
 	// GPU: for a gpu_fault, the GPU (index, UUID), the XID and its meaning,
 	// the uncorrected ECC counts before and after, whether it needs a reset.
-	GPU *policy.GPUFault `json:"gpu,omitempty"`
+	GPU *cause.GPUFault `json:"gpu,omitempty"`
 	// Suspects are the requests the proxy refused to send again at this
 	// death: each was in flight at [proxy] resume_limit deaths in a row,
 	// and may be what kills vLLM.
@@ -248,7 +249,7 @@ func (s *Store) addMemory(inc Incident) {
 // cause) with update applied, atomically (a reader sees the old record or
 // the new, never half of one) and masked as AddIncident masks. It reports
 // whether the record was found: it may have been pruned since.
-func (s *Store) UpdateIncident(at time.Time, cause policy.Cause, update func(*Incident)) (found bool, err error) {
+func (s *Store) UpdateIncident(at time.Time, cause cause.Cause, update func(*Incident)) (found bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	at = at.UTC()
@@ -301,7 +302,7 @@ func Redacted(inc Incident) Incident {
 	inc.Summary = redact.String(inc.Summary)
 	inc.Reason = redact.String(inc.Reason)
 	if inc.Evidence != nil {
-		ev := make([]policy.Line, len(inc.Evidence))
+		ev := make([]cause.Line, len(inc.Evidence))
 		for i, l := range inc.Evidence {
 			l.Text = redact.String(l.Text)
 			ev[i] = l
@@ -511,7 +512,7 @@ func unreadable(name string, err error) Incident {
 		}
 	}
 	if i := strings.IndexByte(id, '-'); i > 0 {
-		inc.Cause = policy.Cause(strings.TrimRightFunc(id[i+1:], func(r rune) bool { return r == '-' || r >= '0' && r <= '9' }))
+		inc.Cause = cause.Cause(strings.TrimRightFunc(id[i+1:], func(r rune) bool { return r == '-' || r >= '0' && r <= '9' }))
 	}
 	return inc
 }
@@ -530,16 +531,6 @@ func fileSafe(s string) string {
 
 // evidenceWidth bounds the evidence column so a row fits a wide terminal.
 const evidenceWidth = 100
-
-// WriteIncidents writes the `vllm-guard incidents` table: time, cause, rung
-// before → after, memory trend and the first evidence line.
-func WriteIncidents(w io.Writer, incs []Incident) error {
-	var t IncidentTable
-	for _, inc := range incs {
-		t.Add(inc)
-	}
-	return t.Write(w)
-}
 
 // IncidentTable is the `vllm-guard incidents` table built one record at a
 // time: it keeps each row's cells (a few hundred bytes), never the record.

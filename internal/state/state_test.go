@@ -3,6 +3,7 @@ package state
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
@@ -189,7 +191,7 @@ func TestUnwritableDirRunsInMemory(t *testing.T) {
 	}
 	s.MaxIncidents = 2
 	for i := range 3 {
-		if p, err := s.AddIncident(Incident{Time: time.Unix(int64(i), 0), Cause: policy.CauseCrash}); err != nil || p != "" {
+		if p, err := s.AddIncident(Incident{Time: time.Unix(int64(i), 0), Cause: cause.CauseCrash}); err != nil || p != "" {
 			t.Fatalf("in-memory AddIncident: %q %v", p, err)
 		}
 	}
@@ -202,15 +204,15 @@ func TestUnwritableDirRunsInMemory(t *testing.T) {
 	}
 }
 
-func sampleIncident(at time.Time, cause policy.Cause) Incident {
+func sampleIncident(at time.Time, c cause.Cause) Incident {
 	return Incident{
 		Time:        at,
-		Cause:       cause,
+		Cause:       c,
 		Confidence:  "high",
 		Summary:     "GPU out of memory while serving",
-		Evidence:    []policy.Line{{N: 812, Stream: "stderr", Text: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"}},
+		Evidence:    []cause.Line{{N: 812, Stream: "stderr", Text: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"}},
 		ExitCode:    1,
-		Phase:       policy.PhaseReady,
+		Phase:       cause.PhaseReady,
 		RungBefore:  policy.Rung{Index: 0, MaxNumSeqs: 256, GPUMemoryUtilization: 0.85},
 		RungAfter:   policy.Rung{Index: 1, MaxNumSeqs: 128, GPUMemoryUtilization: 0.80},
 		Action:      policy.ActionRestart,
@@ -225,7 +227,7 @@ func sampleIncident(at time.Time, cause policy.Cause) Incident {
 func TestIncidentRoundTrip(t *testing.T) {
 	s := open(t, t.TempDir())
 	at := time.Date(2026, 1, 2, 3, 4, 5, 600_000_000, time.UTC)
-	in := sampleIncident(at, policy.CauseOOM)
+	in := sampleIncident(at, cause.CauseOOM)
 	p, err := s.AddIncident(in)
 	if err != nil {
 		t.Fatal(err)
@@ -267,12 +269,12 @@ func TestIncidentsOrderPruneAndSkip(t *testing.T) {
 	base := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
 	// Added out of order: names (and so pruning) follow the incident time.
 	for _, m := range []int{2, 0, 4, 1, 3} {
-		if _, err := s.AddIncident(sampleIncident(base.Add(time.Duration(m)*time.Minute), policy.CauseCrash)); err != nil {
+		if _, err := s.AddIncident(sampleIncident(base.Add(time.Duration(m)*time.Minute), cause.CauseCrash)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// Same time and cause twice: two records, none overwritten.
-	if _, err := s.AddIncident(sampleIncident(base.Add(4*time.Minute), policy.CauseCrash)); err != nil {
+	if _, err := s.AddIncident(sampleIncident(base.Add(4*time.Minute), cause.CauseCrash)); err != nil {
 		t.Fatal(err)
 	}
 	names, err := recordNames(s.inc)
@@ -288,7 +290,7 @@ func TestIncidentsOrderPruneAndSkip(t *testing.T) {
 	}
 	// The torn record is named (its file, its time and cause from the
 	// name, why), not hidden; then the others, newest first.
-	if len(incs) != 4 || incs[0].ID != "20990101T000000.000000Z-oom" || incs[0].Cause != policy.CauseOOM ||
+	if len(incs) != 4 || incs[0].ID != "20990101T000000.000000Z-oom" || incs[0].Cause != cause.CauseOOM ||
 		incs[0].Time.Year() != 2099 || !strings.Contains(incs[0].Unreadable, "not a readable record") {
 		t.Fatalf("the torn record is not named first: %+v", incs)
 	}
@@ -307,19 +309,19 @@ func TestIncidentsOrderPruneAndSkip(t *testing.T) {
 	}
 }
 
-func TestWriteIncidents(t *testing.T) {
+func TestIncidentTable(t *testing.T) {
 	var buf bytes.Buffer
-	if err := WriteIncidents(&buf, nil); err != nil || buf.String() != "no incidents recorded\n" {
+	if err := writeIncidents(&buf, nil); err != nil || buf.String() != "no incidents recorded\n" {
 		t.Fatalf("empty: %q %v", buf.String(), err)
 	}
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	oom := sampleIncident(at, policy.CauseOOM)
-	giveUp := sampleIncident(at.Add(time.Hour), policy.CauseConfigError)
+	oom := sampleIncident(at, cause.CauseOOM)
+	giveUp := sampleIncident(at.Add(time.Hour), cause.CauseConfigError)
 	giveUp.Action = policy.ActionGiveUp
-	giveUp.Evidence = []policy.Line{{N: 3, Text: "error: unrecognized arguments:\t--bogus " + strings.Repeat("x", 200)}}
+	giveUp.Evidence = []cause.Line{{N: 3, Text: "error: unrecognized arguments:\t--bogus " + strings.Repeat("x", 200)}}
 	giveUp.MemoryTrend = ""
 	buf.Reset()
-	if err := WriteIncidents(&buf, []Incident{giveUp, oom}); err != nil {
+	if err := writeIncidents(&buf, []Incident{giveUp, oom}); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimRight(buf.String(), "\n"), "\n")
@@ -347,7 +349,7 @@ func TestWriteIncidents(t *testing.T) {
 func TestUpdateIncidentRewritesAtomically(t *testing.T) {
 	s := open(t, t.TempDir())
 	at := time.Date(2026, 1, 2, 3, 4, 5, 600_000_000, time.UTC)
-	p, err := s.AddIncident(sampleIncident(at, policy.CauseOOM))
+	p, err := s.AddIncident(sampleIncident(at, cause.CauseOOM))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +361,7 @@ func TestUpdateIncidentRewritesAtomically(t *testing.T) {
 		Streams:          &RequestOutcomes{Touched: 2, Continued: 1, NotResumed: map[string]int{"n": 1}},
 		NonStreaming:     &RequestOutcomes{Touched: 1, Replayed: 1},
 		ArrivedWhileDown: &RequestOutcomes{Touched: 1, ServedAfterHold: 1}}
-	found, err := s.UpdateIncident(at.In(time.FixedZone("x", 3600)), policy.CauseOOM, func(inc *Incident) {
+	found, err := s.UpdateIncident(at.In(time.FixedZone("x", 3600)), cause.CauseOOM, func(inc *Incident) {
 		inc.Requests = req
 		inc.Summary = "api_key=sk-secret-value-1234"
 	})
@@ -394,13 +396,23 @@ func TestUpdateIncidentRewritesAtomically(t *testing.T) {
 	}
 	incs, _ := s.Incidents(1)
 	var table bytes.Buffer
-	if err := WriteIncidents(&table, incs); err != nil {
+	if err := writeIncidents(&table, incs); err != nil {
 		t.Fatal(err)
 	}
 	if want := "4 touched: 1 continued, 1 replayed, 1 served after hold, 1 not resumed (n)"; !strings.Contains(table.String(), want) {
 		t.Errorf("table lacks %q:\n%s", want, table.String())
 	}
-	if found, err := s.UpdateIncident(at.Add(time.Second), policy.CauseOOM, func(*Incident) {}); found || err != nil {
+	if found, err := s.UpdateIncident(at.Add(time.Second), cause.CauseOOM, func(*Incident) {}); found || err != nil {
 		t.Errorf("UpdateIncident of no record: found %v, %v", found, err)
 	}
+}
+
+// writeIncidents writes the `vllm-guard incidents` table of incs, as the
+// command does record by record.
+func writeIncidents(w io.Writer, incs []Incident) error {
+	var t IncidentTable
+	for _, inc := range incs {
+		t.Add(inc)
+	}
+	return t.Write(w)
 }

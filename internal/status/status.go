@@ -9,6 +9,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
@@ -30,19 +31,19 @@ var States = []State{StateStarting, StateReady, StateStopping, StateWaitingGPU, 
 
 // Status is the supervisor's state as readers see it: a copy, never shared.
 type Status struct {
-	State       State                `json:"state"`
-	Since       time.Time            `json:"since"`
-	Reason      string               `json:"reason"`
-	PID         int                  `json:"pid,omitempty"`
-	StartedAt   time.Time            `json:"started_at,omitzero"`
-	ReadySince  time.Time            `json:"ready_since,omitzero"`
-	Phase       string               `json:"phase,omitempty"`      // load phase while starting
-	LastProbe   string               `json:"last_probe,omitempty"` // why the last readiness probe failed
-	Probe       string               `json:"probe,omitempty"`      // the readiness probe in use, as it last answered
-	Rung        policy.Rung          `json:"rung"`
-	Starts      int                  `json:"starts"`
-	Restarts    map[policy.Cause]int `json:"restarts_by_cause"`
-	TimeToReady time.Duration        `json:"last_time_to_ready_ns,omitempty"`
+	State       State               `json:"state"`
+	Since       time.Time           `json:"since"`
+	Reason      string              `json:"reason"`
+	PID         int                 `json:"pid,omitempty"`
+	StartedAt   time.Time           `json:"started_at,omitzero"`
+	ReadySince  time.Time           `json:"ready_since,omitzero"`
+	Phase       string              `json:"phase,omitempty"`      // load phase while starting
+	LastProbe   string              `json:"last_probe,omitempty"` // why the last readiness probe failed
+	Probe       string              `json:"probe,omitempty"`      // the readiness probe in use, as it last answered
+	Rung        policy.Rung         `json:"rung"`
+	Starts      int                 `json:"starts"`
+	Restarts    map[cause.Cause]int `json:"restarts_by_cause"`
+	TimeToReady time.Duration       `json:"last_time_to_ready_ns,omitempty"`
 	// LongestTimeToReady: the longest time to ready seen in this
 	// state_dir, kept across restarts of the guard (the proxy's hold).
 	LongestTimeToReady time.Duration `json:"longest_time_to_ready_ns,omitempty"`
@@ -59,7 +60,7 @@ type Failure = events.Failure
 
 // Clone is a copy of s that shares nothing with it.
 func (s Status) Clone() Status {
-	m := make(map[policy.Cause]int, len(s.Restarts))
+	m := make(map[cause.Cause]int, len(s.Restarts))
 	for k, v := range s.Restarts {
 		m[k] = v
 	}

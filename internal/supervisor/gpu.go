@@ -3,6 +3,7 @@ package supervisor
 import (
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
@@ -82,7 +83,7 @@ func MonitorGPUHealth(m *gpumon.Monitor) GPUHealth { return monitorHealth{m} }
 
 type monitorHealth struct{ m *gpumon.Monitor }
 
-func (h monitorHealth) GPUs(since time.Time, fresh bool) []policy.GPUDevice {
+func (h monitorHealth) GPUs(since time.Time, fresh bool) []cause.GPUDevice {
 	hs := h.m.Health()
 	if fresh {
 		hs = h.m.HealthNow()
@@ -90,9 +91,9 @@ func (h monitorHealth) GPUs(since time.Time, fresh bool) []policy.GPUDevice {
 	if !hs.Known || len(hs.Devices) == 0 {
 		return nil
 	}
-	out := make([]policy.GPUDevice, 0, len(hs.Devices))
+	out := make([]cause.GPUDevice, 0, len(hs.Devices))
 	for _, d := range hs.Devices {
-		g := policy.GPUDevice{Index: d.Index, UUID: d.UUID, Lost: d.Lost, ResetRequired: d.ResetRequired}
+		g := cause.GPUDevice{Index: d.Index, UUID: d.UUID, Lost: d.Lost, ResetRequired: d.ResetRequired}
 		for _, x := range d.XIDs {
 			if !x.At.Before(since) {
 				g.XIDs = append(g.XIDs, int(x.XID))

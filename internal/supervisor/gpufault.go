@@ -6,8 +6,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/events"
-	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
 // GPU faults: the GPU's own word (NVML) read before a start (a GPU that
@@ -21,11 +21,11 @@ type GPUHealth interface {
 	// GPUs is every watched GPU's hardware state, with the XID events
 	// since since; nil when NVML cannot tell. fresh: read the counters now
 	// rather than take the last sample's.
-	GPUs(since time.Time, fresh bool) []policy.GPUDevice
+	GPUs(since time.Time, fresh bool) []cause.GPUDevice
 }
 
 // gpuBlocked: before a start, a GPU lost, asking for a reset or with a row
-// remap pending or failed (why, policy.StartBlock's words) is not started
+// remap pending or failed (why, cause.StartBlock's words) is not started
 // on; the state is waiting_gpu with why, looked at again every sample (a
 // reset clears it).
 func (m *machine) gpuBlocked(why string) {
@@ -39,7 +39,7 @@ func (m *machine) gpuBlocked(why string) {
 
 // gpuEvidence is NVML's word on the run as last sampled (nil without
 // NVML): the heartbeat's look while vLLM runs.
-func (m *machine) gpuEvidence() *policy.GPUEvidence {
+func (m *machine) gpuEvidence() *cause.GPUEvidence {
 	if m.s.health == nil {
 		return nil
 	}
@@ -48,11 +48,11 @@ func (m *machine) gpuEvidence() *policy.GPUEvidence {
 
 // gpuEvidenceFrom pairs a reading (made off the loop after a death) with the
 // GPUs' state at the launch; nil when NVML could not tell.
-func (m *machine) gpuEvidenceFrom(after []policy.GPUDevice) *policy.GPUEvidence {
+func (m *machine) gpuEvidenceFrom(after []cause.GPUDevice) *cause.GPUEvidence {
 	if after == nil {
 		return nil
 	}
-	return &policy.GPUEvidence{Before: m.r.gpuBefore, After: after}
+	return &cause.GPUEvidence{Before: m.r.gpuBefore, After: after}
 }
 
 // checkGPUFault ends the run at once when the GPU said something after
@@ -68,7 +68,7 @@ func (m *machine) checkGPUFault() bool {
 	if ev == nil {
 		return false
 	}
-	what, ends := policy.LiveFault(*ev)
+	what, ends := cause.LiveFault(*ev)
 	if !ends {
 		return false
 	}

@@ -7,6 +7,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
@@ -15,7 +16,7 @@ import (
 // fakeHealth is the GPUs' hardware state as a test sets it.
 type fakeHealth struct {
 	mu   sync.Mutex
-	dev  policy.GPUDevice
+	dev  cause.GPUDevice
 	xids []struct {
 		xid int
 		at  time.Time
@@ -23,10 +24,10 @@ type fakeHealth struct {
 }
 
 func newFakeHealth() *fakeHealth {
-	return &fakeHealth{dev: policy.GPUDevice{Index: 0, UUID: "GPU-0000", ECCKnown: true, RemapKnown: true}}
+	return &fakeHealth{dev: cause.GPUDevice{Index: 0, UUID: "GPU-0000", ECCKnown: true, RemapKnown: true}}
 }
 
-func (h *fakeHealth) GPUs(since time.Time, _ bool) []policy.GPUDevice {
+func (h *fakeHealth) GPUs(since time.Time, _ bool) []cause.GPUDevice {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	d := h.dev
@@ -36,7 +37,7 @@ func (h *fakeHealth) GPUs(since time.Time, _ bool) []policy.GPUDevice {
 			d.XIDs = append(d.XIDs, x.xid)
 		}
 	}
-	return []policy.GPUDevice{d}
+	return []cause.GPUDevice{d}
 }
 
 func (h *fakeHealth) xid(n int) {
@@ -48,7 +49,7 @@ func (h *fakeHealth) xid(n int) {
 	h.mu.Unlock()
 }
 
-func (h *fakeHealth) set(f func(d *policy.GPUDevice)) { h.mu.Lock(); f(&h.dev); h.mu.Unlock() }
+func (h *fakeHealth) set(f func(d *cause.GPUDevice)) { h.mu.Lock(); f(&h.dev); h.mu.Unlock() }
 
 // TestMachineGPUFaultXID79: an XID 79 while ready ends the run (vLLM is
 // killed, never restarted), the cause is gpu_fault with the GPU and the
@@ -66,7 +67,7 @@ func TestMachineGPUFaultXID79(t *testing.T) {
 			t.Fatalf("exit code %d, want %d; status %+v", code, exitcode.GPUFault, s.sup.Status())
 		}
 		f := s.failure(1)
-		if f.Verdict.Cause != policy.CauseGPUFault || f.Verdict.GPU == nil || f.Verdict.GPU.XID != 79 || f.Decision.Action != policy.ActionGiveUp {
+		if f.Verdict.Cause != cause.CauseGPUFault || f.Verdict.GPU == nil || f.Verdict.GPU.XID != 79 || f.Decision.Action != policy.ActionGiveUp {
 			t.Fatalf("failure %+v", f)
 		}
 		if s.l.n() != 1 || s.l.last().kills.Load() == 0 {
@@ -114,7 +115,7 @@ func TestMachineGPUFaultXID94(t *testing.T) {
 		h.xid(94)
 		s.advance(2 * time.Second)
 		f := s.failure(1)
-		if f.Verdict.Cause != policy.CauseGPUFault || f.Decision.Action != policy.ActionRestart || f.Decision.Rung.Index != 0 {
+		if f.Verdict.Cause != cause.CauseGPUFault || f.Decision.Action != policy.ActionRestart || f.Decision.Rung.Index != 0 {
 			t.Fatalf("first XID 94: %+v", f)
 		}
 		s.advance(s.cfg.GPU.SampleInterval.Duration + s.cfg.Restart.InitialDelay.Duration + time.Second)
@@ -140,7 +141,7 @@ func TestMachineGPUPendingRemapBlocksStart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newScenario(t, nil)
 		h := newFakeHealth()
-		h.set(func(d *policy.GPUDevice) { d.RemapPending = true })
+		h.set(func(d *cause.GPUDevice) { d.RemapPending = true })
 		s.health = h
 		s.start()
 		s.advance(5 * time.Second)
@@ -151,7 +152,7 @@ func TestMachineGPUPendingRemapBlocksStart(t *testing.T) {
 		if s.l.n() != 0 {
 			t.Fatalf("%d launches on a GPU with a remap pending", s.l.n())
 		}
-		h.set(func(d *policy.GPUDevice) { d.RemapPending = false })
+		h.set(func(d *cause.GPUDevice) { d.RemapPending = false })
 		s.advance(2 * time.Second)
 		if s.l.n() != 1 {
 			t.Fatalf("%d launches after the reset", s.l.n())
@@ -179,7 +180,7 @@ func TestMachineUnkillableProcessIsAGPUFault(t *testing.T) {
 			t.Fatalf("exit code %d, want %d; status %+v", code, exitcode.GPUFault, s.sup.Status())
 		}
 		f := s.failure(1)
-		if f.Verdict.Cause != policy.CauseGPUFault || f.Verdict.GPU == nil || !f.Verdict.GPU.Reset ||
+		if f.Verdict.Cause != cause.CauseGPUFault || f.Verdict.GPU == nil || !f.Verdict.GPU.Reset ||
 			!strings.Contains(f.Verdict.GPU.Meaning, "4244") || s.l.n() != 1 {
 			t.Fatalf("failure %+v (GPU %+v), %d launches", f, f.Verdict.GPU, s.l.n())
 		}

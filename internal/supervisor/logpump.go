@@ -10,7 +10,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
@@ -118,17 +118,17 @@ func (s *logSink) close() {
 // incidents.
 type lineRing struct {
 	mu    sync.Mutex
-	lines []policy.Line
+	lines []cause.Line
 	next  int
 	n     int // lines seen in total
 }
 
-func newLineRing(size int) *lineRing { return &lineRing{lines: make([]policy.Line, 0, size)} }
+func newLineRing(size int) *lineRing { return &lineRing{lines: make([]cause.Line, 0, size)} }
 
 func (r *lineRing) add(stream, text string, start vllmlog.LineStart) {
 	r.mu.Lock()
 	r.n++
-	l := policy.Line{N: r.n, Stream: stream, Text: text, Start: start}
+	l := cause.Line{N: r.n, Stream: stream, Text: text, Start: start}
 	if len(r.lines) < cap(r.lines) {
 		r.lines = append(r.lines, l)
 	} else {
@@ -139,10 +139,10 @@ func (r *lineRing) add(stream, text string, start vllmlog.LineStart) {
 }
 
 // snapshot returns the kept lines, oldest first.
-func (r *lineRing) snapshot() []policy.Line {
+func (r *lineRing) snapshot() []cause.Line {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]policy.Line, 0, len(r.lines))
+	out := make([]cause.Line, 0, len(r.lines))
 	out = append(out, r.lines[r.next:]...)
 	return append(out, r.lines[:r.next]...)
 }

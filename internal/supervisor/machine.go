@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
@@ -98,8 +99,8 @@ type gpuRead struct {
 	rung     policy.Rung
 	released bool // release check: none of the old tree's memory held
 	held     []Holder
-	gpus     []policy.GPUDevice // the GPUs' hardware state, read with the free-memory check
-	blocked  string             // a GPU that must not be started on, and why
+	gpus     []cause.GPUDevice // the GPUs' hardware state, read with the free-memory check
+	blocked  string            // a GPU that must not be started on, and why
 }
 
 // ending is why the run in progress ends.
@@ -165,8 +166,8 @@ type run struct {
 	peer      string // who asked for the restart that ends it
 	baseline  []uint64
 	oomBefore int64
-	gpuBefore []policy.GPUDevice // the GPUs' hardware state at the launch (gpufault.go)
-	gpuKilled bool               // the run was ended for a GPU fault
+	gpuBefore []cause.GPUDevice // the GPUs' hardware state at the launch (gpufault.go)
+	gpuKilled bool              // the run was ended for a GPU fault
 
 	// Starting: load progress and the stall check.
 	lastLine     time.Time      // the last output line's time seen by the stall check (monotonic)

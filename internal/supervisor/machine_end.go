@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
@@ -154,9 +155,9 @@ func (m *machine) finishRun() {
 
 // cleanup is what the kill of a run's leftovers reports.
 type cleanup struct {
-	outlived   []int              // processes that outlived the keeper
-	unkillable []int              // of those, still alive after every kill round
-	gpuAfter   []policy.GPUDevice // the GPUs' hardware state once the tree was gone
+	outlived   []int             // processes that outlived the keeper
+	unkillable []int             // of those, still alive after every kill round
+	gpuAfter   []cause.GPUDevice // the GPUs' hardware state once the tree was gone
 	// portHeld: for a run that was never ready, who holds its port now
 	// that its tree is gone ("": the bind works, or not checked).
 	portHeld string
@@ -200,10 +201,10 @@ func (m *machine) settleRun(sink *logSink, cl cleanup) {
 	}
 	exit := c.exit()
 	killedByGuard := m.r.end != endExited || m.r.hang != ""
-	res := outcome{exit: exit, pid: c.pid(), phase: policy.PhaseStarting, hang: m.r.hang, killedByGuard: killedByGuard,
+	res := outcome{exit: exit, pid: c.pid(), phase: cause.PhaseStarting, hang: m.r.hang, killedByGuard: killedByGuard,
 		lines: m.r.out.ring.snapshot(), uptime: m.now.Sub(m.r.startedAt), gpuAfter: cl.gpuAfter, unkillable: cl.unkillable}
 	if m.r.ready {
-		res.phase = policy.PhaseReady
+		res.phase = cause.PhaseReady
 	}
 	// Any end the guard did not cause, after the kernel's OOM killer acted
 	// in vLLM's cgroup: it mostly picks the biggest process, the EngineCore
@@ -268,20 +269,20 @@ func (m *machine) portTaken(res outcome, holder string, sink *logSink) {
 type outcome struct {
 	exit          exitInfo
 	pid           int
-	phase         policy.Phase
+	phase         cause.Phase
 	hang          string
 	killedByGuard bool
 	hostOOM       bool
-	lines         []policy.Line
+	lines         []cause.Line
 	uptime        time.Duration
-	gpuAfter      []policy.GPUDevice // NVML's word once the tree was gone (nil: none)
-	unkillable    []int              // processes of the tree still alive after every kill round
+	gpuAfter      []cause.GPUDevice // NVML's word once the tree was gone (nil: none)
+	unkillable    []int             // processes of the tree still alive after every kill round
 }
 
 // classify reads one death's evidence into a verdict.
-func (m *machine) classify(res outcome) (policy.Exit, policy.Verdict) {
+func (m *machine) classify(res outcome) (cause.Exit, cause.Verdict) {
 	s := m.s
-	exit := policy.Exit{
+	exit := cause.Exit{
 		Lines:         res.lines,
 		ExitCode:      res.exit.Code,
 		Signal:        res.exit.Signal,
@@ -300,7 +301,7 @@ func (m *machine) classify(res outcome) (policy.Exit, policy.Verdict) {
 	if exit.GPU != nil {
 		exit.GPU.Unkillable = res.unkillable
 	}
-	return exit, policy.Classify(exit)
+	return exit, cause.Classify(exit)
 }
 
 // fail classifies a death, asks the policy what next, publishes it, and
@@ -413,7 +414,7 @@ func (m *machine) giveUp(f Failure) {
 	s := m.s
 	code := f.Decision.ExitCode
 	stay := s.cfg.Restart.OnGiveUp == "stay"
-	if f.Verdict.Cause == policy.CauseGPUFault && code == exitcode.GPUFault {
+	if f.Verdict.Cause == cause.CauseGPUFault && code == exitcode.GPUFault {
 		stay = s.cfg.GPU.OnGPUFault == "stay" // [gpu] on_gpu_fault decides for a GPU that needs a reset
 	}
 	to := subFailed // "stay": keep answering status until asked to stop

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
@@ -116,7 +117,7 @@ func readFree(gpu GPU, health GPUHealth, rung policy.Rung, since time.Time) gpuR
 	r := gpuRead{rung: rung, free: true}
 	if health != nil {
 		r.gpus = health.GPUs(since, true)
-		if r.blocked = policy.StartBlock(r.gpus); r.blocked != "" {
+		if r.blocked = cause.StartBlock(r.gpus); r.blocked != "" {
 			return r
 		}
 	}

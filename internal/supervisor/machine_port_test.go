@@ -6,6 +6,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
@@ -41,7 +42,7 @@ func TestMachinePortHeldAtTheFirstStartIsAConfigErrorAfterPortWait(t *testing.T)
 			t.Fatalf("vLLM launched %d times onto a held port", s.l.n())
 		}
 		f := s.failure(1)
-		if f.Verdict.Cause != policy.CauseConfigError || !strings.Contains(f.Decision.Reason, "pid 4242") ||
+		if f.Verdict.Cause != cause.CauseConfigError || !strings.Contains(f.Decision.Reason, "pid 4242") ||
 			!strings.Contains(f.Decision.Reason, "port 8000 is already in use") || !strings.Contains(f.Verdict.Summary, "port_wait 30s") {
 			t.Fatalf("failure %+v", f)
 		}

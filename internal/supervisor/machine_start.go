@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 	"github.com/vllm-guard/vllm-guard/internal/launch"
@@ -67,7 +68,7 @@ func (m *machine) onFreeRead(r gpuRead, sink *logSink) {
 // another process holds it.
 type portWait struct {
 	rung    policy.Rung
-	gpus    []policy.GPUDevice
+	gpus    []cause.GPUDevice
 	port    int
 	since   time.Time     // when the port was first found held (zero: not waiting)
 	bounded bool          // the wait began at the guard's first start: it ends after port_wait
@@ -84,7 +85,7 @@ const (
 
 // launch starts vLLM on rung once its port is free: vLLM's own bind is
 // tried first, off the loop (checkPort); onPortRead goes on.
-func (m *machine) launch(sink *logSink, rung policy.Rung, gpuBefore []policy.GPUDevice) {
+func (m *machine) launch(sink *logSink, rung policy.Rung, gpuBefore []cause.GPUDevice) {
 	s := m.s
 	if s.portHolder == nil {
 		m.start(sink, rung, gpuBefore, "")
@@ -153,7 +154,7 @@ func (m *machine) onPortRead(holder string, sink *logSink) {
 // guard's first start gave up waiting for it: then vLLM is not launched
 // (it would fail to bind, and meanwhile the holder would answer the
 // probes in its name) and the start ends as a configuration error.
-func (m *machine) start(sink *logSink, rung policy.Rung, gpuBefore []policy.GPUDevice, heldBy string) {
+func (m *machine) start(sink *logSink, rung policy.Rung, gpuBefore []cause.GPUDevice, heldBy string) {
 	s := m.s
 	cfg := s.cfg
 	argv, ep := launch.BuildArgv(cfg.VLLM.Command, s.extra, rung, cfg.VLLM.Host, cfg.VLLM.Port)
@@ -183,7 +184,7 @@ func (m *machine) start(sink *logSink, rung policy.Rung, gpuBefore []policy.GPUD
 		m.r.stderr.Close()
 		m.fail(outcome{exit: exitInfo{Code: -1, StartFailure: fmt.Sprintf("vLLM's port %d is already in use by %s: "+
 			"another vLLM (another guard instance's?) or server holds it; give this instance its own port ([vllm] port, or --port in [vllm] command)",
-			ep.Port, heldBy)}, phase: policy.PhaseStarting, lines: m.r.out.ring.snapshot()})
+			ep.Port, heldBy)}, phase: cause.PhaseStarting, lines: m.r.out.ring.snapshot()})
 		return
 	}
 	c, err := s.launcher.launch(launchSpec{keeper: s.keeper, argv: argv, env: cfg.VLLM.Env,
@@ -195,7 +196,7 @@ func (m *machine) start(sink *logSink, rung policy.Rung, gpuBefore []policy.GPUD
 		m.r.child = nil
 		m.r.stdout.Close()
 		m.r.stderr.Close()
-		m.fail(outcome{exit: exitInfo{Code: -1, GuardFailure: err.Error()}, phase: policy.PhaseStarting, lines: m.r.out.ring.snapshot()})
+		m.fail(outcome{exit: exitInfo{Code: -1, GuardFailure: err.Error()}, phase: cause.PhaseStarting, lines: m.r.out.ring.snapshot()})
 		return
 	}
 	m.r.child = c

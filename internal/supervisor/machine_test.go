@@ -12,6 +12,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
@@ -566,7 +567,7 @@ func TestMachineStartEndsWhenTheProbeKeepsGettingA4xx(t *testing.T) {
 		}
 		s.advance(2 * time.Second)
 		f := s.failure(1)
-		if f.Verdict.Cause != policy.CauseHang || !strings.Contains(f.Verdict.Summary, "refused the readiness probe") ||
+		if f.Verdict.Cause != cause.CauseHang || !strings.Contains(f.Verdict.Summary, "refused the readiness probe") ||
 			!strings.Contains(f.Verdict.Summary, "/v1/embeddings answered 404") {
 			t.Fatalf("failure %+v", f.Verdict)
 		}
@@ -589,11 +590,11 @@ func TestMachineFaultOOMStepsDownAfterTheRelease(t *testing.T) {
 		p.end(exitInfo{Code: 0}) // vLLM exits 0 after an engine death
 		synctest.Wait()
 		f := s.failure(1)
-		if f.Verdict.Cause != policy.CauseOOM || f.Decision.Rung.Index != 1 || f.Phase != policy.PhaseReady {
+		if f.Verdict.Cause != cause.CauseOOM || f.Decision.Rung.Index != 1 || f.Phase != cause.PhaseReady {
 			t.Fatalf("failure %+v", f)
 		}
 		st := s.sup.Status()
-		if st.State != StateWaitingGPU || st.Restarts[policy.CauseOOM] != 1 {
+		if st.State != StateWaitingGPU || st.Restarts[cause.CauseOOM] != 1 {
 			t.Fatalf("after the OOM: %+v", st)
 		}
 		// The release takes 40 s: the loop keeps turning all the while.
@@ -695,7 +696,7 @@ func TestMachineFaultExitZeroIsAFailure(t *testing.T) {
 		s.l.last().print("ERROR 10-14 12:01:00 [core.py:1] EngineCore encountered a fatal error.")
 		s.l.last().end(exitInfo{Code: 0})
 		synctest.Wait()
-		if f := s.failure(1); f.Verdict.Cause != policy.CauseCrash || f.Decision.Action != policy.ActionRestart || f.Decision.Rung.Index != 0 {
+		if f := s.failure(1); f.Verdict.Cause != cause.CauseCrash || f.Decision.Action != policy.ActionRestart || f.Decision.Rung.Index != 0 {
 			t.Fatalf("failure %+v", f)
 		}
 		s.advance(s.cfg.Restart.InitialDelay.Duration)
@@ -718,7 +719,7 @@ func TestMachineFaultSegfaultAndKilledAPIServer(t *testing.T) {
 				s.l.last().end(exitInfo{Code: -1, Signal: sig})
 				synctest.Wait()
 				f := s.failure(1)
-				if f.Verdict.Cause != policy.CauseCrash || f.Exit != "killed by "+sig {
+				if f.Verdict.Cause != cause.CauseCrash || f.Exit != "killed by "+sig {
 					t.Fatalf("failure %+v", f)
 				}
 				s.stop()
@@ -735,7 +736,7 @@ func TestMachineFaultHostOOMKill(t *testing.T) {
 		s.oom.Add(1) // the cgroup's oom_kill counter went up
 		s.l.last().end(exitInfo{Code: -1, Signal: "SIGKILL"})
 		synctest.Wait()
-		if f := s.failure(1); f.Verdict.Cause != policy.CauseHostOOM {
+		if f := s.failure(1); f.Verdict.Cause != cause.CauseHostOOM {
 			t.Fatalf("failure %+v", f)
 		}
 		s.stop()
@@ -752,7 +753,7 @@ func TestMachineFaultHostOOMKillOfAChild(t *testing.T) {
 		s.oom.Add(1)
 		s.l.last().end(exitInfo{Code: 0})
 		synctest.Wait()
-		if f := s.failure(1); f.Verdict.Cause != policy.CauseHostOOM {
+		if f := s.failure(1); f.Verdict.Cause != cause.CauseHostOOM {
 			t.Fatalf("failure %+v", f)
 		}
 		s.stop()
@@ -778,7 +779,7 @@ func TestMachineFaultStallWhileLoadingIsAHang(t *testing.T) {
 		if p.stops.Load() != 0 || p.kills.Load() != 1 {
 			t.Fatalf("after the stall: %d SIGTERM, %d SIGKILL; a hung vLLM is killed without a drain", p.stops.Load(), p.kills.Load())
 		}
-		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
 			t.Fatalf("failure %+v", f)
 		}
 		stopping := false
@@ -801,7 +802,7 @@ func TestMachineFaultNeverReadyHitsMaxStartTime(t *testing.T) {
 			p.print("INFO 10-14 12:00:00 [loader.py:1] still loading")
 			s.advance(2 * time.Second)
 		}
-		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
 			t.Fatalf("failure %+v", f)
 		}
 		s.stop()
@@ -824,7 +825,7 @@ func TestMachineFaultHangWhileReady(t *testing.T) {
 			t.Fatal("killed before `failures` consecutive failures")
 		}
 		s.advance(10 * time.Second)
-		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang || f.Phase != policy.PhaseReady {
+		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang || f.Phase != cause.PhaseReady {
 			t.Fatalf("failure %+v", f)
 		}
 		s.stop()
@@ -846,7 +847,7 @@ func TestMachineFaultHealth503(t *testing.T) {
 			p.print("ERROR 10-14 12:01:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.")
 			p.end(exitInfo{Code: 0})
 			synctest.Wait()
-			if f := s.failure(1); f.Verdict.Cause != policy.CauseOOM {
+			if f := s.failure(1); f.Verdict.Cause != cause.CauseOOM {
 				t.Fatalf("failure %+v", f)
 			}
 			s.stop()
@@ -859,7 +860,7 @@ func TestMachineFaultHealth503(t *testing.T) {
 			s.ready()
 			s.pr.setHealth(func() probeResult { return probeResult{step: "health", status: 503, err: "GET /health answered 503"} })
 			s.advance(5*time.Second + s.sup.engineDeadGrace())
-			if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+			if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
 				t.Fatalf("failure %+v", f)
 			}
 			s.stop()
@@ -1127,7 +1128,7 @@ func TestMachineKeeperKilledIsAFailure(t *testing.T) {
 		// The keeper is gone: the tree's done closes together with apiGone.
 		p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
 		synctest.Wait()
-		if f := s.failure(1); f.Verdict.Cause != policy.CauseCrash {
+		if f := s.failure(1); f.Verdict.Cause != cause.CauseCrash {
 			t.Fatalf("failure %+v", f)
 		}
 		s.stop()
@@ -1422,7 +1423,7 @@ func TestMachineSilentDownloadIsProgressButASilentIdleTreeIsAHang(t *testing.T) 
 		}
 		// Then neither output nor I/O: still a hang.
 		s.advance(9 * time.Second)
-		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
 			t.Fatalf("failure %+v", f)
 		}
 		s.stop()
@@ -1456,7 +1457,7 @@ func TestMachineStuckEngineIsAHang(t *testing.T) {
 		}
 		s.advance(2 * time.Second)
 		f := s.failure(1)
-		if f.Verdict.Cause != policy.CauseHang || s.l.last().kills.Load() != 1 {
+		if f.Verdict.Cause != cause.CauseHang || s.l.last().kills.Load() != 1 {
 			t.Fatalf("failure %+v, kills %d", f, s.l.last().kills.Load())
 		}
 		s.stop()
@@ -1476,7 +1477,7 @@ func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
 		// The engine wedges: the 1-token request never answers within its bound.
 		s.pr.setReady(func() probeResult { return probeResult{step: "completion", err: "context deadline exceeded"} })
 		s.advance(time.Minute)
-		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
 			t.Fatalf("failure %+v", f)
 		}
 		s.stop()
@@ -1509,7 +1510,7 @@ func TestMachineLongPrefillIsNotStuck(t *testing.T) {
 		// Still nothing after stuck_timeout plus the prefill's time: stuck.
 		s.advance(30 * time.Second)
 		f := s.failure(1)
-		if f.Verdict.Cause != policy.CauseHang || !strings.Contains(s.sup.Status().Reason+f.Verdict.Summary, "prefill") {
+		if f.Verdict.Cause != cause.CauseHang || !strings.Contains(s.sup.Status().Reason+f.Verdict.Summary, "prefill") {
 			t.Fatalf("failure %+v, status %q", f, s.sup.Status().Reason)
 		}
 		s.stop()
@@ -1537,7 +1538,7 @@ func TestMachineHangInTheFirstStepAfterIdleIsStuck(t *testing.T) {
 			t.Fatal("stuck before stuck_timeout")
 		}
 		s.advance(3 * time.Second)
-		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
 			t.Fatalf("failure %+v", f)
 		}
 		s.stop()
@@ -1560,7 +1561,7 @@ func TestMachinePausedVLLMIsNotStuck(t *testing.T) {
 		}
 		s.pr.setPaused(false)
 		s.advance(2 * time.Minute)
-		if f := s.failure(1); f.Verdict.Cause != policy.CauseHang {
+		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
 			t.Fatalf("failure %+v", f)
 		}
 		s.stop()
@@ -1666,7 +1667,7 @@ func TestMachineStuckLeftoverNeverBlocksTheLoop(t *testing.T) {
 			}
 		}
 		s.advance(3 * time.Second)
-		if f := s.failure(1); f.Verdict.Cause != policy.CauseCrash {
+		if f := s.failure(1); f.Verdict.Cause != cause.CauseCrash {
 			t.Fatalf("failure %+v", f)
 		}
 		s.advance(s.cfg.Restart.InitialDelay.Duration)
@@ -1769,7 +1770,7 @@ func TestMachineServerFinishedIsNotAHang(t *testing.T) {
 			}
 			p.end(exitInfo{Code: 1})
 			synctest.Wait()
-			if f := s.failure(1); f.Verdict.Cause == policy.CauseHang || f.Exit == "killed by SIGKILL" {
+			if f := s.failure(1); f.Verdict.Cause == cause.CauseHang || f.Exit == "killed by SIGKILL" {
 				t.Fatalf("failure %+v: want vLLM's own exit, classified from its lines", f.Verdict)
 			}
 			s.stop()
@@ -1789,7 +1790,7 @@ func TestMachineServerFinishedIsNotAHang(t *testing.T) {
 			}
 			s.advance(2 * time.Second)
 			f := s.failure(1)
-			if f.Verdict.Cause != policy.CauseHang || !strings.Contains(f.Verdict.Summary, "did not exit within 30s") {
+			if f.Verdict.Cause != cause.CauseHang || !strings.Contains(f.Verdict.Summary, "did not exit within 30s") {
 				t.Fatalf("failure %+v", f.Verdict)
 			}
 			s.stop()
@@ -1804,7 +1805,7 @@ func TestMachineServerFinishedIsNotAHang(t *testing.T) {
 			p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID+1))
 			s.pr.setHealth(refused)
 			s.advance(4 * time.Second)
-			if f := s.failure(1); f.Verdict.Cause != policy.CauseHang || !strings.Contains(f.Verdict.Summary, "consecutive liveness failures") {
+			if f := s.failure(1); f.Verdict.Cause != cause.CauseHang || !strings.Contains(f.Verdict.Summary, "consecutive liveness failures") {
 				t.Fatalf("failure %+v", f.Verdict)
 			}
 			s.stop()

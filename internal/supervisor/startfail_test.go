@@ -8,6 +8,7 @@ import (
 	"testing"
 	"testing/synctest"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
@@ -20,7 +21,7 @@ func TestMachineGuardsOwnStartFailureIsRetried(t *testing.T) {
 		s.l.fail = fmt.Errorf("start vLLM: report pipe: %w", &os.SyscallError{Syscall: "pipe2", Err: syscall.EMFILE})
 		s.start()
 		f := s.failure(1)
-		if f.Verdict.Cause != policy.CauseCrash || f.Decision.Action != policy.ActionRestart {
+		if f.Verdict.Cause != cause.CauseCrash || f.Decision.Action != policy.ActionRestart {
 			t.Fatalf("verdict %+v decision %+v: want a crash, restarted", f.Verdict, f.Decision)
 		}
 		for _, want := range []string{"the guard could not start vLLM: start vLLM: report pipe: pipe2: too many open files",
@@ -34,7 +35,7 @@ func TestMachineGuardsOwnStartFailureIsRetried(t *testing.T) {
 		}
 		s.wantState(StateBackoff)
 		s.advance(f.Decision.Delay)
-		if f2 := s.failure(2); f2.Verdict.Cause != policy.CauseCrash {
+		if f2 := s.failure(2); f2.Verdict.Cause != cause.CauseCrash {
 			t.Fatalf("second attempt: %+v", f2.Verdict)
 		}
 		if code := s.stop(); code != 0 {

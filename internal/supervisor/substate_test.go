@@ -15,8 +15,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/config"
-	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
 // The machine as a table: each row is one cell (sub-state × event) that
@@ -93,7 +93,7 @@ type slowHealth struct {
 	slowed *atomic.Bool
 }
 
-func (h slowHealth) GPUs(since time.Time, fresh bool) []policy.GPUDevice {
+func (h slowHealth) GPUs(since time.Time, fresh bool) []cause.GPUDevice {
 	if h.slowed.CompareAndSwap(false, true) {
 		time.Sleep(time.Minute)
 	}

@@ -1,16 +1,19 @@
 // Package testkit is for tests only: _test.go files import it, the guard's
 // own code never does (docs/layers_test.go fails otherwise). It imports
-// only the standard library and goleak.
+// only the standard library, goleak and internal/freeport.
 //
 // It holds the helpers every package's tests used to copy:
 //
-//   - WaitFor (and Poll, its loop): wait until a condition holds, with a
+//   - WaitFor (and Poll, its loop; PollEvery at a pace of its own): wait
+//     until a condition holds, with a
 //     bound that only ends a test that would never pass. Tests never sleep
 //     to "wait enough"; they wait for what they need, and the bound is
 //     generous because a loaded 2-core machine may take seconds.
 //   - Main (and MainWithCleanup): a package's TestMain that runs its tests
 //     and then, when they passed, fails the run if goroutines are left
 //     (goleak).
+//   - FreePort: a TCP port nobody listens on, for a test's guard,
+//     simulator or proxy (internal/freeport, which the benchmarks use too).
 package testkit
 
 import (
@@ -21,6 +24,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/vllm-guard/vllm-guard/internal/freeport"
 )
 
 // The pace of Poll: every millisecond at first, then a little slower, up
@@ -35,8 +40,20 @@ const (
 // looks once more when bound has passed. cond runs on the caller's
 // goroutine, so it may call t.Fatal.
 func Poll(bound time.Duration, cond func() bool) bool {
+	return poll(bound, firstPause, maxPause, cond)
+}
+
+// PollEvery is Poll at a pace of its own: it looks every pause. For a
+// condition that costs the system under test something to look at (a
+// status request, a scan of /proc) on a loaded machine, where Poll's
+// millisecond pace would add load of its own.
+func PollEvery(bound, pause time.Duration, cond func() bool) bool {
+	return poll(bound, pause, pause, cond)
+}
+
+func poll(bound, first, most time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(bound)
-	pause := firstPause
+	pause := first
 	for {
 		if cond() {
 			return true
@@ -46,7 +63,7 @@ func Poll(bound time.Duration, cond func() bool) bool {
 			return false
 		}
 		time.Sleep(min(pause, left))
-		pause = min(pause+pause/8+time.Microsecond, maxPause)
+		pause = min(pause+pause/8+time.Microsecond, most)
 	}
 }
 
@@ -58,6 +75,17 @@ func WaitFor(t testing.TB, what string, bound time.Duration, cond func() bool) {
 	if !Poll(bound, cond) {
 		t.Fatalf("timed out after %s waiting for %s", bound, what)
 	}
+}
+
+// FreePort returns a TCP port on 127.0.0.1 nobody listens on right now
+// (freeport.Pick), and fails the test when there is none.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	port, err := freeport.Pick()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return port
 }
 
 // Main is a package's TestMain:

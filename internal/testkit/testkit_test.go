@@ -59,6 +59,20 @@ func TestPollPace(t *testing.T) {
 	}
 }
 
+// PollEvery looks no faster than its pace.
+func TestPollEveryPace(t *testing.T) {
+	const pause = 5 * time.Millisecond
+	var at []time.Time
+	if !PollEvery(30*time.Second, pause, func() bool { at = append(at, time.Now()); return len(at) == 10 }) {
+		t.Fatal("PollEvery gave up before the condition held")
+	}
+	for i := 1; i < len(at); i++ {
+		if gap := at[i].Sub(at[i-1]); gap < pause {
+			t.Fatalf("look %d came %s after the previous one; want at least %s", i, gap, pause)
+		}
+	}
+}
+
 type fakeM struct {
 	code int
 	run  func()

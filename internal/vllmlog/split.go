@@ -2,7 +2,6 @@ package vllmlog
 
 import (
 	"bytes"
-	"strings"
 )
 
 // Breaks are the bytes that end a line of vLLM's output: "\n", and "\r",
@@ -120,16 +119,6 @@ func (s *Splitter) keep(b []byte) {
 		}
 	}
 	s.partial = append(s.partial, b...)
-}
-
-// LastRewrite returns what a terminal would show of a saved line that tqdm
-// rewrote with "\r": the last non-empty segment ("a 50%\rb 100%\r" → "b 100%").
-func LastRewrite(line string) string {
-	line = strings.TrimRight(line, Breaks)
-	if i := strings.LastIndexByte(line, '\r'); i >= 0 {
-		return line[i+1:]
-	}
-	return line
 }
 
 // ScanLines is a bufio.SplitFunc that cuts at "\n" and "\r", as Splitter

@@ -39,18 +39,6 @@ func TestSplitterBoundsALine(t *testing.T) {
 	}
 }
 
-func TestLastRewrite(t *testing.T) {
-	for in, want := range map[string]string{
-		"a 50%\rb 100%\r\n": "b 100%",
-		"plain":             "plain",
-		"a\rb":              "b",
-	} {
-		if got := LastRewrite(in); got != want {
-			t.Errorf("LastRewrite(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 func TestScanLines(t *testing.T) {
 	sc := bufio.NewScanner(strings.NewReader("a 0%\ra 50%\r\nb\nlast"))
 	sc.Split(ScanLines)

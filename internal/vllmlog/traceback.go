@@ -16,45 +16,6 @@ func IsTracebackHeader(msg string) bool {
 	return strings.HasPrefix(msg, "Traceback (most recent call last)")
 }
 
-// Frame is one frame line of a traceback: `  File "x.py", line 12, in f`.
-type Frame struct {
-	File string
-	Line int
-	Func string // "" when the line names none
-}
-
-// ParseFrame parses a frame line.
-func ParseFrame(msg string) (Frame, bool) {
-	s := strings.TrimLeft(msg, " ")
-	if !strings.HasPrefix(s, `File "`) {
-		return Frame{}, false
-	}
-	s = s[len(`File "`):]
-	q := strings.Index(s, `", line `)
-	if q < 0 {
-		return Frame{}, false
-	}
-	f := Frame{File: s[:q]}
-	s = s[q+len(`", line `):]
-	j := 0
-	for j < len(s) && isDigit(s[j]) {
-		j++
-	}
-	if j == 0 || j > 9 {
-		return Frame{}, false
-	}
-	f.Line, _ = strconv.Atoi(s[:j])
-	s = s[j:]
-	switch {
-	case s == "":
-	case strings.HasPrefix(s, ", in ") && len(s) > len(", in "):
-		f.Func = s[len(", in "):]
-	default:
-		return Frame{}, false
-	}
-	return f, true
-}
-
 // IsTracebackBody reports whether msg is a frame line or the source line
 // printed under it ("    raise ValueError(…"): both repeat text of the
 // exception below them, so they are not evidence themselves.

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/benchnginx"
 	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/freeport"
 	"github.com/vllm-guard/vllm-guard/internal/procmark"
 )
 
@@ -68,7 +68,7 @@ func newRunEnv(b bins, scratch, name string, sample time.Duration) (*runEnv, err
 	if err := os.WriteFile(filepath.Join(gpuDir, "devices"), []byte(deviceLine+"\n"), 0o644); err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := freeport.Pick()
 	if err != nil {
 		return nil, err
 	}
@@ -84,15 +84,6 @@ func newRunEnv(b bins, scratch, name string, sample time.Duration) (*runEnv, err
 			"FAKEVLLM_ORPHAN_TTL":     "30s",
 		},
 	}, nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // cleanEnv is this process's environment without the simulator's and the
@@ -312,7 +303,7 @@ func startNginx(ctx context.Context, e *runEnv) (front, error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := freeport.Pick()
 	if err != nil {
 		r.stop()
 		return nil, err
@@ -413,7 +404,7 @@ level = "info"
 }
 
 func startGuard(ctx context.Context, e *runEnv) (front, error) {
-	port, err := freePort()
+	port, err := freeport.Pick()
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/freeport"
 )
 
 // The supervisors, in table order.
@@ -62,7 +64,7 @@ func (r *run) drive(ctx context.Context) {
 func (r *run) execute(parent context.Context) Result {
 	// The port is picked now, not when the matrix was built: a port picked
 	// minutes ahead may meanwhile serve as some connection's local port.
-	port, err := freePort()
+	port, err := freeport.Pick()
 	if err != nil {
 		return Result{Scenario: r.sc.Name, Supervisor: r.sup, FinalState: "not run: " + err.Error()}
 	}

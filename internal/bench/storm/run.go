@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -66,15 +65,6 @@ func newRun(sc Scenario, sup string, s Scale, b bins, scan *scanner, scratch str
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}}
 	r.rec.maxNumSeqs = baseMaxNumSeqs
 	return r, nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("storm: find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func (r *run) since() time.Duration { return time.Since(r.t0) }

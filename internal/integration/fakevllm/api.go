@@ -64,7 +64,6 @@ type apiServer struct {
 	cut            atomic.Bool
 	abortOnce      sync.Once
 	abortCh        chan struct{}
-	forceOnce      sync.Once
 	forceCh        chan struct{}
 	inflight       atomic.Int64
 	// The v1 era's drain (vLLM 0.32.0 as observed): drainCutCh closes

@@ -232,20 +232,15 @@ func spellFlag(tok string) string {
 	return name
 }
 
-// parseServeArgs parses the arguments after `serve` the way vLLM's
-// argparse parser does: `--flag value` and `--flag=value`, underscores as
-// dashes, unambiguous abbreviations, `--config FILE` expanded right after the
-// model, repeated flags last-wins (with a warning), every unknown token
-// collected into one "unrecognized arguments" error. It parses as the
-// default era does; parseServeArgsFor takes the era.
-func parseServeArgs(argv []string) (*serveArgs, error) {
-	return parseServeArgsFor(argv, eraV1ANSI)
-}
-
 // removedIn are flags an era's vllm serve no longer has: argparse treats
 // them as unknown (merged vLLM dropped --task for --runner and --convert).
 var removedIn = map[era]map[string]bool{eraV1Plain: {"--task": true}}
 
+// parseServeArgsFor parses the arguments after `serve` the way era e's
+// vLLM argparse parser does: `--flag value` and `--flag=value`, underscores
+// as dashes, unambiguous abbreviations, `--config FILE` expanded right after
+// the model, repeated flags last-wins (with a warning), every unknown token
+// collected into one "unrecognized arguments" error.
 func parseServeArgsFor(argv []string, e era) (*serveArgs, error) {
 	a := &serveArgs{
 		Host:           "0.0.0.0",

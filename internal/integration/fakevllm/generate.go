@@ -255,12 +255,6 @@ func chatPromptIDs(msgs []chatMessage, generationPrompt bool) ([]int, error) {
 	return ids, nil
 }
 
-// chatTokens counts a chat prompt's tokens.
-func chatTokens(msgs []chatMessage) (int, error) {
-	ids, err := chatPromptIDs(msgs, true)
-	return len(ids), err
-}
-
 // sampler is the simulated model. Its state is a hash of every id it has
 // seen; a greedy request's next id is a function of that state alone. A
 // sampled request (temperature omitted or above vLLM's 1e-5) mixes in a

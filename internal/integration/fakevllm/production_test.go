@@ -234,7 +234,7 @@ func TestKVCacheMemoryBytesSizesTheBudget(t *testing.T) {
 func TestUvicornOrderListensAfterStartupLine(t *testing.T) {
 	t.Parallel()
 	gate := filepath.Join(t.TempDir(), "listen")
-	port := freePort(t)
+	port := testkit.FreePort(t)
 	p := startSim(t, merge(fast, map[string]string{"FAKEVLLM_LISTEN_GATE": gate}),
 		"org/model", "--host", "127.0.0.1", "--port", strconv.Itoa(port))
 	p.waitLine("INFO:     Application startup complete.", 20*time.Second)

@@ -23,7 +23,7 @@ import (
 
 func TestPortRefusedWhileLoading(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
+	port := testkit.FreePort(t)
 	p := startSim(t, merge(fast, map[string]string{"FAKEVLLM_FAULT": "hang_loading"}),
 		"org/model", "--host", "127.0.0.1", "--port", strconv.Itoa(port))
 	_, l := p.waitLine("Loading weights took", 10*time.Second)
@@ -747,7 +747,7 @@ func TestServingFaults(t *testing.T) {
 	t.Run("close_stdout", func(t *testing.T) {
 		t.Parallel()
 		// The URL line goes to the closed stdout: pick the port here.
-		p, url, _ := faultRun(t, "close_stdout", nil, freePort(t))
+		p, url, _ := faultRun(t, "close_stdout", nil, testkit.FreePort(t))
 		testkit.WaitFor(t, "/health 200", 30*time.Second, func() bool { c, _, _ := get(url+"/health", time.Second); return c == 200 })
 		for _, l := range p.snapshot() {
 			if l.stream == "stdout" {

@@ -227,7 +227,7 @@ func TestCPUBuildRefusesSleepModeAndIPCCache(t *testing.T) {
 // startPreload runs `vllm preload` and waits for its READY line.
 func startPreload(t *testing.T, env map[string]string, args ...string) (*simProc, int) {
 	t.Helper()
-	port := freePort(t)
+	port := testkit.FreePort(t)
 	p := startSub(t, env, "preload", append([]string{"--model", "m", "--weight-cache-health-host", "127.0.0.1", "--weight-cache-health-port", strconv.Itoa(port)}, args...)...)
 	p.waitLine("===== Weight cache daemon READY: node 0/1 serving 1 local rank(s) x 1 role(s) in the default socket dir =====", 20*time.Second)
 	return p, port
@@ -283,7 +283,7 @@ func TestPreloadHealthIs503UntilReady(t *testing.T) {
 	env, _ := sleepEnv(t)
 	env["TMPDIR"] = shortTemp(t)
 	env["FAKEVLLM_LOAD_WEIGHTS"] = "2s"
-	port := freePort(t)
+	port := testkit.FreePort(t)
 	p := startSub(t, env, "preload", "--model", "m", "--weight-cache-health-host", "127.0.0.1", "--weight-cache-health-port", strconv.Itoa(port))
 	p.waitLine("Loading safetensors checkpoint shards:   0% Completed", 10*time.Second)
 	health := fmt.Sprintf("http://127.0.0.1:%d/health", port)

@@ -633,3 +633,14 @@ func TestTaskFromName(t *testing.T) {
 		}
 	}
 }
+
+// chatTokens counts a chat prompt's tokens.
+func chatTokens(msgs []chatMessage) (int, error) {
+	ids, err := chatPromptIDs(msgs, true)
+	return len(ids), err
+}
+
+// parseServeArgs parses as the default era does.
+func parseServeArgs(argv []string) (*serveArgs, error) {
+	return parseServeArgsFor(argv, eraV1ANSI)
+}

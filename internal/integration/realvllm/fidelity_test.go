@@ -34,7 +34,7 @@ type server struct {
 // serve starts bin serve args… on a free port with env added.
 func serve(t *testing.T, name, bin string, env map[string]string, args ...string) *server {
 	t.Helper()
-	s := &server{t: t, name: name, port: freePort(t), done: make(chan struct{})}
+	s := &server{t: t, name: name, port: testkit.FreePort(t), done: make(chan struct{})}
 	s.cmd = exec.Command(bin, append(append([]string{"serve"}, args...), "--host", "127.0.0.1", "--port", fmt.Sprint(s.port))...)
 	s.cmd.Env = os.Environ()
 	for k, v := range env {
@@ -75,19 +75,17 @@ func (s *server) url(path string) string { return fmt.Sprintf("http://127.0.0.1:
 // waitUp waits until /health answers 200.
 func (s *server) waitUp() {
 	s.t.Helper()
-	deadline := time.Now().Add(startBound)
-	for time.Now().Before(deadline) {
+	up := testkit.PollEvery(startBound, 100*time.Millisecond, func() bool {
 		select {
 		case <-s.done:
 			s.t.Fatalf("%s exited %d before it served:\n%s", s.name, s.code, s.tail())
 		default:
 		}
-		if a := get(s.url("/health"), ""); a.status == 200 {
-			return
-		}
-		time.Sleep(100 * time.Millisecond) // the pace of the health polls
+		return get(s.url("/health"), "").status == 200
+	})
+	if !up {
+		s.t.Fatalf("%s did not serve within %s:\n%s", s.name, startBound, s.tail())
 	}
-	s.t.Fatalf("%s did not serve within %s:\n%s", s.name, startBound, s.tail())
 }
 
 func (s *server) waitExit() int {

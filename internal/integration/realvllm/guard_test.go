@@ -3,7 +3,6 @@ package realvllm
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -28,16 +27,6 @@ const (
 	startBound = 4 * time.Minute
 	exitBound  = 2 * time.Minute
 )
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // vllmEnv is the environment every real vLLM of the tier gets: the CPU
 // platform, a small KV cache, no hub, no telemetry, caches in the test's
@@ -84,7 +73,7 @@ func newScene(t testing.TB, args ...string) *scene {
 	t.Helper()
 	dir := t.TempDir()
 	id := fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "_"), time.Now().UnixNano())
-	return &scene{t: t, dir: dir, port: freePort(t), testID: id, args: args, env: vllmEnv(dir, id)}
+	return &scene{t: t, dir: dir, port: testkit.FreePort(t), testID: id, args: args, env: vllmEnv(dir, id)}
 }
 
 func (s *scene) socket() string { return filepath.Join(s.dir, "guard.sock") }
@@ -362,9 +351,7 @@ func (s *scene) status() map[string]any {
 
 var (
 	kind       = guardrun.OfKind
-	exitedWith = guardrun.ExitedWith
 	decided    = guardrun.Decided
-	after      = guardrun.After
 	causeOf    = guardrun.CauseOf
 	isStarting = kind(events.KindStarting)
 	isReady    = kind(events.KindReady)

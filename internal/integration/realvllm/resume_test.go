@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/state"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // resumeClient waits through a whole restart of the real vLLM (a cold
@@ -164,7 +165,7 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 			// Several ids a chunk (issue 40): every continuation starts
 			// where the ids given end on a whole character.
 			s := newScene(t, tiny("tiny-llama", 2048, "--enforce-eager", "--stream-interval", "2")...)
-			s.proxy = freePort(t)
+			s.proxy = testkit.FreePort(t)
 			s.extra = "\n[liveness]\ninterval = \"1s\"\nstuck_timeout = \"5s\"\n"
 			s.start()
 			s.WaitEvent("ready", 1, startBound, isReady)

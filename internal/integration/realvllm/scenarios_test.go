@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // generate is the tiny generative model with the flags every scenario
@@ -429,7 +430,7 @@ func keep(t *testing.T, name string, lines []string) string {
 }
 
 // capture keeps vLLM's output of a failure as the guard relayed it in
-// build/realvllm/captured/NAME.log (the corpus of policy/testdata/real
+// build/realvllm/captured/NAME.log (the corpus of cause/testdata/real
 // takes them from there, with a source line) and requires `vllm-guard
 // diagnose` to name cause on it.
 func capture(t *testing.T, name string, lines []string, cause string) {
@@ -492,12 +493,8 @@ func memoryCgroup(t *testing.T, limit int64) (string, int64, error) {
 		}
 		t.Cleanup(func() {
 			// Every process has left by now (the scene's cleanup ran first).
-			for range 50 {
-				if os.Remove(l.dir) == nil {
-					return
-				}
-				time.Sleep(100 * time.Millisecond) // the kernel empties the group as the dead are reaped
-			}
+			// The kernel empties the group as the dead are reaped.
+			testkit.PollEvery(5*time.Second, 100*time.Millisecond, func() bool { return os.Remove(l.dir) == nil })
 		})
 		if err := os.WriteFile(filepath.Join(l.dir, l.limitFile), []byte(fmt.Sprint(limit)), 0o644); err != nil {
 			errs = append(errs, err.Error())
@@ -537,7 +534,7 @@ func TestStopDrainsAStream(t *testing.T) {
 				}
 				s.args = append(s.args, "--config", cfg)
 			}
-			s.proxy = freePort(t)
+			s.proxy = testkit.FreePort(t)
 			out, code := s.guardCLI("check", "--config", s.configPath())
 			if code != 0 || !strings.Contains(out, "effective stop timeout: 130s") {
 				t.Fatalf("check (exit %d) does not print an effective stop timeout of 130s:\n%s", code, out)

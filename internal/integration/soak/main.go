@@ -31,7 +31,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -43,6 +42,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/freeport"
 	"github.com/vllm-guard/vllm-guard/internal/testbin"
 )
 
@@ -129,15 +129,6 @@ func (g *guard) waitEvent(what string, n int, timeout time.Duration, match func(
 	}
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func run(failures, warmup, clients, restarts int, seed uint64, plain bool, limit time.Duration) (_ *report, err error) {
 	t0 := time.Now()
 	guardBin, err := testbin.Guard()
@@ -167,15 +158,15 @@ func run(failures, warmup, clients, restarts int, seed uint64, plain bool, limit
 	if err := os.WriteFile(filepath.Join(gpuDir, "devices"), []byte("GPU-5e1f0000-0000-4000-8000-000000000001 85899345920 536870912 NVIDIA H100 80GB HBM3\n"), 0o644); err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := freeport.Pick()
 	if err != nil {
 		return nil, err
 	}
-	httpPort, err := freePort()
+	httpPort, err := freeport.Pick()
 	if err != nil {
 		return nil, err
 	}
-	proxyPort, err := freePort()
+	proxyPort, err := freeport.Pick()
 	if err != nil {
 		return nil, err
 	}

@@ -101,8 +101,3 @@ func (s *Socket) Await(t testing.TB, what string, match func(string) bool, timeo
 		}
 	}
 }
-
-// Prefix matches a datagram starting with p, e.g. Prefix("STATUS=").
-func Prefix(p string) func(string) bool {
-	return func(m string) bool { return strings.HasPrefix(m, p) }
-}

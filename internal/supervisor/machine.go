@@ -172,14 +172,20 @@ type run struct {
 	lastLine     time.Time      // the last output line's time seen by the stall check (monotonic)
 	fastUntil    time.Time      // refused probes retry fast until then (uvicorn listens just after its line)
 	refusedSince time.Time      // since when every readiness probe got a 4xx (zero: the last did not)
+	refusal      probeResult    // the last such answer
+	refusedLast  time.Time      // and when it came
 	ioSeen       map[int]uint64 // per process: storage I/O at the last poll
 	ioBytes      uint64         // storage I/O of the tree since launch
 	lastIO       time.Time      // when the tree's I/O last grew
 	ioAnnounced  time.Time      // when I/O progress was last published
 
 	// Ready: liveness, stuck detection, restore and the cost model.
-	failures     int     // consecutive liveness failures
-	peak         float64 // highest GPU fraction since ready (restore)
+	failures     int       // consecutive liveness failures
+	lastErr      string    // the last liveness failure's error
+	engineDeadAt time.Time // /health said the engine is dead (zero: it did not)
+	serverDoneAt time.Time // the server finished and its port closed; its process did not exit yet
+	stuck        string    // a stuck verdict /is_paused did not excuse
+	peak         float64   // highest GPU fraction since ready (restore)
 	costObs      int
 	costAt       time.Time // the GPU reading the cost model last observed
 	stuckTokens  float64   // the token counters' sum seen last while ready
@@ -276,11 +282,8 @@ func (m *machine) onTimer(k timerKind, sink *logSink) {
 	case tCost:
 		m.observeCost()
 		m.arm(tCost, m.s.cfg.GPU.SampleInterval.Duration)
-	case tDying:
-		m.hung(fmt.Sprintf("/health said vLLM's engine is dead and vLLM did not exit within %s", m.s.engineDeadGrace()))
-	case tExiting:
-		m.hung(fmt.Sprintf("vLLM's API server printed %q but its process did not exit within %s (stop_timeout)",
-			"Finished server process", m.s.cfg.VLLM.StopTimeout.Duration))
+	case tDying, tExiting:
+		m.judge()
 	case tDrain:
 		m.drainStep()
 	case tStopKill:

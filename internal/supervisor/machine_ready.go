@@ -123,7 +123,8 @@ func (m *machine) onPausedAnswer(r probeResult) {
 		m.r.stuckSince, m.r.stuckAsked = m.now, m.now
 		return
 	}
-	m.hung(verdict)
+	m.r.stuck = verdict
+	m.judge()
 }
 
 // restoreDue tracks the peak GPU fraction since ready and asks the policy
@@ -172,10 +173,5 @@ func (m *machine) describeCost() {
 	m.s.update(func(st *Status) { st.Cost = d })
 }
 
-// engineDeadGrace is how long the guard waits, after /health says vLLM's
-// engine is dead, for vLLM to exit by itself (its watchdog runs every 5 s,
-// and it prints the root cause) before it kills it as hung: one liveness
-// interval, between 1 and 10 seconds.
-func (s *Supervisor) engineDeadGrace() time.Duration {
-	return min(10*time.Second, max(time.Second, s.cfg.Liveness.Interval.Duration))
-}
+// engineDeadGrace: judgeHang's grace after /health says the engine is dead.
+func (s *Supervisor) engineDeadGrace() time.Duration { return engineDeadGrace(s.cfg) }

@@ -294,92 +294,91 @@ func (m *machine) onPoll() {
 			}
 		}
 	}
-	last := lastLine
-	if m.r.lastIO.After(last) {
-		last = m.r.lastIO
-	}
-	if silent := now.Sub(last); silent > rc.StallTimeout.Duration {
-		m.hung(fmt.Sprintf("no load progress (no output, no disk I/O) for %s while starting (stall_timeout %s), last phase %q",
-			silent.Round(time.Second), rc.StallTimeout.Duration, m.r.out.Phase()))
-		return
-	}
-	if limit := rc.MaxStartTime.Duration; limit > 0 && now.Sub(m.r.startedAt) > limit {
-		m.hung(fmt.Sprintf("not ready after max_start_time %s", limit))
+	if m.judge() {
 		return
 	}
 	m.probeReady()
 	m.arm(tPoll, rc.PollInterval.Duration)
 }
 
-// refusedTooLong ends a start whose readiness probe vLLM keeps refusing
-// with a 4xx: its server is up and answers, so the request the guard sends
-// does not fit this vLLM (a task it does not serve, a name, a key), and
-// waiting longer changes nothing. Any other answer starts the count again.
-func (m *machine) refusedTooLong(r probeResult) bool {
+// noteRefusal notes a readiness probe vLLM refused with a 4xx: its
+// server is up and answers, so the request the guard sends does not fit
+// this vLLM (a task it does not serve, a name, a key), and the judge ends
+// the start after refusedProbeLimit of them. Any other answer starts the
+// count again.
+func (m *machine) noteRefusal(r probeResult) {
 	if !r.refusal() {
 		m.r.refusedSince = time.Time{}
-		return false
+		return
 	}
-	now := m.now
 	if m.r.refusedSince.IsZero() {
-		m.r.refusedSince = now
-		return false
+		m.r.refusedSince = m.now
 	}
-	if now.Sub(m.r.refusedSince) < refusedProbeLimit {
-		return false
-	}
-	m.hung(fmt.Sprintf("vLLM's server is up but has refused the readiness probe for %s (%s: %s); "+
-		"the probe does not fit this vLLM: check the served name, the API key and the task, or set [readiness] probe = \"health\"",
-		refusedProbeLimit, r.step, r.err))
-	return true
+	m.r.refusal, m.r.refusedLast = r, m.now
 }
 
+// onProbe: a probe answered; what it answers depends on what asked it.
 func (m *machine) onProbe(r probeResult) {
-	s := m.s
-	if m.sub == subStarting {
-		if !r.ok {
-			if r.refused && m.now.Before(m.r.fastUntil) {
-				m.arm(tFastRetry, fastRetryEvery)
-			}
-			if m.refusedTooLong(r) {
-				return
-			}
-			if !r.refused {
-				s.update(func(st *Status) {
-					st.LastProbe = r.step + ": " + r.err
-					if r.explains { // an API key or a name the operator must fix
-						st.Reason = r.err
-					}
-				})
-				s.publish(events.Event{Kind: events.KindProbeFailed, Probe: &events.Probe{Step: r.step, Status: r.status, Error: r.err}, PID: m.r.child.pid()})
-			}
-			return
-		}
-		if !m.r.out.serverUp.Load() && !r.own {
-			// Something answered on vLLM's port before vLLM started its
-			// server, over a connection nobody checked: another process's
-			// listener, not this vLLM (issue 32 item 4). Its answers count
-			// only after this vLLM's own line. (The guard's prober checks
-			// every connection: its answers are own.)
-			s.update(func(st *Status) {
-				st.LastProbe = r.step + ": answered before vLLM's own server started (another process on the port?); waiting for vLLM's startup line"
-			})
-			return
-		}
-		m.becomeReady(r)
-		return
-	}
-	if m.r.stuckVerdict != "" {
+	switch {
+	case m.sub == subStarting:
+		m.onReadiness(r)
+	case m.r.stuckVerdict != "":
 		m.onPausedAnswer(r)
-		return
+	case m.r.stuckProbe:
+		m.onStuckProbe(r)
+	default:
+		m.onLiveness(r)
 	}
-	if m.r.stuckProbe {
-		m.r.stuckProbe = false
-		if !r.ok && r.status == 0 && !r.refused {
-			m.askPaused(fmt.Sprintf("stuck: a 1-token request did not answer within stuck_timeout %s (%s)", s.cfg.Liveness.StuckTimeout.Duration, r.err))
+}
+
+// onReadiness: the readiness probe's answer while starting.
+func (m *machine) onReadiness(r probeResult) {
+	s := m.s
+	if !r.ok {
+		if r.refused && m.now.Before(m.r.fastUntil) {
+			m.arm(tFastRetry, fastRetryEvery)
+		}
+		m.noteRefusal(r)
+		if m.judge() {
+			return
+		}
+		if !r.refused {
+			s.update(func(st *Status) {
+				st.LastProbe = r.step + ": " + r.err
+				if r.explains { // an API key or a name the operator must fix
+					st.Reason = r.err
+				}
+			})
+			s.publish(events.Event{Kind: events.KindProbeFailed, Probe: &events.Probe{Step: r.step, Status: r.status, Error: r.err}, PID: m.r.child.pid()})
 		}
 		return
 	}
+	if !m.r.out.serverUp.Load() && !r.own {
+		// Something answered on vLLM's port before vLLM started its
+		// server, over a connection nobody checked: another process's
+		// listener, not this vLLM (issue 32 item 4). Its answers count
+		// only after this vLLM's own line. (The guard's prober checks
+		// every connection: its answers are own.)
+		s.update(func(st *Status) {
+			st.LastProbe = r.step + ": answered before vLLM's own server started (another process on the port?); waiting for vLLM's startup line"
+		})
+		return
+	}
+	m.becomeReady(r)
+}
+
+// onStuckProbe: the answer to the 1-token request the stuck check sends
+// when vLLM's metrics are not known.
+func (m *machine) onStuckProbe(r probeResult) {
+	m.r.stuckProbe = false
+	if !r.ok && r.status == 0 && !r.refused {
+		m.askPaused(fmt.Sprintf("stuck: a 1-token request did not answer within stuck_timeout %s (%s)", m.s.cfg.Liveness.StuckTimeout.Duration, r.err))
+	}
+}
+
+// onLiveness: the liveness probe's answer while ready.
+func (m *machine) onLiveness(r probeResult) {
+	s := m.s
 	switch {
 	case r.ok:
 		m.r.failures = 0
@@ -387,10 +386,11 @@ func (m *machine) onProbe(r probeResult) {
 		// vLLM exits by itself after its engine dies (its watchdog runs
 		// every 5 s), printing why: wait for that, and kill only if it
 		// does not come.
-		if m.timers.slot[tDying].t == nil {
+		if m.r.engineDeadAt.IsZero() {
 			grace := s.engineDeadGrace()
 			s.log.Warn("vLLM's engine is dead (/health answered "+strconv.Itoa(r.status)+"): waiting for vLLM to exit",
 				zap.Duration("grace", grace))
+			m.r.engineDeadAt = m.now
 			m.arm(tDying, grace)
 		}
 	case m.r.out.serverDone.Load():
@@ -398,19 +398,19 @@ func (m *machine) onProbe(r probeResult) {
 		// closed because it is exiting, not hung. Python's teardown can
 		// take seconds on a loaded host; the exit is waited for, up to
 		// stop_timeout, and then classified from what it printed.
-		if m.timers.slot[tExiting].t == nil {
+		if m.r.serverDoneAt.IsZero() {
 			s.log.Warn("vLLM's API server finished: waiting for its process to exit",
 				zap.Duration("at_most", s.cfg.VLLM.StopTimeout.Duration))
+			m.r.serverDoneAt = m.now
 			m.arm(tExiting, s.cfg.VLLM.StopTimeout.Duration)
 		}
 	default:
 		m.r.failures++
+		m.r.lastErr = r.err
 		s.publish(events.Event{Kind: events.KindProbeFailed, Probe: &events.Probe{Step: r.step, Status: r.status, Error: r.err}, PID: m.r.child.pid()})
 		s.log.Warn("liveness probe failed", zap.String("error", r.err), zap.Int("consecutive", m.r.failures),
 			zap.Int("failures_allowed", s.cfg.Liveness.Failures))
-		if m.r.failures >= s.cfg.Liveness.Failures {
-			m.hung(fmt.Sprintf("%d consecutive liveness failures, last: %s", m.r.failures, r.err))
-		}
+		m.judge()
 	}
 }
 

@@ -2,13 +2,9 @@ package supervisor
 
 import (
 	"context"
-	"fmt"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/vllm-guard/vllm-guard/internal/config"
-	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
@@ -58,19 +54,27 @@ const (
 	timerKinds
 )
 
-// evKind is what an event from outside the loop says.
+// evKind is what an event says: the columns of the machine's table
+// (table.go). A timer's firing is the event of its kind, evTimer + its
+// timerKind.
 type evKind int
 
 const (
-	evTimer           evKind = iota
-	evAPIGone                // vLLM's API server exited
-	evTreeGone               // the whole tree is gone (the keeper exited)
-	evStartupComplete        // "Application startup complete." was printed
-	evProgress               // a new load phase was recognised
-	evProbe                  // a probe answered
-	evCleaned                // what outlived the keeper was killed (or declared unkillable)
-	evGPURead                // an NVML read made off the loop (free memory, the release) answered
-	evPortRead               // the trial bind of vLLM's port answered
+	evBegin           evKind = iota // Run begins
+	evAPIGone                       // vLLM's API server exited
+	evTreeGone                      // the whole tree is gone (the keeper exited)
+	evStartupComplete               // "Application startup complete." was printed
+	evProgress                      // a new load phase was recognised
+	evProbe                         // a probe answered
+	evCleaned                       // what outlived the keeper was killed (or declared unkillable)
+	evGPURead                       // an NVML read made off the loop (free memory, the release) answered
+	evPortRead                      // the trial bind of vLLM's port answered
+	evStop                          // the guard was asked to stop (SIGTERM, SIGINT)
+	evKill                          // asked to stop again: no more waiting
+	evRestart                       // an operator asked for a restart
+	evHeartbeat                     // the loop's one-second beat
+	evTimer                         // a timer fired: its column is evTimer + its timerKind
+	evKinds           = evTimer + evKind(timerKinds)
 )
 
 type event struct {
@@ -87,6 +91,16 @@ type event struct {
 	// holder: evPortRead's answer, who holds vLLM's port ("": the bind
 	// works); id is its check's number.
 	holder string
+	// req: evRestart's request, answered by the cell.
+	req request
+}
+
+// column is the event's column in the machine's table.
+func (e event) column() evKind {
+	if e.kind == evTimer {
+		return evTimer + evKind(e.timer)
+	}
+	return e.kind
 }
 
 // gpuRead is one NVML read made off the loop: a free-memory check before a
@@ -116,6 +130,7 @@ const (
 type machine struct {
 	s         *Supervisor
 	ev        chan event
+	sink      *logSink // the log pump's sink: every run's output goes through it
 	quit      chan struct{}
 	timers    timerSet
 	gpuReads  uint64 // NVML reads made off the loop; only the newest one's answer counts
@@ -211,101 +226,21 @@ type releaseWait struct {
 	killed   bool // survivors holding memory were killed once
 }
 
-// handle turns one event into the next state.
-func (m *machine) handle(e event, sink *logSink) {
+// handle turns one event into the next state: the cell of the table
+// (table.go) for the sub-state and the event does it; an empty cell
+// ignores the event.
+func (m *machine) handle(e event) {
 	if e.kind == evTimer {
 		if m.timers.slot[e.timer].id != e.id {
 			return // re-armed or disarmed since
 		}
 		m.timers.slot[e.timer].t, m.timers.slot[e.timer].id = nil, 0
-		m.onTimer(e.timer, sink)
-		return
-	}
-	if e.run != m.runN {
+	} else if e.run != m.runN {
 		return // an older run's
 	}
-	switch e.kind {
-	case evAPIGone:
-		m.endRun(endExited)
-	case evTreeGone:
-		if m.r.child != nil && m.sub != subCleaning {
-			m.finishRun()
-		}
-	case evCleaned:
-		if m.sub == subCleaning {
-			m.settleRun(sink, e.cleaned)
-		}
-	case evGPURead:
-		if e.id != m.gpuReads {
-			return // a newer read is on its way
-		}
-		switch m.sub {
-		case subCheckGPU, subWaitGPU, subWaitPort:
-			m.onFreeRead(e.gpu, sink)
-		case subReleasing:
-			m.onReleaseRead(e.gpu)
-		}
-	case evStartupComplete:
-		if m.sub == subStarting {
-			// uvicorn logs the line, then starts listening: the first probe
-			// is usually refused, so refused probes retry at a short, bounded
-			// cadence instead of waiting for the next poll.
-			m.r.fastUntil = m.now.Add(fastRetryFor)
-			m.probeReady()
-		}
-	case evProgress:
-		if m.sub == subStarting {
-			ph := m.r.out.Phase()
-			m.s.update(func(st *Status) { st.Phase, st.Reason = ph, "loading: "+ph })
-			m.s.publish(events.Event{Kind: events.KindProgress, Phase: ph, PID: m.r.child.pid()})
-		}
-	case evPortRead:
-		if e.id == m.portReads {
-			m.onPortRead(e.holder, sink)
-		}
-	case evProbe:
-		m.r.probing = false
-		if m.sub.running() {
-			m.onProbe(e.probe)
-		}
-	}
-}
-
-func (m *machine) onTimer(k timerKind, sink *logSink) {
-	switch k {
-	case tPoll:
-		m.onPoll()
-	case tLive:
-		lc := m.s.cfg.Liveness
-		m.probe(func(ctx context.Context, p checker) probeResult { return p.health(ctx, lc.Timeout.Duration) })
-		m.arm(tLive, lc.Interval.Duration)
-	case tCost:
-		m.observeCost()
-		m.arm(tCost, m.s.cfg.GPU.SampleInterval.Duration)
-	case tDying, tExiting:
-		m.judge()
-	case tDrain:
-		m.drainStep()
-	case tStopKill:
-		m.s.log.Warn("vLLM did not stop within its stop timeout: the keeper kills its whole tree",
-			zap.Duration("stop_timeout", m.s.stopTimeout()))
-		m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.r.child.pid(),
-			Reason: fmt.Sprintf("vLLM did not stop within %s", m.s.stopTimeout())})
-		m.r.child.kill()
-		m.enter(subStopKill, fmt.Sprintf("%s; vLLM did not stop within %s: killing its process tree", m.stopReason(), m.s.stopTimeout()), nil)
-	case tRelease:
-		m.checkReleased()
-	case tBackoff:
-		m.s.update(func(st *Status) { st.NextStartAt = time.Time{} })
-		m.next(sink)
-	case tFreeMemory:
-		m.next(sink)
-	case tPortRetry:
-		m.s.update(func(st *Status) { st.NextStartAt = time.Time{} })
-		m.next(sink)
-	case tFastRetry:
-		if m.sub == subStarting {
-			m.probeReady()
-		}
+	if c := table[m.sub][e.column()]; c.do != nil {
+		c.do(m, e)
+	} else if e.kind == evRestart {
+		e.req.reply <- nil // stopping, releasing or checking the port: a start is under way
 	}
 }

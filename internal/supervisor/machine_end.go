@@ -88,9 +88,6 @@ const drainPoll = 50 * time.Millisecond
 
 // drainStep: the proxy's requests ended (or the time is up): now SIGTERM.
 func (m *machine) drainStep() {
-	if m.sub != subDraining {
-		return
-	}
 	if n := m.s.inFlight(); n > 0 && m.now.Before(m.r.drainUntil) {
 		m.arm(tDrain, drainPoll)
 		return
@@ -165,9 +162,6 @@ type cleanup struct {
 // cleaningStatus says, while the leftovers are being killed, which process
 // does not die and where it is stuck.
 func (m *machine) cleaningStatus() {
-	if m.sub != subCleaning {
-		return
-	}
 	left := m.r.child.lingering()
 	if len(left) == 0 {
 		return
@@ -181,7 +175,7 @@ func (m *machine) cleaningStatus() {
 
 // settleRun: the whole tree is gone, or what is left was declared
 // unkillable. Decide what comes next.
-func (m *machine) settleRun(sink *logSink, cl cleanup) {
+func (m *machine) settleRun(cl cleanup) {
 	s := m.s
 	c := m.r.child
 	if len(cl.outlived) > 0 {
@@ -191,13 +185,7 @@ func (m *machine) settleRun(sink *logSink, cl cleanup) {
 		s.log.Error("vLLM processes do not die after every kill round: declared unkillable (stuck in the kernel; a GPU fault or a driver problem: check dmesg and nvidia-smi)",
 			zap.Ints("pids", cl.unkillable), zap.Duration("for", m.now.Sub(m.r.cleaningSince).Round(time.Second)))
 	}
-	m.r.stdout.Close()
-	m.r.stderr.Close()
-	s.tree.Store(nil)
-	if s.gpu != nil {
-		s.gpu.SetTree(nil)
-		s.gpu.SetLoading(false)
-	}
+	m.unwatch()
 	exit := c.exit()
 	killedByGuard := m.r.end != endExited || m.r.hang != ""
 	res := outcome{exit: exit, pid: c.pid(), phase: policy.PhaseStarting, hang: m.r.hang, killedByGuard: killedByGuard,
@@ -210,7 +198,7 @@ func (m *machine) settleRun(sink *logSink, cl cleanup) {
 	// or a worker, and the API server then exits by itself.
 	res.hostOOM = !killedByGuard && m.r.oomBefore >= 0 && s.hostOOM() > m.r.oomBefore
 	m.rel.pids, m.rel.base = c.seen(), m.r.baseline
-	s.update(func(st *Status) { st.LogDropped = sink.dropped.Load(); st.PID = 0 })
+	s.update(func(st *Status) { st.LogDropped = m.sink.dropped.Load(); st.PID = 0 })
 	end := m.r.end
 	m.r.child, m.rel.child = nil, c
 	switch end {
@@ -218,20 +206,33 @@ func (m *machine) settleRun(sink *logSink, cl cleanup) {
 		m.finish(exitcode.OK, "stopped on request")
 	case endRestart:
 		s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestart, Reason: "restarting vLLM on request from " + m.r.peer})
-		m.next(sink)
+		m.next()
 	case endRestore:
 		s.pol.OnRestore(m.now)
 		s.savePolicy()
 		r := s.pol.Current()
 		s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestore, Rung: &r,
 			Reason: "stepped one rung up after a stable stretch"})
-		m.next(sink)
+		m.next()
 	default:
 		if cl.portHeld != "" {
-			m.portTaken(res, cl.portHeld, sink)
+			m.portTaken(res, cl.portHeld)
 			return
 		}
 		m.fail(res)
+	}
+}
+
+// unwatch ends what watched the run whose tree is gone: its output, its
+// tree for the GPU monitor and vLLM's other clients.
+func (m *machine) unwatch() {
+	s := m.s
+	m.r.stdout.Close()
+	m.r.stderr.Close()
+	s.tree.Store(nil)
+	if s.gpu != nil {
+		s.gpu.SetTree(nil)
+		s.gpu.SetLoading(false)
 	}
 }
 
@@ -241,7 +242,7 @@ func (m *machine) settleRun(sink *logSink, cl cleanup) {
 // vLLM printed. The death is recorded as it was read, not counted by the
 // policy, and the guard waits for the port as before a launch: as long as
 // it takes at a restart, port_wait at the guard's first start.
-func (m *machine) portTaken(res outcome, holder string, sink *logSink) {
+func (m *machine) portTaken(res outcome, holder string) {
 	s := m.s
 	_, v := m.classify(res)
 	d := policy.Decision{Action: policy.ActionRestart, Rung: s.pol.Current(),
@@ -261,7 +262,7 @@ func (m *machine) portTaken(res outcome, holder string, sink *logSink) {
 	if m.pw.since.IsZero() {
 		m.pw = portWait{since: m.now, bounded: m.runN == 1 && !m.everReady}
 	}
-	m.next(sink)
+	m.next()
 }
 
 // outcome is how one run of vLLM ended, as the classifier needs it.
@@ -353,9 +354,6 @@ func (m *machine) checkReleased() {
 }
 
 func (m *machine) onReleaseRead(r gpuRead) {
-	if m.sub != subReleasing {
-		return
-	}
 	s := m.s
 	if r.released {
 		m.backoff()

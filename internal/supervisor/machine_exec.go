@@ -24,27 +24,28 @@ func (s *Supervisor) Run(ctx context.Context) int {
 	sink := newLogSink(s.log)
 	sink.filter = s.pumpFilter()
 	defer sink.close()
-	m := &machine{s: s, ev: make(chan event, 64), quit: make(chan struct{})}
+	m := &machine{s: s, ev: make(chan event, 64), quit: make(chan struct{}), sink: sink}
 	defer m.shutdown()
 	heartbeat := time.NewTicker(time.Second)
 	defer heartbeat.Stop()
 	stop := ctx.Done()
 	m.now = time.Now()
-	m.next(sink)
+	m.handle(event{kind: evBegin})
 	for !m.sub.done() {
 		var step func()
 		select {
 		case <-stop:
-			stop, step = nil, m.onStop
+			stop = nil
+			step = func() { m.handle(event{kind: evStop, run: m.runN}) }
 		case <-s.kill:
-			step = m.onKill
+			step = func() { m.handle(event{kind: evKill, run: m.runN}) }
 		case e := <-m.ev:
-			step = func() { m.handle(e, sink) }
+			step = func() { m.handle(e) }
 		case r := <-s.reqs:
-			step = func() { m.onRequest(r, sink) }
+			step = func() { m.onRequest(r) }
 		case <-heartbeat.C:
 			s.beat()
-			step = m.onHeartbeat
+			step = func() { m.handle(event{kind: evHeartbeat, run: m.runN}) }
 		}
 		m.now = time.Now() // the one clock read: the decisions take the event's time
 		step()

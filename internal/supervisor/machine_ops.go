@@ -9,7 +9,6 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/events"
-	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 )
 
 // What comes from outside the run: operators' requests, a reload, the
@@ -67,50 +66,19 @@ func (m *machine) onKill() {
 	}
 }
 
-// onStop: the guard was asked to stop (SIGTERM, SIGINT).
-func (m *machine) onStop() {
-	m.stopAsked = true
-	m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionStop, Reason: "the guard was asked to stop"})
-	switch {
-	case m.sub.running():
-		m.endRun(endStop)
-	case m.sub.stopping(), m.sub == subCleaning:
-		if m.r.end != endExited {
-			m.r.end = endStop
-		}
-		// A failure being cleaned up is still recorded; then the guard stops.
-	case m.sub == subFailed:
-		m.code = exitcode.OK
-		m.enter(subGaveUp, "", nil)
-	default: // waiting for memory, releasing, backing off
-		m.finish(exitcode.OK, "stopped on request")
-	}
-}
-
-// onRequest answers an operator's request.
-func (m *machine) onRequest(r request, sink *logSink) {
+// onRequest answers an operator's request: a restart is a column of the
+// machine's table; a reload and a profile reset are answered alike in
+// every sub-state; a guard that gave up takes none.
+func (m *machine) onRequest(r request) {
 	s := m.s
 	if m.sub == subFailed {
-		r.reply <- fmt.Errorf("the guard gave up; restart the guard itself (systemctl restart) after fixing the cause")
+		m.refuse(r)
 		return
 	}
 	switch r.kind {
 	case "restart":
 		s.log.Info("operator asked for a restart", zap.String("peer", r.peer))
-		r.reply <- nil
-		switch m.sub {
-		case subStarting, subReady:
-			m.r.peer = r.peer
-			m.endRun(endRestart)
-		case subBackoff, subCheckGPU, subWaitGPU, subWaitPort:
-			m.disarm(tBackoff)
-			m.disarm(tFreeMemory)
-			m.disarm(tPortRetry)
-			s.update(func(st *Status) { st.NextStartAt = time.Time{} })
-			s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestart, Reason: "restarting vLLM on request from " + r.peer})
-			m.next(sink)
-		}
-		// Stopping or waiting for the release: a restart is under way.
+		m.handle(event{kind: evRestart, run: m.runN, req: r})
 	case "reload":
 		m.reload(r.cfg)
 		r.reply <- nil
@@ -124,4 +92,28 @@ func (m *machine) onRequest(r request, sink *logSink) {
 	default:
 		r.reply <- fmt.Errorf("unknown request %q", r.kind)
 	}
+}
+
+func (m *machine) refuse(r request) {
+	r.reply <- fmt.Errorf("the guard gave up; restart the guard itself (systemctl restart) after fixing the cause")
+}
+
+// restartRun: a restart of the running vLLM: it stops as planned (a drain
+// first where there is one), then starts again.
+func (m *machine) restartRun(r request) {
+	r.reply <- nil
+	m.r.peer = r.peer
+	m.endRun(endRestart)
+}
+
+// restartNow: a restart while waiting to start (backoff, the GPU, the
+// port): start now.
+func (m *machine) restartNow(r request) {
+	r.reply <- nil
+	m.disarm(tBackoff)
+	m.disarm(tFreeMemory)
+	m.disarm(tPortRetry)
+	m.clearNextStart()
+	m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestart, Reason: "restarting vLLM on request from " + r.peer})
+	m.next()
 }

@@ -12,21 +12,20 @@ import (
 
 // While ready: the heartbeat, stuck detection, restore and the cost model.
 
-// onHeartbeat runs every second: the tree is re-read, and a stable stretch
-// on a lower rung may call for a restore.
-func (m *machine) onHeartbeat() {
-	m.cleaningStatus()
-	if !m.sub.running() {
-		return
-	}
+// beatRunning: each second while starting, the GPU's word (NVML) is
+// looked at and the tree re-read.
+func (m *machine) beatRunning() bool {
 	if m.checkGPUFault() {
-		return
+		return true
 	}
 	m.r.child.refresh()
-	if m.sub != subReady {
-		return
-	}
-	if m.checkStuck() {
+	return false
+}
+
+// beatReady: each second while ready, also stuck detection, and a stable
+// stretch on a lower rung may call for a restore.
+func (m *machine) beatReady() {
+	if m.beatRunning() || m.checkStuck() {
 		return
 	}
 	if r, ok := m.restoreDue(); ok {
@@ -34,6 +33,13 @@ func (m *machine) onHeartbeat() {
 			zap.Int("max_num_seqs", r.MaxNumSeqs), zap.Float64("peak_gpu_fraction", m.r.peak))
 		m.endRun(endRestore)
 	}
+}
+
+// probeLive probes liveness, and again after an interval.
+func (m *machine) probeLive() {
+	lc := m.s.cfg.Liveness
+	m.probe(func(ctx context.Context, p checker) probeResult { return p.health(ctx, lc.Timeout.Duration) })
+	m.arm(tLive, lc.Interval.Duration)
 }
 
 // endProbing stops what watches a run: its timers and in-flight probes.

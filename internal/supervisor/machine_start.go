@@ -23,7 +23,7 @@ import (
 // check vLLM itself makes and fails on. NVML is read off the loop (a GPU in
 // trouble can make one read take seconds); onFreeRead goes on. While there
 // is no room, the state is waiting_gpu, naming the holders.
-func (m *machine) next(sink *logSink) {
+func (m *machine) next() {
 	if m.stopAsked {
 		m.finish(exitcode.OK, "stopped on request")
 		return
@@ -32,7 +32,7 @@ func (m *machine) next(sink *logSink) {
 	rung := m.s.pol.Current()
 	m.s.update(func(st *Status) { st.Rung = rung })
 	if m.s.gpu == nil && m.s.health == nil {
-		m.launch(sink, rung, nil)
+		m.launch(rung, nil)
 		return
 	}
 	if m.sub != subWaitGPU && m.sub != subWaitPort { // waiting already: read again, still waiting
@@ -43,16 +43,13 @@ func (m *machine) next(sink *logSink) {
 }
 
 // onFreeRead: room → launch; none → wait a sample interval and read again.
-func (m *machine) onFreeRead(r gpuRead, sink *logSink) {
-	if m.sub != subCheckGPU && m.sub != subWaitGPU && m.sub != subWaitPort {
-		return
-	}
+func (m *machine) onFreeRead(r gpuRead) {
 	if r.blocked != "" {
 		m.gpuBlocked(r.blocked)
 		return
 	}
 	if r.free {
-		m.launch(sink, r.rung, r.gpus) // r.gpus: the ECC counts before the run
+		m.launch(r.rung, r.gpus) // r.gpus: the ECC counts before the run
 		return
 	}
 	reason := "not enough free GPU memory to start: " + r.why
@@ -84,10 +81,10 @@ const (
 
 // launch starts vLLM on rung once its port is free: vLLM's own bind is
 // tried first, off the loop (checkPort); onPortRead goes on.
-func (m *machine) launch(sink *logSink, rung policy.Rung, gpuBefore []policy.GPUDevice) {
+func (m *machine) launch(rung policy.Rung, gpuBefore []policy.GPUDevice) {
 	s := m.s
 	if s.portHolder == nil {
-		m.start(sink, rung, gpuBefore, "")
+		m.start(rung, gpuBefore, "")
 		return
 	}
 	argv, ep := launch.BuildArgv(s.cfg.VLLM.Command, s.extra, rung, s.cfg.VLLM.Host, s.cfg.VLLM.Port)
@@ -103,10 +100,7 @@ func (m *machine) launch(sink *logSink, rung policy.Rung, gpuBefore []policy.GPU
 // brief grab by another process must not stop the service); at the
 // guard's first start for port_wait, then a configuration error naming
 // the holder (exit 78): two instances configured on one port.
-func (m *machine) onPortRead(holder string, sink *logSink) {
-	if m.sub != subCheckPort && m.sub != subWaitPort {
-		return
-	}
+func (m *machine) onPortRead(holder string) {
 	s, w := m.s, &m.pw
 	if holder == "" {
 		if !w.since.IsZero() {
@@ -114,7 +108,7 @@ func (m *machine) onPortRead(holder string, sink *logSink) {
 		}
 		rung, gpus := w.rung, w.gpus
 		*w = portWait{}
-		m.start(sink, rung, gpus, "")
+		m.start(rung, gpus, "")
 		return
 	}
 	if w.since.IsZero() {
@@ -128,7 +122,7 @@ func (m *machine) onPortRead(holder string, sink *logSink) {
 			holder += fmt.Sprintf(" (held for %s, port_wait %s)", waited.Round(time.Millisecond), limit)
 		}
 		*w = portWait{}
-		m.start(sink, rung, gpus, holder)
+		m.start(rung, gpus, holder)
 		return
 	}
 	if holder != w.holder {
@@ -153,7 +147,7 @@ func (m *machine) onPortRead(holder string, sink *logSink) {
 // guard's first start gave up waiting for it: then vLLM is not launched
 // (it would fail to bind, and meanwhile the holder would answer the
 // probes in its name) and the start ends as a configuration error.
-func (m *machine) start(sink *logSink, rung policy.Rung, gpuBefore []policy.GPUDevice, heldBy string) {
+func (m *machine) start(rung policy.Rung, gpuBefore []policy.GPUDevice, heldBy string) {
 	s := m.s
 	cfg := s.cfg
 	argv, ep := launch.BuildArgv(cfg.VLLM.Command, s.extra, rung, cfg.VLLM.Host, cfg.VLLM.Port)
@@ -161,7 +155,7 @@ func (m *machine) start(sink *logSink, rung policy.Rung, gpuBefore []policy.GPUD
 	m.rel.child = nil
 	// What vLLM serves is read afresh from this run's own startup line.
 	s.tasks.Store(nil)
-	out := newOutput(sink, max(cfg.Log.ChildLines, 1000))
+	out := newOutput(m.sink, max(cfg.Log.ChildLines, 1000))
 	m.r = run{rung: rung, gpuBefore: gpuBefore, out: out, lastLine: out.lastLine.Load(), ioSeen: map[int]uint64{},
 		stdout: out.writer("stdout"), stderr: out.writer("stderr"), oomBefore: s.hostOOM()}
 	if s.gpu != nil {
@@ -176,14 +170,7 @@ func (m *machine) start(sink *logSink, rung policy.Rung, gpuBefore []policy.GPUD
 		st.Starts++
 	})
 	if heldBy != "" {
-		r := rung
-		s.publish(events.Event{Kind: events.KindStarting, Rung: &r, Argv: s.MaskedArgv(argv)})
-		m.r.child = nil
-		m.r.stdout.Close()
-		m.r.stderr.Close()
-		m.fail(outcome{exit: exitInfo{Code: -1, StartFailure: fmt.Sprintf("vLLM's port %d is already in use by %s: "+
-			"another vLLM (another guard instance's?) or server holds it; give this instance its own port ([vllm] port, or --port in [vllm] command)",
-			ep.Port, heldBy)}, phase: policy.PhaseStarting, lines: m.r.out.ring.snapshot()})
+		m.portInUse(rung, argv, ep.Port, heldBy)
 		return
 	}
 	c, err := s.launcher.launch(launchSpec{keeper: s.keeper, argv: argv, env: cfg.VLLM.Env,
@@ -198,6 +185,27 @@ func (m *machine) start(sink *logSink, rung policy.Rung, gpuBefore []policy.GPUD
 		m.fail(outcome{exit: exitInfo{Code: -1, GuardFailure: err.Error()}, phase: policy.PhaseStarting, lines: m.r.out.ring.snapshot()})
 		return
 	}
+	m.watch(c, rung, ep)
+}
+
+// portInUse: the guard's first start gave up waiting for vLLM's port,
+// held by heldBy: vLLM is not launched and the start ends as a
+// configuration error.
+func (m *machine) portInUse(rung policy.Rung, argv []string, port int, heldBy string) {
+	s := m.s
+	s.publish(events.Event{Kind: events.KindStarting, Rung: &rung, Argv: s.MaskedArgv(argv)})
+	m.r.child = nil
+	m.r.stdout.Close()
+	m.r.stderr.Close()
+	m.fail(outcome{exit: exitInfo{Code: -1, StartFailure: fmt.Sprintf("vLLM's port %d is already in use by %s: "+
+		"another vLLM (another guard instance's?) or server holds it; give this instance its own port ([vllm] port, or --port in [vllm] command)",
+		port, heldBy)}, phase: policy.PhaseStarting, lines: m.r.out.ring.snapshot()})
+}
+
+// watch begins watching the launched run c: its tree for the GPU monitor
+// and the probes, its channels, the readiness poll.
+func (m *machine) watch(c proc, rung policy.Rung, ep launch.Endpoint) {
+	s := m.s
 	m.r.child = c
 	c.refresh() // the API server is known (with its start time) from the first moment
 	m.r.out.pid.Store(int64(c.pid()))
@@ -212,7 +220,7 @@ func (m *machine) start(sink *logSink, rung policy.Rung, gpuBefore []policy.GPUD
 	m.r.prober = s.newProber(ep, s.model, tree)
 	m.r.ctx, m.r.cancel = context.WithCancel(context.Background())
 	m.forward(c)
-	m.arm(tPoll, cfg.Readiness.PollInterval.Duration)
+	m.arm(tPoll, s.cfg.Readiness.PollInterval.Duration)
 }
 
 // bindHost is the --host vLLM's argv ends with (the last one wins, under any
@@ -272,9 +280,6 @@ func gibText(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30
 // onPoll: while starting, look for load progress, a stall, the start-time
 // cap, and probe readiness.
 func (m *machine) onPoll() {
-	if m.sub != subStarting {
-		return
-	}
 	rc := m.s.cfg.Readiness
 	now := m.now
 	if seen := m.r.out.lastLine.Load(); !seen.Equal(m.r.lastLine) {

@@ -25,7 +25,7 @@ import (
 // through the machine's own events (over the fakes of machine_test.go, in
 // fake time), fires the one event, and checks the first sub-state the
 // machine entered after it.
-type cell struct {
+type row struct {
 	from  subState
 	event string
 	to    subState
@@ -100,7 +100,7 @@ func (h slowHealth) GPUs(since time.Time, fresh bool) []policy.GPUDevice {
 	return h.GPUHealth.GPUs(since, fresh)
 }
 
-var cells = []cell{
+var rows = []row{
 	{from: subIdle, event: "Run begins (NVML)", to: subCheckGPU},
 	{from: subIdle, event: "Run begins (no NVML)", to: subCheckPort, effects: []string{"launch"}, setup: func(s *scenario) { s.noGPU = true }},
 	{from: subCheckGPU, event: "NVML read: room", to: subCheckPort, effects: []string{"launch"}, setup: slowNVML,
@@ -218,10 +218,10 @@ var cells = []cell{
 }
 
 // drainEnds: the requests in flight through the proxy end while draining.
-func drainEnds() cell {
+func drainEnds() row {
 	var inFlight atomic.Int64
 	inFlight.Store(1)
-	return cell{from: subDraining, event: "drain timer: no requests left", to: subStopTerm, effects: []string{"SIGTERM"}, edit: withDrain,
+	return row{from: subDraining, event: "drain timer: no requests left", to: subStopTerm, effects: []string{"SIGTERM"}, edit: withDrain,
 		setup: func(s *scenario) { s.inFlight = func() int { return int(inFlight.Load()) } },
 		reach: func(s *scenario) { s.ready(); s.cancel() },
 		fire:  func(s *scenario) { inFlight.Store(0); s.advance(time.Second) }}
@@ -229,7 +229,7 @@ func drainEnds() cell {
 
 func TestMachineTable(t *testing.T) {
 	covered := map[subState]bool{}
-	for _, c := range cells {
+	for _, c := range rows {
 		covered[c.from] = true
 		t.Run(c.from.String()+" × "+c.event, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {

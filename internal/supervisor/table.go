@@ -1,0 +1,183 @@
+package supervisor
+
+import (
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/exitcode"
+)
+
+// The machine's table: for each sub-state, what each event does. A cell
+// names what it does in the operator's words (docs/design.md's table of
+// cells is this one: TestDesignCellsAreTheCode) and does it; an empty
+// cell ignores the event. Operators' reload and reset_profile are
+// answered alike in every sub-state (onRequest), so they are no column.
+
+// cell is one (sub-state, event) of the table.
+type cell struct {
+	says string
+	do   func(m *machine, e event)
+}
+
+var evNames = [evKinds]string{
+	evBegin: "Run begins", evAPIGone: "API server exits", evTreeGone: "tree gone", evStartupComplete: "startup line",
+	evProgress: "load phase", evProbe: "probe answer", evCleaned: "cleaned", evGPURead: "NVML read", evPortRead: "trial bind",
+	evStop: "stop", evKill: "second stop signal", evRestart: "operator restart", evHeartbeat: "heartbeat",
+	evTimer + evKind(tPoll): "poll timer", evTimer + evKind(tLive): "liveness timer", evTimer + evKind(tCost): "cost timer",
+	evTimer + evKind(tDying): "engine-dead timer", evTimer + evKind(tExiting): "exit timer", evTimer + evKind(tStopKill): "stop timer",
+	evTimer + evKind(tRelease): "release timer", evTimer + evKind(tBackoff): "backoff timer", evTimer + evKind(tFreeMemory): "sample timer",
+	evTimer + evKind(tFastRetry): "fast-retry timer", evTimer + evKind(tDrain): "drain timer", evTimer + evKind(tPortRetry): "port-retry timer",
+}
+
+func (k evKind) String() string { return evNames[k] }
+
+// The cells shared by several sub-states.
+var (
+	cellFreeRead = cell{"room → `check_port`; no room or a GPU needing a reset → `wait_gpu`", func(m *machine, e event) {
+		if e.id == m.gpuReads {
+			m.onFreeRead(e.gpu)
+		}
+	}}
+	cellPortRead = cell{"free → `starting` (launch); held → `wait_port`; held past port_wait at the first start → `starting`, failed as a configuration error", func(m *machine, e event) {
+		if e.id == m.portReads {
+			m.onPortRead(e.holder)
+		}
+	}}
+	cellStopWaiting = cell{"→ `stopped`", func(m *machine, e event) {
+		m.stopAsked = true
+		m.sayStop()
+		m.finish(exitcode.OK, "stopped on request")
+	}}
+	cellStopRunning   = cell{"SIGTERM (or a drain first) → `stop_sigterm` / `draining`", func(m *machine, e event) { m.stopAsked = true; m.sayStop(); m.endRun(endStop) }}
+	cellStopEnding    = cell{"noted: no restart after this end (a failure is still recorded)", func(m *machine, e event) { m.stopAsked = true; m.sayStop(); m.stopWhileEnding() }}
+	cellRestartRun    = cell{"SIGTERM, then a start → `stop_sigterm`", func(m *machine, e event) { m.restartRun(e.req) }}
+	cellRestartWait   = cell{"start now → `check_gpu` (or `check_port`)", func(m *machine, e event) { m.restartNow(e.req) }}
+	cellKill          = cell{"SIGKILL → `stop_sigkill`", func(m *machine, e event) { m.onKill() }}
+	cellAPIGone       = cell{"→ `stop_sigterm` (the keeper cleans up; SIGKILL after stop_timeout)", func(m *machine, e event) { m.endRun(endExited) }}
+	cellTreeGone      = cell{"→ `cleaning` (what outlived the keeper is killed off the loop)", func(m *machine, e event) { m.treeGone() }}
+	cellTreeGoneEnded = cell{"→ `cleaning`", func(m *machine, e event) { m.treeGone() }}
+)
+
+// table is the machine: [sub-state][event] → cell.
+var table = [subStates][evKinds]cell{
+	subIdle: {evBegin: {"read NVML → `check_gpu`; without NVML → `check_port`", func(m *machine, e event) { m.next() }}},
+	subCheckGPU: {
+		evGPURead: cellFreeRead, evStop: cellStopWaiting, evRestart: cellRestartWait,
+	},
+	subWaitGPU: {
+		evGPURead: cellFreeRead, evTimer + evKind(tFreeMemory): {"read NVML again", func(m *machine, e event) { m.next() }},
+		evStop: cellStopWaiting, evRestart: cellRestartWait,
+	},
+	subCheckPort: {evPortRead: cellPortRead, evStop: cellStopWaiting},
+	subWaitPort: {
+		evGPURead: cellFreeRead, evPortRead: cellPortRead,
+		evTimer + evKind(tPortRetry): {"read NVML, then try the bind again", func(m *machine, e event) { m.clearNextStart(); m.next() }},
+		evStop:                       cellStopWaiting, evRestart: cellRestartWait,
+	},
+	subStarting: {
+		evAPIGone: cellAPIGone, evTreeGone: cellTreeGone,
+		evStartupComplete:            {"probe readiness now, refused probes retried fast for 2 s", func(m *machine, e event) { m.onStartupLine() }},
+		evProgress:                   {"publish the load phase", func(m *machine, e event) { m.onPhase() }},
+		evProbe:                      {"ok (vLLM's own) → `ready`; a 4xx for 30 s → hung → `stop_sigkill`", func(m *machine, e event) { m.r.probing = false; m.onReadiness(e.probe) }},
+		evTimer + evKind(tPoll):      {"progress (output, disk I/O); no progress for stall_timeout or past max_start_time → hung → `stop_sigkill`; else probe readiness", func(m *machine, e event) { m.onPoll() }},
+		evTimer + evKind(tFastRetry): {"probe readiness again", func(m *machine, e event) { m.probeReady() }},
+		evStop:                       cellStopRunning, evRestart: cellRestartRun,
+		evHeartbeat: {"a GPU fault (NVML) → `stop_sigkill`; re-read the tree", func(m *machine, e event) { m.beatRunning() }},
+	},
+	subReady: {
+		evAPIGone: cellAPIGone, evTreeGone: cellTreeGone,
+		evProbe:                    {"liveness (failures → hung), engine dead (→ its grace), server finished (→ its exit wait), /is_paused (stuck unless paused)", func(m *machine, e event) { m.r.probing = false; m.onProbe(e.probe) }},
+		evTimer + evKind(tLive):    {"probe liveness", func(m *machine, e event) { m.probeLive() }},
+		evTimer + evKind(tCost):    {"feed the cost model one sample", func(m *machine, e event) { m.observeCost(); m.arm(tCost, m.s.cfg.GPU.SampleInterval.Duration) }},
+		evTimer + evKind(tDying):   {"the engine-dead grace is over: hung → `stop_sigkill`", func(m *machine, e event) { m.judge() }},
+		evTimer + evKind(tExiting): {"the server's exit wait is over: hung → `stop_sigkill`", func(m *machine, e event) { m.judge() }},
+		evStop:                     cellStopRunning, evRestart: cellRestartRun,
+		evHeartbeat: {"a GPU fault → `stop_sigkill`; stuck → ask /is_paused; restore due → `stop_sigterm`", func(m *machine, e event) { m.beatReady() }},
+	},
+	subDraining: {
+		evTreeGone: cellTreeGoneEnded, evTimer + evKind(tDrain): {"no requests left or the drain's time is up → SIGTERM, `stop_sigterm`", func(m *machine, e event) { m.drainStep() }},
+		evStop: cellStopEnding, evKill: cellKill,
+	},
+	subStopTerm: {
+		evTreeGone: cellTreeGoneEnded, evTimer + evKind(tStopKill): {"SIGKILL → `stop_sigkill`", func(m *machine, e event) { m.stopTimedOut() }},
+		evStop: cellStopEnding, evKill: cellKill,
+	},
+	subStopKill: {evTreeGone: cellTreeGoneEnded, evStop: cellStopEnding, evKill: cellKill},
+	subCleaning: {
+		evCleaned:   {"classify and decide: `releasing`, `backoff`, `check_gpu` (restart, restore, port taken), `failed`, `gave_up` or `stopped`", func(m *machine, e event) { m.settleRun(e.cleaned) }},
+		evStop:      cellStopEnding,
+		evHeartbeat: {"say which process does not die, and where it is stuck", func(m *machine, e event) { m.cleaningStatus() }},
+	},
+	subReleasing: {
+		evGPURead:                  {"released → `backoff`; past release_timeout: kill the old tree's holders once, then `backoff`", func(m *machine, e event) { m.onReleaseReadOf(e) }},
+		evTimer + evKind(tRelease): {"read NVML again", func(m *machine, e event) { m.checkReleased() }},
+		evStop:                     cellStopWaiting,
+	},
+	subBackoff: {
+		evTimer + evKind(tBackoff): {"→ `check_gpu`", func(m *machine, e event) { m.clearNextStart(); m.next() }},
+		evStop:                     cellStopWaiting, evRestart: cellRestartWait,
+	},
+	subFailed: {
+		evStop: {"→ `gave_up` (exit with the decision's code… 0: asked to stop)", func(m *machine, e event) {
+			m.stopAsked = true
+			m.sayStop()
+			m.code = exitcode.OK
+			m.enter(subGaveUp, "", nil)
+		}},
+		evRestart: {"refused: the guard gave up", func(m *machine, e event) { m.refuse(e.req) }},
+	},
+}
+
+func (m *machine) sayStop() {
+	m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionStop, Reason: "the guard was asked to stop"})
+}
+
+// stopWhileEnding: a stop while the run ends: no restart after it; a
+// failure being cleaned up is still recorded, then the guard stops.
+func (m *machine) stopWhileEnding() {
+	if m.r.end != endExited {
+		m.r.end = endStop
+	}
+}
+
+func (m *machine) clearNextStart() { m.s.update(func(st *Status) { st.NextStartAt = time.Time{} }) }
+
+// treeGone: the keeper exited; its tree is settled once what outlived it
+// is killed.
+func (m *machine) treeGone() {
+	if m.r.child != nil {
+		m.finishRun()
+	}
+}
+
+func (m *machine) onReleaseReadOf(e event) {
+	if e.id == m.gpuReads {
+		m.onReleaseRead(e.gpu)
+	}
+}
+
+// onStartupLine: uvicorn logs the line, then starts listening: the first
+// probe is usually refused, so refused probes retry at a short, bounded
+// cadence instead of waiting for the next poll.
+func (m *machine) onStartupLine() {
+	m.r.fastUntil = m.now.Add(fastRetryFor)
+	m.probeReady()
+}
+
+func (m *machine) onPhase() {
+	ph := m.r.out.Phase()
+	m.s.update(func(st *Status) { st.Phase, st.Reason = ph, "loading: "+ph })
+	m.s.publish(events.Event{Kind: events.KindProgress, Phase: ph, PID: m.r.child.pid()})
+}
+
+func (m *machine) stopTimedOut() {
+	m.s.log.Warn("vLLM did not stop within its stop timeout: the keeper kills its whole tree",
+		zap.Duration("stop_timeout", m.s.stopTimeout()))
+	m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.r.child.pid(),
+		Reason: fmt.Sprintf("vLLM did not stop within %s", m.s.stopTimeout())})
+	m.r.child.kill()
+	m.enter(subStopKill, fmt.Sprintf("%s; vLLM did not stop within %s: killing its process tree", m.stopReason(), m.s.stopTimeout()), nil)
+}

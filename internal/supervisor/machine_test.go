@@ -180,6 +180,8 @@ type fakeProber struct {
 	healthR func() probeResult // nil: ok
 	pausedR func() probeResult // nil: 404, as vLLM without dev mode answers /is_paused
 	calls   atomic.Int64       // readiness probes asked
+	healths atomic.Int64       // liveness probes asked
+	pauses  atomic.Int64       // /is_paused asked
 	own     atomic.Bool        // answers come over connections checked to reach vLLM's own listener
 }
 
@@ -198,6 +200,7 @@ func (f *fakeProber) ready(ctx context.Context, level string, timeout time.Durat
 }
 
 func (f *fakeProber) health(ctx context.Context, timeout time.Duration) probeResult {
+	f.healths.Add(1)
 	f.mu.Lock()
 	h := f.healthR
 	f.mu.Unlock()
@@ -208,6 +211,7 @@ func (f *fakeProber) health(ctx context.Context, timeout time.Duration) probeRes
 }
 
 func (f *fakeProber) paused(ctx context.Context, timeout time.Duration) probeResult {
+	f.pauses.Add(1)
 	f.mu.Lock()
 	h := f.pausedR
 	f.mu.Unlock()
@@ -295,6 +299,7 @@ type scenario struct {
 	noGPU    bool
 	holder   string        // who holds vLLM's port, as the trial bind says ("" = free); under mu once started
 	slowPort time.Duration // each trial bind takes this long
+	binds    atomic.Int64  // trial binds of vLLM's port
 	health   GPUHealth     // nil: no hardware view (gpufault_test.go)
 	load     func() (float64, float64, bool)
 	progress func() (float64, float64, bool)
@@ -354,6 +359,7 @@ func (s *scenario) start() {
 	sup.newProber = func(launch.Endpoint, string, func() []int) checker { return s.pr }
 	sup.hostOOM = s.oom.Load
 	sup.portHolder = func(string, int) string {
+		s.binds.Add(1)
 		time.Sleep(s.slowPort)
 		s.mu.Lock()
 		defer s.mu.Unlock()

@@ -167,7 +167,7 @@ func (m *machine) cleaningStatus() {
 		return
 	}
 	for_ := m.now.Sub(m.r.cleaningSince).Round(time.Second)
-	m.s.update(func(st *Status) {
+	m.update(func(st *Status) {
 		st.Reason = fmt.Sprintf("cleaning up the old vLLM: %s for %s (killed, waiting for the kernel to let it go; the next start waits for it)",
 			lingeringText(left), for_)
 	})
@@ -198,7 +198,7 @@ func (m *machine) settleRun(cl cleanup) {
 	// or a worker, and the API server then exits by itself.
 	res.hostOOM = !killedByGuard && m.r.oomBefore >= 0 && s.hostOOM() > m.r.oomBefore
 	m.rel.pids, m.rel.base = c.seen(), m.r.baseline
-	s.update(func(st *Status) { st.LogDropped = m.sink.dropped.Load(); st.PID = 0 })
+	m.update(func(st *Status) { st.LogDropped = m.sink.dropped.Load(); st.PID = 0 })
 	end := m.r.end
 	m.r.child, m.rel.child = nil, c
 	switch end {
@@ -249,7 +249,7 @@ func (m *machine) portTaken(res outcome, holder string) {
 		Reason: fmt.Sprintf("vLLM's port is held by %s: waiting for it to be free, then starting vLLM again (not counted as a failure)", holder)}
 	f := Failure{Time: m.now, PID: res.pid, Exit: res.exit.String(), ExitCode: res.exit.Code, Signal: res.exit.Signal,
 		Phase: res.phase, Verdict: v, Decision: d, RungBefore: m.r.rung, Lines: res.lines, Uptime: res.uptime}
-	s.update(func(st *Status) {
+	m.update(func(st *Status) {
 		st.Restarts[v.Cause]++
 		st.LastFailure = &f
 		st.PID = 0
@@ -315,7 +315,7 @@ func (m *machine) fail(res outcome) {
 	m.describeCost()
 	f := Failure{Time: now, PID: res.pid, Exit: res.exit.String(), ExitCode: res.exit.Code, Signal: res.exit.Signal,
 		Phase: res.phase, Verdict: v, Decision: d, RungBefore: m.r.rung, Lines: res.lines, MemFractions: exit.MemFractions, Uptime: res.uptime}
-	s.update(func(st *Status) {
+	m.update(func(st *Status) {
 		st.Restarts[v.Cause]++
 		st.LastFailure = &f
 		st.PID = 0

@@ -176,7 +176,7 @@ func (m *machine) observeCost() {
 func (m *machine) describeCost() {
 	r := m.s.pol.Current()
 	d := m.s.pol.Cost().Describe(r.GPUMemoryUtilization, m.s.cfg.Profile.Headroom)
-	m.s.update(func(st *Status) { st.Cost = d })
+	m.update(func(st *Status) { st.Cost = d })
 }
 
 // engineDeadGrace: judgeHang's grace after /health says the engine is dead.

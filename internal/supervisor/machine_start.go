@@ -30,7 +30,7 @@ func (m *machine) next() {
 	}
 	m.applyPending()
 	rung := m.s.pol.Current()
-	m.s.update(func(st *Status) { st.Rung = rung })
+	m.update(func(st *Status) { st.Rung = rung })
 	if m.s.gpu == nil && m.s.health == nil {
 		m.launch(rung, nil)
 		return
@@ -209,7 +209,7 @@ func (m *machine) watch(c proc, rung policy.Rung, ep launch.Endpoint) {
 	m.r.child = c
 	c.refresh() // the API server is known (with its start time) from the first moment
 	m.r.out.pid.Store(int64(c.pid()))
-	s.update(func(st *Status) { st.PID = c.pid() })
+	m.update(func(st *Status) { st.PID = c.pid() })
 	if s.gpu != nil {
 		s.gpu.SetBudget(rung)
 		s.gpu.SetTree(c.tree)
@@ -292,7 +292,7 @@ func (m *machine) onPoll() {
 		// A silent download or load: say it, as progress.
 		if quiet := now.Sub(lastLine); quiet >= time.Second {
 			reason := fmt.Sprintf("downloading or loading: %s read/written, no log output for %s", gibText(m.r.ioBytes), quiet.Round(time.Second))
-			m.s.update(func(st *Status) { st.Reason = reason })
+			m.update(func(st *Status) { st.Reason = reason })
 			if now.Sub(m.r.ioAnnounced) >= 10*time.Second {
 				m.r.ioAnnounced = now
 				m.s.publish(events.Event{Kind: events.KindProgress, Phase: "io", Reason: reason, PID: m.r.child.pid()})
@@ -348,7 +348,7 @@ func (m *machine) onReadiness(r probeResult) {
 			return
 		}
 		if !r.refused {
-			s.update(func(st *Status) {
+			m.update(func(st *Status) {
 				st.LastProbe = r.step + ": " + r.err
 				if r.explains { // an API key or a name the operator must fix
 					st.Reason = r.err
@@ -364,7 +364,7 @@ func (m *machine) onReadiness(r probeResult) {
 		// listener, not this vLLM (issue 32 item 4). Its answers count
 		// only after this vLLM's own line. (The guard's prober checks
 		// every connection: its answers are own.)
-		s.update(func(st *Status) {
+		m.update(func(st *Status) {
 			st.LastProbe = r.step + ": answered before vLLM's own server started (another process on the port?); waiting for vLLM's startup line"
 		})
 		return

@@ -64,6 +64,9 @@ func (s subState) stopping() bool { return s == subDraining || s == subStopTerm 
 // done: Run returns.
 func (s subState) done() bool { return s == subGaveUp || s == subStopped }
 
+// update changes the public status at the event's time.
+func (m *machine) update(f func(*Status)) { m.s.update(m.now, f) }
+
 // enter moves the machine to sub-state to; the public status takes that
 // sub-state's State, with reason ("" keeps the reason shown) and what more
 // sets (nil: nothing).
@@ -72,7 +75,7 @@ func (m *machine) enter(to subState, reason string, more func(*Status)) {
 		m.s.traceSub(m.sub, to)
 	}
 	m.sub = to
-	m.s.update(func(st *Status) {
+	m.update(func(st *Status) {
 		st.State = publicState[to]
 		if reason != "" {
 			st.Reason = reason

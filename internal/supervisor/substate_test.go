@@ -563,3 +563,39 @@ func TestDecisionsReadNoClock(t *testing.T) {
 		})
 	}
 }
+
+// No function of the supervisor (its tests aside) is over 50 lines: a
+// decision that needs more is two.
+func TestNoFunctionOver50Lines(t *testing.T) {
+	fset := token.NewFileSet()
+	for _, dir := range []string{"."} {
+		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range files {
+			if strings.HasSuffix(name, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(fset, name, nil, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ast.Inspect(f, func(n ast.Node) bool {
+				var body *ast.BlockStmt
+				switch fn := n.(type) {
+				case *ast.FuncDecl:
+					body = fn.Body
+				case *ast.FuncLit:
+					body = fn.Body
+				}
+				if body != nil {
+					if lines := fset.Position(body.End()).Line - fset.Position(n.Pos()).Line + 1; lines > 50 {
+						t.Errorf("%s: a function of %d lines (at most 50)", fset.Position(n.Pos()), lines)
+					}
+				}
+				return true
+			})
+		}
+	}
+}

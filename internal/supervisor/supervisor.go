@@ -323,15 +323,15 @@ func (s *Supervisor) MaskedArgv(argv []string) []string { return s.args.Masked(a
 
 func (s *Supervisor) publish(e events.Event) { s.bus.Publish(e) }
 
-// update changes the status; a change of state is published once, with its
-// reason.
-func (s *Supervisor) update(f func(*Status)) {
+// update changes the status at the time at (the event's: the machine reads
+// no clock); a change of state is published once, with its reason.
+func (s *Supervisor) update(at time.Time, f func(*Status)) {
 	old := s.status.Load()
 	st := old.Clone()
 	f(&st)
 	changed := st.State != old.State
 	if changed {
-		st.Since = time.Now()
+		st.Since = at
 	}
 	s.status.Store(&st)
 	if changed {

@@ -143,7 +143,7 @@ func (m *machine) stopWhileEnding() {
 	}
 }
 
-func (m *machine) clearNextStart() { m.s.update(func(st *Status) { st.NextStartAt = time.Time{} }) }
+func (m *machine) clearNextStart() { m.update(func(st *Status) { st.NextStartAt = time.Time{} }) }
 
 // treeGone: the keeper exited; its tree is settled once what outlived it
 // is killed.
@@ -169,7 +169,7 @@ func (m *machine) onStartupLine() {
 
 func (m *machine) onPhase() {
 	ph := m.r.out.Phase()
-	m.s.update(func(st *Status) { st.Phase, st.Reason = ph, "loading: "+ph })
+	m.update(func(st *Status) { st.Phase, st.Reason = ph, "loading: "+ph })
 	m.s.publish(events.Event{Kind: events.KindProgress, Phase: ph, PID: m.r.child.pid()})
 }
 

@@ -22,10 +22,12 @@ func (m *machine) beatRunning() bool {
 	return false
 }
 
-// beatReady: each second while ready, also stuck detection, and a stable
-// stretch on a lower rung may call for a restore.
+// beatReady: each second while ready, also stuck detection (not while
+// a dead engine's or a finished server's exit is waited for: that wait
+// gives the verdict), and a stable stretch on a lower rung may call for
+// a restore.
 func (m *machine) beatReady() {
-	if m.beatRunning() || m.checkStuck() {
+	if m.beatRunning() || m.sub == subReady && m.checkStuck() {
 		return
 	}
 	if r, ok := m.restoreDue(); ok {
@@ -112,6 +114,7 @@ func (m *machine) askPaused(verdict string) {
 		return // a probe is in flight: ask at the next heartbeat
 	}
 	m.r.stuckVerdict = verdict
+	m.enter(subAskingPaused, "", nil)
 	timeout := m.s.cfg.Liveness.Timeout.Duration
 	m.probe(func(ctx context.Context, p checker) probeResult { return p.paused(ctx, timeout) })
 }
@@ -127,6 +130,7 @@ func (m *machine) onPausedAnswer(r probeResult) {
 			m.s.log.Info("vLLM holds requests without progress, but an operator paused it (/is_paused): not stuck; waiting for /resume")
 		}
 		m.r.stuckSince, m.r.stuckAsked = m.now, m.now
+		m.enter(subReady, "", nil)
 		return
 	}
 	m.r.stuck = verdict

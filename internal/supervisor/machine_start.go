@@ -327,7 +327,7 @@ func (m *machine) onProbe(r probeResult) {
 	switch {
 	case m.sub == subStarting:
 		m.onReadiness(r)
-	case m.r.stuckVerdict != "":
+	case m.sub == subAskingPaused:
 		m.onPausedAnswer(r)
 	case m.r.stuckProbe:
 		m.onStuckProbe(r)
@@ -381,6 +381,48 @@ func (m *machine) onStuckProbe(r probeResult) {
 	}
 }
 
+// engineDead: /health said vLLM's engine is dead. vLLM exits by itself
+// after its engine dies (its watchdog runs every 5 s), printing why: wait
+// for that, for a grace (engine_dead), and kill only if it does not come.
+// Already waiting for the server's exit, the wait that ends first stays.
+func (m *machine) engineDead(status int) {
+	if !m.r.engineDeadAt.IsZero() {
+		return
+	}
+	s := m.s
+	grace := s.engineDeadGrace()
+	s.log.Warn("vLLM's engine is dead (/health answered "+strconv.Itoa(status)+"): waiting for vLLM to exit",
+		zap.Duration("grace", grace))
+	m.r.engineDeadAt = m.now
+	if m.sub == subServerExiting && !m.now.Add(grace).Before(m.r.serverDoneAt.Add(s.cfg.VLLM.StopTimeout.Duration)) {
+		return
+	}
+	m.disarm(tExiting)
+	m.enter(subEngineDead, "", nil)
+	m.arm(tDying, grace)
+}
+
+// serverExiting: the API server finished (uvicorn's last line): its port
+// is closed because it is exiting, not hung. Python's teardown can take
+// seconds on a loaded host; the exit is waited for, up to stop_timeout
+// (server_exiting), and then classified from what it printed. Already
+// waiting for a dead engine's exit, the wait that ends first stays.
+func (m *machine) serverExiting() {
+	if !m.r.serverDoneAt.IsZero() {
+		return
+	}
+	s := m.s
+	limit := s.cfg.VLLM.StopTimeout.Duration
+	s.log.Warn("vLLM's API server finished: waiting for its process to exit", zap.Duration("at_most", limit))
+	m.r.serverDoneAt = m.now
+	if m.sub == subEngineDead && !m.now.Add(limit).Before(m.r.engineDeadAt.Add(s.engineDeadGrace())) {
+		return
+	}
+	m.disarm(tDying)
+	m.enter(subServerExiting, "", nil)
+	m.arm(tExiting, limit)
+}
+
 // onLiveness: the liveness probe's answer while ready.
 func (m *machine) onLiveness(r probeResult) {
 	s := m.s
@@ -388,27 +430,9 @@ func (m *machine) onLiveness(r probeResult) {
 	case r.ok:
 		m.r.failures = 0
 	case r.status == 503 || r.status == 500:
-		// vLLM exits by itself after its engine dies (its watchdog runs
-		// every 5 s), printing why: wait for that, and kill only if it
-		// does not come.
-		if m.r.engineDeadAt.IsZero() {
-			grace := s.engineDeadGrace()
-			s.log.Warn("vLLM's engine is dead (/health answered "+strconv.Itoa(r.status)+"): waiting for vLLM to exit",
-				zap.Duration("grace", grace))
-			m.r.engineDeadAt = m.now
-			m.arm(tDying, grace)
-		}
+		m.engineDead(r.status)
 	case m.r.out.serverDone.Load():
-		// The API server finished (uvicorn's last line): its port is
-		// closed because it is exiting, not hung. Python's teardown can
-		// take seconds on a loaded host; the exit is waited for, up to
-		// stop_timeout, and then classified from what it printed.
-		if m.r.serverDoneAt.IsZero() {
-			s.log.Warn("vLLM's API server finished: waiting for its process to exit",
-				zap.Duration("at_most", s.cfg.VLLM.StopTimeout.Duration))
-			m.r.serverDoneAt = m.now
-			m.arm(tExiting, s.cfg.VLLM.StopTimeout.Duration)
-		}
+		m.serverExiting()
 	default:
 		m.r.failures++
 		m.r.lastErr = r.err

@@ -174,15 +174,16 @@ func (l *fakeLauncher) last() *fakeVLLM {
 // fakeProber answers for the last launched fake: refused until it listens,
 // then what the scenario says.
 type fakeProber struct {
-	l       *fakeLauncher
-	mu      sync.Mutex
-	readyR  func() probeResult // nil: ok
-	healthR func() probeResult // nil: ok
-	pausedR func() probeResult // nil: 404, as vLLM without dev mode answers /is_paused
-	calls   atomic.Int64       // readiness probes asked
-	healths atomic.Int64       // liveness probes asked
-	pauses  atomic.Int64       // /is_paused asked
-	own     atomic.Bool        // answers come over connections checked to reach vLLM's own listener
+	l         *fakeLauncher
+	mu        sync.Mutex
+	readyR    func() probeResult // nil: ok
+	healthR   func() probeResult // nil: ok
+	pausedR   func() probeResult // nil: 404, as vLLM without dev mode answers /is_paused
+	calls     atomic.Int64       // readiness probes asked
+	healths   atomic.Int64       // liveness probes asked
+	pauses    atomic.Int64       // /is_paused asked
+	nowPaused atomic.Bool        // a slow /is_paused answer says paused (substate_test.go)
+	own       atomic.Bool        // answers come over connections checked to reach vLLM's own listener
 }
 
 func (f *fakeProber) ready(ctx context.Context, level string, timeout time.Duration) probeResult {

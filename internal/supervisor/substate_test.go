@@ -209,12 +209,12 @@ var rows = []row{
 			s.pr.setHealth(func() probeResult { return probeResult{step: "health", err: "timeout"} })
 			s.advance(time.Duration(s.cfg.Liveness.Failures+1) * s.cfg.Liveness.Interval.Duration)
 		}},
-	{from: subReady, event: "exit timer: the server finished, its process did not exit", on: []evKind{evTimer + evKind(tExiting)}, effects: []string{"SIGKILL", "liveness probe", "NVML read", "exited"}, to: subStopKill, reach: func(s *scenario) { s.ready() },
+	{from: subReady, event: "probe refused after the server's last line", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subServerExiting, reach: func(s *scenario) { s.ready() },
 		fire: func(s *scenario) {
 			p := s.l.last()
 			p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
 			s.pr.setHealth(func() probeResult { return probeResult{step: "health", err: "connection refused"} })
-			s.advance(s.cfg.Liveness.Interval.Duration + s.cfg.VLLM.StopTimeout.Duration + time.Second)
+			s.advance(s.cfg.Liveness.Interval.Duration)
 		}},
 	{from: subReady, event: "heartbeat: XID 79", on: []evKind{evHeartbeat}, effects: []string{"SIGKILL", "decision kill", "exited"}, to: subStopKill,
 		setup: func(s *scenario) { s.health = newFakeHealth() }, reach: func(s *scenario) { s.ready() },
@@ -319,14 +319,14 @@ var rows = []row{
 			s.gpu.set(func(g *fakeGPU) { g.readAt = time.Now() })
 			s.advance(s.cfg.GPU.SampleInterval.Duration)
 		}},
-	{from: subReady, event: "engine-dead timer: /health said 503, vLLM did not exit", on: []evKind{evTimer + evKind(tLive), evProbe, evTimer + evKind(tDying)}, effects: []string{"SIGKILL", "liveness probe", "NVML read", "exited"}, to: subStopKill,
+	{from: subReady, event: "/health says 503", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subEngineDead,
 		reach: func(s *scenario) { s.ready() },
 		fire: func(s *scenario) {
 			s.pr.setHealth(func() probeResult { return probeResult{step: "health", status: 503, err: "503"} })
-			s.advance(s.cfg.Liveness.Interval.Duration + s.sup.engineDeadGrace())
+			s.advance(s.cfg.Liveness.Interval.Duration)
 		}},
-	{from: subReady, event: "heartbeat: stuck, then /is_paused: not paused", on: []evKind{evHeartbeat, evProbe}, effects: []string{"SIGKILL", "liveness probe", "/is_paused", "NVML read", "exited"}, to: subStopKill,
-		setup: func(s *scenario) { s.progress = func() (float64, float64, bool) { return 12, 100, true } },
+	{from: subReady, event: "heartbeat: stuck", on: []evKind{evHeartbeat}, effects: []string{"liveness probe", "/is_paused"}, to: subAskingPaused,
+		setup: stuckSlowPaused,
 		reach: func(s *scenario) { s.ready() },
 		fire:  func(s *scenario) { s.advance(s.cfg.Liveness.StuckTimeout.Duration + 2*time.Second) }},
 	{from: subDraining, event: "the tree is gone", on: []evKind{evTreeGone}, effects: []string{}, to: subCleaning, edit: withDrain,
@@ -371,6 +371,100 @@ var rows = []row{
 		}},
 }
 
+// The waits of a ready vLLM that decide something, each a sub-state: how
+// a row reaches each, and holds it there.
+var (
+	health503 = func() probeResult {
+		time.Sleep(time.Second)
+		return probeResult{step: "health", status: 503, err: "503"}
+	}
+	toEngineDead = func(s *scenario) {
+		s.ready()
+		s.pr.setHealth(health503)
+		s.advance(s.cfg.Liveness.Interval.Duration + time.Second)
+	}
+	toServerExiting = func(s *scenario) {
+		s.ready()
+		p := s.l.last()
+		p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
+		s.pr.setHealth(func() probeResult { return probeResult{step: "health", err: "connection refused"} })
+		s.advance(s.cfg.Liveness.Interval.Duration)
+	}
+	stuckSlowPaused = func(s *scenario) {
+		s.progress = func() (float64, float64, bool) { return 12, 100, true }
+		s.pr.mu.Lock()
+		s.pr.pausedR = func() probeResult {
+			time.Sleep(time.Minute)
+			if s.pr.nowPaused.Load() {
+				return probeResult{ok: true, step: "paused", status: 200, paused: true}
+			}
+			return probeResult{step: "paused", status: 404, err: "404"}
+		}
+		s.pr.mu.Unlock()
+	}
+	toAskingPaused = func(s *scenario) { s.ready(); s.advance(s.cfg.Liveness.StuckTimeout.Duration + 2*time.Second) }
+	xid79          = func(s *scenario) { s.health.(*fakeHealth).xid(79); s.advance(time.Second) }
+	withHealth     = func(s *scenario) { s.health = newFakeHealth() }
+	stop           = func(s *scenario) { s.cancel() }
+)
+
+var waitRows = []row{
+	{from: subEngineDead, event: "vLLM's API server exits", on: []evKind{evAPIGone}, effects: []string{"NVML read", "exited"}, to: subStopTerm, reach: toEngineDead, fire: crash},
+	{from: subEngineDead, event: "the tree is gone", on: []evKind{evTreeGone}, effects: []string{"NVML read", "exited"}, to: subCleaning, reach: toEngineDead, fire: vanish},
+	{from: subEngineDead, event: "liveness timer, 503 again", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subEngineDead, reach: toEngineDead,
+		fire: func(s *scenario) { s.advance(s.cfg.Liveness.Interval.Duration - time.Second) }},
+	{from: subEngineDead, event: "probe refused after the server's last line, its wait ending sooner", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subServerExiting,
+		edit: func(c *config.Config) { c.VLLM.StopTimeout = config.Duration{Duration: 500 * time.Millisecond} }, reach: toEngineDead,
+		fire: func(s *scenario) {
+			p := s.l.last()
+			p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
+			s.pr.setHealth(func() probeResult { return probeResult{step: "health", err: "connection refused"} })
+			s.advance(s.cfg.Liveness.Interval.Duration - time.Second)
+		}},
+	{from: subEngineDead, event: "cost timer", on: []evKind{evTimer + evKind(tCost)}, effects: []string{}, to: subEngineDead, reach: toEngineDead,
+		fire: func(s *scenario) { s.advance(s.cfg.GPU.SampleInterval.Duration) }},
+	{from: subEngineDead, event: "engine-dead timer: vLLM did not exit", on: []evKind{evTimer + evKind(tDying)}, effects: []string{"SIGKILL", "liveness probe", "NVML read", "exited"}, to: subStopKill, reach: toEngineDead,
+		fire: func(s *scenario) { s.advance(s.sup.engineDeadGrace()) }},
+	{from: subEngineDead, event: "stop", on: []evKind{evStop}, effects: []string{"SIGTERM", "decision stop"}, to: subStopTerm, reach: toEngineDead, fire: stop},
+	{from: subEngineDead, event: "operator restart", on: []evKind{evRestart}, effects: []string{"SIGTERM", "launch", "NVML read", "trial bind", "decision restart"}, to: subStopTerm, reach: toEngineDead, fire: restart},
+	{from: subEngineDead, event: "heartbeat: XID 79", on: []evKind{evHeartbeat}, effects: []string{"SIGKILL", "decision kill", "exited"}, to: subStopKill, setup: withHealth, reach: toEngineDead, fire: xid79},
+
+	{from: subServerExiting, event: "vLLM's API server exits", on: []evKind{evAPIGone}, effects: []string{"NVML read", "exited"}, to: subStopTerm, reach: toServerExiting, fire: crash},
+	{from: subServerExiting, event: "the tree is gone", on: []evKind{evTreeGone}, effects: []string{"NVML read", "exited"}, to: subCleaning, reach: toServerExiting, fire: vanish},
+	{from: subServerExiting, event: "liveness timer, refused again", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subServerExiting, reach: toServerExiting,
+		fire: func(s *scenario) { s.advance(s.cfg.Liveness.Interval.Duration) }},
+	{from: subServerExiting, event: "/health says 503, its grace ending sooner", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subEngineDead, reach: toServerExiting,
+		fire: func(s *scenario) {
+			s.pr.setHealth(health503)
+			s.advance(s.cfg.Liveness.Interval.Duration + time.Second)
+		}},
+	{from: subServerExiting, event: "cost timer", on: []evKind{evTimer + evKind(tCost)}, effects: []string{}, to: subServerExiting, reach: toServerExiting,
+		fire: func(s *scenario) { s.advance(s.cfg.GPU.SampleInterval.Duration) }},
+	{from: subServerExiting, event: "exit timer: its process did not exit", on: []evKind{evTimer + evKind(tExiting)}, effects: []string{"SIGKILL", "liveness probe", "NVML read", "exited"}, to: subStopKill, reach: toServerExiting,
+		fire: func(s *scenario) { s.advance(s.cfg.VLLM.StopTimeout.Duration) }},
+	{from: subServerExiting, event: "stop", on: []evKind{evStop}, effects: []string{"SIGTERM", "decision stop"}, to: subStopTerm, reach: toServerExiting, fire: stop},
+	{from: subServerExiting, event: "operator restart", on: []evKind{evRestart}, effects: []string{"SIGTERM", "launch", "NVML read", "trial bind", "decision restart"}, to: subStopTerm, reach: toServerExiting, fire: restart},
+	{from: subServerExiting, event: "heartbeat: XID 79", on: []evKind{evHeartbeat}, effects: []string{"SIGKILL", "decision kill", "exited"}, to: subStopKill, setup: withHealth, reach: toServerExiting, fire: xid79},
+
+	{from: subAskingPaused, event: "vLLM's API server exits", on: []evKind{evAPIGone}, effects: []string{"NVML read", "exited"}, to: subStopTerm, setup: stuckSlowPaused, reach: toAskingPaused, fire: crash},
+	{from: subAskingPaused, event: "the tree is gone", on: []evKind{evTreeGone}, effects: []string{"NVML read", "exited"}, to: subCleaning, setup: stuckSlowPaused, reach: toAskingPaused, fire: vanish},
+	{from: subAskingPaused, event: "/is_paused: not paused", on: []evKind{evProbe}, effects: []string{"SIGKILL", "NVML read", "exited"}, to: subStopKill, setup: stuckSlowPaused, reach: toAskingPaused,
+		fire: func(s *scenario) { s.advance(time.Minute) }},
+	{from: subAskingPaused, event: "/is_paused: paused", on: []evKind{evProbe}, effects: []string{}, to: subReady, setup: stuckSlowPaused, reach: toAskingPaused,
+		fire: func(s *scenario) {
+			s.pr.nowPaused.Store(true)
+			s.advance(time.Minute)
+		}},
+	{from: subAskingPaused, event: "liveness timer (the /is_paused probe in flight)", on: []evKind{evTimer + evKind(tLive)}, effects: []string{}, to: subAskingPaused, setup: stuckSlowPaused, reach: toAskingPaused,
+		fire: func(s *scenario) { s.advance(s.cfg.Liveness.Interval.Duration) }},
+	{from: subAskingPaused, event: "cost timer", on: []evKind{evTimer + evKind(tCost)}, effects: []string{}, to: subAskingPaused, setup: stuckSlowPaused, reach: toAskingPaused,
+		fire: func(s *scenario) { s.advance(s.cfg.GPU.SampleInterval.Duration) }},
+	{from: subAskingPaused, event: "stop", on: []evKind{evStop}, effects: []string{"SIGTERM", "decision stop"}, to: subStopTerm, setup: stuckSlowPaused, reach: toAskingPaused, fire: stop},
+	{from: subAskingPaused, event: "operator restart", on: []evKind{evRestart}, effects: []string{"SIGTERM", "launch", "NVML read", "trial bind", "decision restart"}, to: subStopTerm, setup: stuckSlowPaused, reach: toAskingPaused, fire: restart},
+	{from: subAskingPaused, event: "heartbeat: XID 79", on: []evKind{evHeartbeat}, effects: []string{"SIGKILL", "decision kill", "exited"}, to: subStopKill,
+		setup: func(s *scenario) { stuckSlowPaused(s); withHealth(s) }, reach: toAskingPaused, fire: xid79},
+}
+
 // drainEnds: the requests in flight through the proxy end while draining.
 func drainEnds() row {
 	var inFlight atomic.Int64
@@ -383,7 +477,7 @@ func drainEnds() row {
 
 func TestMachineTable(t *testing.T) {
 	covered := map[[2]int]bool{}
-	for _, c := range rows {
+	for _, c := range append(slices.Clone(rows), waitRows...) {
 		for _, k := range c.on {
 			if table[c.from][k].do == nil {
 				t.Errorf("%s × %s: the row names the cell %s × %s, which is empty", c.from, c.event, c.from, k)
@@ -533,7 +627,7 @@ func TestDesignTableIsTheCode(t *testing.T) {
 // (m.now), and every effect that waits runs in the executor
 // (machine_exec.go) or behind a port (ports.go, gpu.go).
 func TestDecisionsReadNoClock(t *testing.T) {
-	decisions := []string{"machine.go", "machine_start.go", "machine_ready.go", "machine_end.go", "machine_ops.go", "gpufault.go", "substate.go"}
+	decisions := []string{"machine.go", "machine_start.go", "machine_ready.go", "machine_end.go", "machine_ops.go", "gpufault.go", "substate.go", "table.go", "hang.go"}
 	banned := map[string]bool{"os": true, "os/exec": true, "net": true, "net/http": true, "syscall": true,
 		"golang.org/x/sys/unix": true, "github.com/NVIDIA/go-nvml/pkg/nvml": true,
 		"github.com/vllm-guard/vllm-guard/internal/gpumon": true, "github.com/vllm-guard/vllm-guard/internal/proctree": true}
@@ -598,4 +692,61 @@ func TestNoFunctionOver50Lines(t *testing.T) {
 			})
 		}
 	}
+}
+
+// Each sub-state has at most one decision timer's cell (the others are
+// periodic samples), so no wait that decides hides in a timer beside
+// another: it is a sub-state.
+func TestOneDecisionTimerPerSubState(t *testing.T) {
+	for sub := range subStates {
+		var timers []string
+		for k := range timerKinds {
+			if decisionTimer[k] && table[sub][evTimer+evKind(k)].do != nil {
+				timers = append(timers, (evTimer + evKind(k)).String())
+			}
+		}
+		if len(timers) > 1 {
+			t.Errorf("sub-state %s waits on %d decision timers: %v", sub, len(timers), timers)
+		}
+	}
+}
+
+// docs/design.md's table of cells is the code's: every non-empty cell, in
+// the order of the sub-states and the events, with what it does.
+func TestDesignCellsAreTheCode(t *testing.T) {
+	b, err := os.ReadFile("../../docs/design.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc []string
+	in := false
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "| in | on | does |") {
+			in = true
+			continue
+		}
+		if !in || strings.HasPrefix(l, "|---") {
+			continue
+		}
+		if !strings.HasPrefix(l, "|") {
+			break
+		}
+		doc = append(doc, l)
+	}
+	if want := cellRows(); !slices.Equal(doc, want) {
+		t.Errorf("docs/design.md's table of cells is not the code's (table.go); it should read:\n| in | on | does |\n|---|---|---|\n%s", strings.Join(want, "\n"))
+	}
+}
+
+// cellRows is the table as docs/design.md shows it.
+func cellRows() []string {
+	var rows []string
+	for sub := range subStates {
+		for k := range evKinds {
+			if c := table[sub][k]; c.do != nil {
+				rows = append(rows, fmt.Sprintf("| `%s` | %s | %s |", sub, k, c.says))
+			}
+		}
+	}
+	return rows
 }

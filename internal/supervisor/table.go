@@ -16,6 +16,14 @@ import (
 // cell ignores the event. Operators' reload and reset_profile are
 // answered alike in every sub-state (onRequest), so they are no column.
 
+// decisionTimer: the timers whose firing decides something (a verdict, a
+// kill, a start); the others are periodic samples (the readiness poll,
+// liveness, the cost model, the NVML reads while waiting, the drain's
+// look at the proxy, a fast retry of a refused probe). A sub-state arms at
+// most one decision timer: each wait that decides is a sub-state of its
+// own (TestOneDecisionTimerPerSubState).
+var decisionTimer = [timerKinds]bool{tDying: true, tExiting: true, tStopKill: true, tBackoff: true, tPortRetry: true}
+
 // cell is one (sub-state, event) of the table.
 type cell struct {
 	says string
@@ -58,6 +66,10 @@ var (
 	cellKill          = cell{"SIGKILL → `stop_sigkill`", func(m *machine, e event) { m.onKill() }}
 	cellAPIGone       = cell{"→ `stop_sigterm` (the keeper cleans up; SIGKILL after stop_timeout)", func(m *machine, e event) { m.endRun(endExited) }}
 	cellTreeGone      = cell{"→ `cleaning` (what outlived the keeper is killed off the loop)", func(m *machine, e event) { m.treeGone() }}
+	cellProbeReady    = func(m *machine, e event) { m.r.probing = false; m.onProbe(e.probe) }
+	cellLive          = cell{"probe liveness (none while a probe is in flight)", func(m *machine, e event) { m.probeLive() }}
+	cellCost          = cell{"feed the cost model one sample", func(m *machine, e event) { m.observeCost(); m.arm(tCost, m.s.cfg.GPU.SampleInterval.Duration) }}
+	cellBeatEnding    = cell{"a GPU fault → `stop_sigkill`; restore due → `stop_sigterm` (no stuck check: this wait gives the verdict)", func(m *machine, e event) { m.beatReady() }}
 	cellTreeGoneEnded = cell{"→ `cleaning`", func(m *machine, e event) { m.treeGone() }}
 )
 
@@ -89,13 +101,37 @@ var table = [subStates][evKinds]cell{
 	},
 	subReady: {
 		evAPIGone: cellAPIGone, evTreeGone: cellTreeGone,
-		evProbe:                    {"liveness (failures → hung), engine dead (→ its grace), server finished (→ its exit wait), /is_paused (stuck unless paused)", func(m *machine, e event) { m.r.probing = false; m.onProbe(e.probe) }},
-		evTimer + evKind(tLive):    {"probe liveness", func(m *machine, e event) { m.probeLive() }},
-		evTimer + evKind(tCost):    {"feed the cost model one sample", func(m *machine, e event) { m.observeCost(); m.arm(tCost, m.s.cfg.GPU.SampleInterval.Duration) }},
-		evTimer + evKind(tDying):   {"the engine-dead grace is over: hung → `stop_sigkill`", func(m *machine, e event) { m.judge() }},
-		evTimer + evKind(tExiting): {"the server's exit wait is over: hung → `stop_sigkill`", func(m *machine, e event) { m.judge() }},
+		evProbe:                 {"liveness: failures → hung → `stop_sigkill`; 503/500 → `engine_dead`; refused after the server's last line → `server_exiting`", cellProbeReady},
+		evTimer + evKind(tLive): cellLive,
+		evTimer + evKind(tCost): cellCost,
+		evStop:                  cellStopRunning, evRestart: cellRestartRun,
+		evHeartbeat: {"a GPU fault → `stop_sigkill`; stuck → `asking_paused`; restore due → `stop_sigterm`", func(m *machine, e event) { m.beatReady() }},
+	},
+	subEngineDead: {
+		evAPIGone: cellAPIGone, evTreeGone: cellTreeGone,
+		evProbe:                  {"liveness as in `ready` (the grace goes on); refused after the server's last line, ending sooner → `server_exiting`", cellProbeReady},
+		evTimer + evKind(tLive):  cellLive,
+		evTimer + evKind(tCost):  cellCost,
+		evTimer + evKind(tDying): {"the grace is over: hung → `stop_sigkill`", func(m *machine, e event) { m.judge() }},
+		evStop:                   cellStopRunning, evRestart: cellRestartRun,
+		evHeartbeat: cellBeatEnding,
+	},
+	subServerExiting: {
+		evAPIGone: cellAPIGone, evTreeGone: cellTreeGone,
+		evProbe:                    {"liveness as in `ready` (the wait goes on); 503/500, its grace ending sooner → `engine_dead`", cellProbeReady},
+		evTimer + evKind(tLive):    cellLive,
+		evTimer + evKind(tCost):    cellCost,
+		evTimer + evKind(tExiting): {"stop_timeout is over: hung → `stop_sigkill`", func(m *machine, e event) { m.judge() }},
 		evStop:                     cellStopRunning, evRestart: cellRestartRun,
-		evHeartbeat: {"a GPU fault → `stop_sigkill`; stuck → ask /is_paused; restore due → `stop_sigterm`", func(m *machine, e event) { m.beatReady() }},
+		evHeartbeat: cellBeatEnding,
+	},
+	subAskingPaused: {
+		evAPIGone: cellAPIGone, evTreeGone: cellTreeGone,
+		evProbe:                 {"/is_paused: paused → `ready` (the stuck clock starts again); else hung → `stop_sigkill`", func(m *machine, e event) { m.r.probing = false; m.onPausedAnswer(e.probe) }},
+		evTimer + evKind(tLive): cellLive,
+		evTimer + evKind(tCost): cellCost,
+		evStop:                  cellStopRunning, evRestart: cellRestartRun,
+		evHeartbeat: {"a GPU fault → `stop_sigkill`; restore due → `stop_sigterm`", func(m *machine, e event) { m.beatReady() }},
 	},
 	subDraining: {
 		evTreeGone: cellTreeGoneEnded, evTimer + evKind(tDrain): {"no requests left or the drain's time is up → SIGTERM, `stop_sigterm`", func(m *machine, e event) { m.drainStep() }},

@@ -94,7 +94,7 @@ func engineDeadGrace(c *config.Config) time.Duration {
 // progress is the run's progress facts at the event being handled.
 func (m *machine) progress() progress {
 	r := &m.r
-	return progress{now: m.now, startedAt: r.startedAt, ready: r.ready, lastLine: r.lastLine, lastIO: r.lastIO, phase: r.out.Phase(),
+	return progress{now: m.now, startedAt: r.startedAt, ready: r.ready, lastLine: r.lastLine, lastIO: r.lastIO, phase: m.pump.phase,
 		refusedSince: r.refusedSince, refusedLast: r.refusedLast, refusal: r.refusal, failures: r.failures, lastErr: r.lastErr,
 		engineDeadAt: r.engineDeadAt, serverDoneAt: r.serverDoneAt, stuck: r.stuck}
 }

@@ -166,10 +166,11 @@ type output struct {
 	serverDone atomic.Bool
 }
 
-func newOutput(sink *logSink, ringSize int) *output {
+// newOutput is a run's output, its last line's time at (the launch).
+func newOutput(sink *logSink, ringSize int, at time.Time) *output {
 	o := &output{sink: sink, ring: newLineRing(ringSize),
 		progress: make(chan struct{}, 1), startupEnd: make(chan struct{}, 1)}
-	o.lastLine.Store(time.Now())
+	o.lastLine.Store(at)
 	return o
 }
 

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/config"
@@ -73,9 +74,22 @@ const (
 	evKill                          // asked to stop again: no more waiting
 	evRestart                       // an operator asked for a restart
 	evHeartbeat                     // the loop's one-second beat
+	evIORead                        // the tree's disk I/O, read off the loop at a readiness poll, answered
+	evOOMRead                       // the cgroup's OOM-kill count at a launch, read off the loop, answered
 	evTimer                         // a timer fired: its column is evTimer + its timerKind
 	evKinds           = evTimer + evKind(timerKinds)
+	evRequest         = evKinds // an operator's request: answered by onRequest, no column of the table
 )
+
+// pumpFacts is what the log pump knows of the run at an event, read by
+// the loop with the event's time: the decisions read these, never the
+// pump's atomics.
+type pumpFacts struct {
+	lastLine   time.Time // when the last line came (load progress)
+	phase      string    // the load phase recognised last
+	serverUp   bool      // this run printed a line of its server's start
+	serverDone bool      // its API server printed uvicorn's "Finished server process [its pid]"
+}
 
 type event struct {
 	kind  evKind
@@ -91,8 +105,16 @@ type event struct {
 	// holder: evPortRead's answer, who holds vLLM's port ("": the bind
 	// works); id is its check's number.
 	holder string
-	// req: evRestart's request, answered by the cell.
+	// req: evRestart's and evRequest's request, answered by the cell.
 	req request
+	// io: evIORead's answer, each process's disk I/O; oom: evOOMRead's,
+	// the OOM-kill count (-1: unknown).
+	io  map[int]uint64
+	oom int64
+	// at and pump: the event's time and the log pump's facts, read by the
+	// loop as the event is taken.
+	at   time.Time
+	pump pumpFacts
 }
 
 // column is the event's column in the machine's table.
@@ -138,6 +160,7 @@ type machine struct {
 
 	sub       subState
 	now       time.Time // the time of the event being handled (the loop reads the clock, the decisions read this)
+	pump      pumpFacts // the log pump's facts at the event being handled
 	stopAsked bool      // the guard is stopping: no new start
 	code      int       // the exit code once done
 	everReady bool
@@ -162,26 +185,27 @@ type timerSet struct {
 // the decision after its end. launch replaces it whole, so nothing of the
 // run before leaks into the next.
 type run struct {
-	rung      policy.Rung
-	child     proc // nil once its tree is gone and settled
-	out       *output
-	stdout    *streamWriter
-	stderr    *streamWriter
-	prober    checker
-	bindHost  string // where vLLM binds (its --host) and its port: tried again when it fails before ready
-	bindPort  int
-	ctx       context.Context // cancelled when the run ends: in-flight probes stop
-	cancel    context.CancelFunc
-	probing   bool
-	startedAt time.Time
-	ready     bool
-	end       ending
-	hang      string // why the guard called it hung ("": it did not)
-	peer      string // who asked for the restart that ends it
-	baseline  []uint64
-	oomBefore int64
-	gpuBefore []policy.GPUDevice // the GPUs' hardware state at the launch (gpufault.go)
-	gpuKilled bool               // the run was ended for a GPU fault
+	rung       policy.Rung
+	child      proc // nil once its tree is gone and settled
+	out        *output
+	stdout     *streamWriter
+	stderr     *streamWriter
+	prober     checker
+	bindHost   string // where vLLM binds (its --host) and its port: tried again when it fails before ready
+	bindPort   int
+	ctx        context.Context // cancelled when the run ends: in-flight probes stop
+	cancel     context.CancelFunc
+	probing    bool
+	startedAt  time.Time
+	ready      bool
+	end        ending
+	hang       string // why the guard called it hung ("": it did not)
+	peer       string // who asked for the restart that ends it
+	baseline   []uint64
+	oomBefore  int64              // the cgroup's OOM-kill count before the launch (-1: not known, or not yet)
+	refreshing *atomic.Bool       // a re-read of the tree is on its way (refreshTree)
+	gpuBefore  []policy.GPUDevice // the GPUs' hardware state at the launch (gpufault.go)
+	gpuKilled  bool               // the run was ended for a GPU fault
 
 	// Starting: load progress and the stall check.
 	lastLine     time.Time      // the last output line's time seen by the stall check (monotonic)
@@ -230,6 +254,11 @@ type releaseWait struct {
 // (table.go) for the sub-state and the event does it; an empty cell
 // ignores the event.
 func (m *machine) handle(e event) {
+	m.now, m.pump = e.at, e.pump
+	if e.kind == evRequest {
+		m.onRequest(e.req)
+		return
+	}
 	if e.kind == evTimer {
 		if m.timers.slot[e.timer].id != e.id {
 			return // re-armed or disarmed since

@@ -157,6 +157,7 @@ type cleanup struct {
 	// portHeld: for a run that was never ready, who holds its port now
 	// that its tree is gone ("": the bind works, or not checked).
 	portHeld string
+	oomAfter int64 // the cgroup's OOM-kill count once the tree was gone (-1: unknown)
 }
 
 // cleaningStatus says, while the leftovers are being killed, which process
@@ -196,7 +197,7 @@ func (m *machine) settleRun(cl cleanup) {
 	// Any end the guard did not cause, after the kernel's OOM killer acted
 	// in vLLM's cgroup: it mostly picks the biggest process, the EngineCore
 	// or a worker, and the API server then exits by itself.
-	res.hostOOM = !killedByGuard && m.r.oomBefore >= 0 && s.hostOOM() > m.r.oomBefore
+	res.hostOOM = !killedByGuard && m.r.oomBefore >= 0 && cl.oomAfter > m.r.oomBefore
 	m.rel.pids, m.rel.base = c.seen(), m.r.baseline
 	m.update(func(st *Status) { st.LogDropped = m.sink.dropped.Load(); st.PID = 0 })
 	end := m.r.end

@@ -29,30 +29,68 @@ func (s *Supervisor) Run(ctx context.Context) int {
 	heartbeat := time.NewTicker(time.Second)
 	defer heartbeat.Stop()
 	stop := ctx.Done()
-	m.now = time.Now()
-	m.handle(event{kind: evBegin})
+	m.step(event{kind: evBegin})
 	for !m.sub.done() {
-		var step func()
+		var e event
 		select {
 		case <-stop:
-			stop = nil
-			step = func() { m.handle(event{kind: evStop, run: m.runN}) }
+			stop, e = nil, event{kind: evStop}
 		case <-s.kill:
-			step = func() { m.handle(event{kind: evKill, run: m.runN}) }
-		case e := <-m.ev:
-			step = func() { m.handle(e) }
+			e = event{kind: evKill}
+		case e = <-m.ev:
 		case r := <-s.reqs:
-			step = func() { m.onRequest(r) }
+			e = event{kind: evRequest, req: r}
 		case <-heartbeat.C:
 			s.beat()
-			step = func() { m.handle(event{kind: evHeartbeat, run: m.runN}) }
+			e = event{kind: evHeartbeat}
 		}
-		m.now = time.Now() // the one clock read: the decisions take the event's time
-		step()
+		m.step(e)
 	}
 	code := m.code
 	s.publish(events.Event{Kind: events.KindStopped, State: string(s.Status().State), Reason: s.Status().Reason, ExitCode: &code})
 	return code
+}
+
+// step hands one event to the decisions, with what they may read of the
+// world: the event's time (the one clock read), the log pump's facts.
+// The loop's own events (signals, requests, the heartbeat) belong to the
+// run in progress.
+func (m *machine) step(e event) {
+	e.at = time.Now()
+	if e.kind >= evStop && e.kind <= evHeartbeat || e.kind == evRequest {
+		e.run = m.runN
+	}
+	if o := m.r.out; o != nil {
+		e.pump = pumpFacts{lastLine: o.lastLine.Load(), phase: o.Phase(), serverUp: o.serverUp.Load(), serverDone: o.serverDone.Load()}
+	}
+	m.handle(e)
+}
+
+// readIO reads the tree's disk I/O off the loop (a walk of /proc) and
+// posts it back.
+func (m *machine) readIO() {
+	c, run := m.r.child, m.runN
+	go func() { m.post(event{kind: evIORead, run: run, io: c.io()}) }()
+}
+
+// readOOM reads the cgroup's OOM-kill count off the loop and posts it
+// back: the count before a run, to tell a host OOM kill at its end.
+func (m *machine) readOOM() {
+	run, read := m.runN, m.s.hostOOM
+	go func() { m.post(event{kind: evOOMRead, run: run, oom: read()}) }()
+}
+
+// refreshTree re-reads the tree from /proc off the loop, one read at a
+// time (the GPU monitor and the probes read the tree as last read).
+func (m *machine) refreshTree() {
+	c, busy := m.r.child, m.r.refreshing
+	if !busy.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer busy.Store(false)
+		c.refresh()
+	}()
 }
 
 // shutdown releases what the machine holds when Run returns.
@@ -132,7 +170,7 @@ func readFree(gpu GPU, health GPUHealth, rung policy.Rung, since time.Time) gpuR
 // can take up to killRounds × killWait), then reads NVML's word on the
 // run (the classifier's first evidence) and posts evCleaned.
 func (m *machine) cleanUp(c proc) {
-	run, health, since := m.runN, m.s.health, m.r.startedAt
+	run, health, since, oom := m.runN, m.s.health, m.r.startedAt, m.s.hostOOM
 	var holder func(string, int) string
 	if !m.r.ready && m.r.end == endExited {
 		holder = m.s.portHolder // a start that failed: was its port taken?
@@ -147,6 +185,7 @@ func (m *machine) cleanUp(c proc) {
 		if health != nil {
 			cl.gpuAfter = health.GPUs(since, true)
 		}
+		cl.oomAfter = oom()
 		m.post(event{kind: evCleaned, run: run, cleaned: cl})
 	}()
 }

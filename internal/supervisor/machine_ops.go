@@ -78,7 +78,7 @@ func (m *machine) onRequest(r request) {
 	switch r.kind {
 	case "restart":
 		s.log.Info("operator asked for a restart", zap.String("peer", r.peer))
-		m.handle(event{kind: evRestart, run: m.runN, req: r})
+		m.handle(event{kind: evRestart, run: m.runN, req: r, at: m.now, pump: m.pump})
 	case "reload":
 		m.reload(r.cfg)
 		r.reply <- nil

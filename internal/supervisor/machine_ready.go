@@ -18,7 +18,7 @@ func (m *machine) beatRunning() bool {
 	if m.checkGPUFault() {
 		return true
 	}
-	m.r.child.refresh()
+	m.refreshTree()
 	return false
 }
 

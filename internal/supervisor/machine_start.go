@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -155,9 +156,9 @@ func (m *machine) start(rung policy.Rung, gpuBefore []policy.GPUDevice, heldBy s
 	m.rel.child = nil
 	// What vLLM serves is read afresh from this run's own startup line.
 	s.tasks.Store(nil)
-	out := newOutput(m.sink, max(cfg.Log.ChildLines, 1000))
-	m.r = run{rung: rung, gpuBefore: gpuBefore, out: out, lastLine: out.lastLine.Load(), ioSeen: map[int]uint64{},
-		stdout: out.writer("stdout"), stderr: out.writer("stderr"), oomBefore: s.hostOOM()}
+	out := newOutput(m.sink, max(cfg.Log.ChildLines, 1000), m.now)
+	m.r = run{rung: rung, gpuBefore: gpuBefore, out: out, lastLine: m.now, ioSeen: map[int]uint64{},
+		stdout: out.writer("stdout"), stderr: out.writer("stderr"), oomBefore: -1, refreshing: new(atomic.Bool)}
 	if s.gpu != nil {
 		m.r.baseline = s.gpu.UsedBytes()
 	}
@@ -173,6 +174,7 @@ func (m *machine) start(rung policy.Rung, gpuBefore []policy.GPUDevice, heldBy s
 		m.portInUse(rung, argv, ep.Port, heldBy)
 		return
 	}
+	m.readOOM()
 	c, err := s.launcher.launch(launchSpec{keeper: s.keeper, argv: argv, env: cfg.VLLM.Env,
 		dir: cfg.VLLM.Workdir, grace: cfg.VLLM.StopTimeout.Duration, stdout: m.r.stdout, stderr: m.r.stderr})
 	r := rung
@@ -207,7 +209,7 @@ func (m *machine) portInUse(rung policy.Rung, argv []string, port int, heldBy st
 func (m *machine) watch(c proc, rung policy.Rung, ep launch.Endpoint) {
 	s := m.s
 	m.r.child = c
-	c.refresh() // the API server is known (with its start time) from the first moment
+	m.refreshTree() // the API server is known (with its start time) from the first moment
 	m.r.out.pid.Store(int64(c.pid()))
 	m.update(func(st *Status) { st.PID = c.pid() })
 	if s.gpu != nil {
@@ -257,11 +259,11 @@ func (m *machine) probeReady() {
 	})
 }
 
-// ioGrew reads the tree's storage I/O and says whether any process did
-// more since the last poll. CPU time is not progress (NCCL hangs spin).
-func (m *machine) ioGrew() bool {
+// ioGrew takes the tree's storage I/O (read off the loop) and says
+// whether any process did more since the last poll. CPU time is not
+// progress (NCCL hangs spin).
+func (m *machine) ioGrew(now map[int]uint64) bool {
 	grew := false
-	now := m.r.child.io()
 	for pid, n := range now {
 		if before, ok := m.r.ioSeen[pid]; ok && n > before {
 			m.r.ioBytes += n - before
@@ -277,17 +279,18 @@ func (m *machine) ioGrew() bool {
 
 func gibText(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
 
-// onPoll: while starting, look for load progress, a stall, the start-time
-// cap, and probe readiness.
-func (m *machine) onPoll() {
+// onPoll: while starting, with the tree's disk I/O read off the loop
+// (readIO), look for load progress, ask the judge about a stall or the
+// start-time cap, and probe readiness.
+func (m *machine) onPoll(io map[int]uint64) {
 	rc := m.s.cfg.Readiness
 	now := m.now
-	if seen := m.r.out.lastLine.Load(); !seen.Equal(m.r.lastLine) {
+	if seen := m.pump.lastLine; !seen.Equal(m.r.lastLine) {
 		m.r.lastLine = seen
-		m.s.publish(events.Event{Kind: events.KindProgress, Phase: m.r.out.Phase(), PID: m.r.child.pid()})
+		m.s.publish(events.Event{Kind: events.KindProgress, Phase: m.pump.phase, PID: m.r.child.pid()})
 	}
 	lastLine := m.r.lastLine
-	if m.ioGrew() {
+	if m.ioGrew(io) {
 		m.r.lastIO = now
 		// A silent download or load: say it, as progress.
 		if quiet := now.Sub(lastLine); quiet >= time.Second {
@@ -358,7 +361,7 @@ func (m *machine) onReadiness(r probeResult) {
 		}
 		return
 	}
-	if !m.r.out.serverUp.Load() && !r.own {
+	if !m.pump.serverUp && !r.own {
 		// Something answered on vLLM's port before vLLM started its
 		// server, over a connection nobody checked: another process's
 		// listener, not this vLLM (issue 32 item 4). Its answers count
@@ -431,7 +434,7 @@ func (m *machine) onLiveness(r probeResult) {
 		m.r.failures = 0
 	case r.status == 503 || r.status == 500:
 		m.engineDead(r.status)
-	case m.r.out.serverDone.Load():
+	case m.pump.serverDone:
 		m.serverExiting()
 	default:
 		m.r.failures++

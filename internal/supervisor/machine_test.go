@@ -291,23 +291,25 @@ func (g *fakeGPU) set(f func(g *fakeGPU)) { g.mu.Lock(); f(g); g.mu.Unlock() }
 
 // scenario is one supervisor over fakes, running in a synctest bubble.
 type scenario struct {
-	t        *testing.T
-	cfg      *config.Config
-	sup      *Supervisor
-	l        *fakeLauncher
-	pr       *fakeProber
-	gpu      *fakeGPU
-	noGPU    bool
-	holder   string        // who holds vLLM's port, as the trial bind says ("" = free); under mu once started
-	slowPort time.Duration // each trial bind takes this long
-	binds    atomic.Int64  // trial binds of vLLM's port
-	health   GPUHealth     // nil: no hardware view (gpufault_test.go)
-	load     func() (float64, float64, bool)
-	progress func() (float64, float64, bool)
-	awaiting func() (int, float64)
-	inFlight func() int
-	pstate   policy.State
-	oom      atomic.Int64
+	t         *testing.T
+	cfg       *config.Config
+	sup       *Supervisor
+	l         *fakeLauncher
+	pr        *fakeProber
+	gpu       *fakeGPU
+	noGPU     bool
+	holder    string        // who holds vLLM's port, as the trial bind says ("" = free); under mu once started
+	slowPort  time.Duration // each trial bind takes this long
+	binds     atomic.Int64  // trial binds of vLLM's port
+	slowOOM   time.Duration // the first read of the OOM-kill count takes this long
+	oomSlowed atomic.Bool
+	health    GPUHealth // nil: no hardware view (gpufault_test.go)
+	load      func() (float64, float64, bool)
+	progress  func() (float64, float64, bool)
+	awaiting  func() (int, float64)
+	inFlight  func() int
+	pstate    policy.State
+	oom       atomic.Int64
 
 	mu     sync.Mutex
 	events []events.Event
@@ -358,7 +360,12 @@ func (s *scenario) start() {
 	}
 	sup.launcher = s.l
 	sup.newProber = func(launch.Endpoint, string, func() []int) checker { return s.pr }
-	sup.hostOOM = s.oom.Load
+	sup.hostOOM = func() int64 {
+		if s.slowOOM > 0 && s.oomSlowed.CompareAndSwap(false, true) {
+			time.Sleep(s.slowOOM)
+		}
+		return s.oom.Load()
+	}
 	sup.portHolder = func(string, int) string {
 		s.binds.Add(1)
 		time.Sleep(s.slowPort)

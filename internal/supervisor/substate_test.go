@@ -196,7 +196,7 @@ var rows = []row{
 		fire: func(s *scenario) { s.cancel() }},
 	{from: subStarting, event: "readiness probe answered", on: []evKind{evProbe}, effects: []string{"readiness probe", "progress", "ready"}, to: subReady, fire: func(s *scenario) { s.ready() }},
 	{from: subStarting, event: "vLLM's API server exits", on: []evKind{evAPIGone}, effects: []string{"NVML read", "trial bind", "exited"}, to: subStopTerm, fire: crash},
-	{from: subStarting, event: "stall timer: no output, no I/O", on: []evKind{evTimer + evKind(tPoll)}, effects: []string{"SIGKILL", "readiness probe", "NVML read", "trial bind", "exited"}, to: subStopKill,
+	{from: subStarting, event: "stall timer: no output, no I/O", on: []evKind{evTimer + evKind(tPoll), evIORead}, effects: []string{"SIGKILL", "readiness probe", "NVML read", "trial bind", "exited"}, to: subStopKill,
 		edit: func(c *config.Config) { c.Readiness.StallTimeout = config.Duration{Duration: time.Minute} },
 		fire: func(s *scenario) { s.advance(time.Minute + time.Second) }},
 	{from: subStarting, event: "stop", on: []evKind{evStop}, effects: []string{"SIGTERM", "decision stop"}, to: subStopTerm, fire: func(s *scenario) { s.cancel() }},
@@ -288,6 +288,8 @@ var rows = []row{
 			p.listening.Store(true)
 			p.print("stderr:INFO:     Application startup complete.")
 		}},
+	{from: subStarting, event: "the OOM-kill count read before the launch answers", on: []evKind{evOOMRead}, effects: []string{"readiness probe"}, to: subStarting,
+		setup: func(s *scenario) { s.slowOOM = time.Minute }, fire: func(s *scenario) { s.advance(time.Minute) }},
 	{from: subStarting, event: "a load phase", on: []evKind{evProgress}, effects: []string{"progress"}, to: subStarting,
 		fire: func(s *scenario) {
 			s.l.last().print("INFO 10-14 12:00:00 [loader.py:1] Loading weights took 1.13 seconds")
@@ -299,12 +301,12 @@ var rows = []row{
 	{from: subStarting, event: "fast-retry timer after a refused probe", on: []evKind{evTimer + evKind(tFastRetry), evProbe}, effects: []string{"readiness probe", "ready"}, to: subReady,
 		reach: func(s *scenario) { s.l.last().print("stderr:INFO:     Application startup complete.") },
 		fire:  func(s *scenario) { s.l.last().listening.Store(true); s.advance(fastRetryEvery) }},
-	{from: subStarting, event: "the readiness probe refused with a 4xx for 30 s", on: []evKind{evTimer + evKind(tPoll), evProbe}, effects: []string{"SIGKILL", "readiness probe", "NVML read", "trial bind", "probe_failed", "exited"}, to: subStopKill,
+	{from: subStarting, event: "the readiness probe refused with a 4xx for 30 s", on: []evKind{evTimer + evKind(tPoll), evIORead, evProbe}, effects: []string{"SIGKILL", "readiness probe", "NVML read", "trial bind", "probe_failed", "exited"}, to: subStopKill,
 		setup: func(s *scenario) {
 			s.pr.setReady(func() probeResult { return probeResult{step: "completion", status: 404, err: "model not found"} })
 		},
 		fire: func(s *scenario) { s.l.last().listening.Store(true); s.advance(refusedProbeLimit + time.Second) }},
-	{from: subStarting, event: "poll timer past max_start_time", on: []evKind{evTimer + evKind(tPoll)}, effects: []string{"SIGKILL", "readiness probe", "NVML read", "trial bind", "exited"}, to: subStopKill,
+	{from: subStarting, event: "poll timer past max_start_time", on: []evKind{evTimer + evKind(tPoll), evIORead}, effects: []string{"SIGKILL", "readiness probe", "NVML read", "trial bind", "exited"}, to: subStopKill,
 		edit: func(c *config.Config) { c.Readiness.MaxStartTime = config.Duration{Duration: time.Minute} },
 		fire: func(s *scenario) { s.advance(time.Minute + time.Second) }},
 	{from: subReady, event: "vLLM's API server exits", on: []evKind{evAPIGone}, effects: []string{"NVML read", "exited"}, to: subStopTerm, reach: func(s *scenario) { s.ready() }, fire: crash},

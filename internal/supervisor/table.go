@@ -33,7 +33,7 @@ type cell struct {
 var evNames = [evKinds]string{
 	evBegin: "Run begins", evAPIGone: "API server exits", evTreeGone: "tree gone", evStartupComplete: "startup line",
 	evProgress: "load phase", evProbe: "probe answer", evCleaned: "cleaned", evGPURead: "NVML read", evPortRead: "trial bind",
-	evStop: "stop", evKill: "second stop signal", evRestart: "operator restart", evHeartbeat: "heartbeat",
+	evStop: "stop", evKill: "second stop signal", evRestart: "operator restart", evHeartbeat: "heartbeat", evIORead: "disk I/O read", evOOMRead: "OOM count read",
 	evTimer + evKind(tPoll): "poll timer", evTimer + evKind(tLive): "liveness timer", evTimer + evKind(tCost): "cost timer",
 	evTimer + evKind(tDying): "engine-dead timer", evTimer + evKind(tExiting): "exit timer", evTimer + evKind(tStopKill): "stop timer",
 	evTimer + evKind(tRelease): "release timer", evTimer + evKind(tBackoff): "backoff timer", evTimer + evKind(tFreeMemory): "sample timer",
@@ -94,7 +94,9 @@ var table = [subStates][evKinds]cell{
 		evStartupComplete:            {"probe readiness now, refused probes retried fast for 2 s", func(m *machine, e event) { m.onStartupLine() }},
 		evProgress:                   {"publish the load phase", func(m *machine, e event) { m.onPhase() }},
 		evProbe:                      {"ok (vLLM's own) → `ready`; a 4xx for 30 s → hung → `stop_sigkill`", func(m *machine, e event) { m.r.probing = false; m.onReadiness(e.probe) }},
-		evTimer + evKind(tPoll):      {"progress (output, disk I/O); no progress for stall_timeout or past max_start_time → hung → `stop_sigkill`; else probe readiness", func(m *machine, e event) { m.onPoll() }},
+		evTimer + evKind(tPoll):      {"read the tree's disk I/O (off the loop)", func(m *machine, e event) { m.readIO() }},
+		evIORead:                     {"progress (output, disk I/O); no progress for stall_timeout or past max_start_time → hung → `stop_sigkill`; else probe readiness", func(m *machine, e event) { m.onPoll(e.io) }},
+		evOOMRead:                    {"note the OOM-kill count before the run", func(m *machine, e event) { m.r.oomBefore = e.oom }},
 		evTimer + evKind(tFastRetry): {"probe readiness again", func(m *machine, e event) { m.probeReady() }},
 		evStop:                       cellStopRunning, evRestart: cellRestartRun,
 		evHeartbeat: {"a GPU fault (NVML) → `stop_sigkill`; re-read the tree", func(m *machine, e event) { m.beatRunning() }},
@@ -204,7 +206,7 @@ func (m *machine) onStartupLine() {
 }
 
 func (m *machine) onPhase() {
-	ph := m.r.out.Phase()
+	ph := m.pump.phase
 	m.update(func(st *Status) { st.Phase, st.Reason = ph, "loading: "+ph })
 	m.s.publish(events.Event{Kind: events.KindProgress, Phase: ph, PID: m.r.child.pid()})
 }

@@ -28,27 +28,18 @@ type GPUHealth interface {
 // remap pending or failed (why, policy.StartBlock's words) is not started
 // on; the state is waiting_gpu with why, looked at again every sample (a
 // reset clears it).
-func (m *machine) gpuBlocked(why string) {
+func (m *core) gpuBlocked(why string) {
 	reason := "not starting vLLM on a GPU that needs a reset: " + why
-	if st := m.s.Status(); st.State != StateWaitingGPU || st.Reason != reason {
-		m.s.log.Error("not starting vLLM: a GPU needs a reset", zap.String("why", why))
+	if m.facts.state != StateWaitingGPU || m.facts.reason != reason {
+		m.log().Error("not starting vLLM: a GPU needs a reset", zap.String("why", why))
 	}
 	m.enter(subWaitGPU, reason, nil)
-	m.arm(tFreeMemory, m.s.cfg.GPU.SampleInterval.Duration)
-}
-
-// gpuEvidence is NVML's word on the run as last sampled (nil without
-// NVML): the heartbeat's look while vLLM runs.
-func (m *machine) gpuEvidence() *policy.GPUEvidence {
-	if m.s.health == nil {
-		return nil
-	}
-	return m.gpuEvidenceFrom(m.s.health.GPUs(m.r.startedAt, false))
+	m.arm(tFreeMemory, m.cfg.GPU.SampleInterval.Duration)
 }
 
 // gpuEvidenceFrom pairs a reading (made off the loop after a death) with the
 // GPUs' state at the launch; nil when NVML could not tell.
-func (m *machine) gpuEvidenceFrom(after []policy.GPUDevice) *policy.GPUEvidence {
+func (m *core) gpuEvidenceFrom(after []policy.GPUDevice) *policy.GPUEvidence {
 	if after == nil {
 		return nil
 	}
@@ -60,11 +51,11 @@ func (m *machine) gpuEvidenceFrom(after []policy.GPUDevice) *policy.GPUEvidence 
 // reset, a lost GPU): vLLM may not notice for a long time, or hang in the
 // driver. Its tree is killed; the failure is then classified from the
 // same evidence. True when it ended the run.
-func (m *machine) checkGPUFault() bool {
-	if m.s.health == nil || !m.sub.running() {
+func (m *core) checkGPUFault() bool {
+	if !m.ports.health || !m.sub.running() {
 		return false
 	}
-	ev := m.gpuEvidence()
+	ev := m.gpuEvidenceFrom(m.facts.gpus) // NVML's word as last sampled, read by the loop at the heartbeat
 	if ev == nil {
 		return false
 	}
@@ -72,8 +63,8 @@ func (m *machine) checkGPUFault() bool {
 	if !ends {
 		return false
 	}
-	m.s.log.Error("the GPU failed under vLLM: killing its process tree", zap.String("gpu", what))
-	m.s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.r.child.pid(),
+	m.log().Error("the GPU failed under vLLM: killing its process tree", zap.String("gpu", what))
+	m.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.r.pid,
 		Reason: fmt.Sprintf("GPU fault while vLLM ran: %s", what)})
 	m.r.gpuKilled = true
 	m.endRun(endExited) // a kill: gpuKilled

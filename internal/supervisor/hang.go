@@ -92,7 +92,7 @@ func engineDeadGrace(c *config.Config) time.Duration {
 }
 
 // progress is the run's progress facts at the event being handled.
-func (m *machine) progress() progress {
+func (m *core) progress() progress {
 	r := &m.r
 	return progress{now: m.now, startedAt: r.startedAt, ready: r.ready, lastLine: r.lastLine, lastIO: r.lastIO, phase: m.pump.phase,
 		refusedSince: r.refusedSince, refusedLast: r.refusedLast, refusal: r.refusal, failures: r.failures, lastErr: r.lastErr,
@@ -101,8 +101,8 @@ func (m *machine) progress() progress {
 
 // judge asks the hang judge about the run and, when it is hung, ends it
 // (a kill). True when it did.
-func (m *machine) judge() bool {
-	why := judgeHang(m.progress(), m.s.cfg)
+func (m *core) judge() bool {
+	why := judgeHang(m.progress(), m.cfg)
 	if why == "" {
 		return false
 	}

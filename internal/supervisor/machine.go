@@ -5,7 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/vllm-guard/vllm-guard/internal/config"
+	"go.uber.org/zap"
+
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
@@ -76,6 +77,13 @@ const (
 	evHeartbeat                     // the loop's one-second beat
 	evIORead                        // the tree's disk I/O, read off the loop at a readiness poll, answered
 	evOOMRead                       // the cgroup's OOM-kill count at a launch, read off the loop, answered
+	evLaunched                      // the launch answered
+	evClassified                    // the classifier answered
+	evDecided                       // the restart policy decided after a failure
+	evRestored                      // the restart policy stepped one rung up
+	evRestoreDue                    // the restart policy said whether a restore is due
+	evRung                          // the restart policy said the rung of the next start
+	evKilledHolders                 // the old tree's survivors holding GPU memory were killed (or not)
 	evTimer                         // a timer fired: its column is evTimer + its timerKind
 	evKinds           = evTimer + evKind(timerKinds)
 	evRequest         = evKinds // an operator's request: answered by onRequest, no column of the table
@@ -113,8 +121,28 @@ type event struct {
 	oom int64
 	// at and pump: the event's time and the log pump's facts, read by the
 	// loop as the event is taken.
-	at   time.Time
-	pump pumpFacts
+	at    time.Time
+	pump  pumpFacts
+	facts facts
+	// The answers to the decisions' effects: evLaunched's (pid 0 and err:
+	// no launch; lines: what it printed, baseline: the GPUs' memory before
+	// it), evClassified's, evDecided's, evRestored's and evRung's rung,
+	// evRestoreDue's, evKilledHolders'.
+	launched launched
+	exit     policy.Exit
+	verdict  policy.Verdict
+	decision policy.Decision
+	rung     policy.Rung
+	due      bool
+	killed   bool
+}
+
+// launched is a launch's answer.
+type launched struct {
+	pid      int
+	err      error
+	lines    []policy.Line
+	baseline []uint64
 }
 
 // column is the event's column in the machine's table.
@@ -149,27 +177,37 @@ const (
 	endRestore        // a stable stretch on a lower rung: one rung up
 )
 
+// machine is the executor's side: the loop, the timers, the reads on
+// their way, and what a run holds of the world (its tree, its output, its
+// prober); c is the decisions' state (core.go).
 type machine struct {
 	s         *Supervisor
 	ev        chan event
 	sink      *logSink // the log pump's sink: every run's output goes through it
 	quit      chan struct{}
 	timers    timerSet
-	gpuReads  uint64 // NVML reads made off the loop; only the newest one's answer counts
-	portReads uint64 // trial binds of vLLM's port; only the newest one's answer counts
+	gpuReads  uint64    // NVML reads made off the loop; only the newest one's answer counts
+	portReads uint64    // trial binds of vLLM's port; only the newest one's answer counts
+	res       runRes    // the run in progress (or the last one)
+	relChild  proc      // the run that ended last, while its memory is waited for (its survivors may be killed)
+	at        time.Time // the time of the event being handled
+	c         core
+}
 
-	sub       subState
-	now       time.Time // the time of the event being handled (the loop reads the clock, the decisions read this)
-	pump      pumpFacts // the log pump's facts at the event being handled
-	stopAsked bool      // the guard is stopping: no new start
-	code      int       // the exit code once done
-	everReady bool
-	pending   *config.Config // a reloaded config for vLLM's next start
-
-	runN int         // the number of the run in progress, or of the last one
-	r    run         // the run in progress (or the last one): replaced whole at each launch
-	rel  releaseWait // after a failure: the wait for the old tree's GPU memory
-	pw   portWait    // before a launch: the check of vLLM's port, and the wait while another process holds it
+// runRes is what one run holds of the world.
+type runRes struct {
+	child      proc // nil once its tree is gone and settled
+	out        *output
+	stdout     *streamWriter
+	stderr     *streamWriter
+	prober     checker
+	ctx        context.Context // cancelled when the run ends: in-flight probes stop
+	cancel     context.CancelFunc
+	refreshing *atomic.Bool // a re-read of the tree is on its way (refreshTree)
+	startedAt  time.Time
+	bindHost   string
+	bindPort   int
+	checkPort  bool // at its cleanup, try its port (a start that failed)
 }
 
 // timerSet holds the machine's timers, at most one of each kind armed.
@@ -185,27 +223,22 @@ type timerSet struct {
 // the decision after its end. launch replaces it whole, so nothing of the
 // run before leaks into the next.
 type run struct {
-	rung       policy.Rung
-	child      proc // nil once its tree is gone and settled
-	out        *output
-	stdout     *streamWriter
-	stderr     *streamWriter
-	prober     checker
-	bindHost   string // where vLLM binds (its --host) and its port: tried again when it fails before ready
-	bindPort   int
-	ctx        context.Context // cancelled when the run ends: in-flight probes stop
-	cancel     context.CancelFunc
-	probing    bool
-	startedAt  time.Time
-	ready      bool
-	end        ending
-	hang       string // why the guard called it hung ("": it did not)
-	peer       string // who asked for the restart that ends it
-	baseline   []uint64
-	oomBefore  int64              // the cgroup's OOM-kill count before the launch (-1: not known, or not yet)
-	refreshing *atomic.Bool       // a re-read of the tree is on its way (refreshTree)
-	gpuBefore  []policy.GPUDevice // the GPUs' hardware state at the launch (gpufault.go)
-	gpuKilled  bool               // the run was ended for a GPU fault
+	rung      policy.Rung
+	pid       int    // vLLM's API server (0: none)
+	bindHost  string // where vLLM binds (its --host) and its port: tried again when it fails before ready
+	bindPort  int
+	probing   bool
+	startedAt time.Time
+	ready     bool
+	end       ending
+	hang      string // why the guard called it hung ("": it did not)
+	peer      string // who asked for the restart that ends it
+	baseline  []uint64
+	oomBefore int64              // the cgroup's OOM-kill count before the launch (-1: not known, or not yet)
+	gone      bool               // its tree is gone (being cleaned up, or settled)
+	heldBy    string             // the guard\'s first start gave up waiting for its port, held by this: not launched
+	gpuBefore []policy.GPUDevice // the GPUs' hardware state at the launch (gpufault.go)
+	gpuKilled bool               // the run was ended for a GPU fault
 
 	// Starting: load progress and the stall check.
 	lastLine     time.Time      // the last output line's time seen by the stall check (monotonic)
@@ -243,9 +276,13 @@ type run struct {
 // to come back before the backoff.
 type releaseWait struct {
 	decision policy.Decision
-	child    proc     // the run that ended
-	pids     []int    // every process its tree had
-	base     []uint64 // the GPUs' memory in use before its launch
+	res      outcome        // how it ended, while the classifier and the policy answer
+	exit     policy.Exit    // the classifier's evidence
+	verdict  policy.Verdict // and its verdict
+	portHeld string         // who holds its port (a start that failed): recorded, not counted
+	held     []Holder       // what held memory at release_timeout
+	pids     []int          // every process its tree had
+	base     []uint64       // the GPUs' memory in use before its launch
 	until    time.Time
 	killed   bool // survivors holding memory were killed once
 }
@@ -253,23 +290,21 @@ type releaseWait struct {
 // handle turns one event into the next state: the cell of the table
 // (table.go) for the sub-state and the event does it; an empty cell
 // ignores the event.
-func (m *machine) handle(e event) {
-	m.now, m.pump = e.at, e.pump
+func (m *core) handle(e event) {
+	m.now, m.pump, m.facts = e.at, e.pump, e.facts
 	if e.kind == evRequest {
 		m.onRequest(e.req)
 		return
 	}
-	if e.kind == evTimer {
-		if m.timers.slot[e.timer].id != e.id {
-			return // re-armed or disarmed since
-		}
-		m.timers.slot[e.timer].t, m.timers.slot[e.timer].id = nil, 0
-	} else if e.run != m.runN {
-		return // an older run's
+	if e.kind != evTimer && e.run != m.runN {
+		return // an older run's (the executor drops a timer re-armed or disarmed since)
+	}
+	if e.kind == evRestart && m.sub != subFailed {
+		m.log().Info("operator asked for a restart", zap.String("peer", e.req.peer))
 	}
 	if c := table[m.sub][e.column()]; c.do != nil {
 		c.do(m, e)
 	} else if e.kind == evRestart {
-		e.req.reply <- nil // stopping, releasing or checking the port: a start is under way
+		m.do(fxReply{e.req.reply, nil}) // stopping, releasing or checking the port: a start is under way
 	}
 }

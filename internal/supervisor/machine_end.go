@@ -16,50 +16,46 @@ import (
 // the failure classified and decided, the memory release, backoff, giving up.
 
 // hung ends the run as a hang.
-func (m *machine) hung(reason string) {
+func (m *core) hung(reason string) {
 	m.r.hang = reason
 	m.endRun(endExited)
 }
 
 // endRun starts ending the run in progress: SIGTERM, then SIGKILL after
 // stop_timeout, unless the tree is already gone.
-func (m *machine) endRun(why ending) {
+func (m *core) endRun(why ending) {
 	if !m.sub.running() {
 		return
 	}
 	m.r.end = why
 	m.endProbing()
 	reason := m.stopReason()
-	select {
-	case <-m.r.child.done():
+	if m.facts.treeGone {
 		m.enter(subStopTerm, reason, nil) // evTreeGone is on its way
 		return
-	default:
 	}
 	if m.r.hang != "" || m.r.gpuKilled {
 		// vLLM is wedged, or its GPU is gone: a drain would only wait on
 		// requests that never end.
 		if m.r.hang != "" {
-			m.s.log.Warn("vLLM hung: killing its process tree", zap.String("reason", m.r.hang))
+			m.log().Warn("vLLM hung: killing its process tree", zap.String("reason", m.r.hang))
 		}
-		m.r.child.kill()
+		m.do(fxKill{})
 		m.enter(subStopKill, reason, nil)
 		return
 	}
-	select {
-	case <-m.r.child.apiGone():
+	if m.facts.apiGone {
 		// The API server is gone (the keeper cleans up the rest): nothing
 		// drains any more; give the keeper its grace, then kill.
-		m.arm(tStopKill, m.s.cfg.VLLM.StopTimeout.Duration)
+		m.arm(tStopKill, m.cfg.VLLM.StopTimeout.Duration)
 		m.enter(subStopTerm, reason, nil)
 		return
-	default:
 	}
 	if m.drainFirst() {
 		return
 	}
-	m.r.child.stop()
-	m.arm(tStopKill, m.s.stopTimeout())
+	m.do(fxStop{})
+	m.arm(tStopKill, m.stopTimeout())
 	m.enter(subStopTerm, reason, nil)
 }
 
@@ -70,15 +66,15 @@ func (m *machine) endRun(why ending) {
 // cuts the requests in flight a few seconds into its own drain: its
 // process manager's SIGTERM reaches the workers. New requests wait in the
 // proxy meanwhile (the guard no longer says ready). True when draining.
-func (m *machine) drainFirst() bool {
-	if m.s.inFlight == nil || m.s.shutdownTimeout() <= 0 || m.r.end == endExited || m.s.inFlight() == 0 {
+func (m *core) drainFirst() bool {
+	if !m.ports.inFlight || m.facts.shutdownTimeout <= 0 || m.r.end == endExited || m.facts.inFlight == 0 {
 		return false
 	}
-	m.r.drainUntil = m.now.Add(m.s.shutdownTimeout())
-	n := m.s.inFlight()
-	m.s.log.Info("waiting for the requests in flight through the proxy before vLLM gets SIGTERM",
-		zap.Int("requests", n), zap.Duration("at_most", m.s.shutdownTimeout()))
-	m.enter(subDraining, fmt.Sprintf("%s: waiting for %d requests in flight through the proxy (at most %s)", m.stopReason(), n, m.s.shutdownTimeout()), nil)
+	m.r.drainUntil = m.now.Add(m.facts.shutdownTimeout)
+	n := m.facts.inFlight
+	m.log().Info("waiting for the requests in flight through the proxy before vLLM gets SIGTERM",
+		zap.Int("requests", n), zap.Duration("at_most", m.facts.shutdownTimeout))
+	m.enter(subDraining, fmt.Sprintf("%s: waiting for %d requests in flight through the proxy (at most %s)", m.stopReason(), n, m.facts.shutdownTimeout), nil)
 	m.arm(tDrain, drainPoll)
 	return true
 }
@@ -87,27 +83,25 @@ func (m *machine) drainFirst() bool {
 const drainPoll = 50 * time.Millisecond
 
 // drainStep: the proxy's requests ended (or the time is up): now SIGTERM.
-func (m *machine) drainStep() {
-	if n := m.s.inFlight(); n > 0 && m.now.Before(m.r.drainUntil) {
+func (m *core) drainStep() {
+	if n := m.facts.inFlight; n > 0 && m.now.Before(m.r.drainUntil) {
 		m.arm(tDrain, drainPoll)
 		return
 	}
 	// The whole stop stays within the effective stop timeout that `check`
 	// prints (the units' TimeoutStopSec is set from it), leaving vLLM at
 	// least 10 s to stop its engine.
-	left := max(m.s.stopTimeout()-(m.s.shutdownTimeout()-m.r.drainUntil.Sub(m.now)), 10*time.Second)
+	left := max(m.stopTimeout()-(m.facts.shutdownTimeout-m.r.drainUntil.Sub(m.now)), 10*time.Second)
 	m.r.drainUntil = time.Time{}
-	select {
-	case <-m.r.child.done():
+	if m.facts.treeGone {
 		return
-	default:
 	}
 	m.enter(subStopTerm, m.stopReason(), nil)
-	m.r.child.stop()
+	m.do(fxStop{})
 	m.arm(tStopKill, left)
 }
 
-func (m *machine) stopReason() string {
+func (m *core) stopReason() string {
 	switch {
 	case m.r.hang != "":
 		return "vLLM hung: " + m.r.hang
@@ -132,8 +126,7 @@ const stopRequested = status.StopRequested
 // kernel, as after a GPU fault, does not die at once; the tree kill can take
 // up to killRounds × killWait) is killed off the loop, so the loop keeps
 // turning (status, /livez, signals); settleRun goes on when that reports.
-func (m *machine) finishRun() {
-	c := m.r.child
+func (m *core) finishRun() {
 	if m.sub.running() {
 		// The tree went before the API server's exit was handled.
 		m.r.end = endExited
@@ -142,11 +135,12 @@ func (m *machine) finishRun() {
 	m.disarm(tDrain)
 	m.r.drainUntil = time.Time{}
 	m.endProbing()
-	m.r.prober.close()
-	c.refresh()
+	m.r.gone = true
 	m.enter(subCleaning, m.stopReason(), nil)
 	m.r.cleaningSince = m.now
-	m.cleanUp(c)
+	// A start that failed: its port is tried once the tree is gone (a
+	// process of its own that does not die may hold it).
+	m.do(fxFinishRun{checkPort: !m.r.ready && m.r.end == endExited})
 }
 
 // cleanup is what the kill of a run's leftovers reports.
@@ -158,12 +152,18 @@ type cleanup struct {
 	// that its tree is gone ("": the bind works, or not checked).
 	portHeld string
 	oomAfter int64 // the cgroup's OOM-kill count once the tree was gone (-1: unknown)
+	// How the run ended, what it printed and every process its tree had,
+	// read by the executor once the tree is gone.
+	exit  exitInfo
+	pid   int
+	lines []policy.Line
+	seen  []int
 }
 
 // cleaningStatus says, while the leftovers are being killed, which process
 // does not die and where it is stuck.
-func (m *machine) cleaningStatus() {
-	left := m.r.child.lingering()
+func (m *core) cleaningStatus() {
+	left := m.facts.lingering
 	if len(left) == 0 {
 		return
 	}
@@ -176,21 +176,17 @@ func (m *machine) cleaningStatus() {
 
 // settleRun: the whole tree is gone, or what is left was declared
 // unkillable. Decide what comes next.
-func (m *machine) settleRun(cl cleanup) {
-	s := m.s
-	c := m.r.child
+func (m *core) settleRun(cl cleanup) {
 	if len(cl.outlived) > 0 {
-		s.log.Warn("vLLM processes outlived their keeper: killed them", zap.Ints("pids", cl.outlived))
+		m.log().Warn("vLLM processes outlived their keeper: killed them", zap.Ints("pids", cl.outlived))
 	}
 	if len(cl.unkillable) > 0 {
-		s.log.Error("vLLM processes do not die after every kill round: declared unkillable (stuck in the kernel; a GPU fault or a driver problem: check dmesg and nvidia-smi)",
+		m.log().Error("vLLM processes do not die after every kill round: declared unkillable (stuck in the kernel; a GPU fault or a driver problem: check dmesg and nvidia-smi)",
 			zap.Ints("pids", cl.unkillable), zap.Duration("for", m.now.Sub(m.r.cleaningSince).Round(time.Second)))
 	}
-	m.unwatch()
-	exit := c.exit()
 	killedByGuard := m.r.end != endExited || m.r.hang != ""
-	res := outcome{exit: exit, pid: c.pid(), phase: policy.PhaseStarting, hang: m.r.hang, killedByGuard: killedByGuard,
-		lines: m.r.out.ring.snapshot(), uptime: m.now.Sub(m.r.startedAt), gpuAfter: cl.gpuAfter, unkillable: cl.unkillable}
+	res := outcome{exit: cl.exit, pid: cl.pid, phase: policy.PhaseStarting, hang: m.r.hang, killedByGuard: killedByGuard,
+		lines: cl.lines, uptime: m.now.Sub(m.r.startedAt), gpuAfter: cl.gpuAfter, unkillable: cl.unkillable}
 	if m.r.ready {
 		res.phase = policy.PhaseReady
 	}
@@ -198,43 +194,28 @@ func (m *machine) settleRun(cl cleanup) {
 	// in vLLM's cgroup: it mostly picks the biggest process, the EngineCore
 	// or a worker, and the API server then exits by itself.
 	res.hostOOM = !killedByGuard && m.r.oomBefore >= 0 && cl.oomAfter > m.r.oomBefore
-	m.rel.pids, m.rel.base = c.seen(), m.r.baseline
-	m.update(func(st *Status) { st.LogDropped = m.sink.dropped.Load(); st.PID = 0 })
-	end := m.r.end
-	m.r.child, m.rel.child = nil, c
-	switch end {
+	m.rel.pids, m.rel.base = cl.seen, m.r.baseline
+	dropped := m.facts.dropped
+	m.update(func(st *Status) { st.LogDropped = dropped; st.PID = 0 })
+	switch m.r.end {
 	case endStop:
 		m.finish(exitcode.OK, "stopped on request")
 	case endRestart:
-		s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestart, Reason: "restarting vLLM on request from " + m.r.peer})
+		m.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestart, Reason: "restarting vLLM on request from " + m.r.peer})
 		m.next()
 	case endRestore:
-		s.pol.OnRestore(m.now)
-		s.savePolicy()
-		r := s.pol.Current()
-		s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestore, Rung: &r,
-			Reason: "stepped one rung up after a stable stretch"})
-		m.next()
+		m.do(fxRestore{}) // evRestored goes on
 	default:
-		if cl.portHeld != "" {
-			m.portTaken(res, cl.portHeld)
-			return
-		}
+		m.rel.portHeld = cl.portHeld
 		m.fail(res)
 	}
 }
 
-// unwatch ends what watched the run whose tree is gone: its output, its
-// tree for the GPU monitor and vLLM's other clients.
-func (m *machine) unwatch() {
-	s := m.s
-	m.r.stdout.Close()
-	m.r.stderr.Close()
-	s.tree.Store(nil)
-	if s.gpu != nil {
-		s.gpu.SetTree(nil)
-		s.gpu.SetLoading(false)
-	}
+// onRestored: the policy stepped one rung up; start on it.
+func (m *core) onRestored(r policy.Rung) {
+	m.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestore, Rung: &r,
+		Reason: "stepped one rung up after a stable stretch"})
+	m.next()
 }
 
 // portTaken: vLLM ended before it was ready while another process holds
@@ -243,10 +224,8 @@ func (m *machine) unwatch() {
 // vLLM printed. The death is recorded as it was read, not counted by the
 // policy, and the guard waits for the port as before a launch: as long as
 // it takes at a restart, port_wait at the guard's first start.
-func (m *machine) portTaken(res outcome, holder string) {
-	s := m.s
-	_, v := m.classify(res)
-	d := policy.Decision{Action: policy.ActionRestart, Rung: s.pol.Current(),
+func (m *core) portTaken(res outcome, holder string, v policy.Verdict) {
+	d := policy.Decision{Action: policy.ActionRestart, Rung: m.facts.rung,
 		Reason: fmt.Sprintf("vLLM's port is held by %s: waiting for it to be free, then starting vLLM again (not counted as a failure)", holder)}
 	f := Failure{Time: m.now, PID: res.pid, Exit: res.exit.String(), ExitCode: res.exit.Code, Signal: res.exit.Signal,
 		Phase: res.phase, Verdict: v, Decision: d, RungBefore: m.r.rung, Lines: res.lines, Uptime: res.uptime}
@@ -255,7 +234,7 @@ func (m *machine) portTaken(res outcome, holder string) {
 		st.LastFailure = &f
 		st.PID = 0
 	})
-	s.publish(events.Event{Kind: events.KindExited, Failure: &f, PID: res.pid})
+	m.publish(events.Event{Kind: events.KindExited, Failure: &f, PID: res.pid})
 	if m.stopAsked {
 		m.finish(exitcode.OK, "stopped on request")
 		return
@@ -280,9 +259,10 @@ type outcome struct {
 	unkillable    []int              // processes of the tree still alive after every kill round
 }
 
-// classify reads one death's evidence into a verdict.
-func (m *machine) classify(res outcome) (policy.Exit, policy.Verdict) {
-	s := m.s
+// classify asks the classifier to read one death's evidence into a
+// verdict (the executor adds the memory samples and the critical
+// fraction); onClassified goes on.
+func (m *core) classify(res outcome) {
 	exit := policy.Exit{
 		Lines:         res.lines,
 		ExitCode:      res.exit.Code,
@@ -291,29 +271,40 @@ func (m *machine) classify(res outcome) (policy.Exit, policy.Verdict) {
 		Hang:          res.hang,
 		HostOOMKill:   res.hostOOM,
 		Phase:         res.phase,
-		Critical:      s.criticalFraction(),
 		StartFailure:  res.exit.StartFailure,
 		GuardFailure:  res.exit.GuardFailure,
-	}
-	if s.gpu != nil {
-		exit.MemFractions = s.gpu.RecentFractions(10)
 	}
 	exit.GPU = m.gpuEvidenceFrom(res.gpuAfter)
 	if exit.GPU != nil {
 		exit.GPU.Unkillable = res.unkillable
 	}
-	return exit, policy.Classify(exit)
+	m.do(fxClassify{exit})
 }
 
-// fail classifies a death, asks the policy what next, publishes it, and
-// moves on: give up, or wait for the memory, then back off.
-func (m *machine) fail(res outcome) {
-	s := m.s
-	now := m.now
-	exit, v := m.classify(res)
-	d := s.pol.OnFailure(now, v)
-	s.savePolicy()
-	m.describeCost()
+// onClassified: the verdict on the death in m.rel.res. A start that
+// failed while another process holds its port is recorded, not counted;
+// any other death goes to the policy (onDecided goes on).
+func (m *core) onClassified(exit policy.Exit, v policy.Verdict) {
+	if holder := m.rel.portHeld; holder != "" {
+		m.rel.portHeld = ""
+		m.portTaken(m.rel.res, holder, v)
+		return
+	}
+	m.rel.exit, m.rel.verdict = exit, v
+	m.do(fxDecide{v})
+}
+
+// fail classifies a death (onClassified), asks the policy what next
+// (onDecided), publishes it, and moves on: give up, or wait for the
+// memory, then back off.
+func (m *core) fail(res outcome) {
+	m.rel.res = res
+	m.classify(res)
+}
+
+// onDecided: the policy's decision d after the death in m.rel.res.
+func (m *core) onDecided(d policy.Decision) {
+	now, res, exit, v := m.now, m.rel.res, m.rel.exit, m.rel.verdict
 	f := Failure{Time: now, PID: res.pid, Exit: res.exit.String(), ExitCode: res.exit.Code, Signal: res.exit.Signal,
 		Phase: res.phase, Verdict: v, Decision: d, RungBefore: m.r.rung, Lines: res.lines, MemFractions: exit.MemFractions, Uptime: res.uptime}
 	m.update(func(st *Status) {
@@ -321,7 +312,7 @@ func (m *machine) fail(res outcome) {
 		st.LastFailure = &f
 		st.PID = 0
 	})
-	s.publish(events.Event{Kind: events.KindExited, Failure: &f, PID: res.pid})
+	m.publish(events.Event{Kind: events.KindExited, Failure: &f, PID: res.pid})
 	m.rel.decision = d
 	if d.Action == policy.ActionGiveUp {
 		m.giveUp(f)
@@ -331,8 +322,8 @@ func (m *machine) fail(res outcome) {
 		m.finish(exitcode.OK, "stopped on request")
 		return
 	}
-	if s.gpu != nil && res.pid != 0 {
-		m.rel.until = m.now.Add(s.cfg.GPU.ReleaseTimeout.Duration)
+	if m.ports.gpu && res.pid != 0 {
+		m.rel.until = m.now.Add(m.cfg.GPU.ReleaseTimeout.Duration)
 		m.rel.killed = false
 		m.enter(subReleasing, "waiting for the old vLLM's GPU memory to be released", nil)
 		m.checkReleased()
@@ -346,57 +337,61 @@ func (m *machine) fail(res outcome) {
 // release_timeout, survivors of the old tree that still hold memory are
 // killed (they would make the next start fail vLLM's free-memory check) and
 // the wait starts once more.
-func (m *machine) checkReleased() {
-	gpu, pids, base := m.s.gpu, m.rel.pids, m.rel.base
-	m.readGPU(func() gpuRead {
-		released, held := gpu.Released(pids, base)
-		return gpuRead{released: released, held: held}
-	})
-}
+func (m *core) checkReleased() { m.do(fxReadRelease{m.rel.pids, m.rel.base}) }
 
-func (m *machine) onReleaseRead(r gpuRead) {
-	s := m.s
+func (m *core) onReleaseRead(r gpuRead) {
 	if r.released {
 		m.backoff()
 		return
 	}
 	now := m.now
 	if now.Before(m.rel.until) {
-		m.arm(tRelease, min(s.cfg.GPU.SampleInterval.Duration, m.rel.until.Sub(now)))
+		m.arm(tRelease, min(m.cfg.GPU.SampleInterval.Duration, m.rel.until.Sub(now)))
 		return
 	}
 	if !m.rel.killed {
-		m.rel.killed = true
-		if m.killHolders(r.held) {
-			m.rel.until = now.Add(s.cfg.GPU.ReleaseTimeout.Duration)
-			m.arm(tRelease, s.cfg.GPU.SampleInterval.Duration)
-			return
-		}
+		m.rel.killed, m.rel.held = true, r.held
+		m.killHolders(r.held)
+		return
 	}
-	s.log.Warn("GPU memory still held after release_timeout", zap.String("holders", holdersText(r.held)),
-		zap.Duration("release_timeout", s.cfg.GPU.ReleaseTimeout.Duration))
+	m.heldAfterAll(r.held)
+}
+
+// onKilledHolders: survivors of the old tree that held GPU memory were
+// killed: wait once more; none was: back off.
+func (m *core) onKilledHolders(killed bool) {
+	if killed {
+		m.rel.until = m.now.Add(m.cfg.GPU.ReleaseTimeout.Duration)
+		m.arm(tRelease, m.cfg.GPU.SampleInterval.Duration)
+		return
+	}
+	m.heldAfterAll(m.rel.held)
+}
+
+func (m *core) heldAfterAll(held []Holder) {
+	m.log().Warn("GPU memory still held after release_timeout", zap.String("holders", holdersText(held)),
+		zap.Duration("release_timeout", m.cfg.GPU.ReleaseTimeout.Duration))
 	m.backoff()
 }
 
-// killHolders kills the holders that are still the very processes of the
-// old tree (never a reused PID), and says whether it killed any.
-func (m *machine) killHolders(held []Holder) bool {
+// killHolders asks for the holders that are processes of the old tree
+// to be killed, if they are still the very processes (never a reused
+// PID); evKilledHolders says whether any was.
+func (m *core) killHolders(held []Holder) {
 	ours := map[int]bool{}
 	for _, p := range m.rel.pids {
 		ours[p] = true
 	}
-	killed := false
+	var kill []Holder
 	for _, h := range held {
-		if ours[h.PID] && m.rel.child != nil && m.rel.child.killIfOurs(h.PID) {
-			m.s.log.Warn("killed a survivor of the old vLLM that still held GPU memory",
-				zap.Int("pid", h.PID), zap.String("command", h.Command), zap.Uint64("bytes", h.Bytes))
-			killed = true
+		if ours[h.PID] {
+			kill = append(kill, h)
 		}
 	}
-	return killed
+	m.do(fxKillHolders{kill})
 }
 
-func (m *machine) backoff() {
+func (m *core) backoff() {
 	if m.stopAsked {
 		m.finish(exitcode.OK, "stopped on request")
 		return
@@ -408,26 +403,25 @@ func (m *machine) backoff() {
 	m.arm(tBackoff, d.Delay)
 }
 
-func (m *machine) giveUp(f Failure) {
-	s := m.s
+func (m *core) giveUp(f Failure) {
 	code := f.Decision.ExitCode
-	stay := s.cfg.Restart.OnGiveUp == "stay"
+	stay := m.cfg.Restart.OnGiveUp == "stay"
 	if f.Verdict.Cause == policy.CauseGPUFault && code == exitcode.GPUFault {
-		stay = s.cfg.GPU.OnGPUFault == "stay" // [gpu] on_gpu_fault decides for a GPU that needs a reset
+		stay = m.cfg.GPU.OnGPUFault == "stay" // [gpu] on_gpu_fault decides for a GPU that needs a reset
 	}
 	to := subFailed // "stay": keep answering status until asked to stop
 	if !stay || m.stopAsked {
 		to, m.code = subGaveUp, code
 	}
 	m.enter(to, "gave up: "+f.Decision.Reason, func(st *Status) { st.PID, st.ExitCode = 0, code })
-	s.log.Error("gave up on vLLM", zap.String("cause", string(f.Verdict.Cause)), zap.String("reason", f.Decision.Reason),
+	m.log().Error("gave up on vLLM", zap.String("cause", string(f.Verdict.Cause)), zap.String("reason", f.Decision.Reason),
 		zap.Int("exit_code", code))
 }
 
 // finish ends Run: stopped, with code.
-func (m *machine) finish(code int, reason string) {
-	for k := range m.timers.slot {
-		m.disarm(timerKind(k))
+func (m *core) finish(code int, reason string) {
+	for k := range timerKinds {
+		m.disarm(k)
 	}
 	m.code = code
 	m.enter(subStopped, reason, func(st *Status) { st.PID, st.ExitCode, st.NextStartAt = 0, code, time.Time{} })
@@ -436,8 +430,8 @@ func (m *machine) finish(code int, reason string) {
 // stopTimeout is how long a graceful stop may take before the tree is
 // killed: stop_timeout, or vLLM's own --shutdown-timeout (its drain) plus
 // 10 s for it to stop its engine, whichever is longer.
-func (s *Supervisor) stopTimeout() time.Duration {
-	return EffectiveStopTimeout(s.cfg.VLLM.StopTimeout.Duration, s.shutdownTimeout())
+func (m *core) stopTimeout() time.Duration {
+	return EffectiveStopTimeout(m.cfg.VLLM.StopTimeout.Duration, m.facts.shutdownTimeout)
 }
 
 // EffectiveStopTimeout is max(stop_timeout, --shutdown-timeout + 10 s)
@@ -453,3 +447,8 @@ func EffectiveStopTimeout(stopTimeout, vllmShutdown time.Duration) time.Duration
 // command line in force (internal/vllmargs: every spelling, a --config
 // file, the extra arguments), 0 when absent.
 func (s *Supervisor) shutdownTimeout() time.Duration { return s.args.ShutdownTimeout }
+
+// stopTimeout is the effective stop timeout of the command line in force.
+func (s *Supervisor) stopTimeout() time.Duration {
+	return EffectiveStopTimeout(s.cfg.VLLM.StopTimeout.Duration, s.shutdownTimeout())
+}

@@ -9,12 +9,17 @@ import (
 )
 
 // The machine's executor: the loop that reads the clock once per event,
-// the timers, and every effect that waits (an NVML read, a probe, the kill
-// of what outlived the keeper, the watch on a run's channels), each on its
-// own goroutine, its result posted back to the loop as an event with the
-// run's number. The decisions (machine.go, machine_start.go,
-// machine_ready.go, machine_end.go, machine_ops.go, gpufault.go) read no
-// clock and start no goroutine: TestDecisionsReadNoClock.
+// hands the event to the decisions with the readings they may use (facts),
+// and turns the effects they return into calls: the status, the event
+// bus, the log, the timers, the policy, the launch, the signals, and every
+// effect that waits (an NVML read, a probe, the kill of what outlived the
+// keeper, the watch on a run's channels), each on its own goroutine, its
+// result posted back to the loop as an event with the run's number. An
+// effect with an answer (a launch, the classifier, the policy) is answered
+// by an event handed to the decisions at once, before the next event. It
+// is the only caller of the collaborators; the decisions (core.go and the
+// cells of table.go) read no clock, start no goroutine and call nothing:
+// TestDecisionsReadNoClock, TestDecisionsCallNoCollaborator.
 
 // Run supervises vLLM until ctx is cancelled (exit 0) or the policy gives
 // up (exit 1, or 78 for a configuration error).
@@ -24,13 +29,13 @@ func (s *Supervisor) Run(ctx context.Context) int {
 	sink := newLogSink(s.log)
 	sink.filter = s.pumpFilter()
 	defer sink.close()
-	m := &machine{s: s, ev: make(chan event, 64), quit: make(chan struct{}), sink: sink}
+	m := &machine{s: s, ev: make(chan event, 64), quit: make(chan struct{}), sink: sink, c: core{cfg: s.cfg, ports: s.ports()}}
 	defer m.shutdown()
 	heartbeat := time.NewTicker(time.Second)
 	defer heartbeat.Stop()
 	stop := ctx.Done()
 	m.step(event{kind: evBegin})
-	for !m.sub.done() {
+	for !m.c.sub.done() {
 		var e event
 		select {
 		case <-stop:
@@ -40,50 +45,155 @@ func (s *Supervisor) Run(ctx context.Context) int {
 		case e = <-m.ev:
 		case r := <-s.reqs:
 			e = event{kind: evRequest, req: r}
+			if r.kind == "restart" {
+				e.kind = evRestart
+			}
 		case <-heartbeat.C:
 			s.beat()
 			e = event{kind: evHeartbeat}
 		}
 		m.step(e)
 	}
-	code := m.code
+	code := m.c.code
 	s.publish(events.Event{Kind: events.KindStopped, State: string(s.Status().State), Reason: s.Status().Reason, ExitCode: &code})
 	return code
 }
 
+// ports says which collaborators the decisions may ask for.
+func (s *Supervisor) ports() ports {
+	return ports{gpu: s.gpu != nil, health: s.health != nil, portHolder: s.portHolder != nil, tokens: s.tokens != nil,
+		waiting: s.waiting != nil, load: s.load != nil, inFlight: s.inFlight != nil, extra: s.extra}
+}
+
 // step hands one event to the decisions, with what they may read of the
-// world: the event's time (the one clock read), the log pump's facts.
-// The loop's own events (signals, requests, the heartbeat) belong to the
-// run in progress.
+// world: the event's time (the one clock read), the log pump's facts, the
+// readings; then it applies the effects they return, and hands over the
+// answers, in order, at the same time.
 func (m *machine) step(e event) {
 	e.at = time.Now()
-	if e.kind >= evStop && e.kind <= evHeartbeat || e.kind == evRequest {
-		e.run = m.runN
+	queue := []event{e}
+	for len(queue) > 0 {
+		e, queue = queue[0], queue[1:]
+		if !m.take(&e) {
+			continue
+		}
+		if t := m.s.traceCell; t != nil && e.kind != evRequest {
+			t(m.c.sub, e.column())
+		}
+		var fx []effect
+		m.at = e.at
+		m.c, fx = step(m.c, e)
+		for _, f := range fx {
+			if a, ok := m.apply(f); ok {
+				a.at, a.run = e.at, m.c.runN
+				queue = append(queue, a)
+			}
+		}
 	}
-	if o := m.r.out; o != nil {
+}
+
+// take readies e for the decisions, or drops it: a timer re-armed or
+// disarmed since, an NVML read or a trial bind a newer one replaced. The
+// loop's own events (signals, requests, the heartbeat) belong to the run
+// in progress.
+func (m *machine) take(e *event) bool {
+	switch {
+	case e.kind == evTimer:
+		if m.timers.slot[e.timer].id != e.id {
+			return false
+		}
+		m.timers.slot[e.timer].t, m.timers.slot[e.timer].id = nil, 0
+	case e.kind == evGPURead && e.id != m.gpuReads, e.kind == evPortRead && e.id != m.portReads:
+		return false
+	case e.kind >= evStop && e.kind <= evHeartbeat || e.kind == evRequest || e.kind == evBegin:
+		e.run = m.c.runN
+	case e.kind == evCleaned && e.run == m.c.runN && m.c.sub == subCleaning:
+		m.unwatch(&e.cleaned)
+	}
+	if o := m.res.out; o != nil {
 		e.pump = pumpFacts{lastLine: o.lastLine.Load(), phase: o.Phase(), serverUp: o.serverUp.Load(), serverDone: o.serverDone.Load()}
 	}
-	m.handle(e)
+	e.facts = m.read(e.kind)
+	return true
+}
+
+// read takes the readings the decisions may use at an event of kind k.
+func (m *machine) read(k evKind) facts {
+	s := m.s
+	st := s.status.Load()
+	f := facts{rung: s.pol.Current(), state: st.State, reason: st.Reason, shutdownTimeout: s.shutdownTimeout(), dropped: m.sink.dropped.Load()}
+	if c := m.res.child; c != nil {
+		f.treeGone, f.apiGone = closed(c.done()), closed(c.apiGone())
+	}
+	if s.inFlight != nil {
+		f.inFlight = s.inFlight()
+	}
+	if s.tokens != nil {
+		f.running, f.tokens, f.tokensOK = s.tokens()
+	}
+	if s.waiting != nil {
+		f.awaiting, f.prompt = s.waiting()
+	}
+	if s.load != nil {
+		f.loadRunning, f.loadWaiting, f.loadOK = s.load()
+	}
+	if s.gpu != nil {
+		f.fraction = s.gpu.RecentFractions(1)
+		f.used, f.total, f.sampledAt, f.sampleOK = s.gpu.Fullest()
+	}
+	if k == evHeartbeat && s.health != nil && m.c.sub.running() {
+		f.gpus = s.health.GPUs(m.res.startedAt, false)
+	}
+	if k == evHeartbeat && m.c.sub == subCleaning && m.res.child != nil {
+		f.lingering = m.res.child.lingering()
+	}
+	return f
+}
+
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// unwatch ends what watched the run whose tree is gone (its output, its
+// tree for the GPU monitor and vLLM's other clients) and adds to the
+// cleanup's report how the run ended, what it printed and every process
+// its tree had.
+func (m *machine) unwatch(cl *cleanup) {
+	s, c := m.s, m.res.child
+	m.res.stdout.Close()
+	m.res.stderr.Close()
+	s.tree.Store(nil)
+	if s.gpu != nil {
+		s.gpu.SetTree(nil)
+		s.gpu.SetLoading(false)
+	}
+	cl.exit, cl.pid, cl.seen, cl.lines = c.exit(), c.pid(), c.seen(), m.res.out.ring.snapshot()
+	m.res.child, m.relChild = nil, c
 }
 
 // readIO reads the tree's disk I/O off the loop (a walk of /proc) and
 // posts it back.
 func (m *machine) readIO() {
-	c, run := m.r.child, m.runN
+	c, run := m.res.child, m.c.runN
 	go func() { m.post(event{kind: evIORead, run: run, io: c.io()}) }()
 }
 
 // readOOM reads the cgroup's OOM-kill count off the loop and posts it
 // back: the count before a run, to tell a host OOM kill at its end.
 func (m *machine) readOOM() {
-	run, read := m.runN, m.s.hostOOM
+	run, read := m.c.runN, m.s.hostOOM
 	go func() { m.post(event{kind: evOOMRead, run: run, oom: read()}) }()
 }
 
 // refreshTree re-reads the tree from /proc off the loop, one read at a
 // time (the GPU monitor and the probes read the tree as last read).
 func (m *machine) refreshTree() {
-	c, busy := m.r.child, m.r.refreshing
+	c, busy := m.res.child, m.res.refreshing
 	if !busy.CompareAndSwap(false, true) {
 		return
 	}
@@ -98,8 +208,8 @@ func (m *machine) shutdown() {
 	for k := range m.timers.slot {
 		m.disarm(timerKind(k))
 	}
-	if m.r.cancel != nil {
-		m.r.cancel()
+	if m.res.cancel != nil {
+		m.res.cancel()
 	}
 	close(m.quit)
 }
@@ -116,7 +226,7 @@ func (m *machine) post(e event) {
 func (m *machine) arm(k timerKind, d time.Duration) {
 	m.disarm(k)
 	m.timers.seq++
-	id, run := m.timers.seq, m.runN
+	id, run := m.timers.seq, m.c.runN
 	m.timers.slot[k].id = id
 	m.timers.slot[k].t = time.AfterFunc(d, func() { m.post(event{kind: evTimer, timer: k, id: id, run: run}) })
 }
@@ -134,7 +244,7 @@ func (m *machine) disarm(k timerKind) {
 // and its answer goes nowhere (post gives up once the loop has ended).
 func (m *machine) readGPU(read func() gpuRead) {
 	m.gpuReads++
-	id, run := m.gpuReads, m.runN
+	id, run := m.gpuReads, m.c.runN
 	go func() { m.post(event{kind: evGPURead, run: run, id: id, gpu: read()}) }()
 }
 
@@ -143,7 +253,7 @@ func (m *machine) readGPU(read func() gpuRead) {
 // holder back; only the newest check's answer is taken.
 func (m *machine) checkPort(host string, port int) {
 	m.portReads++
-	id, run, holder := m.portReads, m.runN, m.s.portHolder
+	id, run, holder := m.portReads, m.c.runN, m.s.portHolder
 	go func() { m.post(event{kind: evPortRead, run: run, id: id, holder: holder(host, port)}) }()
 }
 
@@ -169,14 +279,15 @@ func readFree(gpu GPU, health GPUHealth, rung policy.Rung, since time.Time) gpuR
 // the kernel, as after a GPU fault, does not die at once; the tree kill
 // can take up to killRounds × killWait), then reads NVML's word on the
 // run (the classifier's first evidence) and posts evCleaned.
-func (m *machine) cleanUp(c proc) {
-	run, health, since, oom := m.runN, m.s.health, m.r.startedAt, m.s.hostOOM
+func (m *machine) cleanUp(checkPort bool) {
+	c, run, health, since, oom := m.res.child, m.c.runN, m.s.health, m.res.startedAt, m.s.hostOOM
 	var holder func(string, int) string
-	if !m.r.ready && m.r.end == endExited {
+	if checkPort {
 		holder = m.s.portHolder // a start that failed: was its port taken?
 	}
-	host, port := m.r.bindHost, m.r.bindPort
+	host, port := m.res.bindHost, m.res.bindPort
 	go func() {
+		c.refresh() // every process the tree had, for the release wait
 		outlived, unkillable := c.killLeftovers()
 		cl := cleanup{outlived: outlived, unkillable: unkillable}
 		if holder != nil && len(unkillable) == 0 { // (a process of its own that does not die may hold it)
@@ -193,7 +304,7 @@ func (m *machine) cleanUp(c proc) {
 // forward turns the run's channels into events for the loop, until the
 // tree is gone.
 func (m *machine) forward(c proc) {
-	run, out := m.runN, m.r.out
+	run, out := m.c.runN, m.res.out
 	go func() {
 		apiGone := c.apiGone()
 		for {
@@ -213,12 +324,20 @@ func (m *machine) forward(c proc) {
 	}()
 }
 
-// probe runs one probe on its own goroutine, at most one at a time.
-func (m *machine) probe(f func(context.Context, checker) probeResult) {
-	if m.r.probing {
-		return
-	}
-	m.r.probing = true
-	run, p, ctx := m.runN, m.r.prober, m.r.ctx
-	go func() { m.post(event{kind: evProbe, run: run, probe: f(ctx, p)}) }()
+// probe runs one probe on its own goroutine (the decisions send at most
+// one at a time).
+func (m *machine) probe(f fxProbe) {
+	run, p, ctx := m.c.runN, m.res.prober, m.res.ctx
+	go func() {
+		var r probeResult
+		switch f.kind {
+		case probeReady:
+			r = p.ready(ctx, f.level, f.timeout)
+		case probeHealth:
+			r = p.health(ctx, f.timeout)
+		case probePaused:
+			r = p.paused(ctx, f.timeout)
+		}
+		m.post(event{kind: evProbe, run: run, probe: r})
+	}()
 }

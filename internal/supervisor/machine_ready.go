@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"context"
 	"fmt"
 	"time"
 
@@ -14,11 +13,11 @@ import (
 
 // beatRunning: each second while starting, the GPU's word (NVML) is
 // looked at and the tree re-read.
-func (m *machine) beatRunning() bool {
+func (m *core) beatRunning() bool {
 	if m.checkGPUFault() {
 		return true
 	}
-	m.refreshTree()
+	m.do(fxRefresh{})
 	return false
 }
 
@@ -26,32 +25,37 @@ func (m *machine) beatRunning() bool {
 // a dead engine's or a finished server's exit is waited for: that wait
 // gives the verdict), and a stable stretch on a lower rung may call for
 // a restore.
-func (m *machine) beatReady() {
+func (m *core) beatReady() {
 	if m.beatRunning() || m.sub == subReady && m.checkStuck() {
 		return
 	}
-	if r, ok := m.restoreDue(); ok {
-		m.s.log.Info("stable on a lower rung: restarting one rung up", zap.Int("to_rung", r.Index),
-			zap.Int("max_num_seqs", r.MaxNumSeqs), zap.Float64("peak_gpu_fraction", m.r.peak))
-		m.endRun(endRestore)
+	m.restoreDue()
+}
+
+// onRestoreDue: the policy said whether a restore is due, and to which
+// rung.
+func (m *core) onRestoreDue(r policy.Rung, due bool) {
+	if !due {
+		return
 	}
+	m.log().Info("stable on a lower rung: restarting one rung up", zap.Int("to_rung", r.Index),
+		zap.Int("max_num_seqs", r.MaxNumSeqs), zap.Float64("peak_gpu_fraction", m.r.peak))
+	m.endRun(endRestore)
 }
 
 // probeLive probes liveness, and again after an interval.
-func (m *machine) probeLive() {
-	lc := m.s.cfg.Liveness
-	m.probe(func(ctx context.Context, p checker) probeResult { return p.health(ctx, lc.Timeout.Duration) })
+func (m *core) probeLive() {
+	lc := m.cfg.Liveness
+	m.probe(probeHealth, "", lc.Timeout.Duration)
 	m.arm(tLive, lc.Interval.Duration)
 }
 
 // endProbing stops what watches a run: its timers and in-flight probes.
-func (m *machine) endProbing() {
+func (m *core) endProbing() {
 	for _, k := range []timerKind{tPoll, tLive, tCost, tDying, tExiting, tFastRetry} {
 		m.disarm(k)
 	}
-	if m.r.cancel != nil {
-		m.r.cancel()
-	}
+	m.do(fxEndProbing{})
 }
 
 // minPrefillRate is the slowest prefill the stuck check allows for, in
@@ -71,26 +75,22 @@ const minPrefillRate = 100.0
 // stuck_timeout is sent every stuck_timeout. A busy vLLM that makes
 // progress, an idle one, or one an operator paused (/is_paused, asked
 // before the verdict) is never stuck.
-func (m *machine) checkStuck() bool {
-	s := m.s
-	limit := s.cfg.Liveness.StuckTimeout.Duration
-	if limit <= 0 || s.tokens == nil || m.r.stuckVerdict != "" {
+func (m *core) checkStuck() bool {
+	limit := m.cfg.Liveness.StuckTimeout.Duration
+	if limit <= 0 || !m.ports.tokens || m.r.stuckVerdict != "" {
 		return false
 	}
 	now := m.now
-	running, tokens, ok := s.tokens()
+	running, tokens, ok := m.facts.running, m.facts.tokens, m.facts.tokensOK
 	if !ok {
 		if !m.r.probing && now.Sub(m.r.stuckAsked) >= limit {
 			m.r.stuckAsked, m.r.stuckProbe = now, true
-			level := s.cfg.Readiness.Probe
-			m.probe(func(ctx context.Context, p checker) probeResult { return p.ready(ctx, level, limit) })
+			level := m.cfg.Readiness.Probe
+			m.probe(probeReady, level, limit)
 		}
 		return false
 	}
-	awaiting, prompt := 0, 0.0
-	if s.waiting != nil {
-		awaiting, prompt = s.waiting()
-	}
+	awaiting, prompt := m.facts.awaiting, m.facts.prompt
 	if (running <= 0 && awaiting <= 0) || tokens != m.r.stuckTokens || m.r.stuckSince.IsZero() {
 		m.r.stuckTokens, m.r.stuckSince, m.r.pausedSaid = tokens, now, false
 		return false
@@ -109,25 +109,24 @@ func (m *machine) checkStuck() bool {
 // askPaused asks vLLM whether an operator paused it before calling it
 // stuck: a paused vLLM holds its requests on purpose. The verdict is
 // given (or dropped) when the answer comes, in onPausedAnswer.
-func (m *machine) askPaused(verdict string) {
+func (m *core) askPaused(verdict string) {
 	if m.r.probing {
 		return // a probe is in flight: ask at the next heartbeat
 	}
 	m.r.stuckVerdict = verdict
 	m.enter(subAskingPaused, "", nil)
-	timeout := m.s.cfg.Liveness.Timeout.Duration
-	m.probe(func(ctx context.Context, p checker) probeResult { return p.paused(ctx, timeout) })
+	m.probe(probePaused, "", m.cfg.Liveness.Timeout.Duration)
 }
 
 // onPausedAnswer gives the stuck verdict unless vLLM said it is paused;
 // then the stuck clock starts again, and the next check asks again.
-func (m *machine) onPausedAnswer(r probeResult) {
+func (m *core) onPausedAnswer(r probeResult) {
 	verdict := m.r.stuckVerdict
 	m.r.stuckVerdict = ""
 	if r.paused {
 		if !m.r.pausedSaid {
 			m.r.pausedSaid = true
-			m.s.log.Info("vLLM holds requests without progress, but an operator paused it (/is_paused): not stuck; waiting for /resume")
+			m.log().Info("vLLM holds requests without progress, but an operator paused it (/is_paused): not stuck; waiting for /resume")
 		}
 		m.r.stuckSince, m.r.stuckAsked = m.now, m.now
 		m.enter(subReady, "", nil)
@@ -138,49 +137,30 @@ func (m *machine) onPausedAnswer(r probeResult) {
 }
 
 // restoreDue tracks the peak GPU fraction since ready and asks the policy
-// whether to step one rung up.
-func (m *machine) restoreDue() (policy.Rung, bool) {
-	s := m.s
-	if s.cfg.Profile.RestoreAfter.Duration <= 0 {
-		return policy.Rung{}, false
+// whether to step one rung up (onRestoreDue goes on).
+func (m *core) restoreDue() {
+	if m.cfg.Profile.RestoreAfter.Duration <= 0 {
+		return
 	}
-	if s.gpu != nil {
-		for _, f := range s.gpu.RecentFractions(1) {
-			m.r.peak = max(m.r.peak, f)
-		}
+	for _, f := range m.facts.fraction {
+		m.r.peak = max(m.r.peak, f)
 	}
-	idle := false
-	if s.load != nil {
-		running, waiting, ok := s.load()
-		idle = ok && running == 0 && waiting == 0
-	}
-	return s.pol.RestoreDue(m.now, m.r.peak, idle)
+	idle := m.facts.loadOK && m.facts.loadRunning == 0 && m.facts.loadWaiting == 0
+	m.do(fxAskRestore{m.r.peak, idle})
 }
 
 // observeCost feeds the cost model one (running sequences, memory) pair.
-func (m *machine) observeCost() {
-	s := m.s
-	if s.gpu == nil || s.load == nil {
+func (m *core) observeCost() {
+	if !m.ports.gpu || !m.ports.load {
 		return
 	}
-	running, _, ok := s.load()
-	used, total, at, gok := s.gpu.Fullest()
-	if !ok || !gok || !at.After(m.r.costAt) {
+	f := m.facts
+	if !f.loadOK || !f.sampleOK || !f.sampledAt.After(m.r.costAt) {
 		return // no reading, or the one already observed: each GPU reading counts once
 	}
-	m.r.costAt = at
-	s.pol.ObserveCost(running, used, total)
+	m.r.costAt = f.sampledAt
 	m.r.costObs++
-	if m.r.costObs%10 == 1 {
-		m.describeCost()
-	}
-}
-
-// describeCost puts the cost model's one-line summary in the status.
-func (m *machine) describeCost() {
-	r := m.s.pol.Current()
-	d := m.s.pol.Cost().Describe(r.GPUMemoryUtilization, m.s.cfg.Profile.Headroom)
-	m.update(func(st *Status) { st.Cost = d })
+	m.do(fxObserveCost{running: f.loadRunning, used: f.used, total: f.total, describe: m.r.costObs%10 == 1})
 }
 
 // engineDeadGrace: judgeHang's grace after /health says the engine is dead.

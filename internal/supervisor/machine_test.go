@@ -315,6 +315,7 @@ type scenario struct {
 	events []events.Event
 	saved  int
 	subs   []subState // the machine's sub-states, in order, from idle
+	cells  [][2]int   // the cells of the table the events fell in, in order
 
 	persist func(policy.State) // the state file; nil: saves are counted
 
@@ -375,6 +376,11 @@ func (s *scenario) start() {
 	}
 	s.subs = []subState{subIdle}
 	sup.traceSub = func(_, to subState) { s.mu.Lock(); s.subs = append(s.subs, to); s.mu.Unlock() }
+	sup.traceCell = func(sub subState, k evKind) {
+		s.mu.Lock()
+		s.cells = append(s.cells, [2]int{int(sub), int(k)})
+		s.mu.Unlock()
+	}
 	s.sup = sup
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel

@@ -79,14 +79,14 @@ func (s subState) stopping() bool { return s == subDraining || s == subStopTerm 
 func (s subState) done() bool { return s == subGaveUp || s == subStopped }
 
 // update changes the public status at the event's time.
-func (m *machine) update(f func(*Status)) { m.s.update(m.now, f) }
+func (m *core) update(f func(*Status)) { m.do(fxStatus{m.now, f}) }
 
 // enter moves the machine to sub-state to; the public status takes that
 // sub-state's State, with reason ("" keeps the reason shown) and what more
 // sets (nil: nothing).
-func (m *machine) enter(to subState, reason string, more func(*Status)) {
-	if m.sub != to && m.s.traceSub != nil {
-		m.s.traceSub(m.sub, to)
+func (m *core) enter(to subState, reason string, more func(*Status)) {
+	if m.sub != to {
+		m.do(fxEnter{m.sub, to})
 	}
 	m.sub = to
 	m.update(func(st *Status) {

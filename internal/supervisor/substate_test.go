@@ -30,7 +30,8 @@ import (
 type row struct {
 	from  subState
 	event string
-	on    []evKind // the cells the event passes through (a timer's, then the read it asked for)
+	on    []evKind // the cells of from the event passes through (a timer's, then the read it asked for, an answer)
+	then  []at     // and the cells of later sub-states it passes through
 	to    subState
 	edit  func(c *config.Config) // the configuration (nil: the scenario's)
 	setup func(s *scenario)      // before Run starts
@@ -38,6 +39,21 @@ type row struct {
 	fire  func(s *scenario)      // the event
 	// effects: what the event did (effectsSince's words), all of it.
 	effects []string
+}
+
+// cells are the cells the row passes through.
+func (c row) cells() []at {
+	out := slices.Clone(c.then)
+	for _, k := range c.on {
+		out = append(out, at{c.from, k})
+	}
+	return out
+}
+
+// at is a cell of the table.
+type at struct {
+	sub subState
+	k   evKind
 }
 
 // tally counts what the machine did, to tell one cell's effects.
@@ -160,8 +176,8 @@ func (h slowHealth) GPUs(since time.Time, fresh bool) []policy.GPUDevice {
 }
 
 var rows = []row{
-	{from: subIdle, event: "Run begins (NVML)", on: []evKind{evBegin}, effects: []string{"launch", "NVML read", "trial bind"}, to: subCheckGPU},
-	{from: subIdle, event: "Run begins (no NVML)", on: []evKind{evBegin}, effects: []string{"launch", "trial bind"}, to: subCheckPort, setup: func(s *scenario) { s.noGPU = true }},
+	{from: subIdle, event: "Run begins (NVML)", on: []evKind{evBegin, evRung}, effects: []string{"launch", "NVML read", "trial bind"}, to: subCheckGPU},
+	{from: subIdle, event: "Run begins (no NVML)", on: []evKind{evBegin, evRung}, then: []at{{subStarting, evLaunched}}, effects: []string{"launch", "trial bind"}, to: subCheckPort, setup: func(s *scenario) { s.noGPU = true }},
 	{from: subCheckGPU, event: "NVML read: room", on: []evKind{evGPURead}, effects: []string{"launch", "NVML read", "trial bind"}, to: subCheckPort, setup: slowNVML,
 		fire: func(s *scenario) { s.advance(time.Minute) }},
 	{from: subCheckGPU, event: "NVML read: no room", on: []evKind{evGPURead}, effects: []string{"NVML read"}, to: subWaitGPU,
@@ -174,22 +190,22 @@ var rows = []row{
 			s.health = slowHealth{h, new(atomic.Bool)}
 		}, fire: func(s *scenario) { s.advance(time.Minute) }},
 	{from: subCheckGPU, event: "stop", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subStopped, setup: slowNVML, fire: func(s *scenario) { s.cancel() }},
-	{from: subWaitGPU, event: "sample timer, NVML read: room", on: []evKind{evTimer + evKind(tFreeMemory), evGPURead}, effects: []string{"launch", "NVML read", "trial bind"}, to: subCheckPort,
+	{from: subWaitGPU, event: "sample timer, NVML read: room", on: []evKind{evTimer + evKind(tFreeMemory), evGPURead, evRung}, effects: []string{"launch", "NVML read", "trial bind"}, to: subCheckPort,
 		setup: func(s *scenario) { s.gpu.free = false },
 		fire: func(s *scenario) {
 			s.gpu.set(func(g *fakeGPU) { g.free = true })
 			s.advance(s.cfg.GPU.SampleInterval.Duration)
 		}},
 	{from: subWaitGPU, event: "stop", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subStopped, setup: func(s *scenario) { s.gpu.free = false }, fire: func(s *scenario) { s.cancel() }},
-	{from: subCheckPort, event: "trial bind: free", on: []evKind{evPortRead}, effects: []string{"launch"}, to: subStarting, setup: slowPort,
+	{from: subCheckPort, event: "trial bind: free", on: []evKind{evPortRead}, then: []at{{subStarting, evLaunched}}, effects: []string{"launch"}, to: subStarting, setup: slowPort,
 		fire: func(s *scenario) { s.advance(time.Minute) }},
 	{from: subCheckPort, event: "trial bind: held", on: []evKind{evPortRead}, effects: []string{}, to: subWaitPort,
 		setup: func(s *scenario) { slowPort(s); s.holder = squatter }, fire: func(s *scenario) { s.advance(time.Minute) }},
 	{from: subCheckPort, event: "stop", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subStopped, setup: slowPort, fire: func(s *scenario) { s.cancel() }},
-	{from: subWaitPort, event: "retry timer, trial bind: free", on: []evKind{evTimer + evKind(tPortRetry), evPortRead}, effects: []string{"launch", "trial bind"}, to: subStarting,
+	{from: subWaitPort, event: "retry timer, trial bind: free", on: []evKind{evTimer + evKind(tPortRetry), evPortRead, evRung}, effects: []string{"launch", "trial bind"}, to: subStarting,
 		setup: func(s *scenario) { s.noGPU, s.holder = true, squatter },
 		fire:  func(s *scenario) { s.setHolder(""); s.advance(portRetryFirst) }},
-	{from: subWaitPort, event: "retry timer past port_wait at the first start: held", on: []evKind{evTimer + evKind(tPortRetry), evPortRead}, effects: []string{"trial bind", "exited"}, to: subStarting,
+	{from: subWaitPort, event: "retry timer past port_wait at the first start: held", on: []evKind{evTimer + evKind(tPortRetry), evPortRead, evRung}, then: []at{{subStarting, evLaunched}, {subStarting, evClassified}, {subStarting, evDecided}}, effects: []string{"trial bind", "exited"}, to: subStarting,
 		edit:  func(c *config.Config) { c.VLLM.PortWait = config.Duration{Duration: time.Second} },
 		setup: func(s *scenario) { s.noGPU, s.holder = true, squatter }, fire: func(s *scenario) { s.advance(time.Second) }},
 	{from: subWaitPort, event: "stop", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subStopped, setup: func(s *scenario) { s.noGPU, s.holder = true, squatter },
@@ -219,7 +235,7 @@ var rows = []row{
 	{from: subReady, event: "heartbeat: XID 79", on: []evKind{evHeartbeat}, effects: []string{"SIGKILL", "decision kill", "exited"}, to: subStopKill,
 		setup: func(s *scenario) { s.health = newFakeHealth() }, reach: func(s *scenario) { s.ready() },
 		fire: func(s *scenario) { s.health.(*fakeHealth).xid(79); s.advance(time.Second) }},
-	{from: subReady, event: "heartbeat: restore due", on: []evKind{evHeartbeat}, effects: []string{"SIGTERM", "launch", "readiness probe", "liveness probe", "NVML read", "trial bind", "decision restore"}, to: subStopTerm,
+	{from: subReady, event: "heartbeat: restore due", on: []evKind{evHeartbeat, evRestoreDue}, effects: []string{"SIGTERM", "launch", "readiness probe", "liveness probe", "NVML read", "trial bind", "decision restore"}, to: subStopTerm,
 		edit: func(c *config.Config) { c.Profile.RestoreAfter = config.Duration{Duration: 10 * time.Minute} },
 		setup: func(s *scenario) {
 			s.pstate.Rung = 1
@@ -244,21 +260,21 @@ var rows = []row{
 		setup: func(s *scenario) { s.l.setup = func(p *fakeVLLM) { p.ignoreTERM, p.outlivesKill = true, true } },
 		reach: func(s *scenario) { s.ready(); s.cancel(); s.advance(s.cfg.VLLM.StopTimeout.Duration) },
 		fire:  func(s *scenario) { s.l.last().end(exitInfo{Code: -1, Signal: "SIGKILL"}) }},
-	{from: subCleaning, event: "cleaned: a failure, NVML watching", on: []evKind{evCleaned}, effects: []string{"NVML read", "trial bind", "exited"}, to: subReleasing,
+	{from: subCleaning, event: "cleaned: a failure, NVML watching", on: []evKind{evCleaned, evClassified, evDecided}, effects: []string{"NVML read", "trial bind", "exited"}, to: subReleasing,
 		reach: func(s *scenario) { stuckLeftovers(s); crash(s) }, fire: func(s *scenario) { s.advance(time.Minute) }},
-	{from: subCleaning, event: "cleaned: a failure, no NVML", on: []evKind{evCleaned}, effects: []string{"trial bind", "exited"}, to: subBackoff,
+	{from: subCleaning, event: "cleaned: a failure, no NVML", on: []evKind{evCleaned, evClassified, evDecided}, effects: []string{"trial bind", "exited"}, to: subBackoff,
 		setup: func(s *scenario) { s.noGPU = true },
 		reach: func(s *scenario) { stuckLeftovers(s); crash(s) }, fire: func(s *scenario) { s.advance(time.Minute) }},
-	{from: subCleaning, event: "cleaned: a failure that gives up", on: []evKind{evCleaned}, effects: []string{"trial bind", "exited"}, to: subGaveUp,
+	{from: subCleaning, event: "cleaned: a failure that gives up", on: []evKind{evCleaned, evClassified, evDecided}, effects: []string{"trial bind", "exited"}, to: subGaveUp,
 		reach: func(s *scenario) { stuckLeftovers(s); badFlag(s) }, fire: func(s *scenario) { s.advance(time.Minute) }},
-	{from: subCleaning, event: "cleaned: a failure that gives up, on_give_up = stay", on: []evKind{evCleaned}, effects: []string{"trial bind", "exited"}, to: subFailed,
+	{from: subCleaning, event: "cleaned: a failure that gives up, on_give_up = stay", on: []evKind{evCleaned, evClassified, evDecided}, effects: []string{"trial bind", "exited"}, to: subFailed,
 		edit:  func(c *config.Config) { c.Restart.OnGiveUp = "stay" },
 		reach: func(s *scenario) { stuckLeftovers(s); badFlag(s) }, fire: func(s *scenario) { s.advance(time.Minute) }},
-	{from: subCleaning, event: "cleaned: a start that failed before ready, its port taken", on: []evKind{evCleaned}, effects: []string{"NVML read", "trial bind", "exited"}, to: subCheckGPU,
+	{from: subCleaning, event: "cleaned: a start that failed before ready, its port taken", on: []evKind{evCleaned, evClassified, evRung}, effects: []string{"NVML read", "trial bind", "exited"}, to: subCheckGPU,
 		reach: func(s *scenario) { stuckLeftovers(s); s.setHolder(squatter); bindFails(s) }, fire: func(s *scenario) { s.advance(time.Minute) }},
 	{from: subCleaning, event: "cleaned: asked to stop", on: []evKind{evCleaned}, effects: []string{}, to: subStopped,
 		reach: func(s *scenario) { s.ready(); stuckLeftovers(s); s.cancel() }, fire: func(s *scenario) { s.advance(time.Minute) }},
-	{from: subCleaning, event: "cleaned: an operator restart", on: []evKind{evCleaned}, effects: []string{"launch", "NVML read", "trial bind", "decision restart"}, to: subCheckGPU,
+	{from: subCleaning, event: "cleaned: an operator restart", on: []evKind{evCleaned, evRung}, effects: []string{"launch", "NVML read", "trial bind", "decision restart"}, to: subCheckGPU,
 		reach: func(s *scenario) { s.ready(); stuckLeftovers(s); restart(s) }, fire: func(s *scenario) { s.advance(time.Minute) }},
 	{from: subReleasing, event: "NVML read: released", on: []evKind{evTimer + evKind(tRelease), evGPURead}, effects: []string{"NVML read"}, to: subBackoff,
 		setup: func(s *scenario) { s.gpu.released = false }, reach: crash,
@@ -268,18 +284,18 @@ var rows = []row{
 		}},
 	{from: subReleasing, event: "stop", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subStopped, setup: func(s *scenario) { s.gpu.released = false }, reach: crash,
 		fire: func(s *scenario) { s.cancel() }},
-	{from: subBackoff, event: "backoff timer", on: []evKind{evTimer + evKind(tBackoff)}, effects: []string{"launch", "NVML read", "trial bind"}, to: subCheckGPU, reach: crash,
+	{from: subBackoff, event: "backoff timer", on: []evKind{evTimer + evKind(tBackoff), evRung}, effects: []string{"launch", "NVML read", "trial bind"}, to: subCheckGPU, reach: crash,
 		fire: func(s *scenario) { s.advance(s.cfg.Restart.InitialDelay.Duration) }},
-	{from: subBackoff, event: "operator restart", on: []evKind{evRestart}, effects: []string{"launch", "NVML read", "trial bind", "decision restart"}, to: subCheckGPU, reach: crash, fire: restart},
+	{from: subBackoff, event: "operator restart", on: []evKind{evRestart, evRung}, effects: []string{"launch", "NVML read", "trial bind", "decision restart"}, to: subCheckGPU, reach: crash, fire: restart},
 	{from: subBackoff, event: "stop", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subStopped, reach: crash, fire: func(s *scenario) { s.cancel() }},
 	{from: subFailed, event: "stop", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subGaveUp, edit: func(c *config.Config) { c.Restart.OnGiveUp = "stay" }, reach: badFlag,
 		fire: func(s *scenario) { s.cancel() }},
 	// The cells issue 43 named, and every other non-empty one.
-	{from: subCheckGPU, event: "operator restart", on: []evKind{evRestart}, effects: []string{"decision restart"}, to: subCheckGPU, setup: slowNVML, fire: restart},
-	{from: subWaitGPU, event: "operator restart", on: []evKind{evRestart}, effects: []string{"NVML read", "decision restart"}, to: subWaitGPU, setup: func(s *scenario) { s.gpu.free = false }, fire: restart},
-	{from: subWaitPort, event: "retry timer, NVML read: room, trial bind: free", on: []evKind{evTimer + evKind(tPortRetry), evGPURead, evPortRead}, effects: []string{"launch", "NVML read", "trial bind"}, to: subStarting,
+	{from: subCheckGPU, event: "operator restart", on: []evKind{evRestart, evRung}, effects: []string{"decision restart"}, to: subCheckGPU, setup: slowNVML, fire: restart},
+	{from: subWaitGPU, event: "operator restart", on: []evKind{evRestart, evRung}, effects: []string{"NVML read", "decision restart"}, to: subWaitGPU, setup: func(s *scenario) { s.gpu.free = false }, fire: restart},
+	{from: subWaitPort, event: "retry timer, NVML read: room, trial bind: free", on: []evKind{evTimer + evKind(tPortRetry), evGPURead, evPortRead, evRung}, effects: []string{"launch", "NVML read", "trial bind"}, to: subStarting,
 		setup: func(s *scenario) { s.holder = squatter }, fire: func(s *scenario) { s.setHolder(""); s.advance(portRetryFirst) }},
-	{from: subWaitPort, event: "operator restart, still held", on: []evKind{evRestart}, effects: []string{"trial bind", "decision restart"}, to: subWaitPort,
+	{from: subWaitPort, event: "operator restart, still held", on: []evKind{evRestart, evRung}, effects: []string{"trial bind", "decision restart"}, to: subWaitPort,
 		setup: func(s *scenario) { s.noGPU, s.holder = true, squatter }, fire: restart},
 	{from: subStarting, event: "the tree is gone (the keeper killed)", on: []evKind{evTreeGone}, effects: []string{"NVML read", "trial bind", "exited"}, to: subCleaning, fire: vanish},
 	{from: subStarting, event: "the startup line, vLLM listening", on: []evKind{evStartupComplete, evProbe}, effects: []string{"readiness probe", "progress", "ready"}, to: subReady,
@@ -352,7 +368,7 @@ var rows = []row{
 		reach: func(s *scenario) { stuckLeftovers(s); crash(s) }, fire: func(s *scenario) { s.cancel() }},
 	{from: subCleaning, event: "heartbeat: a leftover does not die", on: []evKind{evHeartbeat}, effects: []string{}, to: subCleaning,
 		reach: func(s *scenario) { stuckLeftovers(s); crash(s) }, fire: func(s *scenario) { s.advance(time.Second) }},
-	{from: subCleaning, event: "cleaned: a restore", on: []evKind{evCleaned}, effects: []string{"launch", "readiness probe", "NVML read", "trial bind", "decision restore"}, to: subCheckGPU,
+	{from: subCleaning, event: "cleaned: a restore", on: []evKind{evCleaned, evRestored, evRung}, effects: []string{"launch", "readiness probe", "NVML read", "trial bind", "decision restore"}, to: subCheckGPU,
 		edit: func(c *config.Config) { c.Profile.RestoreAfter = config.Duration{Duration: 10 * time.Minute} },
 		setup: func(s *scenario) {
 			s.pstate.Rung = 1
@@ -361,7 +377,7 @@ var rows = []row{
 		},
 		reach: func(s *scenario) { s.ready(); stuckLeftovers(s); s.advance(10*time.Minute + 2*time.Second) },
 		fire:  func(s *scenario) { s.advance(time.Minute) }},
-	{from: subReleasing, event: "release timer past release_timeout, still held", on: []evKind{evTimer + evKind(tRelease), evGPURead}, effects: []string{"NVML read"}, to: subBackoff,
+	{from: subReleasing, event: "release timer past release_timeout, still held", on: []evKind{evTimer + evKind(tRelease), evGPURead, evKilledHolders}, effects: []string{"NVML read"}, to: subBackoff,
 		setup: func(s *scenario) { s.gpu.released = false }, reach: crash,
 		fire: func(s *scenario) { s.advance(s.cfg.GPU.ReleaseTimeout.Duration) }},
 	{from: subFailed, event: "operator restart: refused", on: []evKind{evRestart}, effects: []string{}, to: subFailed,
@@ -407,6 +423,7 @@ var (
 	toAskingPaused = func(s *scenario) { s.ready(); s.advance(s.cfg.Liveness.StuckTimeout.Duration + 2*time.Second) }
 	xid79          = func(s *scenario) { s.health.(*fakeHealth).xid(79); s.advance(time.Second) }
 	withHealth     = func(s *scenario) { s.health = newFakeHealth() }
+	restoreOn      = func(c *config.Config) { c.Profile.RestoreAfter = config.Duration{Duration: 10 * time.Minute} }
 	stop           = func(s *scenario) { s.cancel() }
 )
 
@@ -414,7 +431,10 @@ var waitRows = []row{
 	{from: subEngineDead, event: "vLLM's API server exits", on: []evKind{evAPIGone}, effects: []string{"NVML read", "exited"}, to: subStopTerm, reach: toEngineDead, fire: crash},
 	{from: subEngineDead, event: "the tree is gone", on: []evKind{evTreeGone}, effects: []string{"NVML read", "exited"}, to: subCleaning, reach: toEngineDead, fire: vanish},
 	{from: subEngineDead, event: "liveness timer, 503 again", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subEngineDead, reach: toEngineDead,
-		fire: func(s *scenario) { s.advance(s.cfg.Liveness.Interval.Duration - time.Second) }},
+		fire: func(s *scenario) {
+			s.pr.setHealth(func() probeResult { return probeResult{step: "health", status: 503, err: "503"} })
+			s.advance(s.cfg.Liveness.Interval.Duration - time.Second)
+		}},
 	{from: subEngineDead, event: "probe refused after the server's last line, its wait ending sooner", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subServerExiting,
 		edit: func(c *config.Config) { c.VLLM.StopTimeout = config.Duration{Duration: 500 * time.Millisecond} }, reach: toEngineDead,
 		fire: func(s *scenario) {
@@ -465,6 +485,12 @@ var waitRows = []row{
 	{from: subAskingPaused, event: "operator restart", on: []evKind{evRestart}, effects: []string{"SIGTERM", "launch", "NVML read", "trial bind", "decision restart"}, to: subStopTerm, setup: stuckSlowPaused, reach: toAskingPaused, fire: restart},
 	{from: subAskingPaused, event: "heartbeat: XID 79", on: []evKind{evHeartbeat}, effects: []string{"SIGKILL", "decision kill", "exited"}, to: subStopKill,
 		setup: func(s *scenario) { stuckSlowPaused(s); withHealth(s) }, reach: toAskingPaused, fire: xid79},
+	{from: subEngineDead, event: "heartbeat: a restore not due", on: []evKind{evHeartbeat, evRestoreDue}, effects: []string{}, to: subEngineDead, edit: restoreOn, reach: toEngineDead,
+		fire: func(s *scenario) { s.advance(time.Second) }},
+	{from: subServerExiting, event: "heartbeat: a restore not due", on: []evKind{evHeartbeat, evRestoreDue}, effects: []string{}, to: subServerExiting, edit: restoreOn, reach: toServerExiting,
+		fire: func(s *scenario) { s.advance(time.Second) }},
+	{from: subAskingPaused, event: "heartbeat: a restore not due", on: []evKind{evHeartbeat, evRestoreDue}, effects: []string{}, to: subAskingPaused, edit: restoreOn,
+		setup: stuckSlowPaused, reach: toAskingPaused, fire: func(s *scenario) { s.advance(time.Second) }},
 }
 
 // drainEnds: the requests in flight through the proxy end while draining.
@@ -480,11 +506,11 @@ func drainEnds() row {
 func TestMachineTable(t *testing.T) {
 	covered := map[[2]int]bool{}
 	for _, c := range append(slices.Clone(rows), waitRows...) {
-		for _, k := range c.on {
-			if table[c.from][k].do == nil {
-				t.Errorf("%s × %s: the row names the cell %s × %s, which is empty", c.from, c.event, c.from, k)
+		for _, a := range c.cells() {
+			if table[a.sub][a.k].do == nil {
+				t.Errorf("%s × %s: the row names the cell %s × %s, which is empty", c.from, c.event, a.sub, a.k)
 			}
-			covered[[2]int{int(c.from), int(k)}] = true
+			covered[[2]int{int(a.sub), int(a.k)}] = true
 		}
 		t.Run(c.from.String()+" × "+c.event, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -508,6 +534,9 @@ func TestMachineTable(t *testing.T) {
 					}
 				}
 				t0 := takeTally(s)
+				s.mu.Lock()
+				c0 := len(s.cells)
+				s.mu.Unlock()
 				if c.fire != nil {
 					c.fire(s)
 				} else {
@@ -528,6 +557,14 @@ func TestMachineTable(t *testing.T) {
 				}
 				if got := effectsSince(s, t0); !slices.Equal(got, c.effects) {
 					t.Errorf("%s × %s: effects %#v, want %#v", c.from, c.event, got, c.effects)
+				}
+				s.mu.Lock()
+				visited := slices.Clone(s.cells[c0:])
+				s.mu.Unlock()
+				for _, a := range c.cells() {
+					if !slices.Contains(visited, [2]int{int(a.sub), int(a.k)}) {
+						t.Errorf("%s × %s: the event did not pass through the cell %s × %s", c.from, c.event, a.sub, a.k)
+					}
 				}
 				if st := s.sup.Status(); slices.Equal(after, []subState{c.to}) && st.State != publicState[c.to] {
 					t.Errorf("in %s the status says %s, want %s", c.to, st.State, publicState[c.to])
@@ -629,7 +666,7 @@ func TestDesignTableIsTheCode(t *testing.T) {
 // (m.now), and every effect that waits runs in the executor
 // (machine_exec.go) or behind a port (ports.go, gpu.go).
 func TestDecisionsReadNoClock(t *testing.T) {
-	decisions := []string{"machine.go", "machine_start.go", "machine_ready.go", "machine_end.go", "machine_ops.go", "gpufault.go", "substate.go", "table.go", "hang.go"}
+	decisions := []string{"core.go", "machine.go", "machine_start.go", "machine_ready.go", "machine_end.go", "machine_ops.go", "gpufault.go", "substate.go", "table.go", "hang.go"}
 	banned := map[string]bool{"os": true, "os/exec": true, "net": true, "net/http": true, "syscall": true,
 		"golang.org/x/sys/unix": true, "github.com/NVIDIA/go-nvml/pkg/nvml": true,
 		"github.com/vllm-guard/vllm-guard/internal/gpumon": true, "github.com/vllm-guard/vllm-guard/internal/proctree": true}

@@ -147,6 +147,9 @@ type Supervisor struct {
 	// traceSub, when set (tests), hears every change of the machine's
 	// sub-state, on the machine's goroutine.
 	traceSub func(from, to subState)
+	// traceCell, when set (tests), hears every event handed to the
+	// decisions, as the cell of the table it falls in.
+	traceCell func(sub subState, k evKind)
 
 	status   atomic.Pointer[Status]
 	lastTurn monoTime

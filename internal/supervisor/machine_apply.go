@@ -21,7 +21,7 @@ func (m *machine) apply(f effect) (answer event, ok bool) {
 	case fxLaunch:
 		return m.launch(f), true
 	case fxKillHolders:
-		return event{kind: evKilledHolders, killed: m.killHolders(f.held)}, true
+		return event{Kind: evKilledHolders, Killed: m.killHolders(f.Held)}, true
 	case fxClassify, fxDecide, fxRestore, fxAskRestore, fxAskRung:
 		return m.askPolicy(f), true
 	case fxObserveCost, fxApplyConfig, fxReload, fxResetProfile, fxSavePolicy, fxPolicyStart, fxReady:
@@ -39,29 +39,29 @@ func (m *machine) applyWorld(f effect) {
 	switch f := f.(type) {
 	case fxEnter:
 		if s.traceSub != nil {
-			s.traceSub(f.from, f.to)
+			s.traceSub(f.From, f.To)
 		}
 	case fxStatus:
-		s.update(f.at, f.set)
+		s.update(f.At, f.Set)
 	case fxPublish:
-		s.publish(f.e)
+		s.publish(f.E)
 	case fxLog:
-		s.log.Log(f.level, f.msg, f.fields...)
+		s.log.Log(f.Level, f.Msg, f.Fields...)
 	case fxArm:
-		m.arm(f.k, f.d)
+		m.arm(f.K, f.D)
 	case fxDisarm:
-		m.disarm(f.k)
+		m.disarm(f.K)
 	case fxReadFree:
 		gpu, health := s.gpu, s.health
-		m.readGPU(func() gpuRead { return readFree(gpu, health, f.rung, f.since) })
+		m.readGPU(func() gpuRead { return readFree(gpu, health, f.Rung, f.Since) })
 	case fxReadRelease:
 		gpu := s.gpu
 		m.readGPU(func() gpuRead {
-			released, held := gpu.Released(f.pids, f.base)
-			return gpuRead{released: released, held: held}
+			released, held := gpu.Released(f.Pids, f.Base)
+			return gpuRead{Released: released, Held: held}
 		})
 	case fxCheckPort:
-		m.checkPort(f.host, f.port)
+		m.checkPort(f.Host, f.Port)
 	case fxStop:
 		m.res.child.stop()
 	case fxKill:
@@ -74,13 +74,13 @@ func (m *machine) applyWorld(f effect) {
 		}
 	case fxFinishRun:
 		m.res.prober.close()
-		m.cleanUp(f.checkPort)
+		m.cleanUp(f.CheckPort)
 	case fxRefresh:
 		m.refreshTree()
 	case fxReadIO:
 		m.readIO()
 	case fxReply:
-		f.ch <- f.err
+		f.Ch <- f.Err
 	}
 }
 
@@ -90,26 +90,26 @@ func (m *machine) askPolicy(f effect) event {
 	s, now := m.s, m.at
 	switch f := f.(type) {
 	case fxClassify:
-		exit := f.exit
+		exit := f.Exit
 		exit.Critical = s.criticalFraction()
 		if s.gpu != nil {
 			exit.MemFractions = s.gpu.RecentFractions(10)
 		}
-		return event{kind: evClassified, exit: exit, verdict: policy.Classify(exit)}
+		return event{Kind: evClassified, Exit: exit, Verdict: policy.Classify(exit)}
 	case fxDecide:
-		d := s.pol.OnFailure(now, f.v)
+		d := s.pol.OnFailure(now, f.V)
 		s.savePolicy()
 		m.describeCost()
-		return event{kind: evDecided, decision: d}
+		return event{Kind: evDecided, Decision: d}
 	case fxRestore:
 		s.pol.OnRestore(now)
 		s.savePolicy()
-		return event{kind: evRestored, rung: s.pol.Current()}
+		return event{Kind: evRestored, Rung: s.pol.Current()}
 	case fxAskRestore:
-		r, due := s.pol.RestoreDue(now, f.peak, f.idle)
-		return event{kind: evRestoreDue, rung: r, due: due}
+		r, due := s.pol.RestoreDue(now, f.Peak, f.Idle)
+		return event{Kind: evRestoreDue, Rung: r, Due: due}
 	default: // fxAskRung
-		return event{kind: evRung, rung: s.pol.Current()}
+		return event{Kind: evRung, Rung: s.pol.Current()}
 	}
 }
 
@@ -119,28 +119,28 @@ func (m *machine) tellPolicy(f effect) {
 	s, now := m.s, m.at
 	switch f := f.(type) {
 	case fxObserveCost:
-		s.pol.ObserveCost(f.running, f.used, f.total)
-		if f.describe {
+		s.pol.ObserveCost(f.Running, f.Used, f.Total)
+		if f.Describe {
 			m.describeCost()
 		}
 	case fxApplyConfig:
-		m.applyConfig(f.cfg)
+		m.applyConfig(f.Cfg)
 	case fxReload:
-		s.cfg = f.cfg
-		s.pendingReload.Store(f.pending)
+		s.cfg = f.Cfg
+		s.pendingReload.Store(f.Pending)
 	case fxResetProfile:
 		s.pol.ResetProfile()
 		s.savePolicy()
 		rung := s.pol.Current()
 		s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionProfileReset, Rung: &rung,
-			Reason: "operator " + f.peer + " reset the profile: rung 0 at the next start"})
+			Reason: "operator " + f.Peer + " reset the profile: rung 0 at the next start"})
 	case fxSavePolicy:
 		s.savePolicy()
 	case fxPolicyStart:
 		s.pol.OnStart(now)
 		s.savePolicy()
 	case fxReady:
-		m.ready(f.ttr)
+		m.ready(f.Ttr)
 	}
 }
 
@@ -205,33 +205,33 @@ func (m *machine) killHolders(held []Holder) bool {
 // start, only says so), and watches it: its tree for the GPU monitor and
 // the probes, its channels. Answered by evLaunched.
 func (m *machine) launch(f fxLaunch) event {
-	s, cfg, rung := m.s, m.s.cfg, f.rung
+	s, cfg, rung := m.s, m.s.cfg, f.Rung
 	m.relChild = nil
 	s.tasks.Store(nil) // what vLLM serves is read afresh from this run's own startup line
 	out := newOutput(m.sink, max(cfg.Log.ChildLines, 1000), m.at)
 	m.res = runRes{out: out, stdout: out.writer("stdout"), stderr: out.writer("stderr"), refreshing: new(atomic.Bool),
-		startedAt: m.at, bindHost: bindHost(f.argv, cfg.VLLM.Host), bindPort: f.ep.Port}
+		startedAt: m.at, bindHost: bindHost(f.Argv, cfg.VLLM.Host), bindPort: f.Ep.Port}
 	var l launched
 	if s.gpu != nil {
-		l.baseline = s.gpu.UsedBytes()
+		l.Baseline = s.gpu.UsedBytes()
 	}
 	var c proc
 	var err error
-	if f.heldBy == "" {
+	if f.HeldBy == "" {
 		m.readOOM()
-		c, err = s.launcher.launch(launchSpec{keeper: s.keeper, argv: f.argv, env: cfg.VLLM.Env,
+		c, err = s.launcher.launch(launchSpec{keeper: s.keeper, argv: f.Argv, env: cfg.VLLM.Env,
 			dir: cfg.VLLM.Workdir, grace: cfg.VLLM.StopTimeout.Duration, stdout: m.res.stdout, stderr: m.res.stderr})
 	}
-	s.publish(events.Event{Kind: events.KindStarting, Rung: &rung, Argv: s.MaskedArgv(f.argv), PID: pidOf(c)})
+	s.publish(events.Event{Kind: events.KindStarting, Rung: &rung, Argv: s.MaskedArgv(f.Argv), PID: pidOf(c)})
 	if c == nil {
 		m.res.stdout.Close()
 		m.res.stderr.Close()
-		l.err, l.lines = err, out.ring.snapshot()
-		return event{kind: evLaunched, launched: l}
+		l.Err, l.Lines = err, out.ring.snapshot()
+		return event{Kind: evLaunched, Launched: l}
 	}
 	m.watch(c, rung, f)
-	l.pid = c.pid()
-	return event{kind: evLaunched, launched: l}
+	l.Pid = c.pid()
+	return event{Kind: evLaunched, Launched: l}
 }
 
 // watch begins watching the launched run c.
@@ -247,7 +247,7 @@ func (m *machine) watch(c proc, rung policy.Rung, f fxLaunch) {
 	}
 	tree := c.tree
 	s.tree.Store(&tree)
-	m.res.prober = s.newProber(f.ep, s.model, tree)
+	m.res.prober = s.newProber(f.Ep, s.model, tree)
 	m.res.ctx, m.res.cancel = context.WithCancel(context.Background())
 	m.forward(c)
 }

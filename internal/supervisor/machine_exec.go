@@ -2,10 +2,12 @@ package supervisor
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/supervisor/heart"
 )
 
 // The machine's executor: the loop that reads the clock once per event,
@@ -29,40 +31,40 @@ func (s *Supervisor) Run(ctx context.Context) int {
 	sink := newLogSink(s.log)
 	sink.filter = s.pumpFilter()
 	defer sink.close()
-	m := &machine{s: s, ev: make(chan event, 64), quit: make(chan struct{}), sink: sink, c: core{cfg: s.cfg, ports: s.ports()}}
+	m := &machine{s: s, ev: make(chan event, 64), quit: make(chan struct{}), sink: sink, c: core{Cfg: s.cfg, Ports: s.ports()}}
 	defer m.shutdown()
 	heartbeat := time.NewTicker(time.Second)
 	defer heartbeat.Stop()
 	stop := ctx.Done()
-	m.step(event{kind: evBegin})
-	for !m.c.sub.done() {
+	m.step(event{Kind: evBegin})
+	for !m.c.Sub.Done() {
 		var e event
 		select {
 		case <-stop:
-			stop, e = nil, event{kind: evStop}
+			stop, e = nil, event{Kind: evStop}
 		case <-s.kill:
-			e = event{kind: evKill}
+			e = event{Kind: evKill}
 		case e = <-m.ev:
 		case r := <-s.reqs:
-			e = event{kind: evRequest, req: r}
-			if r.kind == "restart" {
-				e.kind = evRestart
+			e = event{Kind: evRequest, Req: r}
+			if r.Kind == "restart" {
+				e.Kind = evRestart
 			}
 		case <-heartbeat.C:
 			s.beat()
-			e = event{kind: evHeartbeat}
+			e = event{Kind: evHeartbeat}
 		}
 		m.step(e)
 	}
-	code := m.c.code
+	code := m.c.Code
 	s.publish(events.Event{Kind: events.KindStopped, State: string(s.Status().State), Reason: s.Status().Reason, ExitCode: &code})
 	return code
 }
 
 // ports says which collaborators the decisions may ask for.
 func (s *Supervisor) ports() ports {
-	return ports{gpu: s.gpu != nil, health: s.health != nil, portHolder: s.portHolder != nil, tokens: s.tokens != nil,
-		waiting: s.waiting != nil, load: s.load != nil, inFlight: s.inFlight != nil, extra: s.extra}
+	return ports{Gpu: s.gpu != nil, Health: s.health != nil, PortHolder: s.portHolder != nil, Tokens: s.tokens != nil,
+		Waiting: s.waiting != nil, Load: s.load != nil, InFlight: s.inFlight != nil, Extra: s.extra}
 }
 
 // step hands one event to the decisions, with what they may read of the
@@ -70,22 +72,22 @@ func (s *Supervisor) ports() ports {
 // readings; then it applies the effects they return, and hands over the
 // answers, in order, at the same time.
 func (m *machine) step(e event) {
-	e.at = time.Now()
+	e.At = time.Now()
 	queue := []event{e}
 	for len(queue) > 0 {
 		e, queue = queue[0], queue[1:]
 		if !m.take(&e) {
 			continue
 		}
-		if t := m.s.traceCell; t != nil && e.kind != evRequest {
-			t(m.c.sub, e.column())
+		if t := m.s.traceCell; t != nil && e.Kind != evRequest {
+			t(m.c.Sub, e.Column())
 		}
 		var fx []effect
-		m.at = e.at
+		m.at = e.At
 		m.c, fx = step(m.c, e)
 		for _, f := range fx {
 			if a, ok := m.apply(f); ok {
-				a.at, a.run = e.at, m.c.runN
+				a.At, a.Run = e.At, m.c.RunN
 				queue = append(queue, a)
 			}
 		}
@@ -98,22 +100,22 @@ func (m *machine) step(e event) {
 // in progress.
 func (m *machine) take(e *event) bool {
 	switch {
-	case e.kind == evTimer:
-		if m.timers.slot[e.timer].id != e.id {
+	case e.Kind == evTimer:
+		if m.timers.slot[e.Timer].id != e.Id {
 			return false
 		}
-		m.timers.slot[e.timer].t, m.timers.slot[e.timer].id = nil, 0
-	case e.kind == evGPURead && e.id != m.gpuReads, e.kind == evPortRead && e.id != m.portReads:
+		m.timers.slot[e.Timer].t, m.timers.slot[e.Timer].id = nil, 0
+	case e.Kind == evGPURead && e.Id != m.gpuReads, e.Kind == evPortRead && e.Id != m.portReads:
 		return false
-	case e.kind >= evStop && e.kind <= evHeartbeat || e.kind == evRequest || e.kind == evBegin:
-		e.run = m.c.runN
-	case e.kind == evCleaned && e.run == m.c.runN && m.c.sub == subCleaning:
-		m.unwatch(&e.cleaned)
+	case e.Kind >= evStop && e.Kind <= evHeartbeat || e.Kind == evRequest || e.Kind == evBegin:
+		e.Run = m.c.RunN
+	case e.Kind == evCleaned && e.Run == m.c.RunN && m.c.Sub == subCleaning:
+		m.unwatch(&e.Cleaned)
 	}
 	if o := m.res.out; o != nil {
-		e.pump = pumpFacts{lastLine: o.lastLine.Load(), phase: o.Phase(), serverUp: o.serverUp.Load(), serverDone: o.serverDone.Load()}
+		e.Pump = pumpFacts{LastLine: o.lastLine.Load(), Phase: o.Phase(), ServerUp: o.serverUp.Load(), ServerDone: o.serverDone.Load()}
 	}
-	e.facts = m.read(e.kind)
+	e.Facts = m.read(e.Kind)
 	return true
 }
 
@@ -121,31 +123,33 @@ func (m *machine) take(e *event) bool {
 func (m *machine) read(k evKind) facts {
 	s := m.s
 	st := s.status.Load()
-	f := facts{rung: s.pol.Current(), state: st.State, reason: st.Reason, shutdownTimeout: s.shutdownTimeout(), dropped: m.sink.dropped.Load()}
+	f := facts{Rung: s.pol.Current(), State: st.State, Reason: st.Reason, ShutdownTimeout: s.shutdownTimeout(), Dropped: m.sink.dropped.Load()}
 	if c := m.res.child; c != nil {
-		f.treeGone, f.apiGone = closed(c.done()), closed(c.apiGone())
+		f.TreeGone, f.ApiGone = closed(c.done()), closed(c.apiGone())
 	}
 	if s.inFlight != nil {
-		f.inFlight = s.inFlight()
+		f.InFlight = s.inFlight()
 	}
 	if s.tokens != nil {
-		f.running, f.tokens, f.tokensOK = s.tokens()
+		f.Running, f.Tokens, f.TokensOK = s.tokens()
 	}
 	if s.waiting != nil {
-		f.awaiting, f.prompt = s.waiting()
+		f.Awaiting, f.Prompt = s.waiting()
 	}
 	if s.load != nil {
-		f.loadRunning, f.loadWaiting, f.loadOK = s.load()
+		f.LoadRunning, f.LoadWaiting, f.LoadOK = s.load()
 	}
 	if s.gpu != nil {
-		f.fraction = s.gpu.RecentFractions(1)
-		f.used, f.total, f.sampledAt, f.sampleOK = s.gpu.Fullest()
+		f.Fraction = s.gpu.RecentFractions(1)
+		f.Used, f.Total, f.SampledAt, f.SampleOK = s.gpu.Fullest()
 	}
-	if k == evHeartbeat && s.health != nil && m.c.sub.running() {
-		f.gpus = s.health.GPUs(m.res.startedAt, false)
+	if k == evHeartbeat && s.health != nil && m.c.Sub.Running() {
+		f.Gpus = s.health.GPUs(m.res.startedAt, false)
 	}
-	if k == evHeartbeat && m.c.sub == subCleaning && m.res.child != nil {
-		f.lingering = m.res.child.lingering()
+	if k == evHeartbeat && m.c.Sub == subCleaning && m.res.child != nil {
+		for _, l := range m.res.child.lingering() {
+			f.Lingering = append(f.Lingering, heart.Lingerer{Pid: l.pid, State: l.state, Wchan: l.wchan})
+		}
 	}
 	return f
 }
@@ -172,22 +176,24 @@ func (m *machine) unwatch(cl *cleanup) {
 		s.gpu.SetTree(nil)
 		s.gpu.SetLoading(false)
 	}
-	cl.exit, cl.pid, cl.seen, cl.lines = c.exit(), c.pid(), c.seen(), m.res.out.ring.snapshot()
+	x := c.exit()
+	cl.Exit = heart.ExitInfo{Code: x.Code, Signal: x.Signal, StartFailure: x.StartFailure, GuardFailure: x.GuardFailure}
+	cl.Pid, cl.Seen, cl.Lines = c.pid(), c.seen(), m.res.out.ring.snapshot()
 	m.res.child, m.relChild = nil, c
 }
 
 // readIO reads the tree's disk I/O off the loop (a walk of /proc) and
 // posts it back.
 func (m *machine) readIO() {
-	c, run := m.res.child, m.c.runN
-	go func() { m.post(event{kind: evIORead, run: run, io: c.io()}) }()
+	c, run := m.res.child, m.c.RunN
+	go func() { m.post(event{Kind: evIORead, Run: run, Io: c.io()}) }()
 }
 
 // readOOM reads the cgroup's OOM-kill count off the loop and posts it
 // back: the count before a run, to tell a host OOM kill at its end.
 func (m *machine) readOOM() {
-	run, read := m.c.runN, m.s.hostOOM
-	go func() { m.post(event{kind: evOOMRead, run: run, oom: read()}) }()
+	run, read := m.c.RunN, m.s.hostOOM
+	go func() { m.post(event{Kind: evOOMRead, Run: run, Oom: read()}) }()
 }
 
 // refreshTree re-reads the tree from /proc off the loop, one read at a
@@ -226,9 +232,9 @@ func (m *machine) post(e event) {
 func (m *machine) arm(k timerKind, d time.Duration) {
 	m.disarm(k)
 	m.timers.seq++
-	id, run := m.timers.seq, m.c.runN
+	id, run := m.timers.seq, m.c.RunN
 	m.timers.slot[k].id = id
-	m.timers.slot[k].t = time.AfterFunc(d, func() { m.post(event{kind: evTimer, timer: k, id: id, run: run}) })
+	m.timers.slot[k].t = time.AfterFunc(d, func() { m.post(event{Kind: evTimer, Timer: k, Id: id, Run: run}) })
 }
 
 func (m *machine) disarm(k timerKind) {
@@ -244,8 +250,8 @@ func (m *machine) disarm(k timerKind) {
 // and its answer goes nowhere (post gives up once the loop has ended).
 func (m *machine) readGPU(read func() gpuRead) {
 	m.gpuReads++
-	id, run := m.gpuReads, m.c.runN
-	go func() { m.post(event{kind: evGPURead, run: run, id: id, gpu: read()}) }()
+	id, run := m.gpuReads, m.c.RunN
+	go func() { m.post(event{Kind: evGPURead, Run: run, Id: id, Gpu: read()}) }()
 }
 
 // checkPort tries vLLM's bind of host:port off the loop (a name may take
@@ -253,8 +259,8 @@ func (m *machine) readGPU(read func() gpuRead) {
 // holder back; only the newest check's answer is taken.
 func (m *machine) checkPort(host string, port int) {
 	m.portReads++
-	id, run, holder := m.portReads, m.c.runN, m.s.portHolder
-	go func() { m.post(event{kind: evPortRead, run: run, id: id, holder: holder(host, port)}) }()
+	id, run, holder := m.portReads, m.c.RunN, m.s.portHolder
+	go func() { m.post(event{Kind: evPortRead, Run: run, Id: id, Holder: holder(host, port)}) }()
 }
 
 // readFree is the NVML read before a start, off the loop: hardware health
@@ -262,15 +268,15 @@ func (m *machine) checkPort(host string, port int) {
 // failed is not started on; read fresh: a reset clears it), then free
 // memory for rung.
 func readFree(gpu GPU, health GPUHealth, rung policy.Rung, since time.Time) gpuRead {
-	r := gpuRead{rung: rung, free: true}
+	r := gpuRead{Rung: rung, Free: true}
 	if health != nil {
-		r.gpus = health.GPUs(since, true)
-		if r.blocked = policy.StartBlock(r.gpus); r.blocked != "" {
+		r.Gpus = health.GPUs(since, true)
+		if r.Blocked = policy.StartBlock(r.Gpus); r.Blocked != "" {
 			return r
 		}
 	}
 	if gpu != nil {
-		r.free, r.why, r.holders = gpu.CheckFree(rung)
+		r.Free, r.Why, r.Holders = gpu.CheckFree(rung)
 	}
 	return r
 }
@@ -280,7 +286,7 @@ func readFree(gpu GPU, health GPUHealth, rung policy.Rung, since time.Time) gpuR
 // can take up to killRounds × killWait), then reads NVML's word on the
 // run (the classifier's first evidence) and posts evCleaned.
 func (m *machine) cleanUp(checkPort bool) {
-	c, run, health, since, oom := m.res.child, m.c.runN, m.s.health, m.res.startedAt, m.s.hostOOM
+	c, run, health, since, oom := m.res.child, m.c.RunN, m.s.health, m.res.startedAt, m.s.hostOOM
 	var holder func(string, int) string
 	if checkPort {
 		holder = m.s.portHolder // a start that failed: was its port taken?
@@ -289,35 +295,35 @@ func (m *machine) cleanUp(checkPort bool) {
 	go func() {
 		c.refresh() // every process the tree had, for the release wait
 		outlived, unkillable := c.killLeftovers()
-		cl := cleanup{outlived: outlived, unkillable: unkillable}
+		cl := cleanup{Outlived: outlived, Unkillable: unkillable}
 		if holder != nil && len(unkillable) == 0 { // (a process of its own that does not die may hold it)
-			cl.portHeld = holder(host, port)
+			cl.PortHeld = holder(host, port)
 		}
 		if health != nil {
-			cl.gpuAfter = health.GPUs(since, true)
+			cl.GpuAfter = health.GPUs(since, true)
 		}
-		cl.oomAfter = oom()
-		m.post(event{kind: evCleaned, run: run, cleaned: cl})
+		cl.OomAfter = oom()
+		m.post(event{Kind: evCleaned, Run: run, Cleaned: cl})
 	}()
 }
 
 // forward turns the run's channels into events for the loop, until the
 // tree is gone.
 func (m *machine) forward(c proc) {
-	run, out := m.c.runN, m.res.out
+	run, out := m.c.RunN, m.res.out
 	go func() {
 		apiGone := c.apiGone()
 		for {
 			select {
 			case <-apiGone:
 				apiGone = nil
-				m.post(event{kind: evAPIGone, run: run})
+				m.post(event{Kind: evAPIGone, Run: run})
 			case <-out.startupEnd:
-				m.post(event{kind: evStartupComplete, run: run})
+				m.post(event{Kind: evStartupComplete, Run: run})
 			case <-out.progress:
-				m.post(event{kind: evProgress, run: run})
+				m.post(event{Kind: evProgress, Run: run})
 			case <-c.done():
-				m.post(event{kind: evTreeGone, run: run})
+				m.post(event{Kind: evTreeGone, Run: run})
 				return
 			}
 		}
@@ -327,17 +333,60 @@ func (m *machine) forward(c proc) {
 // probe runs one probe on its own goroutine (the decisions send at most
 // one at a time).
 func (m *machine) probe(f fxProbe) {
-	run, p, ctx := m.c.runN, m.res.prober, m.res.ctx
+	run, p, ctx := m.c.RunN, m.res.prober, m.res.ctx
 	go func() {
 		var r probeResult
-		switch f.kind {
+		switch f.Kind {
 		case probeReady:
-			r = p.ready(ctx, f.level, f.timeout)
+			r = p.ready(ctx, f.Level, f.Timeout)
 		case probeHealth:
-			r = p.health(ctx, f.timeout)
+			r = p.health(ctx, f.Timeout)
 		case probePaused:
-			r = p.paused(ctx, f.timeout)
+			r = p.paused(ctx, f.Timeout)
 		}
-		m.post(event{kind: evProbe, run: run, probe: r})
+		m.post(event{Kind: evProbe, Run: run, Probe: heart.ProbeResult{Ok: r.ok, Status: r.status, Step: r.step, Err: r.err,
+			Refused: r.refused, Explains: r.explains, Own: r.own, Paused: r.paused, Probe: r.probe}})
 	}()
+}
+
+// machine is the executor's side: the loop, the timers, the reads on
+// their way, and what a run holds of the world (its tree, its output, its
+// prober); c is the decisions' state (core.go).
+type machine struct {
+	s         *Supervisor
+	ev        chan event
+	sink      *logSink // the log pump's sink: every run's output goes through it
+	quit      chan struct{}
+	timers    timerSet
+	gpuReads  uint64    // NVML reads made off the loop; only the newest one's answer counts
+	portReads uint64    // trial binds of vLLM's port; only the newest one's answer counts
+	res       runRes    // the run in progress (or the last one)
+	relChild  proc      // the run that ended last, while its memory is waited for (its survivors may be killed)
+	at        time.Time // the time of the event being handled
+	c         core
+}
+
+// runRes is what one run holds of the world.
+type runRes struct {
+	child      proc // nil once its tree is gone and settled
+	out        *output
+	stdout     *streamWriter
+	stderr     *streamWriter
+	prober     checker
+	ctx        context.Context // cancelled when the run ends: in-flight probes stop
+	cancel     context.CancelFunc
+	refreshing *atomic.Bool // a re-read of the tree is on its way (refreshTree)
+	startedAt  time.Time
+	bindHost   string
+	bindPort   int
+	checkPort  bool // at its cleanup, try its port (a start that failed)
+}
+
+// timerSet holds the machine's timers, at most one of each kind armed.
+type timerSet struct {
+	slot [timerKinds]struct {
+		t  *time.Timer
+		id uint64
+	}
+	seq uint64
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/launch"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/proctree"
 )
 
@@ -142,4 +143,13 @@ func lingeringText(ls []lingerer) string {
 		parts = append(parts, t)
 	}
 	return strings.Join(parts, "; ")
+}
+
+// GPUHealth is what the supervisor needs of the GPU's hardware health;
+// nil: no such view (no NVML). Every method returns at once.
+type GPUHealth interface {
+	// GPUs is every watched GPU's hardware state, with the XID events
+	// since since; nil when NVML cannot tell. fresh: read the counters now
+	// rather than take the last sample's.
+	GPUs(since time.Time, fresh bool) []policy.GPUDevice
 }

@@ -58,13 +58,6 @@ type GPU interface {
 	CriticalFraction() float64
 }
 
-// Holder is a process holding GPU memory.
-type Holder struct {
-	PID     int
-	Bytes   uint64
-	Command string
-}
-
 // Options are the supervisor's collaborators.
 type Options struct {
 	Log    *zap.Logger
@@ -161,13 +154,6 @@ type Supervisor struct {
 	writer *policyWriter // saves the policy's state while Run runs (Run's goroutine only)
 }
 
-type request struct {
-	kind  string // "restart" | "reset_profile" | "reload"
-	peer  string
-	cfg   *config.Config // reload: the new configuration
-	reply chan error
-}
-
 // New makes a supervisor; it starts nothing.
 func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 	if opts.Log == nil {
@@ -237,32 +223,32 @@ func (s *Supervisor) Kill() {
 
 // Restart asks for a graceful restart on the current rung (not a failure).
 func (s *Supervisor) Restart(ctx context.Context, peer string) error {
-	return s.ask(ctx, request{kind: "restart", peer: peer})
+	return s.ask(ctx, request{Kind: "restart", Peer: peer})
 }
 
 // ResetProfile returns to rung 0 at the next start.
 func (s *Supervisor) ResetProfile(ctx context.Context, peer string) error {
-	return s.ask(ctx, request{kind: "reset_profile", peer: peer})
+	return s.ask(ctx, request{Kind: "reset_profile", Peer: peer})
 }
 
 // Reload takes a new configuration: what the running vLLM does not depend
 // on (intervals, timeouts, liveness, stuck detection) applies at once;
 // vLLM's command, environment and profile at its next start. It says which.
 func (s *Supervisor) Reload(ctx context.Context, cfg *config.Config) (pending bool, err error) {
-	r := request{kind: "reload", cfg: cfg}
+	r := request{Kind: "reload", Cfg: cfg}
 	err = s.ask(ctx, r)
 	return s.pendingReload.Load(), err
 }
 
 func (s *Supervisor) ask(ctx context.Context, r request) error {
-	r.reply = make(chan error, 1)
+	r.Reply = make(chan error, 1)
 	select {
 	case s.reqs <- r:
 	case <-ctx.Done():
 		return fmt.Errorf("the supervisor did not take the request: %w", ctx.Err())
 	}
 	select {
-	case err := <-r.reply:
+	case err := <-r.Reply:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()

@@ -1,4 +1,4 @@
-package supervisor
+package heart
 
 import (
 	"fmt"
@@ -13,11 +13,11 @@ import (
 
 // beatRunning: each second while starting, the GPU's word (NVML) is
 // looked at and the tree re-read.
-func (m *core) beatRunning() bool {
-	if m.checkGPUFault() {
+func (m *Core) BeatRunning() bool {
+	if m.CheckGPUFault() {
 		return true
 	}
-	m.do(fxRefresh{})
+	m.Do(FxRefresh{})
 	return false
 }
 
@@ -25,44 +25,44 @@ func (m *core) beatRunning() bool {
 // a dead engine's or a finished server's exit is waited for: that wait
 // gives the verdict), and a stable stretch on a lower rung may call for
 // a restore.
-func (m *core) beatReady() {
-	if m.beatRunning() || m.sub == subReady && m.checkStuck() {
+func (m *Core) BeatReady() {
+	if m.BeatRunning() || m.Sub == SubReady && m.CheckStuck() {
 		return
 	}
-	m.restoreDue()
+	m.RestoreDue()
 }
 
 // onRestoreDue: the policy said whether a restore is due, and to which
 // rung.
-func (m *core) onRestoreDue(r policy.Rung, due bool) {
+func (m *Core) OnRestoreDue(r policy.Rung, due bool) {
 	if !due {
 		return
 	}
-	m.log().Info("stable on a lower rung: restarting one rung up", zap.Int("to_rung", r.Index),
-		zap.Int("max_num_seqs", r.MaxNumSeqs), zap.Float64("peak_gpu_fraction", m.r.peak))
-	m.endRun(endRestore)
+	m.Log().Info("stable on a lower rung: restarting one rung up", zap.Int("to_rung", r.Index),
+		zap.Int("max_num_seqs", r.MaxNumSeqs), zap.Float64("peak_gpu_fraction", m.R.Peak))
+	m.EndRun(EndRestore)
 }
 
 // probeLive probes liveness, and again after an interval.
-func (m *core) probeLive() {
-	lc := m.cfg.Liveness
-	m.probe(probeHealth, "", lc.Timeout.Duration)
-	m.arm(tLive, lc.Interval.Duration)
+func (m *Core) ProbeLive() {
+	lc := m.Cfg.Liveness
+	m.Probe(ProbeHealth, "", lc.Timeout.Duration)
+	m.Arm(TLive, lc.Interval.Duration)
 }
 
 // endProbing stops what watches a run: its timers and in-flight probes.
-func (m *core) endProbing() {
-	for _, k := range []timerKind{tPoll, tLive, tCost, tDying, tExiting, tFastRetry} {
-		m.disarm(k)
+func (m *Core) EndProbing() {
+	for _, k := range []TimerKind{TPoll, TLive, TCost, TDying, TExiting, TFastRetry} {
+		m.Disarm(k)
 	}
-	m.do(fxEndProbing{})
+	m.Do(FxEndProbing{})
 }
 
 // minPrefillRate is the slowest prefill the stuck check allows for, in
 // prompt tokens a second (a small model on a CPU build prefills a few
 // hundred): vLLM counts prompt tokens only when a prefill completes, so a
 // long one shows no counter moving until it is done.
-const minPrefillRate = 100.0
+const MinPrefillRate = 100.0
 
 // checkStuck: /health only checks an error flag, so a wedged engine still
 // answers 200. vLLM is stuck when it has work in flight and none of its
@@ -75,32 +75,32 @@ const minPrefillRate = 100.0
 // stuck_timeout is sent every stuck_timeout. A busy vLLM that makes
 // progress, an idle one, or one an operator paused (/is_paused, asked
 // before the verdict) is never stuck.
-func (m *core) checkStuck() bool {
-	limit := m.cfg.Liveness.StuckTimeout.Duration
-	if limit <= 0 || !m.ports.tokens || m.r.stuckVerdict != "" {
+func (m *Core) CheckStuck() bool {
+	limit := m.Cfg.Liveness.StuckTimeout.Duration
+	if limit <= 0 || !m.Ports.Tokens || m.R.StuckVerdict != "" {
 		return false
 	}
-	now := m.now
-	running, tokens, ok := m.facts.running, m.facts.tokens, m.facts.tokensOK
+	now := m.Now
+	running, tokens, ok := m.Facts.Running, m.Facts.Tokens, m.Facts.TokensOK
 	if !ok {
-		if !m.r.probing && now.Sub(m.r.stuckAsked) >= limit {
-			m.r.stuckAsked, m.r.stuckProbe = now, true
-			level := m.cfg.Readiness.Probe
-			m.probe(probeReady, level, limit)
+		if !m.R.Probing && now.Sub(m.R.StuckAsked) >= limit {
+			m.R.StuckAsked, m.R.StuckProbe = now, true
+			level := m.Cfg.Readiness.Probe
+			m.Probe(ProbeReady, level, limit)
 		}
 		return false
 	}
-	awaiting, prompt := m.facts.awaiting, m.facts.prompt
-	if (running <= 0 && awaiting <= 0) || tokens != m.r.stuckTokens || m.r.stuckSince.IsZero() {
-		m.r.stuckTokens, m.r.stuckSince, m.r.pausedSaid = tokens, now, false
+	awaiting, prompt := m.Facts.Awaiting, m.Facts.Prompt
+	if (running <= 0 && awaiting <= 0) || tokens != m.R.StuckTokens || m.R.StuckSince.IsZero() {
+		m.R.StuckTokens, m.R.StuckSince, m.R.PausedSaid = tokens, now, false
 		return false
 	}
-	prefill := time.Duration(prompt / minPrefillRate * float64(time.Second))
-	still := now.Sub(m.r.stuckSince)
+	prefill := time.Duration(prompt / MinPrefillRate * float64(time.Second))
+	still := now.Sub(m.R.StuckSince)
 	if still < limit+prefill {
 		return false
 	}
-	m.askPaused(fmt.Sprintf("stuck: %g requests running, %d sent through the guard's proxy with no answer, and no token counter advanced for %s "+
+	m.AskPaused(fmt.Sprintf("stuck: %g requests running, %d sent through the guard's proxy with no answer, and no token counter advanced for %s "+
 		"(prompt+generation tokens at %g; stuck_timeout %s, plus %s for a prefill of the largest prompt awaiting an answer, %.0f tokens)",
 		running, awaiting, still.Round(time.Second), tokens, limit, prefill.Round(time.Second), prompt))
 	return false
@@ -109,59 +109,56 @@ func (m *core) checkStuck() bool {
 // askPaused asks vLLM whether an operator paused it before calling it
 // stuck: a paused vLLM holds its requests on purpose. The verdict is
 // given (or dropped) when the answer comes, in onPausedAnswer.
-func (m *core) askPaused(verdict string) {
-	if m.r.probing {
+func (m *Core) AskPaused(verdict string) {
+	if m.R.Probing {
 		return // a probe is in flight: ask at the next heartbeat
 	}
-	m.r.stuckVerdict = verdict
-	m.enter(subAskingPaused, "", nil)
-	m.probe(probePaused, "", m.cfg.Liveness.Timeout.Duration)
+	m.R.StuckVerdict = verdict
+	m.Enter(SubAskingPaused, "", nil)
+	m.Probe(ProbePaused, "", m.Cfg.Liveness.Timeout.Duration)
 }
 
 // onPausedAnswer gives the stuck verdict unless vLLM said it is paused;
 // then the stuck clock starts again, and the next check asks again.
-func (m *core) onPausedAnswer(r probeResult) {
-	verdict := m.r.stuckVerdict
-	m.r.stuckVerdict = ""
-	if r.paused {
-		if !m.r.pausedSaid {
-			m.r.pausedSaid = true
-			m.log().Info("vLLM holds requests without progress, but an operator paused it (/is_paused): not stuck; waiting for /resume")
+func (m *Core) OnPausedAnswer(r ProbeResult) {
+	verdict := m.R.StuckVerdict
+	m.R.StuckVerdict = ""
+	if r.Paused {
+		if !m.R.PausedSaid {
+			m.R.PausedSaid = true
+			m.Log().Info("vLLM holds requests without progress, but an operator paused it (/is_paused): not stuck; waiting for /resume")
 		}
-		m.r.stuckSince, m.r.stuckAsked = m.now, m.now
-		m.enter(subReady, "", nil)
+		m.R.StuckSince, m.R.StuckAsked = m.Now, m.Now
+		m.Enter(SubReady, "", nil)
 		return
 	}
-	m.r.stuck = verdict
-	m.judge()
+	m.R.Stuck = verdict
+	m.Judge()
 }
 
 // restoreDue tracks the peak GPU fraction since ready and asks the policy
 // whether to step one rung up (onRestoreDue goes on).
-func (m *core) restoreDue() {
-	if m.cfg.Profile.RestoreAfter.Duration <= 0 {
+func (m *Core) RestoreDue() {
+	if m.Cfg.Profile.RestoreAfter.Duration <= 0 {
 		return
 	}
-	for _, f := range m.facts.fraction {
-		m.r.peak = max(m.r.peak, f)
+	for _, f := range m.Facts.Fraction {
+		m.R.Peak = max(m.R.Peak, f)
 	}
-	idle := m.facts.loadOK && m.facts.loadRunning == 0 && m.facts.loadWaiting == 0
-	m.do(fxAskRestore{m.r.peak, idle})
+	idle := m.Facts.LoadOK && m.Facts.LoadRunning == 0 && m.Facts.LoadWaiting == 0
+	m.Do(FxAskRestore{m.R.Peak, idle})
 }
 
 // observeCost feeds the cost model one (running sequences, memory) pair.
-func (m *core) observeCost() {
-	if !m.ports.gpu || !m.ports.load {
+func (m *Core) ObserveCost() {
+	if !m.Ports.Gpu || !m.Ports.Load {
 		return
 	}
-	f := m.facts
-	if !f.loadOK || !f.sampleOK || !f.sampledAt.After(m.r.costAt) {
+	f := m.Facts
+	if !f.LoadOK || !f.SampleOK || !f.SampledAt.After(m.R.CostAt) {
 		return // no reading, or the one already observed: each GPU reading counts once
 	}
-	m.r.costAt = f.sampledAt
-	m.r.costObs++
-	m.do(fxObserveCost{running: f.loadRunning, used: f.used, total: f.total, describe: m.r.costObs%10 == 1})
+	m.R.CostAt = f.SampledAt
+	m.R.CostObs++
+	m.Do(FxObserveCost{Running: f.LoadRunning, Used: f.Used, Total: f.Total, Describe: m.R.CostObs%10 == 1})
 }
-
-// engineDeadGrace: judgeHang's grace after /health says the engine is dead.
-func (s *Supervisor) engineDeadGrace() time.Duration { return engineDeadGrace(s.cfg) }

@@ -1,8 +1,7 @@
-package supervisor
+package heart
 
 import (
 	"fmt"
-	"time"
 
 	"go.uber.org/zap"
 
@@ -15,35 +14,26 @@ import (
 // the driver tore the contexts down ends the run now) and after it ended
 // (the classifier's first evidence).
 
-// GPUHealth is what the supervisor needs of the GPU's hardware health;
-// nil: no such view (no NVML). Every method returns at once.
-type GPUHealth interface {
-	// GPUs is every watched GPU's hardware state, with the XID events
-	// since since; nil when NVML cannot tell. fresh: read the counters now
-	// rather than take the last sample's.
-	GPUs(since time.Time, fresh bool) []policy.GPUDevice
-}
-
 // gpuBlocked: before a start, a GPU lost, asking for a reset or with a row
 // remap pending or failed (why, policy.StartBlock's words) is not started
 // on; the state is waiting_gpu with why, looked at again every sample (a
 // reset clears it).
-func (m *core) gpuBlocked(why string) {
+func (m *Core) GpuBlocked(why string) {
 	reason := "not starting vLLM on a GPU that needs a reset: " + why
-	if m.facts.state != StateWaitingGPU || m.facts.reason != reason {
-		m.log().Error("not starting vLLM: a GPU needs a reset", zap.String("why", why))
+	if m.Facts.State != StateWaitingGPU || m.Facts.Reason != reason {
+		m.Log().Error("not starting vLLM: a GPU needs a reset", zap.String("why", why))
 	}
-	m.enter(subWaitGPU, reason, nil)
-	m.arm(tFreeMemory, m.cfg.GPU.SampleInterval.Duration)
+	m.Enter(SubWaitGPU, reason, nil)
+	m.Arm(TFreeMemory, m.Cfg.GPU.SampleInterval.Duration)
 }
 
 // gpuEvidenceFrom pairs a reading (made off the loop after a death) with the
 // GPUs' state at the launch; nil when NVML could not tell.
-func (m *core) gpuEvidenceFrom(after []policy.GPUDevice) *policy.GPUEvidence {
+func (m *Core) GpuEvidenceFrom(after []policy.GPUDevice) *policy.GPUEvidence {
 	if after == nil {
 		return nil
 	}
-	return &policy.GPUEvidence{Before: m.r.gpuBefore, After: after}
+	return &policy.GPUEvidence{Before: m.R.GpuBefore, After: after}
 }
 
 // checkGPUFault ends the run at once when the GPU said something after
@@ -51,11 +41,11 @@ func (m *core) gpuEvidenceFrom(after []policy.GPUDevice) *policy.GPUEvidence {
 // reset, a lost GPU): vLLM may not notice for a long time, or hang in the
 // driver. Its tree is killed; the failure is then classified from the
 // same evidence. True when it ended the run.
-func (m *core) checkGPUFault() bool {
-	if !m.ports.health || !m.sub.running() {
+func (m *Core) CheckGPUFault() bool {
+	if !m.Ports.Health || !m.Sub.Running() {
 		return false
 	}
-	ev := m.gpuEvidenceFrom(m.facts.gpus) // NVML's word as last sampled, read by the loop at the heartbeat
+	ev := m.GpuEvidenceFrom(m.Facts.Gpus) // NVML's word as last sampled, read by the loop at the heartbeat
 	if ev == nil {
 		return false
 	}
@@ -63,10 +53,10 @@ func (m *core) checkGPUFault() bool {
 	if !ends {
 		return false
 	}
-	m.log().Error("the GPU failed under vLLM: killing its process tree", zap.String("gpu", what))
-	m.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.r.pid,
+	m.Log().Error("the GPU failed under vLLM: killing its process tree", zap.String("gpu", what))
+	m.Publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.R.Pid,
 		Reason: fmt.Sprintf("GPU fault while vLLM ran: %s", what)})
-	m.r.gpuKilled = true
-	m.endRun(endExited) // a kill: gpuKilled
+	m.R.GpuKilled = true
+	m.EndRun(EndExited) // a kill: gpuKilled
 	return true
 }

@@ -1,4 +1,4 @@
-package supervisor
+package heart
 
 import (
 	"fmt"
@@ -14,44 +14,44 @@ import (
 // because …" or nothing. The kill is elsewhere (hung → endRun).
 
 // progress is what the hang judge reads of a run at one event.
-type progress struct {
-	now       time.Time
-	startedAt time.Time
-	ready     bool
+type Progress struct {
+	Now       time.Time
+	StartedAt time.Time
+	Ready     bool
 	// Starting: the last output line and the last growth of the tree's
 	// disk I/O, the load phase, and since when every readiness probe got
 	// a 4xx (zero: the last did not), with the last such answer and its time.
-	lastLine, lastIO time.Time
-	phase            string
-	refusedSince     time.Time
-	refusedLast      time.Time
-	refusal          probeResult
+	LastLine, LastIO time.Time
+	Phase            string
+	RefusedSince     time.Time
+	RefusedLast      time.Time
+	Refusal          ProbeResult
 	// Ready: consecutive liveness failures and the last one's error.
-	failures int
-	lastErr  string
+	Failures int
+	LastErr  string
 	// engineDeadAt: /health said the engine is dead (zero: it did not);
 	// serverDoneAt: vLLM's server printed its last line and its port
 	// closed, and its process has not exited (zero: not seen).
-	engineDeadAt, serverDoneAt time.Time
+	EngineDeadAt, ServerDoneAt time.Time
 	// stuck: a stuck verdict that vLLM's /is_paused did not excuse.
-	stuck string
+	Stuck string
 }
 
 // judgeHang says why the run is hung at p.now, or "" when it is not.
-func judgeHang(p progress, c *config.Config) string {
-	if !p.ready {
-		return judgeStart(p, c)
+func JudgeHang(p Progress, c *config.Config) string {
+	if !p.Ready {
+		return JudgeStart(p, c)
 	}
 	switch {
-	case p.stuck != "":
-		return p.stuck
-	case !p.engineDeadAt.IsZero() && p.now.Sub(p.engineDeadAt) >= engineDeadGrace(c):
-		return fmt.Sprintf("/health said vLLM's engine is dead and vLLM did not exit within %s", engineDeadGrace(c))
-	case !p.serverDoneAt.IsZero() && p.now.Sub(p.serverDoneAt) >= c.VLLM.StopTimeout.Duration:
+	case p.Stuck != "":
+		return p.Stuck
+	case !p.EngineDeadAt.IsZero() && p.Now.Sub(p.EngineDeadAt) >= EngineDeadGrace(c):
+		return fmt.Sprintf("/health said vLLM's engine is dead and vLLM did not exit within %s", EngineDeadGrace(c))
+	case !p.ServerDoneAt.IsZero() && p.Now.Sub(p.ServerDoneAt) >= c.VLLM.StopTimeout.Duration:
 		return fmt.Sprintf("vLLM's API server printed %q but its process did not exit within %s (stop_timeout)",
 			"Finished server process", c.VLLM.StopTimeout.Duration)
-	case p.failures > 0 && p.failures >= c.Liveness.Failures:
-		return fmt.Sprintf("%d consecutive liveness failures, last: %s", p.failures, p.lastErr)
+	case p.Failures > 0 && p.Failures >= c.Liveness.Failures:
+		return fmt.Sprintf("%d consecutive liveness failures, last: %s", p.Failures, p.LastErr)
 	}
 	return ""
 }
@@ -61,24 +61,24 @@ func judgeHang(p progress, c *config.Config) string {
 // max_start_time, or when vLLM's server has refused the readiness probe
 // with a 4xx for refusedProbeLimit (the probe does not fit this vLLM:
 // waiting longer changes nothing).
-func judgeStart(p progress, c *config.Config) string {
+func JudgeStart(p Progress, c *config.Config) string {
 	rc := c.Readiness
-	last := p.lastLine
-	if p.lastIO.After(last) {
-		last = p.lastIO
+	last := p.LastLine
+	if p.LastIO.After(last) {
+		last = p.LastIO
 	}
-	if silent := p.now.Sub(last); silent > rc.StallTimeout.Duration {
+	if silent := p.Now.Sub(last); silent > rc.StallTimeout.Duration {
 		return fmt.Sprintf("no load progress (no output, no disk I/O) for %s while starting (stall_timeout %s), last phase %q",
-			silent.Round(time.Second), rc.StallTimeout.Duration, p.phase)
+			silent.Round(time.Second), rc.StallTimeout.Duration, p.Phase)
 	}
-	if limit := rc.MaxStartTime.Duration; limit > 0 && p.now.Sub(p.startedAt) > limit {
+	if limit := rc.MaxStartTime.Duration; limit > 0 && p.Now.Sub(p.StartedAt) > limit {
 		return fmt.Sprintf("not ready after max_start_time %s", limit)
 	}
-	if !p.refusedSince.IsZero() && p.refusedLast.Sub(p.refusedSince) >= refusedProbeLimit {
-		r := p.refusal
+	if !p.RefusedSince.IsZero() && p.RefusedLast.Sub(p.RefusedSince) >= RefusedProbeLimit {
+		r := p.Refusal
 		return fmt.Sprintf("vLLM's server is up but has refused the readiness probe for %s (%s: %s); "+
 			"the probe does not fit this vLLM: check the served name, the API key and the task, or set [readiness] probe = \"health\"",
-			refusedProbeLimit, r.step, r.err)
+			RefusedProbeLimit, r.Step, r.Err)
 	}
 	return ""
 }
@@ -87,25 +87,25 @@ func judgeStart(p progress, c *config.Config) string {
 // engine is dead, for vLLM to exit by itself (its watchdog runs every 5 s,
 // and it prints the root cause) before it kills it as hung: one liveness
 // interval, between 1 and 10 seconds.
-func engineDeadGrace(c *config.Config) time.Duration {
+func EngineDeadGrace(c *config.Config) time.Duration {
 	return min(10*time.Second, max(time.Second, c.Liveness.Interval.Duration))
 }
 
 // progress is the run's progress facts at the event being handled.
-func (m *core) progress() progress {
-	r := &m.r
-	return progress{now: m.now, startedAt: r.startedAt, ready: r.ready, lastLine: r.lastLine, lastIO: r.lastIO, phase: m.pump.phase,
-		refusedSince: r.refusedSince, refusedLast: r.refusedLast, refusal: r.refusal, failures: r.failures, lastErr: r.lastErr,
-		engineDeadAt: r.engineDeadAt, serverDoneAt: r.serverDoneAt, stuck: r.stuck}
+func (m *Core) Progress() Progress {
+	r := &m.R
+	return Progress{Now: m.Now, StartedAt: r.StartedAt, Ready: r.Ready, LastLine: r.LastLine, LastIO: r.LastIO, Phase: m.Pump.Phase,
+		RefusedSince: r.RefusedSince, RefusedLast: r.RefusedLast, Refusal: r.Refusal, Failures: r.Failures, LastErr: r.LastErr,
+		EngineDeadAt: r.EngineDeadAt, ServerDoneAt: r.ServerDoneAt, Stuck: r.Stuck}
 }
 
 // judge asks the hang judge about the run and, when it is hung, ends it
 // (a kill). True when it did.
-func (m *core) judge() bool {
-	why := judgeHang(m.progress(), m.cfg)
+func (m *Core) Judge() bool {
+	why := JudgeHang(m.Progress(), m.Cfg)
 	if why == "" {
 		return false
 	}
-	m.hung(why)
+	m.Hung(why)
 	return true
 }

@@ -19,9 +19,9 @@ import (
 // result posted back to the loop as an event with the run's number. An
 // effect with an answer (a launch, the classifier, the policy) is answered
 // by an event handed to the decisions at once, before the next event. It
-// is the only caller of the collaborators; the decisions (core.go and the
-// cells of table.go) read no clock, start no goroutine and call nothing:
-// TestDecisionsReadNoClock, TestDecisionsCallNoCollaborator.
+// is the only caller of the collaborators; the decisions (package heart)
+// read no clock, start no goroutine and call nothing:
+// TestTheHeartReachesNothing.
 
 // Run supervises vLLM until ctx is cancelled (exit 0) or the policy gives
 // up (exit 1, or 78 for a configuration error).

@@ -1,11 +1,14 @@
 // Package supervisor owns the life of one vLLM: launch with the profile in
 // force, its process tree (through the keeper), the log pump, readiness,
-// liveness, stopping, reaping, and the state machine. The machine
-// (machine.go) is one goroutine that turns events — child output and exit,
-// probe answers, timers, operators' requests, the stop signal — into a new
-// state plus effects, and never blocks: every wait is a state with a timer.
-// It asks package policy what every failure means and what to do next, and
-// publishes what happens on the event stream (package events).
+// liveness, stopping, reaping, and the state machine. The machine's
+// decisions are package heart (Step turns an event into a new state plus
+// effect values); this package is its executor (machine_exec.go,
+// machine_apply.go): one goroutine that hands it events — child output and
+// exit, probe answers, timers, operators' requests, the stop signal — with
+// what they may read, turns the effects into calls, and never blocks: every
+// wait is a sub-state with a timer. It asks package policy what every
+// failure means and what to do next, and publishes what happens on the
+// event stream (package events).
 package supervisor
 
 import (
@@ -64,7 +67,7 @@ type Options struct {
 	Policy *policy.Policy
 	GPU    GPU // may be nil
 	// Health is the GPUs' hardware health (XIDs, ECC, remapped rows, a
-	// lost GPU); nil: not known (gpufault.go).
+	// lost GPU); nil: not known (heart/gpufault.go).
 	Health GPUHealth
 	// Events receives everything that happens (may be nil).
 	Events *events.Bus

@@ -1,3 +1,10 @@
+// Package heart is the supervisor's step machine: its sub-states, its
+// table of cells, and Step, which turns (state, event) into a new state
+// and effects, values the supervisor's executor turns into calls. What it
+// reads of the world comes in the event; what it needs answered (a
+// launch, the classifier's verdict, the restart policy's decision) comes
+// back as an event. It imports no collaborator package: no process,
+// socket, GPU, file or clock (TestTheHeartReachesNothing).
 package heart
 
 import (
@@ -14,12 +21,12 @@ import (
 
 // The decisions' side of the machine: core is its state, and each cell
 // of the table turns (core, event) into a new core plus effects, values
-// the executor (machine_exec.go) turns into calls. What the decisions read
+// the executor (package supervisor) turns into calls. What the decisions read
 // of the world comes in the event (its time, the log pump's facts, the
 // readings: facts); what they need answered (a launch, the classifier,
 // the restart policy) is an effect whose answer comes back as an event.
 
-// core is the decision state of the machine.
+// Core is the decision state of the machine.
 type Core struct {
 	Cfg   *config.Config
 	Ports Ports // which collaborators there are (fixed at New)
@@ -40,13 +47,13 @@ type Core struct {
 	Pw   PortWait    // before a launch: the check of vLLM's port, and the wait while another process holds it
 }
 
-// ports says which of the supervisor's collaborators are there.
+// Ports says which of the supervisor's collaborators are there.
 type Ports struct {
 	Gpu, Health, PortHolder, Tokens, Waiting, Load, InFlight bool
 	Extra                                                    []string // vLLM's extra arguments (after --)
 }
 
-// facts are the readings the loop takes as it hands an event over.
+// Facts are the readings the loop takes as it hands an event over.
 type Facts struct {
 	Rung            policy.Rung // the policy's current rung
 	State           State       // the public status's state and reason
@@ -73,7 +80,7 @@ type Facts struct {
 	Dropped                  uint64             // log lines the pump dropped
 }
 
-// effect is what a decision asks the executor to do.
+// Effect is what a decision asks the executor to do.
 type Effect interface{ Effect() }
 
 type (
@@ -105,7 +112,7 @@ type (
 		Host string
 		Port int
 	}
-	// fxLaunch starts vLLM (heldBy "": else it only says so, the port held
+	// FxLaunch starts vLLM (heldBy "": else it only says so, the port held
 	// by heldBy); answered by evLaunched.
 	FxLaunch struct {
 		Rung   policy.Rung
@@ -128,7 +135,7 @@ type (
 	FxReadIO      struct{}
 	FxReady       struct{ Ttr time.Duration }
 	FxPolicyStart struct{}
-	// fxClassify reads one death's evidence into a verdict (the
+	// FxClassify reads one death's evidence into a verdict (the
 	// classifier, policy.Classify); answered by evClassified.
 	FxClassify   struct{ Exit policy.Exit }
 	FxDecide     struct{ V policy.Verdict } // the policy's decision after a failure; answered by evDecided
@@ -191,7 +198,7 @@ func (FxReply) Effect()        {}
 func (FxResetProfile) Effect() {}
 func (FxSavePolicy) Effect()   {}
 
-// probeKind is which probe an fxProbe sends.
+// ProbeKind is which probe an fxProbe sends.
 type ProbeKind int
 
 const (
@@ -202,14 +209,14 @@ const (
 
 func (m *Core) Do(e Effect) { m.Fx = append(m.Fx, e) }
 
-// step is the decisions: one event into the next core and its effects.
+// Step is the decisions: one event into the next core and its effects.
 func Step(m Core, e Event) (Core, []Effect) {
 	m.Fx = nil
 	m.Handle(e)
 	return m, m.Fx
 }
 
-// logger records log lines as effects.
+// Logger records log lines as effects.
 type Logger struct{ M *Core }
 
 func (m *Core) Log() Logger { return Logger{m} }

@@ -15,13 +15,13 @@ import (
 // Ending a run: the stop (a drain, or a kill for a hang), the tree gone,
 // the failure classified and decided, the memory release, backoff, giving up.
 
-// hung ends the run as a hang.
+// Hung ends the run as a hang.
 func (m *Core) Hung(reason string) {
 	m.R.Hang = reason
 	m.EndRun(EndExited)
 }
 
-// endRun starts ending the run in progress: SIGTERM, then SIGKILL after
+// EndRun starts ending the run in progress: SIGTERM, then SIGKILL after
 // stop_timeout, unless the tree is already gone.
 func (m *Core) EndRun(why Ending) {
 	if !m.Sub.Running() {
@@ -59,7 +59,7 @@ func (m *Core) EndRun(why Ending) {
 	m.Enter(SubStopTerm, reason, nil)
 }
 
-// drainFirst: a planned stop (an operator's stop or restart, a restore)
+// DrainFirst: a planned stop (an operator's stop or restart, a restore)
 // with vLLM's --shutdown-timeout and the guard's proxy in front waits for
 // the requests in flight through the proxy to end before vLLM gets
 // SIGTERM, for at most that timeout. vLLM 0.32.0 (seen on its CPU build)
@@ -79,10 +79,10 @@ func (m *Core) DrainFirst() bool {
 	return true
 }
 
-// drainPoll is how often the proxy's count is looked at while draining.
+// DrainPoll is how often the proxy's count is looked at while draining.
 const DrainPoll = 50 * time.Millisecond
 
-// drainStep: the proxy's requests ended (or the time is up): now SIGTERM.
+// DrainStep: the proxy's requests ended (or the time is up): now SIGTERM.
 func (m *Core) DrainStep() {
 	if n := m.Facts.InFlight; n > 0 && m.Now.Before(m.R.DrainUntil) {
 		m.Arm(TDrain, DrainPoll)
@@ -118,11 +118,11 @@ func (m *Core) StopReason() string {
 	}
 }
 
-// stopRequested begins the reason of the guard's own stop: vLLM is not
+// StopRequested begins the reason of the guard's own stop: vLLM is not
 // restarted after it (status.FinalStop reads it).
 const StopRequested = status.StopRequested
 
-// finishRun: the keeper is gone. What outlived it (a process stuck in the
+// FinishRun: the keeper is gone. What outlived it (a process stuck in the
 // kernel, as after a GPU fault, does not die at once; the tree kill can take
 // up to killRounds × killWait) is killed off the loop, so the loop keeps
 // turning (status, /livez, signals); settleRun goes on when that reports.
@@ -143,12 +143,12 @@ func (m *Core) FinishRun() {
 	m.Do(FxFinishRun{CheckPort: !m.R.Ready && m.R.End == EndExited})
 }
 
-// cleanup is what the kill of a run's leftovers reports.
+// Cleanup is what the kill of a run's leftovers reports.
 type Cleanup struct {
 	Outlived   []int              // processes that outlived the keeper
 	Unkillable []int              // of those, still alive after every kill round
 	GpuAfter   []policy.GPUDevice // the GPUs' hardware state once the tree was gone
-	// portHeld: for a run that was never ready, who holds its port now
+	// PortHeld: for a run that was never ready, who holds its port now
 	// that its tree is gone ("": the bind works, or not checked).
 	PortHeld string
 	OomAfter int64 // the cgroup's OOM-kill count once the tree was gone (-1: unknown)
@@ -160,7 +160,7 @@ type Cleanup struct {
 	Seen  []int
 }
 
-// cleaningStatus says, while the leftovers are being killed, which process
+// CleaningStatus says, while the leftovers are being killed, which process
 // does not die and where it is stuck.
 func (m *Core) CleaningStatus() {
 	left := m.Facts.Lingering
@@ -174,7 +174,7 @@ func (m *Core) CleaningStatus() {
 	})
 }
 
-// settleRun: the whole tree is gone, or what is left was declared
+// SettleRun: the whole tree is gone, or what is left was declared
 // unkillable. Decide what comes next.
 func (m *Core) SettleRun(cl Cleanup) {
 	if len(cl.Outlived) > 0 {
@@ -211,14 +211,14 @@ func (m *Core) SettleRun(cl Cleanup) {
 	}
 }
 
-// onRestored: the policy stepped one rung up; start on it.
+// OnRestored: the policy stepped one rung up; start on it.
 func (m *Core) OnRestored(r policy.Rung) {
 	m.Publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestore, Rung: &r,
 		Reason: "stepped one rung up after a stable stretch"})
 	m.Next()
 }
 
-// portTaken: vLLM ended before it was ready while another process holds
+// PortTaken: vLLM ended before it was ready while another process holds
 // its port (vLLM could not bind it, or the holder took it while vLLM
 // loaded): neither vLLM's failure nor a configuration error, whatever
 // vLLM printed. The death is recorded as it was read, not counted by the
@@ -245,7 +245,7 @@ func (m *Core) PortTaken(res Outcome, holder string, v policy.Verdict) {
 	m.Next()
 }
 
-// outcome is how one run of vLLM ended, as the classifier needs it.
+// Outcome is how one run of vLLM ended, as the classifier needs it.
 type Outcome struct {
 	Exit          ExitInfo
 	Pid           int
@@ -259,7 +259,7 @@ type Outcome struct {
 	Unkillable    []int              // processes of the tree still alive after every kill round
 }
 
-// classify asks the classifier to read one death's evidence into a
+// Classify asks the classifier to read one death's evidence into a
 // verdict (the executor adds the memory samples and the critical
 // fraction); onClassified goes on.
 func (m *Core) Classify(res Outcome) {
@@ -281,7 +281,7 @@ func (m *Core) Classify(res Outcome) {
 	m.Do(FxClassify{exit})
 }
 
-// onClassified: the verdict on the death in m.rel.res. A start that
+// OnClassified: the verdict on the death in m.rel.res. A start that
 // failed while another process holds its port is recorded, not counted;
 // any other death goes to the policy (onDecided goes on).
 func (m *Core) OnClassified(exit policy.Exit, v policy.Verdict) {
@@ -294,7 +294,7 @@ func (m *Core) OnClassified(exit policy.Exit, v policy.Verdict) {
 	m.Do(FxDecide{v})
 }
 
-// fail classifies a death (onClassified), asks the policy what next
+// Fail classifies a death (onClassified), asks the policy what next
 // (onDecided), publishes it, and moves on: give up, or wait for the
 // memory, then back off.
 func (m *Core) Fail(res Outcome) {
@@ -302,7 +302,7 @@ func (m *Core) Fail(res Outcome) {
 	m.Classify(res)
 }
 
-// onDecided: the policy's decision d after the death in m.rel.res.
+// OnDecided: the policy's decision d after the death in m.rel.res.
 func (m *Core) OnDecided(d policy.Decision) {
 	now, res, exit, v := m.Now, m.Rel.Res, m.Rel.Exit, m.Rel.Verdict
 	f := Failure{Time: now, PID: res.Pid, Exit: res.Exit.String(), ExitCode: res.Exit.Code, Signal: res.Exit.Signal,
@@ -332,7 +332,7 @@ func (m *Core) OnDecided(d policy.Decision) {
 	m.Backoff()
 }
 
-// checkReleased reads NVML once, off the loop; onReleaseRead goes on:
+// CheckReleased reads NVML once, off the loop; onReleaseRead goes on:
 // released → back off; not yet → read again at the next sample; after
 // release_timeout, survivors of the old tree that still hold memory are
 // killed (they would make the next start fail vLLM's free-memory check) and
@@ -357,7 +357,7 @@ func (m *Core) OnReleaseRead(r GpuRead) {
 	m.HeldAfterAll(r.Held)
 }
 
-// onKilledHolders: survivors of the old tree that held GPU memory were
+// OnKilledHolders: survivors of the old tree that held GPU memory were
 // killed: wait once more; none was: back off.
 func (m *Core) OnKilledHolders(killed bool) {
 	if killed {
@@ -374,7 +374,7 @@ func (m *Core) HeldAfterAll(held []Holder) {
 	m.Backoff()
 }
 
-// killHolders asks for the holders that are processes of the old tree
+// KillHolders asks for the holders that are processes of the old tree
 // to be killed, if they are still the very processes (never a reused
 // PID); evKilledHolders says whether any was.
 func (m *Core) KillHolders(held []Holder) {
@@ -418,7 +418,7 @@ func (m *Core) GiveUp(f Failure) {
 		zap.Int("exit_code", code))
 }
 
-// finish ends Run: stopped, with code.
+// Finish ends Run: stopped, with code.
 func (m *Core) Finish(code int, reason string) {
 	for k := range TimerKinds {
 		m.Disarm(k)
@@ -427,7 +427,7 @@ func (m *Core) Finish(code int, reason string) {
 	m.Enter(SubStopped, reason, func(st *Status) { st.PID, st.ExitCode, st.NextStartAt = 0, code, time.Time{} })
 }
 
-// stopTimeout is how long a graceful stop may take before the tree is
+// StopTimeout is how long a graceful stop may take before the tree is
 // killed: stop_timeout, or vLLM's own --shutdown-timeout (its drain) plus
 // 10 s for it to stop its engine, whichever is longer.
 func (m *Core) StopTimeout() time.Duration {

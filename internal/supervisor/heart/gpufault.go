@@ -14,7 +14,7 @@ import (
 // the driver tore the contexts down ends the run now) and after it ended
 // (the classifier's first evidence).
 
-// gpuBlocked: before a start, a GPU lost, asking for a reset or with a row
+// GpuBlocked: before a start, a GPU lost, asking for a reset or with a row
 // remap pending or failed (why, policy.StartBlock's words) is not started
 // on; the state is waiting_gpu with why, looked at again every sample (a
 // reset clears it).
@@ -27,7 +27,7 @@ func (m *Core) GpuBlocked(why string) {
 	m.Arm(TFreeMemory, m.Cfg.GPU.SampleInterval.Duration)
 }
 
-// gpuEvidenceFrom pairs a reading (made off the loop after a death) with the
+// GpuEvidenceFrom pairs a reading (made off the loop after a death) with the
 // GPUs' state at the launch; nil when NVML could not tell.
 func (m *Core) GpuEvidenceFrom(after []policy.GPUDevice) *policy.GPUEvidence {
 	if after == nil {
@@ -36,7 +36,7 @@ func (m *Core) GpuEvidenceFrom(after []policy.GPUDevice) *policy.GPUEvidence {
 	return &policy.GPUEvidence{Before: m.R.GpuBefore, After: after}
 }
 
-// checkGPUFault ends the run at once when the GPU said something after
+// CheckGPUFault ends the run at once when the GPU said something after
 // which vLLM cannot go on (an XID that tears the contexts down or needs a
 // reset, a lost GPU): vLLM may not notice for a long time, or hang in the
 // driver. Its tree is killed; the failure is then classified from the

@@ -13,7 +13,7 @@ import (
 // excuse); judgeHang reads them at the event's time and says "hung,
 // because …" or nothing. The kill is elsewhere (hung → endRun).
 
-// progress is what the hang judge reads of a run at one event.
+// Progress is what the hang judge reads of a run at one event.
 type Progress struct {
 	Now       time.Time
 	StartedAt time.Time
@@ -29,15 +29,15 @@ type Progress struct {
 	// Ready: consecutive liveness failures and the last one's error.
 	Failures int
 	LastErr  string
-	// engineDeadAt: /health said the engine is dead (zero: it did not);
+	// EngineDeadAt: /health said the engine is dead (zero: it did not);
 	// serverDoneAt: vLLM's server printed its last line and its port
 	// closed, and its process has not exited (zero: not seen).
 	EngineDeadAt, ServerDoneAt time.Time
-	// stuck: a stuck verdict that vLLM's /is_paused did not excuse.
+	// Stuck: a stuck verdict that vLLM's /is_paused did not excuse.
 	Stuck string
 }
 
-// judgeHang says why the run is hung at p.now, or "" when it is not.
+// JudgeHang says why the run is hung at p.now, or "" when it is not.
 func JudgeHang(p Progress, c *config.Config) string {
 	if !p.Ready {
 		return JudgeStart(p, c)
@@ -56,7 +56,7 @@ func JudgeHang(p Progress, c *config.Config) string {
 	return ""
 }
 
-// judgeStart: a start is hung when nothing shows load progress (no
+// JudgeStart: a start is hung when nothing shows load progress (no
 // output, no disk I/O) for stall_timeout, when it is not ready after
 // max_start_time, or when vLLM's server has refused the readiness probe
 // with a 4xx for refusedProbeLimit (the probe does not fit this vLLM:
@@ -83,7 +83,7 @@ func JudgeStart(p Progress, c *config.Config) string {
 	return ""
 }
 
-// engineDeadGrace is how long the guard waits, after /health says vLLM's
+// EngineDeadGrace is how long the guard waits, after /health says vLLM's
 // engine is dead, for vLLM to exit by itself (its watchdog runs every 5 s,
 // and it prints the root cause) before it kills it as hung: one liveness
 // interval, between 1 and 10 seconds.
@@ -91,7 +91,7 @@ func EngineDeadGrace(c *config.Config) time.Duration {
 	return min(10*time.Second, max(time.Second, c.Liveness.Interval.Duration))
 }
 
-// progress is the run's progress facts at the event being handled.
+// Progress is the run's progress facts at the event being handled.
 func (m *Core) Progress() Progress {
 	r := &m.R
 	return Progress{Now: m.Now, StartedAt: r.StartedAt, Ready: r.Ready, LastLine: r.LastLine, LastIO: r.LastIO, Phase: m.Pump.Phase,
@@ -99,7 +99,7 @@ func (m *Core) Progress() Progress {
 		EngineDeadAt: r.EngineDeadAt, ServerDoneAt: r.ServerDoneAt, Stuck: r.Stuck}
 }
 
-// judge asks the hang judge about the run and, when it is hung, ends it
+// Judge asks the hang judge about the run and, when it is hung, ends it
 // (a kill). True when it did.
 func (m *Core) Judge() bool {
 	why := JudgeHang(m.Progress(), m.Cfg)

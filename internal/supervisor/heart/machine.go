@@ -8,12 +8,12 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
-// The step machine. One goroutine (Run) owns every field below and turns
-// one event at a time into a new state plus effects: launch, signal, probe,
-// arm a timer, persist, publish. Nothing in it blocks: a probe runs on its
-// own goroutine and comes back as an event; every wait (the stop timeout,
-// the memory release, backoff, free memory before a start) is a state with
-// a timer, so the heartbeat turns all the while.
+// The step machine's events and a run's data. The executor's one
+// goroutine (supervisor.Run) hands one event at a time to Step, which
+// turns it into a new state plus effects: launch, signal, probe, arm a
+// timer, persist, publish. Nothing in it blocks: every wait (the stop
+// timeout, the memory release, backoff, free memory before a start) is a
+// sub-state with a timer, so the heartbeat turns all the while.
 //
 //	check_gpu → wait_gpu (no room) → check_port → wait_port (held) → starting → ready
 //	    ↑                               ↓ exit, hang, stop, restart, restore
@@ -29,13 +29,13 @@ const (
 	FastRetryFor   = 2 * time.Second
 )
 
-// refusedProbeLimit: a start whose readiness probe vLLM answers with a 4xx
+// RefusedProbeLimit: a start whose readiness probe vLLM answers with a 4xx
 // for this long ends (as a hang, with the probe's answer as the reason)
 // instead of waiting for max_start_time, which may be unbounded. vLLM
 // registers every route before it listens, so a 4xx does not heal.
 const RefusedProbeLimit = 30 * time.Second
 
-// timerKind names what a timer is for; each kind has at most one armed.
+// TimerKind names what a timer is for; each kind has at most one armed.
 type TimerKind int
 
 const (
@@ -54,7 +54,7 @@ const (
 	TimerKinds
 )
 
-// evKind is what an event says: the columns of the machine's table
+// EvKind is what an event says: the columns of the machine's table
 // (table.go). A timer's firing is the event of its kind, evTimer + its
 // timerKind.
 type EvKind int
@@ -87,7 +87,7 @@ const (
 	EvRequest         = EvKinds // an operator's request: answered by onRequest, no column of the table
 )
 
-// pumpFacts is what the log pump knows of the run at an event, read by
+// PumpFacts is what the log pump knows of the run at an event, read by
 // the loop with the event's time: the decisions read these, never the
 // pump's atomics.
 type PumpFacts struct {
@@ -103,21 +103,21 @@ type Event struct {
 	Timer TimerKind
 	Id    uint64 // the timer's arming; a re-armed or disarmed timer's event is dropped
 	Probe ProbeResult
-	// cleaned: evCleaned's report.
+	// Cleaned: evCleaned's report.
 	Cleaned Cleanup
-	// gpu: evGPURead's answer; id is its read's number (a newer read
+	// Gpu: evGPURead's answer; id is its read's number (a newer read
 	// makes it stale).
 	Gpu GpuRead
-	// holder: evPortRead's answer, who holds vLLM's port ("": the bind
+	// Holder: evPortRead's answer, who holds vLLM's port ("": the bind
 	// works); id is its check's number.
 	Holder string
-	// req: evRestart's and evRequest's request, answered by the cell.
+	// Req: evRestart's and evRequest's request, answered by the cell.
 	Req Request
-	// io: evIORead's answer, each process's disk I/O; oom: evOOMRead's,
+	// Io: evIORead's answer, each process's disk I/O; oom: evOOMRead's,
 	// the OOM-kill count (-1: unknown).
 	Io  map[int]uint64
 	Oom int64
-	// at and pump: the event's time and the log pump's facts, read by the
+	// At and pump: the event's time and the log pump's facts, read by the
 	// loop as the event is taken.
 	At    time.Time
 	Pump  PumpFacts
@@ -135,7 +135,7 @@ type Event struct {
 	Killed   bool
 }
 
-// launched is a launch's answer.
+// Launched is a launch's answer.
 type Launched struct {
 	Pid      int
 	Err      error
@@ -143,7 +143,7 @@ type Launched struct {
 	Baseline []uint64
 }
 
-// column is the event's column in the machine's table.
+// Column is the event's column in the machine's table.
 func (e Event) Column() EvKind {
 	if e.Kind == EvTimer {
 		return EvTimer + EvKind(e.Timer)
@@ -151,7 +151,7 @@ func (e Event) Column() EvKind {
 	return e.Kind
 }
 
-// gpuRead is one NVML read made off the loop: a free-memory check before a
+// GpuRead is one NVML read made off the loop: a free-memory check before a
 // start, or a release check after a death.
 type GpuRead struct {
 	Free     bool // free-memory check: enough room on every device
@@ -164,7 +164,7 @@ type GpuRead struct {
 	Blocked  string             // a GPU that must not be started on, and why
 }
 
-// ending is why the run in progress ends.
+// Ending is why the run in progress ends.
 type Ending int
 
 const (
@@ -175,7 +175,7 @@ const (
 	EndRestore        // a stable stretch on a lower rung: one rung up
 )
 
-// run is everything that belongs to one run of vLLM, from its launch to
+// Run is everything that belongs to one run of vLLM, from its launch to
 // the decision after its end. launch replaces it whole, so nothing of the
 // run before leaks into the next.
 type Run struct {
@@ -228,7 +228,7 @@ type Run struct {
 	CleaningSince time.Time // when the kill of what outlived the keeper began
 }
 
-// releaseWait is the wait, after a failure, for the ended run's GPU memory
+// ReleaseWait is the wait, after a failure, for the ended run's GPU memory
 // to come back before the backoff.
 type ReleaseWait struct {
 	Decision policy.Decision
@@ -243,7 +243,7 @@ type ReleaseWait struct {
 	Killed   bool // survivors holding memory were killed once
 }
 
-// handle turns one event into the next state: the cell of the table
+// Handle turns one event into the next state: the cell of the table
 // (table.go) for the sub-state and the event does it; an empty cell
 // ignores the event.
 func (m *Core) Handle(e Event) {

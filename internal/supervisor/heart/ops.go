@@ -12,7 +12,7 @@ import (
 // What comes from outside the run: operators' requests, a reload, the
 // stop and kill signals.
 
-// reload: what does not touch the running vLLM applies now; the rest
+// Reload: what does not touch the running vLLM applies now; the rest
 // (command, env, host, port, workdir, profile, restart policy) waits for
 // its next start.
 func (m *Core) Reload(cfg *config.Config) {
@@ -28,7 +28,7 @@ func (m *Core) Reload(cfg *config.Config) {
 	m.Do(FxReload{&live, m.Pending != nil})
 }
 
-// applyPending: vLLM starts now, on the reloaded config if there is one.
+// ApplyPending: vLLM starts now, on the reloaded config if there is one.
 func (m *Core) ApplyPending() {
 	if m.Pending == nil {
 		return
@@ -37,7 +37,7 @@ func (m *Core) ApplyPending() {
 	m.Do(FxApplyConfig{m.Cfg}) // the policy, vLLM's command line as the probes read it
 }
 
-// onKill: a second SIGTERM or SIGINT while stopping: no more waiting.
+// OnKill: a second SIGTERM or SIGINT while stopping: no more waiting.
 func (m *Core) OnKill() {
 	if m.Sub.Stopping() && !m.R.Gone {
 		m.Disarm(TStopKill)
@@ -50,7 +50,7 @@ func (m *Core) OnKill() {
 	}
 }
 
-// onRequest answers an operator's reload or profile reset, alike in every
+// OnRequest answers an operator's reload or profile reset, alike in every
 // sub-state (a restart is a column of the table); a guard that gave up
 // takes none.
 func (m *Core) OnRequest(r Request) {
@@ -74,7 +74,7 @@ func (m *Core) Refuse(r Request) {
 	m.Do(FxReply{r.Reply, fmt.Errorf("the guard gave up; restart the guard itself (systemctl restart) after fixing the cause")})
 }
 
-// restartRun: a restart of the running vLLM: it stops as planned (a drain
+// RestartRun: a restart of the running vLLM: it stops as planned (a drain
 // first where there is one), then starts again.
 func (m *Core) RestartRun(r Request) {
 	m.Do(FxReply{r.Reply, nil})
@@ -82,7 +82,7 @@ func (m *Core) RestartRun(r Request) {
 	m.EndRun(EndRestart)
 }
 
-// restartNow: a restart while waiting to start (backoff, the GPU, the
+// RestartNow: a restart while waiting to start (backoff, the GPU, the
 // port): start now.
 func (m *Core) RestartNow(r Request) {
 	m.Do(FxReply{r.Reply, nil})

@@ -11,7 +11,7 @@ import (
 
 // While ready: the heartbeat, stuck detection, restore and the cost model.
 
-// beatRunning: each second while starting, the GPU's word (NVML) is
+// BeatRunning: each second while starting, the GPU's word (NVML) is
 // looked at and the tree re-read.
 func (m *Core) BeatRunning() bool {
 	if m.CheckGPUFault() {
@@ -21,7 +21,7 @@ func (m *Core) BeatRunning() bool {
 	return false
 }
 
-// beatReady: each second while ready, also stuck detection (not while
+// BeatReady: each second while ready, also stuck detection (not while
 // a dead engine's or a finished server's exit is waited for: that wait
 // gives the verdict), and a stable stretch on a lower rung may call for
 // a restore.
@@ -32,7 +32,7 @@ func (m *Core) BeatReady() {
 	m.RestoreDue()
 }
 
-// onRestoreDue: the policy said whether a restore is due, and to which
+// OnRestoreDue: the policy said whether a restore is due, and to which
 // rung.
 func (m *Core) OnRestoreDue(r policy.Rung, due bool) {
 	if !due {
@@ -43,14 +43,14 @@ func (m *Core) OnRestoreDue(r policy.Rung, due bool) {
 	m.EndRun(EndRestore)
 }
 
-// probeLive probes liveness, and again after an interval.
+// ProbeLive probes liveness, and again after an interval.
 func (m *Core) ProbeLive() {
 	lc := m.Cfg.Liveness
 	m.Probe(ProbeHealth, "", lc.Timeout.Duration)
 	m.Arm(TLive, lc.Interval.Duration)
 }
 
-// endProbing stops what watches a run: its timers and in-flight probes.
+// EndProbing stops what watches a run: its timers and in-flight probes.
 func (m *Core) EndProbing() {
 	for _, k := range []TimerKind{TPoll, TLive, TCost, TDying, TExiting, TFastRetry} {
 		m.Disarm(k)
@@ -58,13 +58,13 @@ func (m *Core) EndProbing() {
 	m.Do(FxEndProbing{})
 }
 
-// minPrefillRate is the slowest prefill the stuck check allows for, in
+// MinPrefillRate is the slowest prefill the stuck check allows for, in
 // prompt tokens a second (a small model on a CPU build prefills a few
 // hundred): vLLM counts prompt tokens only when a prefill completes, so a
 // long one shows no counter moving until it is done.
 const MinPrefillRate = 100.0
 
-// checkStuck: /health only checks an error flag, so a wedged engine still
+// CheckStuck: /health only checks an error flag, so a wedged engine still
 // answers 200. vLLM is stuck when it has work in flight and none of its
 // token counters advances for stuck_timeout, plus the time the largest
 // prompt awaiting its first byte may take to prefill. Work in flight is
@@ -106,7 +106,7 @@ func (m *Core) CheckStuck() bool {
 	return false
 }
 
-// askPaused asks vLLM whether an operator paused it before calling it
+// AskPaused asks vLLM whether an operator paused it before calling it
 // stuck: a paused vLLM holds its requests on purpose. The verdict is
 // given (or dropped) when the answer comes, in onPausedAnswer.
 func (m *Core) AskPaused(verdict string) {
@@ -118,7 +118,7 @@ func (m *Core) AskPaused(verdict string) {
 	m.Probe(ProbePaused, "", m.Cfg.Liveness.Timeout.Duration)
 }
 
-// onPausedAnswer gives the stuck verdict unless vLLM said it is paused;
+// OnPausedAnswer gives the stuck verdict unless vLLM said it is paused;
 // then the stuck clock starts again, and the next check asks again.
 func (m *Core) OnPausedAnswer(r ProbeResult) {
 	verdict := m.R.StuckVerdict
@@ -136,7 +136,7 @@ func (m *Core) OnPausedAnswer(r ProbeResult) {
 	m.Judge()
 }
 
-// restoreDue tracks the peak GPU fraction since ready and asks the policy
+// RestoreDue tracks the peak GPU fraction since ready and asks the policy
 // whether to step one rung up (onRestoreDue goes on).
 func (m *Core) RestoreDue() {
 	if m.Cfg.Profile.RestoreAfter.Duration <= 0 {
@@ -149,7 +149,7 @@ func (m *Core) RestoreDue() {
 	m.Do(FxAskRestore{m.R.Peak, idle})
 }
 
-// observeCost feeds the cost model one (running sequences, memory) pair.
+// ObserveCost feeds the cost model one (running sequences, memory) pair.
 func (m *Core) ObserveCost() {
 	if !m.Ports.Gpu || !m.Ports.Load {
 		return

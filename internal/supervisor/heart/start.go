@@ -18,7 +18,7 @@ import (
 // Starting a run: room on the GPU, the launch, load progress (output and
 // disk I/O), the stall check and readiness.
 
-// next starts the next run once the GPU has room for it: the free-memory
+// Next starts the next run once the GPU has room for it: the free-memory
 // check vLLM itself makes and fails on. NVML is read off the loop (a GPU in
 // trouble can make one read take seconds); onFreeRead goes on. While there
 // is no room, the state is waiting_gpu, naming the holders.
@@ -31,7 +31,7 @@ func (m *Core) Next() {
 	m.Do(FxAskRung{}) // onRung goes on
 }
 
-// onRung: the policy's rung for the next start.
+// OnRung: the policy's rung for the next start.
 func (m *Core) OnRung(rung policy.Rung) {
 	m.Update(func(st *Status) { st.Rung = rung })
 	if !m.Ports.Gpu && !m.Ports.Health {
@@ -44,7 +44,7 @@ func (m *Core) OnRung(rung policy.Rung) {
 	m.Do(FxReadFree{rung, m.Now})
 }
 
-// onFreeRead: room → launch; none → wait a sample interval and read again.
+// OnFreeRead: room → launch; none → wait a sample interval and read again.
 func (m *Core) OnFreeRead(r GpuRead) {
 	if r.Blocked != "" {
 		m.GpuBlocked(r.Blocked)
@@ -62,7 +62,7 @@ func (m *Core) OnFreeRead(r GpuRead) {
 	m.Arm(TFreeMemory, m.Cfg.GPU.SampleInterval.Duration)
 }
 
-// portWait is the check of vLLM's port before a launch, and the wait while
+// PortWait is the check of vLLM's port before a launch, and the wait while
 // another process holds it.
 type PortWait struct {
 	Rung    policy.Rung
@@ -81,7 +81,7 @@ const (
 	PortRetryMax   = 5 * time.Second
 )
 
-// launch starts vLLM on rung once its port is free: vLLM's own bind is
+// Launch starts vLLM on rung once its port is free: vLLM's own bind is
 // tried first, off the loop (checkPort); onPortRead goes on.
 func (m *Core) Launch(rung policy.Rung, gpuBefore []policy.GPUDevice) {
 	if !m.Ports.PortHolder {
@@ -96,7 +96,7 @@ func (m *Core) Launch(rung policy.Rung, gpuBefore []policy.GPUDevice) {
 	m.Do(FxCheckPort{BindHost(argv, m.Cfg.VLLM.Host), ep.Port})
 }
 
-// onPortRead: the port is free → launch. Held → wait and try again with
+// OnPortRead: the port is free → launch. Held → wait and try again with
 // backoff, saying who holds it: at a restart for as long as it takes (a
 // brief grab by another process must not stop the service); at the
 // guard's first start for port_wait, then a configuration error naming
@@ -144,7 +144,7 @@ func (m *Core) OnPortRead(holder string) {
 	m.Arm(TPortRetry, delay)
 }
 
-// start launches vLLM on rung; heldBy names who holds its port when the
+// Start launches vLLM on rung; heldBy names who holds its port when the
 // guard's first start gave up waiting for it: then vLLM is not launched
 // (it would fail to bind, and meanwhile the holder would answer the
 // probes in its name) and the start ends as a configuration error.
@@ -163,7 +163,7 @@ func (m *Core) Start(rung policy.Rung, gpuBefore []policy.GPUDevice, heldBy stri
 	m.Do(FxLaunch{Rung: rung, Argv: argv, Ep: ep, HeldBy: heldBy}) // onLaunched goes on
 }
 
-// onLaunched: vLLM was launched (its readiness polled from now on), or
+// OnLaunched: vLLM was launched (its readiness polled from now on), or
 // not: the guard could not run its keeper, or the guard's first start
 // gave up waiting for its port (l.heldBy: vLLM is not launched; the start
 // ends as a configuration error).
@@ -185,7 +185,7 @@ func (m *Core) OnLaunched(l Launched) {
 	}
 }
 
-// bindHost is the --host vLLM's argv ends with (the last one wins, under any
+// BindHost is the --host vLLM's argv ends with (the last one wins, under any
 // spelling vLLM reads as --host), else host.
 func BindHost(argv []string, host string) string {
 	for i, a := range argv {
@@ -210,7 +210,7 @@ func (m *Core) ProbeReady() {
 	m.Probe(ProbeReady, rc.Probe, rc.ProbeTimeout.Duration)
 }
 
-// probe sends one probe, at most one at a time.
+// Probe sends one probe, at most one at a time.
 func (m *Core) Probe(kind ProbeKind, level string, timeout time.Duration) {
 	if m.R.Probing {
 		return
@@ -219,7 +219,7 @@ func (m *Core) Probe(kind ProbeKind, level string, timeout time.Duration) {
 	m.Do(FxProbe{kind, level, timeout})
 }
 
-// ioGrew takes the tree's storage I/O (read off the loop) and says
+// IoGrew takes the tree's storage I/O (read off the loop) and says
 // whether any process did more since the last poll. CPU time is not
 // progress (NCCL hangs spin).
 func (m *Core) IoGrew(now map[int]uint64) bool {
@@ -239,7 +239,7 @@ func (m *Core) IoGrew(now map[int]uint64) bool {
 
 func GibText(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
 
-// onPoll: while starting, with the tree's disk I/O read off the loop
+// OnPoll: while starting, with the tree's disk I/O read off the loop
 // (readIO), look for load progress, ask the judge about a stall or the
 // start-time cap, and probe readiness.
 func (m *Core) OnPoll(io map[int]uint64) {
@@ -269,7 +269,7 @@ func (m *Core) OnPoll(io map[int]uint64) {
 	m.Arm(TPoll, rc.PollInterval.Duration)
 }
 
-// noteRefusal notes a readiness probe vLLM refused with a 4xx: its
+// NoteRefusal notes a readiness probe vLLM refused with a 4xx: its
 // server is up and answers, so the request the guard sends does not fit
 // this vLLM (a task it does not serve, a name, a key), and the judge ends
 // the start after refusedProbeLimit of them. Any other answer starts the
@@ -285,7 +285,7 @@ func (m *Core) NoteRefusal(r ProbeResult) {
 	m.R.Refusal, m.R.RefusedLast = r, m.Now
 }
 
-// onProbe: a probe answered; what it answers depends on what asked it.
+// OnProbe: a probe answered; what it answers depends on what asked it.
 func (m *Core) OnProbe(r ProbeResult) {
 	switch {
 	case m.Sub == SubStarting:
@@ -299,7 +299,7 @@ func (m *Core) OnProbe(r ProbeResult) {
 	}
 }
 
-// onReadiness: the readiness probe's answer while starting.
+// OnReadiness: the readiness probe's answer while starting.
 func (m *Core) OnReadiness(r ProbeResult) {
 	if !r.Ok {
 		if r.Refused && m.Now.Before(m.R.FastUntil) {
@@ -334,7 +334,7 @@ func (m *Core) OnReadiness(r ProbeResult) {
 	m.BecomeReady(r)
 }
 
-// onStuckProbe: the answer to the 1-token request the stuck check sends
+// OnStuckProbe: the answer to the 1-token request the stuck check sends
 // when vLLM's metrics are not known.
 func (m *Core) OnStuckProbe(r ProbeResult) {
 	m.R.StuckProbe = false
@@ -343,7 +343,7 @@ func (m *Core) OnStuckProbe(r ProbeResult) {
 	}
 }
 
-// engineDead: /health said vLLM's engine is dead. vLLM exits by itself
+// EngineDead: /health said vLLM's engine is dead. vLLM exits by itself
 // after its engine dies (its watchdog runs every 5 s), printing why: wait
 // for that, for a grace (engine_dead), and kill only if it does not come.
 // Already waiting for the server's exit, the wait that ends first stays.
@@ -363,7 +363,7 @@ func (m *Core) EngineDead(status int) {
 	m.Arm(TDying, grace)
 }
 
-// serverExiting: the API server finished (uvicorn's last line): its port
+// ServerExiting: the API server finished (uvicorn's last line): its port
 // is closed because it is exiting, not hung. Python's teardown can take
 // seconds on a loaded host; the exit is waited for, up to stop_timeout
 // (server_exiting), and then classified from what it printed. Already
@@ -383,7 +383,7 @@ func (m *Core) ServerExiting() {
 	m.Arm(TExiting, limit)
 }
 
-// onLiveness: the liveness probe's answer while ready.
+// OnLiveness: the liveness probe's answer while ready.
 func (m *Core) OnLiveness(r ProbeResult) {
 	switch {
 	case r.Ok:

@@ -38,7 +38,7 @@ var SubStateNames = [SubStates]string{
 
 func (s SubState) String() string { return SubStateNames[s] }
 
-// publicState is the State each sub-state shows: the one place the public
+// PublicState is the State each sub-state shows: the one place the public
 // state comes from.
 var PublicState = [SubStates]State{
 	SubIdle:          StateStarting,
@@ -62,26 +62,26 @@ var PublicState = [SubStates]State{
 	SubStopped:       StateStopped,
 }
 
-// running: vLLM was launched and is starting or ready.
+// Running: vLLM was launched and is starting or ready.
 func (s SubState) Running() bool { return s == SubStarting || s.Ready() }
 
-// ready: vLLM answered the readiness probe and its run has not begun to
+// Ready: vLLM answered the readiness probe and its run has not begun to
 // end; it may be waiting on a verdict (engine_dead, server_exiting,
 // asking_paused).
 func (s SubState) Ready() bool {
 	return s == SubReady || s == SubEngineDead || s == SubServerExiting || s == SubAskingPaused
 }
 
-// stopping: the run is ending and its tree is not gone yet.
+// Stopping: the run is ending and its tree is not gone yet.
 func (s SubState) Stopping() bool { return s == SubDraining || s == SubStopTerm || s == SubStopKill }
 
-// done: Run returns.
+// Done: Run returns.
 func (s SubState) Done() bool { return s == SubGaveUp || s == SubStopped }
 
-// update changes the public status at the event's time.
+// Update changes the public status at the event's time.
 func (m *Core) Update(f func(*Status)) { m.Do(FxStatus{m.Now, f}) }
 
-// enter moves the machine to sub-state to; the public status takes that
+// Enter moves the machine to sub-state to; the public status takes that
 // sub-state's State, with reason ("" keeps the reason shown) and what more
 // sets (nil: nothing).
 func (m *Core) Enter(to SubState, reason string, more func(*Status)) {

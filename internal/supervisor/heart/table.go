@@ -16,7 +16,7 @@ import (
 // cell ignores the event. Operators' reload and reset_profile are
 // answered alike in every sub-state (onRequest), so they are no column.
 
-// decisionTimer: the timers whose firing decides something (a verdict, a
+// DecisionTimer: the timers whose firing decides something (a verdict, a
 // kill, a start); the others are periodic samples (the readiness poll,
 // liveness, the cost model, the NVML reads while waiting, the drain's
 // look at the proxy, a fast retry of a refused probe). A sub-state arms at
@@ -24,7 +24,7 @@ import (
 // own (TestOneDecisionTimerPerSubState).
 var DecisionTimer = [TimerKinds]bool{TDying: true, TExiting: true, TStopKill: true, TBackoff: true, TPortRetry: true}
 
-// cell is one (sub-state, event) of the table.
+// Cell is one (sub-state, event) of the table.
 type Cell struct {
 	Says string
 	Do   func(m *Core, e Event)
@@ -75,7 +75,7 @@ var (
 	CellTreeGoneEnded = Cell{"→ `cleaning`", func(m *Core, e Event) { m.TreeGone() }}
 )
 
-// table is the machine: [sub-state][event] → cell.
+// Table is the machine: [sub-state][event] → cell.
 var Table = [SubStates][EvKinds]Cell{
 	SubIdle: {EvBegin: {"ask the policy's rung", func(m *Core, e Event) { m.Next() }}, EvRung: CellRung},
 	SubCheckGPU: {
@@ -188,7 +188,7 @@ func (m *Core) SayStop() {
 	m.Publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionStop, Reason: "the guard was asked to stop"})
 }
 
-// stopWhileEnding: a stop while the run ends: no restart after it; a
+// StopWhileEnding: a stop while the run ends: no restart after it; a
 // failure being cleaned up is still recorded, then the guard stops.
 func (m *Core) StopWhileEnding() {
 	if m.R.End != EndExited {
@@ -198,7 +198,7 @@ func (m *Core) StopWhileEnding() {
 
 func (m *Core) ClearNextStart() { m.Update(func(st *Status) { st.NextStartAt = time.Time{} }) }
 
-// treeGone: the keeper exited; its tree is settled once what outlived it
+// TreeGone: the keeper exited; its tree is settled once what outlived it
 // is killed.
 func (m *Core) TreeGone() {
 	if !m.R.Gone {
@@ -210,7 +210,7 @@ func (m *Core) OnReleaseReadOf(e Event) {
 	m.OnReleaseRead(e.Gpu)
 }
 
-// onStartupLine: uvicorn logs the line, then starts listening: the first
+// OnStartupLine: uvicorn logs the line, then starts listening: the first
 // probe is usually refused, so refused probes retry at a short, bounded
 // cadence instead of waiting for the next poll.
 func (m *Core) OnStartupLine() {

@@ -22,17 +22,17 @@ type ProbeResult struct {
 	Step    string // health | models | completion | embeddings | classify | pooling
 	Err     string // why not ok
 	Refused bool   // connection refused: vLLM is still loading (or gone)
-	// explains: err is worth the status reason (a missing API key, a served
+	// Explains: err is worth the status reason (a missing API key, a served
 	// name /v1/models does not list): the operator must act.
 	Explains bool
 	Probe    string // ok: the request that answered, e.g. "auto: POST /v1/embeddings (task embed)"
 	Paused   bool   // step "paused": vLLM said {"is_paused": true}
-	// own: the answer came over connections to a listener of vLLM's own
+	// Own: the answer came over connections to a listener of vLLM's own
 	// tree (vllmOnly checked each one).
 	Own bool
 }
 
-// exitInfo is how vLLM's API server ended (the keeper's report).
+// ExitInfo is how vLLM's API server ended (the keeper's report).
 type ExitInfo struct {
 	Code         int    // -1 when killed by a signal
 	Signal       string // "" when it exited
@@ -79,14 +79,14 @@ type Request struct {
 	Reply chan error
 }
 
-// lingerer is a process that outlived the keeper and is not dead yet.
+// Lingerer is a process that outlived the keeper and is not dead yet.
 type Lingerer struct {
 	Pid   int
 	State byte   // /proc/PID/stat's state: D is uninterruptible sleep (stuck in the kernel)
 	Wchan string // the kernel function it waits in, when readable
 }
 
-// lingeringText says which processes do not die and where they are stuck:
+// LingeringText says which processes do not die and where they are stuck:
 // "pid 1234 does not die: state D in nvidia_…".
 func LingeringText(ls []Lingerer) string {
 	parts := make([]string, 0, len(ls))

@@ -49,7 +49,7 @@ type (
 	pumpFacts      = heart.PumpFacts
 	event          = heart.Event
 	launched       = heart.Launched
-	gpuRead        = heart.GpuRead
+	gpuRead        = heart.GPURead
 	ending         = heart.Ending
 	run            = heart.Run
 	subState       = heart.SubState

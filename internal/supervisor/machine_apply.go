@@ -57,7 +57,7 @@ func (m *machine) applyWorld(f effect) {
 	case fxReadRelease:
 		gpu := s.gpu
 		m.readGPU(func() gpuRead {
-			released, held := gpu.Released(f.Pids, f.Base)
+			released, held := gpu.Released(f.PIDs, f.Base)
 			return gpuRead{Released: released, Held: held}
 		})
 	case fxCheckPort:
@@ -140,7 +140,7 @@ func (m *machine) tellPolicy(f effect) {
 		s.pol.OnStart(now)
 		s.savePolicy()
 	case fxReady:
-		m.ready(f.Ttr)
+		m.ready(f.TTR)
 	}
 }
 
@@ -230,7 +230,7 @@ func (m *machine) launch(f fxLaunch) event {
 		return event{Kind: evLaunched, Launched: l}
 	}
 	m.watch(c, rung, f)
-	l.Pid = c.pid()
+	l.PID = c.pid()
 	return event{Kind: evLaunched, Launched: l}
 }
 

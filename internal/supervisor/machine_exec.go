@@ -63,7 +63,7 @@ func (s *Supervisor) Run(ctx context.Context) int {
 
 // ports says which collaborators the decisions may ask for.
 func (s *Supervisor) ports() ports {
-	return ports{Gpu: s.gpu != nil, Health: s.health != nil, PortHolder: s.portHolder != nil, Tokens: s.tokens != nil,
+	return ports{GPU: s.gpu != nil, Health: s.health != nil, PortHolder: s.portHolder != nil, Tokens: s.tokens != nil,
 		Waiting: s.waiting != nil, Load: s.load != nil, InFlight: s.inFlight != nil, Extra: s.extra}
 }
 
@@ -101,11 +101,11 @@ func (m *machine) step(e event) {
 func (m *machine) take(e *event) bool {
 	switch {
 	case e.Kind == evTimer:
-		if m.timers.slot[e.Timer].id != e.Id {
+		if m.timers.slot[e.Timer].id != e.ID {
 			return false
 		}
 		m.timers.slot[e.Timer].t, m.timers.slot[e.Timer].id = nil, 0
-	case e.Kind == evGPURead && e.Id != m.gpuReads, e.Kind == evPortRead && e.Id != m.portReads:
+	case e.Kind == evGPURead && e.ID != m.gpuReads, e.Kind == evPortRead && e.ID != m.portReads:
 		return false
 	case e.Kind >= evStop && e.Kind <= evHeartbeat || e.Kind == evRequest || e.Kind == evBegin:
 		e.Run = m.c.RunN
@@ -125,7 +125,7 @@ func (m *machine) read(k evKind) facts {
 	st := s.status.Load()
 	f := facts{Rung: s.pol.Current(), State: st.State, Reason: st.Reason, ShutdownTimeout: s.shutdownTimeout(), Dropped: m.sink.dropped.Load()}
 	if c := m.res.child; c != nil {
-		f.TreeGone, f.ApiGone = closed(c.done()), closed(c.apiGone())
+		f.TreeGone, f.APIGone = closed(c.done()), closed(c.apiGone())
 	}
 	if s.inFlight != nil {
 		f.InFlight = s.inFlight()
@@ -144,11 +144,11 @@ func (m *machine) read(k evKind) facts {
 		f.Used, f.Total, f.SampledAt, f.SampleOK = s.gpu.Fullest()
 	}
 	if k == evHeartbeat && s.health != nil && m.c.Sub.Running() {
-		f.Gpus = s.health.GPUs(m.res.startedAt, false)
+		f.GPUs = s.health.GPUs(m.res.startedAt, false)
 	}
 	if k == evHeartbeat && m.c.Sub == subCleaning && m.res.child != nil {
 		for _, l := range m.res.child.lingering() {
-			f.Lingering = append(f.Lingering, heart.Lingerer{Pid: l.pid, State: l.state, Wchan: l.wchan})
+			f.Lingering = append(f.Lingering, heart.Lingerer{PID: l.pid, State: l.state, WChan: l.wchan})
 		}
 	}
 	return f
@@ -178,7 +178,7 @@ func (m *machine) unwatch(cl *cleanup) {
 	}
 	x := c.exit()
 	cl.Exit = heart.ExitInfo{Code: x.Code, Signal: x.Signal, StartFailure: x.StartFailure, GuardFailure: x.GuardFailure}
-	cl.Pid, cl.Seen, cl.Lines = c.pid(), c.seen(), m.res.out.ring.snapshot()
+	cl.PID, cl.Seen, cl.Lines = c.pid(), c.seen(), m.res.out.ring.snapshot()
 	m.res.child, m.relChild = nil, c
 }
 
@@ -186,14 +186,14 @@ func (m *machine) unwatch(cl *cleanup) {
 // posts it back.
 func (m *machine) readIO() {
 	c, run := m.res.child, m.c.RunN
-	go func() { m.post(event{Kind: evIORead, Run: run, Io: c.io()}) }()
+	go func() { m.post(event{Kind: evIORead, Run: run, IO: c.io()}) }()
 }
 
 // readOOM reads the cgroup's OOM-kill count off the loop and posts it
 // back: the count before a run, to tell a host OOM kill at its end.
 func (m *machine) readOOM() {
 	run, read := m.c.RunN, m.s.hostOOM
-	go func() { m.post(event{Kind: evOOMRead, Run: run, Oom: read()}) }()
+	go func() { m.post(event{Kind: evOOMRead, Run: run, OOM: read()}) }()
 }
 
 // refreshTree re-reads the tree from /proc off the loop, one read at a
@@ -234,7 +234,7 @@ func (m *machine) arm(k timerKind, d time.Duration) {
 	m.timers.seq++
 	id, run := m.timers.seq, m.c.RunN
 	m.timers.slot[k].id = id
-	m.timers.slot[k].t = time.AfterFunc(d, func() { m.post(event{Kind: evTimer, Timer: k, Id: id, Run: run}) })
+	m.timers.slot[k].t = time.AfterFunc(d, func() { m.post(event{Kind: evTimer, Timer: k, ID: id, Run: run}) })
 }
 
 func (m *machine) disarm(k timerKind) {
@@ -251,7 +251,7 @@ func (m *machine) disarm(k timerKind) {
 func (m *machine) readGPU(read func() gpuRead) {
 	m.gpuReads++
 	id, run := m.gpuReads, m.c.RunN
-	go func() { m.post(event{Kind: evGPURead, Run: run, Id: id, Gpu: read()}) }()
+	go func() { m.post(event{Kind: evGPURead, Run: run, ID: id, GPU: read()}) }()
 }
 
 // checkPort tries vLLM's bind of host:port off the loop (a name may take
@@ -260,7 +260,7 @@ func (m *machine) readGPU(read func() gpuRead) {
 func (m *machine) checkPort(host string, port int) {
 	m.portReads++
 	id, run, holder := m.portReads, m.c.RunN, m.s.portHolder
-	go func() { m.post(event{Kind: evPortRead, Run: run, Id: id, Holder: holder(host, port)}) }()
+	go func() { m.post(event{Kind: evPortRead, Run: run, ID: id, Holder: holder(host, port)}) }()
 }
 
 // readFree is the NVML read before a start, off the loop: hardware health
@@ -270,8 +270,8 @@ func (m *machine) checkPort(host string, port int) {
 func readFree(gpu GPU, health GPUHealth, rung policy.Rung, since time.Time) gpuRead {
 	r := gpuRead{Rung: rung, Free: true}
 	if health != nil {
-		r.Gpus = health.GPUs(since, true)
-		if r.Blocked = policy.StartBlock(r.Gpus); r.Blocked != "" {
+		r.GPUs = health.GPUs(since, true)
+		if r.Blocked = policy.StartBlock(r.GPUs); r.Blocked != "" {
 			return r
 		}
 	}
@@ -300,9 +300,9 @@ func (m *machine) cleanUp(checkPort bool) {
 			cl.PortHeld = holder(host, port)
 		}
 		if health != nil {
-			cl.GpuAfter = health.GPUs(since, true)
+			cl.GPUAfter = health.GPUs(since, true)
 		}
-		cl.OomAfter = oom()
+		cl.OOMAfter = oom()
 		m.post(event{Kind: evCleaned, Run: run, Cleaned: cl})
 	}()
 }
@@ -344,7 +344,7 @@ func (m *machine) probe(f fxProbe) {
 		case probePaused:
 			r = p.paused(ctx, f.Timeout)
 		}
-		m.post(event{Kind: evProbe, Run: run, Probe: heart.ProbeResult{Ok: r.ok, Status: r.status, Step: r.step, Err: r.err,
+		m.post(event{Kind: evProbe, Run: run, Probe: heart.ProbeResult{OK: r.ok, Status: r.status, Step: r.step, Err: r.err,
 			Refused: r.refused, Explains: r.explains, Own: r.own, Paused: r.paused, Probe: r.probe}})
 	}()
 }

@@ -49,7 +49,7 @@ type Core struct {
 
 // Ports says which of the supervisor's collaborators are there.
 type Ports struct {
-	Gpu, Health, PortHolder, Tokens, Waiting, Load, InFlight bool
+	GPU, Health, PortHolder, Tokens, Waiting, Load, InFlight bool
 	Extra                                                    []string // vLLM's extra arguments (after --)
 }
 
@@ -59,7 +59,7 @@ type Facts struct {
 	State           State       // the public status's state and reason
 	Reason          string
 	TreeGone        bool // the run's whole tree is gone
-	ApiGone         bool // its API server exited
+	APIGone         bool // its API server exited
 	ShutdownTimeout time.Duration
 	InFlight        int // requests in flight through the proxy
 	// tokens: vLLM's running requests and token counters (ok: known);
@@ -75,7 +75,7 @@ type Facts struct {
 	Used, Total              uint64             // the fullest device at the last sample
 	SampledAt                time.Time          // when that sample was read
 	SampleOK                 bool               // there is one
-	Gpus                     []policy.GPUDevice // NVML's word on the run as last sampled (heartbeat; nil: none)
+	GPUs                     []policy.GPUDevice // NVML's word on the run as last sampled (heartbeat; nil: none)
 	Lingering                []Lingerer         // what outlived the keeper and is still alive (heartbeat while cleaning)
 	Dropped                  uint64             // log lines the pump dropped
 }
@@ -105,7 +105,7 @@ type (
 		Since time.Time
 	}
 	FxReadRelease struct {
-		Pids []int
+		PIDs []int
 		Base []uint64
 	}
 	FxCheckPort struct {
@@ -133,7 +133,7 @@ type (
 	FxUnwatch     struct{}
 	FxRefresh     struct{}
 	FxReadIO      struct{}
-	FxReady       struct{ Ttr time.Duration }
+	FxReady       struct{ TTR time.Duration }
 	FxPolicyStart struct{}
 	// FxClassify reads one death's evidence into a verdict (the
 	// classifier, policy.Classify); answered by evClassified.

@@ -34,7 +34,7 @@ func (m *Core) EndRun(why Ending) {
 		m.Enter(SubStopTerm, reason, nil) // evTreeGone is on its way
 		return
 	}
-	if m.R.Hang != "" || m.R.GpuKilled {
+	if m.R.Hang != "" || m.R.GPUKilled {
 		// vLLM is wedged, or its GPU is gone: a drain would only wait on
 		// requests that never end.
 		if m.R.Hang != "" {
@@ -44,7 +44,7 @@ func (m *Core) EndRun(why Ending) {
 		m.Enter(SubStopKill, reason, nil)
 		return
 	}
-	if m.Facts.ApiGone {
+	if m.Facts.APIGone {
 		// The API server is gone (the keeper cleans up the rest): nothing
 		// drains any more; give the keeper its grace, then kill.
 		m.Arm(TStopKill, m.Cfg.VLLM.StopTimeout.Duration)
@@ -105,7 +105,7 @@ func (m *Core) StopReason() string {
 	switch {
 	case m.R.Hang != "":
 		return "vLLM hung: " + m.R.Hang
-	case m.R.GpuKilled:
+	case m.R.GPUKilled:
 		return "the GPU failed under vLLM: killing its process tree"
 	case m.R.End == EndRestart:
 		return "restart requested"
@@ -147,15 +147,15 @@ func (m *Core) FinishRun() {
 type Cleanup struct {
 	Outlived   []int              // processes that outlived the keeper
 	Unkillable []int              // of those, still alive after every kill round
-	GpuAfter   []policy.GPUDevice // the GPUs' hardware state once the tree was gone
+	GPUAfter   []policy.GPUDevice // the GPUs' hardware state once the tree was gone
 	// PortHeld: for a run that was never ready, who holds its port now
 	// that its tree is gone ("": the bind works, or not checked).
 	PortHeld string
-	OomAfter int64 // the cgroup's OOM-kill count once the tree was gone (-1: unknown)
+	OOMAfter int64 // the cgroup's OOM-kill count once the tree was gone (-1: unknown)
 	// How the run ended, what it printed and every process its tree had,
 	// read by the executor once the tree is gone.
 	Exit  ExitInfo
-	Pid   int
+	PID   int
 	Lines []policy.Line
 	Seen  []int
 }
@@ -185,16 +185,16 @@ func (m *Core) SettleRun(cl Cleanup) {
 			zap.Ints("pids", cl.Unkillable), zap.Duration("for", m.Now.Sub(m.R.CleaningSince).Round(time.Second)))
 	}
 	killedByGuard := m.R.End != EndExited || m.R.Hang != ""
-	res := Outcome{Exit: cl.Exit, Pid: cl.Pid, Phase: policy.PhaseStarting, Hang: m.R.Hang, KilledByGuard: killedByGuard,
-		Lines: cl.Lines, Uptime: m.Now.Sub(m.R.StartedAt), GpuAfter: cl.GpuAfter, Unkillable: cl.Unkillable}
+	res := Outcome{Exit: cl.Exit, PID: cl.PID, Phase: policy.PhaseStarting, Hang: m.R.Hang, KilledByGuard: killedByGuard,
+		Lines: cl.Lines, Uptime: m.Now.Sub(m.R.StartedAt), GPUAfter: cl.GPUAfter, Unkillable: cl.Unkillable}
 	if m.R.Ready {
 		res.Phase = policy.PhaseReady
 	}
 	// Any end the guard did not cause, after the kernel's OOM killer acted
 	// in vLLM's cgroup: it mostly picks the biggest process, the EngineCore
 	// or a worker, and the API server then exits by itself.
-	res.HostOOM = !killedByGuard && m.R.OomBefore >= 0 && cl.OomAfter > m.R.OomBefore
-	m.Rel.Pids, m.Rel.Base = cl.Seen, m.R.Baseline
+	res.HostOOM = !killedByGuard && m.R.OOMBefore >= 0 && cl.OOMAfter > m.R.OOMBefore
+	m.Rel.PIDs, m.Rel.Base = cl.Seen, m.R.Baseline
 	dropped := m.Facts.Dropped
 	m.Update(func(st *Status) { st.LogDropped = dropped; st.PID = 0 })
 	switch m.R.End {
@@ -227,14 +227,14 @@ func (m *Core) OnRestored(r policy.Rung) {
 func (m *Core) PortTaken(res Outcome, holder string, v policy.Verdict) {
 	d := policy.Decision{Action: policy.ActionRestart, Rung: m.Facts.Rung,
 		Reason: fmt.Sprintf("vLLM's port is held by %s: waiting for it to be free, then starting vLLM again (not counted as a failure)", holder)}
-	f := Failure{Time: m.Now, PID: res.Pid, Exit: res.Exit.String(), ExitCode: res.Exit.Code, Signal: res.Exit.Signal,
+	f := Failure{Time: m.Now, PID: res.PID, Exit: res.Exit.String(), ExitCode: res.Exit.Code, Signal: res.Exit.Signal,
 		Phase: res.Phase, Verdict: v, Decision: d, RungBefore: m.R.Rung, Lines: res.Lines, Uptime: res.Uptime}
 	m.Update(func(st *Status) {
 		st.Restarts[v.Cause]++
 		st.LastFailure = &f
 		st.PID = 0
 	})
-	m.Publish(events.Event{Kind: events.KindExited, Failure: &f, PID: res.Pid})
+	m.Publish(events.Event{Kind: events.KindExited, Failure: &f, PID: res.PID})
 	if m.StopAsked {
 		m.Finish(exitcode.OK, "stopped on request")
 		return
@@ -248,14 +248,14 @@ func (m *Core) PortTaken(res Outcome, holder string, v policy.Verdict) {
 // Outcome is how one run of vLLM ended, as the classifier needs it.
 type Outcome struct {
 	Exit          ExitInfo
-	Pid           int
+	PID           int
 	Phase         policy.Phase
 	Hang          string
 	KilledByGuard bool
 	HostOOM       bool
 	Lines         []policy.Line
 	Uptime        time.Duration
-	GpuAfter      []policy.GPUDevice // NVML's word once the tree was gone (nil: none)
+	GPUAfter      []policy.GPUDevice // NVML's word once the tree was gone (nil: none)
 	Unkillable    []int              // processes of the tree still alive after every kill round
 }
 
@@ -274,7 +274,7 @@ func (m *Core) Classify(res Outcome) {
 		StartFailure:  res.Exit.StartFailure,
 		GuardFailure:  res.Exit.GuardFailure,
 	}
-	exit.GPU = m.GpuEvidenceFrom(res.GpuAfter)
+	exit.GPU = m.GPUEvidenceFrom(res.GPUAfter)
 	if exit.GPU != nil {
 		exit.GPU.Unkillable = res.Unkillable
 	}
@@ -305,14 +305,14 @@ func (m *Core) Fail(res Outcome) {
 // OnDecided: the policy's decision d after the death in m.rel.res.
 func (m *Core) OnDecided(d policy.Decision) {
 	now, res, exit, v := m.Now, m.Rel.Res, m.Rel.Exit, m.Rel.Verdict
-	f := Failure{Time: now, PID: res.Pid, Exit: res.Exit.String(), ExitCode: res.Exit.Code, Signal: res.Exit.Signal,
+	f := Failure{Time: now, PID: res.PID, Exit: res.Exit.String(), ExitCode: res.Exit.Code, Signal: res.Exit.Signal,
 		Phase: res.Phase, Verdict: v, Decision: d, RungBefore: m.R.Rung, Lines: res.Lines, MemFractions: exit.MemFractions, Uptime: res.Uptime}
 	m.Update(func(st *Status) {
 		st.Restarts[v.Cause]++
 		st.LastFailure = &f
 		st.PID = 0
 	})
-	m.Publish(events.Event{Kind: events.KindExited, Failure: &f, PID: res.Pid})
+	m.Publish(events.Event{Kind: events.KindExited, Failure: &f, PID: res.PID})
 	m.Rel.Decision = d
 	if d.Action == policy.ActionGiveUp {
 		m.GiveUp(f)
@@ -322,7 +322,7 @@ func (m *Core) OnDecided(d policy.Decision) {
 		m.Finish(exitcode.OK, "stopped on request")
 		return
 	}
-	if m.Ports.Gpu && res.Pid != 0 {
+	if m.Ports.GPU && res.PID != 0 {
 		m.Rel.Until = m.Now.Add(m.Cfg.GPU.ReleaseTimeout.Duration)
 		m.Rel.Killed = false
 		m.Enter(SubReleasing, "waiting for the old vLLM's GPU memory to be released", nil)
@@ -337,9 +337,9 @@ func (m *Core) OnDecided(d policy.Decision) {
 // release_timeout, survivors of the old tree that still hold memory are
 // killed (they would make the next start fail vLLM's free-memory check) and
 // the wait starts once more.
-func (m *Core) CheckReleased() { m.Do(FxReadRelease{m.Rel.Pids, m.Rel.Base}) }
+func (m *Core) CheckReleased() { m.Do(FxReadRelease{m.Rel.PIDs, m.Rel.Base}) }
 
-func (m *Core) OnReleaseRead(r GpuRead) {
+func (m *Core) OnReleaseRead(r GPURead) {
 	if r.Released {
 		m.Backoff()
 		return
@@ -379,7 +379,7 @@ func (m *Core) HeldAfterAll(held []Holder) {
 // PID); evKilledHolders says whether any was.
 func (m *Core) KillHolders(held []Holder) {
 	ours := map[int]bool{}
-	for _, p := range m.Rel.Pids {
+	for _, p := range m.Rel.PIDs {
 		ours[p] = true
 	}
 	var kill []Holder

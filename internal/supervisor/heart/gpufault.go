@@ -14,11 +14,11 @@ import (
 // the driver tore the contexts down ends the run now) and after it ended
 // (the classifier's first evidence).
 
-// GpuBlocked: before a start, a GPU lost, asking for a reset or with a row
+// GPUBlocked: before a start, a GPU lost, asking for a reset or with a row
 // remap pending or failed (why, policy.StartBlock's words) is not started
 // on; the state is waiting_gpu with why, looked at again every sample (a
 // reset clears it).
-func (m *Core) GpuBlocked(why string) {
+func (m *Core) GPUBlocked(why string) {
 	reason := "not starting vLLM on a GPU that needs a reset: " + why
 	if m.Facts.State != StateWaitingGPU || m.Facts.Reason != reason {
 		m.Log().Error("not starting vLLM: a GPU needs a reset", zap.String("why", why))
@@ -27,13 +27,13 @@ func (m *Core) GpuBlocked(why string) {
 	m.Arm(TFreeMemory, m.Cfg.GPU.SampleInterval.Duration)
 }
 
-// GpuEvidenceFrom pairs a reading (made off the loop after a death) with the
+// GPUEvidenceFrom pairs a reading (made off the loop after a death) with the
 // GPUs' state at the launch; nil when NVML could not tell.
-func (m *Core) GpuEvidenceFrom(after []policy.GPUDevice) *policy.GPUEvidence {
+func (m *Core) GPUEvidenceFrom(after []policy.GPUDevice) *policy.GPUEvidence {
 	if after == nil {
 		return nil
 	}
-	return &policy.GPUEvidence{Before: m.R.GpuBefore, After: after}
+	return &policy.GPUEvidence{Before: m.R.GPUBefore, After: after}
 }
 
 // CheckGPUFault ends the run at once when the GPU said something after
@@ -45,7 +45,7 @@ func (m *Core) CheckGPUFault() bool {
 	if !m.Ports.Health || !m.Sub.Running() {
 		return false
 	}
-	ev := m.GpuEvidenceFrom(m.Facts.Gpus) // NVML's word as last sampled, read by the loop at the heartbeat
+	ev := m.GPUEvidenceFrom(m.Facts.GPUs) // NVML's word as last sampled, read by the loop at the heartbeat
 	if ev == nil {
 		return false
 	}
@@ -54,9 +54,9 @@ func (m *Core) CheckGPUFault() bool {
 		return false
 	}
 	m.Log().Error("the GPU failed under vLLM: killing its process tree", zap.String("gpu", what))
-	m.Publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.R.Pid,
+	m.Publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.R.PID,
 		Reason: fmt.Sprintf("GPU fault while vLLM ran: %s", what)})
-	m.R.GpuKilled = true
+	m.R.GPUKilled = true
 	m.EndRun(EndExited) // a kill: gpuKilled
 	return true
 }

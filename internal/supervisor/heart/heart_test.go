@@ -69,7 +69,7 @@ func TestTheHeartReachesNothing(t *testing.T) {
 // Step is a function of (core, event): the same core and event give the
 // same core and the same effects, and the core given is not changed.
 func TestStepIsAFunction(t *testing.T) {
-	c := Core{Cfg: testConfig(), Ports: Ports{Gpu: true}}
+	c := Core{Cfg: testConfig(), Ports: Ports{GPU: true}}
 	e := Event{Kind: EvBegin, At: testTime}
 	c1, fx1 := Step(c, e)
 	c2, fx2 := Step(c, e)

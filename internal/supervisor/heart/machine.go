@@ -101,22 +101,22 @@ type Event struct {
 	Kind  EvKind
 	Run   int // the run of vLLM it belongs to; events of an older run are dropped
 	Timer TimerKind
-	Id    uint64 // the timer's arming; a re-armed or disarmed timer's event is dropped
+	ID    uint64 // the timer's arming; a re-armed or disarmed timer's event is dropped
 	Probe ProbeResult
 	// Cleaned: evCleaned's report.
 	Cleaned Cleanup
-	// Gpu: evGPURead's answer; id is its read's number (a newer read
+	// GPU: evGPURead's answer; id is its read's number (a newer read
 	// makes it stale).
-	Gpu GpuRead
+	GPU GPURead
 	// Holder: evPortRead's answer, who holds vLLM's port ("": the bind
 	// works); id is its check's number.
 	Holder string
 	// Req: evRestart's and evRequest's request, answered by the cell.
 	Req Request
-	// Io: evIORead's answer, each process's disk I/O; oom: evOOMRead's,
+	// IO: evIORead's answer, each process's disk I/O; oom: evOOMRead's,
 	// the OOM-kill count (-1: unknown).
-	Io  map[int]uint64
-	Oom int64
+	IO  map[int]uint64
+	OOM int64
 	// At and pump: the event's time and the log pump's facts, read by the
 	// loop as the event is taken.
 	At    time.Time
@@ -137,7 +137,7 @@ type Event struct {
 
 // Launched is a launch's answer.
 type Launched struct {
-	Pid      int
+	PID      int
 	Err      error
 	Lines    []policy.Line
 	Baseline []uint64
@@ -151,16 +151,16 @@ func (e Event) Column() EvKind {
 	return e.Kind
 }
 
-// GpuRead is one NVML read made off the loop: a free-memory check before a
+// GPURead is one NVML read made off the loop: a free-memory check before a
 // start, or a release check after a death.
-type GpuRead struct {
+type GPURead struct {
 	Free     bool // free-memory check: enough room on every device
 	Why      string
 	Holders  []Holder
 	Rung     policy.Rung
 	Released bool // release check: none of the old tree's memory held
 	Held     []Holder
-	Gpus     []policy.GPUDevice // the GPUs' hardware state, read with the free-memory check
+	GPUs     []policy.GPUDevice // the GPUs' hardware state, read with the free-memory check
 	Blocked  string             // a GPU that must not be started on, and why
 }
 
@@ -180,7 +180,7 @@ const (
 // run before leaks into the next.
 type Run struct {
 	Rung      policy.Rung
-	Pid       int    // vLLM's API server (0: none)
+	PID       int    // vLLM's API server (0: none)
 	BindHost  string // where vLLM binds (its --host) and its port: tried again when it fails before ready
 	BindPort  int
 	Probing   bool
@@ -190,11 +190,11 @@ type Run struct {
 	Hang      string // why the guard called it hung ("": it did not)
 	Peer      string // who asked for the restart that ends it
 	Baseline  []uint64
-	OomBefore int64              // the cgroup's OOM-kill count before the launch (-1: not known, or not yet)
+	OOMBefore int64              // the cgroup's OOM-kill count before the launch (-1: not known, or not yet)
 	Gone      bool               // its tree is gone (being cleaned up, or settled)
 	HeldBy    string             // the guard\'s first start gave up waiting for its port, held by this: not launched
-	GpuBefore []policy.GPUDevice // the GPUs' hardware state at the launch (gpufault.go)
-	GpuKilled bool               // the run was ended for a GPU fault
+	GPUBefore []policy.GPUDevice // the GPUs' hardware state at the launch (gpufault.go)
+	GPUKilled bool               // the run was ended for a GPU fault
 
 	// Starting: load progress and the stall check.
 	LastLine     time.Time      // the last output line's time seen by the stall check (monotonic)
@@ -202,10 +202,10 @@ type Run struct {
 	RefusedSince time.Time      // since when every readiness probe got a 4xx (zero: the last did not)
 	Refusal      ProbeResult    // the last such answer
 	RefusedLast  time.Time      // and when it came
-	IoSeen       map[int]uint64 // per process: storage I/O at the last poll
-	IoBytes      uint64         // storage I/O of the tree since launch
+	IOSeen       map[int]uint64 // per process: storage I/O at the last poll
+	IOBytes      uint64         // storage I/O of the tree since launch
 	LastIO       time.Time      // when the tree's I/O last grew
-	IoAnnounced  time.Time      // when I/O progress was last published
+	IOAnnounced  time.Time      // when I/O progress was last published
 
 	// Ready: liveness, stuck detection, restore and the cost model.
 	Failures     int       // consecutive liveness failures
@@ -237,7 +237,7 @@ type ReleaseWait struct {
 	Verdict  policy.Verdict // and its verdict
 	PortHeld string         // who holds its port (a start that failed): recorded, not counted
 	Held     []Holder       // what held memory at release_timeout
-	Pids     []int          // every process its tree had
+	PIDs     []int          // every process its tree had
 	Base     []uint64       // the GPUs' memory in use before its launch
 	Until    time.Time
 	Killed   bool // survivors holding memory were killed once

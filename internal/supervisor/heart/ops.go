@@ -43,7 +43,7 @@ func (m *Core) OnKill() {
 		m.Disarm(TStopKill)
 		m.Disarm(TDrain)
 		m.R.DrainUntil = time.Time{}
-		m.Publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.R.Pid,
+		m.Publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.R.PID,
 			Reason: "asked to stop again"})
 		m.Do(FxKill{})
 		m.Enter(SubStopKill, m.StopReason()+"; asked to stop again: killing vLLM's process tree", nil)

@@ -151,7 +151,7 @@ func (m *Core) RestoreDue() {
 
 // ObserveCost feeds the cost model one (running sequences, memory) pair.
 func (m *Core) ObserveCost() {
-	if !m.Ports.Gpu || !m.Ports.Load {
+	if !m.Ports.GPU || !m.Ports.Load {
 		return
 	}
 	f := m.Facts

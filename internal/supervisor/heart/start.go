@@ -34,7 +34,7 @@ func (m *Core) Next() {
 // OnRung: the policy's rung for the next start.
 func (m *Core) OnRung(rung policy.Rung) {
 	m.Update(func(st *Status) { st.Rung = rung })
-	if !m.Ports.Gpu && !m.Ports.Health {
+	if !m.Ports.GPU && !m.Ports.Health {
 		m.Launch(rung, nil)
 		return
 	}
@@ -45,13 +45,13 @@ func (m *Core) OnRung(rung policy.Rung) {
 }
 
 // OnFreeRead: room → launch; none → wait a sample interval and read again.
-func (m *Core) OnFreeRead(r GpuRead) {
+func (m *Core) OnFreeRead(r GPURead) {
 	if r.Blocked != "" {
-		m.GpuBlocked(r.Blocked)
+		m.GPUBlocked(r.Blocked)
 		return
 	}
 	if r.Free {
-		m.Launch(r.Rung, r.Gpus) // r.gpus: the ECC counts before the run
+		m.Launch(r.Rung, r.GPUs) // r.gpus: the ECC counts before the run
 		return
 	}
 	reason := "not enough free GPU memory to start: " + r.Why
@@ -66,7 +66,7 @@ func (m *Core) OnFreeRead(r GpuRead) {
 // another process holds it.
 type PortWait struct {
 	Rung    policy.Rung
-	Gpus    []policy.GPUDevice
+	GPUs    []policy.GPUDevice
 	Port    int
 	Since   time.Time     // when the port was first found held (zero: not waiting)
 	Bounded bool          // the wait began at the guard's first start: it ends after port_wait
@@ -89,7 +89,7 @@ func (m *Core) Launch(rung policy.Rung, gpuBefore []policy.GPUDevice) {
 		return
 	}
 	argv, ep := launch.BuildArgv(m.Cfg.VLLM.Command, m.Ports.Extra, rung, m.Cfg.VLLM.Host, m.Cfg.VLLM.Port)
-	m.Pw.Rung, m.Pw.Gpus, m.Pw.Port = rung, gpuBefore, ep.Port
+	m.Pw.Rung, m.Pw.GPUs, m.Pw.Port = rung, gpuBefore, ep.Port
 	if m.Sub != SubWaitPort { // waiting already: try again, still waiting
 		m.Enter(SubCheckPort, "checking that vLLM's port is free", nil)
 	}
@@ -107,7 +107,7 @@ func (m *Core) OnPortRead(holder string) {
 		if !w.Since.IsZero() {
 			m.Log().Info("vLLM's port is free again: starting vLLM", zap.Int("port", w.Port), zap.Duration("waited", m.Now.Sub(w.Since)))
 		}
-		rung, gpus := w.Rung, w.Gpus
+		rung, gpus := w.Rung, w.GPUs
 		*w = PortWait{}
 		m.Start(rung, gpus, "")
 		return
@@ -118,7 +118,7 @@ func (m *Core) OnPortRead(holder string) {
 	w.Delay = min(max(2*w.Delay, PortRetryFirst), PortRetryMax)
 	waited, limit := m.Now.Sub(w.Since), m.Cfg.VLLM.PortWait.Duration
 	if w.Bounded && waited >= limit {
-		rung, gpus := w.Rung, w.Gpus
+		rung, gpus := w.Rung, w.GPUs
 		if waited > 0 {
 			holder += fmt.Sprintf(" (held for %s, port_wait %s)", waited.Round(time.Millisecond), limit)
 		}
@@ -152,7 +152,7 @@ func (m *Core) Start(rung policy.Rung, gpuBefore []policy.GPUDevice, heldBy stri
 	cfg := m.Cfg
 	argv, ep := launch.BuildArgv(cfg.VLLM.Command, m.Ports.Extra, rung, cfg.VLLM.Host, cfg.VLLM.Port)
 	m.RunN++
-	m.R = Run{Rung: rung, GpuBefore: gpuBefore, LastLine: m.Now, IoSeen: map[int]uint64{}, OomBefore: -1, HeldBy: heldBy}
+	m.R = Run{Rung: rung, GPUBefore: gpuBefore, LastLine: m.Now, IOSeen: map[int]uint64{}, OOMBefore: -1, HeldBy: heldBy}
 	m.Do(FxPolicyStart{})
 	m.R.StartedAt = m.Now
 	m.R.BindHost, m.R.BindPort = BindHost(argv, cfg.VLLM.Host), ep.Port
@@ -179,8 +179,8 @@ func (m *Core) OnLaunched(l Launched) {
 		m.R.Gone = true
 		m.Fail(Outcome{Exit: ExitInfo{Code: -1, GuardFailure: l.Err.Error()}, Phase: policy.PhaseStarting, Lines: l.Lines})
 	default:
-		m.R.Pid = l.Pid
-		m.Update(func(st *Status) { st.PID = l.Pid })
+		m.R.PID = l.PID
+		m.Update(func(st *Status) { st.PID = l.PID })
 		m.Arm(TPoll, m.Cfg.Readiness.PollInterval.Duration)
 	}
 }
@@ -219,21 +219,21 @@ func (m *Core) Probe(kind ProbeKind, level string, timeout time.Duration) {
 	m.Do(FxProbe{kind, level, timeout})
 }
 
-// IoGrew takes the tree's storage I/O (read off the loop) and says
+// IOGrew takes the tree's storage I/O (read off the loop) and says
 // whether any process did more since the last poll. CPU time is not
 // progress (NCCL hangs spin).
-func (m *Core) IoGrew(now map[int]uint64) bool {
+func (m *Core) IOGrew(now map[int]uint64) bool {
 	grew := false
 	for pid, n := range now {
-		if before, ok := m.R.IoSeen[pid]; ok && n > before {
-			m.R.IoBytes += n - before
+		if before, ok := m.R.IOSeen[pid]; ok && n > before {
+			m.R.IOBytes += n - before
 			grew = true
-		} else if !ok && n > 0 && len(m.R.IoSeen) > 0 {
-			m.R.IoBytes += n
+		} else if !ok && n > 0 && len(m.R.IOSeen) > 0 {
+			m.R.IOBytes += n
 			grew = true
 		}
 	}
-	m.R.IoSeen = now
+	m.R.IOSeen = now
 	return grew
 }
 
@@ -247,18 +247,18 @@ func (m *Core) OnPoll(io map[int]uint64) {
 	now := m.Now
 	if seen := m.Pump.LastLine; !seen.Equal(m.R.LastLine) {
 		m.R.LastLine = seen
-		m.Publish(events.Event{Kind: events.KindProgress, Phase: m.Pump.Phase, PID: m.R.Pid})
+		m.Publish(events.Event{Kind: events.KindProgress, Phase: m.Pump.Phase, PID: m.R.PID})
 	}
 	lastLine := m.R.LastLine
-	if m.IoGrew(io) {
+	if m.IOGrew(io) {
 		m.R.LastIO = now
 		// A silent download or load: say it, as progress.
 		if quiet := now.Sub(lastLine); quiet >= time.Second {
-			reason := fmt.Sprintf("downloading or loading: %s read/written, no log output for %s", GibText(m.R.IoBytes), quiet.Round(time.Second))
+			reason := fmt.Sprintf("downloading or loading: %s read/written, no log output for %s", GibText(m.R.IOBytes), quiet.Round(time.Second))
 			m.Update(func(st *Status) { st.Reason = reason })
-			if now.Sub(m.R.IoAnnounced) >= 10*time.Second {
-				m.R.IoAnnounced = now
-				m.Publish(events.Event{Kind: events.KindProgress, Phase: "io", Reason: reason, PID: m.R.Pid})
+			if now.Sub(m.R.IOAnnounced) >= 10*time.Second {
+				m.R.IOAnnounced = now
+				m.Publish(events.Event{Kind: events.KindProgress, Phase: "io", Reason: reason, PID: m.R.PID})
 			}
 		}
 	}
@@ -301,7 +301,7 @@ func (m *Core) OnProbe(r ProbeResult) {
 
 // OnReadiness: the readiness probe's answer while starting.
 func (m *Core) OnReadiness(r ProbeResult) {
-	if !r.Ok {
+	if !r.OK {
 		if r.Refused && m.Now.Before(m.R.FastUntil) {
 			m.Arm(TFastRetry, FastRetryEvery)
 		}
@@ -316,7 +316,7 @@ func (m *Core) OnReadiness(r ProbeResult) {
 					st.Reason = r.Err
 				}
 			})
-			m.Publish(events.Event{Kind: events.KindProbeFailed, Probe: &events.Probe{Step: r.Step, Status: r.Status, Error: r.Err}, PID: m.R.Pid})
+			m.Publish(events.Event{Kind: events.KindProbeFailed, Probe: &events.Probe{Step: r.Step, Status: r.Status, Error: r.Err}, PID: m.R.PID})
 		}
 		return
 	}
@@ -338,7 +338,7 @@ func (m *Core) OnReadiness(r ProbeResult) {
 // when vLLM's metrics are not known.
 func (m *Core) OnStuckProbe(r ProbeResult) {
 	m.R.StuckProbe = false
-	if !r.Ok && r.Status == 0 && !r.Refused {
+	if !r.OK && r.Status == 0 && !r.Refused {
 		m.AskPaused(fmt.Sprintf("stuck: a 1-token request did not answer within stuck_timeout %s (%s)", m.Cfg.Liveness.StuckTimeout.Duration, r.Err))
 	}
 }
@@ -386,7 +386,7 @@ func (m *Core) ServerExiting() {
 // OnLiveness: the liveness probe's answer while ready.
 func (m *Core) OnLiveness(r ProbeResult) {
 	switch {
-	case r.Ok:
+	case r.OK:
 		m.R.Failures = 0
 	case r.Status == 503 || r.Status == 500:
 		m.EngineDead(r.Status)
@@ -395,7 +395,7 @@ func (m *Core) OnLiveness(r ProbeResult) {
 	default:
 		m.R.Failures++
 		m.R.LastErr = r.Err
-		m.Publish(events.Event{Kind: events.KindProbeFailed, Probe: &events.Probe{Step: r.Step, Status: r.Status, Error: r.Err}, PID: m.R.Pid})
+		m.Publish(events.Event{Kind: events.KindProbeFailed, Probe: &events.Probe{Step: r.Step, Status: r.Status, Error: r.Err}, PID: m.R.PID})
 		m.Log().Warn("liveness probe failed", zap.String("error", r.Err), zap.Int("consecutive", m.R.Failures),
 			zap.Int("failures_allowed", m.Cfg.Liveness.Failures))
 		m.Judge()
@@ -413,7 +413,7 @@ func (m *Core) BecomeReady(r ProbeResult) {
 		st.ReadySince, st.TimeToReady, st.Phase, st.LastProbe, st.Probe = m.Now, ttr, "", "", r.Probe
 	})
 	rung := m.Facts.Rung
-	m.Publish(events.Event{Kind: events.KindReady, TimeToReady: ttr, First: first, PID: m.R.Pid, Rung: &rung})
+	m.Publish(events.Event{Kind: events.KindReady, TimeToReady: ttr, First: first, PID: m.R.PID, Rung: &rung})
 	m.R.StuckSince, m.R.StuckAsked = time.Time{}, m.Now
 	m.Arm(TLive, m.Cfg.Liveness.Interval.Duration)
 	m.Arm(TCost, m.Cfg.GPU.SampleInterval.Duration)

@@ -47,7 +47,7 @@ func (k EvKind) String() string { return EvNames[k] }
 // The cells shared by several sub-states.
 var (
 	CellFreeRead = Cell{"room → `check_port`; no room or a GPU needing a reset → `wait_gpu`", func(m *Core, e Event) {
-		m.OnFreeRead(e.Gpu) // (the executor drops all but the newest read's answer)
+		m.OnFreeRead(e.GPU) // (the executor drops all but the newest read's answer)
 	}}
 	CellPortRead = Cell{"free → `starting` (launch); held → `wait_port`; held past port_wait at the first start → `starting`, failed as a configuration error", func(m *Core, e Event) {
 		m.OnPortRead(e.Holder)
@@ -102,8 +102,8 @@ var Table = [SubStates][EvKinds]Cell{
 		EvProgress:                   {"publish the load phase", func(m *Core, e Event) { m.OnPhase() }},
 		EvProbe:                      {"ok (vLLM's own) → `ready`; a 4xx for 30 s → hung → `stop_sigkill`", func(m *Core, e Event) { m.R.Probing = false; m.OnReadiness(e.Probe) }},
 		EvTimer + EvKind(TPoll):      {"read the tree's disk I/O (off the loop)", func(m *Core, e Event) { m.Do(FxReadIO{}) }},
-		EvIORead:                     {"progress (output, disk I/O); no progress for stall_timeout or past max_start_time → hung → `stop_sigkill`; else probe readiness", func(m *Core, e Event) { m.OnPoll(e.Io) }},
-		EvOOMRead:                    {"note the OOM-kill count before the run", func(m *Core, e Event) { m.R.OomBefore = e.Oom }},
+		EvIORead:                     {"progress (output, disk I/O); no progress for stall_timeout or past max_start_time → hung → `stop_sigkill`; else probe readiness", func(m *Core, e Event) { m.OnPoll(e.IO) }},
+		EvOOMRead:                    {"note the OOM-kill count before the run", func(m *Core, e Event) { m.R.OOMBefore = e.OOM }},
 		EvTimer + EvKind(TFastRetry): {"probe readiness again", func(m *Core, e Event) { m.ProbeReady() }},
 		EvStop:                       CellStopRunning, EvRestart: CellRestartRun,
 		EvHeartbeat: {"a GPU fault (NVML) → `stop_sigkill`; re-read the tree", func(m *Core, e Event) { m.BeatRunning() }},
@@ -207,7 +207,7 @@ func (m *Core) TreeGone() {
 }
 
 func (m *Core) OnReleaseReadOf(e Event) {
-	m.OnReleaseRead(e.Gpu)
+	m.OnReleaseRead(e.GPU)
 }
 
 // OnStartupLine: uvicorn logs the line, then starts listening: the first
@@ -221,13 +221,13 @@ func (m *Core) OnStartupLine() {
 func (m *Core) OnPhase() {
 	ph := m.Pump.Phase
 	m.Update(func(st *Status) { st.Phase, st.Reason = ph, "loading: "+ph })
-	m.Publish(events.Event{Kind: events.KindProgress, Phase: ph, PID: m.R.Pid})
+	m.Publish(events.Event{Kind: events.KindProgress, Phase: ph, PID: m.R.PID})
 }
 
 func (m *Core) StopTimedOut() {
 	m.Log().Warn("vLLM did not stop within its stop timeout: the keeper kills its whole tree",
 		zap.Duration("stop_timeout", m.StopTimeout()))
-	m.Publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.R.Pid,
+	m.Publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionKill, PID: m.R.PID,
 		Reason: fmt.Sprintf("vLLM did not stop within %s", m.StopTimeout())})
 	m.Do(FxKill{})
 	m.Enter(SubStopKill, fmt.Sprintf("%s; vLLM did not stop within %s: killing its process tree", m.StopReason(), m.StopTimeout()), nil)

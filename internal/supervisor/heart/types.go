@@ -17,7 +17,7 @@ func (r ProbeResult) Refusal() bool {
 }
 
 type ProbeResult struct {
-	Ok      bool
+	OK      bool
 	Status  int    // HTTP status; 0 when no answer
 	Step    string // health | models | completion | embeddings | classify | pooling
 	Err     string // why not ok
@@ -81,9 +81,9 @@ type Request struct {
 
 // Lingerer is a process that outlived the keeper and is not dead yet.
 type Lingerer struct {
-	Pid   int
+	PID   int
 	State byte   // /proc/PID/stat's state: D is uninterruptible sleep (stuck in the kernel)
-	Wchan string // the kernel function it waits in, when readable
+	WChan string // the kernel function it waits in, when readable
 }
 
 // LingeringText says which processes do not die and where they are stuck:
@@ -91,9 +91,9 @@ type Lingerer struct {
 func LingeringText(ls []Lingerer) string {
 	parts := make([]string, 0, len(ls))
 	for _, l := range ls {
-		t := fmt.Sprintf("pid %d does not die: state %c", l.Pid, l.State)
-		if l.Wchan != "" && l.Wchan != "0" {
-			t += " in " + l.Wchan
+		t := fmt.Sprintf("pid %d does not die: state %c", l.PID, l.State)
+		if l.WChan != "" && l.WChan != "0" {
+			t += " in " + l.WChan
 		}
 		parts = append(parts, t)
 	}

@@ -2,7 +2,7 @@ package supervisor
 
 import (
 	"context"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -63,9 +63,9 @@ func (m *machine) applyWorld(f effect) {
 	case fxCheckPort:
 		m.checkPort(f.Host, f.Port)
 	case fxStop:
-		m.res.child.stop()
+		m.res.child.Stop()
 	case fxKill:
-		m.res.child.kill()
+		m.res.child.Kill()
 	case fxProbe:
 		m.probe(f)
 	case fxEndProbing:
@@ -73,7 +73,7 @@ func (m *machine) applyWorld(f effect) {
 			m.res.cancel()
 		}
 	case fxFinishRun:
-		m.res.prober.close()
+		m.res.prober.Close()
 		m.cleanUp(f.CheckPort)
 	case fxRefresh:
 		m.refreshTree()
@@ -149,7 +149,7 @@ func (m *machine) tellPolicy(f effect) {
 func (m *machine) ready(ttr time.Duration) {
 	s := m.s
 	m.res.out.loaded.Store(true)
-	m.res.child.refresh()
+	m.refreshTree()
 	s.pol.OnReady(m.at)
 	s.pol.NoteTimeToReady(ttr)
 	s.savePolicy()
@@ -192,7 +192,7 @@ func (m *machine) applyConfig(cfg *config.Config) {
 func (m *machine) killHolders(held []Holder) bool {
 	killed := false
 	for _, h := range held {
-		if m.relChild != nil && m.relChild.killIfOurs(h.PID) {
+		if m.relChild != nil && m.relChild.KillIfOurs(h.PID) {
 			m.s.log.Warn("killed a survivor of the old vLLM that still held GPU memory",
 				zap.Int("pid", h.PID), zap.String("command", h.Command), zap.Uint64("bytes", h.Bytes))
 			killed = true
@@ -209,7 +209,7 @@ func (m *machine) launch(f fxLaunch) event {
 	m.relChild = nil
 	s.tasks.Store(nil) // what vLLM serves is read afresh from this run's own startup line
 	out := newOutput(m.sink, max(cfg.Log.ChildLines, 1000), m.at)
-	m.res = runRes{out: out, stdout: out.writer("stdout"), stderr: out.writer("stderr"), refreshing: new(atomic.Bool),
+	m.res = runRes{out: out, stdout: out.writer("stdout"), stderr: out.writer("stderr"), treeMu: new(sync.Mutex),
 		startedAt: m.at, bindHost: bindHost(f.Argv, cfg.VLLM.Host), bindPort: f.Ep.Port}
 	var l launched
 	if s.gpu != nil {
@@ -219,8 +219,8 @@ func (m *machine) launch(f fxLaunch) event {
 	var err error
 	if f.HeldBy == "" {
 		m.readOOM()
-		c, err = s.launcher.launch(launchSpec{keeper: s.keeper, argv: f.Argv, env: cfg.VLLM.Env,
-			dir: cfg.VLLM.Workdir, grace: cfg.VLLM.StopTimeout.Duration, stdout: m.res.stdout, stderr: m.res.stderr})
+		c, err = s.launcher.Launch(launchSpec{Keeper: s.keeper, Argv: f.Argv, Env: cfg.VLLM.Env,
+			Dir: cfg.VLLM.Workdir, Grace: cfg.VLLM.StopTimeout.Duration, Stdout: m.res.stdout, Stderr: m.res.stderr})
 	}
 	s.publish(events.Event{Kind: events.KindStarting, Rung: &rung, Argv: s.MaskedArgv(f.Argv), PID: pidOf(c)})
 	if c == nil {
@@ -230,7 +230,7 @@ func (m *machine) launch(f fxLaunch) event {
 		return event{Kind: evLaunched, Launched: l}
 	}
 	m.watch(c, rung, f)
-	l.PID = c.pid()
+	l.PID = c.PID()
 	return event{Kind: evLaunched, Launched: l}
 }
 
@@ -239,13 +239,13 @@ func (m *machine) watch(c proc, rung policy.Rung, f fxLaunch) {
 	s := m.s
 	m.res.child = c
 	m.refreshTree() // the API server is known (with its start time) from the first moment
-	m.res.out.pid.Store(int64(c.pid()))
+	m.res.out.pid.Store(int64(c.PID()))
 	if s.gpu != nil {
 		s.gpu.SetBudget(rung)
-		s.gpu.SetTree(c.tree)
+		s.gpu.SetTree(c.Tree)
 		s.gpu.SetLoading(true)
 	}
-	tree := c.tree
+	tree := c.Tree
 	s.tree.Store(&tree)
 	m.res.prober = s.newProber(f.Ep, s.model, tree)
 	m.res.ctx, m.res.cancel = context.WithCancel(context.Background())

@@ -2,7 +2,7 @@ package supervisor
 
 import (
 	"context"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
@@ -125,7 +125,7 @@ func (m *machine) read(k evKind) facts {
 	st := s.status.Load()
 	f := facts{Rung: s.pol.Current(), State: st.State, Reason: st.Reason, ShutdownTimeout: s.shutdownTimeout(), Dropped: m.sink.dropped.Load()}
 	if c := m.res.child; c != nil {
-		f.TreeGone, f.APIGone = closed(c.done()), closed(c.apiGone())
+		f.TreeGone, f.APIGone = closed(c.Done()), closed(c.APIGone())
 	}
 	if s.inFlight != nil {
 		f.InFlight = s.inFlight()
@@ -147,9 +147,7 @@ func (m *machine) read(k evKind) facts {
 		f.GPUs = s.health.GPUs(m.res.startedAt, false)
 	}
 	if k == evHeartbeat && m.c.Sub == subCleaning && m.res.child != nil {
-		for _, l := range m.res.child.lingering() {
-			f.Lingering = append(f.Lingering, heart.Lingerer{PID: l.pid, State: l.state, WChan: l.wchan})
-		}
+		f.Lingering = m.res.child.Lingering()
 	}
 	return f
 }
@@ -176,9 +174,9 @@ func (m *machine) unwatch(cl *cleanup) {
 		s.gpu.SetTree(nil)
 		s.gpu.SetLoading(false)
 	}
-	x := c.exit()
+	x := c.Exit()
 	cl.Exit = heart.ExitInfo{Code: x.Code, Signal: x.Signal, StartFailure: x.StartFailure, GuardFailure: x.GuardFailure}
-	cl.PID, cl.Seen, cl.Lines = c.pid(), c.seen(), m.res.out.ring.snapshot()
+	cl.PID, cl.Seen, cl.Lines = c.PID(), c.Seen(), m.res.out.ring.snapshot()
 	m.res.child, m.relChild = nil, c
 }
 
@@ -186,7 +184,7 @@ func (m *machine) unwatch(cl *cleanup) {
 // posts it back.
 func (m *machine) readIO() {
 	c, run := m.res.child, m.c.RunN
-	go func() { m.post(event{Kind: evIORead, Run: run, IO: c.io()}) }()
+	go func() { m.post(event{Kind: evIORead, Run: run, IO: c.IO()}) }()
 }
 
 // readOOM reads the cgroup's OOM-kill count off the loop and posts it
@@ -197,15 +195,17 @@ func (m *machine) readOOM() {
 }
 
 // refreshTree re-reads the tree from /proc off the loop, one read at a
-// time (the GPU monitor and the probes read the tree as last read).
+// time (the GPU monitor and the probes read the tree as last read); the
+// cleanup waits for a read on its way (the tree's record of every process
+// seen is written by one at a time).
 func (m *machine) refreshTree() {
-	c, busy := m.res.child, m.res.refreshing
-	if !busy.CompareAndSwap(false, true) {
-		return
+	c, mu := m.res.child, m.res.treeMu
+	if !mu.TryLock() {
+		return // one is on its way
 	}
 	go func() {
-		defer busy.Store(false)
-		c.refresh()
+		defer mu.Unlock()
+		c.Refresh()
 	}()
 }
 
@@ -291,10 +291,12 @@ func (m *machine) cleanUp(checkPort bool) {
 	if checkPort {
 		holder = m.s.portHolder // a start that failed: was its port taken?
 	}
-	host, port := m.res.bindHost, m.res.bindPort
+	host, port, mu := m.res.bindHost, m.res.bindPort, m.res.treeMu
 	go func() {
-		c.refresh() // every process the tree had, for the release wait
-		outlived, unkillable := c.killLeftovers()
+		mu.Lock()   // (a re-read of the tree on its way ends first)
+		c.Refresh() // every process the tree had, for the release wait
+		outlived, unkillable := c.KillLeftovers()
+		mu.Unlock()
 		cl := cleanup{Outlived: outlived, Unkillable: unkillable}
 		if holder != nil && len(unkillable) == 0 { // (a process of its own that does not die may hold it)
 			cl.PortHeld = holder(host, port)
@@ -312,7 +314,7 @@ func (m *machine) cleanUp(checkPort bool) {
 func (m *machine) forward(c proc) {
 	run, out := m.c.RunN, m.res.out
 	go func() {
-		apiGone := c.apiGone()
+		apiGone := c.APIGone()
 		for {
 			select {
 			case <-apiGone:
@@ -322,7 +324,7 @@ func (m *machine) forward(c proc) {
 				m.post(event{Kind: evStartupComplete, Run: run})
 			case <-out.progress:
 				m.post(event{Kind: evProgress, Run: run})
-			case <-c.done():
+			case <-c.Done():
 				m.post(event{Kind: evTreeGone, Run: run})
 				return
 			}
@@ -338,14 +340,13 @@ func (m *machine) probe(f fxProbe) {
 		var r probeResult
 		switch f.Kind {
 		case probeReady:
-			r = p.ready(ctx, f.Level, f.Timeout)
+			r = p.Ready(ctx, f.Level, f.Timeout)
 		case probeHealth:
-			r = p.health(ctx, f.Timeout)
+			r = p.Health(ctx, f.Timeout)
 		case probePaused:
-			r = p.paused(ctx, f.Timeout)
+			r = p.Paused(ctx, f.Timeout)
 		}
-		m.post(event{Kind: evProbe, Run: run, Probe: heart.ProbeResult{OK: r.ok, Status: r.status, Step: r.step, Err: r.err,
-			Refused: r.refused, Explains: r.explains, Own: r.own, Paused: r.paused, Probe: r.probe}})
+		m.post(event{Kind: evProbe, Run: run, Probe: r})
 	}()
 }
 
@@ -368,18 +369,18 @@ type machine struct {
 
 // runRes is what one run holds of the world.
 type runRes struct {
-	child      proc // nil once its tree is gone and settled
-	out        *output
-	stdout     *streamWriter
-	stderr     *streamWriter
-	prober     checker
-	ctx        context.Context // cancelled when the run ends: in-flight probes stop
-	cancel     context.CancelFunc
-	refreshing *atomic.Bool // a re-read of the tree is on its way (refreshTree)
-	startedAt  time.Time
-	bindHost   string
-	bindPort   int
-	checkPort  bool // at its cleanup, try its port (a start that failed)
+	child     proc // nil once its tree is gone and settled
+	out       *output
+	stdout    *streamWriter
+	stderr    *streamWriter
+	prober    checker
+	ctx       context.Context // cancelled when the run ends: in-flight probes stop
+	cancel    context.CancelFunc
+	treeMu    *sync.Mutex // held by the re-read of the tree on its way, and by the cleanup
+	startedAt time.Time
+	bindHost  string
+	bindPort  int
+	checkPort bool // at its cleanup, try its port (a start that failed)
 }
 
 // timerSet holds the machine's timers, at most one of each kind armed.

@@ -222,14 +222,14 @@ var rows = []row{
 	{from: subReady, event: "operator restart", on: []evKind{evRestart}, effects: []string{"SIGTERM", "launch", "NVML read", "trial bind", "decision restart"}, to: subStopTerm, reach: func(s *scenario) { s.ready() }, fire: restart},
 	{from: subReady, event: "liveness failures", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"SIGKILL", "launch", "readiness probe", "liveness probe", "NVML read", "trial bind", "probe_failed", "exited"}, to: subStopKill, reach: func(s *scenario) { s.ready() },
 		fire: func(s *scenario) {
-			s.pr.setHealth(func() probeResult { return probeResult{step: "health", err: "timeout"} })
+			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Err: "timeout"} })
 			s.advance(time.Duration(s.cfg.Liveness.Failures+1) * s.cfg.Liveness.Interval.Duration)
 		}},
 	{from: subReady, event: "probe refused after the server's last line", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subServerExiting, reach: func(s *scenario) { s.ready() },
 		fire: func(s *scenario) {
 			p := s.l.last()
 			p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
-			s.pr.setHealth(func() probeResult { return probeResult{step: "health", err: "connection refused"} })
+			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Err: "connection refused"} })
 			s.advance(s.cfg.Liveness.Interval.Duration)
 		}},
 	{from: subReady, event: "heartbeat: XID 79", on: []evKind{evHeartbeat}, effects: []string{"SIGKILL", "decision kill", "exited"}, to: subStopKill,
@@ -319,7 +319,7 @@ var rows = []row{
 		fire:  func(s *scenario) { s.l.last().listening.Store(true); s.advance(fastRetryEvery) }},
 	{from: subStarting, event: "the readiness probe refused with a 4xx for 30 s", on: []evKind{evTimer + evKind(tPoll), evIORead, evProbe}, effects: []string{"SIGKILL", "readiness probe", "NVML read", "trial bind", "probe_failed", "exited"}, to: subStopKill,
 		setup: func(s *scenario) {
-			s.pr.setReady(func() probeResult { return probeResult{step: "completion", status: 404, err: "model not found"} })
+			s.pr.setReady(func() probeResult { return probeResult{Step: "completion", Status: 404, Err: "model not found"} })
 		},
 		fire: func(s *scenario) { s.l.last().listening.Store(true); s.advance(refusedProbeLimit + time.Second) }},
 	{from: subStarting, event: "poll timer past max_start_time", on: []evKind{evTimer + evKind(tPoll), evIORead}, effects: []string{"SIGKILL", "readiness probe", "NVML read", "trial bind", "exited"}, to: subStopKill,
@@ -340,7 +340,7 @@ var rows = []row{
 	{from: subReady, event: "/health says 503", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subEngineDead,
 		reach: func(s *scenario) { s.ready() },
 		fire: func(s *scenario) {
-			s.pr.setHealth(func() probeResult { return probeResult{step: "health", status: 503, err: "503"} })
+			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Status: 503, Err: "503"} })
 			s.advance(s.cfg.Liveness.Interval.Duration)
 		}},
 	{from: subReady, event: "heartbeat: stuck", on: []evKind{evHeartbeat}, effects: []string{"liveness probe", "/is_paused"}, to: subAskingPaused,
@@ -394,7 +394,7 @@ var rows = []row{
 var (
 	health503 = func() probeResult {
 		time.Sleep(time.Second)
-		return probeResult{step: "health", status: 503, err: "503"}
+		return probeResult{Step: "health", Status: 503, Err: "503"}
 	}
 	toEngineDead = func(s *scenario) {
 		s.ready()
@@ -405,7 +405,7 @@ var (
 		s.ready()
 		p := s.l.last()
 		p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
-		s.pr.setHealth(func() probeResult { return probeResult{step: "health", err: "connection refused"} })
+		s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Err: "connection refused"} })
 		s.advance(s.cfg.Liveness.Interval.Duration)
 	}
 	stuckSlowPaused = func(s *scenario) {
@@ -414,9 +414,9 @@ var (
 		s.pr.pausedR = func() probeResult {
 			time.Sleep(time.Minute)
 			if s.pr.nowPaused.Load() {
-				return probeResult{ok: true, step: "paused", status: 200, paused: true}
+				return probeResult{OK: true, Step: "paused", Status: 200, Paused: true}
 			}
-			return probeResult{step: "paused", status: 404, err: "404"}
+			return probeResult{Step: "paused", Status: 404, Err: "404"}
 		}
 		s.pr.mu.Unlock()
 	}
@@ -432,7 +432,7 @@ var waitRows = []row{
 	{from: subEngineDead, event: "the tree is gone", on: []evKind{evTreeGone}, effects: []string{"NVML read", "exited"}, to: subCleaning, reach: toEngineDead, fire: vanish},
 	{from: subEngineDead, event: "liveness timer, 503 again", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subEngineDead, reach: toEngineDead,
 		fire: func(s *scenario) {
-			s.pr.setHealth(func() probeResult { return probeResult{step: "health", status: 503, err: "503"} })
+			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Status: 503, Err: "503"} })
 			s.advance(s.cfg.Liveness.Interval.Duration - time.Second)
 		}},
 	{from: subEngineDead, event: "probe refused after the server's last line, its wait ending sooner", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subServerExiting,
@@ -440,7 +440,7 @@ var waitRows = []row{
 		fire: func(s *scenario) {
 			p := s.l.last()
 			p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
-			s.pr.setHealth(func() probeResult { return probeResult{step: "health", err: "connection refused"} })
+			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Err: "connection refused"} })
 			s.advance(s.cfg.Liveness.Interval.Duration - time.Second)
 		}},
 	{from: subEngineDead, event: "cost timer", on: []evKind{evTimer + evKind(tCost)}, effects: []string{}, to: subEngineDead, reach: toEngineDead,

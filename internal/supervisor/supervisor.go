@@ -12,6 +12,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,6 +29,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/ownconns"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/proctree"
+	"github.com/vllm-guard/vllm-guard/internal/supervisor/adapters"
 	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 )
 
@@ -190,14 +192,14 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 	}
 	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, health: opts.Health, bus: opts.Events, persist: persist,
 		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, tokens: opts.Progress, waiting: opts.Awaiting, inFlight: opts.InFlight, reqs: make(chan request), kill: make(chan struct{}, 1),
-		launcher: processLauncher{}, hostOOM: hostOOMKills, portHolder: portHolder, args: args, conns: conns}
+		launcher: processLauncher{}, hostOOM: adapters.HostOOMKills, portHolder: adapters.PortHolder, args: args, conns: conns}
 	if names := cfg.ServedModelNames(args); len(names) > 0 {
 		s.model = names[0]
 	}
 	s.newProber = func(ep launch.Endpoint, model string, tree func() []int) checker {
 		sp := s.probeSpec()
-		sp.tree = tree
-		return newProber(ep, sp)
+		sp.Tree = tree
+		return adapters.NewProber(ep, sp)
 	}
 	st := Status{State: publicState[subIdle], Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[policy.Cause]int{},
 		Cost: s.pol.Cost().Describe(s.pol.Current().GPUMemoryUtilization, cfg.Profile.Headroom), LongestTimeToReady: s.pol.LongestTimeToReady()}
@@ -261,16 +263,16 @@ func (s *Supervisor) ask(ctx context.Context, r request) error {
 func (s *Supervisor) beat() { s.lastTurn.Store(time.Now()) }
 
 // probeSpec is what the prober must know of vLLM's command line.
-func (s *Supervisor) probeSpec() probeSpec {
-	sp := probeSpec{names: s.cfg.ServedModelNames(s.args), taskHint: cmpOr(s.args.Convert, cmpOr(s.args.Task, s.args.Runner)), conns: s.conns,
-		tasks: func() []string {
+func (s *Supervisor) probeSpec() adapters.ProbeSpec {
+	sp := adapters.ProbeSpec{Names: s.cfg.ServedModelNames(s.args), TaskHint: cmp.Or(s.args.Convert, s.args.Task, s.args.Runner), Conns: s.conns,
+		Tasks: func() []string {
 			if t := s.tasks.Load(); t != nil {
 				return *t
 			}
 			return nil
 		}}
 	if len(s.args.APIKeys) > 0 {
-		sp.key = s.args.APIKeys[0]
+		sp.Key = s.args.APIKeys[0]
 	}
 	return sp
 }
@@ -302,7 +304,7 @@ func (s *Supervisor) Conns() *ownconns.Set { return s.conns }
 // the probes, so that no key or request of the guard's reaches another
 // process on the port.
 func (s *Supervisor) DialVLLM(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return vllmOnly(s.conns.Dial(d), func() []int {
+	return adapters.VLLMOnly(s.conns.Dial(d), func() []int {
 		if t := s.tree.Load(); t != nil {
 			return (*t)()
 		}

@@ -29,5 +29,5 @@ func pidOf(c proc) int { // (the executor's)
 	if c == nil {
 		return 0
 	}
-	return c.pid()
+	return c.PID()
 }

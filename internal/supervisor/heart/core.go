@@ -130,7 +130,6 @@ type (
 	}
 	FxEndProbing  struct{}
 	FxFinishRun   struct{ CheckPort bool }
-	FxUnwatch     struct{}
 	FxRefresh     struct{}
 	FxReadIO      struct{}
 	FxReady       struct{ TTR time.Duration }
@@ -149,9 +148,8 @@ type (
 		Used, Total uint64
 		Describe    bool
 	}
-	FxDescribeCost struct{}
-	FxApplyConfig  struct{ Cfg *config.Config } // vLLM starts on a reloaded configuration
-	FxReload       struct {
+	FxApplyConfig struct{ Cfg *config.Config } // vLLM starts on a reloaded configuration
+	FxReload      struct {
 		Cfg     *config.Config
 		Pending bool
 	}
@@ -180,7 +178,6 @@ func (FxKillHolders) Effect()  {}
 func (FxProbe) Effect()        {}
 func (FxEndProbing) Effect()   {}
 func (FxFinishRun) Effect()    {}
-func (FxUnwatch) Effect()      {}
 func (FxRefresh) Effect()      {}
 func (FxReadIO) Effect()       {}
 func (FxReady) Effect()        {}
@@ -190,7 +187,6 @@ func (FxDecide) Effect()       {}
 func (FxRestore) Effect()      {}
 func (FxAskRestore) Effect()   {}
 func (FxObserveCost) Effect()  {}
-func (FxDescribeCost) Effect() {}
 func (FxApplyConfig) Effect()  {}
 func (FxReload) Effect()       {}
 func (FxAskRung) Effect()      {}

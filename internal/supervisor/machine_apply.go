@@ -63,9 +63,9 @@ func (m *machine) applyWorld(f effect) {
 	case fxCheckPort:
 		m.checkPort(f.Host, f.Port)
 	case fxStop:
-		m.res.child.Stop()
+		m.withTree(proc.Stop)
 	case fxKill:
-		m.res.child.Kill()
+		m.withTree(proc.Kill)
 	case fxProbe:
 		m.probe(f)
 	case fxEndProbing:
@@ -192,7 +192,7 @@ func (m *machine) applyConfig(cfg *config.Config) {
 func (m *machine) killHolders(held []Holder) bool {
 	killed := false
 	for _, h := range held {
-		if m.relChild != nil && m.relChild.KillIfOurs(h.PID) {
+		if m.relChild != nil && m.killIfOurs(h.PID) {
 			m.s.log.Warn("killed a survivor of the old vLLM that still held GPU memory",
 				zap.Int("pid", h.PID), zap.String("command", h.Command), zap.Uint64("bytes", h.Bytes))
 			killed = true
@@ -251,3 +251,16 @@ func (m *machine) watch(c proc, rung policy.Rung, f fxLaunch) {
 	m.res.ctx, m.res.cancel = context.WithCancel(context.Background())
 	m.forward(c)
 }
+
+// withTree calls f on the run's tree once no re-read of it is on its way:
+// the tree's record of every process seen is written by the re-read and
+// read by the signals (proctree: one at a time).
+func (m *machine) withTree(f func(proc)) {
+	m.res.treeMu.Lock()
+	defer m.res.treeMu.Unlock()
+	f(m.res.child)
+}
+
+// killIfOurs kills pid if it is still a process of the run that ended
+// (its record is no longer written: no re-read after its cleanup).
+func (m *machine) killIfOurs(pid int) bool { return m.relChild.KillIfOurs(pid) }

@@ -37,7 +37,7 @@ func fixtureDoc() Doc {
 		LastFailure: &status.Failure{
 			Time: oomAt, PID: 4100, Exit: "exit code 1", ExitCode: 1, Phase: cause.PhaseReady,
 			Verdict:    cause.Verdict{Cause: cause.CauseOOM, Confidence: "high", Evidence: evidence, Summary: "GPU out of memory while serving"},
-			Decision:   policy.Decision{Action: policy.ActionRestart, Rung: rung1, Delay: 5 * time.Second, WaitGPU: true, Reason: "OOM: one rung down"},
+			Decision:   policy.Decision{Action: policy.ActionRestart, Rung: rung1, Delay: 5 * time.Second, Reason: "OOM: one rung down"},
 			RungBefore: rung0,
 			Uptime:     2 * time.Hour,
 		},

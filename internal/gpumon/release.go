@@ -4,11 +4,9 @@
 package gpumon
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 )
 
 // CheckFree reports whether every watched device has at least
@@ -43,45 +41,13 @@ func (m *Monitor) CheckFree(utilization float64, kvBytes uint64) FreeCheck {
 	return fc
 }
 
-// WaitReleased waits until none of pids appears in NVML's process lists, up
-// to timeout, checking once per SampleInterval. Where NVML's pids cannot be
-// matched to ours (a container's PID namespace), it waits instead until each
-// device's used memory is back within 2% of total of baselineUsed (the level
-// before launch, in Snapshot.Devices order; a device without a baseline is
-// not waited on). On timeout it says what is still held.
-func (m *Monitor) WaitReleased(ctx context.Context, pids []int, baselineUsed []uint64, timeout time.Duration) Release {
-	start := time.Now()
-	deadline := start.Add(timeout)
-	set := map[int]bool{}
-	for _, p := range pids {
-		set[p] = true
-	}
-	for {
-		rel, done := m.releaseCheck(set, baselineUsed)
-		rel.Waited = time.Since(start)
-		if done {
-			return rel
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			rel.Message = fmt.Sprintf("GPU memory still held after %s: %s", timeout, rel.Message)
-			return rel
-		}
-		t := time.NewTimer(min(left, m.opts.SampleInterval))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			rel.Waited = time.Since(start)
-			rel.Message = fmt.Sprintf("stopped waiting for GPU memory (%v): %s", ctx.Err(), rel.Message)
-			return rel
-		case <-t.C:
-		}
-	}
-}
-
-// CheckReleased is one reading of WaitReleased's test, without waiting:
-// Released says whether the memory of pids (or, where PIDs cannot be
-// matched, the devices' totals) is back.
+// CheckReleased is one reading, without waiting (the supervisor's
+// releasing sub-state reads again at each sample): Released says whether
+// none of pids appears in NVML's process lists, or, where NVML's pids
+// cannot be matched to ours (a container's PID namespace), whether each
+// device's used memory is back within 2% of total of baselineUsed (the
+// level before launch, in Snapshot.Devices order; a device without a
+// baseline is not waited on). When not, it says what is still held.
 func (m *Monitor) CheckReleased(pids []int, baselineUsed []uint64) Release {
 	set := make(map[int]bool, len(pids))
 	for _, p := range pids {

@@ -63,14 +63,13 @@ type Alert struct {
 	Message           string    `json:"message"`
 }
 
-// Release is the outcome of WaitReleased.
+// Release is the outcome of CheckReleased.
 type Release struct {
-	Released  bool          `json:"released"`
-	Method    string        `json:"method"` // "pid" | "device totals" | "unavailable"
-	Waited    time.Duration `json:"waited"`
-	Held      []Proc        `json:"held,omitempty"` // the tree's processes still listed by NVML (device totals: every process listed on a device still above its baseline)
-	HeldBytes uint64        `json:"held_bytes"`     // still held: Σ Held, or the excess over the baseline
-	Message   string        `json:"message"`
+	Released  bool   `json:"released"`
+	Method    string `json:"method"`         // "pid" | "device totals" | "unavailable"
+	Held      []Proc `json:"held,omitempty"` // the tree's processes still listed by NVML (device totals: every process listed on a device still above its baseline)
+	HeldBytes uint64 `json:"held_bytes"`     // still held: Σ Held, or the excess over the baseline
+	Message   string `json:"message"`
 }
 
 // FreeCheck is the outcome of CheckFree.

@@ -361,7 +361,7 @@ func (p *Policy) OnFailure(now time.Time, v cause.Verdict) Decision {
 			d.Reason += " (max_num_seqs already at its floor)"
 		}
 	case cause.CauseGPUBusy:
-		d.WaitGPU = true
+		// (the next start's free-memory check, sub-state wait_gpu, waits for it)
 		d.Reason = "GPU memory held by another process: waiting for it to be released, same rung"
 	case cause.CauseHang:
 		d.Reason = "vLLM hung: killed, restarting on the same rung"

@@ -80,7 +80,6 @@ type step struct {
 	action   Action
 	rung     *Rung
 	delay    time.Duration
-	waitGPU  bool
 	exitCode int
 	floor    bool
 	reason   string // substring of Decision.Reason
@@ -131,9 +130,9 @@ func runSteps(t *testing.T, cfg Config, st State, steps []step) *Policy {
 			if want == ActionRestart && d.Delay != s.delay {
 				t.Fatalf("step %d (%s): delay %s, want %s", i, s.cause, d.Delay, s.delay)
 			}
-			if d.WaitGPU != s.waitGPU || d.ExitCode != s.exitCode || d.AtFloor != s.floor {
-				t.Fatalf("step %d (%s): wait_gpu %v exit %d floor %v, want %v %d %v (%s)", i, s.cause,
-					d.WaitGPU, d.ExitCode, d.AtFloor, s.waitGPU, s.exitCode, s.floor, d.Reason)
+			if d.ExitCode != s.exitCode || d.AtFloor != s.floor {
+				t.Fatalf("step %d (%s): exit %d floor %v, want %d %v (%s)", i, s.cause,
+					d.ExitCode, d.AtFloor, s.exitCode, s.floor, d.Reason)
 			}
 			if d.Reason == "" || !strings.Contains(d.Reason, s.reason) {
 				t.Fatalf("step %d (%s): reason %q, want it to contain %q", i, s.cause, d.Reason, s.reason)
@@ -188,8 +187,8 @@ func TestOnFailureSequences(t *testing.T) {
 		}},
 		{"gpu_busy waits for memory on the same rung", testConfig(), []step{
 			{ev: "start"},
-			{at: m1, ev: "fail", cause: cause.CauseGPUBusy, rung: r(0, 256, 0.85), delay: s5, waitGPU: true, reason: "waiting"},
-			{at: 2 * m1, ev: "fail", cause: cause.CauseGPUBusy, rung: r(0, 256, 0.85), delay: 2 * s5, waitGPU: true},
+			{at: m1, ev: "fail", cause: cause.CauseGPUBusy, rung: r(0, 256, 0.85), delay: s5, reason: "waiting"},
+			{at: 2 * m1, ev: "fail", cause: cause.CauseGPUBusy, rung: r(0, 256, 0.85), delay: 2 * s5},
 		}},
 		{"config_error gives up at once", testConfig(), []step{
 			{ev: "start"},

@@ -166,10 +166,11 @@ type output struct {
 	serverDone atomic.Bool
 }
 
-func newOutput(sink *logSink, ringSize int) *output {
+// newOutput is a run's output, its last line's time at (the launch).
+func newOutput(sink *logSink, ringSize int, at time.Time) *output {
 	o := &output{sink: sink, ring: newLineRing(ringSize),
 		progress: make(chan struct{}, 1), startupEnd: make(chan struct{}, 1)}
-	o.lastLine.Store(time.Now())
+	o.lastLine.Store(at)
 	return o
 }
 
@@ -244,6 +245,31 @@ func (f *lineFilter) noteTasks(text string) {
 	}
 }
 
+// loading notes what a line says while vLLM loads: its tasks, its load
+// phase (its server's start among them), the end of its startup.
+func (o *output) loading(text string) {
+	if f := o.sink.filter; f != nil {
+		f.noteTasks(text)
+	}
+	ph := vllmlog.LoadPhase(text)
+	if ph == vllmlog.PhaseServer {
+		o.serverUp.Store(true)
+	}
+	if ph != "" && ph != o.Phase() {
+		o.phase.Store(&ph)
+		select {
+		case o.progress <- struct{}{}:
+		default:
+		}
+	}
+	if vllmlog.IsStartupComplete(text) {
+		select {
+		case o.startupEnd <- struct{}{}:
+		default:
+		}
+	}
+}
+
 func (w *streamWriter) line(b []byte, start vllmlog.LineStart) {
 	w.clean = vllmlog.AppendStripANSI(w.clean[:0], b)
 	if len(bytes.TrimSpace(w.clean)) == 0 {
@@ -267,26 +293,7 @@ func (w *streamWriter) line(b []byte, start vllmlog.LineStart) {
 	// Load phases matter only while loading; a flood after ready skips the
 	// matching.
 	if !o.loaded.Load() {
-		if f := o.sink.filter; f != nil {
-			f.noteTasks(text)
-		}
-		ph := vllmlog.LoadPhase(text)
-		if ph == vllmlog.PhaseServer {
-			o.serverUp.Store(true)
-		}
-		if ph != "" && ph != o.Phase() {
-			o.phase.Store(&ph)
-			select {
-			case o.progress <- struct{}{}:
-			default:
-			}
-		}
-		if vllmlog.IsStartupComplete(text) {
-			select {
-			case o.startupEnd <- struct{}{}:
-			default:
-			}
-		}
+		o.loading(text)
 	}
 	if !o.sink.admit() {
 		o.sink.dropped.Add(1)

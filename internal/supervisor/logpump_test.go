@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -14,7 +15,7 @@ import (
 func newTestOutput(t *testing.T) *output {
 	sink := newLogSink(zap.NewNop())
 	t.Cleanup(sink.close)
-	return newOutput(sink, 4)
+	return newOutput(sink, 4, time.Now())
 }
 
 func TestStreamWriterSplitsOnNewlineAndCarriageReturn(t *testing.T) {
@@ -84,7 +85,7 @@ func TestOverlongLineIsTruncatedNotBuffered(t *testing.T) {
 func TestSlowSinkDropsInsteadOfBlocking(t *testing.T) {
 	// A sink whose queue is never drained: writes must still return.
 	sink := &logSink{log: zap.NewNop(), ch: make(chan emitted, 2), done: make(chan struct{})}
-	o := newOutput(sink, 8)
+	o := newOutput(sink, 8, time.Now())
 	w := o.writer("stdout")
 	for i := 0; i < 100; i++ {
 		fmt.Fprintf(w, "line %d\n", i)
@@ -97,7 +98,7 @@ func TestSlowSinkDropsInsteadOfBlocking(t *testing.T) {
 func BenchmarkLogPump(b *testing.B) {
 	sink := newLogSink(zap.NewNop())
 	defer sink.close()
-	o := newOutput(sink, 1000)
+	o := newOutput(sink, 1000, time.Now())
 	w := o.writer("stdout")
 	chunk := []byte(strings.Repeat("\x1b[36m(EngineCore_0 pid=42)\x1b[0m INFO 12-02 09:31:24 [core.py:123] Avg prompt throughput: 1234.5 tokens/s, Running: 12 reqs\n", 512))
 	b.SetBytes(int64(len(chunk)))
@@ -131,7 +132,7 @@ func TestTasksOnlyFromVLLMsLineBeforeReady(t *testing.T) {
 	sink := newLogSink(zap.NewNop())
 	defer sink.close()
 	sink.filter = &lineFilter{tasks: &tasks}
-	o := newOutput(sink, 100)
+	o := newOutput(sink, 100, time.Now())
 	w := o.writer("stdout")
 	w.Write([]byte(`(APIServer pid=1) INFO:     127.0.0.1:6666 - "GET /v1/models?Supported_tasks:[embed] HTTP/1.1" 200 OK` + "\n"))
 	w.Write([]byte(`(APIServer pid=1) INFO 12-02 09:00:00 [logger.py:41] Received request cmpl-1: prompt: "Supported tasks: ['classify']"` + "\n"))

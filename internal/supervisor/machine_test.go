@@ -51,15 +51,15 @@ type fakeVLLM struct {
 	mu         sync.Mutex
 }
 
-func (p *fakeVLLM) pid() int                 { return p.apiPID }
-func (p *fakeVLLM) apiGone() <-chan struct{} { return p.apiGoneC }
-func (p *fakeVLLM) done() <-chan struct{}    { return p.doneC }
-func (p *fakeVLLM) exit() exitInfo           { return p.exitv }
-func (p *fakeVLLM) refresh()                 {}
-func (p *fakeVLLM) tree() []int              { return []int{p.apiPID} }
-func (p *fakeVLLM) seen() []int              { return []int{p.apiPID, p.apiPID + 1} }
+func (p *fakeVLLM) PID() int                 { return p.apiPID }
+func (p *fakeVLLM) APIGone() <-chan struct{} { return p.apiGoneC }
+func (p *fakeVLLM) Done() <-chan struct{}    { return p.doneC }
+func (p *fakeVLLM) Exit() exitInfo           { return p.exitv }
+func (p *fakeVLLM) Refresh()                 {}
+func (p *fakeVLLM) Tree() []int              { return []int{p.apiPID} }
+func (p *fakeVLLM) Seen() []int              { return []int{p.apiPID, p.apiPID + 1} }
 
-func (p *fakeVLLM) killLeftovers() (outlived, unkillable []int) {
+func (p *fakeVLLM) KillLeftovers() (outlived, unkillable []int) {
 	p.cleaning.Store(true)
 	defer p.cleaning.Store(false)
 	time.Sleep(p.stuckFor) // fake time (synctest): what a wait in the kernel costs
@@ -69,21 +69,21 @@ func (p *fakeVLLM) killLeftovers() (outlived, unkillable []int) {
 	return p.survivors, nil
 }
 
-func (p *fakeVLLM) lingering() []lingerer {
+func (p *fakeVLLM) Lingering() []lingerer {
 	if !p.cleaning.Load() {
 		return nil
 	}
 	var out []lingerer
 	for _, pid := range p.survivors {
-		out = append(out, lingerer{pid: pid, state: 'D', wchan: "nvidia_wait_for_gpu"})
+		out = append(out, lingerer{PID: pid, State: 'D', WChan: "nvidia_wait_for_gpu"})
 	}
 	return out
 }
 
 // io is the tree's storage I/O: ioBytes grows while the fake "downloads".
-func (p *fakeVLLM) io() map[int]uint64 { return map[int]uint64{p.apiPID: uint64(p.ioBytes.Load())} }
+func (p *fakeVLLM) IO() map[int]uint64 { return map[int]uint64{p.apiPID: uint64(p.ioBytes.Load())} }
 
-func (p *fakeVLLM) killIfOurs(pid int) bool {
+func (p *fakeVLLM) KillIfOurs(pid int) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.ours[pid] {
@@ -93,14 +93,14 @@ func (p *fakeVLLM) killIfOurs(pid int) bool {
 	return true
 }
 
-func (p *fakeVLLM) stop() {
+func (p *fakeVLLM) Stop() {
 	p.stops.Add(1)
 	if !p.ignoreTERM {
 		p.end(exitInfo{Code: 0})
 	}
 }
 
-func (p *fakeVLLM) kill() {
+func (p *fakeVLLM) Kill() {
 	p.kills.Add(1)
 	if !p.outlivesKill {
 		p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
@@ -130,10 +130,10 @@ func (p *fakeVLLM) print(lines ...string) {
 	}
 	for _, l := range lines {
 		if rest, ok := strings.CutPrefix(l, "stderr:"); ok {
-			fmt.Fprintln(p.spec.stderr, rest)
+			fmt.Fprintln(p.spec.Stderr, rest)
 			continue
 		}
-		fmt.Fprintln(p.spec.stdout, l)
+		fmt.Fprintln(p.spec.Stdout, l)
 	}
 }
 
@@ -145,7 +145,7 @@ type fakeLauncher struct {
 	setup   func(p *fakeVLLM)
 }
 
-func (l *fakeLauncher) launch(spec launchSpec) (proc, error) {
+func (l *fakeLauncher) Launch(spec launchSpec) (proc, error) {
 	if l.fail != nil {
 		return nil, l.fail
 	}
@@ -175,19 +175,22 @@ func (l *fakeLauncher) last() *fakeVLLM {
 // fakeProber answers for the last launched fake: refused until it listens,
 // then what the scenario says.
 type fakeProber struct {
-	l       *fakeLauncher
-	mu      sync.Mutex
-	readyR  func() probeResult // nil: ok
-	healthR func() probeResult // nil: ok
-	pausedR func() probeResult // nil: 404, as vLLM without dev mode answers /is_paused
-	calls   atomic.Int64       // readiness probes asked
-	own     atomic.Bool        // answers come over connections checked to reach vLLM's own listener
+	l         *fakeLauncher
+	mu        sync.Mutex
+	readyR    func() probeResult // nil: ok
+	healthR   func() probeResult // nil: ok
+	pausedR   func() probeResult // nil: 404, as vLLM without dev mode answers /is_paused
+	calls     atomic.Int64       // readiness probes asked
+	healths   atomic.Int64       // liveness probes asked
+	pauses    atomic.Int64       // /is_paused asked
+	nowPaused atomic.Bool        // a slow /is_paused answer says paused (substate_test.go)
+	own       atomic.Bool        // answers come over connections checked to reach vLLM's own listener
 }
 
-func (f *fakeProber) ready(ctx context.Context, level string, timeout time.Duration) probeResult {
+func (f *fakeProber) Ready(ctx context.Context, level string, timeout time.Duration) probeResult {
 	f.calls.Add(1)
 	if !f.l.last().listening.Load() {
-		return probeResult{step: "health", refused: true, err: "connection refused"}
+		return probeResult{Step: "health", Refused: true, Err: "connection refused"}
 	}
 	f.mu.Lock()
 	r := f.readyR
@@ -195,38 +198,40 @@ func (f *fakeProber) ready(ctx context.Context, level string, timeout time.Durat
 	if r != nil {
 		return r()
 	}
-	return probeResult{ok: true, step: level, status: 200, own: f.own.Load()}
+	return probeResult{OK: true, Step: level, Status: 200, Own: f.own.Load()}
 }
 
-func (f *fakeProber) health(ctx context.Context, timeout time.Duration) probeResult {
+func (f *fakeProber) Health(ctx context.Context, timeout time.Duration) probeResult {
+	f.healths.Add(1)
 	f.mu.Lock()
 	h := f.healthR
 	f.mu.Unlock()
 	if h != nil {
 		return h()
 	}
-	return probeResult{ok: true, step: "health", status: 200}
+	return probeResult{OK: true, Step: "health", Status: 200}
 }
 
-func (f *fakeProber) paused(ctx context.Context, timeout time.Duration) probeResult {
+func (f *fakeProber) Paused(ctx context.Context, timeout time.Duration) probeResult {
+	f.pauses.Add(1)
 	f.mu.Lock()
 	h := f.pausedR
 	f.mu.Unlock()
 	if h != nil {
 		return h()
 	}
-	return probeResult{step: "paused", status: 404, err: "GET /is_paused answered 404"}
+	return probeResult{Step: "paused", Status: 404, Err: "GET /is_paused answered 404"}
 }
 
 func (f *fakeProber) setPaused(p bool) {
 	f.mu.Lock()
-	f.pausedR = func() probeResult { return probeResult{ok: true, step: "paused", status: 200, paused: p} }
+	f.pausedR = func() probeResult { return probeResult{OK: true, Step: "paused", Status: 200, Paused: p} }
 	f.mu.Unlock()
 }
 
 func (f *fakeProber) setHealth(h func() probeResult) { f.mu.Lock(); f.healthR = h; f.mu.Unlock() }
 func (f *fakeProber) setReady(r func() probeResult)  { f.mu.Lock(); f.readyR = r; f.mu.Unlock() }
-func (f *fakeProber) close()                         {}
+func (f *fakeProber) Close()                         {}
 
 // fakeGPU is a GPU whose answers the scenario sets.
 type fakeGPU struct {
@@ -287,27 +292,31 @@ func (g *fakeGPU) set(f func(g *fakeGPU)) { g.mu.Lock(); f(g); g.mu.Unlock() }
 
 // scenario is one supervisor over fakes, running in a synctest bubble.
 type scenario struct {
-	t        *testing.T
-	cfg      *config.Config
-	sup      *Supervisor
-	l        *fakeLauncher
-	pr       *fakeProber
-	gpu      *fakeGPU
-	noGPU    bool
-	holder   string        // who holds vLLM's port, as the trial bind says ("" = free); under mu once started
-	slowPort time.Duration // each trial bind takes this long
-	health   GPUHealth     // nil: no hardware view (gpufault_test.go)
-	load     func() (float64, float64, bool)
-	progress func() (float64, float64, bool)
-	awaiting func() (int, float64)
-	inFlight func() int
-	pstate   policy.State
-	oom      atomic.Int64
+	t         *testing.T
+	cfg       *config.Config
+	sup       *Supervisor
+	l         *fakeLauncher
+	pr        *fakeProber
+	gpu       *fakeGPU
+	noGPU     bool
+	holder    string        // who holds vLLM's port, as the trial bind says ("" = free); under mu once started
+	slowPort  time.Duration // each trial bind takes this long
+	binds     atomic.Int64  // trial binds of vLLM's port
+	slowOOM   time.Duration // the first read of the OOM-kill count takes this long
+	oomSlowed atomic.Bool
+	health    GPUHealth // nil: no hardware view (gpufault_test.go)
+	load      func() (float64, float64, bool)
+	progress  func() (float64, float64, bool)
+	awaiting  func() (int, float64)
+	inFlight  func() int
+	pstate    policy.State
+	oom       atomic.Int64
 
 	mu     sync.Mutex
 	events []events.Event
 	saved  int
 	subs   []subState // the machine's sub-states, in order, from idle
+	cells  [][2]int   // the cells of the table the events fell in, in order
 
 	persist func(policy.State) // the state file; nil: saves are counted
 
@@ -353,8 +362,14 @@ func (s *scenario) start() {
 	}
 	sup.launcher = s.l
 	sup.newProber = func(launch.Endpoint, string, func() []int) checker { return s.pr }
-	sup.hostOOM = s.oom.Load
+	sup.hostOOM = func() int64 {
+		if s.slowOOM > 0 && s.oomSlowed.CompareAndSwap(false, true) {
+			time.Sleep(s.slowOOM)
+		}
+		return s.oom.Load()
+	}
 	sup.portHolder = func(string, int) string {
+		s.binds.Add(1)
 		time.Sleep(s.slowPort)
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -362,6 +377,11 @@ func (s *scenario) start() {
 	}
 	s.subs = []subState{subIdle}
 	sup.traceSub = func(_, to subState) { s.mu.Lock(); s.subs = append(s.subs, to); s.mu.Unlock() }
+	sup.traceCell = func(sub subState, k evKind) {
+		s.mu.Lock()
+		s.cells = append(s.cells, [2]int{int(sub), int(k)})
+		s.mu.Unlock()
+	}
 	s.sup = sup
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -487,8 +507,8 @@ func TestMachineStartsAndBecomesReadyOnStartupComplete(t *testing.T) {
 			t.Fatalf("%d launches", s.l.n())
 		}
 		p := s.l.last()
-		if !argvHas(p.spec.argv, "--max-num-seqs", "256") || !argvHas(p.spec.argv, "--gpu-memory-utilization", "0.85") {
-			t.Fatalf("argv %v lacks rung 0's profile", p.spec.argv)
+		if !argvHas(p.spec.Argv, "--max-num-seqs", "256") || !argvHas(p.spec.Argv, "--gpu-memory-utilization", "0.85") {
+			t.Fatalf("argv %v lacks rung 0's profile", p.spec.Argv)
 		}
 		// Loading: a phase is progress, and no probe has been answered.
 		p.print("INFO 10-14 12:00:00 [loader.py:1] Loading weights took 1.13 seconds")
@@ -532,7 +552,7 @@ func TestMachineNotReadyWhileProbesFail(t *testing.T) {
 		p.print("INFO 12-03 12:00:00 [api_server.py:1] Starting vLLM API server 0 on http://127.0.0.1:8000")
 		p.listening.Store(true)
 		s.pr.setReady(func() probeResult {
-			return probeResult{step: "completion", status: 500, err: "POST /v1/completions answered 500"}
+			return probeResult{Step: "completion", Status: 500, Err: "POST /v1/completions answered 500"}
 		})
 		s.advance(5 * time.Second)
 		st := s.sup.Status()
@@ -559,7 +579,7 @@ func TestMachineStartEndsWhenTheProbeKeepsGettingA4xx(t *testing.T) {
 		s.start()
 		s.l.last().listening.Store(true)
 		s.pr.setReady(func() probeResult {
-			return probeResult{step: "embeddings", status: 404, err: "POST /v1/embeddings answered 404"}
+			return probeResult{Step: "embeddings", Status: 404, Err: "POST /v1/embeddings answered 404"}
 		})
 		s.advance(refusedProbeLimit - time.Second)
 		if len(s.kinds(events.KindExited)) != 0 {
@@ -613,7 +633,7 @@ func TestMachineFaultOOMStepsDownAfterTheRelease(t *testing.T) {
 		if s.l.n() != 2 {
 			t.Fatalf("%d launches after the backoff", s.l.n())
 		}
-		if argv := s.l.last().spec.argv; !argvHas(argv, "--max-num-seqs", "128") || !argvHas(argv, "--gpu-memory-utilization", "0.8") {
+		if argv := s.l.last().spec.Argv; !argvHas(argv, "--max-num-seqs", "128") || !argvHas(argv, "--gpu-memory-utilization", "0.8") {
 			t.Fatalf("rung 1 argv %v", argv)
 		}
 		s.ready()
@@ -818,7 +838,7 @@ func TestMachineFaultHangWhileReady(t *testing.T) {
 		s.start()
 		s.ready()
 		s.pr.setHealth(func() probeResult {
-			return probeResult{step: "health", err: "context deadline exceeded"}
+			return probeResult{Step: "health", Err: "context deadline exceeded"}
 		})
 		s.advance(20 * time.Second)
 		if len(s.kinds(events.KindExited)) != 0 {
@@ -838,7 +858,7 @@ func TestMachineFaultHealth503(t *testing.T) {
 			s := newScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: 5 * time.Second} })
 			s.start()
 			s.ready()
-			s.pr.setHealth(func() probeResult { return probeResult{step: "health", status: 503, err: "GET /health answered 503"} })
+			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Status: 503, Err: "GET /health answered 503"} })
 			s.advance(5 * time.Second)
 			p := s.l.last()
 			if len(s.kinds(events.KindExited)) != 0 || p.stops.Load() != 0 {
@@ -858,7 +878,7 @@ func TestMachineFaultHealth503(t *testing.T) {
 			s := newScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: 5 * time.Second} })
 			s.start()
 			s.ready()
-			s.pr.setHealth(func() probeResult { return probeResult{step: "health", status: 503, err: "GET /health answered 503"} })
+			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Status: 503, Err: "GET /health answered 503"} })
 			s.advance(5*time.Second + s.sup.engineDeadGrace())
 			if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
 				t.Fatalf("failure %+v", f)
@@ -1069,7 +1089,7 @@ func TestMachineResetProfile(t *testing.T) {
 			t.Fatal(err)
 		}
 		synctest.Wait()
-		if argv := s.l.last().spec.argv; !argvHas(argv, "--max-num-seqs", "256") {
+		if argv := s.l.last().spec.Argv; !argvHas(argv, "--max-num-seqs", "256") {
 			t.Fatalf("after the reset: %v", argv)
 		}
 		s.stop()
@@ -1092,8 +1112,8 @@ func TestMachineRestoreStepsUpWhenIdleAndCool(t *testing.T) {
 		if d := s.kinds(events.KindDecision); len(d) != 1 || d[0].Decision != events.DecisionRestore || d[0].Rung.Index != 0 {
 			t.Fatalf("decisions %+v", d)
 		}
-		if !argvHas(s.l.last().spec.argv, "--max-num-seqs", "256") {
-			t.Fatalf("restored argv %v", s.l.last().spec.argv)
+		if !argvHas(s.l.last().spec.Argv, "--max-num-seqs", "256") {
+			t.Fatalf("restored argv %v", s.l.last().spec.Argv)
 		}
 		s.stop()
 	})
@@ -1475,7 +1495,7 @@ func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
 			t.Fatal("answering requests, yet called stuck")
 		}
 		// The engine wedges: the 1-token request never answers within its bound.
-		s.pr.setReady(func() probeResult { return probeResult{step: "completion", err: "context deadline exceeded"} })
+		s.pr.setReady(func() probeResult { return probeResult{Step: "completion", Err: "context deadline exceeded"} })
 		s.advance(time.Minute)
 		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
 			t.Fatalf("failure %+v", f)
@@ -1577,7 +1597,7 @@ func TestMachinePausedVLLMWithoutMetricsIsNotStuck(t *testing.T) {
 		s.pr.setPaused(true)
 		s.start()
 		s.ready()
-		s.pr.setReady(func() probeResult { return probeResult{step: "completion", err: "context deadline exceeded"} })
+		s.pr.setReady(func() probeResult { return probeResult{Step: "completion", Err: "context deadline exceeded"} })
 		s.advance(5 * time.Minute)
 		if len(s.kinds(events.KindExited)) != 0 {
 			t.Fatalf("a paused vLLM was called stuck: %+v", s.failure(1))
@@ -1592,7 +1612,7 @@ func TestMachineReloadAppliesLiveSettingsNowAndVLLMsAtTheNextStart(t *testing.T)
 		var healthChecks atomic.Int64
 		s.start()
 		s.ready()
-		s.pr.setHealth(func() probeResult { healthChecks.Add(1); return probeResult{ok: true, step: "health", status: 200} })
+		s.pr.setHealth(func() probeResult { healthChecks.Add(1); return probeResult{OK: true, Step: "health", Status: 200} })
 
 		next := *s.cfg
 		next.Liveness.Interval = config.Duration{Duration: 5 * time.Second}
@@ -1616,8 +1636,8 @@ func TestMachineReloadAppliesLiveSettingsNowAndVLLMsAtTheNextStart(t *testing.T)
 			t.Fatal(err)
 		}
 		synctest.Wait()
-		if !argvHas(s.l.last().spec.argv, "--max-model-len", "8192") {
-			t.Fatalf("the reloaded command is not in force after the restart: %v", s.l.last().spec.argv)
+		if !argvHas(s.l.last().spec.Argv, "--max-model-len", "8192") {
+			t.Fatalf("the reloaded command is not in force after the restart: %v", s.l.last().spec.Argv)
 		}
 		s.stop()
 	})
@@ -1753,7 +1773,7 @@ func TestMachineServerFinishedIsNotAHang(t *testing.T) {
 		c.VLLM.StopTimeout = config.Duration{Duration: 30 * time.Second}
 	}
 	refused := func() probeResult {
-		return probeResult{step: "health", err: `Get "http://127.0.0.1:8000/health": dial tcp 127.0.0.1:8000: connect: connection refused`}
+		return probeResult{Step: "health", Err: `Get "http://127.0.0.1:8000/health": dial tcp 127.0.0.1:8000: connect: connection refused`}
 	}
 	t.Run("the process exits within stop_timeout: its own cause", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {

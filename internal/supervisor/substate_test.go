@@ -17,6 +17,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/events"
 )
 
 // The machine as a table: each row is one cell (sub-state × event) that
@@ -24,32 +25,94 @@ import (
 // listed is an event the sub-state ignores. Each row reaches its sub-state
 // through the machine's own events (over the fakes of machine_test.go, in
 // fake time), fires the one event, and checks the first sub-state the
-// machine entered after it.
-type cell struct {
+// machine entered after it (to == from: it stays, entering none) and
+// every effect. Every non-empty cell of the table (table.go) has a row.
+type row struct {
 	from  subState
 	event string
+	on    []evKind // the cells of from the event passes through (a timer's, then the read it asked for, an answer)
+	then  []at     // and the cells of later sub-states it passes through
 	to    subState
 	edit  func(c *config.Config) // the configuration (nil: the scenario's)
 	setup func(s *scenario)      // before Run starts
 	reach func(s *scenario)      // after Run started: bring the machine to from
 	fire  func(s *scenario)      // the event
-	// effects: what the event did to vLLM, checked when not nil:
-	// "SIGTERM", "SIGKILL" (to the run there was), "launch" (a new run).
+	// effects: what the event did (effectsSince's words), all of it.
 	effects []string
 }
 
-// effectsSince says what happened to vLLM since n launches and the last
-// run's stops and kills were as given.
-func effectsSince(s *scenario, n int, last *fakeVLLM, stops, kills int32) []string {
+// cells are the cells the row passes through.
+func (c row) cells() []at {
+	out := slices.Clone(c.then)
+	for _, k := range c.on {
+		out = append(out, at{c.from, k})
+	}
+	return out
+}
+
+// at is a cell of the table.
+type at struct {
+	sub subState
+	k   evKind
+}
+
+// tally counts what the machine did, to tell one cell's effects.
+type tally struct {
+	launches              int
+	last                  *fakeVLLM
+	stops, kills          int32
+	ready, health, paused int64
+	nvml                  int
+	binds                 int64
+	events                int
+}
+
+func takeTally(s *scenario) tally {
+	t := tally{launches: s.l.n(), ready: s.pr.calls.Load(), health: s.pr.healths.Load(), paused: s.pr.pauses.Load(), binds: s.binds.Load()}
+	if t.launches > 0 {
+		t.last = s.l.last()
+		t.stops, t.kills = t.last.stops.Load(), t.last.kills.Load()
+	}
+	s.gpu.mu.Lock()
+	t.nvml = s.gpu.freeChecks + s.gpu.relChecks
+	s.gpu.mu.Unlock()
+	s.mu.Lock()
+	t.events = len(s.events)
+	s.mu.Unlock()
+	return t
+}
+
+// effectsSince says what the machine did since t0, in the rows' words:
+// to vLLM ("SIGTERM", "SIGKILL", "launch"), what it asked ("readiness
+// probe", "liveness probe", "/is_paused", "NVML read", "trial bind"),
+// and what it published (each kind once, a decision by its name; the
+// state changes are the rows' sub-states).
+func effectsSince(s *scenario, t0 tally) []string {
+	t := takeTally(s)
 	out := []string{}
-	if last != nil && last.stops.Load() > stops {
-		out = append(out, "SIGTERM")
+	add := func(cond bool, what string) {
+		if cond && !slices.Contains(out, what) {
+			out = append(out, what)
+		}
 	}
-	if last != nil && last.kills.Load() > kills {
-		out = append(out, "SIGKILL")
-	}
-	if s.l.n() > n {
-		out = append(out, "launch")
+	add(t0.last != nil && t0.last.stops.Load() > t0.stops, "SIGTERM")
+	add(t0.last != nil && t0.last.kills.Load() > t0.kills, "SIGKILL")
+	add(t.launches > t0.launches, "launch")
+	add(t.ready > t0.ready, "readiness probe")
+	add(t.health > t0.health, "liveness probe")
+	add(t.paused > t0.paused, "/is_paused")
+	add(t.nvml > t0.nvml, "NVML read")
+	add(t.binds > t0.binds, "trial bind")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.events[t0.events:] {
+		switch e.Kind {
+		case events.KindState, events.KindStarting, events.KindStopped:
+		case events.KindDecision:
+			add(true, "decision "+string(e.Decision))
+		default:
+			add(true, string(e.Kind))
+		}
 	}
 	return out
 }
@@ -63,6 +126,18 @@ func withDrain(c *config.Config) { c.VLLM.Command = []string{"vllm", "serve", "m
 func stuckLeftovers(s *scenario) {
 	p := s.l.last()
 	p.survivors, p.stuckFor = []int{4242}, time.Minute
+}
+
+// vanish ends the last run's tree with no word of its API server's exit
+// first (the keeper itself killed, by the OOM killer or an operator).
+func vanish(s *scenario) {
+	p := s.l.last()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.gone.Do(func() {
+		p.exitv = exitInfo{Code: -1, Signal: "SIGKILL"}
+		close(p.doneC)
+	})
 }
 
 // crash ends the last run's vLLM by itself, exit 1.
@@ -100,67 +175,67 @@ func (h slowHealth) GPUs(since time.Time, fresh bool) []cause.GPUDevice {
 	return h.GPUHealth.GPUs(since, fresh)
 }
 
-var cells = []cell{
-	{from: subIdle, event: "Run begins (NVML)", to: subCheckGPU},
-	{from: subIdle, event: "Run begins (no NVML)", to: subCheckPort, effects: []string{"launch"}, setup: func(s *scenario) { s.noGPU = true }},
-	{from: subCheckGPU, event: "NVML read: room", to: subCheckPort, effects: []string{"launch"}, setup: slowNVML,
+var rows = []row{
+	{from: subIdle, event: "Run begins (NVML)", on: []evKind{evBegin, evRung}, effects: []string{"launch", "NVML read", "trial bind"}, to: subCheckGPU},
+	{from: subIdle, event: "Run begins (no NVML)", on: []evKind{evBegin, evRung}, then: []at{{subStarting, evLaunched}}, effects: []string{"launch", "trial bind"}, to: subCheckPort, setup: func(s *scenario) { s.noGPU = true }},
+	{from: subCheckGPU, event: "NVML read: room", on: []evKind{evGPURead}, effects: []string{"launch", "NVML read", "trial bind"}, to: subCheckPort, setup: slowNVML,
 		fire: func(s *scenario) { s.advance(time.Minute) }},
-	{from: subCheckGPU, event: "NVML read: no room", to: subWaitGPU, effects: []string{},
+	{from: subCheckGPU, event: "NVML read: no room", on: []evKind{evGPURead}, effects: []string{"NVML read"}, to: subWaitGPU,
 		setup: func(s *scenario) { slowNVML(s); s.gpu.free = false },
 		fire:  func(s *scenario) { s.advance(time.Minute); s.gpu.set(func(g *fakeGPU) { g.slow = 0 }) }},
-	{from: subCheckGPU, event: "NVML read: a GPU needs a reset", to: subWaitGPU, effects: []string{},
+	{from: subCheckGPU, event: "NVML read: a GPU needs a reset", on: []evKind{evGPURead}, effects: []string{}, to: subWaitGPU,
 		setup: func(s *scenario) {
 			h := newFakeHealth()
 			h.dev.Lost = true
 			s.health = slowHealth{h, new(atomic.Bool)}
 		}, fire: func(s *scenario) { s.advance(time.Minute) }},
-	{from: subCheckGPU, event: "stop", to: subStopped, setup: slowNVML, fire: func(s *scenario) { s.cancel() }},
-	{from: subWaitGPU, event: "sample timer, NVML read: room", to: subCheckPort, effects: []string{"launch"},
+	{from: subCheckGPU, event: "stop", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subStopped, setup: slowNVML, fire: func(s *scenario) { s.cancel() }},
+	{from: subWaitGPU, event: "sample timer, NVML read: room", on: []evKind{evTimer + evKind(tFreeMemory), evGPURead, evRung}, effects: []string{"launch", "NVML read", "trial bind"}, to: subCheckPort,
 		setup: func(s *scenario) { s.gpu.free = false },
 		fire: func(s *scenario) {
 			s.gpu.set(func(g *fakeGPU) { g.free = true })
 			s.advance(s.cfg.GPU.SampleInterval.Duration)
 		}},
-	{from: subWaitGPU, event: "stop", to: subStopped, setup: func(s *scenario) { s.gpu.free = false }, fire: func(s *scenario) { s.cancel() }},
-	{from: subCheckPort, event: "trial bind: free", to: subStarting, effects: []string{"launch"}, setup: slowPort,
+	{from: subWaitGPU, event: "stop", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subStopped, setup: func(s *scenario) { s.gpu.free = false }, fire: func(s *scenario) { s.cancel() }},
+	{from: subCheckPort, event: "trial bind: free", on: []evKind{evPortRead}, then: []at{{subStarting, evLaunched}}, effects: []string{"launch"}, to: subStarting, setup: slowPort,
 		fire: func(s *scenario) { s.advance(time.Minute) }},
-	{from: subCheckPort, event: "trial bind: held", to: subWaitPort, effects: []string{},
+	{from: subCheckPort, event: "trial bind: held", on: []evKind{evPortRead}, effects: []string{}, to: subWaitPort,
 		setup: func(s *scenario) { slowPort(s); s.holder = squatter }, fire: func(s *scenario) { s.advance(time.Minute) }},
-	{from: subCheckPort, event: "stop", to: subStopped, setup: slowPort, fire: func(s *scenario) { s.cancel() }},
-	{from: subWaitPort, event: "retry timer, trial bind: free", to: subStarting, effects: []string{"launch"},
+	{from: subCheckPort, event: "stop", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subStopped, setup: slowPort, fire: func(s *scenario) { s.cancel() }},
+	{from: subWaitPort, event: "retry timer, trial bind: free", on: []evKind{evTimer + evKind(tPortRetry), evPortRead, evRung}, effects: []string{"launch", "trial bind"}, to: subStarting,
 		setup: func(s *scenario) { s.noGPU, s.holder = true, squatter },
 		fire:  func(s *scenario) { s.setHolder(""); s.advance(portRetryFirst) }},
-	{from: subWaitPort, event: "retry timer past port_wait at the first start: held", to: subStarting, effects: []string{},
+	{from: subWaitPort, event: "retry timer past port_wait at the first start: held", on: []evKind{evTimer + evKind(tPortRetry), evPortRead, evRung}, then: []at{{subStarting, evLaunched}, {subStarting, evClassified}, {subStarting, evDecided}}, effects: []string{"trial bind", "exited"}, to: subStarting,
 		edit:  func(c *config.Config) { c.VLLM.PortWait = config.Duration{Duration: time.Second} },
 		setup: func(s *scenario) { s.noGPU, s.holder = true, squatter }, fire: func(s *scenario) { s.advance(time.Second) }},
-	{from: subWaitPort, event: "stop", to: subStopped, setup: func(s *scenario) { s.noGPU, s.holder = true, squatter },
+	{from: subWaitPort, event: "stop", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subStopped, setup: func(s *scenario) { s.noGPU, s.holder = true, squatter },
 		fire: func(s *scenario) { s.cancel() }},
-	{from: subStarting, event: "readiness probe answered", to: subReady, effects: []string{}, fire: func(s *scenario) { s.ready() }},
-	{from: subStarting, event: "vLLM's API server exits", to: subStopTerm, effects: []string{}, fire: crash},
-	{from: subStarting, event: "stall timer: no output, no I/O", to: subStopKill, effects: []string{"SIGKILL"},
+	{from: subStarting, event: "readiness probe answered", on: []evKind{evProbe}, effects: []string{"readiness probe", "progress", "ready"}, to: subReady, fire: func(s *scenario) { s.ready() }},
+	{from: subStarting, event: "vLLM's API server exits", on: []evKind{evAPIGone}, effects: []string{"NVML read", "trial bind", "exited"}, to: subStopTerm, fire: crash},
+	{from: subStarting, event: "stall timer: no output, no I/O", on: []evKind{evTimer + evKind(tPoll), evIORead}, effects: []string{"SIGKILL", "readiness probe", "NVML read", "trial bind", "exited"}, to: subStopKill,
 		edit: func(c *config.Config) { c.Readiness.StallTimeout = config.Duration{Duration: time.Minute} },
 		fire: func(s *scenario) { s.advance(time.Minute + time.Second) }},
-	{from: subStarting, event: "stop", to: subStopTerm, fire: func(s *scenario) { s.cancel() }},
-	{from: subReady, event: "stop (no proxy)", to: subStopTerm, effects: []string{"SIGTERM"}, reach: func(s *scenario) { s.ready() }, fire: func(s *scenario) { s.cancel() }},
-	{from: subReady, event: "stop (requests in flight through the proxy)", to: subDraining, effects: []string{}, edit: withDrain,
+	{from: subStarting, event: "stop", on: []evKind{evStop}, effects: []string{"SIGTERM", "decision stop"}, to: subStopTerm, fire: func(s *scenario) { s.cancel() }},
+	{from: subReady, event: "stop (no proxy)", on: []evKind{evStop}, effects: []string{"SIGTERM", "decision stop"}, to: subStopTerm, reach: func(s *scenario) { s.ready() }, fire: func(s *scenario) { s.cancel() }},
+	{from: subReady, event: "stop (requests in flight through the proxy)", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subDraining, edit: withDrain,
 		setup: func(s *scenario) { s.inFlight = func() int { return 1 } }, reach: func(s *scenario) { s.ready() }, fire: func(s *scenario) { s.cancel() }},
-	{from: subReady, event: "operator restart", to: subStopTerm, effects: []string{"SIGTERM", "launch"}, reach: func(s *scenario) { s.ready() }, fire: restart},
-	{from: subReady, event: "liveness failures", to: subStopKill, reach: func(s *scenario) { s.ready() },
+	{from: subReady, event: "operator restart", on: []evKind{evRestart}, effects: []string{"SIGTERM", "launch", "NVML read", "trial bind", "decision restart"}, to: subStopTerm, reach: func(s *scenario) { s.ready() }, fire: restart},
+	{from: subReady, event: "liveness failures", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"SIGKILL", "launch", "readiness probe", "liveness probe", "NVML read", "trial bind", "probe_failed", "exited"}, to: subStopKill, reach: func(s *scenario) { s.ready() },
 		fire: func(s *scenario) {
-			s.pr.setHealth(func() probeResult { return probeResult{step: "health", err: "timeout"} })
+			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Err: "timeout"} })
 			s.advance(time.Duration(s.cfg.Liveness.Failures+1) * s.cfg.Liveness.Interval.Duration)
 		}},
-	{from: subReady, event: "exit timer: the server finished, its process did not exit", to: subStopKill, effects: []string{"SIGKILL"}, reach: func(s *scenario) { s.ready() },
+	{from: subReady, event: "probe refused after the server's last line", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subServerExiting, reach: func(s *scenario) { s.ready() },
 		fire: func(s *scenario) {
 			p := s.l.last()
 			p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
-			s.pr.setHealth(func() probeResult { return probeResult{step: "health", err: "connection refused"} })
-			s.advance(s.cfg.Liveness.Interval.Duration + s.cfg.VLLM.StopTimeout.Duration + time.Second)
+			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Err: "connection refused"} })
+			s.advance(s.cfg.Liveness.Interval.Duration)
 		}},
-	{from: subReady, event: "heartbeat: XID 79", to: subStopKill, effects: []string{"SIGKILL"},
+	{from: subReady, event: "heartbeat: XID 79", on: []evKind{evHeartbeat}, effects: []string{"SIGKILL", "decision kill", "exited"}, to: subStopKill,
 		setup: func(s *scenario) { s.health = newFakeHealth() }, reach: func(s *scenario) { s.ready() },
 		fire: func(s *scenario) { s.health.(*fakeHealth).xid(79); s.advance(time.Second) }},
-	{from: subReady, event: "heartbeat: restore due", to: subStopTerm,
+	{from: subReady, event: "heartbeat: restore due", on: []evKind{evHeartbeat, evRestoreDue}, effects: []string{"SIGTERM", "launch", "readiness probe", "liveness probe", "NVML read", "trial bind", "decision restore"}, to: subStopTerm,
 		edit: func(c *config.Config) { c.Profile.RestoreAfter = config.Duration{Duration: 10 * time.Minute} },
 		setup: func(s *scenario) {
 			s.pstate.Rung = 1
@@ -169,68 +244,274 @@ var cells = []cell{
 		},
 		reach: func(s *scenario) { s.ready() }, fire: func(s *scenario) { s.advance(10*time.Minute + 2*time.Second) }},
 	drainEnds(),
-	{from: subDraining, event: "a second stop signal", to: subStopKill, edit: withDrain,
+	{from: subDraining, event: "a second stop signal", on: []evKind{evKill}, effects: []string{"SIGKILL", "decision kill"}, to: subStopKill, edit: withDrain,
 		setup: func(s *scenario) { s.inFlight = func() int { return 1 } },
 		reach: func(s *scenario) { s.ready(); s.cancel() }, fire: func(s *scenario) { s.sup.Kill() }},
-	{from: subStopTerm, event: "stop timer", to: subStopKill, effects: []string{"SIGKILL"},
+	{from: subStopTerm, event: "stop timer", on: []evKind{evTimer + evKind(tStopKill)}, effects: []string{"SIGKILL", "decision kill"}, to: subStopKill,
 		setup: func(s *scenario) { s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true } },
 		reach: func(s *scenario) { s.ready(); s.cancel() }, fire: func(s *scenario) { s.advance(s.cfg.VLLM.StopTimeout.Duration) }},
-	{from: subStopTerm, event: "a second stop signal", to: subStopKill,
+	{from: subStopTerm, event: "a second stop signal", on: []evKind{evKill}, effects: []string{"SIGKILL", "decision kill"}, to: subStopKill,
 		setup: func(s *scenario) { s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true } },
 		reach: func(s *scenario) { s.ready(); s.cancel() }, fire: func(s *scenario) { s.sup.Kill() }},
-	{from: subStopTerm, event: "the tree is gone", to: subCleaning, effects: []string{},
+	{from: subStopTerm, event: "the tree is gone", on: []evKind{evTreeGone}, effects: []string{}, to: subCleaning,
 		setup: func(s *scenario) { s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true } },
 		reach: func(s *scenario) { s.ready(); s.cancel() }, fire: func(s *scenario) { s.l.last().end(exitInfo{Code: 0}) }},
-	{from: subStopKill, event: "the tree is gone", to: subCleaning,
+	{from: subStopKill, event: "the tree is gone", on: []evKind{evTreeGone}, effects: []string{}, to: subCleaning,
 		setup: func(s *scenario) { s.l.setup = func(p *fakeVLLM) { p.ignoreTERM, p.outlivesKill = true, true } },
 		reach: func(s *scenario) { s.ready(); s.cancel(); s.advance(s.cfg.VLLM.StopTimeout.Duration) },
 		fire:  func(s *scenario) { s.l.last().end(exitInfo{Code: -1, Signal: "SIGKILL"}) }},
-	{from: subCleaning, event: "cleaned: a failure, NVML watching", to: subReleasing,
+	{from: subCleaning, event: "cleaned: a failure, NVML watching", on: []evKind{evCleaned, evClassified, evDecided}, effects: []string{"NVML read", "trial bind", "exited"}, to: subReleasing,
 		reach: func(s *scenario) { stuckLeftovers(s); crash(s) }, fire: func(s *scenario) { s.advance(time.Minute) }},
-	{from: subCleaning, event: "cleaned: a failure, no NVML", to: subBackoff,
+	{from: subCleaning, event: "cleaned: a failure, no NVML", on: []evKind{evCleaned, evClassified, evDecided}, effects: []string{"trial bind", "exited"}, to: subBackoff,
 		setup: func(s *scenario) { s.noGPU = true },
 		reach: func(s *scenario) { stuckLeftovers(s); crash(s) }, fire: func(s *scenario) { s.advance(time.Minute) }},
-	{from: subCleaning, event: "cleaned: a failure that gives up", to: subGaveUp,
+	{from: subCleaning, event: "cleaned: a failure that gives up", on: []evKind{evCleaned, evClassified, evDecided}, effects: []string{"trial bind", "exited"}, to: subGaveUp,
 		reach: func(s *scenario) { stuckLeftovers(s); badFlag(s) }, fire: func(s *scenario) { s.advance(time.Minute) }},
-	{from: subCleaning, event: "cleaned: a failure that gives up, on_give_up = stay", to: subFailed,
+	{from: subCleaning, event: "cleaned: a failure that gives up, on_give_up = stay", on: []evKind{evCleaned, evClassified, evDecided}, effects: []string{"trial bind", "exited"}, to: subFailed,
 		edit:  func(c *config.Config) { c.Restart.OnGiveUp = "stay" },
 		reach: func(s *scenario) { stuckLeftovers(s); badFlag(s) }, fire: func(s *scenario) { s.advance(time.Minute) }},
-	{from: subCleaning, event: "cleaned: a start that failed before ready, its port taken", to: subCheckGPU,
+	{from: subCleaning, event: "cleaned: a start that failed before ready, its port taken", on: []evKind{evCleaned, evClassified, evRung}, effects: []string{"NVML read", "trial bind", "exited"}, to: subCheckGPU,
 		reach: func(s *scenario) { stuckLeftovers(s); s.setHolder(squatter); bindFails(s) }, fire: func(s *scenario) { s.advance(time.Minute) }},
-	{from: subCleaning, event: "cleaned: asked to stop", to: subStopped,
+	{from: subCleaning, event: "cleaned: asked to stop", on: []evKind{evCleaned}, effects: []string{}, to: subStopped,
 		reach: func(s *scenario) { s.ready(); stuckLeftovers(s); s.cancel() }, fire: func(s *scenario) { s.advance(time.Minute) }},
-	{from: subCleaning, event: "cleaned: an operator restart", to: subCheckGPU,
+	{from: subCleaning, event: "cleaned: an operator restart", on: []evKind{evCleaned, evRung}, effects: []string{"launch", "NVML read", "trial bind", "decision restart"}, to: subCheckGPU,
 		reach: func(s *scenario) { s.ready(); stuckLeftovers(s); restart(s) }, fire: func(s *scenario) { s.advance(time.Minute) }},
-	{from: subReleasing, event: "NVML read: released", to: subBackoff,
+	{from: subReleasing, event: "NVML read: released", on: []evKind{evTimer + evKind(tRelease), evGPURead}, effects: []string{"NVML read"}, to: subBackoff,
 		setup: func(s *scenario) { s.gpu.released = false }, reach: crash,
 		fire: func(s *scenario) {
 			s.gpu.set(func(g *fakeGPU) { g.released = true })
 			s.advance(s.cfg.GPU.SampleInterval.Duration)
 		}},
-	{from: subReleasing, event: "stop", to: subStopped, setup: func(s *scenario) { s.gpu.released = false }, reach: crash,
+	{from: subReleasing, event: "stop", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subStopped, setup: func(s *scenario) { s.gpu.released = false }, reach: crash,
 		fire: func(s *scenario) { s.cancel() }},
-	{from: subBackoff, event: "backoff timer", to: subCheckGPU, reach: crash,
+	{from: subBackoff, event: "backoff timer", on: []evKind{evTimer + evKind(tBackoff), evRung}, effects: []string{"launch", "NVML read", "trial bind"}, to: subCheckGPU, reach: crash,
 		fire: func(s *scenario) { s.advance(s.cfg.Restart.InitialDelay.Duration) }},
-	{from: subBackoff, event: "operator restart", to: subCheckGPU, reach: crash, fire: restart},
-	{from: subBackoff, event: "stop", to: subStopped, reach: crash, fire: func(s *scenario) { s.cancel() }},
-	{from: subFailed, event: "stop", to: subGaveUp, edit: func(c *config.Config) { c.Restart.OnGiveUp = "stay" }, reach: badFlag,
+	{from: subBackoff, event: "operator restart", on: []evKind{evRestart, evRung}, effects: []string{"launch", "NVML read", "trial bind", "decision restart"}, to: subCheckGPU, reach: crash, fire: restart},
+	{from: subBackoff, event: "stop", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subStopped, reach: crash, fire: func(s *scenario) { s.cancel() }},
+	{from: subFailed, event: "stop", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subGaveUp, edit: func(c *config.Config) { c.Restart.OnGiveUp = "stay" }, reach: badFlag,
 		fire: func(s *scenario) { s.cancel() }},
+	// The cells issue 43 named, and every other non-empty one.
+	{from: subCheckGPU, event: "operator restart", on: []evKind{evRestart, evRung}, effects: []string{"decision restart"}, to: subCheckGPU, setup: slowNVML, fire: restart},
+	{from: subWaitGPU, event: "operator restart", on: []evKind{evRestart, evRung}, effects: []string{"NVML read", "decision restart"}, to: subWaitGPU, setup: func(s *scenario) { s.gpu.free = false }, fire: restart},
+	{from: subWaitPort, event: "retry timer, NVML read: room, trial bind: free", on: []evKind{evTimer + evKind(tPortRetry), evGPURead, evPortRead, evRung}, effects: []string{"launch", "NVML read", "trial bind"}, to: subStarting,
+		setup: func(s *scenario) { s.holder = squatter }, fire: func(s *scenario) { s.setHolder(""); s.advance(portRetryFirst) }},
+	{from: subWaitPort, event: "operator restart, still held", on: []evKind{evRestart, evRung}, effects: []string{"trial bind", "decision restart"}, to: subWaitPort,
+		setup: func(s *scenario) { s.noGPU, s.holder = true, squatter }, fire: restart},
+	{from: subStarting, event: "the tree is gone (the keeper killed)", on: []evKind{evTreeGone}, effects: []string{"NVML read", "trial bind", "exited"}, to: subCleaning, fire: vanish},
+	{from: subStarting, event: "the startup line, vLLM listening", on: []evKind{evStartupComplete, evProbe}, effects: []string{"readiness probe", "progress", "ready"}, to: subReady,
+		fire: func(s *scenario) {
+			p := s.l.last()
+			p.listening.Store(true)
+			p.print("stderr:INFO:     Application startup complete.")
+		}},
+	{from: subStarting, event: "the OOM-kill count read before the launch answers", on: []evKind{evOOMRead}, effects: []string{"readiness probe"}, to: subStarting,
+		setup: func(s *scenario) { s.slowOOM = time.Minute }, fire: func(s *scenario) { s.advance(time.Minute) }},
+	{from: subStarting, event: "a load phase", on: []evKind{evProgress}, effects: []string{"progress"}, to: subStarting,
+		fire: func(s *scenario) {
+			s.l.last().print("INFO 10-14 12:00:00 [loader.py:1] Loading weights took 1.13 seconds")
+		}},
+	{from: subStarting, event: "operator restart", on: []evKind{evRestart}, effects: []string{"SIGTERM", "launch", "NVML read", "trial bind", "decision restart"}, to: subStopTerm, fire: restart},
+	{from: subStarting, event: "heartbeat: XID 79", on: []evKind{evHeartbeat}, effects: []string{"SIGKILL", "readiness probe", "trial bind", "decision kill", "exited"}, to: subStopKill,
+		setup: func(s *scenario) { s.health = newFakeHealth() },
+		fire:  func(s *scenario) { s.health.(*fakeHealth).xid(79); s.advance(time.Second) }},
+	{from: subStarting, event: "fast-retry timer after a refused probe", on: []evKind{evTimer + evKind(tFastRetry), evProbe}, effects: []string{"readiness probe", "ready"}, to: subReady,
+		reach: func(s *scenario) { s.l.last().print("stderr:INFO:     Application startup complete.") },
+		fire:  func(s *scenario) { s.l.last().listening.Store(true); s.advance(fastRetryEvery) }},
+	{from: subStarting, event: "the readiness probe refused with a 4xx for 30 s", on: []evKind{evTimer + evKind(tPoll), evIORead, evProbe}, effects: []string{"SIGKILL", "readiness probe", "NVML read", "trial bind", "probe_failed", "exited"}, to: subStopKill,
+		setup: func(s *scenario) {
+			s.pr.setReady(func() probeResult { return probeResult{Step: "completion", Status: 404, Err: "model not found"} })
+		},
+		fire: func(s *scenario) { s.l.last().listening.Store(true); s.advance(refusedProbeLimit + time.Second) }},
+	{from: subStarting, event: "poll timer past max_start_time", on: []evKind{evTimer + evKind(tPoll), evIORead}, effects: []string{"SIGKILL", "readiness probe", "NVML read", "trial bind", "exited"}, to: subStopKill,
+		edit: func(c *config.Config) { c.Readiness.MaxStartTime = config.Duration{Duration: time.Minute} },
+		fire: func(s *scenario) { s.advance(time.Minute + time.Second) }},
+	{from: subReady, event: "vLLM's API server exits", on: []evKind{evAPIGone}, effects: []string{"NVML read", "exited"}, to: subStopTerm, reach: func(s *scenario) { s.ready() }, fire: crash},
+	{from: subReady, event: "the tree is gone (the keeper killed)", on: []evKind{evTreeGone}, effects: []string{"NVML read", "exited"}, to: subCleaning, reach: func(s *scenario) { s.ready() }, fire: vanish},
+	{from: subReady, event: "cost timer", on: []evKind{evTimer + evKind(tCost)}, effects: []string{}, to: subReady,
+		setup: func(s *scenario) {
+			s.load = func() (float64, float64, bool) { return 8, 0, true }
+			s.gpu.used = 60 << 30
+		},
+		reach: func(s *scenario) { s.ready() },
+		fire: func(s *scenario) {
+			s.gpu.set(func(g *fakeGPU) { g.readAt = time.Now() })
+			s.advance(s.cfg.GPU.SampleInterval.Duration)
+		}},
+	{from: subReady, event: "/health says 503", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subEngineDead,
+		reach: func(s *scenario) { s.ready() },
+		fire: func(s *scenario) {
+			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Status: 503, Err: "503"} })
+			s.advance(s.cfg.Liveness.Interval.Duration)
+		}},
+	{from: subReady, event: "heartbeat: stuck", on: []evKind{evHeartbeat}, effects: []string{"liveness probe", "/is_paused"}, to: subAskingPaused,
+		setup: stuckSlowPaused,
+		reach: func(s *scenario) { s.ready() },
+		fire:  func(s *scenario) { s.advance(s.cfg.Liveness.StuckTimeout.Duration + 2*time.Second) }},
+	{from: subDraining, event: "the tree is gone", on: []evKind{evTreeGone}, effects: []string{}, to: subCleaning, edit: withDrain,
+		setup: func(s *scenario) { s.inFlight = func() int { return 1 } },
+		reach: func(s *scenario) { s.ready(); s.cancel() }, fire: crash},
+	{from: subDraining, event: "stop while a restart drains", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subDraining, edit: withDrain,
+		setup: func(s *scenario) { s.inFlight = func() int { return 1 } },
+		reach: func(s *scenario) { s.ready(); restart(s) }, fire: func(s *scenario) { s.cancel() }},
+	{from: subStopTerm, event: "stop while a restart stops vLLM", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subStopTerm,
+		setup: func(s *scenario) { s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true } },
+		reach: func(s *scenario) { s.ready(); restart(s) }, fire: func(s *scenario) { s.cancel() }},
+	{from: subStopKill, event: "stop while a restart kills vLLM", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subStopKill,
+		setup: func(s *scenario) { s.l.setup = func(p *fakeVLLM) { p.ignoreTERM, p.outlivesKill = true, true } },
+		reach: func(s *scenario) { s.ready(); restart(s); s.advance(s.cfg.VLLM.StopTimeout.Duration) },
+		fire:  func(s *scenario) { s.cancel() }},
+	{from: subStopKill, event: "a second stop signal", on: []evKind{evKill}, effects: []string{"SIGKILL", "decision kill"}, to: subStopKill,
+		setup: func(s *scenario) { s.l.setup = func(p *fakeVLLM) { p.ignoreTERM, p.outlivesKill = true, true } },
+		reach: func(s *scenario) { s.ready(); s.cancel(); s.advance(s.cfg.VLLM.StopTimeout.Duration) },
+		fire:  func(s *scenario) { s.sup.Kill() }},
+	{from: subCleaning, event: "stop", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subCleaning,
+		reach: func(s *scenario) { stuckLeftovers(s); crash(s) }, fire: func(s *scenario) { s.cancel() }},
+	{from: subCleaning, event: "heartbeat: a leftover does not die", on: []evKind{evHeartbeat}, effects: []string{}, to: subCleaning,
+		reach: func(s *scenario) { stuckLeftovers(s); crash(s) }, fire: func(s *scenario) { s.advance(time.Second) }},
+	{from: subCleaning, event: "cleaned: a restore", on: []evKind{evCleaned, evRestored, evRung}, effects: []string{"launch", "readiness probe", "NVML read", "trial bind", "decision restore"}, to: subCheckGPU,
+		edit: func(c *config.Config) { c.Profile.RestoreAfter = config.Duration{Duration: 10 * time.Minute} },
+		setup: func(s *scenario) {
+			s.pstate.Rung = 1
+			s.load = func() (float64, float64, bool) { return 0, 0, true }
+			s.gpu.fractions = []float64{0.5}
+		},
+		reach: func(s *scenario) { s.ready(); stuckLeftovers(s); s.advance(10*time.Minute + 2*time.Second) },
+		fire:  func(s *scenario) { s.advance(time.Minute) }},
+	{from: subReleasing, event: "release timer past release_timeout, still held", on: []evKind{evTimer + evKind(tRelease), evGPURead, evKilledHolders}, effects: []string{"NVML read"}, to: subBackoff,
+		setup: func(s *scenario) { s.gpu.released = false }, reach: crash,
+		fire: func(s *scenario) { s.advance(s.cfg.GPU.ReleaseTimeout.Duration) }},
+	{from: subFailed, event: "operator restart: refused", on: []evKind{evRestart}, effects: []string{}, to: subFailed,
+		edit: func(c *config.Config) { c.Restart.OnGiveUp = "stay" }, reach: badFlag,
+		fire: func(s *scenario) {
+			if err := s.sup.Restart(context.Background(), "uid 0"); err == nil || !strings.Contains(err.Error(), "gave up") {
+				s.t.Errorf("a restart of a guard that gave up: %v, want refused", err)
+			}
+		}},
+}
+
+// The waits of a ready vLLM that decide something, each a sub-state: how
+// a row reaches each, and holds it there.
+var (
+	health503 = func() probeResult {
+		time.Sleep(time.Second)
+		return probeResult{Step: "health", Status: 503, Err: "503"}
+	}
+	toEngineDead = func(s *scenario) {
+		s.ready()
+		s.pr.setHealth(health503)
+		s.advance(s.cfg.Liveness.Interval.Duration + time.Second)
+	}
+	toServerExiting = func(s *scenario) {
+		s.ready()
+		p := s.l.last()
+		p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
+		s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Err: "connection refused"} })
+		s.advance(s.cfg.Liveness.Interval.Duration)
+	}
+	stuckSlowPaused = func(s *scenario) {
+		s.progress = func() (float64, float64, bool) { return 12, 100, true }
+		s.pr.mu.Lock()
+		s.pr.pausedR = func() probeResult {
+			time.Sleep(time.Minute)
+			if s.pr.nowPaused.Load() {
+				return probeResult{OK: true, Step: "paused", Status: 200, Paused: true}
+			}
+			return probeResult{Step: "paused", Status: 404, Err: "404"}
+		}
+		s.pr.mu.Unlock()
+	}
+	toAskingPaused = func(s *scenario) { s.ready(); s.advance(s.cfg.Liveness.StuckTimeout.Duration + 2*time.Second) }
+	xid79          = func(s *scenario) { s.health.(*fakeHealth).xid(79); s.advance(time.Second) }
+	withHealth     = func(s *scenario) { s.health = newFakeHealth() }
+	restoreOn      = func(c *config.Config) { c.Profile.RestoreAfter = config.Duration{Duration: 10 * time.Minute} }
+	stop           = func(s *scenario) { s.cancel() }
+)
+
+var waitRows = []row{
+	{from: subEngineDead, event: "vLLM's API server exits", on: []evKind{evAPIGone}, effects: []string{"NVML read", "exited"}, to: subStopTerm, reach: toEngineDead, fire: crash},
+	{from: subEngineDead, event: "the tree is gone", on: []evKind{evTreeGone}, effects: []string{"NVML read", "exited"}, to: subCleaning, reach: toEngineDead, fire: vanish},
+	{from: subEngineDead, event: "liveness timer, 503 again", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subEngineDead, reach: toEngineDead,
+		fire: func(s *scenario) {
+			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Status: 503, Err: "503"} })
+			s.advance(s.cfg.Liveness.Interval.Duration - time.Second)
+		}},
+	{from: subEngineDead, event: "probe refused after the server's last line, its wait ending sooner", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subServerExiting,
+		edit: func(c *config.Config) { c.VLLM.StopTimeout = config.Duration{Duration: 500 * time.Millisecond} }, reach: toEngineDead,
+		fire: func(s *scenario) {
+			p := s.l.last()
+			p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
+			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Err: "connection refused"} })
+			s.advance(s.cfg.Liveness.Interval.Duration - time.Second)
+		}},
+	{from: subEngineDead, event: "cost timer", on: []evKind{evTimer + evKind(tCost)}, effects: []string{}, to: subEngineDead, reach: toEngineDead,
+		fire: func(s *scenario) { s.advance(s.cfg.GPU.SampleInterval.Duration) }},
+	{from: subEngineDead, event: "engine-dead timer: vLLM did not exit", on: []evKind{evTimer + evKind(tDying)}, effects: []string{"SIGKILL", "liveness probe", "NVML read", "exited"}, to: subStopKill, reach: toEngineDead,
+		fire: func(s *scenario) { s.advance(s.sup.engineDeadGrace()) }},
+	{from: subEngineDead, event: "stop", on: []evKind{evStop}, effects: []string{"SIGTERM", "decision stop"}, to: subStopTerm, reach: toEngineDead, fire: stop},
+	{from: subEngineDead, event: "operator restart", on: []evKind{evRestart}, effects: []string{"SIGTERM", "launch", "NVML read", "trial bind", "decision restart"}, to: subStopTerm, reach: toEngineDead, fire: restart},
+	{from: subEngineDead, event: "heartbeat: XID 79", on: []evKind{evHeartbeat}, effects: []string{"SIGKILL", "decision kill", "exited"}, to: subStopKill, setup: withHealth, reach: toEngineDead, fire: xid79},
+
+	{from: subServerExiting, event: "vLLM's API server exits", on: []evKind{evAPIGone}, effects: []string{"NVML read", "exited"}, to: subStopTerm, reach: toServerExiting, fire: crash},
+	{from: subServerExiting, event: "the tree is gone", on: []evKind{evTreeGone}, effects: []string{"NVML read", "exited"}, to: subCleaning, reach: toServerExiting, fire: vanish},
+	{from: subServerExiting, event: "liveness timer, refused again", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subServerExiting, reach: toServerExiting,
+		fire: func(s *scenario) { s.advance(s.cfg.Liveness.Interval.Duration) }},
+	{from: subServerExiting, event: "/health says 503, its grace ending sooner", on: []evKind{evTimer + evKind(tLive), evProbe}, effects: []string{"liveness probe"}, to: subEngineDead, reach: toServerExiting,
+		fire: func(s *scenario) {
+			s.pr.setHealth(health503)
+			s.advance(s.cfg.Liveness.Interval.Duration + time.Second)
+		}},
+	{from: subServerExiting, event: "cost timer", on: []evKind{evTimer + evKind(tCost)}, effects: []string{}, to: subServerExiting, reach: toServerExiting,
+		fire: func(s *scenario) { s.advance(s.cfg.GPU.SampleInterval.Duration) }},
+	{from: subServerExiting, event: "exit timer: its process did not exit", on: []evKind{evTimer + evKind(tExiting)}, effects: []string{"SIGKILL", "liveness probe", "NVML read", "exited"}, to: subStopKill, reach: toServerExiting,
+		fire: func(s *scenario) { s.advance(s.cfg.VLLM.StopTimeout.Duration) }},
+	{from: subServerExiting, event: "stop", on: []evKind{evStop}, effects: []string{"SIGTERM", "decision stop"}, to: subStopTerm, reach: toServerExiting, fire: stop},
+	{from: subServerExiting, event: "operator restart", on: []evKind{evRestart}, effects: []string{"SIGTERM", "launch", "NVML read", "trial bind", "decision restart"}, to: subStopTerm, reach: toServerExiting, fire: restart},
+	{from: subServerExiting, event: "heartbeat: XID 79", on: []evKind{evHeartbeat}, effects: []string{"SIGKILL", "decision kill", "exited"}, to: subStopKill, setup: withHealth, reach: toServerExiting, fire: xid79},
+
+	{from: subAskingPaused, event: "vLLM's API server exits", on: []evKind{evAPIGone}, effects: []string{"NVML read", "exited"}, to: subStopTerm, setup: stuckSlowPaused, reach: toAskingPaused, fire: crash},
+	{from: subAskingPaused, event: "the tree is gone", on: []evKind{evTreeGone}, effects: []string{"NVML read", "exited"}, to: subCleaning, setup: stuckSlowPaused, reach: toAskingPaused, fire: vanish},
+	{from: subAskingPaused, event: "/is_paused: not paused", on: []evKind{evProbe}, effects: []string{"SIGKILL", "NVML read", "exited"}, to: subStopKill, setup: stuckSlowPaused, reach: toAskingPaused,
+		fire: func(s *scenario) { s.advance(time.Minute) }},
+	{from: subAskingPaused, event: "/is_paused: paused", on: []evKind{evProbe}, effects: []string{}, to: subReady, setup: stuckSlowPaused, reach: toAskingPaused,
+		fire: func(s *scenario) {
+			s.pr.nowPaused.Store(true)
+			s.advance(time.Minute)
+		}},
+	{from: subAskingPaused, event: "liveness timer (the /is_paused probe in flight)", on: []evKind{evTimer + evKind(tLive)}, effects: []string{}, to: subAskingPaused, setup: stuckSlowPaused, reach: toAskingPaused,
+		fire: func(s *scenario) { s.advance(s.cfg.Liveness.Interval.Duration) }},
+	{from: subAskingPaused, event: "cost timer", on: []evKind{evTimer + evKind(tCost)}, effects: []string{}, to: subAskingPaused, setup: stuckSlowPaused, reach: toAskingPaused,
+		fire: func(s *scenario) { s.advance(s.cfg.GPU.SampleInterval.Duration) }},
+	{from: subAskingPaused, event: "stop", on: []evKind{evStop}, effects: []string{"SIGTERM", "decision stop"}, to: subStopTerm, setup: stuckSlowPaused, reach: toAskingPaused, fire: stop},
+	{from: subAskingPaused, event: "operator restart", on: []evKind{evRestart}, effects: []string{"SIGTERM", "launch", "NVML read", "trial bind", "decision restart"}, to: subStopTerm, setup: stuckSlowPaused, reach: toAskingPaused, fire: restart},
+	{from: subAskingPaused, event: "heartbeat: XID 79", on: []evKind{evHeartbeat}, effects: []string{"SIGKILL", "decision kill", "exited"}, to: subStopKill,
+		setup: func(s *scenario) { stuckSlowPaused(s); withHealth(s) }, reach: toAskingPaused, fire: xid79},
+	{from: subEngineDead, event: "heartbeat: a restore not due", on: []evKind{evHeartbeat, evRestoreDue}, effects: []string{}, to: subEngineDead, edit: restoreOn, reach: toEngineDead,
+		fire: func(s *scenario) { s.advance(time.Second) }},
+	{from: subServerExiting, event: "heartbeat: a restore not due", on: []evKind{evHeartbeat, evRestoreDue}, effects: []string{}, to: subServerExiting, edit: restoreOn, reach: toServerExiting,
+		fire: func(s *scenario) { s.advance(time.Second) }},
+	{from: subAskingPaused, event: "heartbeat: a restore not due", on: []evKind{evHeartbeat, evRestoreDue}, effects: []string{}, to: subAskingPaused, edit: restoreOn,
+		setup: stuckSlowPaused, reach: toAskingPaused, fire: func(s *scenario) { s.advance(time.Second) }},
 }
 
 // drainEnds: the requests in flight through the proxy end while draining.
-func drainEnds() cell {
+func drainEnds() row {
 	var inFlight atomic.Int64
 	inFlight.Store(1)
-	return cell{from: subDraining, event: "drain timer: no requests left", to: subStopTerm, effects: []string{"SIGTERM"}, edit: withDrain,
-		setup: func(s *scenario) { s.inFlight = func() int { return int(inFlight.Load()) } },
+	return row{from: subDraining, event: "drain timer: no requests left", on: []evKind{evTimer + evKind(tDrain)}, to: subStopTerm, effects: []string{"SIGTERM"}, edit: withDrain,
+		setup: func(s *scenario) { inFlight.Store(1); s.inFlight = func() int { return int(inFlight.Load()) } },
 		reach: func(s *scenario) { s.ready(); s.cancel() },
 		fire:  func(s *scenario) { inFlight.Store(0); s.advance(time.Second) }}
 }
 
 func TestMachineTable(t *testing.T) {
-	covered := map[subState]bool{}
-	for _, c := range cells {
-		covered[c.from] = true
+	covered := map[[2]int]bool{}
+	for _, c := range append(slices.Clone(rows), waitRows...) {
+		for _, a := range c.cells() {
+			if table[a.sub][a.k].Do == nil {
+				t.Errorf("%s × %s: the row names the cell %s × %s, which is empty", c.from, c.event, a.sub, a.k)
+			}
+			covered[[2]int{int(a.sub), int(a.k)}] = true
+		}
 		t.Run(c.from.String()+" × "+c.event, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				s := newScenario(t, c.edit)
@@ -252,12 +533,10 @@ func TestMachineTable(t *testing.T) {
 						t.Fatalf("reached %s, want %s (sub-states %v)", now, c.from, s.subs)
 					}
 				}
-				n0, last := s.l.n(), (*fakeVLLM)(nil)
-				var stops, kills int32
-				if n0 > 0 {
-					last = s.l.last()
-					stops, kills = last.stops.Load(), last.kills.Load()
-				}
+				t0 := takeTally(s)
+				s.mu.Lock()
+				c0 := len(s.cells)
+				s.mu.Unlock()
 				if c.fire != nil {
 					c.fire(s)
 				} else {
@@ -270,11 +549,22 @@ func TestMachineTable(t *testing.T) {
 				if c.from == subIdle {
 					after = after[1:]
 				}
-				if len(after) == 0 || after[0] != c.to {
+				switch {
+				case c.to == c.from && len(after) != 0:
+					t.Fatalf("%s × %s: entered %v, want to stay in %s", c.from, c.event, after, c.from)
+				case c.to != c.from && (len(after) == 0 || after[0] != c.to):
 					t.Fatalf("%s × %s: entered %v, want %s first", c.from, c.event, after, c.to)
 				}
-				if got := effectsSince(s, n0, last, stops, kills); c.effects != nil && !slices.Equal(got, c.effects) {
-					t.Errorf("%s × %s: effects %v, want %v", c.from, c.event, got, c.effects)
+				if got := effectsSince(s, t0); !slices.Equal(got, c.effects) {
+					t.Errorf("%s × %s: effects %#v, want %#v", c.from, c.event, got, c.effects)
+				}
+				s.mu.Lock()
+				visited := slices.Clone(s.cells[c0:])
+				s.mu.Unlock()
+				for _, a := range c.cells() {
+					if !slices.Contains(visited, [2]int{int(a.sub), int(a.k)}) {
+						t.Errorf("%s × %s: the event did not pass through the cell %s × %s", c.from, c.event, a.sub, a.k)
+					}
 				}
 				if st := s.sup.Status(); slices.Equal(after, []subState{c.to}) && st.State != publicState[c.to] {
 					t.Errorf("in %s the status says %s, want %s", c.to, st.State, publicState[c.to])
@@ -283,10 +573,12 @@ func TestMachineTable(t *testing.T) {
 			})
 		})
 	}
-	// Every sub-state but the ends has at least one cell that leaves it.
+	// Every non-empty cell of the table has a row.
 	for sub := range subStates {
-		if !sub.done() && !covered[sub] {
-			t.Errorf("no row leaves sub-state %s", sub)
+		for k := range evKinds {
+			if table[sub][k].Do != nil && !covered[[2]int{int(sub), int(k)}] {
+				t.Errorf("no row for the cell %s × %s (%s)", sub, k, table[sub][k].Says)
+			}
 		}
 	}
 }
@@ -307,6 +599,11 @@ func TestOnlyEnterSetsTheState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	hf, err := filepath.Glob("heart/*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, hf...)
 	fset := token.NewFileSet()
 	for _, name := range files {
 		if strings.HasSuffix(name, "_test.go") {
@@ -318,7 +615,7 @@ func TestOnlyEnterSetsTheState(t *testing.T) {
 		}
 		for _, d := range f.Decls {
 			fn, ok := d.(*ast.FuncDecl)
-			if !ok || fn.Body == nil || fn.Name.Name == "enter" {
+			if !ok || fn.Body == nil || fn.Name.Name == "Enter" {
 				continue
 			}
 			ast.Inspect(fn.Body, func(n ast.Node) bool {
@@ -369,38 +666,95 @@ func TestDesignTableIsTheCode(t *testing.T) {
 	}
 }
 
-// The decisions read no clock, start no goroutine and reach no process,
-// socket or GPU themselves: the loop stamps each event with its time
-// (m.now), and every effect that waits runs in the executor
-// (machine_exec.go) or behind a port (ports.go, gpu.go).
-func TestDecisionsReadNoClock(t *testing.T) {
-	decisions := []string{"machine.go", "machine_start.go", "machine_ready.go", "machine_end.go", "machine_ops.go", "gpufault.go", "substate.go"}
-	banned := map[string]bool{"os": true, "os/exec": true, "net": true, "net/http": true, "syscall": true,
-		"golang.org/x/sys/unix": true, "github.com/NVIDIA/go-nvml/pkg/nvml": true,
-		"github.com/vllm-guard/vllm-guard/internal/gpumon": true, "github.com/vllm-guard/vllm-guard/internal/proctree": true}
-	clock := map[string]bool{"Now": true, "Since": true, "Until": true, "AfterFunc": true, "NewTimer": true, "NewTicker": true,
-		"Sleep": true, "Tick": true, "After": true}
+// No function of the supervisor or its heart (their tests aside) is over 50 lines: a
+// decision that needs more is two.
+func TestNoFunctionOver50Lines(t *testing.T) {
 	fset := token.NewFileSet()
-	for _, name := range decisions {
-		f, err := parser.ParseFile(fset, name, nil, 0)
+	for _, dir := range []string{".", "heart"} {
+		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, im := range f.Imports {
-			if p := strings.Trim(im.Path.Value, `"`); banned[p] {
-				t.Errorf("%s imports %s", name, p)
+		for _, name := range files {
+			if strings.HasSuffix(name, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(fset, name, nil, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ast.Inspect(f, func(n ast.Node) bool {
+				var body *ast.BlockStmt
+				switch fn := n.(type) {
+				case *ast.FuncDecl:
+					body = fn.Body
+				case *ast.FuncLit:
+					body = fn.Body
+				}
+				if body != nil {
+					if lines := fset.Position(body.End()).Line - fset.Position(n.Pos()).Line + 1; lines > 50 {
+						t.Errorf("%s: a function of %d lines (at most 50)", fset.Position(n.Pos()), lines)
+					}
+				}
+				return true
+			})
+		}
+	}
+}
+
+// Each sub-state has at most one decision timer's cell (the others are
+// periodic samples), so no wait that decides hides in a timer beside
+// another: it is a sub-state.
+func TestOneDecisionTimerPerSubState(t *testing.T) {
+	for sub := range subStates {
+		var timers []string
+		for k := range timerKinds {
+			if decisionTimer[k] && table[sub][evTimer+evKind(k)].Do != nil {
+				timers = append(timers, (evTimer + evKind(k)).String())
 			}
 		}
-		ast.Inspect(f, func(n ast.Node) bool {
-			switch n := n.(type) {
-			case *ast.GoStmt:
-				t.Errorf("%s: a go statement: effects that wait belong in machine_exec.go", fset.Position(n.Pos()))
-			case *ast.SelectorExpr:
-				if x, ok := n.X.(*ast.Ident); ok && x.Name == "time" && clock[n.Sel.Name] {
-					t.Errorf("%s: time.%s: decisions take the event's time, m.now", fset.Position(n.Pos()), n.Sel.Name)
-				}
-			}
-			return true
-		})
+		if len(timers) > 1 {
+			t.Errorf("sub-state %s waits on %d decision timers: %v", sub, len(timers), timers)
+		}
 	}
+}
+
+// docs/design.md's table of cells is the code's: every non-empty cell, in
+// the order of the sub-states and the events, with what it does.
+func TestDesignCellsAreTheCode(t *testing.T) {
+	b, err := os.ReadFile("../../docs/design.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc []string
+	in := false
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "| in | on | does |") {
+			in = true
+			continue
+		}
+		if !in || strings.HasPrefix(l, "|---") {
+			continue
+		}
+		if !strings.HasPrefix(l, "|") {
+			break
+		}
+		doc = append(doc, l)
+	}
+	if want := cellRows(); !slices.Equal(doc, want) {
+		t.Errorf("docs/design.md's table of cells is not the code's (table.go); it should read:\n| in | on | does |\n|---|---|---|\n%s", strings.Join(want, "\n"))
+	}
+}
+
+// cellRows is the table as docs/design.md shows it.
+func cellRows() []string {
+	var rows []string
+	for sub := range subStates {
+		for k := range evKinds {
+			if c := table[sub][k]; c.Do != nil {
+				rows = append(rows, fmt.Sprintf("| `%s` | %s | %s |", sub, k, c.Says))
+			}
+		}
+	}
+	return rows
 }

@@ -1,14 +1,18 @@
 // Package supervisor owns the life of one vLLM: launch with the profile in
 // force, its process tree (through the keeper), the log pump, readiness,
-// liveness, stopping, reaping, and the state machine. The machine
-// (machine.go) is one goroutine that turns events — child output and exit,
-// probe answers, timers, operators' requests, the stop signal — into a new
-// state plus effects, and never blocks: every wait is a state with a timer.
-// It asks package policy what every failure means and what to do next, and
-// publishes what happens on the event stream (package events).
+// liveness, stopping, reaping, and the state machine. The machine's
+// decisions are package heart (Step turns an event into a new state plus
+// effect values); this package is its executor (machine_exec.go,
+// machine_apply.go): one goroutine that hands it events — child output and
+// exit, probe answers, timers, operators' requests, the stop signal — with
+// what they may read, turns the effects into calls, and never blocks: every
+// wait is a sub-state with a timer. It asks package policy what every
+// failure means and what to do next, and publishes what happens on the
+// event stream (package events).
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,6 +30,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/ownconns"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/proctree"
+	"github.com/vllm-guard/vllm-guard/internal/supervisor/adapters"
 	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 )
 
@@ -59,20 +64,13 @@ type GPU interface {
 	CriticalFraction() float64
 }
 
-// Holder is a process holding GPU memory.
-type Holder struct {
-	PID     int
-	Bytes   uint64
-	Command string
-}
-
 // Options are the supervisor's collaborators.
 type Options struct {
 	Log    *zap.Logger
 	Policy *policy.Policy
 	GPU    GPU // may be nil
 	// Health is the GPUs' hardware health (XIDs, ECC, remapped rows, a
-	// lost GPU); nil: not known (gpufault.go).
+	// lost GPU); nil: not known (heart/gpufault.go).
 	Health GPUHealth
 	// Events receives everything that happens (may be nil).
 	Events *events.Bus
@@ -148,6 +146,9 @@ type Supervisor struct {
 	// traceSub, when set (tests), hears every change of the machine's
 	// sub-state, on the machine's goroutine.
 	traceSub func(from, to subState)
+	// traceCell, when set (tests), hears every event handed to the
+	// decisions, as the cell of the table it falls in.
+	traceCell func(sub subState, k evKind)
 
 	status   atomic.Pointer[Status]
 	lastTurn monoTime
@@ -157,13 +158,6 @@ type Supervisor struct {
 	pendingReload atomic.Bool // a reloaded config waits for vLLM's next start
 
 	writer *policyWriter // saves the policy's state while Run runs (Run's goroutine only)
-}
-
-type request struct {
-	kind  string // "restart" | "reset_profile" | "reload"
-	peer  string
-	cfg   *config.Config // reload: the new configuration
-	reply chan error
 }
 
 // New makes a supervisor; it starts nothing.
@@ -199,14 +193,14 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 	}
 	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, health: opts.Health, bus: opts.Events, persist: persist,
 		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, tokens: opts.Progress, waiting: opts.Awaiting, inFlight: opts.InFlight, reqs: make(chan request), kill: make(chan struct{}, 1),
-		launcher: processLauncher{}, hostOOM: hostOOMKills, portHolder: portHolder, args: args, conns: conns}
+		launcher: processLauncher{}, hostOOM: adapters.HostOOMKills, portHolder: adapters.PortHolder, args: args, conns: conns}
 	if names := cfg.ServedModelNames(args); len(names) > 0 {
 		s.model = names[0]
 	}
 	s.newProber = func(ep launch.Endpoint, model string, tree func() []int) checker {
 		sp := s.probeSpec()
-		sp.tree = tree
-		return newProber(ep, sp)
+		sp.Tree = tree
+		return adapters.NewProber(ep, sp)
 	}
 	st := Status{State: publicState[subIdle], Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[cause.Cause]int{},
 		Cost: s.pol.Cost().Describe(s.pol.Current().GPUMemoryUtilization, cfg.Profile.Headroom), LongestTimeToReady: s.pol.LongestTimeToReady()}
@@ -235,32 +229,32 @@ func (s *Supervisor) Kill() {
 
 // Restart asks for a graceful restart on the current rung (not a failure).
 func (s *Supervisor) Restart(ctx context.Context, peer string) error {
-	return s.ask(ctx, request{kind: "restart", peer: peer})
+	return s.ask(ctx, request{Kind: "restart", Peer: peer})
 }
 
 // ResetProfile returns to rung 0 at the next start.
 func (s *Supervisor) ResetProfile(ctx context.Context, peer string) error {
-	return s.ask(ctx, request{kind: "reset_profile", peer: peer})
+	return s.ask(ctx, request{Kind: "reset_profile", Peer: peer})
 }
 
 // Reload takes a new configuration: what the running vLLM does not depend
 // on (intervals, timeouts, liveness, stuck detection) applies at once;
 // vLLM's command, environment and profile at its next start. It says which.
 func (s *Supervisor) Reload(ctx context.Context, cfg *config.Config) (pending bool, err error) {
-	r := request{kind: "reload", cfg: cfg}
+	r := request{Kind: "reload", Cfg: cfg}
 	err = s.ask(ctx, r)
 	return s.pendingReload.Load(), err
 }
 
 func (s *Supervisor) ask(ctx context.Context, r request) error {
-	r.reply = make(chan error, 1)
+	r.Reply = make(chan error, 1)
 	select {
 	case s.reqs <- r:
 	case <-ctx.Done():
 		return fmt.Errorf("the supervisor did not take the request: %w", ctx.Err())
 	}
 	select {
-	case err := <-r.reply:
+	case err := <-r.Reply:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
@@ -270,16 +264,16 @@ func (s *Supervisor) ask(ctx context.Context, r request) error {
 func (s *Supervisor) beat() { s.lastTurn.Store(time.Now()) }
 
 // probeSpec is what the prober must know of vLLM's command line.
-func (s *Supervisor) probeSpec() probeSpec {
-	sp := probeSpec{names: s.cfg.ServedModelNames(s.args), taskHint: cmpOr(s.args.Convert, cmpOr(s.args.Task, s.args.Runner)), conns: s.conns,
-		tasks: func() []string {
+func (s *Supervisor) probeSpec() adapters.ProbeSpec {
+	sp := adapters.ProbeSpec{Names: s.cfg.ServedModelNames(s.args), TaskHint: cmp.Or(s.args.Convert, s.args.Task, s.args.Runner), Conns: s.conns,
+		Tasks: func() []string {
 			if t := s.tasks.Load(); t != nil {
 				return *t
 			}
 			return nil
 		}}
 	if len(s.args.APIKeys) > 0 {
-		sp.key = s.args.APIKeys[0]
+		sp.Key = s.args.APIKeys[0]
 	}
 	return sp
 }
@@ -311,7 +305,7 @@ func (s *Supervisor) Conns() *ownconns.Set { return s.conns }
 // the probes, so that no key or request of the guard's reaches another
 // process on the port.
 func (s *Supervisor) DialVLLM(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return vllmOnly(s.conns.Dial(d), func() []int {
+	return adapters.VLLMOnly(s.conns.Dial(d), func() []int {
 		if t := s.tree.Load(); t != nil {
 			return (*t)()
 		}
@@ -324,15 +318,15 @@ func (s *Supervisor) MaskedArgv(argv []string) []string { return s.args.Masked(a
 
 func (s *Supervisor) publish(e events.Event) { s.bus.Publish(e) }
 
-// update changes the status; a change of state is published once, with its
-// reason.
-func (s *Supervisor) update(f func(*Status)) {
+// update changes the status at the time at (the event's: the machine reads
+// no clock); a change of state is published once, with its reason.
+func (s *Supervisor) update(at time.Time, f func(*Status)) {
 	old := s.status.Load()
 	st := old.Clone()
 	f(&st)
 	changed := st.State != old.State
 	if changed {
-		st.Since = time.Now()
+		st.Since = at
 	}
 	s.status.Store(&st)
 	if changed {

@@ -1,4 +1,4 @@
-package supervisor
+package adapters
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"testing"
 )
 
-// The price of DialVLLM's check (vllmOnly: /proc/net/tcp, then the tree's
+// The price of DialVLLM's check (VLLMOnly: /proc/net/tcp, then the tree's
 // descriptors) per NEW connection to vLLM, beside a plain loopback dial.
 // The proxy keeps its connections alive and reuses them, so a request on
 // a kept connection pays nothing; extraFDs stands for the descriptors a
@@ -34,8 +34,8 @@ func BenchmarkDialVLLMNewConnection(b *testing.B) {
 		}
 		for _, c := range []struct {
 			name string
-			dial dialFunc
-		}{{"plain", plain}, {"vllm-only", vllmOnly(plain, tree)}} {
+			dial DialFunc
+		}{{"plain", plain}, {"vllm-only", VLLMOnly(plain, tree)}} {
 			b.Run(fmt.Sprintf("%s/extra-fds-%d", c.name, extraFDs), func(b *testing.B) {
 				for b.Loop() {
 					conn, err := c.dial(context.Background(), "tcp", addr)

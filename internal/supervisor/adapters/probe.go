@@ -1,4 +1,4 @@
-package supervisor
+package adapters
 
 import (
 	"bytes"
@@ -15,46 +15,47 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/launch"
 	"github.com/vllm-guard/vllm-guard/internal/ownconns"
+	"github.com/vllm-guard/vllm-guard/internal/supervisor/heart"
 	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 )
 
 // probeSpec is what a prober must know of the vLLM it asks.
-type probeSpec struct {
-	names []string // the served names; /v1/models must list one of them
-	key   string   // an API key vLLM accepts ("" when it needs none)
+type ProbeSpec struct {
+	Names []string // the served names; /v1/models must list one of them
+	Key   string   // an API key vLLM accepts ("" when it needs none)
 	// taskHint is --convert, --task or --runner from the command line ("" when not given).
-	taskHint string
+	TaskHint string
 	// tasks returns vLLM's "Supported tasks: [...]" as its log printed them
 	// in this run (nil before the line).
-	tasks func() []string
-	conns *ownconns.Set // records the prober's connections (nil: not recorded)
+	Tasks func() []string
+	Conns *ownconns.Set // records the prober's connections (nil: not recorded)
 	// tree is vLLM's process tree in this run: a connection is kept only
 	// when the listener it reaches is held by one of these processes, and
 	// only then does the key go (nil: nothing is checked and no key is
 	// sent).
-	tree func() []int
+	Tree func() []int
 }
 
 // prober asks vLLM whether it is ready or still alive, over plain HTTP.
-type prober struct {
-	client *http.Client
-	base   string
-	spec   probeSpec
+type Prober struct {
+	Client *http.Client
+	Base   string
+	Spec   ProbeSpec
 	// pooling is learned from a 404 on /v1/completions when neither the log
 	// nor the command line said the task.
-	pooling bool
+	Pooling bool
 }
 
-func newProber(ep launch.Endpoint, spec probeSpec) *prober {
+func NewProber(ep launch.Endpoint, spec ProbeSpec) *Prober {
 	d := &net.Dialer{Timeout: 2 * time.Second}
 	dial := d.DialContext
-	if spec.conns != nil {
-		dial = spec.conns.Dial(d)
+	if spec.Conns != nil {
+		dial = spec.Conns.Dial(d)
 	}
-	if spec.tree != nil {
-		dial = vllmOnly(dial, spec.tree)
+	if spec.Tree != nil {
+		dial = VLLMOnly(dial, spec.Tree)
 	} else {
-		spec.key = "" // a listener nobody checked gets no key
+		spec.Key = "" // a listener nobody checked gets no key
 	}
 	tr := &http.Transport{
 		DialContext:         dial,
@@ -62,12 +63,12 @@ func newProber(ep launch.Endpoint, spec probeSpec) *prober {
 		IdleConnTimeout:     30 * time.Second,
 		DisableCompression:  true,
 	}
-	return &prober{client: &http.Client{Transport: tr}, base: ep.URL(), spec: spec}
+	return &Prober{Client: &http.Client{Transport: tr}, Base: ep.URL(), Spec: spec}
 }
 
-func (p *prober) close() { p.client.CloseIdleConnections() }
+func (p *Prober) Close() { p.Client.CloseIdleConnections() }
 
-type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error)
+type DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error)
 
 // vllmOnly wraps dial so that a connection is kept only when it reaches
 // vLLM's own process tree (servedByTree): the API key, and every answer
@@ -75,7 +76,7 @@ type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error
 // nobody on the port while vLLM loaded got the key). A refused connect
 // (vLLM loading) reads nothing; a made one is judged before a byte is
 // sent on it.
-func vllmOnly(dial dialFunc, tree func() []int) dialFunc {
+func VLLMOnly(dial DialFunc, tree func() []int) DialFunc {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)
 		if err != nil {
@@ -85,9 +86,9 @@ func vllmOnly(dial dialFunc, tree func() []int) dialFunc {
 		remote, _ := c.RemoteAddr().(*net.TCPAddr)
 		if local == nil || remote == nil {
 			c.Close()
-			return nil, &notVLLMs{"not a TCP connection: " + addr}
+			return nil, &NotVLLMs{"not a TCP connection: " + addr}
 		}
-		if err := servedByTree(local, remote, tree()); err != nil {
+		if err := ServedByTree(local, remote, tree()); err != nil {
 			c.Close()
 			return nil, err
 		}
@@ -98,80 +99,63 @@ func vllmOnly(dial dialFunc, tree func() []int) dialFunc {
 // probeResult is one probe's answer.
 // refusal: vLLM's server answered with a 4xx that waiting does not heal
 // (not a timeout or a rate limit): the probe does not fit this vLLM.
-func (r probeResult) refusal() bool {
-	return r.status >= 400 && r.status <= 499 && r.status != http.StatusRequestTimeout && r.status != http.StatusTooManyRequests
-}
 
-type probeResult struct {
-	ok      bool
-	status  int    // HTTP status; 0 when no answer
-	step    string // health | models | completion | embeddings | classify | pooling
-	err     string // why not ok
-	refused bool   // connection refused: vLLM is still loading (or gone)
-	// explains: err is worth the status reason (a missing API key, a served
-	// name /v1/models does not list): the operator must act.
-	explains bool
-	probe    string // ok: the request that answered, e.g. "auto: POST /v1/embeddings (task embed)"
-	paused   bool   // step "paused": vLLM said {"is_paused": true}
-	// own: the answer came over connections to a listener of vLLM's own
-	// tree (vllmOnly checked each one).
-	own bool
-}
+type ProbeResult = heart.ProbeResult
 
 // ready runs the readiness chain up to level: health → models → the
 // deepest request ("completion", or for "auto" the request the model
 // serves), each bounded by timeout.
-func (p *prober) ready(ctx context.Context, level string, timeout time.Duration) probeResult {
-	r := p.health(ctx, timeout)
-	if !r.ok || level == "health" {
-		r.probe = "health: GET /health"
+func (p *Prober) Ready(ctx context.Context, level string, timeout time.Duration) ProbeResult {
+	r := p.Health(ctx, timeout)
+	if !r.OK || level == "health" {
+		r.Probe = "health: GET /health"
 		return r
 	}
-	model, r := p.models(ctx, timeout)
-	if !r.ok || level == "models" {
-		r.probe = "models: GET /v1/models lists " + fmt.Sprintf("%q", model)
+	model, r := p.Models(ctx, timeout)
+	if !r.OK || level == "models" {
+		r.Probe = "models: GET /v1/models lists " + fmt.Sprintf("%q", model)
 		return r
 	}
 	if level == "completion" {
-		r = p.completion(ctx, model, timeout)
-		r.probe = "completion: POST /v1/completions"
+		r = p.Completion(ctx, model, timeout)
+		r.Probe = "completion: POST /v1/completions"
 		return r
 	}
-	return p.auto(ctx, model, timeout)
+	return p.Auto(ctx, model, timeout)
 }
 
 // auto is the deepest real request the model serves: a 1-token completion
 // for a generating model, a 1-input request to the pooling endpoint of its
 // task for a pooling model. The task comes from vLLM's Supported tasks
 // line, else --convert/--task/--runner, else a 404 on /v1/completions.
-func (p *prober) auto(ctx context.Context, model string, timeout time.Duration) probeResult {
-	task, from := p.task()
+func (p *Prober) Auto(ctx context.Context, model string, timeout time.Duration) ProbeResult {
+	task, from := p.Task()
 	if task == "" || task == "generate" {
-		r := p.completion(ctx, model, timeout)
-		if r.status != http.StatusNotFound || task == "generate" {
-			r.probe = "auto: POST /v1/completions (" + cmpOr(from, "generating model assumed") + ")"
+		r := p.Completion(ctx, model, timeout)
+		if r.Status != http.StatusNotFound || task == "generate" {
+			r.Probe = "auto: POST /v1/completions (" + CmpOr(from, "generating model assumed") + ")"
 			return r
 		}
 		// No completions: a pooling model whose task nothing said.
-		p.pooling = true
+		p.Pooling = true
 		task, from = "pooling", "/v1/completions answered 404"
 	}
-	step, path, body := poolingRequest(task, model)
-	r, _ := p.do(ctx, step, http.MethodPost, path, body, timeout)
-	r.probe = fmt.Sprintf("auto: POST %s (task %s, %s)", path, task, from)
+	step, path, body := PoolingRequest(task, model)
+	r, _ := p.Do(ctx, step, http.MethodPost, path, body, timeout)
+	r.Probe = fmt.Sprintf("auto: POST %s (task %s, %s)", path, task, from)
 	return r
 }
 
 // taskOrder: when vLLM serves several tasks, the probe asks the first of
 // these it serves (a generating model first, then each pooling task by the
 // endpoint that serves it most simply).
-var taskOrder = []string{"generate", "embed", "classify", "score", "token_embed", "token_classify", "reward", "encode", "plugin"}
+var TaskOrder = []string{"generate", "embed", "classify", "score", "token_embed", "token_classify", "reward", "encode", "plugin"}
 
 // task is the model's task and where it was learned.
-func (p *prober) task() (task, from string) {
-	if p.spec.tasks != nil {
-		if ts := p.spec.tasks(); len(ts) > 0 {
-			for _, t := range taskOrder {
+func (p *Prober) Task() (task, from string) {
+	if p.Spec.Tasks != nil {
+		if ts := p.Spec.Tasks(); len(ts) > 0 {
+			for _, t := range TaskOrder {
 				if slices.Contains(ts, t) {
 					return t, "vLLM's Supported tasks line"
 				}
@@ -179,13 +163,13 @@ func (p *prober) task() (task, from string) {
 			return ts[0], "vLLM's Supported tasks line"
 		}
 	}
-	switch h := p.spec.taskHint; {
+	switch h := p.Spec.TaskHint; {
 	case h == "embedding":
 		return "embed", "--task"
 	case h == "generate" || vllmargs.Pooling(h):
 		return h, "--task/--runner/--convert"
 	}
-	if p.pooling {
+	if p.Pooling {
 		return "pooling", "/v1/completions answered 404"
 	}
 	return "", ""
@@ -193,7 +177,7 @@ func (p *prober) task() (task, from string) {
 
 // poolingRequest is the 1-input request to the task's own endpoint: vLLM
 // registers a pooling route only for a task it serves.
-func poolingRequest(task, model string) (step, path string, body []byte) {
+func PoolingRequest(task, model string) (step, path string, body []byte) {
 	req := map[string]any{"model": model, "input": "ping"}
 	switch task {
 	case "embed":
@@ -210,8 +194,8 @@ func poolingRequest(task, model string) (step, path string, body []byte) {
 	return step, path, body
 }
 
-func (p *prober) health(ctx context.Context, timeout time.Duration) probeResult {
-	r, _ := p.do(ctx, "health", http.MethodGet, "/health", nil, timeout)
+func (p *Prober) Health(ctx context.Context, timeout time.Duration) ProbeResult {
+	r, _ := p.Do(ctx, "health", http.MethodGet, "/health", nil, timeout)
 	return r
 }
 
@@ -219,22 +203,22 @@ func (p *prober) health(ctx context.Context, timeout time.Duration) probeResult 
 // VLLM_SERVER_DEV_MODE=1) as {"is_paused": true|false}: an operator's
 // POST /pause stops generation on purpose until /resume. Any other answer
 // (404 without dev mode, an error, a timeout) is not paused.
-func (p *prober) paused(ctx context.Context, timeout time.Duration) probeResult {
-	r, body := p.do(ctx, "paused", http.MethodGet, "/is_paused", nil, timeout)
-	if r.ok {
+func (p *Prober) Paused(ctx context.Context, timeout time.Duration) ProbeResult {
+	r, body := p.Do(ctx, "paused", http.MethodGet, "/is_paused", nil, timeout)
+	if r.OK {
 		var st struct {
 			IsPaused bool `json:"is_paused"`
 		}
-		r.paused = json.Unmarshal(body, &st) == nil && st.IsPaused
+		r.Paused = json.Unmarshal(body, &st) == nil && st.IsPaused
 	}
 	return r
 }
 
 // models checks that /v1/models lists one of the served names and returns
 // the first it lists.
-func (p *prober) models(ctx context.Context, timeout time.Duration) (string, probeResult) {
-	r, body := p.do(ctx, "models", http.MethodGet, "/v1/models", nil, timeout)
-	if !r.ok {
+func (p *Prober) Models(ctx context.Context, timeout time.Duration) (string, ProbeResult) {
+	r, body := p.Do(ctx, "models", http.MethodGet, "/v1/models", nil, timeout)
+	if !r.OK {
 		return "", r
 	}
 	var list struct {
@@ -243,21 +227,21 @@ func (p *prober) models(ctx context.Context, timeout time.Duration) (string, pro
 		} `json:"data"`
 	}
 	if err := json.Unmarshal(body, &list); err != nil {
-		return "", probeResult{step: "models", status: r.status, err: "/v1/models answered something that is not a model list: " + err.Error()}
+		return "", ProbeResult{Step: "models", Status: r.Status, Err: "/v1/models answered something that is not a model list: " + err.Error()}
 	}
 	ids := []string{}
 	for _, m := range list.Data {
-		if slices.Contains(p.spec.names, m.ID) {
+		if slices.Contains(p.Spec.Names, m.ID) {
 			return m.ID, r
 		}
 		ids = append(ids, m.ID)
 	}
-	return "", probeResult{step: "models", status: r.status, explains: true,
-		err: fmt.Sprintf("/v1/models lists %q, not the served name %s: set --served-model-name in the vLLM command or [vllm] served_model_name to one it lists",
-			ids, quoteAll(p.spec.names))}
+	return "", ProbeResult{Step: "models", Status: r.Status, Explains: true,
+		Err: fmt.Sprintf("/v1/models lists %q, not the served name %s: set --served-model-name in the vLLM command or [vllm] served_model_name to one it lists",
+			ids, QuoteAll(p.Spec.Names))}
 }
 
-func quoteAll(names []string) string {
+func QuoteAll(names []string) string {
 	if len(names) == 0 {
 		return "(none: the command names no model)"
 	}
@@ -268,54 +252,54 @@ func quoteAll(names []string) string {
 	return strings.Join(q, " or ")
 }
 
-func (p *prober) completion(ctx context.Context, model string, timeout time.Duration) probeResult {
+func (p *Prober) Completion(ctx context.Context, model string, timeout time.Duration) ProbeResult {
 	body, _ := json.Marshal(map[string]any{"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0})
-	r, _ := p.do(ctx, "completion", http.MethodPost, "/v1/completions", body, timeout)
+	r, _ := p.Do(ctx, "completion", http.MethodPost, "/v1/completions", body, timeout)
 	return r
 }
 
-func (p *prober) do(ctx context.Context, step, method, path string, body []byte, timeout time.Duration) (probeResult, []byte) {
+func (p *Prober) Do(ctx context.Context, step, method, path string, body []byte, timeout time.Duration) (ProbeResult, []byte) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, p.base+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, p.Base+path, rd)
 	if err != nil {
-		return probeResult{step: step, err: err.Error()}, nil
+		return ProbeResult{Step: step, Err: err.Error()}, nil
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	if p.spec.key != "" {
-		req.Header.Set("Authorization", "Bearer "+p.spec.key)
+	if p.Spec.Key != "" {
+		req.Header.Set("Authorization", "Bearer "+p.Spec.Key)
 	}
-	resp, err := p.client.Do(req)
+	resp, err := p.Client.Do(req)
 	if err != nil {
-		if nv := (*notVLLMs)(nil); errors.As(err, &nv) {
-			return probeResult{step: step, err: fmt.Sprintf("%s %s not sent: %s; the guard sends nothing (no API key) until vLLM's own process listens there",
-				method, path, nv.why)}, nil
+		if nv := (*NotVLLMs)(nil); errors.As(err, &nv) {
+			return ProbeResult{Step: step, Err: fmt.Sprintf("%s %s not sent: %s; the guard sends nothing (no API key) until vLLM's own process listens there",
+				method, path, nv.Why)}, nil
 		}
-		return probeResult{step: step, err: err.Error(), refused: isRefused(err)}, nil
+		return ProbeResult{Step: step, Err: err.Error(), Refused: IsRefused(err)}, nil
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return probeResult{step: step, status: resp.StatusCode, err: "reading the answer: " + err.Error()}, nil
+		return ProbeResult{Step: step, Status: resp.StatusCode, Err: "reading the answer: " + err.Error()}, nil
 	}
-	own := p.spec.tree != nil
+	own := p.Spec.Tree != nil
 	switch resp.StatusCode {
 	case http.StatusOK:
-		return probeResult{ok: true, step: step, status: resp.StatusCode, own: own}, b
+		return ProbeResult{OK: true, Step: step, Status: resp.StatusCode, Own: own}, b
 	case http.StatusUnauthorized, http.StatusForbidden:
-		return probeResult{step: step, status: resp.StatusCode, explains: true, err: authReason(resp.StatusCode, p.spec.key != ""), own: own}, b
+		return ProbeResult{Step: step, Status: resp.StatusCode, Explains: true, Err: AuthReason(resp.StatusCode, p.Spec.Key != ""), Own: own}, b
 	}
-	return probeResult{step: step, status: resp.StatusCode, err: fmt.Sprintf("%s %s answered %d", method, path, resp.StatusCode), own: own}, b
+	return ProbeResult{Step: step, Status: resp.StatusCode, Err: fmt.Sprintf("%s %s answered %d", method, path, resp.StatusCode), Own: own}, b
 }
 
 // authReason says why vLLM refused the guard's request, and what to do.
-func authReason(status int, sent bool) string {
+func AuthReason(status int, sent bool) string {
 	what := "the guard has no valid API key"
 	if sent {
 		what = "the guard has no valid API key (vLLM refused the key it sent)"
@@ -323,14 +307,14 @@ func authReason(status int, sent bool) string {
 	return fmt.Sprintf("vLLM answers %d: %s; give vLLM its key with --api-key in [vllm] command or the extra arguments, or VLLM_API_KEY in [vllm] env", status, what)
 }
 
-func cmpOr(a, b string) string {
+func CmpOr(a, b string) string {
 	if a != "" {
 		return a
 	}
 	return b
 }
 
-func isRefused(err error) bool {
+func IsRefused(err error) bool {
 	var op *net.OpError
 	for e := err; e != nil; {
 		if o, ok := e.(*net.OpError); ok {

@@ -1,4 +1,4 @@
-package supervisor
+package adapters
 
 import (
 	"os"
@@ -8,12 +8,12 @@ import (
 
 // hostOOMKills reads the kernel OOM killer's count for the guard's memory
 // cgroup, which vLLM's tree shares; -1 when unknown.
-func hostOOMKills() int64 {
+func HostOOMKills() int64 {
 	b, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
 		return -1
 	}
-	return oomKills(string(b), os.ReadFile)
+	return OomKills(string(b), os.ReadFile)
 }
 
 // oomKills finds the memory cgroup in a /proc/PID/cgroup text and reads its
@@ -21,7 +21,7 @@ func hostOOMKills() int64 {
 // memory controller is still on cgroup v1 (older container hosts: the line
 // "N:memory:/path"), memory.oom_control (kernel 4.13+). -1 when neither
 // is readable.
-func oomKills(procCgroup string, read func(string) ([]byte, error)) int64 {
+func OomKills(procCgroup string, read func(string) ([]byte, error)) int64 {
 	var v1, v2 string
 	hasV2 := false
 	for _, l := range strings.Split(procCgroup, "\n") {

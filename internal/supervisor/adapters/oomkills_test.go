@@ -1,4 +1,4 @@
-package supervisor
+package adapters
 
 import (
 	"os"
@@ -17,8 +17,8 @@ func TestOOMKillsReadsEitherCgroupVersion(t *testing.T) {
 		return nil, os.ErrNotExist
 	}
 	for _, c := range []struct {
-		name, cgroup string
-		want         int64
+		Name, Cgroup string
+		Want         int64
 	}{
 		{"v2", "0::/system.slice/vllm-guard.service\n", 2},
 		{"v1 memory controller beside an empty v2 hierarchy", "9:name=systemd:/\n4:memory:/process_api/abc\n0::/\n", 3},
@@ -26,8 +26,8 @@ func TestOOMKillsReadsEitherCgroupVersion(t *testing.T) {
 		{"no memory cgroup readable", "0::/elsewhere\n", -1},
 		{"garbage", "nonsense", -1},
 	} {
-		if got := oomKills(c.cgroup, read); got != c.want {
-			t.Errorf("%s: oomKills = %d, want %d", c.name, got, c.want)
+		if got := OomKills(c.Cgroup, read); got != c.Want {
+			t.Errorf("%s: oomKills = %d, want %d", c.Name, got, c.Want)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package supervisor
+package adapters
 
 import (
 	"bufio"
@@ -36,14 +36,14 @@ import (
 
 // listener is one socket of /proc/net/tcp or tcp6: a listening one
 // (state 0A), or with its peer (rip, rport) one end of a connection.
-type listener struct {
-	ip    net.IP
-	port  int
-	uid   int
-	inode uint64 // 0 for a connection not accepted yet (in a listener's queue)
-	state string
-	rip   net.IP
-	rport int
+type Listener struct {
+	Ip    net.IP
+	Port  int
+	Uid   int
+	Inode uint64 // 0 for a connection not accepted yet (in a listener's queue)
+	State string
+	Rip   net.IP
+	Rport int
 }
 
 // portHolder tries the bind vLLM will make for host:port and returns ""
@@ -58,8 +58,8 @@ type listener struct {
 // is for. Only EADDRINUSE is "held": any other error (a name that does
 // not resolve, an address not of this host, a port below 1024) is vLLM's
 // to report, and it will.
-func portHolder(host string, port int) string {
-	family, sa, ok := bindAddr(host, port)
+func PortHolder(host string, port int) string {
+	family, sa, ok := BindAddr(host, port)
 	if !ok {
 		return ""
 	}
@@ -74,12 +74,12 @@ func portHolder(host string, port int) string {
 	if err := syscall.Bind(fd, sa); !errors.Is(err, syscall.EADDRINUSE) {
 		return ""
 	}
-	return nameHolder(family, sa, port)
+	return NameHolder(family, sa, port)
 }
 
 // bindAddr is the family and address vLLM binds for host; ok is false when
 // vLLM itself would fail before the bind (a name that does not resolve).
-func bindAddr(host string, port int) (family int, sa syscall.Sockaddr, ok bool) {
+func BindAddr(host string, port int) (family int, sa syscall.Sockaddr, ok bool) {
 	if a, err := netip.ParseAddr(host); err == nil && a.Is6() {
 		s := &syscall.SockaddrInet6{Port: port, Addr: a.As16()}
 		if z := a.Zone(); z != "" {
@@ -109,7 +109,7 @@ func bindAddr(host string, port int) (family int, sa syscall.Sockaddr, ok bool) 
 // nameHolder names who holds the port that the bind of sa (family) met:
 // the listeners in its way, by pid and command, or a bound socket the
 // guard cannot see when none listens.
-func nameHolder(family int, sa syscall.Sockaddr, port int) string {
+func NameHolder(family int, sa syscall.Sockaddr, port int) string {
 	var ours net.IP
 	switch a := sa.(type) {
 	case *syscall.SockaddrInet4:
@@ -121,15 +121,15 @@ func nameHolder(family int, sa syscall.Sockaddr, port int) string {
 	// when nothing else can be in the way (it may be IPV6_V6ONLY, and then
 	// an IPv4 bind does not meet it).
 	var same, other []string
-	for _, l := range readListeners() {
-		if l.port != port {
+	for _, l := range ReadListeners() {
+		if l.Port != port {
 			continue
 		}
-		switch inTheWay(family, ours, l.ip) {
+		switch InTheWay(family, ours, l.Ip) {
 		case 1:
-			same = append(same, describeHolder(l))
+			same = append(same, DescribeHolder(l))
 		case 2:
-			other = append(other, describeHolder(l))
+			other = append(other, DescribeHolder(l))
 		}
 	}
 	if len(same) == 0 {
@@ -145,7 +145,7 @@ func nameHolder(family int, sa syscall.Sockaddr, port int) string {
 // ours (family): 1 for the same address or a wildcard of the same family
 // on either side, 2 for a [::] in the way of an IPv4 bind (only when it
 // is dual-stack), 0 for none.
-func inTheWay(family int, ours, ip net.IP) int {
+func InTheWay(family int, ours, ip net.IP) int {
 	v4 := ip.To4() != nil
 	switch {
 	case ours.Equal(ip):
@@ -168,25 +168,25 @@ func inTheWay(family int, ours, ip net.IP) int {
 // /proc/net/tcp and tcp6 list them (the kernel writes the whole table: a
 // read costs milliseconds on a busy host, so it is made per connection,
 // never per refused attempt).
-func readSockets() []listener {
-	var ls []listener
+func ReadSockets() []Listener {
+	var ls []Listener
 	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue
 		}
-		ls = append(ls, parseSockets(b)...)
+		ls = append(ls, ParseSockets(b)...)
 	}
 	return ls
 }
 
 // readListeners is every listening TCP socket of this network namespace.
-func readListeners() []listener { return listening(readSockets()) }
+func ReadListeners() []Listener { return Listening(ReadSockets()) }
 
-func listening(ls []listener) []listener {
-	var out []listener
+func Listening(ls []Listener) []Listener {
+	var out []Listener
 	for _, l := range ls {
-		if l.state == "0A" {
+		if l.State == "0A" {
 			out = append(out, l)
 		}
 	}
@@ -195,12 +195,12 @@ func listening(ls []listener) []listener {
 
 // parseListeners reads the LISTEN (state 0A) sockets of a /proc/net/tcp or
 // tcp6 table.
-func parseListeners(b []byte) []listener { return listening(parseSockets(b)) }
+func ParseListeners(b []byte) []Listener { return Listening(ParseSockets(b)) }
 
 // parseSockets reads a /proc/net/tcp or tcp6 table: "sl local_address
 // rem_address st … uid timeout inode".
-func parseSockets(b []byte) []listener {
-	var out []listener
+func ParseSockets(b []byte) []Listener {
+	var out []Listener
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	first := true
 	for sc.Scan() {
@@ -212,25 +212,25 @@ func parseSockets(b []byte) []listener {
 		if len(f) < 10 {
 			continue
 		}
-		ip, port, ok := procAddr(f[1])
-		rip, rport, rok := procAddr(f[2])
+		ip, port, ok := ProcAddr(f[1])
+		rip, rport, rok := ProcAddr(f[2])
 		if !ok || !rok {
 			continue
 		}
 		uid, _ := strconv.Atoi(f[7])
 		inode, _ := strconv.ParseUint(f[9], 10, 64)
-		out = append(out, listener{ip: ip, port: port, uid: uid, inode: inode, state: f[3], rip: rip, rport: rport})
+		out = append(out, Listener{Ip: ip, Port: port, Uid: uid, Inode: inode, State: f[3], Rip: rip, Rport: rport})
 	}
 	return out
 }
 
 // procAddr decodes "HEXIP:HEXPORT".
-func procAddr(s string) (net.IP, int, bool) {
+func ProcAddr(s string) (net.IP, int, bool) {
 	addr, portHex, ok := strings.Cut(s, ":")
 	if !ok {
 		return nil, 0, false
 	}
-	ip := procIP(addr)
+	ip := ProcIP(addr)
 	p, err := strconv.ParseUint(portHex, 16, 16)
 	if ip == nil || err != nil {
 		return nil, 0, false
@@ -240,7 +240,7 @@ func procAddr(s string) (net.IP, int, bool) {
 
 // procIP decodes the kernel's hex address: 32-bit words in host (little
 // endian) order, one for IPv4, four for IPv6.
-func procIP(s string) net.IP {
+func ProcIP(s string) net.IP {
 	b, err := hex.DecodeString(s)
 	if err != nil || (len(b) != 4 && len(b) != 16) {
 		return nil
@@ -256,22 +256,22 @@ func procIP(s string) net.IP {
 // IPv4 dst, one on 0.0.0.0 before a dual-stack [::] (an IPv4 socket scores
 // higher, and a [::] that coexists with a 0.0.0.0 on the same port is
 // IPV6_V6ONLY and takes no IPv4 at all), then [::].
-func takers(ls []listener, dst *net.TCPAddr) []listener {
-	var exact, any4, any6 []listener
+func Takers(ls []Listener, dst *net.TCPAddr) []Listener {
+	var exact, any4, any6 []Listener
 	for _, l := range ls {
 		switch {
-		case l.port != dst.Port:
-		case l.ip.Equal(dst.IP):
+		case l.Port != dst.Port:
+		case l.Ip.Equal(dst.IP):
 			exact = append(exact, l)
-		case l.ip.Equal(net.IPv4zero) && len(l.ip) == net.IPv4len:
+		case l.Ip.Equal(net.IPv4zero) && len(l.Ip) == net.IPv4len:
 			if dst.IP.To4() != nil {
 				any4 = append(any4, l)
 			}
-		case l.ip.Equal(net.IPv6unspecified):
+		case l.Ip.Equal(net.IPv6unspecified):
 			any6 = append(any6, l)
 		}
 	}
-	for _, set := range [][]listener{exact, any4, any6} {
+	for _, set := range [][]Listener{exact, any4, any6} {
 		if len(set) > 0 {
 			return set
 		}
@@ -281,9 +281,9 @@ func takers(ls []listener, dst *net.TCPAddr) []listener {
 
 // notVLLMs is a connection refused before a byte was sent: the listener it
 // reached is not held by vLLM's process tree.
-type notVLLMs struct{ why string }
+type NotVLLMs struct{ Why string }
 
-func (e *notVLLMs) Error() string { return e.why }
+func (e *NotVLLMs) Error() string { return e.Why }
 
 // servedByTree says whether the connection from local to remote (just
 // made) reaches vLLM's tree, from one read of the socket tables: every
@@ -293,24 +293,24 @@ func (e *notVLLMs) Error() string { return e.why }
 // by its accepted end). Not yet accepted (inode 0), it waits in the queue
 // of a listener that is there now: one of the tree's. When not, an error
 // that names the holder.
-func servedByTree(local, remote *net.TCPAddr, tree []int) error {
-	return judgeConn(readSockets(), local, remote, func(inode uint64) bool { return treeHolds(tree, inode) })
+func ServedByTree(local, remote *net.TCPAddr, tree []int) error {
+	return JudgeConn(ReadSockets(), local, remote, func(inode uint64) bool { return TreeHolds(tree, inode) })
 }
 
-func judgeConn(socks []listener, local, remote *net.TCPAddr, ours func(inode uint64) bool) error {
-	ls := takers(listening(socks), remote)
+func JudgeConn(socks []Listener, local, remote *net.TCPAddr, ours func(inode uint64) bool) error {
+	ls := Takers(Listening(socks), remote)
 	if len(ls) == 0 {
-		return &notVLLMs{fmt.Sprintf("no listener on %s is in /proc/net/tcp: cannot tell that it is vLLM's", remote)}
+		return &NotVLLMs{fmt.Sprintf("no listener on %s is in /proc/net/tcp: cannot tell that it is vLLM's", remote)}
 	}
 	for _, l := range ls {
-		if !ours(l.inode) {
-			return &notVLLMs{fmt.Sprintf("the listener on %s is not vLLM's: %s", remote, describeHolder(l))}
+		if !ours(l.Inode) {
+			return &NotVLLMs{fmt.Sprintf("the listener on %s is not vLLM's: %s", remote, DescribeHolder(l))}
 		}
 	}
 	for _, c := range socks {
-		if c.state != "0A" && c.port == remote.Port && c.rport == local.Port && c.ip.Equal(remote.IP) && c.rip.Equal(local.IP) &&
-			c.inode != 0 && !ours(c.inode) {
-			return &notVLLMs{fmt.Sprintf("the connection to %s was accepted by a process that is not vLLM's: %s", remote, describeHolder(c))}
+		if c.State != "0A" && c.Port == remote.Port && c.Rport == local.Port && c.Ip.Equal(remote.IP) && c.Rip.Equal(local.IP) &&
+			c.Inode != 0 && !ours(c.Inode) {
+			return &NotVLLMs{fmt.Sprintf("the connection to %s was accepted by a process that is not vLLM's: %s", remote, DescribeHolder(c))}
 		}
 	}
 	return nil
@@ -319,7 +319,7 @@ func judgeConn(socks []listener, local, remote *net.TCPAddr, ours func(inode uin
 // treeHolds says whether a process of tree has a descriptor on socket
 // inode. Only the tree's own descriptors are read: a handful of processes,
 // not the whole of /proc.
-func treeHolds(tree []int, inode uint64) bool {
+func TreeHolds(tree []int, inode uint64) bool {
 	if inode == 0 {
 		return false
 	}
@@ -342,20 +342,20 @@ func treeHolds(tree []int, inode uint64) bool {
 // describeHolder names the process that holds l: "pid 123 (python3 -m
 // vllm…)", with secrets masked; or its uid when the guard cannot see its
 // descriptors (another user's process).
-func describeHolder(l listener) string {
-	addr := net.JoinHostPort(l.ip.String(), strconv.Itoa(l.port))
+func DescribeHolder(l Listener) string {
+	addr := net.JoinHostPort(l.Ip.String(), strconv.Itoa(l.Port))
 	on := "listening on "
-	if l.state != "0A" {
+	if l.State != "0A" {
 		on = "on "
 	}
-	if pid := socketOwner(l.inode); pid > 0 {
-		return fmt.Sprintf("pid %d (%s), %s%s", pid, commandLine(pid), on, addr)
+	if pid := SocketOwner(l.Inode); pid > 0 {
+		return fmt.Sprintf("pid %d (%s), %s%s", pid, CommandLine(pid), on, addr)
 	}
-	return fmt.Sprintf("a process of uid %d that the guard cannot see into, %s%s", l.uid, on, addr)
+	return fmt.Sprintf("a process of uid %d that the guard cannot see into, %s%s", l.Uid, on, addr)
 }
 
 // socketOwner finds the process with a descriptor on socket inode.
-func socketOwner(inode uint64) int {
+func SocketOwner(inode uint64) int {
 	if inode == 0 {
 		return 0
 	}
@@ -381,7 +381,7 @@ func socketOwner(inode uint64) int {
 
 // commandLine is pid's command line, secrets masked, cut so that the
 // decision's one-line reason still names the pid and the address.
-func commandLine(pid int) string {
+func CommandLine(pid int) string {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
 	if err != nil || len(b) == 0 {
 		return "command unknown"

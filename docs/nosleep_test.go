@@ -15,11 +15,6 @@ import (
 // window). It goes in a comment on the sleep's line, with the reason.
 const notAWait = "not a wait:"
 
-// sleepsOwnedElsewhere are the packages whose tests are being rewritten on
-// other branches (issue 43: the supervisor's step, the proxy); their
-// hand-rolled waits move to testkit there, and they join this check then.
-var sleepsOwnedElsewhere = []string{"internal/proxy/", "internal/supervisor/"}
-
 // testing.md: a test that waits calls testkit.WaitFor or testkit.Poll,
 // never a sleep long "enough". A hand-rolled wait is a time.Sleep in a
 // loop (a deadline and a sleep, or a count of tries): every such sleep in
@@ -47,11 +42,6 @@ func TestNoWaitingTestSleeps(t *testing.T) {
 		}
 		if !strings.HasSuffix(rel, "_test.go") {
 			return nil
-		}
-		for _, p := range sleepsOwnedElsewhere {
-			if strings.HasPrefix(rel, p) {
-				return nil
-			}
 		}
 		f, err := parser.ParseFile(fset, path, nil, parser.ParseComments)
 		if err != nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vllm-guard/vllm-guard/internal/benchnginx"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // The proxy's overhead on loopback, side by side in one run: direct to a
@@ -111,12 +112,12 @@ func startNginx(b *testing.B, upstream string) string {
 			<-exited
 		}
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	// Each look is a connection to nginx: one every 10 ms.
+	listens := testkit.PollEvery(10*time.Second, 10*time.Millisecond, func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err == nil {
 			c.Close()
-			return "http://" + addr
+			return true
 		}
 		select {
 		case <-exited:
@@ -124,11 +125,12 @@ func startNginx(b *testing.B, upstream string) string {
 			b.Fatalf("nginx exited at start: %s %s", out.String(), log)
 		default:
 		}
-		if time.Now().After(deadline) {
-			b.Fatalf("nginx does not listen on %s after 10s", addr)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return false
+	})
+	if !listens {
+		b.Fatalf("nginx does not listen on %s after 10s", addr)
 	}
+	return "http://" + addr
 }
 
 type syncWriter struct {

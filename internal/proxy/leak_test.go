@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // connCounter counts a server's open connections.
@@ -114,20 +115,19 @@ func churn(t testing.TB, n, concurrency, limit int) {
 	if ok.Load() == 0 || abandoned.Load() == 0 {
 		t.Fatalf("%d ok, %d abandoned: the test did not exercise both paths", ok.Load(), abandoned.Load())
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var s Stats
+	var g int
+	// Each look settles the runtime first: one every 5 ms.
+	back := testkit.PollEvery(10*time.Second, 5*time.Millisecond, func() bool {
 		settle()
-		s := p.Stats()
-		g := runtime.NumGoroutine()
-		if s.Inflight == 0 && s.Queued == 0 && g <= base && upConns.open.Load() == 0 && frontConns.open.Load() == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			t.Fatalf("after %d requests (%d ok, %d abandoned): %d goroutines (baseline %d), %d upstream and %d client connections open, stats %+v\n%s",
-				n, ok.Load(), abandoned.Load(), g, base, upConns.open.Load(), frontConns.open.Load(), s, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(5 * time.Millisecond)
+		s = p.Stats()
+		g = runtime.NumGoroutine()
+		return s.Inflight == 0 && s.Queued == 0 && g <= base && upConns.open.Load() == 0 && frontConns.open.Load() == 0
+	})
+	if !back {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("after %d requests (%d ok, %d abandoned): %d goroutines (baseline %d), %d upstream and %d client connections open, stats %+v\n%s",
+			n, ok.Load(), abandoned.Load(), g, base, upConns.open.Load(), frontConns.open.Load(), s, buf[:runtime.Stack(buf, true)])
 	}
 	t.Logf("%d requests: %d ok, %d abandoned by their client; back to %d goroutines, no connection open", n, ok.Load(), abandoned.Load(), base)
 }

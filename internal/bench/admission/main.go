@@ -34,6 +34,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/bench/fronts"
 	"github.com/vllm-guard/vllm-guard/internal/benchnginx"
 )
 
@@ -51,7 +52,7 @@ const (
 	trueSafe      = (deviceMiB - reservedMiB - apiMiB - int(util*deviceMiB)) * 1024 / (seqMiB*1024 + promptTokens*tokenKiB) // 118
 )
 
-type bins struct{ guard, fakevllm, nvmlDir, nginx string }
+type bins = fronts.Bins
 
 type options struct {
 	clients, warmClients int
@@ -216,7 +217,7 @@ func binaries(guard, sim, lib, nginx string, needNginx bool) (bins, error) {
 	for _, p := range []struct {
 		dst        *string
 		path, file string
-	}{{&b.guard, guard, ""}, {&b.fakevllm, sim, ""}, {&b.nvmlDir, lib, "libnvidia-ml.so.1"}} {
+	}{{&b.Guard, guard, ""}, {&b.Fakevllm, sim, ""}, {&b.NvmlDir, lib, "libnvidia-ml.so.1"}} {
 		abs, err := filepath.Abs(p.path)
 		if err == nil {
 			_, err = os.Stat(filepath.Join(abs, p.file))
@@ -237,7 +238,7 @@ func binaries(guard, sim, lib, nginx string, needNginx bool) (bins, error) {
 	} else if _, err := os.Stat(nginx); err != nil {
 		return bins{}, fmt.Errorf("-nginx %s: %v", nginx, err)
 	}
-	b.nginx = nginx
+	b.Nginx = nginx
 	return b, nil
 }
 
@@ -362,11 +363,11 @@ func runOne(ctx context.Context, b bins, scratch, frontName, shape string, sampl
 		return res
 	}
 	defer func() {
-		if n := killTagged(e.tag); n > 0 && res.Error == "" {
+		if n := fronts.KillTagged(e.Tag); n > 0 && res.Error == "" {
 			res.Error = fmt.Sprintf("%d simulator processes outlived the run (killed)", n)
 		}
 	}()
-	e.vllmCmd = []string{model, "--max-num-seqs", fmt.Sprint(maxNumSeqs), "--gpu-memory-utilization", fmt.Sprint(util)}
+	e.setVLLM(model, "--max-num-seqs", fmt.Sprint(maxNumSeqs), "--gpu-memory-utilization", fmt.Sprint(util))
 	var f front
 	switch frontName {
 	case "direct":
@@ -380,22 +381,22 @@ func runOne(ctx context.Context, b bins, scratch, frontName, shape string, sampl
 		res.Error = err.Error()
 		return res
 	}
-	defer f.stop()
+	defer f.Stop()
 	body := requestBody(model, promptTokens, o.maxTokens)
-	smp := startSampler(f, e.port)
+	smp := startSampler(f, e.Port)
 	defer smp.stop()
 	var l *load
 	var t0, t1, steady time.Time
 	switch shape {
 	case "ramp":
-		l = newLoad(f.url(), body, o.clients)
+		l = newLoad(f.URL(), body, o.clients)
 		t0 = time.Now()
 		go l.start(o.clients, o.ramp)
 		steady = t0.Add(o.ramp + o.hold/2)
 		wait(ctx, o.ramp+o.hold)
 	case "burst":
 		warmT0 := time.Now()
-		warm := newLoad(f.url(), body, o.warmClients)
+		warm := newLoad(f.URL(), body, o.warmClients)
 		// Six steps. Each step's clients arrive over its first half (at
 		// most a second), not in one instant: clients that start together
 		// with requests of equal length stay in lockstep, all their
@@ -420,7 +421,7 @@ func runOne(ctx context.Context, b bins, scratch, frontName, shape string, sampl
 		warm.stop(drain(ctx, o.drain))
 		res.WarmupS = time.Since(warmT0).Round(100 * time.Millisecond).Seconds()
 		_, res.WarmupOOMs = f.vllmExits()
-		l = newLoad(f.url(), body, o.clients)
+		l = newLoad(f.URL(), body, o.clients)
 		t0 = time.Now()
 		l.start(o.clients, 0)
 		steady = t0.Add(o.burst / 2)

@@ -44,6 +44,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/bench/fronts"
 	"github.com/vllm-guard/vllm-guard/internal/benchnginx"
 )
 
@@ -58,7 +59,7 @@ const (
 	touchWindow    = 500 * time.Millisecond
 )
 
-type bins struct{ guard, fakevllm, nvmlDir, nginx string }
+type bins = fronts.Bins
 
 // streamInterval is the simulator's --stream-interval (-stream-interval).
 var streamInterval = 1
@@ -185,12 +186,12 @@ func referenceRun(ctx context.Context, b bins, scratch string) (map[request]stri
 	if err != nil {
 		return nil, err
 	}
-	r, err := startRestarter(ctx, e)
+	r, err := fronts.StartRestarter(ctx, e)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { r.stop(); killTagged(e.tag) }()
-	return reference(ctx, fmt.Sprintf("http://127.0.0.1:%d", e.port))
+	defer func() { r.Stop(); fronts.KillTagged(e.Tag) }()
+	return reference(ctx, fmt.Sprintf("http://127.0.0.1:%d", e.Port))
 }
 
 // runOne is one (scenario, front): the load from vLLM's first ready until
@@ -204,7 +205,7 @@ func runOne(ctx context.Context, b bins, scratch string, sc scenario, frontName 
 		return res
 	}
 	defer func() {
-		if n := killTagged(e.tag); n > 0 {
+		if n := fronts.KillTagged(e.Tag); n > 0 {
 			fmt.Fprintf(os.Stderr, "bench-resume: %d simulator processes outlived the %s run; killed\n", n, frontName)
 		}
 	}()
@@ -223,7 +224,7 @@ func runOne(ctx context.Context, b bins, scratch string, sc scenario, frontName 
 		res.Error = err.Error()
 		return res
 	}
-	l := startLoad(f.url(), clients)
+	l := startLoad(f.URL(), clients)
 	began := time.Now()
 	tick := time.NewTicker(100 * time.Millisecond)
 	for {
@@ -237,7 +238,7 @@ func runOne(ctx context.Context, b bins, scratch string, sc scenario, frontName 
 	recs := l.stop()
 	deaths := f.deaths()
 	res.Readies = f.readies()
-	f.stop()
+	f.Stop()
 	res.Seconds = time.Since(began).Round(100 * time.Millisecond).Seconds()
 	analyse(&res, recs, deaths, sc.deaths, ref)
 	if len(deaths) < sc.deaths {
@@ -284,7 +285,7 @@ func binaries(guard, sim, lib, nginx string, needNginx bool) (bins, error) {
 	for _, p := range []struct {
 		dst        *string
 		path, file string
-	}{{&b.guard, guard, ""}, {&b.fakevllm, sim, ""}, {&b.nvmlDir, lib, "libnvidia-ml.so.1"}} {
+	}{{&b.Guard, guard, ""}, {&b.Fakevllm, sim, ""}, {&b.NvmlDir, lib, "libnvidia-ml.so.1"}} {
 		abs, err := filepath.Abs(p.path)
 		if err == nil {
 			_, err = os.Stat(filepath.Join(abs, p.file))
@@ -305,6 +306,6 @@ func binaries(guard, sim, lib, nginx string, needNginx bool) (bins, error) {
 	} else if _, err := os.Stat(nginx); err != nil {
 		return bins{}, fmt.Errorf("-nginx %s: %v", nginx, err)
 	}
-	b.nginx = nginx
+	b.Nginx = nginx
 	return b, nil
 }

@@ -108,7 +108,7 @@ func ListenV6Only(t *testing.T, port int) net.Listener {
 // the way of vLLM's bind on 127.0.0.1 (or 0.0.0.0): the trial bind
 // works, so the port is free; a bind on [::] itself meets it.
 func TestPortHolderIgnoresAnIPv6OnlyListener(t *testing.T) {
-	port := FreePortT(t)
+	port := testkit.FreePort(t)
 	ln := ListenV6Only(t, port)
 	defer ln.Close()
 	for _, host := range []string{"127.0.0.1", "0.0.0.0", ""} {
@@ -122,20 +122,10 @@ func TestPortHolderIgnoresAnIPv6OnlyListener(t *testing.T) {
 	}
 }
 
-func FreePortT(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // A bound socket that does not listen yet (vLLM binds before it loads and
 // listens only after) holds the port too; the holder is said to be one.
 func TestPortHolderSeesABoundSocket(t *testing.T) {
-	port := FreePortT(t)
+	port := testkit.FreePort(t)
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -66,6 +66,7 @@ func verdictOf(e Exit, s *scan) Verdict {
 		}
 	}
 	v := classify(e, s, phase)
+	v.bindFailed = v.Cause == CauseConfigError && s.bindFailed
 	if v.Cause == CauseGPUFault && v.GPU == nil {
 		v.GPU = gpuFromLog(v.Evidence)
 		if e.GPU != nil && v.GPU.Reset {

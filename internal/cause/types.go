@@ -96,11 +96,19 @@ type Verdict struct {
 	// guardStart: the guard's own start of vLLM failed (Exit.GuardFailure);
 	// the decision says so instead of "vLLM died".
 	guardStart bool
+	// bindFailed: a config_error read from vLLM's own bind refusal
+	// ("[Errno 98] … address already in use").
+	bindFailed bool
 }
 
 // GuardStart says the guard's own start of vLLM failed (Exit.GuardFailure),
 // not vLLM: the restart policy says so instead of "vLLM died".
 func (v Verdict) GuardStart() bool { return v.guardStart }
+
+// BindFailed says a configuration error was vLLM failing to bind its port
+// (another process held it then): at a restart that is a port to wait for,
+// not a configuration to fix.
+func (v Verdict) BindFailed() bool { return v.bindFailed }
 
 // Words names the evidence of a verdict in one short phrase, for a
 // decision's reason.

@@ -32,7 +32,6 @@ type Decision struct {
 	Action   Action        `json:"action"`
 	Rung     Rung          `json:"rung"`
 	Delay    time.Duration `json:"delay"`             // backoff before the next start
-	WaitGPU  bool          `json:"wait_gpu"`          // wait for GPU memory before starting
 	ExitCode int           `json:"exit_code"`         // for ActionGiveUp: 78 config, 1 crash loop
 	Reason   string        `json:"reason"`            // operator's words: why this step
 	AtFloor  bool          `json:"at_floor,omitzero"` // the ladder's floor is reached

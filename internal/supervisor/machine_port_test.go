@@ -230,3 +230,31 @@ func TestMachinePortTakenWhileTheFirstStartLoadsExits78AfterPortWait(t *testing.
 		}
 	})
 }
+
+// A process that holds vLLM's port only while a restart's vLLM binds it,
+// and lets go before the guard looks, leaves nothing but vLLM's own bind
+// refusal: at a restart that is a port to wait for, not a configuration
+// error (issue 41: exit 78 and no restart under systemd, where plain vLLM
+// would have been retried).
+func TestMachineBindRefusedAtARestartIsWaitedOutNotAConfigError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, nil)
+		s.start()
+		s.ready()
+		crash(s)
+		s.advance(time.Minute)
+		if s.l.n() != 2 {
+			t.Fatalf("%d launches, want the restart", s.l.n())
+		}
+		bindFails(s) // nobody holds the port by the time the guard looks
+		s.advance(time.Minute)
+		if f := s.failure(2); f.Decision.Action != policy.ActionRestart || f.Verdict.Cause != cause.CauseConfigError {
+			t.Fatalf("the death on a port let go: cause %s, %+v; want config_error read, a restart decided", f.Verdict.Cause, f.Decision)
+		}
+		if s.l.n() != 3 {
+			t.Fatalf("%d launches, want a third once the port is free", s.l.n())
+		}
+		s.ready()
+		s.stop()
+	})
+}

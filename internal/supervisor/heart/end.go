@@ -291,6 +291,13 @@ func (m *Core) OnClassified(exit cause.Exit, v cause.Verdict) {
 		m.PortTaken(m.Rel.Res, holder, v)
 		return
 	}
+	if v.BindFailed() && (m.EverReady || m.RunN > 1) {
+		// At a restart vLLM's port served before: a process that held it
+		// while vLLM bound, and let go before the guard looked, is a port
+		// to wait for, not a configuration to fix (issue 41).
+		m.PortTaken(m.Rel.Res, "another process (it held the port while vLLM bound it, and let it go)", v)
+		return
+	}
 	m.Rel.Exit, m.Rel.Verdict = exit, v
 	m.Do(FxDecide{v})
 }

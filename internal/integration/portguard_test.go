@@ -323,3 +323,46 @@ func TestPortTakenWhileARestartImportsIsWaitedOut(t *testing.T) {
 	}
 	s.stopCleanly(30*time.Second, 10*time.Second)
 }
+
+// A process holds vLLM's port only while a restart's vLLM binds it and lets
+// go at once: vLLM's own "[Errno 98]" refusal is all that is left when the
+// guard looks. At a restart the port served before: the guard waits for it
+// and serves again, never exit 78 (issue 41: a brief grab by any local user
+// stopped the service for good).
+func TestPortGrabbedOnlyWhileARestartBindsIsWaitedOut(t *testing.T) {
+	t.Parallel()
+	s := quick(newScene(t))
+	portWait(s, "1s")
+	gate := filepath.Join(s.dir, "bind-gate")
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s.env["FAKEVLLM_BIND_GATE"] = gate // while it is missing, vLLM "imports" and has not bound
+	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
+	s.start()
+	ready := s.WaitEvent("ready", 1, 60*time.Second, isReady)
+	if err := os.Remove(gate); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(ready.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	s.WaitEvent("the restart (its port tried free)", 2, 30*time.Second, isStarting)
+	q := listenSquatter(t, "tcp4", "127.0.0.1:"+strconv.Itoa(s.port))
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s.WaitLog("vLLM's bind refusal", 1, 30*time.Second, msgContains("[Errno 98]"))
+	q.close() // gone before the guard looks
+	ex := s.WaitEvent("vLLM's death on the port it could not bind", 2, 30*time.Second, isExited)
+	if d := ex.Failure.Decision; d.Action != "restart" {
+		t.Fatalf("the decision after the refused bind: %+v (cause %s)", d, ex.Failure.Verdict.Cause)
+	}
+	s.WaitEvent("ready again", 1, 60*time.Second, after(ex, isReady))
+	select {
+	case <-s.Exited():
+		t.Fatalf("the guard exited %d", s.Code())
+	default:
+	}
+	s.stopCleanly(30*time.Second, 10*time.Second)
+}

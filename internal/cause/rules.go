@@ -301,9 +301,9 @@ func isTorchWarning(msg string) bool {
 	return strings.HasPrefix(msg, "[W") && len(msg) > 2 && (msg[2] == ' ' || isDigit(msg[2]))
 }
 
-// frameRules name functions of vLLM whose "raise" (the source line Python
-// prints under the frame) says what failed, for excerpts cut before the
-// exception line. The raise must start with raise.
+// frameRules name functions (or a file) of vLLM whose "raise" (the source
+// line Python prints under the frame) says what failed, for excerpts cut
+// before the exception line. The raise must start with raise.
 var frameRules = []struct {
 	fn, raise string
 	cause     Cause
@@ -313,7 +313,10 @@ var frameRules = []struct {
 	{"in _check_enough_kv_cache_memory", "raise ValueError(", CauseKVInsufficient, scoreKV}, // V1 KV check, later name
 	{"in raise_if_cache_size_invalid", "raise ValueError(", CauseKVInsufficient, scoreKV},   // V0 KV check
 	{"in _dummy_sampler_run", "raise RuntimeError(", CauseOOM, scoreOOM},                    // the sampler warm-up OOM
-	{"in acquire_read", "raise TimeoutError", CauseHang, scoreTimeout},                      // shm_broadcast.py: a worker never answered
+	// shm_broadcast.py: a worker never answered. The raise sits in acquire_read
+	// (0.8-0.20) or in its read deadline's timeout_ms (2026 builds,
+	// eugr/spark-vllm-docker#348): any frame of that file that raises it.
+	{`shm_broadcast.py", line `, "raise TimeoutError", CauseHang, scoreTimeout},
 }
 
 // wrappers only say that the engine died; the root cause is above them.

@@ -481,6 +481,26 @@ func (s *scenario) failure(n int) *events.Failure {
 	return ex[n-1].Failure
 }
 
+// noFailure fails the scenario if a failure was published; why says what
+// the scenario had to avoid.
+func (s *scenario) noFailure(why string) {
+	s.t.Helper()
+	if ex := s.kinds(events.KindExited); len(ex) != 0 {
+		s.t.Fatalf("%s: %+v", why, ex[0].Failure)
+	}
+}
+
+// wantCause: the n-th (from 1) failure is of cause c; it returns that
+// failure for the scenario's further checks.
+func (s *scenario) wantCause(n int, c cause.Cause) *events.Failure {
+	s.t.Helper()
+	f := s.failure(n)
+	if f.Verdict.Cause != c {
+		s.t.Fatalf("failure %d: cause %s, want %s: %+v", n, f.Verdict.Cause, c, f)
+	}
+	return f
+}
+
 func (s *scenario) states() []string {
 	var out []string
 	for _, e := range s.kinds(events.KindState) {
@@ -582,9 +602,7 @@ func TestMachineStartEndsWhenTheProbeKeepsGettingA4xx(t *testing.T) {
 			return probeResult{Step: "embeddings", Status: 404, Err: "POST /v1/embeddings answered 404"}
 		})
 		s.advance(refusedProbeLimit - time.Second)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("ended before refusedProbeLimit")
-		}
+		s.noFailure("ended before refusedProbeLimit")
 		s.advance(2 * time.Second)
 		f := s.failure(1)
 		if f.Verdict.Cause != cause.CauseHang || !strings.Contains(f.Verdict.Summary, "refused the readiness probe") ||
@@ -702,9 +720,7 @@ func TestMachineFaultIgnoredSIGTERMIsEscalated(t *testing.T) {
 		if code := s.exited(); code != exitcode.OK {
 			t.Fatalf("exit %d", code)
 		}
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("a stop on request was recorded as a failure")
-		}
+		s.noFailure("a stop on request was recorded as a failure")
 	})
 }
 
@@ -756,9 +772,7 @@ func TestMachineFaultHostOOMKill(t *testing.T) {
 		s.oom.Add(1) // the cgroup's oom_kill counter went up
 		s.l.last().end(exitInfo{Code: -1, Signal: "SIGKILL"})
 		synctest.Wait()
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseHostOOM {
-			t.Fatalf("failure %+v", f)
-		}
+		s.wantCause(1, cause.CauseHostOOM)
 		s.stop()
 	})
 }
@@ -773,9 +787,7 @@ func TestMachineFaultHostOOMKillOfAChild(t *testing.T) {
 		s.oom.Add(1)
 		s.l.last().end(exitInfo{Code: 0})
 		synctest.Wait()
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseHostOOM {
-			t.Fatalf("failure %+v", f)
-		}
+		s.wantCause(1, cause.CauseHostOOM)
 		s.stop()
 	})
 }
@@ -799,9 +811,7 @@ func TestMachineFaultStallWhileLoadingIsAHang(t *testing.T) {
 		if p.stops.Load() != 0 || p.kills.Load() != 1 {
 			t.Fatalf("after the stall: %d SIGTERM, %d SIGKILL; a hung vLLM is killed without a drain", p.stops.Load(), p.kills.Load())
 		}
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
-			t.Fatalf("failure %+v", f)
-		}
+		s.wantCause(1, cause.CauseHang)
 		stopping := false
 		for _, e := range s.kinds(events.KindState) {
 			stopping = stopping || e.State == "stopping" && strings.Contains(e.Reason, "no load progress (no output, no disk I/O) for 8s while starting (stall_timeout 8s)")
@@ -822,9 +832,7 @@ func TestMachineFaultNeverReadyHitsMaxStartTime(t *testing.T) {
 			p.print("INFO 10-14 12:00:00 [loader.py:1] still loading")
 			s.advance(2 * time.Second)
 		}
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
-			t.Fatalf("failure %+v", f)
-		}
+		s.wantCause(1, cause.CauseHang)
 		s.stop()
 	})
 }
@@ -841,9 +849,7 @@ func TestMachineFaultHangWhileReady(t *testing.T) {
 			return probeResult{Step: "health", Err: "context deadline exceeded"}
 		})
 		s.advance(20 * time.Second)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("killed before `failures` consecutive failures")
-		}
+		s.noFailure("killed before `failures` consecutive failures")
 		s.advance(10 * time.Second)
 		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang || f.Phase != cause.PhaseReady {
 			t.Fatalf("failure %+v", f)
@@ -867,9 +873,7 @@ func TestMachineFaultHealth503(t *testing.T) {
 			p.print("ERROR 10-14 12:01:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.")
 			p.end(exitInfo{Code: 0})
 			synctest.Wait()
-			if f := s.failure(1); f.Verdict.Cause != cause.CauseOOM {
-				t.Fatalf("failure %+v", f)
-			}
+			s.wantCause(1, cause.CauseOOM)
 			s.stop()
 		})
 	})
@@ -880,9 +884,7 @@ func TestMachineFaultHealth503(t *testing.T) {
 			s.ready()
 			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Status: 503, Err: "GET /health answered 503"} })
 			s.advance(5*time.Second + s.sup.engineDeadGrace())
-			if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
-				t.Fatalf("failure %+v", f)
-			}
+			s.wantCause(1, cause.CauseHang)
 			s.stop()
 		})
 	})
@@ -1148,9 +1150,7 @@ func TestMachineKeeperKilledIsAFailure(t *testing.T) {
 		// The keeper is gone: the tree's done closes together with apiGone.
 		p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
 		synctest.Wait()
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseCrash {
-			t.Fatalf("failure %+v", f)
-		}
+		s.wantCause(1, cause.CauseCrash)
 		s.stop()
 	})
 }
@@ -1438,14 +1438,10 @@ func TestMachineSilentDownloadIsProgressButASilentIdleTreeIsAHang(t *testing.T) 
 		if st.State != StateStarting || !strings.Contains(st.Reason, "downloading or loading:") || !strings.Contains(st.Reason, "no log output for") {
 			t.Fatalf("during a silent download: %+v", st)
 		}
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("a silent download was killed")
-		}
+		s.noFailure("a silent download was killed")
 		// Then neither output nor I/O: still a hang.
 		s.advance(9 * time.Second)
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
-			t.Fatalf("failure %+v", f)
-		}
+		s.wantCause(1, cause.CauseHang)
 		s.stop()
 	})
 }
@@ -1466,15 +1462,11 @@ func TestMachineStuckEngineIsAHang(t *testing.T) {
 		// Idle with counters still: never stuck.
 		running.Store(0)
 		s.advance(5 * time.Minute)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("a progressing or idle vLLM was called stuck")
-		}
+		s.noFailure("a progressing or idle vLLM was called stuck")
 		// Wedged: requests running, no counter moves (/health still 200).
 		running.Store(12)
 		s.advance(59 * time.Second)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("stuck before stuck_timeout")
-		}
+		s.noFailure("stuck before stuck_timeout")
 		s.advance(2 * time.Second)
 		f := s.failure(1)
 		if f.Verdict.Cause != cause.CauseHang || s.l.last().kills.Load() != 1 {
@@ -1491,15 +1483,11 @@ func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
 		s.start()
 		s.ready()
 		s.advance(2 * time.Minute)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("answering requests, yet called stuck")
-		}
+		s.noFailure("answering requests, yet called stuck")
 		// The engine wedges: the 1-token request never answers within its bound.
 		s.pr.setReady(func() probeResult { return probeResult{Step: "completion", Err: "context deadline exceeded"} })
 		s.advance(time.Minute)
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
-			t.Fatalf("failure %+v", f)
-		}
+		s.wantCause(1, cause.CauseHang)
 		s.stop()
 	})
 }
@@ -1524,9 +1512,7 @@ func TestMachineLongPrefillIsNotStuck(t *testing.T) {
 		running.Store(1)
 		prompt.Store(20000)
 		s.advance(4 * time.Minute)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatalf("a long prefill was called stuck: %+v", s.failure(1))
-		}
+		s.noFailure("a long prefill was called stuck")
 		// Still nothing after stuck_timeout plus the prefill's time: stuck.
 		s.advance(30 * time.Second)
 		f := s.failure(1)
@@ -1549,18 +1535,12 @@ func TestMachineHangInTheFirstStepAfterIdleIsStuck(t *testing.T) {
 		s.start()
 		s.ready()
 		s.advance(5 * time.Minute)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("an idle vLLM was called stuck")
-		}
+		s.noFailure("an idle vLLM was called stuck")
 		sent.Store(3)
 		s.advance(59 * time.Second)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("stuck before stuck_timeout")
-		}
+		s.noFailure("stuck before stuck_timeout")
 		s.advance(3 * time.Second)
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
-			t.Fatalf("failure %+v", f)
-		}
+		s.wantCause(1, cause.CauseHang)
 		s.stop()
 	})
 }
@@ -1576,14 +1556,10 @@ func TestMachinePausedVLLMIsNotStuck(t *testing.T) {
 		s.start()
 		s.ready()
 		s.advance(10 * time.Minute)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatalf("a paused vLLM was called stuck: %+v", s.failure(1))
-		}
+		s.noFailure("a paused vLLM was called stuck")
 		s.pr.setPaused(false)
 		s.advance(2 * time.Minute)
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
-			t.Fatalf("failure %+v", f)
-		}
+		s.wantCause(1, cause.CauseHang)
 		s.stop()
 	})
 }
@@ -1599,9 +1575,7 @@ func TestMachinePausedVLLMWithoutMetricsIsNotStuck(t *testing.T) {
 		s.ready()
 		s.pr.setReady(func() probeResult { return probeResult{Step: "completion", Err: "context deadline exceeded"} })
 		s.advance(5 * time.Minute)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatalf("a paused vLLM was called stuck: %+v", s.failure(1))
-		}
+		s.noFailure("a paused vLLM was called stuck")
 		s.stop()
 	})
 }
@@ -1687,9 +1661,7 @@ func TestMachineStuckLeftoverNeverBlocksTheLoop(t *testing.T) {
 			}
 		}
 		s.advance(3 * time.Second)
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseCrash {
-			t.Fatalf("failure %+v", f)
-		}
+		s.wantCause(1, cause.CauseCrash)
 		s.advance(s.cfg.Restart.InitialDelay.Duration)
 		if s.l.n() != 2 {
 			t.Fatalf("%d launches once the stuck process was gone; want the restart", s.l.n())

@@ -4,7 +4,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/cause"
@@ -55,8 +54,7 @@ func (h *fakeHealth) set(f func(d *cause.GPUDevice)) { h.mu.Lock(); f(&h.dev); h
 // killed, never restarted), the cause is gpu_fault with the GPU and the
 // XID, and the guard exits with the GPU-fault code.
 func TestMachineGPUFaultXID79(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		h := newFakeHealth()
 		s.health = h
 		s.start()
@@ -82,8 +80,7 @@ func TestMachineGPUFaultXID79(t *testing.T) {
 // TestMachineGPUFaultStay: with on_gpu_fault = "stay" the guard stays up,
 // failed, naming the GPU.
 func TestMachineGPUFaultStay(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.GPU.OnGPUFault = "stay" })
+	runScenario(t, func(c *config.Config) { c.GPU.OnGPUFault = "stay" }, func(t *testing.T, s *scenario) {
 		h := newFakeHealth()
 		s.health = h
 		s.start()
@@ -106,8 +103,7 @@ func TestMachineGPUFaultStay(t *testing.T) {
 // TestMachineGPUFaultXID94: a contained ECC error ends the run and restarts
 // it on the same rung; a second within the window gives up.
 func TestMachineGPUFaultXID94(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		h := newFakeHealth()
 		s.health = h
 		s.start()
@@ -138,8 +134,7 @@ func TestMachineGPUFaultXID94(t *testing.T) {
 // remap pending; waiting_gpu says why; a reset (the flag cleared) lets it
 // start.
 func TestMachineGPUPendingRemapBlocksStart(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		h := newFakeHealth()
 		h.set(func(d *cause.GPUDevice) { d.RemapPending = true })
 		s.health = h
@@ -165,8 +160,7 @@ func TestMachineGPUPendingRemapBlocksStart(t *testing.T) {
 // NVML watches, is stuck in the driver: gpu_fault, needs a reset, no
 // second start.
 func TestMachineUnkillableProcessIsAGPUFault(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.health = newFakeHealth()
 		s.start()
 		s.ready()

@@ -3,7 +3,6 @@ package supervisor
 import (
 	"strings"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/cause"
@@ -22,8 +21,7 @@ func (s *scenario) setHolder(h string) { s.mu.Lock(); s.holder = h; s.mu.Unlock(
 // guard waits port_wait, saying who holds the port, then the start ends as
 // a configuration error (exit 78, no READY) naming the holder.
 func TestMachinePortHeldAtTheFirstStartIsAConfigErrorAfterPortWait(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.VLLM.PortWait = config.Duration{Duration: 30 * time.Second} })
+	runScenario(t, func(c *config.Config) { c.VLLM.PortWait = config.Duration{Duration: 30 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.holder = squatter
 		s.start()
 		st := s.sup.Status()
@@ -54,8 +52,7 @@ func TestMachinePortHeldAtTheFirstStartIsAConfigErrorAfterPortWait(t *testing.T)
 
 // port_wait "0s" gives up at once (the behaviour before issue 41).
 func TestMachinePortWaitZeroGivesUpAtOnce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.VLLM.PortWait = config.Duration{} })
+	runScenario(t, func(c *config.Config) { c.VLLM.PortWait = config.Duration{} }, func(t *testing.T, s *scenario) {
 		s.holder = squatter
 		s.start()
 		if code := s.exited(); code != exitcode.Config || s.l.n() != 0 {
@@ -67,8 +64,7 @@ func TestMachinePortWaitZeroGivesUpAtOnce(t *testing.T) {
 // A port held briefly at the first start is waited out: vLLM starts once
 // it is free, and is ready.
 func TestMachinePortHeldBrieflyAtTheFirstStartIsWaitedOut(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.holder = squatter
 		s.start()
 		s.advance(5 * time.Second)
@@ -93,10 +89,7 @@ func TestMachinePortHeldBrieflyAtTheFirstStartIsWaitedOut(t *testing.T) {
 // port_wait: this is a restart, not two instances on one port), status
 // names it, and vLLM starts and is ready once it lets go. No exit 78.
 func TestMachinePortGrabbedDuringBackoffDelaysTheRestart(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		s.setHolder(squatter)
 		s.l.last().end(exitInfo{Code: 1})
 		s.advance(5 * time.Minute)
@@ -122,8 +115,7 @@ func TestMachinePortGrabbedDuringBackoffDelaysTheRestart(t *testing.T) {
 
 // A stop while waiting for the port ends the guard at once.
 func TestMachineStopWhileWaitingForThePort(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.holder = squatter
 		s.start()
 		s.advance(time.Second)
@@ -136,8 +128,7 @@ func TestMachineStopWhileWaitingForThePort(t *testing.T) {
 // An answer on vLLM's port before vLLM printed its server's start is not
 // its own (another process listens there): no READY until its line.
 func TestMachineAnswerBeforeVLLMsServerLineIsNotReady(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
 		p.listening.Store(true) // something answers at once
@@ -157,8 +148,7 @@ func TestMachineAnswerBeforeVLLMsServerLineIsNotReady(t *testing.T) {
 // checked to reach a listener of this run's own tree (a vLLM whose startup
 // lines the guard does not know).
 func TestMachineAnswerFromItsOwnListenerIsReady(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
 		s.pr.own.Store(true)
@@ -182,10 +172,7 @@ func bindFails(s *scenario) {
 // restart the guard waits for the port (status naming the holder) instead
 // of calling it a configuration error, and starts vLLM once it is free.
 func TestMachinePortTakenWhileARestartLoadsIsWaitedOut(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		crash(s)
 		s.advance(time.Minute)
 		if s.l.n() != 2 {
@@ -215,8 +202,7 @@ func TestMachinePortTakenWhileARestartLoadsIsWaitedOut(t *testing.T) {
 // guard stops with exit 78 naming the holder, as two instances on one
 // port would.
 func TestMachinePortTakenWhileTheFirstStartLoadsExits78AfterPortWait(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.VLLM.PortWait = config.Duration{Duration: 10 * time.Second} })
+	runScenario(t, func(c *config.Config) { c.VLLM.PortWait = config.Duration{Duration: 10 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.start()
 		s.setHolder(squatter)
 		bindFails(s)

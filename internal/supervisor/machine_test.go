@@ -338,6 +338,26 @@ func newScenario(t *testing.T, edit func(c *config.Config)) *scenario {
 	return &scenario{t: t, cfg: cfg, l: l, pr: &fakeProber{l: l}, gpu: &fakeGPU{free: true, released: true, total: 80 << 30}}
 }
 
+// runReady runs a scenario in fake time (synctest) over a machine that
+// started and became ready; body drives and checks it.
+func runReady(t *testing.T, edit func(c *config.Config), body func(t *testing.T, s *scenario)) {
+	t.Helper()
+	runScenario(t, edit, func(t *testing.T, s *scenario) {
+		s.start()
+		s.ready()
+		body(t, s)
+	})
+}
+
+// runScenario runs a scenario in fake time (synctest); body sets the
+// machine up, starts it, drives and checks it.
+func runScenario(t *testing.T, edit func(c *config.Config), body func(t *testing.T, s *scenario)) {
+	t.Helper()
+	synctest.Test(t, func(t *testing.T) {
+		body(t, newScenario(t, edit))
+	})
+}
+
 // start runs the supervisor; call inside synctest.Test.
 func (s *scenario) start() {
 	bus := events.NewBus()
@@ -519,8 +539,7 @@ func argvHas(argv []string, flag, value string) bool {
 }
 
 func TestMachineStartsAndBecomesReadyOnStartupComplete(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Hour} })
+	runScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Hour} }, func(t *testing.T, s *scenario) {
 		s.start()
 		s.wantState(StateStarting)
 		if s.l.n() != 1 {
@@ -565,8 +584,7 @@ func TestMachineStartsAndBecomesReadyOnStartupComplete(t *testing.T) {
 }
 
 func TestMachineNotReadyWhileProbesFail(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
 		p.print("INFO 12-03 12:00:00 [api_server.py:1] Starting vLLM API server 0 on http://127.0.0.1:8000")
@@ -594,8 +612,7 @@ func TestMachineNotReadyWhileProbesFail(t *testing.T) {
 // start ends with that answer as its reason instead of waiting for ever
 // (issue 24 item 2). A 5xx while starting keeps waiting (the test above).
 func TestMachineStartEndsWhenTheProbeKeepsGettingA4xx(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Readiness.MaxStartTime = config.Duration{} })
+	runScenario(t, func(c *config.Config) { c.Readiness.MaxStartTime = config.Duration{} }, func(t *testing.T, s *scenario) {
 		s.start()
 		s.l.last().listening.Store(true)
 		s.pr.setReady(func() probeResult {
@@ -663,8 +680,7 @@ func TestMachineFaultOOMStepsDownAfterTheRelease(t *testing.T) {
 }
 
 func TestMachineFaultReleaseTimeoutKillsOnlyOurSurvivors(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.GPU.ReleaseTimeout = config.Duration{Duration: 10 * time.Second} })
+	runScenario(t, func(c *config.Config) { c.GPU.ReleaseTimeout = config.Duration{Duration: 10 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.gpu.released = false
 		s.start()
 		s.ready()
@@ -694,8 +710,7 @@ func TestMachineFaultReleaseTimeoutKillsOnlyOurSurvivors(t *testing.T) {
 }
 
 func TestMachineFaultIgnoredSIGTERMIsEscalated(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true }
 		s.start()
 		s.ready()
@@ -725,10 +740,7 @@ func TestMachineFaultIgnoredSIGTERMIsEscalated(t *testing.T) {
 }
 
 func TestMachineFaultExitZeroIsAFailure(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		s.l.last().print("ERROR 10-14 12:01:00 [core.py:1] EngineCore encountered a fatal error.")
 		s.l.last().end(exitInfo{Code: 0})
 		synctest.Wait()
@@ -765,10 +777,7 @@ func TestMachineFaultSegfaultAndKilledAPIServer(t *testing.T) {
 }
 
 func TestMachineFaultHostOOMKill(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		s.oom.Add(1) // the cgroup's oom_kill counter went up
 		s.l.last().end(exitInfo{Code: -1, Signal: "SIGKILL"})
 		synctest.Wait()
@@ -780,10 +789,7 @@ func TestMachineFaultHostOOMKill(t *testing.T) {
 // The OOM killer took a child (the EngineCore, a worker) and the API
 // server exited by itself: still the host's memory.
 func TestMachineFaultHostOOMKillOfAChild(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		s.oom.Add(1)
 		s.l.last().end(exitInfo{Code: 0})
 		synctest.Wait()
@@ -824,8 +830,7 @@ func TestMachineFaultStallWhileLoadingIsAHang(t *testing.T) {
 }
 
 func TestMachineFaultNeverReadyHitsMaxStartTime(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Readiness.MaxStartTime = config.Duration{Duration: 20 * time.Second} })
+	runScenario(t, func(c *config.Config) { c.Readiness.MaxStartTime = config.Duration{Duration: 20 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
 		for range 15 {
@@ -891,8 +896,7 @@ func TestMachineFaultHealth503(t *testing.T) {
 }
 
 func TestMachineFaultBadFlagGivesUpWith78(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
 		p.print("stderr:usage: vllm serve [-h] [--max-num-seqs MAX_NUM_SEQS]",
@@ -909,8 +913,7 @@ func TestMachineFaultBadFlagGivesUpWith78(t *testing.T) {
 }
 
 func TestMachineFaultLaunchFailure(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.l.fail = errors.New("fork/exec /usr/bin/vllm-guard: no such file or directory")
 		s.start()
 		f := s.failure(1)
@@ -949,8 +952,7 @@ func TestMachineFaultCrashLoopGivesUp(t *testing.T) {
 }
 
 func TestMachineGiveUpAndStay(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Restart.OnGiveUp = "stay" })
+	runScenario(t, func(c *config.Config) { c.Restart.OnGiveUp = "stay" }, func(t *testing.T, s *scenario) {
 		s.start()
 		s.l.last().print("stderr:vllm serve: error: unrecognized arguments: --bogus")
 		s.l.last().end(exitInfo{Code: 2})
@@ -970,8 +972,7 @@ func TestMachineGiveUpAndStay(t *testing.T) {
 }
 
 func TestMachineWaitsForFreeGPUMemoryBeforeStarting(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.gpu.free = false
 		s.start()
 		st := s.sup.Status()
@@ -1020,8 +1021,7 @@ func TestMachineStopWhileWaiting(t *testing.T) {
 }
 
 func TestMachineStopWhileLoading(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.start()
 		if code := s.stop(); code != exitcode.OK {
 			t.Fatalf("exit %d", code)
@@ -1033,10 +1033,7 @@ func TestMachineStopWhileLoading(t *testing.T) {
 }
 
 func TestMachineOperatorRestart(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		first := s.l.last()
 		if err := s.sup.Restart(context.Background(), "uid 0"); err != nil {
 			t.Fatal(err)
@@ -1058,8 +1055,7 @@ func TestMachineOperatorRestart(t *testing.T) {
 }
 
 func TestMachineOperatorRestartSkipsTheBackoff(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Restart.InitialDelay = config.Duration{Duration: time.Hour} })
+	runScenario(t, func(c *config.Config) { c.Restart.InitialDelay = config.Duration{Duration: time.Hour} }, func(t *testing.T, s *scenario) {
 		s.start()
 		s.l.last().end(exitInfo{Code: 1})
 		synctest.Wait()
@@ -1076,8 +1072,7 @@ func TestMachineOperatorRestartSkipsTheBackoff(t *testing.T) {
 }
 
 func TestMachineResetProfile(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.pstate = policy.State{Rung: 2}
 		s.start()
 		if got := s.sup.Status().Rung.Index; got != 2 {
@@ -1099,8 +1094,7 @@ func TestMachineResetProfile(t *testing.T) {
 }
 
 func TestMachineRestoreStepsUpWhenIdleAndCool(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Profile.RestoreAfter = config.Duration{Duration: 10 * time.Minute} })
+	runScenario(t, func(c *config.Config) { c.Profile.RestoreAfter = config.Duration{Duration: 10 * time.Minute} }, func(t *testing.T, s *scenario) {
 		s.pstate = policy.State{Rung: 1}
 		s.load = func() (float64, float64, bool) { return 0, 0, true }
 		s.gpu.fractions = []float64{0.5}
@@ -1122,8 +1116,7 @@ func TestMachineRestoreStepsUpWhenIdleAndCool(t *testing.T) {
 }
 
 func TestMachineCostModelSamplesWhileReady(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		var running atomic.Int64
 		s.load = func() (float64, float64, bool) { return float64(running.Load()), 0, true }
 		s.start()
@@ -1141,10 +1134,7 @@ func TestMachineCostModelSamplesWhileReady(t *testing.T) {
 }
 
 func TestMachineKeeperKilledIsAFailure(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		p := s.l.last()
 		p.survivors = []int{p.apiPID, p.apiPID + 1}
 		// The keeper is gone: the tree's done closes together with apiGone.
@@ -1156,8 +1146,7 @@ func TestMachineKeeperKilledIsAFailure(t *testing.T) {
 }
 
 func TestMachineWithoutGPU(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.noGPU = true
 		s.start()
 		s.ready()
@@ -1169,10 +1158,7 @@ func TestMachineWithoutGPU(t *testing.T) {
 }
 
 func TestMachinePublishesEveryTransitionOnce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		s.l.last().end(exitInfo{Code: 1})
 		synctest.Wait()
 		s.advance(s.cfg.Restart.InitialDelay.Duration)
@@ -1189,8 +1175,7 @@ func TestMachinePublishesEveryTransitionOnce(t *testing.T) {
 }
 
 func TestMachineRetriesFastWhileUvicornStartsListening(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Minute} })
+	runScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Minute} }, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
 		// uvicorn's order: the line first, the socket listens a moment later.
@@ -1209,8 +1194,7 @@ func TestMachineRetriesFastWhileUvicornStartsListening(t *testing.T) {
 }
 
 func TestMachineFastRetryIsBounded(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Minute} })
+	runScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Minute} }, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
 		p.print("stderr:INFO:     Application startup complete.")
@@ -1341,8 +1325,7 @@ func TestMachineSecondStopDuringTheProxyDrainKills(t *testing.T) {
 // Without vLLM's --shutdown-timeout (it aborts at once) there is nothing
 // to wait for: SIGTERM at once.
 func TestMachineStopWithoutShutdownTimeoutDoesNotWait(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.inFlight = func() int { return 3 }
 		s.start()
 		s.ready()
@@ -1357,8 +1340,7 @@ func TestMachineStopWithoutShutdownTimeoutDoesNotWait(t *testing.T) {
 }
 
 func TestMachineASecondStopKillsAtOnce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true }
 		s.start()
 		s.ready()
@@ -1377,8 +1359,7 @@ func TestMachineASecondStopKillsAtOnce(t *testing.T) {
 }
 
 func TestMachineDrainingVLLMThatExitsIsNoFailure(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = p.apiPID == 1000 } // the first run drains slowly
 		s.start()
 		s.ready()
@@ -1425,8 +1406,7 @@ func TestEffectiveStopTimeout(t *testing.T) {
 }
 
 func TestMachineSilentDownloadIsProgressButASilentIdleTreeIsAHang(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Readiness.StallTimeout = config.Duration{Duration: 8 * time.Second} })
+	runScenario(t, func(c *config.Config) { c.Readiness.StallTimeout = config.Duration{Duration: 8 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
 		// 30 s without a line, writing weights to the cache all the while.
@@ -1447,8 +1427,7 @@ func TestMachineSilentDownloadIsProgressButASilentIdleTreeIsAHang(t *testing.T) 
 }
 
 func TestMachineStuckEngineIsAHang(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} })
+	runScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} }, func(t *testing.T, s *scenario) {
 		var running, tokens atomic.Int64
 		s.progress = func() (float64, float64, bool) { return float64(running.Load()), float64(tokens.Load()), true }
 		s.start()
@@ -1477,8 +1456,7 @@ func TestMachineStuckEngineIsAHang(t *testing.T) {
 }
 
 func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 30 * time.Second} })
+	runScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 30 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.progress = func() (float64, float64, bool) { return 0, 0, false } // --disable-log-stats
 		s.start()
 		s.ready()
@@ -1496,8 +1474,7 @@ func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
 // prefill shows running 1 and no counter moving. The guard's proxy knows
 // the prompt awaiting its answer and allows it time to prefill.
 func TestMachineLongPrefillIsNotStuck(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} })
+	runScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} }, func(t *testing.T, s *scenario) {
 		var running, prompt atomic.Int64
 		s.progress = func() (float64, float64, bool) { return float64(running.Load()), 1000, true }
 		s.awaiting = func() (int, float64) {
@@ -1527,8 +1504,7 @@ func TestMachineLongPrefillIsNotStuck(t *testing.T) {
 // hangs in its first step after idle shows 0 running for ever. The
 // requests the guard's proxy sent, with no answer, are work in flight.
 func TestMachineHangInTheFirstStepAfterIdleIsStuck(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} })
+	runScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} }, func(t *testing.T, s *scenario) {
 		var sent atomic.Int64
 		s.progress = func() (float64, float64, bool) { return 0, 500, true } // the gauges of the last step before idle
 		s.awaiting = func() (int, float64) { return int(sent.Load()), 8 }
@@ -1549,8 +1525,7 @@ func TestMachineHangInTheFirstStepAfterIdleIsStuck(t *testing.T) {
 // /is_paused with {"is_paused": true}, and the guard does not kill it.
 // Once resumed, a vLLM that still makes no progress is stuck.
 func TestMachinePausedVLLMIsNotStuck(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} })
+	runScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.progress = func() (float64, float64, bool) { return 4, 1000, true }
 		s.pr.setPaused(true)
 		s.start()
@@ -1567,8 +1542,7 @@ func TestMachinePausedVLLMIsNotStuck(t *testing.T) {
 // Without vLLM's metrics the stuck check sends a 1-token request; a
 // paused vLLM holds it too, and is not stuck.
 func TestMachinePausedVLLMWithoutMetricsIsNotStuck(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 30 * time.Second} })
+	runScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 30 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.progress = func() (float64, float64, bool) { return 0, 0, false }
 		s.pr.setPaused(true)
 		s.start()
@@ -1581,8 +1555,7 @@ func TestMachinePausedVLLMWithoutMetricsIsNotStuck(t *testing.T) {
 }
 
 func TestMachineReloadAppliesLiveSettingsNowAndVLLMsAtTheNextStart(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: time.Minute} })
+	runScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: time.Minute} }, func(t *testing.T, s *scenario) {
 		var healthChecks atomic.Int64
 		s.start()
 		s.ready()
@@ -1618,10 +1591,7 @@ func TestMachineReloadAppliesLiveSettingsNowAndVLLMsAtTheNextStart(t *testing.T)
 }
 
 func TestMachineReloadWithoutVLLMChangesIsNotPending(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		next := *s.cfg
 		next.GPU.WarnFraction = 0.5
 		if pending, err := s.sup.Reload(context.Background(), &next); err != nil || pending {
@@ -1637,10 +1607,7 @@ func TestMachineReloadWithoutVLLMChangesIsNotPending(t *testing.T) {
 // stuck, a stop request is taken, and the next start waits for the tree to
 // be gone.
 func TestMachineStuckLeftoverNeverBlocksTheLoop(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		p := s.l.last()
 		p.survivors = []int{4242}
 		p.stuckFor = 60 * time.Second
@@ -1674,10 +1641,7 @@ func TestMachineStuckLeftoverNeverBlocksTheLoop(t *testing.T) {
 // Survivors that never die are declared unkillable after the kill rounds;
 // a stop asked meanwhile waits for that and then stops.
 func TestMachineUnkillableLeftoverIsDeclaredAndStopWaits(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		p := s.l.last()
 		p.survivors = []int{4243}
 		p.stuckFor = 50 * time.Second
@@ -1704,10 +1668,7 @@ func TestMachineUnkillableLeftoverIsDeclaredAndStopWaits(t *testing.T) {
 // the loop keeps turning, the start waits for the answer, and a stop asked
 // meanwhile is taken at once.
 func TestMachineSlowNVMLNeverBlocksTheLoop(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		s.gpu.mu.Lock()
 		s.gpu.slow = time.Minute
 		s.gpu.mu.Unlock()
@@ -1809,8 +1770,7 @@ func TestMachineServerFinishedIsNotAHang(t *testing.T) {
 // several times between two of the monitor's readings (issue 31: one
 // sampler per source), and the same reading is not a new sample.
 func TestMachineCostModelCountsEachReadingOnce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.load = func() (float64, float64, bool) { return 4, 0, true }
 		s.start()
 		s.ready()

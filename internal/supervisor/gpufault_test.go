@@ -57,8 +57,7 @@ func TestMachineGPUFaultXID79(t *testing.T) {
 	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		h := newFakeHealth()
 		s.health = h
-		s.start()
-		s.ready()
+		s.startReady()
 		h.xid(79)
 		s.advance(2 * time.Second) // the heartbeat sees it
 		if code := s.exited(); code != exitcode.GPUFault {
@@ -83,8 +82,7 @@ func TestMachineGPUFaultStay(t *testing.T) {
 	runScenario(t, func(c *config.Config) { c.GPU.OnGPUFault = "stay" }, func(t *testing.T, s *scenario) {
 		h := newFakeHealth()
 		s.health = h
-		s.start()
-		s.ready()
+		s.startReady()
 		h.xid(48)
 		s.advance(2 * time.Second)
 		s.wantState(StateFailed)
@@ -106,8 +104,7 @@ func TestMachineGPUFaultXID94(t *testing.T) {
 	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		h := newFakeHealth()
 		s.health = h
-		s.start()
-		s.ready()
+		s.startReady()
 		h.xid(94)
 		s.advance(2 * time.Second)
 		f := s.failure(1)
@@ -162,8 +159,7 @@ func TestMachineGPUPendingRemapBlocksStart(t *testing.T) {
 func TestMachineUnkillableProcessIsAGPUFault(t *testing.T) {
 	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.health = newFakeHealth()
-		s.start()
-		s.ready()
+		s.startReady()
 		p := s.l.last()
 		p.survivors = []int{4244}
 		p.stuckFor = 50 * time.Second

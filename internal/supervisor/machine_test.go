@@ -343,8 +343,7 @@ func newScenario(t *testing.T, edit func(c *config.Config)) *scenario {
 func runReady(t *testing.T, edit func(c *config.Config), body func(t *testing.T, s *scenario)) {
 	t.Helper()
 	runScenario(t, edit, func(t *testing.T, s *scenario) {
-		s.start()
-		s.ready()
+		s.startReady()
 		body(t, s)
 	})
 }
@@ -439,6 +438,13 @@ func (s *scenario) wantState(want State) {
 	if st := s.sup.Status(); st.State != want {
 		s.t.Fatalf("state %s (%s), want %s", st.State, st.Reason, want)
 	}
+}
+
+// startReady starts the machine and waits until it is ready.
+func (s *scenario) startReady() {
+	s.t.Helper()
+	s.start()
+	s.ready()
 }
 
 // ready makes the last fake load and listen, and waits for ready.
@@ -638,8 +644,7 @@ func TestMachineFaultOOMStepsDownAfterTheRelease(t *testing.T) {
 			c.GPU.ReleaseTimeout = config.Duration{Duration: 60 * time.Second}
 		})
 		s.gpu.released = false
-		s.start()
-		s.ready()
+		s.startReady()
 		p := s.l.last()
 		p.print("ERROR 10-14 12:01:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
 		p.end(exitInfo{Code: 0}) // vLLM exits 0 after an engine death
@@ -682,8 +687,7 @@ func TestMachineFaultOOMStepsDownAfterTheRelease(t *testing.T) {
 func TestMachineFaultReleaseTimeoutKillsOnlyOurSurvivors(t *testing.T) {
 	runScenario(t, func(c *config.Config) { c.GPU.ReleaseTimeout = config.Duration{Duration: 10 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.gpu.released = false
-		s.start()
-		s.ready()
+		s.startReady()
 		p := s.l.last()
 		p.mu.Lock()
 		p.ours[p.apiPID+1] = true
@@ -712,8 +716,7 @@ func TestMachineFaultReleaseTimeoutKillsOnlyOurSurvivors(t *testing.T) {
 func TestMachineFaultIgnoredSIGTERMIsEscalated(t *testing.T) {
 	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true }
-		s.start()
-		s.ready()
+		s.startReady()
 		p := s.l.last()
 		s.cancel()
 		synctest.Wait()
@@ -761,8 +764,7 @@ func TestMachineFaultSegfaultAndKilledAPIServer(t *testing.T) {
 		t.Run(sig, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				s := newScenario(t, nil)
-				s.start()
-				s.ready()
+				s.startReady()
 				s.l.last().survivors = []int{77}
 				s.l.last().end(exitInfo{Code: -1, Signal: sig})
 				synctest.Wait()
@@ -848,8 +850,7 @@ func TestMachineFaultHangWhileReady(t *testing.T) {
 			c.Liveness.Interval = config.Duration{Duration: 10 * time.Second}
 			c.Liveness.Failures = 3
 		})
-		s.start()
-		s.ready()
+		s.startReady()
 		s.pr.setHealth(func() probeResult {
 			return probeResult{Step: "health", Err: "context deadline exceeded"}
 		})
@@ -867,8 +868,7 @@ func TestMachineFaultHealth503(t *testing.T) {
 	t.Run("vLLM exits by itself within the grace", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			s := newScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: 5 * time.Second} })
-			s.start()
-			s.ready()
+			s.startReady()
 			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Status: 503, Err: "GET /health answered 503"} })
 			s.advance(5 * time.Second)
 			p := s.l.last()
@@ -885,8 +885,7 @@ func TestMachineFaultHealth503(t *testing.T) {
 	t.Run("vLLM stays up", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			s := newScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: 5 * time.Second} })
-			s.start()
-			s.ready()
+			s.startReady()
 			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Status: 503, Err: "GET /health answered 503"} })
 			s.advance(5*time.Second + s.sup.engineDeadGrace())
 			s.wantCause(1, cause.CauseHang)
@@ -1098,8 +1097,7 @@ func TestMachineRestoreStepsUpWhenIdleAndCool(t *testing.T) {
 		s.pstate = policy.State{Rung: 1}
 		s.load = func() (float64, float64, bool) { return 0, 0, true }
 		s.gpu.fractions = []float64{0.5}
-		s.start()
-		s.ready()
+		s.startReady()
 		s.advance(10*time.Minute + 2*time.Second)
 		synctest.Wait()
 		if s.l.n() != 2 {
@@ -1119,8 +1117,7 @@ func TestMachineCostModelSamplesWhileReady(t *testing.T) {
 	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		var running atomic.Int64
 		s.load = func() (float64, float64, bool) { return float64(running.Load()), 0, true }
-		s.start()
-		s.ready()
+		s.startReady()
 		for n := range int64(12) {
 			running.Store(8 * n)
 			s.gpu.set(func(g *fakeGPU) { g.used, g.readAt = uint64(40<<30)+uint64(n)*(1<<30), time.Now() })
@@ -1148,8 +1145,7 @@ func TestMachineKeeperKilledIsAFailure(t *testing.T) {
 func TestMachineWithoutGPU(t *testing.T) {
 	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.noGPU = true
-		s.start()
-		s.ready()
+		s.startReady()
 		s.l.last().end(exitInfo{Code: 1})
 		synctest.Wait()
 		s.wantState(StateBackoff) // no release wait without a GPU view
@@ -1220,8 +1216,7 @@ func TestMachineStopWaitsForVLLMsOwnDrain(t *testing.T) {
 			c.VLLM.StopTimeout = config.Duration{Duration: 30 * time.Second}
 		})
 		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true } // draining: it takes its time
-		s.start()
-		s.ready()
+		s.startReady()
 		p := s.l.last()
 		s.cancel()
 		synctest.Wait()
@@ -1263,8 +1258,7 @@ func TestMachineStopDrainsTheProxyFirst(t *testing.T) {
 					cfg.VLLM.Command = []string{"vllm", "serve", "m", "--shutdown-timeout", "20"}
 				})
 				s.inFlight = func() int { return int(inflight.Load()) }
-				s.start()
-				s.ready()
+				s.startReady()
 				p := s.l.last()
 				s.cancel()
 				synctest.Wait()
@@ -1307,8 +1301,7 @@ func TestMachineSecondStopDuringTheProxyDrainKills(t *testing.T) {
 			cfg.VLLM.Command = []string{"vllm", "serve", "m", "--shutdown-timeout", "20"}
 		})
 		s.inFlight = func() int { return 1 }
-		s.start()
-		s.ready()
+		s.startReady()
 		p := s.l.last()
 		s.cancel()
 		synctest.Wait()
@@ -1327,8 +1320,7 @@ func TestMachineSecondStopDuringTheProxyDrainKills(t *testing.T) {
 func TestMachineStopWithoutShutdownTimeoutDoesNotWait(t *testing.T) {
 	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.inFlight = func() int { return 3 }
-		s.start()
-		s.ready()
+		s.startReady()
 		p := s.l.last()
 		s.cancel()
 		synctest.Wait()
@@ -1342,8 +1334,7 @@ func TestMachineStopWithoutShutdownTimeoutDoesNotWait(t *testing.T) {
 func TestMachineASecondStopKillsAtOnce(t *testing.T) {
 	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true }
-		s.start()
-		s.ready()
+		s.startReady()
 		s.cancel()
 		s.advance(time.Second)
 		s.wantState(StateStopping)
@@ -1361,8 +1352,7 @@ func TestMachineASecondStopKillsAtOnce(t *testing.T) {
 func TestMachineDrainingVLLMThatExitsIsNoFailure(t *testing.T) {
 	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = p.apiPID == 1000 } // the first run drains slowly
-		s.start()
-		s.ready()
+		s.startReady()
 		if err := s.sup.Restart(context.Background(), "uid 0"); err != nil {
 			t.Fatal(err)
 		}
@@ -1430,8 +1420,7 @@ func TestMachineStuckEngineIsAHang(t *testing.T) {
 	runScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} }, func(t *testing.T, s *scenario) {
 		var running, tokens atomic.Int64
 		s.progress = func() (float64, float64, bool) { return float64(running.Load()), float64(tokens.Load()), true }
-		s.start()
-		s.ready()
+		s.startReady()
 		// Busy and progressing for 10 × stuck_timeout: never stuck.
 		running.Store(40)
 		for range 600 {
@@ -1458,8 +1447,7 @@ func TestMachineStuckEngineIsAHang(t *testing.T) {
 func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
 	runScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 30 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.progress = func() (float64, float64, bool) { return 0, 0, false } // --disable-log-stats
-		s.start()
-		s.ready()
+		s.startReady()
 		s.advance(2 * time.Minute)
 		s.noFailure("answering requests, yet called stuck")
 		// The engine wedges: the 1-token request never answers within its bound.
@@ -1483,8 +1471,7 @@ func TestMachineLongPrefillIsNotStuck(t *testing.T) {
 			}
 			return 1, float64(prompt.Load())
 		}
-		s.start()
-		s.ready()
+		s.startReady()
 		// A 20 000-token prompt: 200 s of prefill allowed at the slowest rate.
 		running.Store(1)
 		prompt.Store(20000)
@@ -1508,8 +1495,7 @@ func TestMachineHangInTheFirstStepAfterIdleIsStuck(t *testing.T) {
 		var sent atomic.Int64
 		s.progress = func() (float64, float64, bool) { return 0, 500, true } // the gauges of the last step before idle
 		s.awaiting = func() (int, float64) { return int(sent.Load()), 8 }
-		s.start()
-		s.ready()
+		s.startReady()
 		s.advance(5 * time.Minute)
 		s.noFailure("an idle vLLM was called stuck")
 		sent.Store(3)
@@ -1528,8 +1514,7 @@ func TestMachinePausedVLLMIsNotStuck(t *testing.T) {
 	runScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.progress = func() (float64, float64, bool) { return 4, 1000, true }
 		s.pr.setPaused(true)
-		s.start()
-		s.ready()
+		s.startReady()
 		s.advance(10 * time.Minute)
 		s.noFailure("a paused vLLM was called stuck")
 		s.pr.setPaused(false)
@@ -1545,8 +1530,7 @@ func TestMachinePausedVLLMWithoutMetricsIsNotStuck(t *testing.T) {
 	runScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 30 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.progress = func() (float64, float64, bool) { return 0, 0, false }
 		s.pr.setPaused(true)
-		s.start()
-		s.ready()
+		s.startReady()
 		s.pr.setReady(func() probeResult { return probeResult{Step: "completion", Err: "context deadline exceeded"} })
 		s.advance(5 * time.Minute)
 		s.noFailure("a paused vLLM was called stuck")
@@ -1557,8 +1541,7 @@ func TestMachinePausedVLLMWithoutMetricsIsNotStuck(t *testing.T) {
 func TestMachineReloadAppliesLiveSettingsNowAndVLLMsAtTheNextStart(t *testing.T) {
 	runScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: time.Minute} }, func(t *testing.T, s *scenario) {
 		var healthChecks atomic.Int64
-		s.start()
-		s.ready()
+		s.startReady()
 		s.pr.setHealth(func() probeResult { healthChecks.Add(1); return probeResult{OK: true, Step: "health", Status: 200} })
 
 		next := *s.cfg
@@ -1711,8 +1694,7 @@ func TestMachineServerFinishedIsNotAHang(t *testing.T) {
 	t.Run("the process exits within stop_timeout: its own cause", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			s := newScenario(t, live)
-			s.start()
-			s.ready()
+			s.startReady()
 			p := s.l.last()
 			p.print("ERROR 10-14 12:01:00 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.",
 				"stderr:INFO:     Shutting down", fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
@@ -1732,8 +1714,7 @@ func TestMachineServerFinishedIsNotAHang(t *testing.T) {
 	t.Run("the process does not exit: a hang after stop_timeout", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			s := newScenario(t, live)
-			s.start()
-			s.ready()
+			s.startReady()
 			p := s.l.last()
 			p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
 			s.pr.setHealth(refused)
@@ -1752,8 +1733,7 @@ func TestMachineServerFinishedIsNotAHang(t *testing.T) {
 	t.Run("another process's line is not the server's", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			s := newScenario(t, live)
-			s.start()
-			s.ready()
+			s.startReady()
 			p := s.l.last()
 			p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID+1))
 			s.pr.setHealth(refused)
@@ -1772,8 +1752,7 @@ func TestMachineServerFinishedIsNotAHang(t *testing.T) {
 func TestMachineCostModelCountsEachReadingOnce(t *testing.T) {
 	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.load = func() (float64, float64, bool) { return 4, 0, true }
-		s.start()
-		s.ready()
+		s.startReady()
 		for range 2 {
 			s.gpu.set(func(g *fakeGPU) { g.used, g.readAt = 40<<30, time.Now() })
 			s.advance(10 * s.cfg.GPU.SampleInterval.Duration)

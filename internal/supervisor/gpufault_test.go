@@ -60,9 +60,7 @@ func TestMachineGPUFaultXID79(t *testing.T) {
 		s.startReady()
 		h.xid(79)
 		s.advance(2 * time.Second) // the heartbeat sees it
-		if code := s.exited(); code != exitcode.GPUFault {
-			t.Fatalf("exit code %d, want %d; status %+v", code, exitcode.GPUFault, s.sup.Status())
-		}
+		s.wantExited(exitcode.GPUFault, "the exit")
 		f := s.failure(1)
 		if f.Verdict.Cause != cause.CauseGPUFault || f.Verdict.GPU == nil || f.Verdict.GPU.XID != 79 || f.Decision.Action != policy.ActionGiveUp {
 			t.Fatalf("failure %+v", f)
@@ -89,12 +87,8 @@ func TestMachineGPUFaultStay(t *testing.T) {
 		if st := s.sup.Status(); !strings.Contains(st.Reason, "XID 48") || st.ExitCode != exitcode.GPUFault {
 			t.Fatalf("status %+v", st)
 		}
-		if s.l.n() != 1 {
-			t.Fatalf("%d launches", s.l.n())
-		}
-		if code := s.stop(); code != exitcode.OK {
-			t.Fatalf("stop: exit %d", code)
-		}
+		s.wantLaunches(1, "vLLM launches")
+		s.wantStopped(exitcode.OK, "stop")
 	})
 }
 
@@ -112,18 +106,12 @@ func TestMachineGPUFaultXID94(t *testing.T) {
 			t.Fatalf("first XID 94: %+v", f)
 		}
 		s.advance(s.cfg.GPU.SampleInterval.Duration + s.cfg.Restart.InitialDelay.Duration + time.Second)
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches after an XID 94, want 2", s.l.n())
-		}
+		s.wantLaunches(2, "after an XID 94")
 		s.ready()
 		h.xid(94)
 		s.advance(2 * time.Second)
-		if code := s.exited(); code != exitcode.GPUFault {
-			t.Fatalf("second XID 94: exit %d", code)
-		}
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches", s.l.n())
-		}
+		s.wantExited(exitcode.GPUFault, "second XID 94")
+		s.wantLaunches(2, "vLLM launches")
 	})
 }
 
@@ -141,14 +129,10 @@ func TestMachineGPUPendingRemapBlocksStart(t *testing.T) {
 		if st := s.sup.Status(); !strings.Contains(st.Reason, "row remap pending") || !strings.Contains(st.Reason, "GPU 0") {
 			t.Fatalf("reason %q", st.Reason)
 		}
-		if s.l.n() != 0 {
-			t.Fatalf("%d launches on a GPU with a remap pending", s.l.n())
-		}
+		s.wantLaunches(0, "on a GPU with a remap pending")
 		h.set(func(d *cause.GPUDevice) { d.RemapPending = false })
 		s.advance(2 * time.Second)
-		if s.l.n() != 1 {
-			t.Fatalf("%d launches after the reset", s.l.n())
-		}
+		s.wantLaunches(1, "after the reset")
 		s.stop()
 	})
 }
@@ -166,9 +150,7 @@ func TestMachineUnkillableProcessIsAGPUFault(t *testing.T) {
 		p.unkillable = true
 		p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
 		s.advance(51 * time.Second)
-		if code := s.exited(); code != exitcode.GPUFault {
-			t.Fatalf("exit code %d, want %d; status %+v", code, exitcode.GPUFault, s.sup.Status())
-		}
+		s.wantExited(exitcode.GPUFault, "the exit")
 		f := s.failure(1)
 		if f.Verdict.Cause != cause.CauseGPUFault || f.Verdict.GPU == nil || !f.Verdict.GPU.Reset ||
 			!strings.Contains(f.Verdict.GPU.Meaning, "4244") || s.l.n() != 1 {

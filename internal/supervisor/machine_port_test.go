@@ -33,12 +33,8 @@ func TestMachinePortHeldAtTheFirstStartIsAConfigErrorAfterPortWait(t *testing.T)
 			t.Fatalf("before port_wait: state %s, %d launches, %d failures", st.State, s.l.n(), len(s.kinds(events.KindExited)))
 		}
 		s.advance(2 * time.Second)
-		if code := s.exited(); code != exitcode.Config {
-			t.Fatalf("exit %d, want 78", code)
-		}
-		if s.l.n() != 0 {
-			t.Fatalf("vLLM launched %d times onto a held port", s.l.n())
-		}
+		s.wantExited(exitcode.Config, "the exit")
+		s.wantLaunches(0, "vLLM launched onto a held port")
 		f := s.failure(1)
 		if f.Verdict.Cause != cause.CauseConfigError || !strings.Contains(f.Decision.Reason, "pid 4242") ||
 			!strings.Contains(f.Decision.Reason, "port 8000 is already in use") || !strings.Contains(f.Verdict.Summary, "port_wait 30s") {
@@ -68,14 +64,10 @@ func TestMachinePortHeldBrieflyAtTheFirstStartIsWaitedOut(t *testing.T) {
 		s.holder = squatter
 		s.start()
 		s.advance(5 * time.Second)
-		if s.l.n() != 0 {
-			t.Fatal("launched onto a held port")
-		}
+		s.wantLaunches(0, "launched onto a held port")
 		s.setHolder("")
 		s.advance(5 * time.Second)
-		if s.l.n() != 1 {
-			t.Fatalf("%d launches once the port is free, want 1", s.l.n())
-		}
+		s.wantLaunches(1, "once the port is free")
 		s.ready()
 		if n := len(s.kinds(events.KindExited)); n != 0 {
 			t.Fatalf("%d failures", n)
@@ -102,9 +94,7 @@ func TestMachinePortGrabbedDuringBackoffDelaysTheRestart(t *testing.T) {
 		}
 		s.setHolder("")
 		s.advance(6 * time.Second)
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches once the port is free, want 2", s.l.n())
-		}
+		s.wantLaunches(2, "once the port is free")
 		s.ready()
 		if n := len(s.kinds(events.KindExited)); n != 1 {
 			t.Fatalf("%d failures, want the one crash", n)
@@ -175,9 +165,7 @@ func TestMachinePortTakenWhileARestartLoadsIsWaitedOut(t *testing.T) {
 	runReady(t, nil, func(t *testing.T, s *scenario) {
 		crash(s)
 		s.advance(time.Minute)
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches, want the restart", s.l.n())
-		}
+		s.wantLaunches(2, "want the restart")
 		s.setHolder(squatter)
 		bindFails(s)
 		s.advance(5 * time.Minute)
@@ -190,9 +178,7 @@ func TestMachinePortTakenWhileARestartLoadsIsWaitedOut(t *testing.T) {
 		}
 		s.setHolder("")
 		s.advance(6 * time.Second)
-		if s.l.n() != 3 {
-			t.Fatalf("%d launches once the port is free, want 3", s.l.n())
-		}
+		s.wantLaunches(3, "once the port is free")
 		s.ready()
 		s.stop()
 	})

@@ -440,6 +440,30 @@ func (s *scenario) wantState(want State) {
 	}
 }
 
+// wantLaunches: vLLM was launched n times so far; why says when.
+func (s *scenario) wantLaunches(n int, why string) {
+	s.t.Helper()
+	if got := s.l.n(); got != n {
+		s.t.Fatalf("%s: %d launches, want %d", why, got, n)
+	}
+}
+
+// wantExited waits for Run to return by itself with the exit code want.
+func (s *scenario) wantExited(want int, why string) {
+	s.t.Helper()
+	if code := s.exited(); code != want {
+		s.t.Fatalf("%s: exit %d, want %d; status %+v", why, code, want, s.sup.Status())
+	}
+}
+
+// wantStopped stops Run and checks its exit code.
+func (s *scenario) wantStopped(want int, why string) {
+	s.t.Helper()
+	if code := s.stop(); code != want {
+		s.t.Fatalf("%s: exit %d, want %d", why, code, want)
+	}
+}
+
 // startReady starts the machine and waits until it is ready.
 func (s *scenario) startReady() {
 	s.t.Helper()
@@ -548,9 +572,7 @@ func TestMachineStartsAndBecomesReadyOnStartupComplete(t *testing.T) {
 	runScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Hour} }, func(t *testing.T, s *scenario) {
 		s.start()
 		s.wantState(StateStarting)
-		if s.l.n() != 1 {
-			t.Fatalf("%d launches", s.l.n())
-		}
+		s.wantLaunches(1, "vLLM launches")
 		p := s.l.last()
 		if !argvHas(p.spec.Argv, "--max-num-seqs", "256") || !argvHas(p.spec.Argv, "--gpu-memory-utilization", "0.85") {
 			t.Fatalf("argv %v lacks rung 0's profile", p.spec.Argv)
@@ -576,9 +598,7 @@ func TestMachineStartsAndBecomesReadyOnStartupComplete(t *testing.T) {
 		if s.gpu.loading {
 			t.Fatal("the GPU monitor still thinks vLLM is loading")
 		}
-		if code := s.stop(); code != exitcode.OK {
-			t.Fatalf("exit %d", code)
-		}
+		s.wantStopped(exitcode.OK, "the stop")
 		if p.stops.Load() != 1 || p.kills.Load() != 0 {
 			t.Fatalf("stop: %d SIGTERM, %d SIGKILL; want one SIGTERM", p.stops.Load(), p.kills.Load())
 		}
@@ -670,9 +690,7 @@ func TestMachineFaultOOMStepsDownAfterTheRelease(t *testing.T) {
 		s.advance(time.Second)
 		s.wantState(StateBackoff)
 		s.advance(s.cfg.Restart.InitialDelay.Duration)
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches after the backoff", s.l.n())
-		}
+		s.wantLaunches(2, "after the backoff")
 		if argv := s.l.last().spec.Argv; !argvHas(argv, "--max-num-seqs", "128") || !argvHas(argv, "--gpu-memory-utilization", "0.8") {
 			t.Fatalf("rung 1 argv %v", argv)
 		}
@@ -735,9 +753,7 @@ func TestMachineFaultIgnoredSIGTERMIsEscalated(t *testing.T) {
 		if p.kills.Load() != 1 {
 			t.Fatal("no SIGKILL after stop_timeout")
 		}
-		if code := s.exited(); code != exitcode.OK {
-			t.Fatalf("exit %d", code)
-		}
+		s.wantExited(exitcode.OK, "the exit")
 		s.noFailure("a stop on request was recorded as a failure")
 	})
 }
@@ -751,9 +767,7 @@ func TestMachineFaultExitZeroIsAFailure(t *testing.T) {
 			t.Fatalf("failure %+v", f)
 		}
 		s.advance(s.cfg.Restart.InitialDelay.Duration)
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches", s.l.n())
-		}
+		s.wantLaunches(2, "vLLM launches")
 		s.ready()
 		s.stop()
 	})
@@ -901,13 +915,9 @@ func TestMachineFaultBadFlagGivesUpWith78(t *testing.T) {
 		p.print("stderr:usage: vllm serve [-h] [--max-num-seqs MAX_NUM_SEQS]",
 			"stderr:vllm serve: error: unrecognized arguments: --max-num-seq 8")
 		p.end(exitInfo{Code: 2})
-		if code := s.exited(); code != exitcode.Config {
-			t.Fatalf("exit %d, want 78", code)
-		}
+		s.wantExited(exitcode.Config, "the exit")
 		s.wantState(StateFailed)
-		if s.l.n() != 1 {
-			t.Fatalf("%d starts", s.l.n())
-		}
+		s.wantLaunches(1, "vLLM launches")
 	})
 }
 
@@ -941,9 +951,7 @@ func TestMachineFaultCrashLoopGivesUp(t *testing.T) {
 				s.advance(f.Decision.Delay)
 			}
 		}
-		if code := s.exited(); code != exitcode.Failed {
-			t.Fatalf("exit %d, want 1", code)
-		}
+		s.wantExited(exitcode.Failed, "the exit")
 		if s.l.n() != 3 || len(delays) != 2 || delays[1] <= delays[0] {
 			t.Fatalf("%d starts, delays %v: want 3 starts and a growing backoff", s.l.n(), delays)
 		}
@@ -961,9 +969,7 @@ func TestMachineGiveUpAndStay(t *testing.T) {
 		if err := s.sup.Restart(context.Background(), "test"); err == nil || !strings.Contains(err.Error(), "gave up") {
 			t.Fatalf("restart after giving up: %v", err)
 		}
-		if code := s.stop(); code != exitcode.OK {
-			t.Fatalf("exit %d", code)
-		}
+		s.wantStopped(exitcode.OK, "the stop")
 		// The read in flight is an NVML call that cannot be cancelled: it
 		// ends in its own time, and its answer goes nowhere.
 		s.advance(time.Minute)
@@ -979,9 +985,7 @@ func TestMachineWaitsForFreeGPUMemoryBeforeStarting(t *testing.T) {
 			t.Fatalf("status %+v, %d starts", st, s.l.n())
 		}
 		s.advance(30 * time.Second)
-		if s.l.n() != 0 {
-			t.Fatal("started without free memory")
-		}
+		s.wantLaunches(0, "started without free memory")
 		s.gpu.set(func(g *fakeGPU) { g.free = true })
 		s.advance(s.cfg.GPU.SampleInterval.Duration)
 		s.wantState(StateStarting)
@@ -1010,9 +1014,7 @@ func TestMachineStopWhileWaiting(t *testing.T) {
 					synctest.Wait()
 					s.wantState(StateWaitingGPU)
 				}
-				if code := s.stop(); code != exitcode.OK {
-					t.Fatalf("exit %d", code)
-				}
+				s.wantStopped(exitcode.OK, "the stop")
 				s.wantState(StateStopped)
 			})
 		})
@@ -1022,9 +1024,7 @@ func TestMachineStopWhileWaiting(t *testing.T) {
 func TestMachineStopWhileLoading(t *testing.T) {
 	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.start()
-		if code := s.stop(); code != exitcode.OK {
-			t.Fatalf("exit %d", code)
-		}
+		s.wantStopped(exitcode.OK, "the stop")
 		if s.l.last().stops.Load() != 1 || len(s.kinds(events.KindExited)) != 0 {
 			t.Fatal("a stop while loading is a SIGTERM and no failure")
 		}
@@ -1063,9 +1063,7 @@ func TestMachineOperatorRestartSkipsTheBackoff(t *testing.T) {
 			t.Fatal(err)
 		}
 		synctest.Wait()
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches", s.l.n())
-		}
+		s.wantLaunches(2, "vLLM launches")
 		s.stop()
 	})
 }
@@ -1100,9 +1098,7 @@ func TestMachineRestoreStepsUpWhenIdleAndCool(t *testing.T) {
 		s.startReady()
 		s.advance(10*time.Minute + 2*time.Second)
 		synctest.Wait()
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches after a stable stretch", s.l.n())
-		}
+		s.wantLaunches(2, "after a stable stretch")
 		if d := s.kinds(events.KindDecision); len(d) != 1 || d[0].Decision != events.DecisionRestore || d[0].Rung.Index != 0 {
 			t.Fatalf("decisions %+v", d)
 		}
@@ -1232,9 +1228,7 @@ func TestMachineStopWaitsForVLLMsOwnDrain(t *testing.T) {
 		if p.kills.Load() != 1 {
 			t.Fatal("no SIGKILL after the drain's bound")
 		}
-		if code := s.exited(); code != exitcode.OK {
-			t.Fatalf("exit %d", code)
-		}
+		s.wantExited(exitcode.OK, "the exit")
 	})
 }
 
@@ -1285,9 +1279,7 @@ func TestMachineStopDrainsTheProxyFirst(t *testing.T) {
 				if p.stops.Load() != 1 {
 					t.Fatalf("no SIGTERM after %s", c.termAt)
 				}
-				if code := s.exited(); code != exitcode.OK {
-					t.Fatalf("exit %d", code)
-				}
+				s.wantExited(exitcode.OK, "the exit")
 			})
 		})
 	}
@@ -1343,9 +1335,7 @@ func TestMachineASecondStopKillsAtOnce(t *testing.T) {
 		if s.l.last().kills.Load() != 1 {
 			t.Fatal("the second signal did not kill the tree")
 		}
-		if code := s.exited(); code != exitcode.OK {
-			t.Fatalf("exit %d", code)
-		}
+		s.wantExited(exitcode.OK, "the exit")
 	})
 }
 
@@ -1552,9 +1542,7 @@ func TestMachineReloadAppliesLiveSettingsNowAndVLLMsAtTheNextStart(t *testing.T)
 			t.Fatalf("reload: pending %v, %v; want the command pending", pending, err)
 		}
 		synctest.Wait()
-		if s.l.n() != 1 {
-			t.Fatal("a reload restarted vLLM")
-		}
+		s.wantLaunches(1, "a reload restarted vLLM")
 		// The liveness interval applies from the next check on: 1 minute,
 		// then every 5 s.
 		s.advance(time.Minute + 20*time.Second)
@@ -1613,9 +1601,7 @@ func TestMachineStuckLeftoverNeverBlocksTheLoop(t *testing.T) {
 		s.advance(3 * time.Second)
 		s.wantCause(1, cause.CauseCrash)
 		s.advance(s.cfg.Restart.InitialDelay.Duration)
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches once the stuck process was gone; want the restart", s.l.n())
-		}
+		s.wantLaunches(2, "once the stuck process was gone; want the restart")
 		s.ready()
 		s.stop()
 	})
@@ -1638,12 +1624,8 @@ func TestMachineUnkillableLeftoverIsDeclaredAndStopWaits(t *testing.T) {
 			t.Fatalf("state %s while the cleanup runs; want stopping", s.state())
 		}
 		s.advance(50 * time.Second)
-		if code := s.exited(); code != exitcode.OK {
-			t.Fatalf("exit %d", code)
-		}
-		if s.l.n() != 1 {
-			t.Fatalf("%d launches; a stop asked during the cleanup must not start vLLM again", s.l.n())
-		}
+		s.wantExited(exitcode.OK, "the exit")
+		s.wantLaunches(1, "a stop asked during the cleanup must not start vLLM again")
 	})
 }
 
@@ -1667,9 +1649,7 @@ func TestMachineSlowNVMLNeverBlocksTheLoop(t *testing.T) {
 		if s.state() != StateWaitingGPU || s.l.n() != 1 {
 			t.Fatalf("state %s, %d launches during the slow release read", s.state(), s.l.n())
 		}
-		if code := s.stop(); code != exitcode.OK {
-			t.Fatalf("exit %d", code)
-		}
+		s.wantStopped(exitcode.OK, "the stop")
 		// The read in flight is an NVML call that cannot be cancelled: it
 		// ends in its own time, and its answer goes nowhere.
 		s.advance(time.Minute)

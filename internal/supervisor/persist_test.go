@@ -46,9 +46,7 @@ func TestMachineReadyDoesNotWaitForTheStateFile(t *testing.T) {
 			t.Fatalf("%d ready events while the state file is being written, want 1", n)
 		}
 		close(release)
-		if code := s.stop(); code != 0 {
-			t.Fatalf("exit %d", code)
-		}
+		s.wantStopped(0, "the stop")
 		mu.Lock()
 		defer mu.Unlock()
 		if len(saved) < 2 || !reflect.DeepEqual(saved[len(saved)-1], s.sup.pol.State()) {

@@ -38,8 +38,6 @@ func TestMachineGuardsOwnStartFailureIsRetried(t *testing.T) {
 		if f2 := s.failure(2); f2.Verdict.Cause != cause.CauseCrash {
 			t.Fatalf("second attempt: %+v", f2.Verdict)
 		}
-		if code := s.stop(); code != 0 {
-			t.Fatalf("exit %d after a stop, want 0", code)
-		}
+		s.wantStopped(0, "the stop")
 	})
 }

@@ -48,6 +48,16 @@ func (h *fakeHealth) xid(n int) {
 	h.mu.Unlock()
 }
 
+// startReadyWithHealth starts the machine with a fake hardware view, and
+// waits until it is ready.
+func (s *scenario) startReadyWithHealth() *fakeHealth {
+	s.t.Helper()
+	h := newFakeHealth()
+	s.health = h
+	s.startReady()
+	return h
+}
+
 func (h *fakeHealth) set(f func(d *cause.GPUDevice)) { h.mu.Lock(); f(&h.dev); h.mu.Unlock() }
 
 // TestMachineGPUFaultXID79: an XID 79 while ready ends the run (vLLM is
@@ -55,9 +65,7 @@ func (h *fakeHealth) set(f func(d *cause.GPUDevice)) { h.mu.Lock(); f(&h.dev); h
 // XID, and the guard exits with the GPU-fault code.
 func TestMachineGPUFaultXID79(t *testing.T) {
 	runScenario(t, nil, func(t *testing.T, s *scenario) {
-		h := newFakeHealth()
-		s.health = h
-		s.startReady()
+		h := s.startReadyWithHealth()
 		h.xid(79)
 		s.advance(2 * time.Second) // the heartbeat sees it
 		s.wantExited(exitcode.GPUFault, "the exit")
@@ -78,9 +86,7 @@ func TestMachineGPUFaultXID79(t *testing.T) {
 // failed, naming the GPU.
 func TestMachineGPUFaultStay(t *testing.T) {
 	runScenario(t, func(c *config.Config) { c.GPU.OnGPUFault = "stay" }, func(t *testing.T, s *scenario) {
-		h := newFakeHealth()
-		s.health = h
-		s.startReady()
+		h := s.startReadyWithHealth()
 		h.xid(48)
 		s.advance(2 * time.Second)
 		s.wantState(StateFailed)
@@ -96,9 +102,7 @@ func TestMachineGPUFaultStay(t *testing.T) {
 // it on the same rung; a second within the window gives up.
 func TestMachineGPUFaultXID94(t *testing.T) {
 	runScenario(t, nil, func(t *testing.T, s *scenario) {
-		h := newFakeHealth()
-		s.health = h
-		s.startReady()
+		h := s.startReadyWithHealth()
 		h.xid(94)
 		s.advance(2 * time.Second)
 		f := s.failure(1)

@@ -69,9 +69,7 @@ func TestMachinePortHeldBrieflyAtTheFirstStartIsWaitedOut(t *testing.T) {
 		s.advance(5 * time.Second)
 		s.wantLaunches(1, "once the port is free")
 		s.ready()
-		if n := len(s.kinds(events.KindExited)); n != 0 {
-			t.Fatalf("%d failures", n)
-		}
+		s.wantFailures(0, "once ready")
 		s.stop()
 	})
 }
@@ -96,9 +94,7 @@ func TestMachinePortGrabbedDuringBackoffDelaysTheRestart(t *testing.T) {
 		s.advance(6 * time.Second)
 		s.wantLaunches(2, "once the port is free")
 		s.ready()
-		if n := len(s.kinds(events.KindExited)); n != 1 {
-			t.Fatalf("%d failures, want the one crash", n)
-		}
+		s.wantFailures(1, "want the one crash")
 		s.stop()
 	})
 }

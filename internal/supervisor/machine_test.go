@@ -338,6 +338,16 @@ func newScenario(t *testing.T, edit func(c *config.Config)) *scenario {
 	return &scenario{t: t, cfg: cfg, l: l, pr: &fakeProber{l: l}, gpu: &fakeGPU{free: true, released: true, total: 80 << 30}}
 }
 
+// stuckAfter sets stuck_timeout to d.
+func stuckAfter(d time.Duration) func(c *config.Config) {
+	return func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: d} }
+}
+
+// gauges is vLLM's running and waiting gauges, fixed (ok: vLLM has metrics).
+func gauges(running, waiting float64, ok bool) func() (float64, float64, bool) {
+	return func() (float64, float64, bool) { return running, waiting, ok }
+}
+
 // runReady runs a scenario in fake time (synctest) over a machine that
 // started and became ready; body drives and checks it.
 func runReady(t *testing.T, edit func(c *config.Config), body func(t *testing.T, s *scenario)) {
@@ -437,6 +447,14 @@ func (s *scenario) wantState(want State) {
 	s.t.Helper()
 	if st := s.sup.Status(); st.State != want {
 		s.t.Fatalf("state %s (%s), want %s", st.State, st.Reason, want)
+	}
+}
+
+// wantFailures: n failures were published so far; why says when.
+func (s *scenario) wantFailures(n int, why string) {
+	s.t.Helper()
+	if got := len(s.kinds(events.KindExited)); got != n {
+		s.t.Fatalf("%s: %d failures, want %d", why, got, n)
 	}
 }
 
@@ -1407,7 +1425,7 @@ func TestMachineSilentDownloadIsProgressButASilentIdleTreeIsAHang(t *testing.T) 
 }
 
 func TestMachineStuckEngineIsAHang(t *testing.T) {
-	runScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} }, func(t *testing.T, s *scenario) {
+	runScenario(t, stuckAfter(60*time.Second), func(t *testing.T, s *scenario) {
 		var running, tokens atomic.Int64
 		s.progress = func() (float64, float64, bool) { return float64(running.Load()), float64(tokens.Load()), true }
 		s.startReady()
@@ -1435,8 +1453,8 @@ func TestMachineStuckEngineIsAHang(t *testing.T) {
 }
 
 func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
-	runScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 30 * time.Second} }, func(t *testing.T, s *scenario) {
-		s.progress = func() (float64, float64, bool) { return 0, 0, false } // --disable-log-stats
+	runScenario(t, stuckAfter(30*time.Second), func(t *testing.T, s *scenario) {
+		s.progress = gauges(0, 0, false) // --disable-log-stats
 		s.startReady()
 		s.advance(2 * time.Minute)
 		s.noFailure("answering requests, yet called stuck")
@@ -1452,7 +1470,7 @@ func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
 // prefill shows running 1 and no counter moving. The guard's proxy knows
 // the prompt awaiting its answer and allows it time to prefill.
 func TestMachineLongPrefillIsNotStuck(t *testing.T) {
-	runScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} }, func(t *testing.T, s *scenario) {
+	runScenario(t, stuckAfter(60*time.Second), func(t *testing.T, s *scenario) {
 		var running, prompt atomic.Int64
 		s.progress = func() (float64, float64, bool) { return float64(running.Load()), 1000, true }
 		s.awaiting = func() (int, float64) {
@@ -1481,9 +1499,9 @@ func TestMachineLongPrefillIsNotStuck(t *testing.T) {
 // hangs in its first step after idle shows 0 running for ever. The
 // requests the guard's proxy sent, with no answer, are work in flight.
 func TestMachineHangInTheFirstStepAfterIdleIsStuck(t *testing.T) {
-	runScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} }, func(t *testing.T, s *scenario) {
+	runScenario(t, stuckAfter(60*time.Second), func(t *testing.T, s *scenario) {
 		var sent atomic.Int64
-		s.progress = func() (float64, float64, bool) { return 0, 500, true } // the gauges of the last step before idle
+		s.progress = gauges(0, 500, true) // the gauges of the last step before idle
 		s.awaiting = func() (int, float64) { return int(sent.Load()), 8 }
 		s.startReady()
 		s.advance(5 * time.Minute)
@@ -1501,8 +1519,8 @@ func TestMachineHangInTheFirstStepAfterIdleIsStuck(t *testing.T) {
 // /is_paused with {"is_paused": true}, and the guard does not kill it.
 // Once resumed, a vLLM that still makes no progress is stuck.
 func TestMachinePausedVLLMIsNotStuck(t *testing.T) {
-	runScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} }, func(t *testing.T, s *scenario) {
-		s.progress = func() (float64, float64, bool) { return 4, 1000, true }
+	runScenario(t, stuckAfter(60*time.Second), func(t *testing.T, s *scenario) {
+		s.progress = gauges(4, 1000, true)
 		s.pr.setPaused(true)
 		s.startReady()
 		s.advance(10 * time.Minute)
@@ -1517,8 +1535,8 @@ func TestMachinePausedVLLMIsNotStuck(t *testing.T) {
 // Without vLLM's metrics the stuck check sends a 1-token request; a
 // paused vLLM holds it too, and is not stuck.
 func TestMachinePausedVLLMWithoutMetricsIsNotStuck(t *testing.T) {
-	runScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 30 * time.Second} }, func(t *testing.T, s *scenario) {
-		s.progress = func() (float64, float64, bool) { return 0, 0, false }
+	runScenario(t, stuckAfter(30*time.Second), func(t *testing.T, s *scenario) {
+		s.progress = gauges(0, 0, false)
 		s.pr.setPaused(true)
 		s.startReady()
 		s.pr.setReady(func() probeResult { return probeResult{Step: "completion", Err: "context deadline exceeded"} })

@@ -203,24 +203,23 @@ func (f *fakeProber) Ready(ctx context.Context, level string, timeout time.Durat
 
 func (f *fakeProber) Health(ctx context.Context, timeout time.Duration) probeResult {
 	f.healths.Add(1)
-	f.mu.Lock()
-	h := f.healthR
-	f.mu.Unlock()
-	if h != nil {
-		return h()
-	}
-	return probeResult{OK: true, Step: "health", Status: 200}
+	return f.answer(&f.healthR, probeResult{OK: true, Step: "health", Status: 200})
 }
 
 func (f *fakeProber) Paused(ctx context.Context, timeout time.Duration) probeResult {
 	f.pauses.Add(1)
+	return f.answer(&f.pausedR, probeResult{Step: "paused", Status: 404, Err: "GET /is_paused answered 404"})
+}
+
+// answer is what the test set in *r (read under mu), or def.
+func (f *fakeProber) answer(r *func() probeResult, def probeResult) probeResult {
 	f.mu.Lock()
-	h := f.pausedR
+	h := *r
 	f.mu.Unlock()
 	if h != nil {
 		return h()
 	}
-	return probeResult{Step: "paused", Status: 404, Err: "GET /is_paused answered 404"}
+	return def
 }
 
 func (f *fakeProber) setPaused(p bool) {
@@ -450,6 +449,30 @@ func (s *scenario) wantState(want State) {
 	}
 }
 
+// wantSignals: p got stops SIGTERMs and kills SIGKILLs so far; why says when.
+func (s *scenario) wantSignals(p *fakeVLLM, stops, kills int32, why string) {
+	s.t.Helper()
+	if p.stops.Load() != stops || p.kills.Load() != kills {
+		s.t.Fatalf("%s: %d SIGTERM, %d SIGKILL; want %d and %d", why, p.stops.Load(), p.kills.Load(), stops, kills)
+	}
+}
+
+// wantKills: p got n SIGKILLs so far; why says when.
+func (s *scenario) wantKills(p *fakeVLLM, n int32, why string) {
+	s.t.Helper()
+	if got := p.kills.Load(); got != n {
+		s.t.Fatalf("%s: %d SIGKILL, want %d", why, got, n)
+	}
+}
+
+// wantStops: p got n SIGTERMs so far; why says when.
+func (s *scenario) wantStops(p *fakeVLLM, n int32, why string) {
+	s.t.Helper()
+	if got := p.stops.Load(); got != n {
+		s.t.Fatalf("%s: %d SIGTERM, want %d", why, got, n)
+	}
+}
+
 // wantFailures: n failures were published so far; why says when.
 func (s *scenario) wantFailures(n int, why string) {
 	s.t.Helper()
@@ -617,9 +640,7 @@ func TestMachineStartsAndBecomesReadyOnStartupComplete(t *testing.T) {
 			t.Fatal("the GPU monitor still thinks vLLM is loading")
 		}
 		s.wantStopped(exitcode.OK, "the stop")
-		if p.stops.Load() != 1 || p.kills.Load() != 0 {
-			t.Fatalf("stop: %d SIGTERM, %d SIGKILL; want one SIGTERM", p.stops.Load(), p.kills.Load())
-		}
+		s.wantSignals(p, 1, 0, "stop: want one SIGTERM")
 		s.wantState(StateStopped)
 		if got := s.kinds(events.KindStopped); len(got) != 1 || *got[0].ExitCode != 0 {
 			t.Fatalf("stopped events %+v", got)
@@ -764,13 +785,9 @@ func TestMachineFaultIgnoredSIGTERMIsEscalated(t *testing.T) {
 				t.Fatal("the heartbeat stopped during the stop timeout")
 			}
 		}
-		if p.kills.Load() != 0 {
-			t.Fatal("SIGKILL before stop_timeout")
-		}
+		s.wantKills(p, 0, "SIGKILL before stop_timeout")
 		s.advance(time.Second)
-		if p.kills.Load() != 1 {
-			t.Fatal("no SIGKILL after stop_timeout")
-		}
+		s.wantKills(p, 1, "no SIGKILL after stop_timeout")
 		s.wantExited(exitcode.OK, "the exit")
 		s.noFailure("a stop on request was recorded as a failure")
 	})
@@ -794,9 +811,7 @@ func TestMachineFaultExitZeroIsAFailure(t *testing.T) {
 func TestMachineFaultSegfaultAndKilledAPIServer(t *testing.T) {
 	for _, sig := range []string{"SIGSEGV", "SIGKILL"} {
 		t.Run(sig, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				s := newScenario(t, nil)
-				s.startReady()
+			runReady(t, nil, func(t *testing.T, s *scenario) {
 				s.l.last().survivors = []int{77}
 				s.l.last().end(exitInfo{Code: -1, Signal: sig})
 				synctest.Wait()
@@ -848,9 +863,7 @@ func TestMachineFaultStallWhileLoadingIsAHang(t *testing.T) {
 		s.wantState(StateStarting)
 		// Then silence.
 		s.advance(9 * time.Second)
-		if p.stops.Load() != 0 || p.kills.Load() != 1 {
-			t.Fatalf("after the stall: %d SIGTERM, %d SIGKILL; a hung vLLM is killed without a drain", p.stops.Load(), p.kills.Load())
-		}
+		s.wantSignals(p, 0, 1, "after the stall: a hung vLLM is killed without a drain")
 		s.wantCause(1, cause.CauseHang)
 		stopping := false
 		for _, e := range s.kinds(events.KindState) {
@@ -898,9 +911,7 @@ func TestMachineFaultHangWhileReady(t *testing.T) {
 
 func TestMachineFaultHealth503(t *testing.T) {
 	t.Run("vLLM exits by itself within the grace", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			s := newScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: 5 * time.Second} })
-			s.startReady()
+		runReady(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: 5 * time.Second} }, func(t *testing.T, s *scenario) {
 			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Status: 503, Err: "GET /health answered 503"} })
 			s.advance(5 * time.Second)
 			p := s.l.last()
@@ -915,9 +926,7 @@ func TestMachineFaultHealth503(t *testing.T) {
 		})
 	})
 	t.Run("vLLM stays up", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			s := newScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: 5 * time.Second} })
-			s.startReady()
+		runReady(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: 5 * time.Second} }, func(t *testing.T, s *scenario) {
 			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Status: 503, Err: "GET /health answered 503"} })
 			s.advance(5*time.Second + s.sup.engineDeadGrace())
 			s.wantCause(1, cause.CauseHang)
@@ -1014,8 +1023,7 @@ func TestMachineWaitsForFreeGPUMemoryBeforeStarting(t *testing.T) {
 func TestMachineStopWhileWaiting(t *testing.T) {
 	for _, where := range []string{"free memory", "backoff", "release"} {
 		t.Run(where, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				s := newScenario(t, nil)
+			runScenario(t, nil, func(t *testing.T, s *scenario) {
 				switch where {
 				case "free memory":
 					s.gpu.free = false
@@ -1234,18 +1242,12 @@ func TestMachineStopWaitsForVLLMsOwnDrain(t *testing.T) {
 		p := s.l.last()
 		s.cancel()
 		synctest.Wait()
-		if p.stops.Load() != 1 {
-			t.Fatal("no SIGTERM to the API server")
-		}
+		s.wantStops(p, 1, "no SIGTERM to the API server")
 		// stop_timeout alone would kill at 30 s: the drain of 45 s + 10 s wins.
 		s.advance(54 * time.Second)
-		if p.kills.Load() != 0 {
-			t.Fatal("killed in the middle of vLLM's drain")
-		}
+		s.wantKills(p, 0, "killed in the middle of vLLM's drain")
 		s.advance(time.Second)
-		if p.kills.Load() != 1 {
-			t.Fatal("no SIGKILL after the drain's bound")
-		}
+		s.wantKills(p, 1, "no SIGKILL after the drain's bound")
 		s.wantExited(exitcode.OK, "the exit")
 	})
 }
@@ -1274,24 +1276,18 @@ func TestMachineStopDrainsTheProxyFirst(t *testing.T) {
 				p := s.l.last()
 				s.cancel()
 				synctest.Wait()
-				if p.stops.Load() != 0 {
-					t.Fatal("SIGTERM while requests were in flight through the proxy")
-				}
+				s.wantStops(p, 0, "SIGTERM while requests were in flight through the proxy")
 				if st := s.sup.Status(); st.State != StateStopping || !strings.Contains(st.Reason, "2 requests in flight through the proxy") {
 					t.Fatalf("status %s %q", st.State, st.Reason)
 				}
 				if c.endAfter > 0 {
 					s.advance(c.endAfter - time.Millisecond)
-					if p.stops.Load() != 0 {
-						t.Fatal("SIGTERM before the requests ended")
-					}
+					s.wantStops(p, 0, "SIGTERM before the requests ended")
 					inflight.Store(0)
 					s.advance(time.Second)
 				} else {
 					s.advance(c.termAt - time.Millisecond)
-					if p.stops.Load() != 0 {
-						t.Fatal("SIGTERM before the timeout")
-					}
+					s.wantStops(p, 0, "SIGTERM before the timeout")
 					s.advance(time.Second)
 				}
 				if p.stops.Load() != 1 {
@@ -1318,9 +1314,7 @@ func TestMachineSecondStopDuringTheProxyDrainKills(t *testing.T) {
 		s.sup.Kill()
 		synctest.Wait()
 		s.advance(30 * time.Second)
-		if p.kills.Load() != 1 || p.stops.Load() != 0 {
-			t.Fatalf("kills %d, stops %d: want the tree killed at once and no SIGTERM after", p.kills.Load(), p.stops.Load())
-		}
+		s.wantSignals(p, 0, 1, "want the tree killed at once and no SIGTERM after")
 		s.exited()
 	})
 }
@@ -1334,9 +1328,7 @@ func TestMachineStopWithoutShutdownTimeoutDoesNotWait(t *testing.T) {
 		p := s.l.last()
 		s.cancel()
 		synctest.Wait()
-		if p.stops.Load() != 1 {
-			t.Fatal("no SIGTERM at once")
-		}
+		s.wantStops(p, 1, "no SIGTERM at once")
 		s.exited()
 	})
 }
@@ -1690,9 +1682,7 @@ func TestMachineServerFinishedIsNotAHang(t *testing.T) {
 		return probeResult{Step: "health", Err: `Get "http://127.0.0.1:8000/health": dial tcp 127.0.0.1:8000: connect: connection refused`}
 	}
 	t.Run("the process exits within stop_timeout: its own cause", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			s := newScenario(t, live)
-			s.startReady()
+		runReady(t, live, func(t *testing.T, s *scenario) {
 			p := s.l.last()
 			p.print("ERROR 10-14 12:01:00 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.",
 				"stderr:INFO:     Shutting down", fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
@@ -1710,16 +1700,12 @@ func TestMachineServerFinishedIsNotAHang(t *testing.T) {
 		})
 	})
 	t.Run("the process does not exit: a hang after stop_timeout", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			s := newScenario(t, live)
-			s.startReady()
+		runReady(t, live, func(t *testing.T, s *scenario) {
 			p := s.l.last()
 			p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
 			s.pr.setHealth(refused)
 			s.advance(30 * time.Second)
-			if p.kills.Load() != 0 {
-				t.Fatal("killed before stop_timeout")
-			}
+			s.wantKills(p, 0, "killed before stop_timeout")
 			s.advance(2 * time.Second)
 			f := s.failure(1)
 			if f.Verdict.Cause != cause.CauseHang || !strings.Contains(f.Verdict.Summary, "did not exit within 30s") {
@@ -1729,9 +1715,7 @@ func TestMachineServerFinishedIsNotAHang(t *testing.T) {
 		})
 	})
 	t.Run("another process's line is not the server's", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			s := newScenario(t, live)
-			s.startReady()
+		runReady(t, live, func(t *testing.T, s *scenario) {
 			p := s.l.last()
 			p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID+1))
 			s.pr.setHealth(refused)

@@ -1444,17 +1444,51 @@ func TestMachineStuckEngineIsAHang(t *testing.T) {
 	})
 }
 
-func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
-	runScenario(t, stuckAfter(30*time.Second), func(t *testing.T, s *scenario) {
-		s.progress = gauges(0, 0, false) // --disable-log-stats
+// stuckStep is one step of a stuck-check scenario: do (if set) acts, fake
+// time passes for after, then the machine has published a hang (hang) or
+// no failure at all (why says what it must not have been called).
+type stuckStep struct {
+	do    func()
+	after time.Duration
+	hang  bool
+	why   string
+}
+
+// runStuck runs a stuck-check scenario with stuck_timeout timeout: setup
+// sets the fakes up before the start and gives the steps, run once vLLM is
+// ready; it stops the machine after them.
+func runStuck(t *testing.T, timeout time.Duration, setup func(s *scenario) []stuckStep) {
+	t.Helper()
+	runScenario(t, stuckAfter(timeout), func(t *testing.T, s *scenario) {
+		steps := setup(s)
 		s.startReady()
-		s.advance(2 * time.Minute)
-		s.noFailure("answering requests, yet called stuck")
-		// The engine wedges: the 1-token request never answers within its bound.
-		s.pr.setReady(func() probeResult { return probeResult{Step: "completion", Err: "context deadline exceeded"} })
-		s.advance(time.Minute)
-		s.wantCause(1, cause.CauseHang)
+		for _, st := range steps {
+			if st.do != nil {
+				st.do()
+			}
+			s.advance(st.after)
+			if st.hang {
+				s.wantCause(1, cause.CauseHang)
+			} else {
+				s.noFailure(st.why)
+			}
+		}
 		s.stop()
+	})
+}
+
+// engineWedged: the 1-token request never answers within its bound.
+func engineWedged() probeResult {
+	return probeResult{Step: "completion", Err: "context deadline exceeded"}
+}
+
+func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
+	runStuck(t, 30*time.Second, func(s *scenario) []stuckStep {
+		s.progress = gauges(0, 0, false) // --disable-log-stats
+		return []stuckStep{
+			{after: 2 * time.Minute, why: "answering requests, yet called stuck"},
+			{do: func() { s.pr.setReady(engineWedged) }, after: time.Minute, hang: true},
+		}
 	})
 }
 
@@ -1491,19 +1525,15 @@ func TestMachineLongPrefillIsNotStuck(t *testing.T) {
 // hangs in its first step after idle shows 0 running for ever. The
 // requests the guard's proxy sent, with no answer, are work in flight.
 func TestMachineHangInTheFirstStepAfterIdleIsStuck(t *testing.T) {
-	runScenario(t, stuckAfter(60*time.Second), func(t *testing.T, s *scenario) {
+	runStuck(t, 60*time.Second, func(s *scenario) []stuckStep {
 		var sent atomic.Int64
 		s.progress = gauges(0, 500, true) // the gauges of the last step before idle
 		s.awaiting = func() (int, float64) { return int(sent.Load()), 8 }
-		s.startReady()
-		s.advance(5 * time.Minute)
-		s.noFailure("an idle vLLM was called stuck")
-		sent.Store(3)
-		s.advance(59 * time.Second)
-		s.noFailure("stuck before stuck_timeout")
-		s.advance(3 * time.Second)
-		s.wantCause(1, cause.CauseHang)
-		s.stop()
+		return []stuckStep{
+			{after: 5 * time.Minute, why: "an idle vLLM was called stuck"},
+			{do: func() { sent.Store(3) }, after: 59 * time.Second, why: "stuck before stuck_timeout"},
+			{after: 3 * time.Second, hang: true},
+		}
 	})
 }
 
@@ -1511,30 +1541,25 @@ func TestMachineHangInTheFirstStepAfterIdleIsStuck(t *testing.T) {
 // /is_paused with {"is_paused": true}, and the guard does not kill it.
 // Once resumed, a vLLM that still makes no progress is stuck.
 func TestMachinePausedVLLMIsNotStuck(t *testing.T) {
-	runScenario(t, stuckAfter(60*time.Second), func(t *testing.T, s *scenario) {
+	runStuck(t, 60*time.Second, func(s *scenario) []stuckStep {
 		s.progress = gauges(4, 1000, true)
 		s.pr.setPaused(true)
-		s.startReady()
-		s.advance(10 * time.Minute)
-		s.noFailure("a paused vLLM was called stuck")
-		s.pr.setPaused(false)
-		s.advance(2 * time.Minute)
-		s.wantCause(1, cause.CauseHang)
-		s.stop()
+		return []stuckStep{
+			{after: 10 * time.Minute, why: "a paused vLLM was called stuck"},
+			{do: func() { s.pr.setPaused(false) }, after: 2 * time.Minute, hang: true},
+		}
 	})
 }
 
 // Without vLLM's metrics the stuck check sends a 1-token request; a
 // paused vLLM holds it too, and is not stuck.
 func TestMachinePausedVLLMWithoutMetricsIsNotStuck(t *testing.T) {
-	runScenario(t, stuckAfter(30*time.Second), func(t *testing.T, s *scenario) {
+	runStuck(t, 30*time.Second, func(s *scenario) []stuckStep {
 		s.progress = gauges(0, 0, false)
 		s.pr.setPaused(true)
-		s.startReady()
-		s.pr.setReady(func() probeResult { return probeResult{Step: "completion", Err: "context deadline exceeded"} })
-		s.advance(5 * time.Minute)
-		s.noFailure("a paused vLLM was called stuck")
-		s.stop()
+		return []stuckStep{
+			{do: func() { s.pr.setReady(engineWedged) }, after: 5 * time.Minute, why: "a paused vLLM was called stuck"},
+		}
 	})
 }
 

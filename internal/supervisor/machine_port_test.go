@@ -65,10 +65,7 @@ func TestMachinePortHeldBrieflyAtTheFirstStartIsWaitedOut(t *testing.T) {
 		s.start()
 		s.advance(5 * time.Second)
 		s.wantLaunches(0, "launched onto a held port")
-		s.setHolder("")
-		s.advance(5 * time.Second)
-		s.wantLaunches(1, "once the port is free")
-		s.ready()
+		s.portFreed(5*time.Second, 1)
 		s.wantFailures(0, "once ready")
 		s.stop()
 	})
@@ -90,10 +87,7 @@ func TestMachinePortGrabbedDuringBackoffDelaysTheRestart(t *testing.T) {
 		if s.l.n() != 1 || st.NextStartAt.IsZero() {
 			t.Fatalf("%d launches, next start %v", s.l.n(), st.NextStartAt)
 		}
-		s.setHolder("")
-		s.advance(6 * time.Second)
-		s.wantLaunches(2, "once the port is free")
-		s.ready()
+		s.portFreed(6*time.Second, 2)
 		s.wantFailures(1, "want the one crash")
 		s.stop()
 	})
@@ -172,10 +166,7 @@ func TestMachinePortTakenWhileARestartLoadsIsWaitedOut(t *testing.T) {
 		if f := s.failure(2); f.Decision.Action != policy.ActionRestart || !strings.Contains(f.Decision.Reason, "pid 4242") {
 			t.Fatalf("the death on the taken port: %+v", f.Decision)
 		}
-		s.setHolder("")
-		s.advance(6 * time.Second)
-		s.wantLaunches(3, "once the port is free")
-		s.ready()
+		s.portFreed(6*time.Second, 3)
 		s.stop()
 	})
 }
@@ -197,4 +188,14 @@ func TestMachinePortTakenWhileTheFirstStartLoadsExits78AfterPortWait(t *testing.
 			t.Fatalf("exit %d after %d launches, want 78 after the one", code, s.l.n())
 		}
 	})
+}
+
+// portFreed: the holder lets vLLM's port go; after d the machine has
+// launched vLLM the n-th time, and it becomes ready.
+func (s *scenario) portFreed(d time.Duration, n int) {
+	s.t.Helper()
+	s.setHolder("")
+	s.advance(d)
+	s.wantLaunches(n, "once the port is free")
+	s.ready()
 }

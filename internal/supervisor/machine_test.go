@@ -1607,6 +1607,34 @@ func TestMachineReloadWithoutVLLMChangesIsNotPending(t *testing.T) {
 	})
 }
 
+// killedLeaving: the last vLLM is SIGKILLed and leaves process pid behind,
+// stuck in the kernel for stuckFor (unkillable: for ever).
+func (s *scenario) killedLeaving(pid int, stuckFor time.Duration, unkillable bool) {
+	p := s.l.last()
+	p.survivors = []int{pid}
+	p.stuckFor = stuckFor
+	p.unkillable = unkillable
+	p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
+	synctest.Wait()
+}
+
+// loopTurnsEachSecond lets n seconds pass one by one and checks that the
+// machine's loop turned in each (during names what it waits for); each,
+// if set, checks more after the i-th second (from 0).
+func (s *scenario) loopTurnsEachSecond(n int, during string, each func(i int)) {
+	s.t.Helper()
+	for i := range n {
+		before := s.sup.LastTurn()
+		s.advance(time.Second)
+		if !s.sup.LastTurn().After(before) {
+			s.t.Fatalf("the loop stopped turning %d s into %s", i+1, during)
+		}
+		if each != nil {
+			each(i)
+		}
+	}
+}
+
 // A process of the old tree stuck in the kernel (as after a GPU fault) does
 // not die for 60 s: the loop keeps turning all the while (the heartbeat
 // behind WATCHDOG=1 and /livez), status says which pid and where it is
@@ -1614,17 +1642,8 @@ func TestMachineReloadWithoutVLLMChangesIsNotPending(t *testing.T) {
 // be gone.
 func TestMachineStuckLeftoverNeverBlocksTheLoop(t *testing.T) {
 	runReady(t, nil, func(t *testing.T, s *scenario) {
-		p := s.l.last()
-		p.survivors = []int{4242}
-		p.stuckFor = 60 * time.Second
-		p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
-		synctest.Wait()
-		for i := range 58 {
-			before := s.sup.LastTurn()
-			s.advance(time.Second)
-			if !s.sup.LastTurn().After(before) {
-				t.Fatalf("the loop stopped turning %d s into the cleanup", i+1)
-			}
+		s.killedLeaving(4242, 60*time.Second, false)
+		s.loopTurnsEachSecond(58, "the cleanup", func(i int) {
 			st := s.sup.Status()
 			if i >= 2 && !strings.Contains(st.Reason, "pid 4242 does not die: state D in nvidia_wait_for_gpu") {
 				t.Fatalf("%d s in, status reason %q does not say what the cleanup waits for", i+1, st.Reason)
@@ -1632,7 +1651,7 @@ func TestMachineStuckLeftoverNeverBlocksTheLoop(t *testing.T) {
 			if st.State != StateStopping || s.l.n() != 1 || len(s.kinds(events.KindExited)) != 0 {
 				t.Fatalf("%d s in: state %s, %d launches, %d failures recorded before the tree was gone", i+1, st.State, s.l.n(), len(s.kinds(events.KindExited)))
 			}
-		}
+		})
 		s.advance(3 * time.Second)
 		s.wantCause(1, cause.CauseCrash)
 		s.advance(s.cfg.Restart.InitialDelay.Duration)
@@ -1646,12 +1665,7 @@ func TestMachineStuckLeftoverNeverBlocksTheLoop(t *testing.T) {
 // a stop asked meanwhile waits for that and then stops.
 func TestMachineUnkillableLeftoverIsDeclaredAndStopWaits(t *testing.T) {
 	runReady(t, nil, func(t *testing.T, s *scenario) {
-		p := s.l.last()
-		p.survivors = []int{4243}
-		p.stuckFor = 50 * time.Second
-		p.unkillable = true
-		p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
-		synctest.Wait()
+		s.killedLeaving(4243, 50*time.Second, true)
 		s.advance(5 * time.Second)
 		s.cancel()
 		s.advance(time.Second)
@@ -1674,13 +1688,7 @@ func TestMachineSlowNVMLNeverBlocksTheLoop(t *testing.T) {
 		s.gpu.mu.Unlock()
 		s.l.last().end(exitInfo{Code: -1, Signal: "SIGKILL"})
 		synctest.Wait()
-		for i := range 50 {
-			before := s.sup.LastTurn()
-			s.advance(time.Second)
-			if !s.sup.LastTurn().After(before) {
-				t.Fatalf("the loop stopped turning %d s into a slow release read", i+1)
-			}
-		}
+		s.loopTurnsEachSecond(50, "a slow release read", nil)
 		if s.state() != StateWaitingGPU || s.l.n() != 1 {
 			t.Fatalf("state %s, %d launches during the slow release read", s.state(), s.l.n())
 		}

@@ -505,6 +505,14 @@ func (s *scenario) wantStopped(want int, why string) {
 	}
 }
 
+// printEvery: p prints line n times, every d of fake time.
+func (s *scenario) printEvery(p *fakeVLLM, line string, n int, d time.Duration) {
+	for range n {
+		p.print(line)
+		s.advance(d)
+	}
+}
+
 // startReady starts the machine and waits until it is ready.
 func (s *scenario) startReady() {
 	s.t.Helper()
@@ -698,10 +706,9 @@ func TestMachineStartEndsWhenTheProbeKeepsGettingA4xx(t *testing.T) {
 // The fault matrix, one scenario per row that the machine decides.
 
 func TestMachineFaultOOMStepsDownAfterTheRelease(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) {
-			c.GPU.ReleaseTimeout = config.Duration{Duration: 60 * time.Second}
-		})
+	runScenario(t, func(c *config.Config) {
+		c.GPU.ReleaseTimeout = config.Duration{Duration: 60 * time.Second}
+	}, func(t *testing.T, s *scenario) {
 		s.gpu.released = false
 		s.startReady()
 		p := s.l.last()
@@ -848,18 +855,14 @@ func TestMachineFaultHostOOMKillOfAChild(t *testing.T) {
 }
 
 func TestMachineFaultStallWhileLoadingIsAHang(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) {
-			c.Readiness.StallTimeout = config.Duration{Duration: 8 * time.Second}
-			c.VLLM.StopTimeout = config.Duration{Duration: 3 * time.Second}
-		})
+	runScenario(t, func(c *config.Config) {
+		c.Readiness.StallTimeout = config.Duration{Duration: 8 * time.Second}
+		c.VLLM.StopTimeout = config.Duration{Duration: 3 * time.Second}
+	}, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
 		// Lines keep coming for 20 s: progress, not a stall.
-		for range 10 {
-			p.print("INFO 10-14 12:00:00 [loader.py:1] Loading safetensors checkpoint shards:  50% Completed | 1/2")
-			s.advance(2 * time.Second)
-		}
+		s.printEvery(p, "INFO 10-14 12:00:00 [loader.py:1] Loading safetensors checkpoint shards:  50% Completed | 1/2", 10, 2*time.Second)
 		s.wantState(StateStarting)
 		// Then silence.
 		s.advance(9 * time.Second)
@@ -880,21 +883,17 @@ func TestMachineFaultNeverReadyHitsMaxStartTime(t *testing.T) {
 	runScenario(t, func(c *config.Config) { c.Readiness.MaxStartTime = config.Duration{Duration: 20 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
-		for range 15 {
-			p.print("INFO 10-14 12:00:00 [loader.py:1] still loading")
-			s.advance(2 * time.Second)
-		}
+		s.printEvery(p, "INFO 10-14 12:00:00 [loader.py:1] still loading", 15, 2*time.Second)
 		s.wantCause(1, cause.CauseHang)
 		s.stop()
 	})
 }
 
 func TestMachineFaultHangWhileReady(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) {
-			c.Liveness.Interval = config.Duration{Duration: 10 * time.Second}
-			c.Liveness.Failures = 3
-		})
+	runScenario(t, func(c *config.Config) {
+		c.Liveness.Interval = config.Duration{Duration: 10 * time.Second}
+		c.Liveness.Failures = 3
+	}, func(t *testing.T, s *scenario) {
 		s.startReady()
 		s.pr.setHealth(func() probeResult {
 			return probeResult{Step: "health", Err: "context deadline exceeded"}
@@ -961,11 +960,10 @@ func TestMachineFaultLaunchFailure(t *testing.T) {
 }
 
 func TestMachineFaultCrashLoopGivesUp(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) {
-			c.Restart.GiveUpAfter = 3
-			c.Restart.InitialDelay = config.Duration{Duration: time.Second}
-		})
+	runScenario(t, func(c *config.Config) {
+		c.Restart.GiveUpAfter = 3
+		c.Restart.InitialDelay = config.Duration{Duration: time.Second}
+	}, func(t *testing.T, s *scenario) {
 		s.start()
 		var delays []time.Duration
 		for i := range 3 {
@@ -1232,11 +1230,10 @@ func TestMachineFastRetryIsBounded(t *testing.T) {
 }
 
 func TestMachineStopWaitsForVLLMsOwnDrain(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) {
-			c.VLLM.Command = []string{"vllm", "serve", "m", "--shutdown-timeout", "45"}
-			c.VLLM.StopTimeout = config.Duration{Duration: 30 * time.Second}
-		})
+	runScenario(t, func(c *config.Config) {
+		c.VLLM.Command = []string{"vllm", "serve", "m", "--shutdown-timeout", "45"}
+		c.VLLM.StopTimeout = config.Duration{Duration: 30 * time.Second}
+	}, func(t *testing.T, s *scenario) {
 		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true } // draining: it takes its time
 		s.startReady()
 		p := s.l.last()

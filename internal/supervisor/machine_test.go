@@ -535,25 +535,25 @@ func (s *scenario) ready() {
 func (s *scenario) stop() int {
 	s.t.Helper()
 	s.cancel()
-	synctest.Wait()
-	select {
-	case c := <-s.code:
-		return c
-	default:
-		s.t.Fatalf("Run did not return after the stop; state %s (%s)", s.state(), s.sup.Status().Reason)
-		return -1
-	}
+	return s.returned("did not return after the stop")
 }
 
 // exited waits for Run to return by itself.
 func (s *scenario) exited() int {
+	s.t.Helper()
+	return s.returned("has not returned")
+}
+
+// returned waits until every goroutine is blocked and returns Run's exit
+// code; Run still running fails the test (not says how).
+func (s *scenario) returned(not string) int {
 	s.t.Helper()
 	synctest.Wait()
 	select {
 	case c := <-s.code:
 		return c
 	default:
-		s.t.Fatalf("Run has not returned; state %s (%s)", s.state(), s.sup.Status().Reason)
+		s.t.Fatalf("Run %s; state %s (%s)", not, s.state(), s.sup.Status().Reason)
 		return -1
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"reflect"
 	"sync"
 	"testing"
-	"testing/synctest"
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
@@ -17,8 +16,7 @@ import (
 // ready and the event is out meanwhile, and Run writes that state before
 // it returns.
 func TestMachineReadyDoesNotWaitForTheStateFile(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		release := make(chan struct{})
 		var mu sync.Mutex
 		var saved []policy.State

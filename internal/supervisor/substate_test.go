@@ -634,17 +634,18 @@ func TestOnlyEnterSetsTheState(t *testing.T) {
 	}
 }
 
-// docs/design.md's table of sub-states says what the code says: every
-// sub-state, in order, with the public State it shows.
-func TestDesignTableIsTheCode(t *testing.T) {
+// designTable is the rows of docs/design.md's table whose header starts
+// with header (its separator row left out), as written.
+func designTable(t *testing.T, header string) []string {
+	t.Helper()
 	b, err := os.ReadFile("../../docs/design.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rows [][2]string
+	var rows []string
 	in := false
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "| sub-state | shows |") {
+		if strings.HasPrefix(l, header) {
 			in = true
 			continue
 		}
@@ -654,6 +655,16 @@ func TestDesignTableIsTheCode(t *testing.T) {
 		if !strings.HasPrefix(l, "|") {
 			break
 		}
+		rows = append(rows, l)
+	}
+	return rows
+}
+
+// docs/design.md's table of sub-states says what the code says: every
+// sub-state, in order, with the public State it shows.
+func TestDesignTableIsTheCode(t *testing.T) {
+	var rows [][2]string
+	for _, l := range designTable(t, "| sub-state | shows |") {
 		f := strings.Split(l, "|")
 		rows = append(rows, [2]string{strings.Trim(strings.TrimSpace(f[1]), "`"), strings.Trim(strings.TrimSpace(f[2]), "`")})
 	}
@@ -722,25 +733,7 @@ func TestOneDecisionTimerPerSubState(t *testing.T) {
 // docs/design.md's table of cells is the code's: every non-empty cell, in
 // the order of the sub-states and the events, with what it does.
 func TestDesignCellsAreTheCode(t *testing.T) {
-	b, err := os.ReadFile("../../docs/design.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc []string
-	in := false
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "| in | on | does |") {
-			in = true
-			continue
-		}
-		if !in || strings.HasPrefix(l, "|---") {
-			continue
-		}
-		if !strings.HasPrefix(l, "|") {
-			break
-		}
-		doc = append(doc, l)
-	}
+	doc := designTable(t, "| in | on | does |")
 	if want := cellRows(); !slices.Equal(doc, want) {
 		t.Errorf("docs/design.md's table of cells is not the code's (table.go); it should read:\n| in | on | does |\n|---|---|---|\n%s", strings.Join(want, "\n"))
 	}

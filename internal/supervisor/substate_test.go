@@ -592,27 +592,34 @@ func TestEverySubStateShowsAState(t *testing.T) {
 	}
 }
 
-// The public State is set in one place: enter, from the table. No other
-// code of the package assigns a status's State.
-func TestOnlyEnterSetsTheState(t *testing.T) {
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hf, err := filepath.Glob("heart/*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	files = append(files, hf...)
-	fset := token.NewFileSet()
-	for _, name := range files {
-		if strings.HasSuffix(name, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, name, nil, 0)
+// parseSources parses the non-test Go files of dirs.
+func parseSources(t *testing.T, fset *token.FileSet, dirs ...string) []*ast.File {
+	t.Helper()
+	var out []*ast.File
+	for _, dir := range dirs {
+		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil {
 			t.Fatal(err)
 		}
+		for _, name := range files {
+			if strings.HasSuffix(name, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(fset, name, nil, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// The public State is set in one place: enter, from the table. No other
+// code of the package assigns a status's State.
+func TestOnlyEnterSetsTheState(t *testing.T) {
+	fset := token.NewFileSet()
+	for _, f := range parseSources(t, fset, ".", "heart") {
 		for _, d := range f.Decls {
 			fn, ok := d.(*ast.FuncDecl)
 			if !ok || fn.Body == nil || fn.Name.Name == "Enter" {
@@ -681,35 +688,22 @@ func TestDesignTableIsTheCode(t *testing.T) {
 // decision that needs more is two.
 func TestNoFunctionOver50Lines(t *testing.T) {
 	fset := token.NewFileSet()
-	for _, dir := range []string{".", "heart"} {
-		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, name := range files {
-			if strings.HasSuffix(name, "_test.go") {
-				continue
+	for _, f := range parseSources(t, fset, ".", "heart") {
+		ast.Inspect(f, func(n ast.Node) bool {
+			var body *ast.BlockStmt
+			switch fn := n.(type) {
+			case *ast.FuncDecl:
+				body = fn.Body
+			case *ast.FuncLit:
+				body = fn.Body
 			}
-			f, err := parser.ParseFile(fset, name, nil, 0)
-			if err != nil {
-				t.Fatal(err)
+			if body != nil {
+				if lines := fset.Position(body.End()).Line - fset.Position(n.Pos()).Line + 1; lines > 50 {
+					t.Errorf("%s: a function of %d lines (at most 50)", fset.Position(n.Pos()), lines)
+				}
 			}
-			ast.Inspect(f, func(n ast.Node) bool {
-				var body *ast.BlockStmt
-				switch fn := n.(type) {
-				case *ast.FuncDecl:
-					body = fn.Body
-				case *ast.FuncLit:
-					body = fn.Body
-				}
-				if body != nil {
-					if lines := fset.Position(body.End()).Line - fset.Position(n.Pos()).Line + 1; lines > 50 {
-						t.Errorf("%s: a function of %d lines (at most 50)", fset.Position(n.Pos()), lines)
-					}
-				}
-				return true
-			})
-		}
+			return true
+		})
 	}
 }
 

@@ -724,13 +724,7 @@ func TestMachineFaultOOMStepsDownAfterTheRelease(t *testing.T) {
 			t.Fatalf("after the OOM: %+v", st)
 		}
 		// The release takes 40 s: the loop keeps turning all the while.
-		for range 40 {
-			before := s.sup.LastTurn()
-			s.advance(time.Second)
-			if !s.sup.LastTurn().After(before) {
-				t.Fatal("the heartbeat stopped during the release wait")
-			}
-		}
+		s.loopTurnsEachSecond(40, "the release wait", nil)
 		s.wantState(StateWaitingGPU)
 		s.gpu.set(func(g *fakeGPU) { g.released = true })
 		s.advance(time.Second)
@@ -785,13 +779,7 @@ func TestMachineFaultIgnoredSIGTERMIsEscalated(t *testing.T) {
 		s.cancel()
 		synctest.Wait()
 		s.wantState(StateStopping)
-		for range 29 {
-			before := s.sup.LastTurn()
-			s.advance(time.Second)
-			if !s.sup.LastTurn().After(before) {
-				t.Fatal("the heartbeat stopped during the stop timeout")
-			}
-		}
+		s.loopTurnsEachSecond(29, "the stop timeout", nil)
 		s.wantKills(p, 0, "SIGKILL before stop_timeout")
 		s.advance(time.Second)
 		s.wantKills(p, 1, "no SIGKILL after stop_timeout")

@@ -4,7 +4,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/cause"
@@ -49,23 +48,27 @@ func (h *fakeHealth) xid(n int) {
 	h.mu.Unlock()
 }
 
+// startReadyWithHealth starts the machine with a fake hardware view, and
+// waits until it is ready.
+func (s *scenario) startReadyWithHealth() *fakeHealth {
+	s.t.Helper()
+	h := newFakeHealth()
+	s.health = h
+	s.startReady()
+	return h
+}
+
 func (h *fakeHealth) set(f func(d *cause.GPUDevice)) { h.mu.Lock(); f(&h.dev); h.mu.Unlock() }
 
 // TestMachineGPUFaultXID79: an XID 79 while ready ends the run (vLLM is
 // killed, never restarted), the cause is gpu_fault with the GPU and the
 // XID, and the guard exits with the GPU-fault code.
 func TestMachineGPUFaultXID79(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		h := newFakeHealth()
-		s.health = h
-		s.start()
-		s.ready()
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
+		h := s.startReadyWithHealth()
 		h.xid(79)
 		s.advance(2 * time.Second) // the heartbeat sees it
-		if code := s.exited(); code != exitcode.GPUFault {
-			t.Fatalf("exit code %d, want %d; status %+v", code, exitcode.GPUFault, s.sup.Status())
-		}
+		s.wantExited(exitcode.GPUFault, "the exit")
 		f := s.failure(1)
 		if f.Verdict.Cause != cause.CauseGPUFault || f.Verdict.GPU == nil || f.Verdict.GPU.XID != 79 || f.Decision.Action != policy.ActionGiveUp {
 			t.Fatalf("failure %+v", f)
@@ -82,36 +85,24 @@ func TestMachineGPUFaultXID79(t *testing.T) {
 // TestMachineGPUFaultStay: with on_gpu_fault = "stay" the guard stays up,
 // failed, naming the GPU.
 func TestMachineGPUFaultStay(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.GPU.OnGPUFault = "stay" })
-		h := newFakeHealth()
-		s.health = h
-		s.start()
-		s.ready()
+	runScenario(t, func(c *config.Config) { c.GPU.OnGPUFault = "stay" }, func(t *testing.T, s *scenario) {
+		h := s.startReadyWithHealth()
 		h.xid(48)
 		s.advance(2 * time.Second)
 		s.wantState(StateFailed)
 		if st := s.sup.Status(); !strings.Contains(st.Reason, "XID 48") || st.ExitCode != exitcode.GPUFault {
 			t.Fatalf("status %+v", st)
 		}
-		if s.l.n() != 1 {
-			t.Fatalf("%d launches", s.l.n())
-		}
-		if code := s.stop(); code != exitcode.OK {
-			t.Fatalf("stop: exit %d", code)
-		}
+		s.wantLaunches(1, "vLLM launches")
+		s.wantStopped(exitcode.OK, "stop")
 	})
 }
 
 // TestMachineGPUFaultXID94: a contained ECC error ends the run and restarts
 // it on the same rung; a second within the window gives up.
 func TestMachineGPUFaultXID94(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		h := newFakeHealth()
-		s.health = h
-		s.start()
-		s.ready()
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
+		h := s.startReadyWithHealth()
 		h.xid(94)
 		s.advance(2 * time.Second)
 		f := s.failure(1)
@@ -119,18 +110,12 @@ func TestMachineGPUFaultXID94(t *testing.T) {
 			t.Fatalf("first XID 94: %+v", f)
 		}
 		s.advance(s.cfg.GPU.SampleInterval.Duration + s.cfg.Restart.InitialDelay.Duration + time.Second)
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches after an XID 94, want 2", s.l.n())
-		}
+		s.wantLaunches(2, "after an XID 94")
 		s.ready()
 		h.xid(94)
 		s.advance(2 * time.Second)
-		if code := s.exited(); code != exitcode.GPUFault {
-			t.Fatalf("second XID 94: exit %d", code)
-		}
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches", s.l.n())
-		}
+		s.wantExited(exitcode.GPUFault, "second XID 94")
+		s.wantLaunches(2, "vLLM launches")
 	})
 }
 
@@ -138,8 +123,7 @@ func TestMachineGPUFaultXID94(t *testing.T) {
 // remap pending; waiting_gpu says why; a reset (the flag cleared) lets it
 // start.
 func TestMachineGPUPendingRemapBlocksStart(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		h := newFakeHealth()
 		h.set(func(d *cause.GPUDevice) { d.RemapPending = true })
 		s.health = h
@@ -149,14 +133,10 @@ func TestMachineGPUPendingRemapBlocksStart(t *testing.T) {
 		if st := s.sup.Status(); !strings.Contains(st.Reason, "row remap pending") || !strings.Contains(st.Reason, "GPU 0") {
 			t.Fatalf("reason %q", st.Reason)
 		}
-		if s.l.n() != 0 {
-			t.Fatalf("%d launches on a GPU with a remap pending", s.l.n())
-		}
+		s.wantLaunches(0, "on a GPU with a remap pending")
 		h.set(func(d *cause.GPUDevice) { d.RemapPending = false })
 		s.advance(2 * time.Second)
-		if s.l.n() != 1 {
-			t.Fatalf("%d launches after the reset", s.l.n())
-		}
+		s.wantLaunches(1, "after the reset")
 		s.stop()
 	})
 }
@@ -165,20 +145,16 @@ func TestMachineGPUPendingRemapBlocksStart(t *testing.T) {
 // NVML watches, is stuck in the driver: gpu_fault, needs a reset, no
 // second start.
 func TestMachineUnkillableProcessIsAGPUFault(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.health = newFakeHealth()
-		s.start()
-		s.ready()
+		s.startReady()
 		p := s.l.last()
 		p.survivors = []int{4244}
 		p.stuckFor = 50 * time.Second
 		p.unkillable = true
 		p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
 		s.advance(51 * time.Second)
-		if code := s.exited(); code != exitcode.GPUFault {
-			t.Fatalf("exit code %d, want %d; status %+v", code, exitcode.GPUFault, s.sup.Status())
-		}
+		s.wantExited(exitcode.GPUFault, "the exit")
 		f := s.failure(1)
 		if f.Verdict.Cause != cause.CauseGPUFault || f.Verdict.GPU == nil || !f.Verdict.GPU.Reset ||
 			!strings.Contains(f.Verdict.GPU.Meaning, "4244") || s.l.n() != 1 {

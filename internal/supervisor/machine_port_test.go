@@ -3,7 +3,6 @@ package supervisor
 import (
 	"strings"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/cause"
@@ -22,8 +21,7 @@ func (s *scenario) setHolder(h string) { s.mu.Lock(); s.holder = h; s.mu.Unlock(
 // guard waits port_wait, saying who holds the port, then the start ends as
 // a configuration error (exit 78, no READY) naming the holder.
 func TestMachinePortHeldAtTheFirstStartIsAConfigErrorAfterPortWait(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.VLLM.PortWait = config.Duration{Duration: 30 * time.Second} })
+	runScenario(t, func(c *config.Config) { c.VLLM.PortWait = config.Duration{Duration: 30 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.holder = squatter
 		s.start()
 		st := s.sup.Status()
@@ -35,12 +33,8 @@ func TestMachinePortHeldAtTheFirstStartIsAConfigErrorAfterPortWait(t *testing.T)
 			t.Fatalf("before port_wait: state %s, %d launches, %d failures", st.State, s.l.n(), len(s.kinds(events.KindExited)))
 		}
 		s.advance(2 * time.Second)
-		if code := s.exited(); code != exitcode.Config {
-			t.Fatalf("exit %d, want 78", code)
-		}
-		if s.l.n() != 0 {
-			t.Fatalf("vLLM launched %d times onto a held port", s.l.n())
-		}
+		s.wantExited(exitcode.Config, "the exit")
+		s.wantLaunches(0, "vLLM launched onto a held port")
 		f := s.failure(1)
 		if f.Verdict.Cause != cause.CauseConfigError || !strings.Contains(f.Decision.Reason, "pid 4242") ||
 			!strings.Contains(f.Decision.Reason, "port 8000 is already in use") || !strings.Contains(f.Verdict.Summary, "port_wait 30s") {
@@ -54,8 +48,7 @@ func TestMachinePortHeldAtTheFirstStartIsAConfigErrorAfterPortWait(t *testing.T)
 
 // port_wait "0s" gives up at once (the behaviour before issue 41).
 func TestMachinePortWaitZeroGivesUpAtOnce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.VLLM.PortWait = config.Duration{} })
+	runScenario(t, func(c *config.Config) { c.VLLM.PortWait = config.Duration{} }, func(t *testing.T, s *scenario) {
 		s.holder = squatter
 		s.start()
 		if code := s.exited(); code != exitcode.Config || s.l.n() != 0 {
@@ -67,23 +60,13 @@ func TestMachinePortWaitZeroGivesUpAtOnce(t *testing.T) {
 // A port held briefly at the first start is waited out: vLLM starts once
 // it is free, and is ready.
 func TestMachinePortHeldBrieflyAtTheFirstStartIsWaitedOut(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.holder = squatter
 		s.start()
 		s.advance(5 * time.Second)
-		if s.l.n() != 0 {
-			t.Fatal("launched onto a held port")
-		}
-		s.setHolder("")
-		s.advance(5 * time.Second)
-		if s.l.n() != 1 {
-			t.Fatalf("%d launches once the port is free, want 1", s.l.n())
-		}
-		s.ready()
-		if n := len(s.kinds(events.KindExited)); n != 0 {
-			t.Fatalf("%d failures", n)
-		}
+		s.wantLaunches(0, "launched onto a held port")
+		s.portFreed(5*time.Second, 1)
+		s.wantFailures(0, "once ready")
 		s.stop()
 	})
 }
@@ -93,10 +76,7 @@ func TestMachinePortHeldBrieflyAtTheFirstStartIsWaitedOut(t *testing.T) {
 // port_wait: this is a restart, not two instances on one port), status
 // names it, and vLLM starts and is ready once it lets go. No exit 78.
 func TestMachinePortGrabbedDuringBackoffDelaysTheRestart(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		s.setHolder(squatter)
 		s.l.last().end(exitInfo{Code: 1})
 		s.advance(5 * time.Minute)
@@ -107,23 +87,15 @@ func TestMachinePortGrabbedDuringBackoffDelaysTheRestart(t *testing.T) {
 		if s.l.n() != 1 || st.NextStartAt.IsZero() {
 			t.Fatalf("%d launches, next start %v", s.l.n(), st.NextStartAt)
 		}
-		s.setHolder("")
-		s.advance(6 * time.Second)
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches once the port is free, want 2", s.l.n())
-		}
-		s.ready()
-		if n := len(s.kinds(events.KindExited)); n != 1 {
-			t.Fatalf("%d failures, want the one crash", n)
-		}
+		s.portFreed(6*time.Second, 2)
+		s.wantFailures(1, "want the one crash")
 		s.stop()
 	})
 }
 
 // A stop while waiting for the port ends the guard at once.
 func TestMachineStopWhileWaitingForThePort(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.holder = squatter
 		s.start()
 		s.advance(time.Second)
@@ -136,8 +108,7 @@ func TestMachineStopWhileWaitingForThePort(t *testing.T) {
 // An answer on vLLM's port before vLLM printed its server's start is not
 // its own (another process listens there): no READY until its line.
 func TestMachineAnswerBeforeVLLMsServerLineIsNotReady(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
 		p.listening.Store(true) // something answers at once
@@ -157,8 +128,7 @@ func TestMachineAnswerBeforeVLLMsServerLineIsNotReady(t *testing.T) {
 // checked to reach a listener of this run's own tree (a vLLM whose startup
 // lines the guard does not know).
 func TestMachineAnswerFromItsOwnListenerIsReady(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
 		s.pr.own.Store(true)
@@ -182,15 +152,10 @@ func bindFails(s *scenario) {
 // restart the guard waits for the port (status naming the holder) instead
 // of calling it a configuration error, and starts vLLM once it is free.
 func TestMachinePortTakenWhileARestartLoadsIsWaitedOut(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		crash(s)
 		s.advance(time.Minute)
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches, want the restart", s.l.n())
-		}
+		s.wantLaunches(2, "want the restart")
 		s.setHolder(squatter)
 		bindFails(s)
 		s.advance(5 * time.Minute)
@@ -201,12 +166,7 @@ func TestMachinePortTakenWhileARestartLoadsIsWaitedOut(t *testing.T) {
 		if f := s.failure(2); f.Decision.Action != policy.ActionRestart || !strings.Contains(f.Decision.Reason, "pid 4242") {
 			t.Fatalf("the death on the taken port: %+v", f.Decision)
 		}
-		s.setHolder("")
-		s.advance(6 * time.Second)
-		if s.l.n() != 3 {
-			t.Fatalf("%d launches once the port is free, want 3", s.l.n())
-		}
-		s.ready()
+		s.portFreed(6*time.Second, 3)
 		s.stop()
 	})
 }
@@ -215,8 +175,7 @@ func TestMachinePortTakenWhileARestartLoadsIsWaitedOut(t *testing.T) {
 // guard stops with exit 78 naming the holder, as two instances on one
 // port would.
 func TestMachinePortTakenWhileTheFirstStartLoadsExits78AfterPortWait(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.VLLM.PortWait = config.Duration{Duration: 10 * time.Second} })
+	runScenario(t, func(c *config.Config) { c.VLLM.PortWait = config.Duration{Duration: 10 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.start()
 		s.setHolder(squatter)
 		bindFails(s)
@@ -231,29 +190,32 @@ func TestMachinePortTakenWhileTheFirstStartLoadsExits78AfterPortWait(t *testing.
 	})
 }
 
+// portFreed: the holder lets vLLM's port go; after d the machine has
+// launched vLLM the n-th time, and it becomes ready.
+func (s *scenario) portFreed(d time.Duration, n int) {
+	s.t.Helper()
+	s.setHolder("")
+	s.advance(d)
+	s.wantLaunches(n, "once the port is free")
+	s.ready()
+}
+
 // A process that holds vLLM's port only while a restart's vLLM binds it,
 // and lets go before the guard looks, leaves nothing but vLLM's own bind
 // refusal: at a restart that is a port to wait for, not a configuration
 // error (issue 41: exit 78 and no restart under systemd, where plain vLLM
 // would have been retried).
 func TestMachineBindRefusedAtARestartIsWaitedOutNotAConfigError(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		crash(s)
 		s.advance(time.Minute)
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches, want the restart", s.l.n())
-		}
+		s.wantLaunches(2, "the restart")
 		bindFails(s) // nobody holds the port by the time the guard looks
 		s.advance(time.Minute)
 		if f := s.failure(2); f.Decision.Action != policy.ActionRestart || f.Verdict.Cause != cause.CauseConfigError {
 			t.Fatalf("the death on a port let go: cause %s, %+v; want config_error read, a restart decided", f.Verdict.Cause, f.Decision)
 		}
-		if s.l.n() != 3 {
-			t.Fatalf("%d launches, want a third once the port is free", s.l.n())
-		}
+		s.wantLaunches(3, "once the port is free")
 		s.ready()
 		s.stop()
 	})

@@ -203,24 +203,23 @@ func (f *fakeProber) Ready(ctx context.Context, level string, timeout time.Durat
 
 func (f *fakeProber) Health(ctx context.Context, timeout time.Duration) probeResult {
 	f.healths.Add(1)
-	f.mu.Lock()
-	h := f.healthR
-	f.mu.Unlock()
-	if h != nil {
-		return h()
-	}
-	return probeResult{OK: true, Step: "health", Status: 200}
+	return f.answer(&f.healthR, probeResult{OK: true, Step: "health", Status: 200})
 }
 
 func (f *fakeProber) Paused(ctx context.Context, timeout time.Duration) probeResult {
 	f.pauses.Add(1)
+	return f.answer(&f.pausedR, probeResult{Step: "paused", Status: 404, Err: "GET /is_paused answered 404"})
+}
+
+// answer is what the test set in *r (read under mu), or def.
+func (f *fakeProber) answer(r *func() probeResult, def probeResult) probeResult {
 	f.mu.Lock()
-	h := f.pausedR
+	h := *r
 	f.mu.Unlock()
 	if h != nil {
 		return h()
 	}
-	return probeResult{Step: "paused", Status: 404, Err: "GET /is_paused answered 404"}
+	return def
 }
 
 func (f *fakeProber) setPaused(p bool) {
@@ -338,6 +337,35 @@ func newScenario(t *testing.T, edit func(c *config.Config)) *scenario {
 	return &scenario{t: t, cfg: cfg, l: l, pr: &fakeProber{l: l}, gpu: &fakeGPU{free: true, released: true, total: 80 << 30}}
 }
 
+// stuckAfter sets stuck_timeout to d.
+func stuckAfter(d time.Duration) func(c *config.Config) {
+	return func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: d} }
+}
+
+// gauges is vLLM's running and waiting gauges, fixed (ok: vLLM has metrics).
+func gauges(running, waiting float64, ok bool) func() (float64, float64, bool) {
+	return func() (float64, float64, bool) { return running, waiting, ok }
+}
+
+// runReady runs a scenario in fake time (synctest) over a machine that
+// started and became ready; body drives and checks it.
+func runReady(t *testing.T, edit func(c *config.Config), body func(t *testing.T, s *scenario)) {
+	t.Helper()
+	runScenario(t, edit, func(t *testing.T, s *scenario) {
+		s.startReady()
+		body(t, s)
+	})
+}
+
+// runScenario runs a scenario in fake time (synctest); body sets the
+// machine up, starts it, drives and checks it.
+func runScenario(t *testing.T, edit func(c *config.Config), body func(t *testing.T, s *scenario)) {
+	t.Helper()
+	synctest.Test(t, func(t *testing.T) {
+		body(t, newScenario(t, edit))
+	})
+}
+
 // start runs the supervisor; call inside synctest.Test.
 func (s *scenario) start() {
 	bus := events.NewBus()
@@ -421,6 +449,77 @@ func (s *scenario) wantState(want State) {
 	}
 }
 
+// wantSignals: p got stops SIGTERMs and kills SIGKILLs so far; why says when.
+func (s *scenario) wantSignals(p *fakeVLLM, stops, kills int32, why string) {
+	s.t.Helper()
+	if p.stops.Load() != stops || p.kills.Load() != kills {
+		s.t.Fatalf("%s: %d SIGTERM, %d SIGKILL; want %d and %d", why, p.stops.Load(), p.kills.Load(), stops, kills)
+	}
+}
+
+// wantKills: p got n SIGKILLs so far; why says when.
+func (s *scenario) wantKills(p *fakeVLLM, n int32, why string) {
+	s.t.Helper()
+	if got := p.kills.Load(); got != n {
+		s.t.Fatalf("%s: %d SIGKILL, want %d", why, got, n)
+	}
+}
+
+// wantStops: p got n SIGTERMs so far; why says when.
+func (s *scenario) wantStops(p *fakeVLLM, n int32, why string) {
+	s.t.Helper()
+	if got := p.stops.Load(); got != n {
+		s.t.Fatalf("%s: %d SIGTERM, want %d", why, got, n)
+	}
+}
+
+// wantFailures: n failures were published so far; why says when.
+func (s *scenario) wantFailures(n int, why string) {
+	s.t.Helper()
+	if got := len(s.kinds(events.KindExited)); got != n {
+		s.t.Fatalf("%s: %d failures, want %d", why, got, n)
+	}
+}
+
+// wantLaunches: vLLM was launched n times so far; why says when.
+func (s *scenario) wantLaunches(n int, why string) {
+	s.t.Helper()
+	if got := s.l.n(); got != n {
+		s.t.Fatalf("%s: %d launches, want %d", why, got, n)
+	}
+}
+
+// wantExited waits for Run to return by itself with the exit code want.
+func (s *scenario) wantExited(want int, why string) {
+	s.t.Helper()
+	if code := s.exited(); code != want {
+		s.t.Fatalf("%s: exit %d, want %d; status %+v", why, code, want, s.sup.Status())
+	}
+}
+
+// wantStopped stops Run and checks its exit code.
+func (s *scenario) wantStopped(want int, why string) {
+	s.t.Helper()
+	if code := s.stop(); code != want {
+		s.t.Fatalf("%s: exit %d, want %d", why, code, want)
+	}
+}
+
+// printEvery: p prints line n times, every d of fake time.
+func (s *scenario) printEvery(p *fakeVLLM, line string, n int, d time.Duration) {
+	for range n {
+		p.print(line)
+		s.advance(d)
+	}
+}
+
+// startReady starts the machine and waits until it is ready.
+func (s *scenario) startReady() {
+	s.t.Helper()
+	s.start()
+	s.ready()
+}
+
 // ready makes the last fake load and listen, and waits for ready.
 func (s *scenario) ready() {
 	s.t.Helper()
@@ -436,25 +535,25 @@ func (s *scenario) ready() {
 func (s *scenario) stop() int {
 	s.t.Helper()
 	s.cancel()
-	synctest.Wait()
-	select {
-	case c := <-s.code:
-		return c
-	default:
-		s.t.Fatalf("Run did not return after the stop; state %s (%s)", s.state(), s.sup.Status().Reason)
-		return -1
-	}
+	return s.returned("did not return after the stop")
 }
 
 // exited waits for Run to return by itself.
 func (s *scenario) exited() int {
+	s.t.Helper()
+	return s.returned("has not returned")
+}
+
+// returned waits until every goroutine is blocked and returns Run's exit
+// code; Run still running fails the test (not says how).
+func (s *scenario) returned(not string) int {
 	s.t.Helper()
 	synctest.Wait()
 	select {
 	case c := <-s.code:
 		return c
 	default:
-		s.t.Fatalf("Run has not returned; state %s (%s)", s.state(), s.sup.Status().Reason)
+		s.t.Fatalf("Run %s; state %s (%s)", not, s.state(), s.sup.Status().Reason)
 		return -1
 	}
 }
@@ -481,6 +580,26 @@ func (s *scenario) failure(n int) *events.Failure {
 	return ex[n-1].Failure
 }
 
+// noFailure fails the scenario if a failure was published; why says what
+// the scenario had to avoid.
+func (s *scenario) noFailure(why string) {
+	s.t.Helper()
+	if ex := s.kinds(events.KindExited); len(ex) != 0 {
+		s.t.Fatalf("%s: %+v", why, ex[0].Failure)
+	}
+}
+
+// wantCause: the n-th (from 1) failure is of cause c; it returns that
+// failure for the scenario's further checks.
+func (s *scenario) wantCause(n int, c cause.Cause) *events.Failure {
+	s.t.Helper()
+	f := s.failure(n)
+	if f.Verdict.Cause != c {
+		s.t.Fatalf("failure %d: cause %s, want %s: %+v", n, f.Verdict.Cause, c, f)
+	}
+	return f
+}
+
 func (s *scenario) states() []string {
 	var out []string
 	for _, e := range s.kinds(events.KindState) {
@@ -499,13 +618,10 @@ func argvHas(argv []string, flag, value string) bool {
 }
 
 func TestMachineStartsAndBecomesReadyOnStartupComplete(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Hour} })
+	runScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Hour} }, func(t *testing.T, s *scenario) {
 		s.start()
 		s.wantState(StateStarting)
-		if s.l.n() != 1 {
-			t.Fatalf("%d launches", s.l.n())
-		}
+		s.wantLaunches(1, "vLLM launches")
 		p := s.l.last()
 		if !argvHas(p.spec.Argv, "--max-num-seqs", "256") || !argvHas(p.spec.Argv, "--gpu-memory-utilization", "0.85") {
 			t.Fatalf("argv %v lacks rung 0's profile", p.spec.Argv)
@@ -531,12 +647,8 @@ func TestMachineStartsAndBecomesReadyOnStartupComplete(t *testing.T) {
 		if s.gpu.loading {
 			t.Fatal("the GPU monitor still thinks vLLM is loading")
 		}
-		if code := s.stop(); code != exitcode.OK {
-			t.Fatalf("exit %d", code)
-		}
-		if p.stops.Load() != 1 || p.kills.Load() != 0 {
-			t.Fatalf("stop: %d SIGTERM, %d SIGKILL; want one SIGTERM", p.stops.Load(), p.kills.Load())
-		}
+		s.wantStopped(exitcode.OK, "the stop")
+		s.wantSignals(p, 1, 0, "stop: want one SIGTERM")
 		s.wantState(StateStopped)
 		if got := s.kinds(events.KindStopped); len(got) != 1 || *got[0].ExitCode != 0 {
 			t.Fatalf("stopped events %+v", got)
@@ -545,8 +657,7 @@ func TestMachineStartsAndBecomesReadyOnStartupComplete(t *testing.T) {
 }
 
 func TestMachineNotReadyWhileProbesFail(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
 		p.print("INFO 12-03 12:00:00 [api_server.py:1] Starting vLLM API server 0 on http://127.0.0.1:8000")
@@ -574,17 +685,14 @@ func TestMachineNotReadyWhileProbesFail(t *testing.T) {
 // start ends with that answer as its reason instead of waiting for ever
 // (issue 24 item 2). A 5xx while starting keeps waiting (the test above).
 func TestMachineStartEndsWhenTheProbeKeepsGettingA4xx(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Readiness.MaxStartTime = config.Duration{} })
+	runScenario(t, func(c *config.Config) { c.Readiness.MaxStartTime = config.Duration{} }, func(t *testing.T, s *scenario) {
 		s.start()
 		s.l.last().listening.Store(true)
 		s.pr.setReady(func() probeResult {
 			return probeResult{Step: "embeddings", Status: 404, Err: "POST /v1/embeddings answered 404"}
 		})
 		s.advance(refusedProbeLimit - time.Second)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("ended before refusedProbeLimit")
-		}
+		s.noFailure("ended before refusedProbeLimit")
 		s.advance(2 * time.Second)
 		f := s.failure(1)
 		if f.Verdict.Cause != cause.CauseHang || !strings.Contains(f.Verdict.Summary, "refused the readiness probe") ||
@@ -598,13 +706,11 @@ func TestMachineStartEndsWhenTheProbeKeepsGettingA4xx(t *testing.T) {
 // The fault matrix, one scenario per row that the machine decides.
 
 func TestMachineFaultOOMStepsDownAfterTheRelease(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) {
-			c.GPU.ReleaseTimeout = config.Duration{Duration: 60 * time.Second}
-		})
+	runScenario(t, func(c *config.Config) {
+		c.GPU.ReleaseTimeout = config.Duration{Duration: 60 * time.Second}
+	}, func(t *testing.T, s *scenario) {
 		s.gpu.released = false
-		s.start()
-		s.ready()
+		s.startReady()
 		p := s.l.last()
 		p.print("ERROR 10-14 12:01:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
 		p.end(exitInfo{Code: 0}) // vLLM exits 0 after an engine death
@@ -618,21 +724,13 @@ func TestMachineFaultOOMStepsDownAfterTheRelease(t *testing.T) {
 			t.Fatalf("after the OOM: %+v", st)
 		}
 		// The release takes 40 s: the loop keeps turning all the while.
-		for range 40 {
-			before := s.sup.LastTurn()
-			s.advance(time.Second)
-			if !s.sup.LastTurn().After(before) {
-				t.Fatal("the heartbeat stopped during the release wait")
-			}
-		}
+		s.loopTurnsEachSecond(40, "the release wait", nil)
 		s.wantState(StateWaitingGPU)
 		s.gpu.set(func(g *fakeGPU) { g.released = true })
 		s.advance(time.Second)
 		s.wantState(StateBackoff)
 		s.advance(s.cfg.Restart.InitialDelay.Duration)
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches after the backoff", s.l.n())
-		}
+		s.wantLaunches(2, "after the backoff")
 		if argv := s.l.last().spec.Argv; !argvHas(argv, "--max-num-seqs", "128") || !argvHas(argv, "--gpu-memory-utilization", "0.8") {
 			t.Fatalf("rung 1 argv %v", argv)
 		}
@@ -645,11 +743,9 @@ func TestMachineFaultOOMStepsDownAfterTheRelease(t *testing.T) {
 }
 
 func TestMachineFaultReleaseTimeoutKillsOnlyOurSurvivors(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.GPU.ReleaseTimeout = config.Duration{Duration: 10 * time.Second} })
+	runScenario(t, func(c *config.Config) { c.GPU.ReleaseTimeout = config.Duration{Duration: 10 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.gpu.released = false
-		s.start()
-		s.ready()
+		s.startReady()
 		p := s.l.last()
 		p.mu.Lock()
 		p.ours[p.apiPID+1] = true
@@ -676,43 +772,24 @@ func TestMachineFaultReleaseTimeoutKillsOnlyOurSurvivors(t *testing.T) {
 }
 
 func TestMachineFaultIgnoredSIGTERMIsEscalated(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true }
-		s.start()
-		s.ready()
+		s.startReady()
 		p := s.l.last()
 		s.cancel()
 		synctest.Wait()
 		s.wantState(StateStopping)
-		for range 29 {
-			before := s.sup.LastTurn()
-			s.advance(time.Second)
-			if !s.sup.LastTurn().After(before) {
-				t.Fatal("the heartbeat stopped during the stop timeout")
-			}
-		}
-		if p.kills.Load() != 0 {
-			t.Fatal("SIGKILL before stop_timeout")
-		}
+		s.loopTurnsEachSecond(29, "the stop timeout", nil)
+		s.wantKills(p, 0, "SIGKILL before stop_timeout")
 		s.advance(time.Second)
-		if p.kills.Load() != 1 {
-			t.Fatal("no SIGKILL after stop_timeout")
-		}
-		if code := s.exited(); code != exitcode.OK {
-			t.Fatalf("exit %d", code)
-		}
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("a stop on request was recorded as a failure")
-		}
+		s.wantKills(p, 1, "no SIGKILL after stop_timeout")
+		s.wantExited(exitcode.OK, "the exit")
+		s.noFailure("a stop on request was recorded as a failure")
 	})
 }
 
 func TestMachineFaultExitZeroIsAFailure(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		s.l.last().print("ERROR 10-14 12:01:00 [core.py:1] EngineCore encountered a fatal error.")
 		s.l.last().end(exitInfo{Code: 0})
 		synctest.Wait()
@@ -720,9 +797,7 @@ func TestMachineFaultExitZeroIsAFailure(t *testing.T) {
 			t.Fatalf("failure %+v", f)
 		}
 		s.advance(s.cfg.Restart.InitialDelay.Duration)
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches", s.l.n())
-		}
+		s.wantLaunches(2, "vLLM launches")
 		s.ready()
 		s.stop()
 	})
@@ -731,10 +806,7 @@ func TestMachineFaultExitZeroIsAFailure(t *testing.T) {
 func TestMachineFaultSegfaultAndKilledAPIServer(t *testing.T) {
 	for _, sig := range []string{"SIGSEGV", "SIGKILL"} {
 		t.Run(sig, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				s := newScenario(t, nil)
-				s.start()
-				s.ready()
+			runReady(t, nil, func(t *testing.T, s *scenario) {
 				s.l.last().survivors = []int{77}
 				s.l.last().end(exitInfo{Code: -1, Signal: sig})
 				synctest.Wait()
@@ -749,16 +821,11 @@ func TestMachineFaultSegfaultAndKilledAPIServer(t *testing.T) {
 }
 
 func TestMachineFaultHostOOMKill(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		s.oom.Add(1) // the cgroup's oom_kill counter went up
 		s.l.last().end(exitInfo{Code: -1, Signal: "SIGKILL"})
 		synctest.Wait()
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseHostOOM {
-			t.Fatalf("failure %+v", f)
-		}
+		s.wantCause(1, cause.CauseHostOOM)
 		s.stop()
 	})
 }
@@ -766,42 +833,29 @@ func TestMachineFaultHostOOMKill(t *testing.T) {
 // The OOM killer took a child (the EngineCore, a worker) and the API
 // server exited by itself: still the host's memory.
 func TestMachineFaultHostOOMKillOfAChild(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		s.oom.Add(1)
 		s.l.last().end(exitInfo{Code: 0})
 		synctest.Wait()
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseHostOOM {
-			t.Fatalf("failure %+v", f)
-		}
+		s.wantCause(1, cause.CauseHostOOM)
 		s.stop()
 	})
 }
 
 func TestMachineFaultStallWhileLoadingIsAHang(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) {
-			c.Readiness.StallTimeout = config.Duration{Duration: 8 * time.Second}
-			c.VLLM.StopTimeout = config.Duration{Duration: 3 * time.Second}
-		})
+	runScenario(t, func(c *config.Config) {
+		c.Readiness.StallTimeout = config.Duration{Duration: 8 * time.Second}
+		c.VLLM.StopTimeout = config.Duration{Duration: 3 * time.Second}
+	}, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
 		// Lines keep coming for 20 s: progress, not a stall.
-		for range 10 {
-			p.print("INFO 10-14 12:00:00 [loader.py:1] Loading safetensors checkpoint shards:  50% Completed | 1/2")
-			s.advance(2 * time.Second)
-		}
+		s.printEvery(p, "INFO 10-14 12:00:00 [loader.py:1] Loading safetensors checkpoint shards:  50% Completed | 1/2", 10, 2*time.Second)
 		s.wantState(StateStarting)
 		// Then silence.
 		s.advance(9 * time.Second)
-		if p.stops.Load() != 0 || p.kills.Load() != 1 {
-			t.Fatalf("after the stall: %d SIGTERM, %d SIGKILL; a hung vLLM is killed without a drain", p.stops.Load(), p.kills.Load())
-		}
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
-			t.Fatalf("failure %+v", f)
-		}
+		s.wantSignals(p, 0, 1, "after the stall: a hung vLLM is killed without a drain")
+		s.wantCause(1, cause.CauseHang)
 		stopping := false
 		for _, e := range s.kinds(events.KindState) {
 			stopping = stopping || e.State == "stopping" && strings.Contains(e.Reason, "no load progress (no output, no disk I/O) for 8s while starting (stall_timeout 8s)")
@@ -814,36 +868,26 @@ func TestMachineFaultStallWhileLoadingIsAHang(t *testing.T) {
 }
 
 func TestMachineFaultNeverReadyHitsMaxStartTime(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Readiness.MaxStartTime = config.Duration{Duration: 20 * time.Second} })
+	runScenario(t, func(c *config.Config) { c.Readiness.MaxStartTime = config.Duration{Duration: 20 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
-		for range 15 {
-			p.print("INFO 10-14 12:00:00 [loader.py:1] still loading")
-			s.advance(2 * time.Second)
-		}
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
-			t.Fatalf("failure %+v", f)
-		}
+		s.printEvery(p, "INFO 10-14 12:00:00 [loader.py:1] still loading", 15, 2*time.Second)
+		s.wantCause(1, cause.CauseHang)
 		s.stop()
 	})
 }
 
 func TestMachineFaultHangWhileReady(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) {
-			c.Liveness.Interval = config.Duration{Duration: 10 * time.Second}
-			c.Liveness.Failures = 3
-		})
-		s.start()
-		s.ready()
+	runScenario(t, func(c *config.Config) {
+		c.Liveness.Interval = config.Duration{Duration: 10 * time.Second}
+		c.Liveness.Failures = 3
+	}, func(t *testing.T, s *scenario) {
+		s.startReady()
 		s.pr.setHealth(func() probeResult {
 			return probeResult{Step: "health", Err: "context deadline exceeded"}
 		})
 		s.advance(20 * time.Second)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("killed before `failures` consecutive failures")
-		}
+		s.noFailure("killed before `failures` consecutive failures")
 		s.advance(10 * time.Second)
 		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang || f.Phase != cause.PhaseReady {
 			t.Fatalf("failure %+v", f)
@@ -854,10 +898,7 @@ func TestMachineFaultHangWhileReady(t *testing.T) {
 
 func TestMachineFaultHealth503(t *testing.T) {
 	t.Run("vLLM exits by itself within the grace", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			s := newScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: 5 * time.Second} })
-			s.start()
-			s.ready()
+		runReady(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: 5 * time.Second} }, func(t *testing.T, s *scenario) {
 			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Status: 503, Err: "GET /health answered 503"} })
 			s.advance(5 * time.Second)
 			p := s.l.last()
@@ -867,48 +908,35 @@ func TestMachineFaultHealth503(t *testing.T) {
 			p.print("ERROR 10-14 12:01:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.")
 			p.end(exitInfo{Code: 0})
 			synctest.Wait()
-			if f := s.failure(1); f.Verdict.Cause != cause.CauseOOM {
-				t.Fatalf("failure %+v", f)
-			}
+			s.wantCause(1, cause.CauseOOM)
 			s.stop()
 		})
 	})
 	t.Run("vLLM stays up", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			s := newScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: 5 * time.Second} })
-			s.start()
-			s.ready()
+		runReady(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: 5 * time.Second} }, func(t *testing.T, s *scenario) {
 			s.pr.setHealth(func() probeResult { return probeResult{Step: "health", Status: 503, Err: "GET /health answered 503"} })
 			s.advance(5*time.Second + s.sup.engineDeadGrace())
-			if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
-				t.Fatalf("failure %+v", f)
-			}
+			s.wantCause(1, cause.CauseHang)
 			s.stop()
 		})
 	})
 }
 
 func TestMachineFaultBadFlagGivesUpWith78(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
 		p.print("stderr:usage: vllm serve [-h] [--max-num-seqs MAX_NUM_SEQS]",
 			"stderr:vllm serve: error: unrecognized arguments: --max-num-seq 8")
 		p.end(exitInfo{Code: 2})
-		if code := s.exited(); code != exitcode.Config {
-			t.Fatalf("exit %d, want 78", code)
-		}
+		s.wantExited(exitcode.Config, "the exit")
 		s.wantState(StateFailed)
-		if s.l.n() != 1 {
-			t.Fatalf("%d starts", s.l.n())
-		}
+		s.wantLaunches(1, "vLLM launches")
 	})
 }
 
 func TestMachineFaultLaunchFailure(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.l.fail = errors.New("fork/exec /usr/bin/vllm-guard: no such file or directory")
 		s.start()
 		f := s.failure(1)
@@ -920,11 +948,10 @@ func TestMachineFaultLaunchFailure(t *testing.T) {
 }
 
 func TestMachineFaultCrashLoopGivesUp(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) {
-			c.Restart.GiveUpAfter = 3
-			c.Restart.InitialDelay = config.Duration{Duration: time.Second}
-		})
+	runScenario(t, func(c *config.Config) {
+		c.Restart.GiveUpAfter = 3
+		c.Restart.InitialDelay = config.Duration{Duration: time.Second}
+	}, func(t *testing.T, s *scenario) {
 		s.start()
 		var delays []time.Duration
 		for i := range 3 {
@@ -937,9 +964,7 @@ func TestMachineFaultCrashLoopGivesUp(t *testing.T) {
 				s.advance(f.Decision.Delay)
 			}
 		}
-		if code := s.exited(); code != exitcode.Failed {
-			t.Fatalf("exit %d, want 1", code)
-		}
+		s.wantExited(exitcode.Failed, "the exit")
 		if s.l.n() != 3 || len(delays) != 2 || delays[1] <= delays[0] {
 			t.Fatalf("%d starts, delays %v: want 3 starts and a growing backoff", s.l.n(), delays)
 		}
@@ -947,8 +972,7 @@ func TestMachineFaultCrashLoopGivesUp(t *testing.T) {
 }
 
 func TestMachineGiveUpAndStay(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Restart.OnGiveUp = "stay" })
+	runScenario(t, func(c *config.Config) { c.Restart.OnGiveUp = "stay" }, func(t *testing.T, s *scenario) {
 		s.start()
 		s.l.last().print("stderr:vllm serve: error: unrecognized arguments: --bogus")
 		s.l.last().end(exitInfo{Code: 2})
@@ -958,9 +982,7 @@ func TestMachineGiveUpAndStay(t *testing.T) {
 		if err := s.sup.Restart(context.Background(), "test"); err == nil || !strings.Contains(err.Error(), "gave up") {
 			t.Fatalf("restart after giving up: %v", err)
 		}
-		if code := s.stop(); code != exitcode.OK {
-			t.Fatalf("exit %d", code)
-		}
+		s.wantStopped(exitcode.OK, "the stop")
 		// The read in flight is an NVML call that cannot be cancelled: it
 		// ends in its own time, and its answer goes nowhere.
 		s.advance(time.Minute)
@@ -968,8 +990,7 @@ func TestMachineGiveUpAndStay(t *testing.T) {
 }
 
 func TestMachineWaitsForFreeGPUMemoryBeforeStarting(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.gpu.free = false
 		s.start()
 		st := s.sup.Status()
@@ -977,9 +998,7 @@ func TestMachineWaitsForFreeGPUMemoryBeforeStarting(t *testing.T) {
 			t.Fatalf("status %+v, %d starts", st, s.l.n())
 		}
 		s.advance(30 * time.Second)
-		if s.l.n() != 0 {
-			t.Fatal("started without free memory")
-		}
+		s.wantLaunches(0, "started without free memory")
 		s.gpu.set(func(g *fakeGPU) { g.free = true })
 		s.advance(s.cfg.GPU.SampleInterval.Duration)
 		s.wantState(StateStarting)
@@ -990,8 +1009,7 @@ func TestMachineWaitsForFreeGPUMemoryBeforeStarting(t *testing.T) {
 func TestMachineStopWhileWaiting(t *testing.T) {
 	for _, where := range []string{"free memory", "backoff", "release"} {
 		t.Run(where, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				s := newScenario(t, nil)
+			runScenario(t, nil, func(t *testing.T, s *scenario) {
 				switch where {
 				case "free memory":
 					s.gpu.free = false
@@ -1008,9 +1026,7 @@ func TestMachineStopWhileWaiting(t *testing.T) {
 					synctest.Wait()
 					s.wantState(StateWaitingGPU)
 				}
-				if code := s.stop(); code != exitcode.OK {
-					t.Fatalf("exit %d", code)
-				}
+				s.wantStopped(exitcode.OK, "the stop")
 				s.wantState(StateStopped)
 			})
 		})
@@ -1018,12 +1034,9 @@ func TestMachineStopWhileWaiting(t *testing.T) {
 }
 
 func TestMachineStopWhileLoading(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.start()
-		if code := s.stop(); code != exitcode.OK {
-			t.Fatalf("exit %d", code)
-		}
+		s.wantStopped(exitcode.OK, "the stop")
 		if s.l.last().stops.Load() != 1 || len(s.kinds(events.KindExited)) != 0 {
 			t.Fatal("a stop while loading is a SIGTERM and no failure")
 		}
@@ -1031,10 +1044,7 @@ func TestMachineStopWhileLoading(t *testing.T) {
 }
 
 func TestMachineOperatorRestart(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		first := s.l.last()
 		if err := s.sup.Restart(context.Background(), "uid 0"); err != nil {
 			t.Fatal(err)
@@ -1056,8 +1066,7 @@ func TestMachineOperatorRestart(t *testing.T) {
 }
 
 func TestMachineOperatorRestartSkipsTheBackoff(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Restart.InitialDelay = config.Duration{Duration: time.Hour} })
+	runScenario(t, func(c *config.Config) { c.Restart.InitialDelay = config.Duration{Duration: time.Hour} }, func(t *testing.T, s *scenario) {
 		s.start()
 		s.l.last().end(exitInfo{Code: 1})
 		synctest.Wait()
@@ -1066,16 +1075,13 @@ func TestMachineOperatorRestartSkipsTheBackoff(t *testing.T) {
 			t.Fatal(err)
 		}
 		synctest.Wait()
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches", s.l.n())
-		}
+		s.wantLaunches(2, "vLLM launches")
 		s.stop()
 	})
 }
 
 func TestMachineResetProfile(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.pstate = policy.State{Rung: 2}
 		s.start()
 		if got := s.sup.Status().Rung.Index; got != 2 {
@@ -1097,18 +1103,14 @@ func TestMachineResetProfile(t *testing.T) {
 }
 
 func TestMachineRestoreStepsUpWhenIdleAndCool(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Profile.RestoreAfter = config.Duration{Duration: 10 * time.Minute} })
+	runScenario(t, func(c *config.Config) { c.Profile.RestoreAfter = config.Duration{Duration: 10 * time.Minute} }, func(t *testing.T, s *scenario) {
 		s.pstate = policy.State{Rung: 1}
 		s.load = func() (float64, float64, bool) { return 0, 0, true }
 		s.gpu.fractions = []float64{0.5}
-		s.start()
-		s.ready()
+		s.startReady()
 		s.advance(10*time.Minute + 2*time.Second)
 		synctest.Wait()
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches after a stable stretch", s.l.n())
-		}
+		s.wantLaunches(2, "after a stable stretch")
 		if d := s.kinds(events.KindDecision); len(d) != 1 || d[0].Decision != events.DecisionRestore || d[0].Rung.Index != 0 {
 			t.Fatalf("decisions %+v", d)
 		}
@@ -1120,12 +1122,10 @@ func TestMachineRestoreStepsUpWhenIdleAndCool(t *testing.T) {
 }
 
 func TestMachineCostModelSamplesWhileReady(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		var running atomic.Int64
 		s.load = func() (float64, float64, bool) { return float64(running.Load()), 0, true }
-		s.start()
-		s.ready()
+		s.startReady()
 		for n := range int64(12) {
 			running.Store(8 * n)
 			s.gpu.set(func(g *fakeGPU) { g.used, g.readAt = uint64(40<<30)+uint64(n)*(1<<30), time.Now() })
@@ -1139,28 +1139,21 @@ func TestMachineCostModelSamplesWhileReady(t *testing.T) {
 }
 
 func TestMachineKeeperKilledIsAFailure(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		p := s.l.last()
 		p.survivors = []int{p.apiPID, p.apiPID + 1}
 		// The keeper is gone: the tree's done closes together with apiGone.
 		p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
 		synctest.Wait()
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseCrash {
-			t.Fatalf("failure %+v", f)
-		}
+		s.wantCause(1, cause.CauseCrash)
 		s.stop()
 	})
 }
 
 func TestMachineWithoutGPU(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.noGPU = true
-		s.start()
-		s.ready()
+		s.startReady()
 		s.l.last().end(exitInfo{Code: 1})
 		synctest.Wait()
 		s.wantState(StateBackoff) // no release wait without a GPU view
@@ -1169,10 +1162,7 @@ func TestMachineWithoutGPU(t *testing.T) {
 }
 
 func TestMachinePublishesEveryTransitionOnce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		s.l.last().end(exitInfo{Code: 1})
 		synctest.Wait()
 		s.advance(s.cfg.Restart.InitialDelay.Duration)
@@ -1189,8 +1179,7 @@ func TestMachinePublishesEveryTransitionOnce(t *testing.T) {
 }
 
 func TestMachineRetriesFastWhileUvicornStartsListening(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Minute} })
+	runScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Minute} }, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
 		// uvicorn's order: the line first, the socket listens a moment later.
@@ -1209,8 +1198,7 @@ func TestMachineRetriesFastWhileUvicornStartsListening(t *testing.T) {
 }
 
 func TestMachineFastRetryIsBounded(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Minute} })
+	runScenario(t, func(c *config.Config) { c.Readiness.PollInterval = config.Duration{Duration: time.Minute} }, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
 		p.print("stderr:INFO:     Application startup complete.")
@@ -1230,32 +1218,22 @@ func TestMachineFastRetryIsBounded(t *testing.T) {
 }
 
 func TestMachineStopWaitsForVLLMsOwnDrain(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) {
-			c.VLLM.Command = []string{"vllm", "serve", "m", "--shutdown-timeout", "45"}
-			c.VLLM.StopTimeout = config.Duration{Duration: 30 * time.Second}
-		})
+	runScenario(t, func(c *config.Config) {
+		c.VLLM.Command = []string{"vllm", "serve", "m", "--shutdown-timeout", "45"}
+		c.VLLM.StopTimeout = config.Duration{Duration: 30 * time.Second}
+	}, func(t *testing.T, s *scenario) {
 		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true } // draining: it takes its time
-		s.start()
-		s.ready()
+		s.startReady()
 		p := s.l.last()
 		s.cancel()
 		synctest.Wait()
-		if p.stops.Load() != 1 {
-			t.Fatal("no SIGTERM to the API server")
-		}
+		s.wantStops(p, 1, "no SIGTERM to the API server")
 		// stop_timeout alone would kill at 30 s: the drain of 45 s + 10 s wins.
 		s.advance(54 * time.Second)
-		if p.kills.Load() != 0 {
-			t.Fatal("killed in the middle of vLLM's drain")
-		}
+		s.wantKills(p, 0, "killed in the middle of vLLM's drain")
 		s.advance(time.Second)
-		if p.kills.Load() != 1 {
-			t.Fatal("no SIGKILL after the drain's bound")
-		}
-		if code := s.exited(); code != exitcode.OK {
-			t.Fatalf("exit %d", code)
-		}
+		s.wantKills(p, 1, "no SIGKILL after the drain's bound")
+		s.wantExited(exitcode.OK, "the exit")
 	})
 }
 
@@ -1279,37 +1257,28 @@ func TestMachineStopDrainsTheProxyFirst(t *testing.T) {
 					cfg.VLLM.Command = []string{"vllm", "serve", "m", "--shutdown-timeout", "20"}
 				})
 				s.inFlight = func() int { return int(inflight.Load()) }
-				s.start()
-				s.ready()
+				s.startReady()
 				p := s.l.last()
 				s.cancel()
 				synctest.Wait()
-				if p.stops.Load() != 0 {
-					t.Fatal("SIGTERM while requests were in flight through the proxy")
-				}
+				s.wantStops(p, 0, "SIGTERM while requests were in flight through the proxy")
 				if st := s.sup.Status(); st.State != StateStopping || !strings.Contains(st.Reason, "2 requests in flight through the proxy") {
 					t.Fatalf("status %s %q", st.State, st.Reason)
 				}
 				if c.endAfter > 0 {
 					s.advance(c.endAfter - time.Millisecond)
-					if p.stops.Load() != 0 {
-						t.Fatal("SIGTERM before the requests ended")
-					}
+					s.wantStops(p, 0, "SIGTERM before the requests ended")
 					inflight.Store(0)
 					s.advance(time.Second)
 				} else {
 					s.advance(c.termAt - time.Millisecond)
-					if p.stops.Load() != 0 {
-						t.Fatal("SIGTERM before the timeout")
-					}
+					s.wantStops(p, 0, "SIGTERM before the timeout")
 					s.advance(time.Second)
 				}
 				if p.stops.Load() != 1 {
 					t.Fatalf("no SIGTERM after %s", c.termAt)
 				}
-				if code := s.exited(); code != exitcode.OK {
-					t.Fatalf("exit %d", code)
-				}
+				s.wantExited(exitcode.OK, "the exit")
 			})
 		})
 	}
@@ -1323,17 +1292,14 @@ func TestMachineSecondStopDuringTheProxyDrainKills(t *testing.T) {
 			cfg.VLLM.Command = []string{"vllm", "serve", "m", "--shutdown-timeout", "20"}
 		})
 		s.inFlight = func() int { return 1 }
-		s.start()
-		s.ready()
+		s.startReady()
 		p := s.l.last()
 		s.cancel()
 		synctest.Wait()
 		s.sup.Kill()
 		synctest.Wait()
 		s.advance(30 * time.Second)
-		if p.kills.Load() != 1 || p.stops.Load() != 0 {
-			t.Fatalf("kills %d, stops %d: want the tree killed at once and no SIGTERM after", p.kills.Load(), p.stops.Load())
-		}
+		s.wantSignals(p, 0, 1, "want the tree killed at once and no SIGTERM after")
 		s.exited()
 	})
 }
@@ -1341,27 +1307,21 @@ func TestMachineSecondStopDuringTheProxyDrainKills(t *testing.T) {
 // Without vLLM's --shutdown-timeout (it aborts at once) there is nothing
 // to wait for: SIGTERM at once.
 func TestMachineStopWithoutShutdownTimeoutDoesNotWait(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.inFlight = func() int { return 3 }
-		s.start()
-		s.ready()
+		s.startReady()
 		p := s.l.last()
 		s.cancel()
 		synctest.Wait()
-		if p.stops.Load() != 1 {
-			t.Fatal("no SIGTERM at once")
-		}
+		s.wantStops(p, 1, "no SIGTERM at once")
 		s.exited()
 	})
 }
 
 func TestMachineASecondStopKillsAtOnce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = true }
-		s.start()
-		s.ready()
+		s.startReady()
 		s.cancel()
 		s.advance(time.Second)
 		s.wantState(StateStopping)
@@ -1370,18 +1330,14 @@ func TestMachineASecondStopKillsAtOnce(t *testing.T) {
 		if s.l.last().kills.Load() != 1 {
 			t.Fatal("the second signal did not kill the tree")
 		}
-		if code := s.exited(); code != exitcode.OK {
-			t.Fatalf("exit %d", code)
-		}
+		s.wantExited(exitcode.OK, "the exit")
 	})
 }
 
 func TestMachineDrainingVLLMThatExitsIsNoFailure(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.l.setup = func(p *fakeVLLM) { p.ignoreTERM = p.apiPID == 1000 } // the first run drains slowly
-		s.start()
-		s.ready()
+		s.startReady()
 		if err := s.sup.Restart(context.Background(), "uid 0"); err != nil {
 			t.Fatal(err)
 		}
@@ -1425,8 +1381,7 @@ func TestEffectiveStopTimeout(t *testing.T) {
 }
 
 func TestMachineSilentDownloadIsProgressButASilentIdleTreeIsAHang(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Readiness.StallTimeout = config.Duration{Duration: 8 * time.Second} })
+	runScenario(t, func(c *config.Config) { c.Readiness.StallTimeout = config.Duration{Duration: 8 * time.Second} }, func(t *testing.T, s *scenario) {
 		s.start()
 		p := s.l.last()
 		// 30 s without a line, writing weights to the cache all the while.
@@ -1438,25 +1393,19 @@ func TestMachineSilentDownloadIsProgressButASilentIdleTreeIsAHang(t *testing.T) 
 		if st.State != StateStarting || !strings.Contains(st.Reason, "downloading or loading:") || !strings.Contains(st.Reason, "no log output for") {
 			t.Fatalf("during a silent download: %+v", st)
 		}
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("a silent download was killed")
-		}
+		s.noFailure("a silent download was killed")
 		// Then neither output nor I/O: still a hang.
 		s.advance(9 * time.Second)
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
-			t.Fatalf("failure %+v", f)
-		}
+		s.wantCause(1, cause.CauseHang)
 		s.stop()
 	})
 }
 
 func TestMachineStuckEngineIsAHang(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} })
+	runScenario(t, stuckAfter(60*time.Second), func(t *testing.T, s *scenario) {
 		var running, tokens atomic.Int64
 		s.progress = func() (float64, float64, bool) { return float64(running.Load()), float64(tokens.Load()), true }
-		s.start()
-		s.ready()
+		s.startReady()
 		// Busy and progressing for 10 × stuck_timeout: never stuck.
 		running.Store(40)
 		for range 600 {
@@ -1466,15 +1415,11 @@ func TestMachineStuckEngineIsAHang(t *testing.T) {
 		// Idle with counters still: never stuck.
 		running.Store(0)
 		s.advance(5 * time.Minute)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("a progressing or idle vLLM was called stuck")
-		}
+		s.noFailure("a progressing or idle vLLM was called stuck")
 		// Wedged: requests running, no counter moves (/health still 200).
 		running.Store(12)
 		s.advance(59 * time.Second)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("stuck before stuck_timeout")
-		}
+		s.noFailure("stuck before stuck_timeout")
 		s.advance(2 * time.Second)
 		f := s.failure(1)
 		if f.Verdict.Cause != cause.CauseHang || s.l.last().kills.Load() != 1 {
@@ -1484,23 +1429,51 @@ func TestMachineStuckEngineIsAHang(t *testing.T) {
 	})
 }
 
-func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 30 * time.Second} })
-		s.progress = func() (float64, float64, bool) { return 0, 0, false } // --disable-log-stats
-		s.start()
-		s.ready()
-		s.advance(2 * time.Minute)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("answering requests, yet called stuck")
-		}
-		// The engine wedges: the 1-token request never answers within its bound.
-		s.pr.setReady(func() probeResult { return probeResult{Step: "completion", Err: "context deadline exceeded"} })
-		s.advance(time.Minute)
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
-			t.Fatalf("failure %+v", f)
+// stuckStep is one step of a stuck-check scenario: do (if set) acts, fake
+// time passes for after, then the machine has published a hang (hang) or
+// no failure at all (why says what it must not have been called).
+type stuckStep struct {
+	do    func()
+	after time.Duration
+	hang  bool
+	why   string
+}
+
+// runStuck runs a stuck-check scenario with stuck_timeout timeout: setup
+// sets the fakes up before the start and gives the steps, run once vLLM is
+// ready; it stops the machine after them.
+func runStuck(t *testing.T, timeout time.Duration, setup func(s *scenario) []stuckStep) {
+	t.Helper()
+	runScenario(t, stuckAfter(timeout), func(t *testing.T, s *scenario) {
+		steps := setup(s)
+		s.startReady()
+		for _, st := range steps {
+			if st.do != nil {
+				st.do()
+			}
+			s.advance(st.after)
+			if st.hang {
+				s.wantCause(1, cause.CauseHang)
+			} else {
+				s.noFailure(st.why)
+			}
 		}
 		s.stop()
+	})
+}
+
+// engineWedged: the 1-token request never answers within its bound.
+func engineWedged() probeResult {
+	return probeResult{Step: "completion", Err: "context deadline exceeded"}
+}
+
+func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
+	runStuck(t, 30*time.Second, func(s *scenario) []stuckStep {
+		s.progress = gauges(0, 0, false) // --disable-log-stats
+		return []stuckStep{
+			{after: 2 * time.Minute, why: "answering requests, yet called stuck"},
+			{do: func() { s.pr.setReady(engineWedged) }, after: time.Minute, hang: true},
+		}
 	})
 }
 
@@ -1508,8 +1481,7 @@ func TestMachineStuckWithoutMetricsSendsARequest(t *testing.T) {
 // prefill shows running 1 and no counter moving. The guard's proxy knows
 // the prompt awaiting its answer and allows it time to prefill.
 func TestMachineLongPrefillIsNotStuck(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} })
+	runScenario(t, stuckAfter(60*time.Second), func(t *testing.T, s *scenario) {
 		var running, prompt atomic.Int64
 		s.progress = func() (float64, float64, bool) { return float64(running.Load()), 1000, true }
 		s.awaiting = func() (int, float64) {
@@ -1518,15 +1490,12 @@ func TestMachineLongPrefillIsNotStuck(t *testing.T) {
 			}
 			return 1, float64(prompt.Load())
 		}
-		s.start()
-		s.ready()
+		s.startReady()
 		// A 20 000-token prompt: 200 s of prefill allowed at the slowest rate.
 		running.Store(1)
 		prompt.Store(20000)
 		s.advance(4 * time.Minute)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatalf("a long prefill was called stuck: %+v", s.failure(1))
-		}
+		s.noFailure("a long prefill was called stuck")
 		// Still nothing after stuck_timeout plus the prefill's time: stuck.
 		s.advance(30 * time.Second)
 		f := s.failure(1)
@@ -1541,27 +1510,15 @@ func TestMachineLongPrefillIsNotStuck(t *testing.T) {
 // hangs in its first step after idle shows 0 running for ever. The
 // requests the guard's proxy sent, with no answer, are work in flight.
 func TestMachineHangInTheFirstStepAfterIdleIsStuck(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} })
+	runStuck(t, 60*time.Second, func(s *scenario) []stuckStep {
 		var sent atomic.Int64
-		s.progress = func() (float64, float64, bool) { return 0, 500, true } // the gauges of the last step before idle
+		s.progress = gauges(0, 500, true) // the gauges of the last step before idle
 		s.awaiting = func() (int, float64) { return int(sent.Load()), 8 }
-		s.start()
-		s.ready()
-		s.advance(5 * time.Minute)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("an idle vLLM was called stuck")
+		return []stuckStep{
+			{after: 5 * time.Minute, why: "an idle vLLM was called stuck"},
+			{do: func() { sent.Store(3) }, after: 59 * time.Second, why: "stuck before stuck_timeout"},
+			{after: 3 * time.Second, hang: true},
 		}
-		sent.Store(3)
-		s.advance(59 * time.Second)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatal("stuck before stuck_timeout")
-		}
-		s.advance(3 * time.Second)
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
-			t.Fatalf("failure %+v", f)
-		}
-		s.stop()
 	})
 }
 
@@ -1569,49 +1526,32 @@ func TestMachineHangInTheFirstStepAfterIdleIsStuck(t *testing.T) {
 // /is_paused with {"is_paused": true}, and the guard does not kill it.
 // Once resumed, a vLLM that still makes no progress is stuck.
 func TestMachinePausedVLLMIsNotStuck(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 60 * time.Second} })
-		s.progress = func() (float64, float64, bool) { return 4, 1000, true }
+	runStuck(t, 60*time.Second, func(s *scenario) []stuckStep {
+		s.progress = gauges(4, 1000, true)
 		s.pr.setPaused(true)
-		s.start()
-		s.ready()
-		s.advance(10 * time.Minute)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatalf("a paused vLLM was called stuck: %+v", s.failure(1))
+		return []stuckStep{
+			{after: 10 * time.Minute, why: "a paused vLLM was called stuck"},
+			{do: func() { s.pr.setPaused(false) }, after: 2 * time.Minute, hang: true},
 		}
-		s.pr.setPaused(false)
-		s.advance(2 * time.Minute)
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseHang {
-			t.Fatalf("failure %+v", f)
-		}
-		s.stop()
 	})
 }
 
 // Without vLLM's metrics the stuck check sends a 1-token request; a
 // paused vLLM holds it too, and is not stuck.
 func TestMachinePausedVLLMWithoutMetricsIsNotStuck(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Liveness.StuckTimeout = config.Duration{Duration: 30 * time.Second} })
-		s.progress = func() (float64, float64, bool) { return 0, 0, false }
+	runStuck(t, 30*time.Second, func(s *scenario) []stuckStep {
+		s.progress = gauges(0, 0, false)
 		s.pr.setPaused(true)
-		s.start()
-		s.ready()
-		s.pr.setReady(func() probeResult { return probeResult{Step: "completion", Err: "context deadline exceeded"} })
-		s.advance(5 * time.Minute)
-		if len(s.kinds(events.KindExited)) != 0 {
-			t.Fatalf("a paused vLLM was called stuck: %+v", s.failure(1))
+		return []stuckStep{
+			{do: func() { s.pr.setReady(engineWedged) }, after: 5 * time.Minute, why: "a paused vLLM was called stuck"},
 		}
-		s.stop()
 	})
 }
 
 func TestMachineReloadAppliesLiveSettingsNowAndVLLMsAtTheNextStart(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: time.Minute} })
+	runScenario(t, func(c *config.Config) { c.Liveness.Interval = config.Duration{Duration: time.Minute} }, func(t *testing.T, s *scenario) {
 		var healthChecks atomic.Int64
-		s.start()
-		s.ready()
+		s.startReady()
 		s.pr.setHealth(func() probeResult { healthChecks.Add(1); return probeResult{OK: true, Step: "health", Status: 200} })
 
 		next := *s.cfg
@@ -1622,9 +1562,7 @@ func TestMachineReloadAppliesLiveSettingsNowAndVLLMsAtTheNextStart(t *testing.T)
 			t.Fatalf("reload: pending %v, %v; want the command pending", pending, err)
 		}
 		synctest.Wait()
-		if s.l.n() != 1 {
-			t.Fatal("a reload restarted vLLM")
-		}
+		s.wantLaunches(1, "a reload restarted vLLM")
 		// The liveness interval applies from the next check on: 1 minute,
 		// then every 5 s.
 		s.advance(time.Minute + 20*time.Second)
@@ -1644,10 +1582,7 @@ func TestMachineReloadAppliesLiveSettingsNowAndVLLMsAtTheNextStart(t *testing.T)
 }
 
 func TestMachineReloadWithoutVLLMChangesIsNotPending(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		next := *s.cfg
 		next.GPU.WarnFraction = 0.5
 		if pending, err := s.sup.Reload(context.Background(), &next); err != nil || pending {
@@ -1657,27 +1592,43 @@ func TestMachineReloadWithoutVLLMChangesIsNotPending(t *testing.T) {
 	})
 }
 
+// killedLeaving: the last vLLM is SIGKILLed and leaves process pid behind,
+// stuck in the kernel for stuckFor (unkillable: for ever).
+func (s *scenario) killedLeaving(pid int, stuckFor time.Duration, unkillable bool) {
+	p := s.l.last()
+	p.survivors = []int{pid}
+	p.stuckFor = stuckFor
+	p.unkillable = unkillable
+	p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
+	synctest.Wait()
+}
+
+// loopTurnsEachSecond lets n seconds pass one by one and checks that the
+// machine's loop turned in each (during names what it waits for); each,
+// if set, checks more after the i-th second (from 0).
+func (s *scenario) loopTurnsEachSecond(n int, during string, each func(i int)) {
+	s.t.Helper()
+	for i := range n {
+		before := s.sup.LastTurn()
+		s.advance(time.Second)
+		if !s.sup.LastTurn().After(before) {
+			s.t.Fatalf("the loop stopped turning %d s into %s", i+1, during)
+		}
+		if each != nil {
+			each(i)
+		}
+	}
+}
+
 // A process of the old tree stuck in the kernel (as after a GPU fault) does
 // not die for 60 s: the loop keeps turning all the while (the heartbeat
 // behind WATCHDOG=1 and /livez), status says which pid and where it is
 // stuck, a stop request is taken, and the next start waits for the tree to
 // be gone.
 func TestMachineStuckLeftoverNeverBlocksTheLoop(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
-		p := s.l.last()
-		p.survivors = []int{4242}
-		p.stuckFor = 60 * time.Second
-		p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
-		synctest.Wait()
-		for i := range 58 {
-			before := s.sup.LastTurn()
-			s.advance(time.Second)
-			if !s.sup.LastTurn().After(before) {
-				t.Fatalf("the loop stopped turning %d s into the cleanup", i+1)
-			}
+	runReady(t, nil, func(t *testing.T, s *scenario) {
+		s.killedLeaving(4242, 60*time.Second, false)
+		s.loopTurnsEachSecond(58, "the cleanup", func(i int) {
 			st := s.sup.Status()
 			if i >= 2 && !strings.Contains(st.Reason, "pid 4242 does not die: state D in nvidia_wait_for_gpu") {
 				t.Fatalf("%d s in, status reason %q does not say what the cleanup waits for", i+1, st.Reason)
@@ -1685,15 +1636,11 @@ func TestMachineStuckLeftoverNeverBlocksTheLoop(t *testing.T) {
 			if st.State != StateStopping || s.l.n() != 1 || len(s.kinds(events.KindExited)) != 0 {
 				t.Fatalf("%d s in: state %s, %d launches, %d failures recorded before the tree was gone", i+1, st.State, s.l.n(), len(s.kinds(events.KindExited)))
 			}
-		}
+		})
 		s.advance(3 * time.Second)
-		if f := s.failure(1); f.Verdict.Cause != cause.CauseCrash {
-			t.Fatalf("failure %+v", f)
-		}
+		s.wantCause(1, cause.CauseCrash)
 		s.advance(s.cfg.Restart.InitialDelay.Duration)
-		if s.l.n() != 2 {
-			t.Fatalf("%d launches once the stuck process was gone; want the restart", s.l.n())
-		}
+		s.wantLaunches(2, "once the stuck process was gone; want the restart")
 		s.ready()
 		s.stop()
 	})
@@ -1702,16 +1649,8 @@ func TestMachineStuckLeftoverNeverBlocksTheLoop(t *testing.T) {
 // Survivors that never die are declared unkillable after the kill rounds;
 // a stop asked meanwhile waits for that and then stops.
 func TestMachineUnkillableLeftoverIsDeclaredAndStopWaits(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
-		p := s.l.last()
-		p.survivors = []int{4243}
-		p.stuckFor = 50 * time.Second
-		p.unkillable = true
-		p.end(exitInfo{Code: -1, Signal: "SIGKILL"})
-		synctest.Wait()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
+		s.killedLeaving(4243, 50*time.Second, true)
 		s.advance(5 * time.Second)
 		s.cancel()
 		s.advance(time.Second)
@@ -1719,12 +1658,8 @@ func TestMachineUnkillableLeftoverIsDeclaredAndStopWaits(t *testing.T) {
 			t.Fatalf("state %s while the cleanup runs; want stopping", s.state())
 		}
 		s.advance(50 * time.Second)
-		if code := s.exited(); code != exitcode.OK {
-			t.Fatalf("exit %d", code)
-		}
-		if s.l.n() != 1 {
-			t.Fatalf("%d launches; a stop asked during the cleanup must not start vLLM again", s.l.n())
-		}
+		s.wantExited(exitcode.OK, "the exit")
+		s.wantLaunches(1, "a stop asked during the cleanup must not start vLLM again")
 	})
 }
 
@@ -1732,28 +1667,17 @@ func TestMachineUnkillableLeftoverIsDeclaredAndStopWaits(t *testing.T) {
 // the loop keeps turning, the start waits for the answer, and a stop asked
 // meanwhile is taken at once.
 func TestMachineSlowNVMLNeverBlocksTheLoop(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
-		s.start()
-		s.ready()
+	runReady(t, nil, func(t *testing.T, s *scenario) {
 		s.gpu.mu.Lock()
 		s.gpu.slow = time.Minute
 		s.gpu.mu.Unlock()
 		s.l.last().end(exitInfo{Code: -1, Signal: "SIGKILL"})
 		synctest.Wait()
-		for i := range 50 {
-			before := s.sup.LastTurn()
-			s.advance(time.Second)
-			if !s.sup.LastTurn().After(before) {
-				t.Fatalf("the loop stopped turning %d s into a slow release read", i+1)
-			}
-		}
+		s.loopTurnsEachSecond(50, "a slow release read", nil)
 		if s.state() != StateWaitingGPU || s.l.n() != 1 {
 			t.Fatalf("state %s, %d launches during the slow release read", s.state(), s.l.n())
 		}
-		if code := s.stop(); code != exitcode.OK {
-			t.Fatalf("exit %d", code)
-		}
+		s.wantStopped(exitcode.OK, "the stop")
 		// The read in flight is an NVML call that cannot be cancelled: it
 		// ends in its own time, and its answer goes nowhere.
 		s.advance(time.Minute)
@@ -1776,10 +1700,7 @@ func TestMachineServerFinishedIsNotAHang(t *testing.T) {
 		return probeResult{Step: "health", Err: `Get "http://127.0.0.1:8000/health": dial tcp 127.0.0.1:8000: connect: connection refused`}
 	}
 	t.Run("the process exits within stop_timeout: its own cause", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			s := newScenario(t, live)
-			s.start()
-			s.ready()
+		runReady(t, live, func(t *testing.T, s *scenario) {
 			p := s.l.last()
 			p.print("ERROR 10-14 12:01:00 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.",
 				"stderr:INFO:     Shutting down", fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
@@ -1797,17 +1718,12 @@ func TestMachineServerFinishedIsNotAHang(t *testing.T) {
 		})
 	})
 	t.Run("the process does not exit: a hang after stop_timeout", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			s := newScenario(t, live)
-			s.start()
-			s.ready()
+		runReady(t, live, func(t *testing.T, s *scenario) {
 			p := s.l.last()
 			p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID))
 			s.pr.setHealth(refused)
 			s.advance(30 * time.Second)
-			if p.kills.Load() != 0 {
-				t.Fatal("killed before stop_timeout")
-			}
+			s.wantKills(p, 0, "killed before stop_timeout")
 			s.advance(2 * time.Second)
 			f := s.failure(1)
 			if f.Verdict.Cause != cause.CauseHang || !strings.Contains(f.Verdict.Summary, "did not exit within 30s") {
@@ -1817,10 +1733,7 @@ func TestMachineServerFinishedIsNotAHang(t *testing.T) {
 		})
 	})
 	t.Run("another process's line is not the server's", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			s := newScenario(t, live)
-			s.start()
-			s.ready()
+		runReady(t, live, func(t *testing.T, s *scenario) {
 			p := s.l.last()
 			p.print(fmt.Sprintf("stderr:INFO:     Finished server process [%d]", p.apiPID+1))
 			s.pr.setHealth(refused)
@@ -1837,11 +1750,9 @@ func TestMachineServerFinishedIsNotAHang(t *testing.T) {
 // several times between two of the monitor's readings (issue 31: one
 // sampler per source), and the same reading is not a new sample.
 func TestMachineCostModelCountsEachReadingOnce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.load = func() (float64, float64, bool) { return 4, 0, true }
-		s.start()
-		s.ready()
+		s.startReady()
 		for range 2 {
 			s.gpu.set(func(g *fakeGPU) { g.used, g.readAt = 40<<30, time.Now() })
 			s.advance(10 * s.cfg.GPU.SampleInterval.Duration)

@@ -4,7 +4,6 @@ import (
 	"reflect"
 	"sync"
 	"testing"
-	"testing/synctest"
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
@@ -17,8 +16,7 @@ import (
 // ready and the event is out meanwhile, and Run writes that state before
 // it returns.
 func TestMachineReadyDoesNotWaitForTheStateFile(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		release := make(chan struct{})
 		var mu sync.Mutex
 		var saved []policy.State
@@ -46,9 +44,7 @@ func TestMachineReadyDoesNotWaitForTheStateFile(t *testing.T) {
 			t.Fatalf("%d ready events while the state file is being written, want 1", n)
 		}
 		close(release)
-		if code := s.stop(); code != 0 {
-			t.Fatalf("exit %d", code)
-		}
+		s.wantStopped(0, "the stop")
 		mu.Lock()
 		defer mu.Unlock()
 		if len(saved) < 2 || !reflect.DeepEqual(saved[len(saved)-1], s.sup.pol.State()) {

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"testing/synctest"
 
 	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
@@ -16,8 +15,7 @@ import (
 // pipe without file descriptors) is a crash of the start, retried after a
 // backoff with the reason said, never a configuration error (exit 78).
 func TestMachineGuardsOwnStartFailureIsRetried(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newScenario(t, nil)
+	runScenario(t, nil, func(t *testing.T, s *scenario) {
 		s.l.fail = fmt.Errorf("start vLLM: report pipe: %w", &os.SyscallError{Syscall: "pipe2", Err: syscall.EMFILE})
 		s.start()
 		f := s.failure(1)
@@ -38,8 +36,6 @@ func TestMachineGuardsOwnStartFailureIsRetried(t *testing.T) {
 		if f2 := s.failure(2); f2.Verdict.Cause != cause.CauseCrash {
 			t.Fatalf("second attempt: %+v", f2.Verdict)
 		}
-		if code := s.stop(); code != 0 {
-			t.Fatalf("exit %d after a stop, want 0", code)
-		}
+		s.wantStopped(0, "the stop")
 	})
 }

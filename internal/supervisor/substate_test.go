@@ -592,27 +592,34 @@ func TestEverySubStateShowsAState(t *testing.T) {
 	}
 }
 
-// The public State is set in one place: enter, from the table. No other
-// code of the package assigns a status's State.
-func TestOnlyEnterSetsTheState(t *testing.T) {
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hf, err := filepath.Glob("heart/*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	files = append(files, hf...)
-	fset := token.NewFileSet()
-	for _, name := range files {
-		if strings.HasSuffix(name, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, name, nil, 0)
+// parseSources parses the non-test Go files of dirs.
+func parseSources(t *testing.T, fset *token.FileSet, dirs ...string) []*ast.File {
+	t.Helper()
+	var out []*ast.File
+	for _, dir := range dirs {
+		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil {
 			t.Fatal(err)
 		}
+		for _, name := range files {
+			if strings.HasSuffix(name, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(fset, name, nil, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// The public State is set in one place: enter, from the table. No other
+// code of the package assigns a status's State.
+func TestOnlyEnterSetsTheState(t *testing.T) {
+	fset := token.NewFileSet()
+	for _, f := range parseSources(t, fset, ".", "heart") {
 		for _, d := range f.Decls {
 			fn, ok := d.(*ast.FuncDecl)
 			if !ok || fn.Body == nil || fn.Name.Name == "Enter" {
@@ -634,17 +641,18 @@ func TestOnlyEnterSetsTheState(t *testing.T) {
 	}
 }
 
-// docs/design.md's table of sub-states says what the code says: every
-// sub-state, in order, with the public State it shows.
-func TestDesignTableIsTheCode(t *testing.T) {
+// designTable is the rows of docs/design.md's table whose header starts
+// with header (its separator row left out), as written.
+func designTable(t *testing.T, header string) []string {
+	t.Helper()
 	b, err := os.ReadFile("../../docs/design.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rows [][2]string
+	var rows []string
 	in := false
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "| sub-state | shows |") {
+		if strings.HasPrefix(l, header) {
 			in = true
 			continue
 		}
@@ -654,6 +662,16 @@ func TestDesignTableIsTheCode(t *testing.T) {
 		if !strings.HasPrefix(l, "|") {
 			break
 		}
+		rows = append(rows, l)
+	}
+	return rows
+}
+
+// docs/design.md's table of sub-states says what the code says: every
+// sub-state, in order, with the public State it shows.
+func TestDesignTableIsTheCode(t *testing.T) {
+	var rows [][2]string
+	for _, l := range designTable(t, "| sub-state | shows |") {
 		f := strings.Split(l, "|")
 		rows = append(rows, [2]string{strings.Trim(strings.TrimSpace(f[1]), "`"), strings.Trim(strings.TrimSpace(f[2]), "`")})
 	}
@@ -670,35 +688,22 @@ func TestDesignTableIsTheCode(t *testing.T) {
 // decision that needs more is two.
 func TestNoFunctionOver50Lines(t *testing.T) {
 	fset := token.NewFileSet()
-	for _, dir := range []string{".", "heart"} {
-		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, name := range files {
-			if strings.HasSuffix(name, "_test.go") {
-				continue
+	for _, f := range parseSources(t, fset, ".", "heart") {
+		ast.Inspect(f, func(n ast.Node) bool {
+			var body *ast.BlockStmt
+			switch fn := n.(type) {
+			case *ast.FuncDecl:
+				body = fn.Body
+			case *ast.FuncLit:
+				body = fn.Body
 			}
-			f, err := parser.ParseFile(fset, name, nil, 0)
-			if err != nil {
-				t.Fatal(err)
+			if body != nil {
+				if lines := fset.Position(body.End()).Line - fset.Position(n.Pos()).Line + 1; lines > 50 {
+					t.Errorf("%s: a function of %d lines (at most 50)", fset.Position(n.Pos()), lines)
+				}
 			}
-			ast.Inspect(f, func(n ast.Node) bool {
-				var body *ast.BlockStmt
-				switch fn := n.(type) {
-				case *ast.FuncDecl:
-					body = fn.Body
-				case *ast.FuncLit:
-					body = fn.Body
-				}
-				if body != nil {
-					if lines := fset.Position(body.End()).Line - fset.Position(n.Pos()).Line + 1; lines > 50 {
-						t.Errorf("%s: a function of %d lines (at most 50)", fset.Position(n.Pos()), lines)
-					}
-				}
-				return true
-			})
-		}
+			return true
+		})
 	}
 }
 
@@ -722,25 +727,7 @@ func TestOneDecisionTimerPerSubState(t *testing.T) {
 // docs/design.md's table of cells is the code's: every non-empty cell, in
 // the order of the sub-states and the events, with what it does.
 func TestDesignCellsAreTheCode(t *testing.T) {
-	b, err := os.ReadFile("../../docs/design.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc []string
-	in := false
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "| in | on | does |") {
-			in = true
-			continue
-		}
-		if !in || strings.HasPrefix(l, "|---") {
-			continue
-		}
-		if !strings.HasPrefix(l, "|") {
-			break
-		}
-		doc = append(doc, l)
-	}
+	doc := designTable(t, "| in | on | does |")
 	if want := cellRows(); !slices.Equal(doc, want) {
 		t.Errorf("docs/design.md's table of cells is not the code's (table.go); it should read:\n| in | on | does |\n|---|---|---|\n%s", strings.Join(want, "\n"))
 	}

@@ -280,27 +280,7 @@ func TestPortHeldAtTheFirstStartExits78AfterPortWait(t *testing.T) {
 // once the port is free.
 func TestPortTakenWhileARestartImportsIsWaitedOut(t *testing.T) {
 	t.Parallel()
-	s := quick(newScene(t))
-	portWait(s, "1s")
-	gate := filepath.Join(s.dir, "bind-gate")
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	s.env["FAKEVLLM_BIND_GATE"] = gate // while it is missing, vLLM "imports" and has not bound
-	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n"
-	s.start()
-	ready := s.WaitEvent("ready", 1, 60*time.Second, isReady)
-	if err := os.Remove(gate); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Kill(ready.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	s.WaitEvent("the restart (its port tried free)", 2, 30*time.Second, isStarting)
-	q := listenSquatter(t, "tcp4", "127.0.0.1:"+strconv.Itoa(s.port))
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	s, q := squatWhileARestartImports(t)
 	pid := strconv.Itoa(os.Getpid())
 	ex := s.WaitEvent("vLLM's death on the taken port", 2, 30*time.Second, isExited)
 	if d := ex.Failure.Decision; d.Action != "restart" || !strings.Contains(d.Reason, "held by pid "+pid) {
@@ -331,6 +311,27 @@ func TestPortTakenWhileARestartImportsIsWaitedOut(t *testing.T) {
 // stopped the service for good).
 func TestPortGrabbedOnlyWhileARestartBindsIsWaitedOut(t *testing.T) {
 	t.Parallel()
+	s, q := squatWhileARestartImports(t)
+	s.WaitLog("vLLM's bind refusal", 1, 30*time.Second, msgContains("[Errno 98]"))
+	q.close() // gone before the guard looks
+	ex := s.WaitEvent("vLLM's death on the port it could not bind", 2, 30*time.Second, isExited)
+	if d := ex.Failure.Decision; d.Action != "restart" {
+		t.Fatalf("the decision after the refused bind: %+v (cause %s)", d, ex.Failure.Verdict.Cause)
+	}
+	s.WaitEvent("ready again", 1, 60*time.Second, after(ex, isReady))
+	select {
+	case <-s.Exited():
+		t.Fatalf("the guard exited %d", s.Code())
+	default:
+	}
+	s.stopCleanly(30*time.Second, 10*time.Second)
+}
+
+// squatWhileARestartImports: a guard that was ready, its vLLM SIGKILLed,
+// and the restart's vLLM held in its "imports" (FAKEVLLM_BIND_GATE) until
+// a squatter holds its port; then vLLM binds, and fails.
+func squatWhileARestartImports(t *testing.T) (*scene, *squatter) {
+	t.Helper()
 	s := quick(newScene(t))
 	portWait(s, "1s")
 	gate := filepath.Join(s.dir, "bind-gate")
@@ -352,17 +353,5 @@ func TestPortGrabbedOnlyWhileARestartBindsIsWaitedOut(t *testing.T) {
 	if err := os.WriteFile(gate, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s.WaitLog("vLLM's bind refusal", 1, 30*time.Second, msgContains("[Errno 98]"))
-	q.close() // gone before the guard looks
-	ex := s.WaitEvent("vLLM's death on the port it could not bind", 2, 30*time.Second, isExited)
-	if d := ex.Failure.Decision; d.Action != "restart" {
-		t.Fatalf("the decision after the refused bind: %+v (cause %s)", d, ex.Failure.Verdict.Cause)
-	}
-	s.WaitEvent("ready again", 1, 60*time.Second, after(ex, isReady))
-	select {
-	case <-s.Exited():
-		t.Fatalf("the guard exited %d", s.Code())
-	default:
-	}
-	s.stopCleanly(30*time.Second, 10*time.Second)
+	return s, q
 }

@@ -17,18 +17,21 @@ func TestCompareTokens(t *testing.T) {
 		name, got         string
 		repeated, missing int
 		exact             bool
+		cut               bool
 	}{
-		{"the same", want, 0, 0, true},
-		{"cut after two", " the quick", 0, 3, false},
-		{"a token repeated at the cut", " the quick quick brown. fox", 1, 0, false},
-		{"a token lost at the cut", " the quick. fox", 0, 1, false},
-		{"a wrong token", " the quick lazy. fox", 1, 1, false},
-		{"two tokens again", " the quick brown. brown. fox", 2, 0, false},
-		{"a period again", " the quick brown.. fox", 1, 0, false},
-		{"nothing", "", 0, 5, false},
+		{"the same", want, 0, 0, true, false},
+		{"cut after two", " the quick", 0, 3, false, false},
+		{"a token repeated at the cut", " the quick quick brown. fox", 1, 0, false, false},
+		{"a token lost at the cut", " the quick. fox", 0, 1, false, false},
+		{"a wrong token", " the quick lazy. fox", 1, 1, false, false},
+		{"two tokens again", " the quick brown. brown. fox", 2, 0, false, false},
+		{"a period again", " the quick brown.. fox", 1, 0, false, false},
+		{"nothing", "", 0, 5, false, false},
+		{"cut mid-token: the piece is not counted", " the quick bro", 0, 3, false, true},
+		{"cut, then a wrong token before the piece", " the lazy bro", 1, 4, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := compareTokens(c.got, want)
+			r := compareTokens(c.got, want, c.cut)
 			if r.Repeated != c.repeated || r.Missing != c.missing || r.Exact != c.exact || r.Want != 5 {
 				t.Fatalf("compareTokens(%q) = %+v; want %d repeated, %d missing, exact %v of 5", c.got, r, c.repeated, c.missing, c.exact)
 			}

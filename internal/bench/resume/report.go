@@ -85,7 +85,7 @@ func judge(r record, ref oracle) verdict {
 		}
 		return v
 	}
-	c := compareTokens(r.text, ref.answers[r.req])
+	c := compareTokens(r.text, ref.answers[r.req], v.cut)
 	v.repeated = c.Repeated
 	if !v.cut {
 		v.missing = c.Missing

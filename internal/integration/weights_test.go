@@ -122,6 +122,23 @@ func TestWeightDaemonRestartSkipsTheWeightLoad(t *testing.T) {
 		t.Fatal("the daemon was killed as a survivor of the old vLLM")
 	}
 
+	// Status names the daemon, and its processes as the guard's own.
+	d := statusDoc(t, s)
+	if d.Weights == nil || d.Weights.State != "serving" || !slices.Contains(d.Weights.PIDs, daemon) || d.Weights.Starts != 1 {
+		t.Fatalf("status's weight_cache: %+v; want the daemon serving, its rank %d among its pids, started once", d.Weights, daemon)
+	}
+	var role string
+	for _, dev := range d.GPU.Devices {
+		for _, p := range dev.Processes {
+			if p.PID == daemon {
+				role = p.Role
+			}
+		}
+	}
+	if role != "weight cache daemon" {
+		t.Fatalf("status's GPU processes name the daemon's rank %d as %q", daemon, role)
+	}
+
 	// The daemon dies: it starts again, loads again, and vLLM restarts
 	// after it (an engine started without it would read the disk).
 	syscall.Kill(daemon, syscall.SIGKILL)
@@ -151,4 +168,25 @@ func TestWeightDaemonRestartSkipsTheWeightLoad(t *testing.T) {
 	if supStopped < 0 || daemonStopped < supStopped {
 		t.Fatalf("vLLM's supervision ended at log line %d, the daemon stopped at %d: want the daemon last", supStopped, daemonStopped)
 	}
+}
+
+// [weights] cache = "daemon" with a command that loads from the disk: the
+// guard adds --load-format ipc_cache to vLLM's command and runs the
+// daemon, so the first start already maps its weights.
+func TestWeightDaemonKeyAddsTheLoadFormat(t *testing.T) {
+	t.Parallel()
+	s, _ := weightScene(t)
+	s.command = fmt.Sprintf("[%q, \"serve\", \"test-model\"]", bins.fakevllm)
+	s.extra += "\n[weights]\ncache = \"daemon\"\n"
+	s.start()
+	start := s.WaitEvent("the launch", 1, 60*time.Second, isStarting)
+	if !slices.Contains(start.Argv, "ipc_cache") {
+		t.Fatalf("vLLM's command %q lacks --load-format ipc_cache", start.Argv)
+	}
+	s.WaitEvent("ready", 1, 60*time.Second, isReady)
+	s.WaitLog("vLLM maps the daemon's weights", 1, time.Second, vllmLine("Mapped 291 tensors from the weight cache daemon"))
+	if n := s.CountLogs(vllmLine("Loading safetensors checkpoint shards")); n != 0 {
+		t.Fatalf("vLLM read %d shard states from the disk", n)
+	}
+	s.stopCleanly(30*time.Second, 10*time.Second)
 }

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -188,5 +189,27 @@ func TestWeightDaemonKeyAddsTheLoadFormat(t *testing.T) {
 	if n := s.CountLogs(vllmLine("Loading safetensors checkpoint shards")); n != 0 {
 		t.Fatalf("vLLM read %d shard states from the disk", n)
 	}
+	s.stopCleanly(30*time.Second, 10*time.Second)
+}
+
+// A daemon that cannot start (its /health port is taken) is tried three
+// times; then vLLM starts without it (vLLM's fallback: the disk) rather
+// than not at all.
+func TestWeightDaemonThatCannotStartLeavesVLLMServing(t *testing.T) {
+	t.Parallel()
+	s, _ := weightScene(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	s.extra += fmt.Sprintf("\n[weights]\nhealth_port = %d\n", ln.Addr().(*net.TCPAddr).Port)
+	s.start()
+	s.WaitEvent("ready without the daemon", 1, 60*time.Second, isReady)
+	if n := s.CountLogs(msg("the weight cache daemon exited before it served: starting it again")); n != 2 {
+		t.Fatalf("%d retries of the daemon, want 2 (three starts)", n)
+	}
+	s.WaitLog("the give-up", 1, time.Second, msgContains("the weight cache daemon does not start: vLLM starts without it"))
+	s.WaitLog("vLLM falls back to the disk", 1, time.Second, vllmLine("falling back to disk loading"))
 	s.stopCleanly(30*time.Second, 10*time.Second)
 }

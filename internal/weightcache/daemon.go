@@ -42,7 +42,11 @@ const (
 	servePoll    = time.Second
 	healthMisses = 2
 	retryFirst   = time.Second
-	retryMax     = 30 * time.Second
+	retryMax     = 30 * time.Second // (never reached with startTries 3)
+	// startTries: the starts one launch of vLLM waits for; after as many
+	// failures vLLM starts without the daemon (it reads the disk, vLLM's
+	// fallback) and the next launch tries the daemon again.
+	startTries = 3
 )
 
 // errStopped: the guard stopped the daemon; it starts no more.
@@ -84,12 +88,14 @@ func New(opts Options) *Daemon {
 
 // Ready starts the daemon if none is running and returns once it serves
 // (its /health answers 200), or when ctx ends. A daemon that exits before
-// it serves is started again, the waits between tries doubling from 1 s
-// to 30 s, each failure logged with its last lines.
+// it serves is started again, 1 s later, then 2 s, each failure logged
+// with its last lines; after startTries failures Ready gives up for this
+// launch (an error that says so): vLLM starts without the daemon and reads
+// the disk, rather than not serving at all.
 func (d *Daemon) Ready(ctx context.Context) error {
 	delay := retryFirst
 	waiting := false
-	for {
+	for try := 1; ; try++ {
 		r, err := d.running()
 		if err != nil {
 			return err
@@ -107,6 +113,11 @@ func (d *Daemon) Ready(ctx context.Context) error {
 		case <-r.doneC:
 		case <-ctx.Done():
 			return ctx.Err()
+		}
+		if try >= startTries {
+			d.opts.Log.Error("the weight cache daemon does not start: vLLM starts without it and reads its weights from the disk; the next start of vLLM tries the daemon again",
+				zap.String("exit", r.why), zap.Int("tries", try), zap.Strings("last_lines", r.out.last()))
+			return fmt.Errorf("the weight cache daemon exited %d times before it served (last: %s)", try, r.why)
 		}
 		d.opts.Log.Error("the weight cache daemon exited before it served: starting it again",
 			zap.String("exit", r.why), zap.Duration("in", delay), zap.Strings("last_lines", r.out.last()))

@@ -37,19 +37,18 @@ const weightRole = "weight cache daemon"
 // added to vLLM's extra arguments (returned with the command line re-read).
 // A command the daemon's cannot be derived from is the operator's to fix.
 func newWeightCache(cfg *config.Config, extra []string, args *vllmargs.Args, log *zap.Logger) (*weightCache, []string, *vllmargs.Args, error) {
-	if !weightcache.Wanted(cfg.Weights.Cache, args) {
+	argv, add, err := weightcache.Command(cfg.Weights.Cache, args)
+	if err != nil {
+		return nil, nil, nil, &config.Error{File: cfg.Path, Key: "[weights] cache", Msg: err.Error(), Err: err}
+	}
+	if argv == nil {
 		return nil, extra, args, nil
 	}
-	if add := weightcache.EngineArgs(cfg.Weights.Cache, args); len(add) > 0 {
+	if len(add) > 0 {
 		extra = append(append([]string(nil), extra...), add...)
-		var err error
 		if args, err = cfg.VLLMArgs(extra); err != nil {
 			return nil, nil, nil, err
 		}
-	}
-	argv, err := weightcache.PreloadArgv(args)
-	if err != nil {
-		return nil, nil, nil, &config.Error{File: cfg.Path, Key: "[weights] cache", Msg: err.Error(), Err: err}
 	}
 	exe, err := os.Executable()
 	if err != nil {

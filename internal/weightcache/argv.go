@@ -46,6 +46,20 @@ func EngineArgs(cache string, a *vllmargs.Args) []string {
 	return nil
 }
 
+// Command is what the guard runs for [weights] cache over vLLM's command
+// line a: the daemon's command without its health flags (nil: no daemon)
+// and the arguments added to vLLM's (EngineArgs).
+func Command(cache string, a *vllmargs.Args) (preload, add []string, err error) {
+	if !Wanted(cache, a) {
+		return nil, nil, nil
+	}
+	preload, err = PreloadArgv(a) // --load-format is not the daemon's: adding it changes nothing here
+	if err != nil {
+		return nil, nil, err
+	}
+	return preload, EngineArgs(cache, a), nil
+}
+
 // weightFlags are vLLM's engine flags that decide which weights a rank
 // holds (the daemon's fingerprint, WeightCacheKey: the checkpoint, its
 // revision, the parallel sizes, dtype, quantization, the draft model) or

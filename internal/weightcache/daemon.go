@@ -36,13 +36,12 @@ type Options struct {
 
 // Timing of the watch: how often /health is asked while the daemon starts
 // and once it serves, how many answers in a row other than 200 mean it
-// lost a rank, the first and the longest wait between failed starts.
+// lost a rank, the first wait between failed starts (doubling).
 const (
 	startPoll    = 100 * time.Millisecond
 	servePoll    = time.Second
 	healthMisses = 2
 	retryFirst   = time.Second
-	retryMax     = 30 * time.Second // (never reached with startTries 3)
 	// startTries: the starts one launch of vLLM waits for; after as many
 	// failures vLLM starts without the daemon (it reads the disk, vLLM's
 	// fallback) and the next launch tries the daemon again.
@@ -126,7 +125,7 @@ func (d *Daemon) Ready(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		delay = min(2*delay, retryMax)
+		delay *= 2
 	}
 }
 

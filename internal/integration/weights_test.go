@@ -33,7 +33,7 @@ func weightScene(t *testing.T) (*scene, string) {
 	t.Cleanup(func() { os.RemoveAll(tmp) })
 	cache := s.env["XDG_CACHE_HOME"] // the guard's cache folder, as its units set it
 	s.env["TMPDIR"] = tmp
-	s.env["FAKEVLLM_ERA"] = "v1"    // vLLM 0.32.0's lines: the startup plan's
+	s.env["FAKEVLLM_ERA"] = "v1" // vLLM 0.32.0's lines: the startup plan's
 	s.command = fmt.Sprintf("[%q, \"serve\", \"test-model\", \"--load-format\", \"ipc_cache\"]", bins.fakevllm)
 	s.extra = "\n[restart]\ninitial_delay = \"50ms\"\n[gpu]\nsample_interval = \"100ms\"\nrelease_timeout = \"1s\"\n"
 	return s, cache

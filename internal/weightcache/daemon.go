@@ -65,6 +65,10 @@ type Daemon struct {
 
 // run is one start of the daemon, from its launch to its tree's end.
 type run struct {
+	// treeMu: the tree's record of what it has seen is written by a
+	// re-read (Refresh) and read by its signals (Stop, KillLeftovers):
+	// one at a time (internal/proctree).
+	treeMu  sync.Mutex
 	child   *proctree.Child
 	port    int
 	started time.Time
@@ -187,7 +191,7 @@ func (d *Daemon) watch(r *run) {
 			continue
 		case <-tick.C:
 		}
-		r.child.Refresh()
+		r.refresh()
 		ok := d.healthy(r.port)
 		switch {
 		case ok && !isClosed(r.readyC):
@@ -205,7 +209,9 @@ func (d *Daemon) watch(r *run) {
 		}
 	}
 	<-r.child.Done()
+	r.treeMu.Lock()
 	r.child.KillLeftovers()
+	r.treeMu.Unlock()
 	r.why = r.child.Exit().String()
 	if misses >= healthMisses {
 		r.why = "its /health stopped answering 200 (a rank died); " + r.why
@@ -219,6 +225,13 @@ func (d *Daemon) watch(r *run) {
 		d.opts.Log.Error("the weight cache daemon died", zap.String("exit", r.why), zap.Strings("last_lines", r.out.last()))
 		d.opts.OnDeath(r.why)
 	}
+}
+
+// refresh re-reads the run's tree (its record of every process seen).
+func (r *run) refresh() {
+	r.treeMu.Lock()
+	defer r.treeMu.Unlock()
+	r.child.Refresh()
 }
 
 // healthy asks the daemon's /health once.
@@ -255,7 +268,9 @@ func (d *Daemon) Stop() {
 	if r == nil {
 		return
 	}
+	r.treeMu.Lock()
 	r.child.Stop()
+	r.treeMu.Unlock()
 	t := time.NewTimer(d.opts.StopTimeout)
 	defer t.Stop()
 	select {

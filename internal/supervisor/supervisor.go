@@ -135,8 +135,7 @@ type Supervisor struct {
 	inFlight func() int                                   // Options.InFlight
 	args     *vllmargs.Args
 	conns    *ownconns.Set
-	before   func(ctx context.Context) error // Options.BeforeLaunch
-	tasks    atomic.Pointer[[]string]        // vLLM's Supported tasks, from this run's log before ready
+	tasks    atomic.Pointer[[]string] // vLLM's Supported tasks, from this run's log before ready
 
 	// The machine's ports: real processes and HTTP unless a test sets them.
 	launcher launcher
@@ -165,6 +164,8 @@ type Supervisor struct {
 	pendingReload atomic.Bool // a reloaded config waits for vLLM's next start
 
 	writer *policyWriter // saves the policy's state while Run runs (Run's goroutine only)
+
+	before func(ctx context.Context) error // Options.BeforeLaunch
 }
 
 // New makes a supervisor; it starts nothing.

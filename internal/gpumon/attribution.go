@@ -96,7 +96,7 @@ func (m *Monitor) reattribute(procs [][]Proc, ours map[int]bool) {
 	unknown := false
 	for _, ps := range procs {
 		for _, p := range ps {
-			unknown = unknown || (!p.Ours && pidVisible(p.PID))
+			unknown = unknown || (!p.Ours && p.Role == "" && pidVisible(p.PID))
 		}
 	}
 	if !unknown {

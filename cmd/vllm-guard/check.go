@@ -42,6 +42,11 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%v\n", err)
 		return exitcode.Config
 	}
+	preload, extra, err := checkWeights(cfg, vargs, fs.Args())
+	if err != nil {
+		fmt.Fprintf(stderr, "%v\n", err)
+		return exitcode.Config
+	}
 	fmt.Fprintf(stdout, "# %s: OK\n", path)
 	for _, w := range instanceWarnings(instance, cfg) {
 		fmt.Fprintf(stdout, "warning: %s\n", w)
@@ -51,7 +56,8 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "vllm-guard: %v\n", err)
 		return exitcode.Failed
 	}
-	writeVLLM(stdout, cfg, vargs, fs.Args())
+	writeVLLM(stdout, cfg, vargs, extra)
+	writeWeights(stdout, vargs, preload)
 	rungs := policy.LadderKV(cfg.Policy().Profile, vargs.KVCacheMemoryBytes)
 	fmt.Fprintf(stdout, "\n# degrade ladder: each OOM steps one rung down\n")
 	if vargs.KVCacheMemoryBytes > 0 {

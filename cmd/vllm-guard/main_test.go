@@ -326,3 +326,25 @@ state_dir = "`+dir+`/state"
 		t.Logf("check's output:\n%s%s", out, errs)
 	}
 }
+
+// check shows the weight cache daemon's command as `run` derives it
+// (secrets masked), vLLM's with --load-format ipc_cache added for cache =
+// "daemon"; a vLLM command the daemon's cannot be derived from is exit 78.
+func TestCheckShowsTheWeightCacheDaemon(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "g.toml")
+	os.WriteFile(cfg, []byte("[vllm]\ncommand = [\"vllm\", \"serve\", \"m\", \"-tp\", \"2\", \"--hf-token\", \"hf-daemon-secret-0007\"]\n"+
+		"[control]\nstate_dir = \""+dir+"/state\"\n[weights]\ncache = \"daemon\"\n"), 0o600)
+	code, out, errs := call("check", "--config", cfg)
+	if code != 0 {
+		t.Fatalf("check: exit %d\n%s\n%s", code, out, errs)
+	}
+	if !strings.Contains(out, "vllm preload --model m --tensor-parallel-size 2 --hf-token ***") ||
+		!strings.Contains(out, "--load-format ipc_cache --max-num-seqs") || strings.Contains(out+errs, "hf-daemon-secret-0007") {
+		t.Errorf("check with [weights] cache = \"daemon\":\n%s", out)
+	}
+	os.WriteFile(cfg, []byte("[vllm]\ncommand = [\"./start.sh\", \"m\"]\n[control]\nstate_dir = \""+dir+"/state\"\n[weights]\ncache = \"daemon\"\n"), 0o600)
+	if code, out, errs := call("check", "--config", cfg); code != 78 || !strings.Contains(errs, "[weights] cache: cannot tell how to run `vllm preload`") {
+		t.Errorf("an underivable command: exit %d\n%s\n%s", code, out, errs)
+	}
+}

@@ -25,6 +25,7 @@ type Config struct {
 	Alerts    Alerts    `toml:"alerts"`
 	Proxy     Proxy     `toml:"proxy"`
 	Log       Log       `toml:"log"`
+	Weights   Weights   `toml:"weights"`
 
 	// Path is the file the config was read from ("" for defaults only).
 	Path string `toml:"-"`
@@ -195,6 +196,19 @@ func TrustedPrefixes(list []string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
+// Weights is the weight cache daemon (`vllm preload`): it holds vLLM's
+// weights on the GPU so that a restarted vLLM maps them instead of reading
+// the disk (internal/weightcache).
+type Weights struct {
+	// Cache: "auto" runs the daemon when vLLM's command has --load-format
+	// ipc_cache; "daemon" runs it and adds that flag; "off" never runs one
+	// (the operator runs their own, or none).
+	Cache string `toml:"cache"`
+	// HealthPort is the daemon's /health port on 127.0.0.1; 0: a free port
+	// chosen at each start of the daemon.
+	HealthPort int `toml:"health_port"`
+}
+
 type Log struct {
 	Level      string `toml:"level"`  // debug | info | warn | error
 	Format     string `toml:"format"` // auto | json | console
@@ -282,6 +296,7 @@ func Default() *Config {
 			HoldTimeout:             d("0s"),
 			ResumeLimit:             2,
 		},
-		Log: Log{Level: "info", Format: "auto", ChildLines: 200},
+		Log:     Log{Level: "info", Format: "auto", ChildLines: 200},
+		Weights: Weights{Cache: "auto"},
 	}
 }

@@ -326,6 +326,8 @@ func (c *checker) validate(cfg *Config) {
 		c.add(k("proxy", "resume_limit"), "%d is out of range; allowed: 1 to %d (a request in flight at this many deaths of vLLM is not sent again, such as 2)", px.ResumeLimit, MaxResumeLimit)
 	}
 
+	c.validateWeights(cfg)
+
 	lg := cfg.Log
 	switch lg.Level {
 	case "debug", "info", "warn", "error":
@@ -351,5 +353,21 @@ func (c *checker) listenAddr(p []string, addr, example string) {
 	n, perr := strconv.Atoi(port)
 	if err != nil || perr != nil || n < 0 || n > 65535 {
 		c.add(p, "%s is not host:port; write one such as %s, or \"\" to disable", tomlQuote(addr), tomlQuote(example))
+	}
+}
+
+// validateWeights checks [weights]: the weight cache daemon.
+func (c *checker) validateWeights(cfg *Config) {
+	w := cfg.Weights
+	switch w.Cache {
+	case "auto", "daemon", "off":
+	default:
+		c.add(k("weights", "cache"), "%s is not a choice; allowed: \"auto\" (the weight cache daemon when vLLM's command has --load-format ipc_cache), \"daemon\" (always, adding that flag) or \"off\"", tomlQuote(w.Cache))
+	}
+	if w.HealthPort < 0 || w.HealthPort > 65535 {
+		c.add(k("weights", "health_port"), "%d is out of range; allowed: 0 (a free port at each start of the daemon) or 1 to 65535", w.HealthPort)
+	} else if w.HealthPort != 0 && w.HealthPort == cfg.VLLM.Port {
+		p := c.at(k("weights", "health_port"), k("vllm", "port"))
+		c.add(p, "%d is vLLM's port too; give the weight cache daemon's /health another port, or 0 for a free one", w.HealthPort)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/state"
 	"github.com/vllm-guard/vllm-guard/internal/status"
 	"github.com/vllm-guard/vllm-guard/internal/vllmstats"
+	"github.com/vllm-guard/vllm-guard/internal/weightcache"
 )
 
 // Doc is the status document: JSON of GET /status (socket and HTTP) and of
@@ -38,6 +39,9 @@ type Doc struct {
 	// Saved says whether the guard's state (rung, counters) is on disk as
 	// the guard holds it; nil from a guard that does not say.
 	Saved *SavedState `json:"saved_state,omitempty"`
+	// Weights is the weight cache daemon ([weights]); nil when the guard
+	// runs none. Its processes are named in GPU as the guard's own.
+	Weights *weightcache.Status `json:"weight_cache,omitempty"`
 	// Note is set on the summary the TCP /status serves (SummaryNote).
 	Note string `json:"note,omitempty"`
 }

@@ -31,9 +31,37 @@ func (m *Monitor) treePids() map[int]bool {
 	return set
 }
 
+// SetOwn gives the function that lists the PIDs of the guard's own
+// other holders of GPU memory, outside vLLM's tree (the weight cache
+// daemon's), and what they are (role): their memory is held by design for
+// vLLM. CheckFree counts it in vLLM's budget, as vLLM's own start check
+// does for an ipc_cache engine, and never names it as a holder; the
+// snapshot names it by role.
+func (m *Monitor) SetOwn(role string, pids func() []int) {
+	m.mu.Lock()
+	m.own, m.ownRole = pids, role
+	m.mu.Unlock()
+}
+
+// ownPids calls SetOwn's function outside any lock.
+func (m *Monitor) ownPids() (map[int]bool, string) {
+	m.mu.Lock()
+	f, role := m.own, m.ownRole
+	m.mu.Unlock()
+	if f == nil {
+		return nil, ""
+	}
+	set := map[int]bool{}
+	for _, p := range f() {
+		set[p] = true
+	}
+	return set, role
+}
+
 // procsOf builds the process lists, with command lines cached per pid
 // (callMu held).
 func (m *Monitor) procsOf(devs []deviceInfo, rs []reading, ours map[int]bool) [][]Proc {
+	own, role := m.ownPids()
 	out := make([][]Proc, len(rs))
 	seen := map[int]bool{}
 	for i, r := range rs {
@@ -44,7 +72,11 @@ func (m *Monitor) procsOf(devs []deviceInfo, rs []reading, ours map[int]bool) []
 				m.cmdCache[p.pid] = cmd
 			}
 			seen[p.pid] = true
-			out[i] = append(out[i], Proc{PID: p.pid, Device: devs[i].Index, Used: p.used, Command: cmd, Ours: ours[p.pid]})
+			pr := Proc{PID: p.pid, Device: devs[i].Index, Used: p.used, Command: cmd, Ours: ours[p.pid]}
+			if own[p.pid] && !pr.Ours {
+				pr.Role = role
+			}
+			out[i] = append(out[i], pr)
 		}
 		slices.SortFunc(out[i], func(a, b Proc) int { return cmp.Or(cmp.Compare(b.Used, a.Used), cmp.Compare(a.PID, b.PID)) })
 	}
@@ -64,7 +96,7 @@ func (m *Monitor) reattribute(procs [][]Proc, ours map[int]bool) {
 	unknown := false
 	for _, ps := range procs {
 		for _, p := range ps {
-			unknown = unknown || (!p.Ours && pidVisible(p.PID))
+			unknown = unknown || (!p.Ours && p.Role == "" && pidVisible(p.PID))
 		}
 	}
 	if !unknown {

@@ -103,6 +103,8 @@ type Monitor struct {
 	noProcs     bool
 	hist        []sample
 	tree        func() []int
+	own         func() []int // the guard's own other holders (the weight cache daemon): SetOwn
+	ownRole     string
 	pidWorks    bool // a tree pid was seen in NVML's lists: pid attribution works here
 	attribution string
 	loading     bool

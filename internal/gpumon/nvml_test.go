@@ -692,3 +692,46 @@ func BenchmarkSample8x16(b *testing.B) {
 		m.tick()
 	}
 }
+
+// The guard's own holder outside vLLM's tree (the weight cache daemon,
+// SetOwn) holds vLLM's weights: the check before a start counts them in
+// vLLM's budget and never names the daemon as a holder; a stranger's
+// memory still blocks; the snapshot names the daemon by its role.
+func TestOwnHolderCountsInTheBudget(t *testing.T) {
+	f := newFake(t, twoGPUs)
+	daemon, stranger := sleeper(t), sleeper(t)
+	f.hold(daemon.Process.Pid, 0, 20*GiB)
+	m := New(f.nvml(), Options{SampleInterval: 20 * time.Millisecond, Devices: []string{"0"}}, nil)
+	mustOpen(t, m)
+	need := uint64(0.85 * float64(h100Total))
+	// Without SetOwn the daemon's 20 GiB read as another process's.
+	if fc := m.CheckFree(0.85, 0); fc.OK || len(fc.Holders) != 1 || fc.Holders[0].PID != daemon.Process.Pid {
+		t.Fatalf("the daemon unknown: %+v; want it to block, named", fc)
+	}
+	m.SetOwn("weight cache daemon", func() []int { return []int{daemon.Process.Pid} })
+	fc := m.CheckFree(0.85, 0)
+	if !fc.OK || fc.Devices[0].Needed != need-20*GiB || fc.Devices[0].Own != 20*GiB || len(fc.Holders) != 0 {
+		t.Fatalf("the daemon known: %+v; want its 20 GiB counted in vLLM's budget", fc)
+	}
+	f.hold(stranger.Process.Pid, 0, 30*GiB)
+	fc = m.CheckFree(0.85, 0)
+	if fc.OK || len(fc.Holders) != 1 || fc.Holders[0].PID != stranger.Process.Pid ||
+		!strings.Contains(fc.Message, "less the weight cache daemon's 20.00 GiB") {
+		t.Fatalf("a stranger's 30 GiB too: %+v; want it to block, the stranger alone named", fc)
+	}
+	m.tick()
+	var roles []string
+	for _, p := range m.Snapshot().Devices[0].Processes {
+		if p.PID == daemon.Process.Pid {
+			roles = append(roles, p.Role)
+		}
+	}
+	if !slices.Equal(roles, []string{"weight cache daemon"}) {
+		t.Fatalf("the snapshot names the daemon as %q", roles)
+	}
+	var b strings.Builder
+	WriteTable(&b, m.Snapshot())
+	if !strings.Contains(b.String(), "[vllm-guard weight cache daemon]") {
+		t.Fatalf("gpus table:\n%s", b.String())
+	}
+}

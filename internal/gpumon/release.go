@@ -23,15 +23,20 @@ func (m *Monitor) CheckFree(utilization float64, kvBytes uint64) FreeCheck {
 	var short []string
 	for i, r := range rs {
 		need := uint64(utilization * float64(r.total))
-		df := DeviceFree{Index: devs[i].Index, UUID: devs[i].UUID, Free: r.free, Needed: need, Total: r.total, OK: r.free >= need}
+		others, own := splitOwn(procs[i])
+		// The guard's own holder (the weight cache daemon) holds vLLM's
+		// weights: they count in vLLM's budget (vLLM's own check asks for
+		// utilization × total less them), never against it.
+		need -= min(need, own)
+		df := DeviceFree{Index: devs[i].Index, UUID: devs[i].UUID, Free: r.free, Needed: need, Total: r.total, OK: r.free >= need, Own: own}
 		fc.Devices = append(fc.Devices, df)
 		if df.OK {
 			continue
 		}
 		fc.OK = false
-		fc.Holders = append(fc.Holders, procs[i]...)
-		short = append(short, fmt.Sprintf("GPU %d: %s free of %s, %s needed (%s); held by %s",
-			df.Index, gibU(df.Free), gibU(df.Total), gibU(df.Needed), needFor(utilization, kvBytes), describe(procs[i])))
+		fc.Holders = append(fc.Holders, others...)
+		short = append(short, fmt.Sprintf("GPU %d: %s free of %s, %s needed (%s%s); held by %s",
+			df.Index, gibU(df.Free), gibU(df.Total), gibU(df.Needed), needFor(utilization, kvBytes), ownText(procs[i], own), describe(others)))
 	}
 	if fc.OK {
 		fc.Message = "enough free GPU memory for " + needFor(utilization, kvBytes)
@@ -96,7 +101,8 @@ func (m *Monitor) releaseCheck(pids map[int]bool, baseline []uint64) (Release, b
 		limit := baseline[i] + uint64(releaseMargin*float64(r.total))
 		if r.used > limit {
 			bytes += r.used - baseline[i]
-			held = append(held, procs[i]...)
+			others, _ := splitOwn(procs[i]) // the guard's own holder is no survivor
+			held = append(held, others...)
 			over = append(over, fmt.Sprintf("GPU %d at %s, %s before launch (listed: %s)",
 				devs[i].Index, gibU(r.used), gibU(baseline[i]), describe(procs[i])))
 		}
@@ -105,6 +111,34 @@ func (m *Monitor) releaseCheck(pids map[int]bool, baseline []uint64) (Release, b
 		return Release{Method: "device totals", Held: held, HeldBytes: bytes, Message: strings.Join(over, "; ")}, false
 	}
 	return Release{Released: true, Method: "device totals", Message: "GPU memory back to its level before launch"}, true
+}
+
+// splitOwn parts a device's holders into the others and the bytes of the
+// guard's own holders outside vLLM's tree (SetOwn).
+func splitOwn(ps []Proc) (others []Proc, own uint64) {
+	for _, p := range ps {
+		if p.Role != "" {
+			own += p.Used
+			continue
+		}
+		others = append(others, p)
+	}
+	return others, own
+}
+
+// ownText says what of the budget the guard's own holders already hold.
+func ownText(ps []Proc, own uint64) string {
+	if own == 0 {
+		return ""
+	}
+	var role string
+	for _, p := range ps {
+		if p.Role != "" {
+			role = p.Role
+			break
+		}
+	}
+	return fmt.Sprintf(", less the %s's %s, vLLM's own weights", role, gibU(own))
 }
 
 func needFor(utilization float64, kvBytes uint64) string {

@@ -50,6 +50,10 @@ type Proc struct {
 	Used    uint64 `json:"used_bytes"`
 	Command string `json:"command,omitempty"` // "" when not visible from here
 	Ours    bool   `json:"ours"`              // part of the supervised tree
+	// Role names a holder that is the guard's own but not vLLM's tree (the
+	// weight cache daemon): memory held by design, never an orphan's nor
+	// another process's.
+	Role string `json:"role,omitempty"`
 }
 
 // Alert is one alert event: raised (Active) or cleared.
@@ -89,6 +93,9 @@ type DeviceFree struct {
 	Needed uint64 `json:"needed_bytes"`
 	Total  uint64 `json:"total_bytes"`
 	OK     bool   `json:"ok"`
+	// Own is what the guard's own holder outside vLLM's tree (the weight
+	// cache daemon) holds here, counted in vLLM's budget: Needed is less it.
+	Own uint64 `json:"own_bytes,omitempty"`
 }
 
 // Snapshot returns the current state.

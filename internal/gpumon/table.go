@@ -39,6 +39,8 @@ func WriteTable(w io.Writer, s Snapshot) error {
 		cmd := orDefault(p.Command, "(not visible here)")
 		if p.Ours {
 			cmd += "  [vllm-guard child]"
+		} else if p.Role != "" {
+			cmd += "  [vllm-guard " + p.Role + "]"
 		}
 		fmt.Fprintf(tw, "%d\t%d\t%.1f\t%s\n", p.Device, p.PID, float64(p.Used)/(1<<30), cmd)
 	}

@@ -22,6 +22,7 @@ func (g *Guard) Doc() control.Doc {
 		Alerts: control.AlertsInForce(g.alert.InForce())}
 	d.LastIncident = g.inc.Last()
 	d.Saved = g.savedDoc()
+	d.Weights = g.wc.status()
 	if g.proxy != nil {
 		st := g.proxy.Stats()
 		d.Proxy = &st

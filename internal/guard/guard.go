@@ -59,6 +59,7 @@ type Guard struct {
 	inc   *incident.Recorder
 	jsonl *events.JSONLines // --events, nil when not asked for
 	saved savedState        // whether the state reaches state_dir
+	wc    *weightCache      // the weight cache daemon (weights.go); nil: none
 }
 
 // savedState is whether the guard's state reaches state_dir, for status,
@@ -77,10 +78,14 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 	if err != nil {
 		return nil, err
 	}
+	wc, extra, args, err := newWeightCache(cfg, extra, args, log)
+	if err != nil {
+		return nil, err
+	}
 	conns := ownconns.New() // the guard's own connections to vLLM: their access lines are dropped
 	g := &Guard{cfg: cfg, log: log, sd: notify.New(log.Named("systemd")),
 		alert: alerts.New(cfg.Alerts, log.Named("alerts")), bus: events.NewBus(),
-		stats: vllmstats.NewScraper(cfg.GPU.SampleInterval.Duration, log.Named("vllm-metrics")), extra: extra}
+		stats: vllmstats.NewScraper(cfg.GPU.SampleInterval.Duration, log.Named("vllm-metrics")), extra: extra, wc: wc}
 	if len(args.APIKeys) > 0 {
 		g.stats.SetAPIKey(args.APIKeys[0])
 	}
@@ -149,11 +154,14 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		InFlight:  inFlight,
 		Args:      args,
 		Conns:     conns,
+
+		BeforeLaunch: wc.beforeLaunch(),
 	})
 	if err != nil {
 		return nil, err
 	}
 	g.sup = sup
+	wc.wire(g)
 	// The scraper reaches vLLM only, like the probes: its key goes to no
 	// other listener on the port.
 	g.stats.Dial(sup.DialVLLM(&net.Dialer{Timeout: 5 * time.Second}))
@@ -252,6 +260,7 @@ func (g *Guard) Run(ctx context.Context) int {
 	}
 
 	code := g.sup.Run(ctx)
+	g.wc.stop() // after vLLM: its weights outlive every run
 	if g.proxy != nil {
 		// The deaths' accounts still open go to their records before
 		// these close, with the requests still going as pending.

@@ -81,6 +81,8 @@ func newScene(t testing.TB) *scene {
 	s := &scene{t: t, dir: dir, port: testkit.FreePort(t), gpuDir: filepath.Join(dir, "gpu"),
 		testID: fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "_"), time.Now().UnixNano()),
 		env:    map[string]string{"FAKEVLLM_ERA": "v1-ansi"}, logLevel: "debug"}
+	// vLLM's cache (the startup plan the guard turns on) stays in the scene.
+	s.env["XDG_CACHE_HOME"] = filepath.Join(dir, "cache")
 	if err := os.MkdirAll(filepath.Join(s.gpuDir, "procs"), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -127,6 +127,26 @@ func ChildEnv(base []string, extra map[string]string) []string {
 	return out
 }
 
+// StartupPlanEnv is vLLM 0.32.0's startup plan switch: with it at 1 a GPU
+// boot that profiled memory saves the KV cache size it found under
+// {VLLM_CACHE_ROOT}/startup_plan (VLLM_CACHE_ROOT follows XDG_CACHE_HOME,
+// the guard's cache folder in its units), and the next boot with the same
+// fingerprint skips the memory profiling (docs/standby-facts.md).
+const StartupPlanEnv = "VLLM_ENABLE_STARTUP_PLAN"
+
+// VLLMEnv is vLLM's environment for one start: ChildEnv, with the startup
+// plan on unless the operator set VLLM_ENABLE_STARTUP_PLAN (in [vllm] env
+// or the guard's own environment; "0" turns it off).
+func VLLMEnv(base []string, extra map[string]string) []string {
+	out := ChildEnv(base, extra)
+	for _, kv := range out {
+		if strings.HasPrefix(kv, StartupPlanEnv+"=") {
+			return out
+		}
+	}
+	return append(out, StartupPlanEnv+"=1")
+}
+
 func guardOnlyEnv(k string) bool {
 	return k == "NOTIFY_SOCKET" || strings.HasPrefix(k, "WATCHDOG_")
 }

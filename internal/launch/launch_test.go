@@ -68,3 +68,20 @@ func TestChildEnvDropsGuardOnlyVariables(t *testing.T) {
 		t.Fatalf("env %q, want %q", env, want)
 	}
 }
+
+// vLLM starts with its startup plan on, unless the operator said otherwise
+// (in [vllm] env or the guard's own environment, "0" included).
+func TestVLLMEnvTurnsTheStartupPlanOn(t *testing.T) {
+	has := func(env []string, kv string) bool { return slices.Contains(env, kv) }
+	if env := VLLMEnv([]string{"PATH=/bin"}, nil); !has(env, "VLLM_ENABLE_STARTUP_PLAN=1") {
+		t.Fatalf("not set: %q", env)
+	}
+	env := VLLMEnv([]string{"PATH=/bin"}, map[string]string{"VLLM_ENABLE_STARTUP_PLAN": "0"})
+	if !has(env, "VLLM_ENABLE_STARTUP_PLAN=0") || has(env, "VLLM_ENABLE_STARTUP_PLAN=1") {
+		t.Fatalf("[vllm] env says 0: %q", env)
+	}
+	env = VLLMEnv([]string{"PATH=/bin", "VLLM_ENABLE_STARTUP_PLAN=0"}, nil)
+	if !has(env, "VLLM_ENABLE_STARTUP_PLAN=0") || has(env, "VLLM_ENABLE_STARTUP_PLAN=1") {
+		t.Fatalf("the guard's environment says 0: %q", env)
+	}
+}

@@ -260,8 +260,28 @@ func (m *machine) readGPU(read func() gpuRead) {
 // holder back; only the newest check's answer is taken.
 func (m *machine) checkPort(host string, port int) {
 	m.portReads++
-	id, run, holder := m.portReads, m.c.RunN, m.s.portHolder
-	go func() { m.post(event{Kind: evPortRead, Run: run, ID: id, Holder: holder(host, port)}) }()
+	id, run, holder, before := m.portReads, m.c.RunN, m.s.portHolder, m.s.before
+	go func() {
+		if before != nil {
+			m.waitBefore(before)
+		}
+		m.post(event{Kind: evPortRead, Run: run, ID: id, Holder: holder(host, port)})
+	}()
+}
+
+// waitBefore waits for what vLLM needs running first (Options.BeforeLaunch),
+// until it is ready or the loop has ended.
+func (m *machine) waitBefore(before func(context.Context) error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-m.quit:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	_ = before(ctx)
 }
 
 // readFree is the NVML read before a start, off the loop: hardware health

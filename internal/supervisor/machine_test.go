@@ -308,6 +308,7 @@ type scenario struct {
 	progress  func() (float64, float64, bool)
 	awaiting  func() (int, float64)
 	inFlight  func() int
+	before    func(context.Context) error // Options.BeforeLaunch
 	pstate    policy.State
 	oom       atomic.Int64
 
@@ -379,7 +380,7 @@ func (s *scenario) start() {
 		persist = func(policy.State) { s.mu.Lock(); s.saved++; s.mu.Unlock() }
 	}
 	opts := Options{Policy: policy.New(s.cfg.Policy(), s.pstate, realClockForTest{}), Events: bus, Keeper: []string{"keeper"},
-		Persist: persist, Load: s.load, Progress: s.progress, Awaiting: s.awaiting, InFlight: s.inFlight}
+		Persist: persist, Load: s.load, Progress: s.progress, Awaiting: s.awaiting, InFlight: s.inFlight, BeforeLaunch: s.before}
 	if !s.noGPU {
 		opts.GPU = s.gpu
 	}

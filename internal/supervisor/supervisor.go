@@ -109,6 +109,12 @@ type Options struct {
 	// Conns records the guard's own connections to vLLM, whose access-log
 	// lines are dropped (nil: a new set).
 	Conns *ownconns.Set
+	// BeforeLaunch, when set, is waited for before each launch of vLLM,
+	// off the loop (before the trial bind of its port): it returns once
+	// what vLLM needs running first is ready (the weight cache daemon:
+	// started if it is not running), or when its context ends (Run
+	// returned).
+	BeforeLaunch func(ctx context.Context) error
 }
 
 // Supervisor runs vLLM until stopped. Make one with New, then Run it.
@@ -158,6 +164,8 @@ type Supervisor struct {
 	pendingReload atomic.Bool // a reloaded config waits for vLLM's next start
 
 	writer *policyWriter // saves the policy's state while Run runs (Run's goroutine only)
+
+	before func(ctx context.Context) error // Options.BeforeLaunch
 }
 
 // New makes a supervisor; it starts nothing.
@@ -193,7 +201,7 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 	}
 	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, health: opts.Health, bus: opts.Events, persist: persist,
 		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, tokens: opts.Progress, waiting: opts.Awaiting, inFlight: opts.InFlight, reqs: make(chan request), kill: make(chan struct{}, 1),
-		launcher: processLauncher{}, hostOOM: adapters.HostOOMKills, portHolder: adapters.PortHolder, args: args, conns: conns}
+		launcher: processLauncher{}, hostOOM: adapters.HostOOMKills, portHolder: adapters.PortHolder, args: args, conns: conns, before: opts.BeforeLaunch}
 	if names := cfg.ServedModelNames(args); len(names) > 0 {
 		s.model = names[0]
 	}
@@ -230,6 +238,13 @@ func (s *Supervisor) Kill() {
 // Restart asks for a graceful restart on the current rung (not a failure).
 func (s *Supervisor) Restart(ctx context.Context, peer string) error {
 	return s.ask(ctx, request{Kind: "restart", Peer: peer})
+}
+
+// RestartFor restarts vLLM because of what the guard saw itself (why: its
+// weight cache daemon died), not an operator: a restart on the current
+// rung, said with its reason, not counted as vLLM's failure.
+func (s *Supervisor) RestartFor(ctx context.Context, why string) error {
+	return s.ask(ctx, request{Kind: "restart", Why: why})
 }
 
 // ResetProfile returns to rung 0 at the next start.

@@ -53,8 +53,25 @@ type Args struct {
 	// Host and Port are --host and --port when given anywhere ("", 0 when not).
 	Host string
 	Port int
+	// Launcher is what runs vLLM before its options: [vllm serve], or
+	// [python -m vllm.entrypoints.openai.api_server].
+	Launcher []string
+	// LoadFormat is --load-format ("" when not given).
+	LoadFormat string
 
 	secrets []string
+	last    map[string]opt // every flag's last occurrence, the --config file's keys first
+}
+
+// Value is the last value(s) given for flag (its canonical spelling, such
+// as "--dtype"), from the command line or the --config file; given is
+// false when it never was. A flag that takes no value has none.
+func (a *Args) Value(flag string) (values []string, given bool) {
+	o, ok := a.last[flag]
+	if !ok {
+		return nil, false
+	}
+	return append([]string(nil), o.values...), true
 }
 
 // Env looks up a variable of the environment vLLM will see.
@@ -235,6 +252,7 @@ func Parse(command, extra []string, workdir string, env Env) (*Args, error) {
 			}
 		}
 	}
+	a.Launcher = append([]string(nil), argv[:start]...)
 	opts, pos := scan(argv[start:])
 	if len(pos) > 0 {
 		a.Model = pos[0]
@@ -283,6 +301,7 @@ func Parse(command, extra []string, workdir string, env Env) (*Args, error) {
 	for _, o := range all {
 		last[o.name] = o
 	}
+	a.last = last
 	first := func(name string) (string, bool) {
 		o, ok := last[name]
 		if !ok || len(o.values) == 0 {
@@ -330,6 +349,7 @@ func Parse(command, extra []string, workdir string, env Env) (*Args, error) {
 	a.Convert, _ = first("--convert")
 	a.Runner, _ = first("--runner")
 	a.Host, _ = first("--host")
+	a.LoadFormat, _ = first("--load-format")
 	if v, ok := first("--port"); ok {
 		p, err := strconv.Atoi(v)
 		if err != nil || p < 0 || p > 65535 {

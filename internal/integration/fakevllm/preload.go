@@ -67,6 +67,11 @@ var preloadFlags = map[string]bool{ // true: takes a value
 	"--weight-cache-master-port": true, "--weight-cache-draft-master-port": true,
 	"--load-format": true, "--dtype": true, "--max-model-len": true, "--gpu-memory-utilization": true,
 	"--enforce-eager": false, "--served-model-name": true,
+	// More of EngineArgs' flags (preload takes them all): those that shape
+	// the weights, as the guard passes them on from vLLM's command.
+	"--pipeline-parallel-size": true, "--data-parallel-size": true, "--quantization": true, "--revision": true,
+	"--code-revision": true, "--trust-remote-code": false, "--download-dir": true, "--hf-overrides": true,
+	"--speculative-config": true, "--hf-token": true,
 }
 
 func parsePreloadArgs(argv []string) (*preloadArgs, error) {

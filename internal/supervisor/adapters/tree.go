@@ -15,7 +15,7 @@ import (
 type ProcessLauncher struct{}
 
 func (ProcessLauncher) Launch(spec LaunchSpec) (TreeProc, error) {
-	c, err := proctree.Start(proctree.Spec{Keeper: spec.Keeper, Argv: spec.Argv, Env: launch.ChildEnv(os.Environ(), spec.Env), Dir: spec.Dir,
+	c, err := proctree.Start(proctree.Spec{Keeper: spec.Keeper, Argv: spec.Argv, Env: launch.VLLMEnv(os.Environ(), spec.Env), Dir: spec.Dir,
 		Grace: spec.Grace, Stdout: spec.Stdout, Stderr: spec.Stderr})
 	if err != nil {
 		return TreeProc{}, err

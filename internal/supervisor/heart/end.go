@@ -108,6 +108,8 @@ func (m *Core) StopReason() string {
 		return "vLLM hung: " + m.R.Hang
 	case m.R.GPUKilled:
 		return "the GPU failed under vLLM: killing its process tree"
+	case m.R.End == EndRestart && m.R.Why != "":
+		return "restarting: " + m.R.Why
 	case m.R.End == EndRestart:
 		return "restart requested"
 	case m.R.End == EndRestore:
@@ -202,7 +204,7 @@ func (m *Core) SettleRun(cl Cleanup) {
 	case EndStop:
 		m.Finish(exitcode.OK, "stopped on request")
 	case EndRestart:
-		m.Publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestart, Reason: "restarting vLLM on request from " + m.R.Peer})
+		m.Publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestart, Reason: RestartText(m.R.Peer, m.R.Why)})
 		m.Next()
 	case EndRestore:
 		m.Do(FxRestore{}) // evRestored goes on

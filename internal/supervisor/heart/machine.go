@@ -191,6 +191,7 @@ type Run struct {
 	End       Ending
 	Hang      string // why the guard called it hung ("": it did not)
 	Peer      string // who asked for the restart that ends it
+	Why       string // why the guard itself restarts it ("": an operator asked)
 	Baseline  []uint64
 	OOMBefore int64             // the cgroup's OOM-kill count before the launch (-1: not known, or not yet)
 	Gone      bool              // its tree is gone (being cleaned up, or settled)
@@ -264,7 +265,11 @@ func (m *Core) Handle(e Event) {
 		return
 	}
 	if e.Kind == EvRestart && m.Sub != SubFailed {
-		m.Log().Info("operator asked for a restart", zap.String("peer", e.Req.Peer))
+		if e.Req.Why != "" {
+			m.Log().Warn("restarting vLLM", zap.String("why", e.Req.Why))
+		} else {
+			m.Log().Info("operator asked for a restart", zap.String("peer", e.Req.Peer))
+		}
 	}
 	if c := Table[m.Sub][e.Column()]; c.Do != nil {
 		c.Do(m, e)

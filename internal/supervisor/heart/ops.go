@@ -78,7 +78,7 @@ func (m *Core) Refuse(r Request) {
 // first where there is one), then starts again.
 func (m *Core) RestartRun(r Request) {
 	m.Do(FxReply{r.Reply, nil})
-	m.R.Peer = r.Peer
+	m.R.Peer, m.R.Why = r.Peer, r.Why
 	m.EndRun(EndRestart)
 }
 
@@ -90,6 +90,15 @@ func (m *Core) RestartNow(r Request) {
 	m.Disarm(TFreeMemory)
 	m.Disarm(TPortRetry)
 	m.ClearNextStart()
-	m.Publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestart, Reason: "restarting vLLM on request from " + r.Peer})
+	m.Publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestart, Reason: RestartText(r.Peer, r.Why)})
 	m.Next()
+}
+
+// RestartText is what a restart's decision says: why the guard restarts
+// vLLM itself (its weight cache daemon died), or who asked.
+func RestartText(peer, why string) string {
+	if why != "" {
+		return "restarting vLLM: " + why
+	}
+	return "restarting vLLM on request from " + peer
 }

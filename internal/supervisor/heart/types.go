@@ -75,6 +75,7 @@ func HoldersText(hs []Holder) string {
 type Request struct {
 	Kind  string // "restart" | "reset_profile" | "reload"
 	Peer  string
+	Why   string         // a restart the guard asks for itself: why ("": an operator's)
 	Cfg   *config.Config // reload: the new configuration
 	Reply chan error
 }

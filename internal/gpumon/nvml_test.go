@@ -561,9 +561,10 @@ func TestCheckFreeAndCheckReleased(t *testing.T) {
 			t.Fatalf("dead, teardown in force: %+v", rel)
 		}
 	}
-	// The teardown ends (the delay shortened below the time already
-	// passed): the next reading sees the release. Facts, not elapsed time.
-	f.write("release_delay_ms", "1")
+	// The teardown ends (no delay any more; a delay of 1 ms would depend
+	// on a millisecond having passed since the death was first seen): the
+	// next reading sees the release. Facts, not elapsed time.
+	f.write("release_delay_ms", "0")
 	if rel = m.CheckReleased([]int{sl.Process.Pid}, nil); !rel.Released || rel.Method != "pid" {
 		t.Fatalf("after the teardown: %+v", rel)
 	}

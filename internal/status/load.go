@@ -1,6 +1,7 @@
 package status
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
@@ -38,4 +39,39 @@ func (s Status) LoadingProgress() (LoadProgress, bool) {
 		return LoadProgress{}, false
 	}
 	return *s.Progress, true
+}
+
+// ReadyInText says when the start in progress is expected to be ready, at
+// now, for people: "ready in ~41 s (from 3 earlier starts of this model on
+// rung 0)"; "ready time unknown (...)" before a start of the model on the
+// rung was seen. "" when not starting.
+func (s Status) ReadyInText(now time.Time) string {
+	if s.State != StateStarting {
+		return ""
+	}
+	left, ok := s.ReadyIn(now)
+	if !ok {
+		return fmt.Sprintf("ready time unknown (no earlier start of this model on rung %d seen)", s.Rung.Index)
+	}
+	if left == 0 {
+		return fmt.Sprintf("taking longer than expected (usually ~%s, from %s)", Approx(s.Expected.TimeToReady), s.Expected.Basis)
+	}
+	return fmt.Sprintf("ready in ~%s (from %s)", Approx(left), s.Expected.Basis)
+}
+
+// Approx is a duration as a person reads an estimate: "41 s", "3 min
+// 20 s", "1 h 5 min".
+func Approx(d time.Duration) string {
+	s := int(d.Round(time.Second) / time.Second)
+	switch {
+	case s < 100:
+		return fmt.Sprintf("%d s", s)
+	case s < 3600:
+		if s%60 == 0 || s >= 600 {
+			return fmt.Sprintf("%d min", (s+30)/60)
+		}
+		return fmt.Sprintf("%d min %d s", s/60, s%60)
+	default:
+		return fmt.Sprintf("%d h %d min", s/3600, s%3600/60)
+	}
 }

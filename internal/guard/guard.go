@@ -149,11 +149,15 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		InFlight:  inFlight,
 		Args:      args,
 		Conns:     conns,
+		// The time to ready expected of each start (starts.go).
+		StartTimes: startTimes(store, log),
+		SaveStarts: store.SaveStarts,
 	})
 	if err != nil {
 		return nil, err
 	}
 	g.sup = sup
+	g.registerLoadSeries()
 	// The scraper reaches vLLM only, like the probes: its key goes to no
 	// other listener on the port.
 	g.stats.Dial(sup.DialVLLM(&net.Dialer{Timeout: 5 * time.Second}))
@@ -296,6 +300,7 @@ func (g *Guard) onEvent(e events.Event) {
 		g.onState(g.sup.Status())
 	case events.KindProgress:
 		g.onProgress(e.Phase)
+		g.sd.Status(g.statusLine()) // the load's step, and the time left
 	case events.KindReady:
 		g.onReady(e.First, e.TimeToReady)
 	case events.KindExited:
@@ -325,7 +330,7 @@ func (g *Guard) onState(st status.Status) {
 	}
 	g.met.SetState(st.State)
 	g.met.SetProfile(st.Rung)
-	g.sd.Status(notify.StatusLine(st, g.gpu.Snapshot()))
+	g.sd.Status(g.statusLine())
 	// Starting again after a failure: systemd's start timeout must not
 	// run out while the guard backs off before the first ready.
 	if st.State == status.StateBackoff || st.State == status.StateWaitingGPU {

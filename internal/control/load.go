@@ -24,7 +24,9 @@ func loadRows(row func(label, format string, args ...any), d Doc) {
 	} else {
 		row("loading", "phase %s", phase)
 	}
-	row("expected", "%s", g.ReadyInText(d.Now))
+	if eta := g.ReadyInText(d.Now); eta != "" {
+		row("expected", "%s", eta)
+	}
 }
 
 // loadBar draws ratio (0..1) in width cells, eighths included.

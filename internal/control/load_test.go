@@ -14,7 +14,7 @@ import (
 func TestStatusViewWhileLoading(t *testing.T) {
 	now := time.Date(2026, 12, 6, 10, 0, 11, 0, time.UTC)
 	d := Doc{Now: now, Guard: status.Status{State: status.StateStarting, Since: now.Add(-11 * time.Second), Phase: "weights",
-		StartedAt: now.Add(-11 * time.Second), PID: 42,
+		StartedAt: now.Add(-11 * time.Second), PID: 42, Expected: &status.Expected{Basis: "unknown: no earlier start of this model on rung 0 seen"},
 		Progress: &status.LoadProgress{Phase: "weights", Unit: "shards", Done: 2, Total: 3, Percent: 67}}}
 	view := func() string {
 		var b bytes.Buffer

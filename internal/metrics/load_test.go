@@ -15,7 +15,8 @@ import (
 func TestLoadSeriesAbsentWhenUnknown(t *testing.T) {
 	t0 := time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
-	st := status.Status{State: status.StateStarting, Phase: "weights", StartedAt: t0}
+	st := status.Status{State: status.StateStarting, Phase: "weights", StartedAt: t0,
+		Expected: &status.Expected{Basis: "unknown: no earlier start of this model on rung 0 seen"}}
 	m := New(Sources{})
 	m.Registry().MustRegister(LoadCollector{
 		Status: func() status.Status { mu.Lock(); defer mu.Unlock(); return st },

@@ -24,13 +24,14 @@ func progressPart(st status.Status) string {
 	return fmt.Sprintf(" %d/%d %s, %d%%", p.Done, p.Total, p.Unit, p.Percent)
 }
 
-// StatusLineAt is StatusLine with, while vLLM starts, the time to ready
-// expected at now ("ready in ~41 s"; "ready in: unknown" before any start
-// of the model on the rung was seen) after the state.
+// StatusLineAt is StatusLine with, once vLLM was launched and while it
+// starts, the time to ready expected at now ("ready in ~41 s"; "ready in:
+// unknown" before any start of the model on the rung was seen) after the
+// state.
 func StatusLineAt(st status.Status, gpu gpumon.Snapshot, now time.Time) string {
 	line := StatusLine(st, gpu)
-	if st.State != status.StateStarting {
-		return line
+	if st.State != status.StateStarting || st.Expected == nil {
+		return line // not starting, or not launched yet
 	}
 	eta := "ready in: unknown"
 	if left, ok := st.ReadyIn(now); ok && left > 0 {

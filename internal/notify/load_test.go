@@ -15,6 +15,10 @@ func TestStatusLineWhileLoading(t *testing.T) {
 	gpu := gpumon.Snapshot{Up: true, Devices: []gpumon.Device{{Fraction: 0.834}}}
 	st := status.Status{State: status.StateStarting, Phase: "weights", StartedAt: t0, Rung: policy.Rung{MaxNumSeqs: 256, GPUMemoryUtilization: 0.9},
 		Progress: &status.LoadProgress{Phase: "weights", Unit: "shards", Done: 2, Total: 3, Percent: 67}}
+	if got, want := StatusLineAt(st, gpu, t0), StatusLine(st, gpu); got != want {
+		t.Errorf("before the launch: %q, want the plain line %q", got, want)
+	}
+	st.Expected = &status.Expected{Basis: "unknown: no earlier start of this model on rung 0 seen"}
 	if got, want := StatusLineAt(st, gpu, t0.Add(time.Second)),
 		"starting (weights 2/3 shards, 67%) · ready in: unknown · rung 0 (max_num_seqs 256, util 0.90) · GPU 83%"; got != want {
 		t.Errorf("before any start:\n got %q\nwant %q", got, want)

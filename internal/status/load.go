@@ -2,6 +2,7 @@ package status
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
@@ -13,20 +14,21 @@ type LoadProgress = events.LoadProgress
 
 // Expected is the time to ready expected of the start in progress,
 // learned from this host's earlier starts of the same model on the same
-// rung (internal/starttimes).
+// rung (internal/starttimes), set at its launch. From 0: unknown, no such
+// start was seen yet.
 type Expected struct {
 	TimeToReady time.Duration `json:"time_to_ready_ns"`
-	From        int           `json:"from_starts"` // how many earlier starts it was learned from
+	From        int           `json:"from_starts"` // how many earlier starts it was learned from (0: unknown)
 	Cold        bool          `json:"cold"`        // from starts that were the first of the model since a boot
-	Basis       string        `json:"basis"`       // where it came from, in words: "3 earlier starts of this model on rung 0"
+	Basis       string        `json:"basis"`       // in words: "3 earlier starts of this model on rung 0", "unknown: no earlier start of this model on rung 0 seen"
 }
 
 // ReadyIn is the time left until the start in progress is expected to be
 // ready, at now: never negative (0 once the expected time has passed). ok
-// is false when none is expected: not starting, or no earlier start of
-// this model on this rung was seen.
+// is false when none is expected: not starting, not launched yet, or no
+// earlier start of this model on this rung was seen.
 func (s Status) ReadyIn(now time.Time) (left time.Duration, ok bool) {
-	if s.State != StateStarting || s.Expected == nil || s.StartedAt.IsZero() {
+	if s.State != StateStarting || s.Expected == nil || s.Expected.From <= 0 || s.StartedAt.IsZero() {
 		return 0, false
 	}
 	return starttimes.Remaining(s.Expected.TimeToReady, now.Sub(s.StartedAt)), true
@@ -43,17 +45,18 @@ func (s Status) LoadingProgress() (LoadProgress, bool) {
 
 // ReadyInText says when the start in progress is expected to be ready, at
 // now, for people: "ready in ~41 s (from 3 earlier starts of this model on
-// rung 0)"; "ready time unknown (...)" before a start of the model on the
-// rung was seen. "" when not starting.
+// rung 0)"; "ready time unknown (no earlier start ...)" before a start of
+// the model on the rung was seen. "" when not starting, or before the
+// launch (nothing is expected yet).
 func (s Status) ReadyInText(now time.Time) string {
-	if s.State != StateStarting {
+	if s.State != StateStarting || s.Expected == nil {
 		return ""
 	}
 	left, ok := s.ReadyIn(now)
-	if !ok {
-		return fmt.Sprintf("ready time unknown (no earlier start of this model on rung %d seen)", s.Rung.Index)
-	}
-	if left == 0 {
+	switch {
+	case !ok:
+		return "ready time unknown (" + strings.TrimPrefix(s.Expected.Basis, "unknown: ") + ")"
+	case left == 0:
 		return fmt.Sprintf("taking longer than expected (usually ~%s, from %s)", Approx(s.Expected.TimeToReady), s.Expected.Basis)
 	}
 	return fmt.Sprintf("ready in ~%s (from %s)", Approx(left), s.Expected.Basis)

@@ -9,6 +9,13 @@ var t0 = time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
 
 func TestReadyIn(t *testing.T) {
 	st := Status{State: StateStarting, StartedAt: t0}
+	if got := st.ReadyInText(t0.Add(time.Second)); got != "" {
+		t.Errorf("before the launch: %q", got)
+	}
+	st.Expected = &Expected{Basis: "unknown: no earlier start of this model on rung 0 seen"}
+	if _, ok := st.ReadyIn(t0.Add(time.Second)); ok {
+		t.Error("unknown: ReadyIn ok")
+	}
 	if got := st.ReadyInText(t0.Add(time.Second)); got != "ready time unknown (no earlier start of this model on rung 0 seen)" {
 		t.Errorf("unknown: %q", got)
 	}

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"fmt"
 	"time"
 
 	"go.uber.org/zap"
@@ -23,7 +24,8 @@ func (s *Supervisor) startsKey() string {
 }
 
 // expectStart puts the time to ready expected of the start on rung in
-// the status (none: unknown), and notes whether the start is cold.
+// the status (From 0: unknown, no earlier start seen), and notes whether
+// the start is cold.
 func (m *machine) expectStart(rung policy.Rung) {
 	s := m.s
 	if s.starts == nil {
@@ -31,10 +33,10 @@ func (m *machine) expectStart(rung policy.Rung) {
 	}
 	e, ok, cold := s.starts.Expect(s.startsKey(), rung.Index, s.boot)
 	m.res.cold = cold
-	if !ok {
-		return
-	}
 	exp := &status.Expected{TimeToReady: e.TimeToReady, From: e.From, Cold: e.Cold, Basis: e.Describe(rung.Index)}
+	if !ok {
+		exp = &status.Expected{Basis: fmt.Sprintf("unknown: no earlier start of this model on rung %d seen", rung.Index)}
+	}
 	s.update(m.at, func(st *Status) { st.Expected = exp })
 }
 

@@ -42,3 +42,22 @@ func StatusLineAt(st status.Status, gpu gpumon.Snapshot, now time.Time) string {
 	head, tail, _ := strings.Cut(line, " · ")
 	return oneLine(head + " · " + eta + " · " + tail)
 }
+
+// ProgressStatus sends STATUS=line for a step of the load: at most one
+// every ExtendEvery (vLLM can print hundreds of progress lines a second
+// while capturing graphs, and each datagram costs the guard's loop a
+// send), so a change of state (Status) is never held behind them.
+func (n *Notifier) ProgressStatus(line string) {
+	if !n.enabled {
+		return
+	}
+	n.mu.Lock()
+	now := n.now()
+	if !n.lastProgress.IsZero() && now.Sub(n.lastProgress) < ExtendEvery {
+		n.mu.Unlock()
+		return
+	}
+	n.lastProgress = now
+	n.mu.Unlock()
+	n.Status(line)
+}

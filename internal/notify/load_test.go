@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/gpumon"
+	"github.com/vllm-guard/vllm-guard/internal/notify/notifytest"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/status"
 )
@@ -40,4 +41,21 @@ func TestStatusLineWhileLoading(t *testing.T) {
 	if got, want := StatusLineAt(st, gpu, t0), StatusLine(st, gpu); got != want {
 		t.Errorf("ready: %q, want the plain line %q", got, want)
 	}
+}
+
+// A load's steps go to STATUS= at most once a second; a change of state
+// is never held behind them.
+func TestProgressStatusRateLimited(t *testing.T) {
+	s := notifytest.Listen(t)
+	n := New(nil)
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	n.now = func() time.Time { return now }
+	n.ProgressStatus("starting (weights 1/64 shards, 2%)")
+	n.ProgressStatus("starting (weights 2/64 shards, 3%)") // same instant: dropped
+	n.Status("backoff")                                    // a state: always sent
+	now = now.Add(ExtendEvery)
+	n.ProgressStatus("starting (weights 3/64 shards, 5%)")
+	expect(t, s, "STATUS=starting (weights 1/64 shards, 2%)")
+	expect(t, s, "STATUS=backoff")
+	expect(t, s, "STATUS=starting (weights 3/64 shards, 5%)")
 }

@@ -59,3 +59,12 @@ func (m *Core) PhaseTimes() []PhaseTime {
 	}
 	return out
 }
+
+// ShownProgress is the run's load progress while its phase is the pump's
+// (nil: none to show).
+func (m *Core) ShownProgress() *status.LoadProgress {
+	if p := m.R.Progress; p.Total > 0 && p.Phase == m.Pump.Phase {
+		return &p
+	}
+	return nil
+}

@@ -249,7 +249,7 @@ func (m *Core) OnPoll(io map[int]uint64) {
 	now := m.Now
 	if seen := m.Pump.LastLine; !seen.Equal(m.R.LastLine) {
 		m.R.LastLine = seen
-		m.Publish(events.Event{Kind: events.KindProgress, Phase: m.Pump.Phase, PID: m.R.PID})
+		m.Publish(events.Event{Kind: events.KindProgress, Phase: m.Pump.Phase, PID: m.R.PID, Progress: m.ShownProgress()})
 	}
 	lastLine := m.R.LastLine
 	if m.IOGrew(io) {

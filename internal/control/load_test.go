@@ -2,6 +2,7 @@ package control
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -47,4 +48,42 @@ func TestLoadBar(t *testing.T) {
 			t.Errorf("%v: %q, want %q", ratio, got, want)
 		}
 	}
+}
+
+// `status --watch` redraws the load's bar and the time left as they move.
+func TestStatusWatchShowsTheLoadLive(t *testing.T) {
+	b := newFakeBackend(status.StateStarting)
+	setLoad := func(done int) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		g := &b.doc.Guard
+		g.Phase, g.StartedAt = "weights", b.doc.Now.Add(-11*time.Second)
+		g.Progress = &status.LoadProgress{Phase: "weights", Unit: "shards", Done: done, Total: 3, Percent: done * 100 / 3}
+		g.Expected = &status.Expected{TimeToReady: 52 * time.Second, From: 3, Basis: "3 earlier starts of this model on rung 0"}
+	}
+	setLoad(1)
+	_, path := startSocket(t, b, nil)
+	out := &syncBuffer{frames: make(chan struct{}, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() { done <- statusCommand(ctx, []string{"--socket", path, "--watch"}, out, out, 5*time.Millisecond) }()
+	lastFrame := func() string { f := strings.Split(out.String(), clearScreen); return f[len(f)-1] }
+	waitFrame := func(want string) {
+		t.Helper()
+		for !strings.Contains(lastFrame(), want) {
+			select {
+			case <-out.frames:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("no frame shows %q; output so far:\n%s", want, out.String())
+			}
+		}
+	}
+	waitFrame("phase weights: 1/3 shards (33%) ▕██████▋             ▏")
+	setLoad(2)
+	waitFrame("phase weights: 2/3 shards (66%) ▕█████████████▍      ▏")
+	if f := lastFrame(); !strings.Contains(f, "ready in ~41 s (from 3 earlier starts of this model on rung 0)") {
+		t.Errorf("the frame lacks the time to ready:\n%s", f)
+	}
+	cancel()
+	<-done
 }

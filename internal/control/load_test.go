@@ -66,7 +66,9 @@ func TestStatusWatchShowsTheLoadLive(t *testing.T) {
 	out := &syncBuffer{frames: make(chan struct{}, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	go func() { done <- statusCommand(ctx, []string{"--socket", path, "--watch"}, out, out, 5*time.Millisecond) }()
+	go func() {
+		done <- statusCommand(ctx, []string{"--socket", path, "--watch"}, out, out, 5*time.Millisecond)
+	}()
 	lastFrame := func() string { f := strings.Split(out.String(), clearScreen); return f[len(f)-1] }
 	waitFrame := func(want string) {
 		t.Helper()

@@ -84,3 +84,32 @@ func TestStartsInMemory(t *testing.T) {
 		t.Fatalf("in memory: %+v %q", got, w)
 	}
 }
+
+// Whatever starts.json holds, LoadStarts returns a record within bounds,
+// each start one a start could be, or moves the file aside and says so.
+func FuzzLoadStarts(f *testing.F) {
+	f.Add([]byte(`{"starts":[{"model":"m","rung":0,"time_to_ready_ns":31000000000,"cold":true,"phases":[{"phase":"weights","took_ns":1}]}]}`))
+	f.Add([]byte(`{"starts":[{"model":"","time_to_ready_ns":-1}]}`))
+	f.Add([]byte(`{"starts":null}`))
+	f.Add([]byte(`[`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		s := open(t, t.TempDir())
+		if err := os.WriteFile(s.StartsPath(), body, 0o640); err != nil {
+			t.Fatal(err)
+		}
+		h, w := s.LoadStarts()
+		if len(h.Starts) > starttimes.MaxStarts {
+			t.Fatalf("%d starts, more than %d", len(h.Starts), starttimes.MaxStarts)
+		}
+		for _, st := range h.Starts {
+			if st.Model == "" || st.TimeToReady <= 0 || st.Rung < 0 {
+				t.Fatalf("a start that cannot be one: %+v", st)
+			}
+		}
+		if strings.Contains(w, "moved it aside") {
+			if _, err := os.Stat(s.StartsPath()); !os.IsNotExist(err) {
+				t.Fatalf("said moved aside, but %s is still there: %v", s.StartsPath(), err)
+			}
+		}
+	})
+}

@@ -32,6 +32,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/ownconns"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/proxy"
+	"github.com/vllm-guard/vllm-guard/internal/starttimes"
 	"github.com/vllm-guard/vllm-guard/internal/state"
 	"github.com/vllm-guard/vllm-guard/internal/status"
 	"github.com/vllm-guard/vllm-guard/internal/supervisor"
@@ -59,6 +60,10 @@ type Guard struct {
 	inc   *incident.Recorder
 	jsonl *events.JSONLines // --events, nil when not asked for
 	saved savedState        // whether the state reaches state_dir
+
+	// starts is the record of this host's starts of vLLM (starts.go),
+	// one for every supervisor of the guard.
+	starts *starttimes.Book
 }
 
 // savedState is whether the guard's state reaches state_dir, for status,
@@ -95,6 +100,7 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		log.Warn(w)
 	}
 	g.store = store
+	g.starts = startTimes(store, log)
 	var pst policy.State
 	if found, warning := store.Load(&pst); warning != "" {
 		log.Warn(warning)
@@ -150,7 +156,7 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		Args:      args,
 		Conns:     conns,
 		// The time to ready expected of each start (starts.go).
-		StartTimes: startTimes(store, log),
+		StartTimes: g.starts,
 		SaveStarts: store.SaveStarts,
 	})
 	if err != nil {

@@ -306,7 +306,7 @@ func (g *Guard) onEvent(e events.Event) {
 		g.onState(g.sup.Status())
 	case events.KindProgress:
 		g.onProgress(e.Phase)
-		g.sd.ProgressStatus(g.statusLine()) // the load's step and the time left, at most once a second
+		g.sd.ProgressStatus(g.statusLine) // the load's step and the time left, at most once a second
 	case events.KindReady:
 		g.onReady(e.First, e.TimeToReady)
 	case events.KindExited:

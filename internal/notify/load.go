@@ -43,11 +43,12 @@ func StatusLineAt(st status.Status, gpu gpumon.Snapshot, now time.Time) string {
 	return oneLine(head + " · " + eta + " · " + tail)
 }
 
-// ProgressStatus sends STATUS=line for a step of the load: at most one
+// ProgressStatus sends STATUS=line() for a step of the load: at most one
 // every ExtendEvery (vLLM can print hundreds of progress lines a second
 // while capturing graphs, and each datagram costs the guard's loop a
-// send), so a change of state (Status) is never held behind them.
-func (n *Notifier) ProgressStatus(line string) {
+// send), so a change of state (Status) is never held behind them. line is
+// made only when sent.
+func (n *Notifier) ProgressStatus(line func() string) {
 	if !n.enabled {
 		return
 	}
@@ -59,5 +60,5 @@ func (n *Notifier) ProgressStatus(line string) {
 	}
 	n.lastProgress = now
 	n.mu.Unlock()
-	n.Status(line)
+	n.Status(line())
 }

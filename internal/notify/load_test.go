@@ -50,11 +50,11 @@ func TestProgressStatusRateLimited(t *testing.T) {
 	n := New(nil)
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	n.now = func() time.Time { return now }
-	n.ProgressStatus("starting (weights 1/64 shards, 2%)")
-	n.ProgressStatus("starting (weights 2/64 shards, 3%)") // same instant: dropped
-	n.Status("backoff")                                    // a state: always sent
+	n.ProgressStatus(func() string { return "starting (weights 1/64 shards, 2%)" })
+	n.ProgressStatus(func() string { return "starting (weights 2/64 shards, 3%)" }) // same instant: dropped
+	n.Status("backoff")                                                             // a state: always sent
 	now = now.Add(ExtendEvery)
-	n.ProgressStatus("starting (weights 3/64 shards, 5%)")
+	n.ProgressStatus(func() string { return "starting (weights 3/64 shards, 5%)" })
 	expect(t, s, "STATUS=starting (weights 1/64 shards, 2%)")
 	expect(t, s, "STATUS=backoff")
 	expect(t, s, "STATUS=starting (weights 3/64 shards, 5%)")

@@ -43,11 +43,7 @@ func WriteStatus(w io.Writer, d Doc) {
 	}
 	switch g.State {
 	case status.StateStarting:
-		phase := g.Phase
-		if phase == "" {
-			phase = "launched"
-		}
-		row("loading", "phase %s", phase)
+		loadRows(row, d) // load.go
 		if g.LastProbe != "" {
 			row("last probe", "%s", g.LastProbe)
 		}

@@ -60,9 +60,12 @@ type Event struct {
 	Failure  *Failure `json:"failure,omitempty"`
 	Decision string   `json:"decision,omitempty"`
 	Phase    string   `json:"phase,omitempty"`
-	Probe    *Probe   `json:"probe,omitempty"`
-	Alert    *Alert   `json:"alert,omitempty"`
-	ExitCode *int     `json:"exit_code,omitempty"`
+	// Progress: the load phase's progress where vLLM reports one (a
+	// progress event).
+	Progress *LoadProgress `json:"progress,omitempty"`
+	Probe    *Probe        `json:"probe,omitempty"`
+	Alert    *Alert        `json:"alert,omitempty"`
+	ExitCode *int          `json:"exit_code,omitempty"`
 
 	Admission *Admission `json:"admission,omitempty"`
 }

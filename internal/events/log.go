@@ -36,7 +36,11 @@ func Log(log *zap.Logger) func(Event) {
 		case KindDecision:
 			log.Info("decision: "+e.Decision, append([]zap.Field{zap.String("reason", e.Reason)}, rungFields(e.Rung)...)...)
 		case KindProgress:
-			log.Debug("load progress", zap.String("phase", e.Phase))
+			fields := []zap.Field{zap.String("phase", e.Phase)}
+			if p := e.Progress; p != nil {
+				fields = append(fields, zap.String("progress", p.String()))
+			}
+			log.Debug("load progress", fields...)
 		case KindProbeFailed:
 			log.Debug("probe failed", zap.String("step", e.Probe.Step), zap.Int("status", e.Probe.Status), zap.String("error", e.Probe.Error))
 		case KindAdmission:

@@ -32,6 +32,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/ownconns"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/proxy"
+	"github.com/vllm-guard/vllm-guard/internal/starttimes"
 	"github.com/vllm-guard/vllm-guard/internal/state"
 	"github.com/vllm-guard/vllm-guard/internal/status"
 	"github.com/vllm-guard/vllm-guard/internal/supervisor"
@@ -60,6 +61,10 @@ type Guard struct {
 	jsonl *events.JSONLines // --events, nil when not asked for
 	saved savedState        // whether the state reaches state_dir
 	wc    *weightCache      // the weight cache daemon (weights.go); nil: none
+
+	// starts is the record of this host's starts of vLLM (starts.go),
+	// one for every supervisor of the guard.
+	starts *starttimes.Book
 }
 
 // savedState is whether the guard's state reaches state_dir, for status,
@@ -100,6 +105,7 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		log.Warn(w)
 	}
 	g.store = store
+	g.starts = startTimes(store, log)
 	var pst policy.State
 	if found, warning := store.Load(&pst); warning != "" {
 		log.Warn(warning)
@@ -156,12 +162,16 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		Conns:     conns,
 
 		BeforeLaunch: wc.beforeLaunch(),
+		// The time to ready expected of each start (starts.go).
+		StartTimes: g.starts,
+		SaveStarts: store.SaveStarts,
 	})
 	if err != nil {
 		return nil, err
 	}
 	g.sup = sup
 	wc.wire(g)
+	g.registerLoadSeries()
 	// The scraper reaches vLLM only, like the probes: its key goes to no
 	// other listener on the port.
 	g.stats.Dial(sup.DialVLLM(&net.Dialer{Timeout: 5 * time.Second}))
@@ -305,6 +315,7 @@ func (g *Guard) onEvent(e events.Event) {
 		g.onState(g.sup.Status())
 	case events.KindProgress:
 		g.onProgress(e.Phase)
+		g.sd.ProgressStatus(g.statusLine) // the load's step and the time left, at most once a second
 	case events.KindReady:
 		g.onReady(e.First, e.TimeToReady)
 	case events.KindExited:
@@ -334,7 +345,7 @@ func (g *Guard) onState(st status.Status) {
 	}
 	g.met.SetState(st.State)
 	g.met.SetProfile(st.Rung)
-	g.sd.Status(notify.StatusLine(st, g.gpu.Snapshot()))
+	g.sd.Status(g.statusLine())
 	// Starting again after a failure: systemd's start timeout must not
 	// run out while the guard backs off before the first ready.
 	if st.State == status.StateBackoff || st.State == status.StateWaitingGPU {

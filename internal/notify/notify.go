@@ -29,10 +29,11 @@ type Notifier struct {
 	enabled bool
 	now     func() time.Time // the clock of Extend's rate limit; tests replace it
 
-	mu         sync.Mutex
-	ready      bool
-	lastExtend time.Time
-	failing    bool // a send failed and was logged; logged again only after a success
+	mu           sync.Mutex
+	ready        bool
+	lastExtend   time.Time
+	lastProgress time.Time // the last STATUS= of a load's step (load.go)
+	failing      bool      // a send failed and was logged; logged again only after a success
 }
 
 // New reads NOTIFY_SOCKET once; without it the Notifier is a no-op.

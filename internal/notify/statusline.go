@@ -22,7 +22,7 @@ func StatusLine(st status.Status, gpu gpumon.Snapshot) string {
 	}
 	switch {
 	case st.State == status.StateStarting && st.Phase != "":
-		state += " (" + st.Phase + ")"
+		state += " (" + st.Phase + progressPart(st) + ")"
 	case st.State == status.StateFailed:
 		state += fmt.Sprintf(" (exit %d)", st.ExitCode)
 	}

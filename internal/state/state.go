@@ -196,6 +196,7 @@ type Store struct {
 
 	mu           sync.Mutex
 	memState     []byte        // in-memory mode: the last Save
+	memStarts    []byte        // in-memory mode: the last SaveStarts
 	memIncidents []memIncident // records not on disk: oldest first
 	now          func() time.Time
 	// readOnly: dir can be read but not written (a read-only mount, a

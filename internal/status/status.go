@@ -52,6 +52,10 @@ type Status struct {
 	ExitCode           int           `json:"exit_code,omitempty"` // when failed or stopped
 	LogDropped         uint64        `json:"log_lines_dropped"`
 	Cost               string        `json:"cost_model,omitempty"` // what a running sequence costs, and the safe max_num_seqs
+	// While starting: the load phase's progress where vLLM reports one,
+	// and the time to ready expected from earlier starts (load.go).
+	Progress *LoadProgress `json:"load_progress,omitempty"`
+	Expected *Expected     `json:"expected_time_to_ready,omitempty"`
 }
 
 // Failure is one death of vLLM with its cause and what the guard did about

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/vllm-guard/vllm-guard/internal/cause"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 	"github.com/vllm-guard/vllm-guard/internal/vllmlog"
 )
@@ -154,9 +155,10 @@ type output struct {
 	pid        atomic.Int64
 	lastLine   monoTime // when the last line came: load progress
 	phase      atomic.Pointer[string]
-	loaded     atomic.Bool   // vLLM is ready: load phases are no longer looked for
-	progress   chan struct{} // a new load phase was recognised (coalesced)
-	startupEnd chan struct{} // "Application startup complete." seen (coalesced)
+	bar        atomic.Pointer[status.LoadProgress] // the last load progress bar (nil: none yet)
+	loaded     atomic.Bool                         // vLLM is ready: load phases are no longer looked for
+	progress   chan struct{}                       // a new load phase was recognised (coalesced)
+	startupEnd chan struct{}                       // "Application startup complete." seen (coalesced)
 	// serverUp: this run printed a line of its server's start ("Starting
 	// vLLM API server", uvicorn's lines): only then is an answer on its
 	// port its own.
@@ -180,6 +182,29 @@ func (o *output) Phase() string {
 		return *p
 	}
 	return ""
+}
+
+// Bar is the last load progress bar vLLM printed (Total 0: none yet).
+func (o *output) Bar() status.LoadProgress {
+	if b := o.bar.Load(); b != nil {
+		return *b
+	}
+	return status.LoadProgress{}
+}
+
+// noteBar keeps a line that is a state of a load's progress bar, and says
+// whether it is a new state (tqdm prints the last one again at close).
+func (o *output) noteBar(text string) bool {
+	b, ok := vllmlog.LoadBar(text)
+	if !ok {
+		return false
+	}
+	p := status.LoadProgress{Phase: b.Phase, Unit: b.Unit, Done: b.Done, Total: b.Total, Percent: b.Percent}
+	if old := o.bar.Load(); old != nil && *old == p {
+		return false
+	}
+	o.bar.Store(&p)
+	return true
 }
 
 // streamWriter splits one stream of vLLM output into lines on \n and \r.
@@ -255,8 +280,11 @@ func (o *output) loading(text string) {
 	if ph == vllmlog.PhaseServer {
 		o.serverUp.Store(true)
 	}
-	if ph != "" && ph != o.Phase() {
-		o.phase.Store(&ph)
+	newBar := o.noteBar(text)
+	if ph != "" && ph != o.Phase() || newBar {
+		if ph != "" {
+			o.phase.Store(&ph)
+		}
 		select {
 		case o.progress <- struct{}{}:
 		default:

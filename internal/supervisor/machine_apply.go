@@ -142,6 +142,7 @@ func (m *machine) tellPolicy(f effect) {
 		s.savePolicy()
 	case fxReady:
 		m.ready(f.TTR)
+		m.recordStart(f)
 	}
 }
 
@@ -231,6 +232,7 @@ func (m *machine) launch(f fxLaunch) event {
 		return event{Kind: evLaunched, Launched: l}
 	}
 	m.watch(c, rung, f)
+	m.expectStart(rung)
 	l.PID = c.PID()
 	return event{Kind: evLaunched, Launched: l}
 }

@@ -114,7 +114,7 @@ func (m *machine) take(e *event) bool {
 		m.unwatch(&e.Cleaned)
 	}
 	if o := m.res.out; o != nil {
-		e.Pump = pumpFacts{LastLine: o.lastLine.Load(), Phase: o.Phase(), ServerUp: o.serverUp.Load(), ServerDone: o.serverDone.Load()}
+		e.Pump = pumpFacts{LastLine: o.lastLine.Load(), Phase: o.Phase(), Progress: o.Bar(), ServerUp: o.serverUp.Load(), ServerDone: o.serverDone.Load()}
 	}
 	e.Facts = m.read(e.Kind)
 	return true
@@ -402,6 +402,7 @@ type runRes struct {
 	bindHost  string
 	bindPort  int
 	checkPort bool // at its cleanup, try its port (a start that failed)
+	cold      bool // the first start of its model since the host booted (starts.go)
 }
 
 // timerSet holds the machine's timers, at most one of each kind armed.

@@ -18,6 +18,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 	"github.com/vllm-guard/vllm-guard/internal/launch"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/starttimes"
 )
 
 // The step machine's scenarios, in fake time (testing/synctest), with no
@@ -320,6 +321,9 @@ type scenario struct {
 
 	persist func(policy.State) // the state file; nil: saves are counted
 
+	starts      *starttimes.Book     // the record of starts (nil: none)
+	savedStarts []starttimes.History // what was saved of it, in order
+
 	cancel context.CancelFunc
 	code   chan int
 }
@@ -385,6 +389,7 @@ func (s *scenario) start() {
 		opts.GPU = s.gpu
 	}
 	opts.Health = s.health
+	opts.StartTimes, opts.SaveStarts = s.starts, s.saveStarts
 	sup, err := New(s.cfg, opts)
 	if err != nil {
 		s.t.Fatal(err)

@@ -9,14 +9,15 @@ import "github.com/vllm-guard/vllm-guard/internal/policy"
 // fsyncs). Only the newest state matters, so an older one not yet written
 // is replaced; Run flushes the last one before it returns.
 type policyWriter struct {
-	next chan policy.State // the newest state not yet written (at most one)
-	quit chan struct{}
-	done chan struct{}
+	next   chan policy.State // the newest state not yet written (at most one)
+	starts chan struct{}     // the record of starts has news (starts.go)
+	quit   chan struct{}
+	done   chan struct{}
 }
 
 // startPolicyWriter starts the writer for one Run.
 func (s *Supervisor) startPolicyWriter() {
-	w := &policyWriter{next: make(chan policy.State, 1), quit: make(chan struct{}), done: make(chan struct{})}
+	w := &policyWriter{next: make(chan policy.State, 1), starts: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
 	s.writer = w
 	go func() {
 		defer close(w.done)
@@ -24,12 +25,15 @@ func (s *Supervisor) startPolicyWriter() {
 			select {
 			case st := <-w.next:
 				s.persist(st)
+			case <-w.starts:
+				s.writeStarts()
 			case <-w.quit:
 				select {
 				case st := <-w.next:
 					s.persist(st)
 				default:
 				}
+				s.writeStarts()
 				return
 			}
 		}

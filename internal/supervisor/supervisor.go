@@ -30,6 +30,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/ownconns"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/proctree"
+	"github.com/vllm-guard/vllm-guard/internal/starttimes"
 	"github.com/vllm-guard/vllm-guard/internal/supervisor/adapters"
 	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
 )
@@ -115,6 +116,12 @@ type Options struct {
 	// started if it is not running), or when its context ends (Run
 	// returned).
 	BeforeLaunch func(ctx context.Context) error
+	// StartTimes is this host's record of vLLM's earlier starts, for the
+	// time to ready expected of each start (nil: none expected); the
+	// supervisor adds each start that becomes ready and has the record
+	// saved with SaveStarts (nil: kept in memory), off its loop.
+	StartTimes *starttimes.Book
+	SaveStarts func(starttimes.History) error
 }
 
 // Supervisor runs vLLM until stopped. Make one with New, then Run it.
@@ -136,6 +143,10 @@ type Supervisor struct {
 	args     *vllmargs.Args
 	conns    *ownconns.Set
 	tasks    atomic.Pointer[[]string] // vLLM's Supported tasks, from this run's log before ready
+
+	starts       *starttimes.Book               // Options.StartTimes
+	saveStartsTo func(starttimes.History) error // Options.SaveStarts
+	boot         string                         // the host's boot id: a start is cold when its model has not started since
 
 	// The machine's ports: real processes and HTTP unless a test sets them.
 	launcher launcher
@@ -201,7 +212,8 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 	}
 	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, health: opts.Health, bus: opts.Events, persist: persist,
 		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, tokens: opts.Progress, waiting: opts.Awaiting, inFlight: opts.InFlight, reqs: make(chan request), kill: make(chan struct{}, 1),
-		launcher: processLauncher{}, hostOOM: adapters.HostOOMKills, portHolder: adapters.PortHolder, args: args, conns: conns, before: opts.BeforeLaunch}
+		launcher: processLauncher{}, hostOOM: adapters.HostOOMKills, portHolder: adapters.PortHolder, args: args, conns: conns, before: opts.BeforeLaunch,
+		starts: opts.StartTimes, saveStartsTo: opts.SaveStarts, boot: adapters.BootID()}
 	if names := cfg.ServedModelNames(args); len(names) > 0 {
 		s.model = names[0]
 	}

@@ -8,8 +8,8 @@
 //     tqdm's "\r" (Splitter), the wrappers operators' tools add (docker and
 //     Kubernetes RFC 3339 timestamps with CRI's "stdout F", journalctl's
 //     prefix), V1's process prefixes ("(EngineCore_DP0 pid=42) "), the level
-//     prefix of each era (Message), Python tracebacks, load phases and
-//     uvicorn's access-log lines;
+//     prefix of each era (Message), Python tracebacks, load phases, the
+//     load's progress bars (LoadBar) and uvicorn's access-log lines;
 //   - writing: a logger line of a given era with its process prefix
 //     (FormatLine), the wrappers (Journal, Docker, CRI), uvicorn's lines.
 //

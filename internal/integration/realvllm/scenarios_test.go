@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/starttimes"
 	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
@@ -100,6 +101,26 @@ func TestColdStart(t *testing.T) {
 	firstChain := chain[0]
 	slices.Sort(chain)
 	figure("probe_chain_plain_client_ms", map[string]any{"first": firstChain, "median": chain[len(chain)/2], "min": chain[0]})
+
+	// What the wait shows (issue 42 item 5): the real vLLM's shard bar,
+	// read as load progress, and each start recorded for the next one's
+	// expected time to ready.
+	if s.CountEvents(func(e events.Event) bool {
+		p := e.Progress
+		return e.Kind == events.KindProgress && p != nil && p.Phase == "weights" && p.Unit == "shards" && p.Total >= 1 && p.Done == p.Total
+	}) == 0 {
+		t.Error("no progress event carried the real vLLM's finished shard bar (Loading safetensors checkpoint shards: 100% Completed | N/N)")
+	}
+	var rec starttimes.History
+	testkit.WaitFor(t, "3 starts in state_dir/starts.json", 30*time.Second, func() bool {
+		b, err := os.ReadFile(filepath.Join(s.dir, "state", "starts.json"))
+		return err == nil && json.Unmarshal(b, &rec) == nil && len(rec.Starts) == 3
+	})
+	for _, st := range rec.Starts {
+		if st.TimeToReady <= 0 || len(st.Phases) == 0 {
+			t.Errorf("a recorded start without its time to ready or its phases: %+v", st)
+		}
+	}
 }
 
 // The API key, from --api-key and from VLLM_API_KEY: the guard's probes

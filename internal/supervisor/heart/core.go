@@ -129,11 +129,14 @@ type (
 		Level   string
 		Timeout time.Duration
 	}
-	FxEndProbing  struct{}
-	FxFinishRun   struct{ CheckPort bool }
-	FxRefresh     struct{}
-	FxReadIO      struct{}
-	FxReady       struct{ TTR time.Duration }
+	FxEndProbing struct{}
+	FxFinishRun  struct{ CheckPort bool }
+	FxRefresh    struct{}
+	FxReadIO     struct{}
+	FxReady      struct {
+		TTR    time.Duration
+		Phases []PhaseTime // how long each load phase took, in order
+	}
 	FxPolicyStart struct{}
 	// FxClassify reads one death's evidence into a verdict (the
 	// classifier, cause.Classify); answered by evClassified.

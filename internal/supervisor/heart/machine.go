@@ -8,6 +8,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/status"
 )
 
 // The step machine's events and a run's data. The executor's one
@@ -93,10 +94,11 @@ const (
 // the loop with the event's time: the decisions read these, never the
 // pump's atomics.
 type PumpFacts struct {
-	LastLine   time.Time // when the last line came (load progress)
-	Phase      string    // the load phase recognised last
-	ServerUp   bool      // this run printed a line of its server's start
-	ServerDone bool      // its API server printed uvicorn's "Finished server process [its pid]"
+	LastLine   time.Time           // when the last line came (load progress)
+	Phase      string              // the load phase recognised last
+	Progress   status.LoadProgress // the last progress bar vLLM printed while loading (Total 0: none yet)
+	ServerUp   bool                // this run printed a line of its server's start
+	ServerDone bool                // its API server printed uvicorn's "Finished server process [its pid]"
 }
 
 type Event struct {
@@ -200,15 +202,17 @@ type Run struct {
 	GPUKilled bool              // the run was ended for a GPU fault
 
 	// Starting: load progress and the stall check.
-	LastLine     time.Time      // the last output line's time seen by the stall check (monotonic)
-	FastUntil    time.Time      // refused probes retry fast until then (uvicorn listens just after its line)
-	RefusedSince time.Time      // since when every readiness probe got a 4xx (zero: the last did not)
-	Refusal      ProbeResult    // the last such answer
-	RefusedLast  time.Time      // and when it came
-	IOSeen       map[int]uint64 // per process: storage I/O at the last poll
-	IOBytes      uint64         // storage I/O of the tree since launch
-	LastIO       time.Time      // when the tree's I/O last grew
-	IOAnnounced  time.Time      // when I/O progress was last published
+	LastLine     time.Time           // the last output line's time seen by the stall check (monotonic)
+	FastUntil    time.Time           // refused probes retry fast until then (uvicorn listens just after its line)
+	RefusedSince time.Time           // since when every readiness probe got a 4xx (zero: the last did not)
+	Refusal      ProbeResult         // the last such answer
+	RefusedLast  time.Time           // and when it came
+	IOSeen       map[int]uint64      // per process: storage I/O at the last poll
+	IOBytes      uint64              // storage I/O of the tree since launch
+	LastIO       time.Time           // when the tree's I/O last grew
+	IOAnnounced  time.Time           // when I/O progress was last published
+	Progress     status.LoadProgress // the load phase's progress, as vLLM last reported it (Total 0: none)
+	Phases       []PhaseMark         // the load phases seen, in order, with when each began
 
 	// Ready: liveness, stuck detection, restore and the cost model.
 	Failures     int       // consecutive liveness failures

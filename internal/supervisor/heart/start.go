@@ -159,6 +159,7 @@ func (m *Core) Start(rung policy.Rung, gpuBefore []cause.GPUDevice, heldBy strin
 	m.R.BindHost, m.R.BindPort = BindHost(argv, cfg.VLLM.Host), ep.Port
 	m.Enter(SubStarting, "launching vLLM", func(st *Status) {
 		st.Phase, st.LastProbe, st.PID, st.StartedAt, st.ReadySince, st.Rung = "", "", 0, m.R.StartedAt, time.Time{}, rung
+		st.Progress, st.Expected = nil, nil // the executor says what is expected of this start (its launch)
 		st.Starts++
 	})
 	m.Do(FxLaunch{Rung: rung, Argv: argv, Ep: ep, HeldBy: heldBy}) // onLaunched goes on
@@ -248,7 +249,7 @@ func (m *Core) OnPoll(io map[int]uint64) {
 	now := m.Now
 	if seen := m.Pump.LastLine; !seen.Equal(m.R.LastLine) {
 		m.R.LastLine = seen
-		m.Publish(events.Event{Kind: events.KindProgress, Phase: m.Pump.Phase, PID: m.R.PID})
+		m.Publish(events.Event{Kind: events.KindProgress, Phase: m.Pump.Phase, PID: m.R.PID, Progress: m.ShownProgress()})
 	}
 	lastLine := m.R.LastLine
 	if m.IOGrew(io) {
@@ -406,7 +407,7 @@ func (m *Core) OnLiveness(r ProbeResult) {
 func (m *Core) BecomeReady(r ProbeResult) {
 	m.R.Ready = true
 	ttr := m.Now.Sub(m.R.StartedAt)
-	m.Do(FxReady{ttr}) // the pump stops looking for load phases; the tree re-read; the policy told
+	m.Do(FxReady{TTR: ttr, Phases: m.PhaseTimes()}) // the pump stops looking for load phases; the tree re-read; the policy and the record of starts told
 	first := !m.EverReady
 	m.EverReady = true
 	m.Disarm(TPoll)

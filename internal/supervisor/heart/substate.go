@@ -91,6 +91,9 @@ func (m *Core) Enter(to SubState, reason string, more func(*Status)) {
 	m.Sub = to
 	m.Update(func(st *Status) {
 		st.State = PublicState[to]
+		if st.State != StateStarting {
+			st.Progress, st.Expected = nil, nil // a load's, shown only while starting
+		}
 		if reason != "" {
 			st.Reason = reason
 		}

@@ -99,7 +99,7 @@ var Table = [SubStates][EvKinds]Cell{
 		EvClassified: CellClassified, EvDecided: CellDecided,
 		EvAPIGone: CellAPIGone, EvTreeGone: CellTreeGone,
 		EvStartupComplete:            {"probe readiness now, refused probes retried fast for 2 s", func(m *Core, e Event) { m.OnStartupLine() }},
-		EvProgress:                   {"publish the load phase", func(m *Core, e Event) { m.OnPhase() }},
+		EvProgress:                   {"publish the load phase and its progress", func(m *Core, e Event) { m.OnPhase() }},
 		EvProbe:                      {"ok (vLLM's own) → `ready`; a 4xx for 30 s → hung → `stop_sigkill`", func(m *Core, e Event) { m.R.Probing = false; m.OnReadiness(e.Probe) }},
 		EvTimer + EvKind(TPoll):      {"read the tree's disk I/O (off the loop)", func(m *Core, e Event) { m.Do(FxReadIO{}) }},
 		EvIORead:                     {"progress (output, disk I/O); no progress for stall_timeout or past max_start_time → hung → `stop_sigkill`; else probe readiness", func(m *Core, e Event) { m.OnPoll(e.IO) }},
@@ -218,10 +218,17 @@ func (m *Core) OnStartupLine() {
 	m.ProbeReady()
 }
 
+// OnPhase: a new load phase, or a new state of its progress bar: kept in
+// the run's data (load.go) and published.
 func (m *Core) OnPhase() {
-	ph := m.Pump.Phase
-	m.Update(func(st *Status) { st.Phase, st.Reason = ph, "loading: "+ph })
-	m.Publish(events.Event{Kind: events.KindProgress, Phase: ph, PID: m.R.PID})
+	ph := m.NotePhase()
+	shown := m.NoteProgress(ph)
+	reason := "loading: " + ph
+	if shown != nil {
+		reason += " " + shown.String()
+	}
+	m.Update(func(st *Status) { st.Phase, st.Reason, st.Progress = ph, reason, shown })
+	m.Publish(events.Event{Kind: events.KindProgress, Phase: ph, PID: m.R.PID, Progress: shown})
 }
 
 func (m *Core) StopTimedOut() {

@@ -299,8 +299,8 @@ func (g *Guard) onEvent(e events.Event) {
 		logging.SetGuardState(string(st.State))
 		g.onState(st)
 	case events.KindFailover:
-		g.onState(g.pair.Status())
 		g.onFailover(*e.Failover)
+		g.onState(g.pair.Status())
 	case events.KindProgress:
 		g.onProgress(e.Phase)
 	case events.KindReady:

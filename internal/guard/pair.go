@@ -188,8 +188,10 @@ func (p *pair) from(i int) func(events.Event) {
 			p.diedServing[i] = nil
 		}
 		p.mu.Unlock()
-		p.out(e)
+		// The failover first: the proxy must see the serving vLLM go
+		// before anything shows the other one ready (Guard.onFailover).
 		p.announce(fo, restart)
+		p.out(e)
 	}
 }
 
@@ -321,6 +323,21 @@ func (p *pair) runOne(ctx context.Context, i int) int {
 
 // Status is the serving vLLM's status: the guard's public state.
 func (p *pair) Status() status.Status { return p.m[p.serving.Load()].sup.Status() }
+
+// lostView is vLLM name's status as a vLLM that no longer serves (not
+// ready, whatever its status still says while it dies), and its port.
+func (p *pair) lostView(name string) (status.Status, int) {
+	for i, m := range p.m {
+		if vllmName(i) == name {
+			st := m.sup.Status()
+			if st.State == status.StateReady {
+				st.State, st.Reason = status.StateStopping, "vLLM "+name+" is dying: its standby takes over"
+			}
+			return st, m.port
+		}
+	}
+	return p.gateView()
+}
 
 // gateView is what the proxy routes by: the serving vLLM's status with
 // the ladder's admission bound (a promoted standby still on the old

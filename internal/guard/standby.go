@@ -76,7 +76,19 @@ func (g *Guard) standbyReady() {
 	}
 }
 
+// onFailover: the proxy's vLLM changed. A failover shows the proxy the
+// serving vLLM's loss of readiness before the standby's readiness, so that
+// streams it cut are held and continued (the proxy tells a death from a
+// stream vLLM ended on purpose by that loss), then routes to the standby.
 func (g *Guard) onFailover(f events.Failover) {
+	if !f.Swap && g.proxy != nil {
+		g.gate.RefreshOn(g.pair.lostView(f.From))
+		g.proxy.Notify()
+	}
+	g.gate.RefreshOn(g.pair.gateView())
+	if g.proxy != nil {
+		g.proxy.Notify()
+	}
 	g.standbyReady()
 	if m := g.sbMet; m != nil {
 		if f.Swap {

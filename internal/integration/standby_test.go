@@ -55,12 +55,15 @@ type standbyDoc struct {
 	Serving      string `json:"serving"`
 	StandbyReady bool   `json:"standby_ready"`
 	Failovers    int    `json:"failovers"`
-	VLLMs        []struct {
+	// AdmittedMaxNumSeqs is what the proxy admits for.
+	AdmittedMaxNumSeqs int `json:"admitted_max_num_seqs"`
+	VLLMs              []struct {
 		Name  string `json:"name"`
 		Role  string `json:"role"`
 		Port  int    `json:"port"`
 		State string `json:"state"`
 		PID   int    `json:"pid"`
+		Rung  int    `json:"rung"`
 	} `json:"vllms"`
 	LastFailover *events.Failover `json:"last_failover"`
 }
@@ -228,6 +231,66 @@ func TestStandbyTakesOverCutStreams(t *testing.T) {
 	}
 	if st, r := s.standbyAndResumed(); st.Serving != "b" || st.VLLMs[1].PID != readyB.PID || st.VLLMs[1].State != "ready" || r != resumed {
 		t.Fatalf("after the standby's death: %+v, %d streams resumed (%d before); want b still serving with pid %d, no stream cut", st, r, resumed, readyB.PID)
+	}
+	s.stopCleanly(30*time.Second, 10*time.Second)
+}
+
+// Issue 42 item 1 after an OOM: another tenant takes GPU 0 from under the
+// serving vLLM a, whose engine runs out of memory; the standby b (GPU 1)
+// serves at once, still on rung 0's flags, and the proxy admits for the
+// ladder's new rung 1 (max_num_seqs 128, not b's 256) while a cannot
+// restart (GPU 0 held). Once the memory is free a restarts on rung 1 as
+// the standby; when ready it serves (a swap) and b is restarted on
+// purpose, not as a failure, and comes back on rung 1 as the standby.
+func TestStandbyAfterAnOOM(t *testing.T) {
+	t.Parallel()
+	s, proxyURL, _ := standbyScene(t)
+	s.extra += "\n[gpu]\nsample_interval = \"100ms\"\n"
+	s.start()
+	s.WaitEvent("vLLM a ready (serving)", 1, 60*time.Second, of("a", events.RoleServing, isReady))
+	s.WaitEvent("vLLM b ready (standby)", 1, 60*time.Second, of("b", events.RoleStandby, isReady))
+
+	holder := holdGPU(t, s, 40<<30)
+	// A request makes a's engine step into the memory it no longer has.
+	answer := make(chan string, 1)
+	go func() {
+		resp, err := http.Post(proxyURL+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"test-model","prompt":"hello there","max_tokens":4}`))
+		if err != nil {
+			answer <- err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		answer <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}()
+	oom := s.WaitEvent("a's OOM", 1, 60*time.Second, of("a", events.RoleServing, exitedWith("oom")))
+	if oom.Failover == nil || oom.Failover.To != "b" || oom.Failover.Swap {
+		t.Fatalf("a's OOM: %+v; want b to have taken over", oom.Failover)
+	}
+	if got := <-answer; !strings.HasPrefix(got, "200 ") || !strings.Contains(got, `"choices"`) {
+		t.Fatalf("the request through the OOM: %s; want one 200", got)
+	}
+	s.WaitEvent("a waits for GPU 0's memory", 1, 60*time.Second, of("a", events.RoleStandby, inState("waiting_gpu")))
+	st := s.standbyStatus()
+	if st.Serving != "b" || st.AdmittedMaxNumSeqs != 128 || st.VLLMs[1].Rung != 0 {
+		t.Fatalf("b promoted after the OOM: %+v; want b serving on rung 0's flags, admitted for rung 1's max_num_seqs 128", st)
+	}
+	holder.Process.Kill()
+	holder.Wait()
+	swap := s.WaitEvent("the swap to a on rung 1", 2, 60*time.Second, kind(events.KindFailover))
+	if swap.Failover == nil || !swap.Failover.Swap || swap.Failover.To != "a" {
+		t.Fatalf("after a's restart on rung 1: %+v; want a swap to a", swap.Failover)
+	}
+	back := s.WaitEvent("b back on rung 1 as the standby", 2, 60*time.Second, of("b", events.RoleStandby, isReady))
+	if rungOf(back) != 1 {
+		t.Fatalf("b came back on rung %d; want 1", rungOf(back))
+	}
+	if n := s.CountEvents(func(e events.Event) bool { return e.VLLM == "b" && isExited(e) }); n != 0 {
+		t.Fatalf("b's planned restart counted as %d failures", n)
+	}
+	if st := s.standbyStatus(); st.Serving != "a" || !st.StandbyReady || st.AdmittedMaxNumSeqs != 128 || st.VLLMs[0].Rung != 1 || st.VLLMs[1].Rung != 1 {
+		t.Fatalf("after the swap: %+v; want a serving and b a ready standby, both on rung 1", st)
 	}
 	s.stopCleanly(30*time.Second, 10*time.Second)
 }

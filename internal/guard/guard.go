@@ -13,6 +13,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -60,6 +61,8 @@ type Guard struct {
 	jsonl *events.JSONLines // --events, nil when not asked for
 	saved savedState        // whether the state reaches state_dir
 	sbMet *standbyMetrics   // the standby's series; nil without one
+	// standbyDied: the exit being recorded is a standby's (proxyDied).
+	standbyDied atomic.Bool
 }
 
 // savedState is whether the guard's state reaches state_dir, for status,
@@ -178,7 +181,7 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		})
 		// What became of the requests each death touched comes into its
 		// record once they have all finished.
-		g.inc.SetDeaths(g.proxy.Died)
+		g.inc.SetDeaths(g.proxyDied)
 		g.proxy.SetOnDeathRequests(g.inc.NoteRequests)
 	}
 	return g, nil
@@ -309,6 +312,9 @@ func (g *Guard) onEvent(e events.Event) {
 			g.onReady(e.First, e.TimeToReady)
 		}
 	case events.KindExited:
+		// (Before the incident recorder hears it: a standby's death is
+		// no death of the proxy's vLLM.)
+		g.standbyDied.Store(e.Role == events.RoleStandby)
 		g.standbyReady()
 		g.onFailure(*e.Failure, e.Role == events.RoleStandby)
 	case events.KindIncident:

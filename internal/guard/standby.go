@@ -103,6 +103,16 @@ func (g *Guard) onFailover(f events.Failover) {
 	}
 }
 
+// proxyDied tells the proxy of a death of the vLLM it routes to, for the
+// account of the requests it touched; a standby's death touched none of
+// them and is no death of the proxy's vLLM (0: none).
+func (g *Guard) proxyDied() uint64 {
+	if g.standbyDied.Load() {
+		return 0
+	}
+	return g.proxy.Died()
+}
+
 func b2f(b bool) float64 {
 	if b {
 		return 1

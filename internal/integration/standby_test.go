@@ -294,3 +294,35 @@ func TestStandbyAfterAnOOM(t *testing.T) {
 	}
 	s.stopCleanly(30*time.Second, 10*time.Second)
 }
+
+// Issue 42 item 1: a standby that cannot start (its every start crashes)
+// is reported, and the guard serves without one: vLLM a keeps serving,
+// its pid and readiness unchanged, status says no standby is ready.
+func TestAStandbyThatCannotStartIsReported(t *testing.T) {
+	t.Parallel()
+	s, proxyURL, _ := standbyScene(t)
+	s.extra = strings.Replace(s.extra, `env = { CUDA_VISIBLE_DEVICES = "1" }`, `env = { CUDA_VISIBLE_DEVICES = "1", FAKEVLLM_FAULT = "crash_on_start" }`, 1)
+	s.extra = strings.Replace(s.extra, "[restart]\n", "[restart]\ngive_up_after = 2\n", 1)
+	s.start()
+	readyA := s.WaitEvent("vLLM a ready (serving)", 1, 60*time.Second, of("a", events.RoleServing, isReady))
+	s.WaitLog("the standby reported gone", 1, 60*time.Second, msgContains("the guard serves without a standby"))
+	if n := s.CountEvents(func(e events.Event) bool { return e.VLLM == "b" && isExited(e) }); n < 1 {
+		t.Fatal("no failed start of the standby")
+	}
+	st := s.standbyStatus()
+	if st.Serving != "a" || st.StandbyReady || st.VLLMs[0].PID != readyA.PID || st.VLLMs[0].State != "ready" || st.VLLMs[1].State != "failed" {
+		t.Fatalf("status: %+v; want a (pid %d) serving and ready, b failed, no standby ready", st, readyA.PID)
+	}
+	if s.CountEvents(of("a", events.RoleServing, kind(events.KindState))) != 1 || s.CountEvents(kind(events.KindFailover)) != 0 {
+		t.Fatal("vLLM a changed state, or a failover, while the standby failed")
+	}
+	resp, err := http.Post(proxyURL+"/v1/completions", "application/json", strings.NewReader(`{"model":"test-model","prompt":"hi","max_tokens":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a request through the proxy: %s; want 200 from vLLM a", resp.Status)
+	}
+	s.stopCleanly(30*time.Second, 10*time.Second)
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/state"
 	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
@@ -270,6 +272,14 @@ func TestStandbyAfterAnOOM(t *testing.T) {
 	}
 	if got := <-answer; !strings.HasPrefix(got, "200 ") || !strings.Contains(got, `"choices"`) {
 		t.Fatalf("the request through the OOM: %s; want one 200", got)
+	}
+	rec := s.WaitEvent("the OOM's incident record", 1, 60*time.Second, kind(events.KindIncident))
+	var inc state.Incident
+	if b, err := os.ReadFile(rec.Reason); err != nil || json.Unmarshal(b, &inc) != nil {
+		t.Fatalf("incident record %s: %v", rec.Reason, err)
+	}
+	if inc.Cause != "oom" || inc.VLLM != "a" || inc.Role != "serving" || inc.TakenOverBy != "b" {
+		t.Fatalf("the OOM's record: cause %s vllm %q role %q taken over by %q; want a, serving, b", inc.Cause, inc.VLLM, inc.Role, inc.TakenOverBy)
 	}
 	s.WaitEvent("a waits for GPU 0's memory", 1, 60*time.Second, of("a", events.RoleStandby, inState("waiting_gpu")))
 	st := s.standbyStatus()

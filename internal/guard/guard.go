@@ -316,7 +316,7 @@ func (g *Guard) onEvent(e events.Event) {
 		// no death of the proxy's vLLM.)
 		g.standbyDied.Store(e.Role == events.RoleStandby)
 		g.standbyReady()
-		g.onFailure(*e.Failure, e.Role == events.RoleStandby)
+		g.onFailure(*e.Failure, e.Role == events.RoleStandby, e.VLLM)
 	case events.KindIncident:
 		if why, ok := strings.CutPrefix(e.Reason, incident.NotWritten); ok {
 			g.notSaved(fmt.Errorf("an incident record could not be written (status keeps the last one): %s", why), g.pol.Current().Index)
@@ -365,14 +365,21 @@ func (g *Guard) onReady(first bool, ttr time.Duration) {
 	g.alert.Clear(alerts.GPUFault) // a survivable fault: vLLM serves again
 }
 
-// onFailure: standby is true for the death of a standby, which served no
-// client: the proxy's memory-aware limit does not step down for it.
-func (g *Guard) onFailure(f status.Failure, standby bool) {
+// onFailure: standby is true for the death of a standby (vLLM name),
+// which served no client: the proxy's memory-aware limit does not step
+// down for it, and its alerts say it was the standby.
+func (g *Guard) onFailure(f status.Failure, standby bool, name string) {
 	g.met.Exited(f.Verdict.Cause)
 	if f.Verdict.Cause == cause.CauseOOM && !standby {
 		g.gate.OnOOM()
 	}
 	for _, e := range alerts.FromFailure(f) {
+		if standby {
+			e.Message = "the standby vLLM " + name + " (the serving one is untouched): " + e.Message
+			if e.Alert == alerts.GaveUp {
+				e.Message += "; the guard serves without a standby"
+			}
+		}
 		g.alert.Send(e)
 	}
 }

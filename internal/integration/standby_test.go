@@ -323,6 +323,12 @@ func TestAStandbyThatCannotStartIsReported(t *testing.T) {
 	if st.Serving != "a" || st.StandbyReady || st.VLLMs[0].PID != readyA.PID || st.VLLMs[0].State != "ready" || st.VLLMs[1].State != "failed" {
 		t.Fatalf("status: %+v; want a (pid %d) serving and ready, b failed, no standby ready", st, readyA.PID)
 	}
+	gaveUp := s.WaitEvent("the standby's gave_up alert", 1, 30*time.Second, func(e events.Event) bool {
+		return e.Kind == events.KindAlert && e.Alert.Name == "gave_up" && e.Alert.Active
+	})
+	if !strings.Contains(gaveUp.Alert.Message, "the standby vLLM b") || !strings.Contains(gaveUp.Alert.Message, "serves without a standby") {
+		t.Fatalf("the alert %q does not say the standby gave up and the guard serves without one", gaveUp.Alert.Message)
+	}
 	if s.CountEvents(of("a", events.RoleServing, kind(events.KindState))) != 1 || s.CountEvents(kind(events.KindFailover)) != 0 {
 		t.Fatal("vLLM a changed state, or a failover, while the standby failed")
 	}

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/control"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/state"
 	"github.com/vllm-guard/vllm-guard/internal/testkit"
@@ -400,6 +402,46 @@ env = { FAKEVLLM_FAULT = "" }
 	}
 	if st := s.standbyStatus(); st.Serving != "b" || st.VLLMs[1].State != "ready" || st.VLLMs[0].State != "waiting_gpu" || st.VLLMs[0].PID != 0 {
 		t.Fatalf("after the wake: %+v; want b serving, a waiting for room with no process", st)
+	}
+	s.stopCleanly(30*time.Second, 10*time.Second)
+}
+
+// An operator's restart with a standby ready is a failover: b serves at
+// once, a restarts (not as a failure) and comes back as the standby; the
+// guard never stops being ready.
+func TestRestartWithAStandbyIsAFailover(t *testing.T) {
+	t.Parallel()
+	s, proxyURL, _ := standbyScene(t)
+	s.start()
+	s.WaitEvent("vLLM a ready (serving)", 1, 60*time.Second, of("a", events.RoleServing, isReady))
+	s.WaitEvent("vLLM b ready (standby)", 1, 60*time.Second, of("b", events.RoleStandby, isReady))
+	c := control.NewClient(s.socket())
+	defer c.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fo := s.WaitEvent("the failover to b", 1, 60*time.Second, kind(events.KindFailover))
+	if fo.Failover.From != "a" || fo.Failover.To != "b" {
+		t.Fatalf("failover %+v; want a → b", fo.Failover)
+	}
+	s.WaitEvent("a back as the standby", 1, 60*time.Second, of("a", events.RoleStandby, isReady))
+	if n := s.CountEvents(isExited); n != 0 {
+		t.Fatalf("%d failures: a restart is not one", n)
+	}
+	// The guard's own state never left ready: READY's state events are the
+	// serving vLLM's, and b's never changed.
+	if n := s.CountEvents(of("b", events.RoleServing, kind(events.KindState))); n != 0 {
+		t.Fatalf("b changed state %d times while it took over", n)
+	}
+	resp, err := http.Post(proxyURL+"/v1/completions", "application/json", strings.NewReader(`{"model":"test-model","prompt":"hi","max_tokens":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a request after the restart: %s", resp.Status)
 	}
 	s.stopCleanly(30*time.Second, 10*time.Second)
 }

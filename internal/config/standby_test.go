@@ -30,6 +30,14 @@ func TestStandbyKeys(t *testing.T) {
 		slices.Contains(cfg.VLLM.Command, "--enable-sleep-mode") {
 		t.Fatalf("a sleep-mode standby: command %v env %v; want sleep mode and its routes, vLLM a's command unchanged", sc.VLLM.Command, sc.VLLM.Env)
 	}
+	cfg.VLLM.Command = []string{"vllm", "serve", "m", "--port=9000"}
+	if _, err := cfg.VLLMArgs(nil); err == nil || !strings.Contains(err.Error(), "each vLLM gets a port of its own") {
+		t.Fatalf("a command that sets --port with a standby: %v; want it refused", err)
+	}
+	cfg.Standby.Mode = StandbyOff
+	if _, err := cfg.VLLMArgs(nil); err != nil {
+		t.Fatalf("a command that sets --port without a standby: %v", err)
+	}
 	if d := Default(); d.Standby.Mode != StandbyOff || d.StandbyPort() != d.VLLM.Port+1 {
 		t.Fatalf("default [standby]: %+v", d.Standby)
 	}

@@ -139,9 +139,6 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		awaiting = func() (int, float64) { return g.proxy.Awaiting() }
 		inFlight = func() int { return g.proxy.Stats().Inflight }
 	}
-	if err := standbyPortsOwn(cfg, extra); err != nil {
-		return nil, err
-	}
 	p, err := newPair(cfg, pairOptions{
 		opts: supervisor.Options{
 			Log:       log,

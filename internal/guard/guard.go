@@ -313,6 +313,7 @@ func (g *Guard) onEvent(e events.Event) {
 		// no death of the proxy's vLLM.)
 		g.standbyDied.Store(e.Role == events.RoleStandby)
 		g.standbyReady()
+		g.pairExited(e.VLLM, e.Role, string(e.Failure.Verdict.Cause))
 		g.onFailure(*e.Failure, e.Role == events.RoleStandby, e.VLLM)
 	case events.KindIncident:
 		if why, ok := strings.CutPrefix(e.Reason, incident.NotWritten); ok {

@@ -18,6 +18,7 @@ type standbyMetrics struct {
 	failovers prometheus.Counter
 	swaps     prometheus.Counter
 	seconds   prometheus.Histogram
+	exits     *prometheus.CounterVec
 }
 
 // standbyMetrics registers the standby's series (with a standby only).
@@ -38,8 +39,10 @@ func (g *Guard) standbyMetrics() {
 		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "failover_seconds",
 			Help:    "From the serving vLLM leaving ready to the proxy's switch to the standby.",
 			Buckets: []float64{0.001, 0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300}}),
+		exits: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "pair_exits_total",
+			Help: "Deaths of each vLLM of the pair (a, b) by the role it had (serving, standby) and cause."}, []string{"vllm", "role", "cause"}),
 	}
-	g.met.Registry().MustRegister(m.ready, m.serving, m.failovers, m.swaps, m.seconds)
+	g.met.Registry().MustRegister(m.ready, m.serving, m.failovers, m.swaps, m.seconds, m.exits)
 	g.sbMet = m
 	g.standbyReady()
 }
@@ -81,6 +84,13 @@ func (g *Guard) onFailover(f events.Failover) {
 	}
 	if !f.Swap {
 		g.log.Info("the standby serves: the dead vLLM restarts as the new standby", zap.String("serving", f.To), zap.String("died", f.From))
+	}
+}
+
+// pairExited counts a death of vLLM name in role.
+func (g *Guard) pairExited(name, role string, c string) {
+	if m := g.sbMet; m != nil {
+		m.exits.WithLabelValues(name, role, c).Inc()
 	}
 }
 

@@ -200,7 +200,8 @@ func TestStandbyTakesOverCutStreams(t *testing.T) {
 	}
 	m := s.guardMetrics()
 	if m["vllm_guard_failovers_total"] != "1" || m["vllm_guard_standby_ready"] != "1" || m[`vllm_guard_serving_vllm{vllm="b"}`] != "1" ||
-		m["vllm_guard_failover_seconds_count"] != "1" || m["vllm_guard_state"+`{state="ready"}`] != "1" {
+		m["vllm_guard_failover_seconds_count"] != "1" || m["vllm_guard_state"+`{state="ready"}`] != "1" ||
+		m[`vllm_guard_pair_exits_total{cause="crash",role="serving",vllm="a"}`] != "1" {
 		t.Fatalf("metrics after the failover: failovers %q standby_ready %q serving b %q failover_seconds_count %q ready %q",
 			m["vllm_guard_failovers_total"], m["vllm_guard_standby_ready"], m[`vllm_guard_serving_vllm{vllm="b"}`],
 			m["vllm_guard_failover_seconds_count"], m[`vllm_guard_state{state="ready"}`])

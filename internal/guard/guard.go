@@ -190,9 +190,9 @@ func (g *Guard) Run(ctx context.Context) int {
 	// Before the first start, so the free-memory check sees the GPUs; Run
 	// reports a failure.
 	_ = g.gpu.Open()
-	g.met.SetProfile(g.pol.Current())
+	g.met.SetProfile(g.pair.current())
 	if sv := g.savedDoc(); !sv.OK {
-		g.notSaved(errors.New(sv.Error), g.pol.Current().Index)
+		g.notSaved(errors.New(sv.Error), g.pair.current().Index)
 	}
 	var wg sync.WaitGroup
 	gctx, cancel := context.WithCancel(context.Background())
@@ -317,7 +317,7 @@ func (g *Guard) onEvent(e events.Event) {
 		g.onFailure(*e.Failure, e.Role == events.RoleStandby, e.VLLM)
 	case events.KindIncident:
 		if why, ok := strings.CutPrefix(e.Reason, incident.NotWritten); ok {
-			g.notSaved(fmt.Errorf("an incident record could not be written (status keeps the last one): %s", why), g.pol.Current().Index)
+			g.notSaved(fmt.Errorf("an incident record could not be written (status keeps the last one): %s", why), g.pair.current().Index)
 		}
 	case events.KindAlert:
 		g.met.SetAlert(e.Alert.Name, e.Alert.Active)

@@ -42,6 +42,8 @@ type Doc struct {
 	// Weights is the weight cache daemon ([weights]); nil when the guard
 	// runs none. Its processes are named in GPU as the guard's own.
 	Weights *weightcache.Status `json:"weight_cache,omitempty"`
+	// Standby is the warm standby's two vLLMs; nil without one.
+	Standby *Standby `json:"standby,omitempty"`
 	// Note is set on the summary the TCP /status serves (SummaryNote).
 	Note string `json:"note,omitempty"`
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -48,7 +49,7 @@ type Guard struct {
 	store *state.Store
 	gpu   *gpumon.Monitor
 	pol   *policy.Policy
-	sup   *supervisor.Supervisor
+	pair  *pair // vLLM a's supervisor, and with [standby] b's: which one serves
 	met   *metrics.Metrics
 	sd    *notify.Notifier
 	alert *alerts.Dispatcher
@@ -65,6 +66,9 @@ type Guard struct {
 	// starts is the record of this host's starts of vLLM (starts.go),
 	// one for every supervisor of the guard.
 	starts *starttimes.Book
+	sbMet  *standbyMetrics // the standby's series; nil without one
+	// standbyDied: the exit being recorded is a standby's (proxyDied).
+	standbyDied atomic.Bool
 }
 
 // savedState is whether the guard's state reaches state_dir, for status,
@@ -146,43 +150,42 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		awaiting = func() (int, float64) { return g.proxy.Awaiting() }
 		inFlight = func() int { return g.proxy.Stats().Inflight }
 	}
-	sup, err := supervisor.New(cfg, supervisor.Options{
-		Log:       log,
-		Policy:    g.pol,
-		GPU:       supervisor.MonitorGPU(g.gpu),
-		Health:    supervisor.MonitorGPUHealth(g.gpu),
-		Events:    g.bus,
-		Persist:   g.savePolicy,
-		ExtraArgs: extra,
-		Load:      g.vllmLoad,
-		Progress:  g.vllmProgress,
-		Awaiting:  awaiting,
-		InFlight:  inFlight,
-		Args:      args,
-		Conns:     conns,
+	p, err := newPair(cfg, pairOptions{
+		opts: supervisor.Options{
+			Log:       log,
+			Policy:    g.pol,
+			GPU:       supervisor.MonitorGPU(g.gpu),
+			Health:    supervisor.MonitorGPUHealth(g.gpu),
+			ExtraArgs: extra,
+			Args:      args,
+			Conns:     conns,
 
-		BeforeLaunch: wc.beforeLaunch(),
-		// The time to ready expected of each start (starts.go).
-		StartTimes: g.starts,
-		SaveStarts: store.SaveStarts,
-	})
+			BeforeLaunch: wc.beforeLaunch(),
+			// The time to ready expected of each start (starts.go).
+			StartTimes: g.starts,
+			SaveStarts: store.SaveStarts,
+		},
+		persist: g.savePolicy, load: g.vllmLoad, progress: g.vllmProgress, awaiting: awaiting, inFlight: inFlight,
+	}, g.bus.Publish, log)
 	if err != nil {
 		return nil, err
 	}
-	g.sup = sup
+	g.pair = p
+	g.standbyMetrics()
 	wc.wire(g)
 	g.registerLoadSeries()
 	// The scraper reaches vLLM only, like the probes: its key goes to no
 	// other listener on the port.
-	g.stats.Dial(sup.DialVLLM(&net.Dialer{Timeout: 5 * time.Second}))
-	g.gate = gate.New(cfg, extra, gate.Sources{Status: sup.Status, GPU: g.gpu.Snapshot,
+	g.stats.Dial(p.DialVLLM(&net.Dialer{Timeout: 5 * time.Second}))
+	g.gate = gate.New(cfg, extra, gate.Sources{Status: func() status.Status { st, _ := p.gateView(); return st }, GPU: g.gpu.Snapshot,
 		Sampled: g.gpu.Sampled, VLLM: g.stats.Latest, Publish: g.bus.Publish, Log: log})
-	g.gate.Refresh(sup.Status())
+	g.gate.RefreshOn(p.gateView())
 	if cfg.Proxy.Listen != "" {
 		g.gate.EnableMemory(store, pst.CostSamples)
 		g.proxy = proxy.New(cfg.Proxy, g.gate, g.met.Registry(), log.Named("proxy"))
-		// Clients' keys and prompts reach vLLM's own listener only.
-		g.proxy.DialThrough(sup.DialVLLM)
+		// Clients' keys and prompts reach vLLM's own listener only (the
+		// serving one's, by the port the gate names).
+		g.proxy.DialThrough(p.DialVLLM)
 		g.gate.Attach(g.proxy)
 		// A request refused another send after resume_limit deaths is
 		// named in the record of the death.
@@ -193,7 +196,7 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		})
 		// What became of the requests each death touched comes into its
 		// record once they have all finished.
-		g.inc.SetDeaths(g.proxy.Died)
+		g.inc.SetDeaths(g.proxyDied)
 		g.proxy.SetOnDeathRequests(g.inc.NoteRequests)
 	}
 	return g, nil
@@ -205,9 +208,9 @@ func (g *Guard) Run(ctx context.Context) int {
 	// Before the first start, so the free-memory check sees the GPUs; Run
 	// reports a failure.
 	_ = g.gpu.Open()
-	g.met.SetProfile(g.pol.Current())
+	g.met.SetProfile(g.pair.current())
 	if sv := g.savedDoc(); !sv.OK {
-		g.notSaved(errors.New(sv.Error), g.pol.Current().Index)
+		g.notSaved(errors.New(sv.Error), g.pair.current().Index)
 	}
 	var wg sync.WaitGroup
 	gctx, cancel := context.WithCancel(context.Background())
@@ -217,7 +220,7 @@ func (g *Guard) Run(ctx context.Context) int {
 	}
 	background(g.gpu.Run)
 	background(g.alert.Run)
-	background(func(ctx context.Context) { g.sd.RunWatchdog(ctx, g.sup.LastTurn) })
+	background(func(ctx context.Context) { g.sd.RunWatchdog(ctx, g.pair.LastTurn) })
 	background(g.forwardGPUAlerts)
 	go func() {
 		<-ctx.Done()
@@ -269,7 +272,7 @@ func (g *Guard) Run(ctx context.Context) int {
 		background(g.gate.Run)
 	}
 
-	code := g.sup.Run(ctx)
+	code := g.pair.Run(ctx)
 	g.wc.stop() // after vLLM: its weights outlive every run
 	if g.proxy != nil {
 		// The deaths' accounts still open go to their records before
@@ -311,18 +314,30 @@ func (g *Guard) onEvent(e events.Event) {
 	case events.KindStarting:
 		g.met.Started()
 	case events.KindState:
-		logging.SetGuardState(e.State)
-		g.onState(g.sup.Status())
+		st := g.pair.Status()
+		logging.SetGuardState(string(st.State))
+		g.onState(st)
+	case events.KindFailover:
+		g.onFailover(*e.Failover)
+		g.onState(g.pair.Status())
 	case events.KindProgress:
 		g.onProgress(e.Phase)
 		g.sd.ProgressStatus(g.statusLine) // the load's step and the time left, at most once a second
 	case events.KindReady:
-		g.onReady(e.First, e.TimeToReady)
+		g.standbyReady()
+		if e.Role != events.RoleStandby {
+			g.onReady(e.First, e.TimeToReady)
+		}
 	case events.KindExited:
-		g.onFailure(*e.Failure)
+		// (Before the incident recorder hears it: a standby's death is
+		// no death of the proxy's vLLM.)
+		g.standbyDied.Store(e.Role == events.RoleStandby)
+		g.standbyReady()
+		g.pairExited(e.VLLM, e.Role, string(e.Failure.Verdict.Cause))
+		g.onFailure(*e.Failure, e.Role == events.RoleStandby, e.VLLM)
 	case events.KindIncident:
 		if why, ok := strings.CutPrefix(e.Reason, incident.NotWritten); ok {
-			g.notSaved(fmt.Errorf("an incident record could not be written (status keeps the last one): %s", why), g.pol.Current().Index)
+			g.notSaved(fmt.Errorf("an incident record could not be written (status keeps the last one): %s", why), g.pair.current().Index)
 		}
 	case events.KindAlert:
 		g.met.SetAlert(e.Alert.Name, e.Alert.Active)
@@ -333,8 +348,10 @@ func (g *Guard) onEvent(e events.Event) {
 	}
 }
 
+// onState: st is the serving vLLM's status (the guard's public state).
 func (g *Guard) onState(st status.Status) {
-	g.gate.Refresh(st)
+	g.gate.RefreshOn(g.pair.gateView())
+	g.standbyReady()
 	if g.proxy != nil {
 		g.proxy.Notify()
 	}
@@ -366,12 +383,21 @@ func (g *Guard) onReady(first bool, ttr time.Duration) {
 	g.alert.Clear(alerts.GPUFault) // a survivable fault: vLLM serves again
 }
 
-func (g *Guard) onFailure(f status.Failure) {
+// onFailure: standby is true for the death of a standby (vLLM name),
+// which served no client: the proxy's memory-aware limit does not step
+// down for it, and its alerts say it was the standby.
+func (g *Guard) onFailure(f status.Failure, standby bool, name string) {
 	g.met.Exited(f.Verdict.Cause)
-	if f.Verdict.Cause == cause.CauseOOM {
+	if f.Verdict.Cause == cause.CauseOOM && !standby {
 		g.gate.OnOOM()
 	}
 	for _, e := range alerts.FromFailure(f) {
+		if standby {
+			e.Message = "the standby vLLM " + name + " (the serving one is untouched): " + e.Message
+			if e.Alert == alerts.GaveUp {
+				e.Message += "; the guard serves without a standby"
+			}
+		}
 		g.alert.Send(e)
 	}
 }
@@ -386,7 +412,7 @@ func (g *Guard) forwardGPUAlerts(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case a := <-ch:
-			g.alert.Send(alerts.FromGPU(a, g.sup.Status().Rung))
+			g.alert.Send(alerts.FromGPU(a, g.pair.Status().Rung))
 		}
 	}
 }

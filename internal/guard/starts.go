@@ -29,11 +29,11 @@ func startTimes(store *state.Store, log *zap.Logger) *starttimes.Book {
 // registerLoadSeries adds the load's progress and the expected time to
 // ready to /metrics, read from the supervisor's status at each scrape.
 func (g *Guard) registerLoadSeries() {
-	g.met.Registry().MustRegister(metrics.LoadCollector{Status: g.sup.Status})
+	g.met.Registry().MustRegister(metrics.LoadCollector{Status: g.pair.Status})
 }
 
 // statusLine is STATUS= for st now: while vLLM starts, with the load's
 // progress and the time to ready expected.
 func (g *Guard) statusLine() string {
-	return notify.StatusLineAt(g.sup.Status(), g.gpu.Snapshot(), time.Now())
+	return notify.StatusLineAt(g.pair.Status(), g.gpu.Snapshot(), time.Now())
 }

@@ -84,7 +84,7 @@ func (w *weightCache) wire(g *Guard) {
 		reason := fmt.Sprintf("its weight cache daemon died (%s): vLLM starts again after the daemon, and maps its weights", why)
 		ctx, cancel := context.WithTimeout(w.ctx, time.Minute)
 		defer cancel()
-		if err := g.sup.RestartFor(ctx, reason); err != nil && w.ctx.Err() == nil {
+		if err := g.pair.RestartFor(ctx, reason); err != nil && w.ctx.Err() == nil {
 			g.log.Warn("could not restart vLLM after its weight cache daemon died", zap.Error(err))
 		}
 	}

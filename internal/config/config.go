@@ -24,6 +24,7 @@ type Config struct {
 	Control   Control   `toml:"control"`
 	Alerts    Alerts    `toml:"alerts"`
 	Proxy     Proxy     `toml:"proxy"`
+	Standby   Standby   `toml:"standby"`
 	Log       Log       `toml:"log"`
 
 	// Path is the file the config was read from ("" for defaults only).
@@ -109,6 +110,52 @@ type Control struct {
 	Socket     string `toml:"socket"`
 	HTTPListen string `toml:"http_listen"`
 	StateDir   string `toml:"state_dir"`
+}
+
+// Standby is a second vLLM kept warm beside the serving one (issue 42):
+// on a death of the serving vLLM the proxy routes to it at once.
+type Standby struct {
+	// Mode: "off" (no standby), "process" (a second vLLM with the same
+	// command on its own devices and port, started once the first is
+	// ready) or "sleep" (not yet built: refused).
+	Mode string `toml:"mode"`
+	// Port is the standby vLLM's port; 0: [vllm] port + 1.
+	Port int `toml:"port"`
+	// Env is merged over [vllm] env for the standby only (its own
+	// CUDA_VISIBLE_DEVICES, or on the CPU build its own cores).
+	Env map[string]string `toml:"env"`
+}
+
+// Standby modes.
+const (
+	StandbyOff     = "off"
+	StandbyProcess = "process"
+	StandbySleep   = "sleep"
+)
+
+// StandbyPort is the standby vLLM's port: [standby] port, or [vllm] port + 1.
+func (c *Config) StandbyPort() int {
+	if c.Standby.Port != 0 {
+		return c.Standby.Port
+	}
+	return c.VLLM.Port + 1
+}
+
+// StandbyConfig is the configuration the standby vLLM runs with: the same
+// as vLLM's but for its port and its environment ([standby] env merged
+// over [vllm] env). The result shares nothing mutable with c.
+func (c *Config) StandbyConfig() *Config {
+	sc := *c
+	sc.VLLM.Port = c.StandbyPort()
+	env := make(map[string]string, len(c.VLLM.Env)+len(c.Standby.Env))
+	for k, v := range c.VLLM.Env {
+		env[k] = v
+	}
+	for k, v := range c.Standby.Env {
+		env[k] = v
+	}
+	sc.VLLM.Env = env
+	return &sc
 }
 
 type Alerts struct {
@@ -282,6 +329,7 @@ func Default() *Config {
 			HoldTimeout:             d("0s"),
 			ResumeLimit:             2,
 		},
-		Log: Log{Level: "info", Format: "auto", ChildLines: 200},
+		Standby: Standby{Mode: StandbyOff, Port: 0, Env: map[string]string{}},
+		Log:     Log{Level: "info", Format: "auto", ChildLines: 200},
 	}
 }

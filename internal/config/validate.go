@@ -326,6 +326,8 @@ func (c *checker) validate(cfg *Config) {
 		c.add(k("proxy", "resume_limit"), "%d is out of range; allowed: 1 to %d (a request in flight at this many deaths of vLLM is not sent again, such as 2)", px.ResumeLimit, MaxResumeLimit)
 	}
 
+	c.checkStandby(cfg)
+
 	lg := cfg.Log
 	switch lg.Level {
 	case "debug", "info", "warn", "error":
@@ -352,4 +354,69 @@ func (c *checker) listenAddr(p []string, addr, example string) {
 	if err != nil || perr != nil || n < 0 || n > 65535 {
 		c.add(p, "%s is not host:port; write one such as %s, or \"\" to disable", tomlQuote(addr), tomlQuote(example))
 	}
+}
+
+// checkStandby checks [standby]: its mode, a port of its own, its env, and
+// the proxy it is reached through.
+func (c *checker) checkStandby(cfg *Config) {
+	sb := cfg.Standby
+	switch sb.Mode {
+	case StandbyOff:
+		return
+	case StandbyProcess:
+	case StandbySleep:
+		c.add(k("standby", "mode"), "\"sleep\" is not available in this version; write \"process\" (a second vLLM on its own devices and port) or \"off\"")
+		return
+	default:
+		c.add(k("standby", "mode"), "%s is not a mode; allowed: \"off\" (no standby), \"process\" (a second vLLM on its own devices and port, serving at once when the first dies)", tomlQuote(sb.Mode))
+		return
+	}
+	if cfg.Proxy.Listen == "" {
+		p := c.at(k("standby", "mode"), k("proxy", "listen"))
+		c.add(p, "%s needs [proxy] listen: clients reach a standby only through the guard's proxy, which routes to whichever vLLM serves; set [proxy] listen (such as \"0.0.0.0:8080\") and point clients at it, or set mode = \"off\"", tomlQuote(sb.Mode))
+	}
+	if sb.Port < 0 || sb.Port > 65535 {
+		c.add(k("standby", "port"), "%d is out of range; allowed: 0 ([vllm] port + 1) or 1 to 65535", sb.Port)
+		return
+	}
+	port := cfg.StandbyPort()
+	for _, other := range []struct {
+		key  []string
+		name string
+		port int
+	}{{k("vllm", "port"), "[vllm] port", cfg.VLLM.Port}, {k("proxy", "listen"), "[proxy] listen", listenPort(cfg.Proxy.Listen)},
+		{k("control", "http_listen"), "[control] http_listen", listenPort(cfg.Control.HTTPListen)}} {
+		if other.port == port {
+			p := c.at(k("standby", "port"), other.key)
+			c.add(p, "the standby vLLM's port %d is also %s's; give the standby a port of its own with [standby] port", port, other.name)
+		}
+	}
+	if port > 65535 {
+		c.add(c.at(k("standby", "port"), k("vllm", "port")), "the standby vLLM's port would be [vllm] port + 1 = %d, out of range; set [standby] port", port)
+	}
+	for name := range sb.Env {
+		p := k("standby", "env", name)
+		switch {
+		case name == "NOTIFY_SOCKET" || strings.HasPrefix(name, "WATCHDOG_"):
+			c.add(p, "is never passed on to vLLM: it belongs to the guard's own systemd notification; remove it")
+		case name == "" || strings.ContainsAny(name, "=\x00"):
+			c.add(p, "is not a valid environment variable name; names cannot be empty or contain '=' or NUL")
+		}
+		if strings.ContainsRune(sb.Env[name], 0) {
+			c.add(p, "the value contains a NUL byte, which an environment variable cannot hold")
+		}
+	}
+}
+
+// listenPort is the port of a host:port listen address (-1: none).
+func listenPort(addr string) int {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return -1
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n == 0 {
+		return -1
+	}
+	return n
 }

@@ -38,6 +38,8 @@ type Doc struct {
 	// Saved says whether the guard's state (rung, counters) is on disk as
 	// the guard holds it; nil from a guard that does not say.
 	Saved *SavedState `json:"saved_state,omitempty"`
+	// Standby is the warm standby's two vLLMs; nil without one.
+	Standby *Standby `json:"standby,omitempty"`
 	// Note is set on the summary the TCP /status serves (SummaryNote).
 	Note string `json:"note,omitempty"`
 }

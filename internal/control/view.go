@@ -106,6 +106,7 @@ func WriteStatus(w io.Writer, d Doc) {
 		}
 	}
 	tw.Flush()
+	writeStandby(w, d)
 
 	writeGPUs(w, d)
 
@@ -283,6 +284,12 @@ func incidentLine(inc *state.Incident) string {
 	what := inc.Summary
 	if len(inc.Evidence) > 0 {
 		what = fmt.Sprintf("L%d: %s", inc.Evidence[0].N, strings.TrimSpace(inc.Evidence[0].Text))
+	}
+	if inc.VLLM != "" {
+		after = fmt.Sprintf("vLLM %s (%s), %s", inc.VLLM, inc.Role, after)
+		if inc.TakenOverBy != "" {
+			after += ", vLLM " + inc.TakenOverBy + " took over"
+		}
 	}
 	s := clean(fmt.Sprintf("%s %s, %s: %s", inc.Time.UTC().Format("2006-01-02 15:04:05 UTC"), inc.Cause, after, what))
 	if r := []rune(s); len(r) > incidentWidth {

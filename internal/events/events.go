@@ -29,6 +29,7 @@ const (
 	KindStopped     Kind = "stopped"      // the supervisor ended: ExitCode, Reason
 	KindIncident    Kind = "incident"     // an incident record was written (Reason: its path) or not ("not written: why")
 	KindAdmission   Kind = "admission"    // the proxy's limit changed bound, or its cost model became confident: Admission
+	KindFailover    Kind = "failover"     // the proxy's vLLM changed: a warm standby took over, or a swap to the ladder's rung: Failover
 )
 
 // Decisions a KindDecision event names.
@@ -65,6 +66,37 @@ type Event struct {
 	ExitCode *int     `json:"exit_code,omitempty"`
 
 	Admission *Admission `json:"admission,omitempty"`
+
+	// VLLM names the vLLM an event is about when the guard keeps a warm
+	// standby: "a" (on [vllm] port) or "b" (on [standby] port); Role is
+	// its role when the event was published: "serving" (the proxy's) or
+	// "standby". Both are empty without a standby.
+	VLLM string `json:"vllm,omitempty"`
+	Role string `json:"role,omitempty"`
+	// Failover is KindFailover's account; on the serving vLLM's exit it
+	// says that the standby took over.
+	Failover *Failover `json:"failover,omitempty"`
+}
+
+// Roles of the two vLLMs of a warm standby.
+const (
+	RoleServing = "serving"
+	RoleStandby = "standby"
+)
+
+// Failover is one change of the vLLM the proxy routes to.
+type Failover struct {
+	From string `json:"from"` // the vLLM that served: "a" or "b"
+	To   string `json:"to"`   // the one that serves now
+	// Swap: a planned change, not a death: the standby came ready on the
+	// ladder's rung while the serving vLLM ran another one.
+	Swap bool   `json:"swap,omitempty"`
+	Why  string `json:"why"`
+	// Left is when the serving vLLM left ready (its death seen); At is
+	// the switch. Seconds is At - Left.
+	Left    time.Time `json:"left"`
+	At      time.Time `json:"at"`
+	Seconds float64   `json:"seconds"`
 }
 
 // Admission is the proxy's limit: the bound in force (rung, memory, trend,

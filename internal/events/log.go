@@ -11,6 +11,10 @@ import (
 // (package alerts), not here.
 func Log(log *zap.Logger) func(Event) {
 	return func(e Event) {
+		log := log
+		if e.VLLM != "" {
+			log = log.With(zap.String("vllm", e.VLLM), zap.String("role", e.Role))
+		}
 		switch e.Kind {
 		case KindState:
 			fields := []zap.Field{zap.String("from", e.From), zap.String("reason", e.Reason)}
@@ -39,6 +43,14 @@ func Log(log *zap.Logger) func(Event) {
 			log.Debug("load progress", zap.String("phase", e.Phase))
 		case KindProbeFailed:
 			log.Debug("probe failed", zap.String("step", e.Probe.Step), zap.Int("status", e.Probe.Status), zap.String("error", e.Probe.Error))
+		case KindFailover:
+			f := e.Failover
+			what := "failover: the standby serves"
+			if f.Swap {
+				what = "swap: the standby on the ladder's rung serves"
+			}
+			log.Warn(what, zap.String("from", f.From), zap.String("to", f.To), zap.String("why", f.Why),
+				zap.Float64("seconds", f.Seconds))
 		case KindAdmission:
 			a := e.Admission
 			log.Info("proxy limit bound", zap.String("bound", a.Bound), zap.Int("limit", a.Limit),

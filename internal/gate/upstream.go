@@ -101,8 +101,12 @@ func New(cfg *config.Config, extra []string, src Sources) *Gate {
 func (g *Gate) Attach(p Proxy) { g.proxy = p }
 
 // Refresh records vLLM's address, readiness and rung from st.
-func (g *Gate) Refresh(st status.Status) {
-	_, ep := launch.BuildArgv(g.cfg.VLLM.Command, g.extra, st.Rung, g.cfg.VLLM.Host, g.cfg.VLLM.Port)
+func (g *Gate) Refresh(st status.Status) { g.RefreshOn(st, g.cfg.VLLM.Port) }
+
+// RefreshOn is Refresh for the vLLM that listens on port: with a warm
+// standby the proxy's vLLM is whichever of the two serves.
+func (g *Gate) RefreshOn(st status.Status, port int) {
+	_, ep := launch.BuildArgv(g.cfg.VLLM.Command, g.extra, st.Rung, g.cfg.VLLM.Host, port)
 	away := awayView{state: st.State, reason: st.Reason, startedAt: st.StartedAt, nextStartAt: st.NextStartAt,
 		lastTTR: st.TimeToReady, longestTTR: st.LongestTimeToReady, rung: st.Rung.Index}
 	if f := st.LastFailure; f != nil && f.Time.After(st.ReadySince) {

@@ -16,12 +16,13 @@ var _ control.Backend = (*Guard)(nil)
 
 // Doc builds the status document from the parts' snapshots.
 func (g *Guard) Doc() control.Doc {
-	st := g.sup.Status()
+	st := g.pair.Status()
 	gpu := g.gpu.Snapshot()
 	d := control.Doc{Version: buildinfo.Get().Version, Now: time.Now(), Guard: st, GPU: gpu, VLLM: g.stats.Latest(),
 		Alerts: control.AlertsInForce(g.alert.InForce())}
 	d.LastIncident = g.inc.Last()
 	d.Saved = g.savedDoc()
+	d.Standby = g.pair.standbyDoc()
 	if g.proxy != nil {
 		st := g.proxy.Stats()
 		d.Proxy = &st
@@ -29,10 +30,10 @@ func (g *Guard) Doc() control.Doc {
 	return d
 }
 
-func (g *Guard) Restart(ctx context.Context, peer string) error { return g.sup.Restart(ctx, peer) }
+func (g *Guard) Restart(ctx context.Context, peer string) error { return g.pair.Restart(ctx, peer) }
 
 func (g *Guard) ResetProfile(ctx context.Context, peer string) error {
-	return g.sup.ResetProfile(ctx, peer)
+	return g.pair.ResetProfile(ctx, peer)
 }
 
 func (g *Guard) Incidents(n int, each func(state.Incident) error) error {
@@ -44,10 +45,10 @@ func (g *Guard) Incidents(n int, each func(state.Incident) error) error {
 const wedgedAfter = 30 * time.Second
 
 func (g *Guard) Alive() (bool, string) {
-	if st := g.sup.Status(); st.State == status.StateFailed {
+	if st := g.pair.Status(); st.State == status.StateFailed {
 		return false, "gave up: " + st.Reason
 	}
-	if since := time.Since(g.sup.LastTurn()); since > wedgedAfter {
+	if since := time.Since(g.pair.LastTurn()); since > wedgedAfter {
 		return false, fmt.Sprintf("the supervisor's loop has not turned for %s", since.Round(time.Second))
 	}
 	return true, ""

@@ -47,7 +47,7 @@ type Guard struct {
 	store *state.Store
 	gpu   *gpumon.Monitor
 	pol   *policy.Policy
-	sup   *supervisor.Supervisor
+	pair  *pair // vLLM a's supervisor, and with [standby] b's: which one serves
 	met   *metrics.Metrics
 	sd    *notify.Notifier
 	alert *alerts.Dispatcher
@@ -59,6 +59,7 @@ type Guard struct {
 	inc   *incident.Recorder
 	jsonl *events.JSONLines // --events, nil when not asked for
 	saved savedState        // whether the state reaches state_dir
+	sbMet *standbyMetrics   // the standby's series; nil without one
 }
 
 // savedState is whether the guard's state reaches state_dir, for status,
@@ -135,36 +136,38 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		awaiting = func() (int, float64) { return g.proxy.Awaiting() }
 		inFlight = func() int { return g.proxy.Stats().Inflight }
 	}
-	sup, err := supervisor.New(cfg, supervisor.Options{
-		Log:       log,
-		Policy:    g.pol,
-		GPU:       supervisor.MonitorGPU(g.gpu),
-		Health:    supervisor.MonitorGPUHealth(g.gpu),
-		Events:    g.bus,
-		Persist:   g.savePolicy,
-		ExtraArgs: extra,
-		Load:      g.vllmLoad,
-		Progress:  g.vllmProgress,
-		Awaiting:  awaiting,
-		InFlight:  inFlight,
-		Args:      args,
-		Conns:     conns,
-	})
+	if err := standbyPortsOwn(cfg, extra); err != nil {
+		return nil, err
+	}
+	p, err := newPair(cfg, pairOptions{
+		opts: supervisor.Options{
+			Log:       log,
+			Policy:    g.pol,
+			GPU:       supervisor.MonitorGPU(g.gpu),
+			Health:    supervisor.MonitorGPUHealth(g.gpu),
+			ExtraArgs: extra,
+			Args:      args,
+			Conns:     conns,
+		},
+		persist: g.savePolicy, load: g.vllmLoad, progress: g.vllmProgress, awaiting: awaiting, inFlight: inFlight,
+	}, g.bus.Publish, log)
 	if err != nil {
 		return nil, err
 	}
-	g.sup = sup
+	g.pair = p
+	g.standbyMetrics()
 	// The scraper reaches vLLM only, like the probes: its key goes to no
 	// other listener on the port.
-	g.stats.Dial(sup.DialVLLM(&net.Dialer{Timeout: 5 * time.Second}))
-	g.gate = gate.New(cfg, extra, gate.Sources{Status: sup.Status, GPU: g.gpu.Snapshot,
+	g.stats.Dial(p.DialVLLM(&net.Dialer{Timeout: 5 * time.Second}))
+	g.gate = gate.New(cfg, extra, gate.Sources{Status: func() status.Status { st, _ := p.gateView(); return st }, GPU: g.gpu.Snapshot,
 		Sampled: g.gpu.Sampled, VLLM: g.stats.Latest, Publish: g.bus.Publish, Log: log})
-	g.gate.Refresh(sup.Status())
+	g.gate.RefreshOn(p.gateView())
 	if cfg.Proxy.Listen != "" {
 		g.gate.EnableMemory(store, pst.CostSamples)
 		g.proxy = proxy.New(cfg.Proxy, g.gate, g.met.Registry(), log.Named("proxy"))
-		// Clients' keys and prompts reach vLLM's own listener only.
-		g.proxy.DialThrough(sup.DialVLLM)
+		// Clients' keys and prompts reach vLLM's own listener only (the
+		// serving one's, by the port the gate names).
+		g.proxy.DialThrough(p.DialVLLM)
 		g.gate.Attach(g.proxy)
 		// A request refused another send after resume_limit deaths is
 		// named in the record of the death.
@@ -199,7 +202,7 @@ func (g *Guard) Run(ctx context.Context) int {
 	}
 	background(g.gpu.Run)
 	background(g.alert.Run)
-	background(func(ctx context.Context) { g.sd.RunWatchdog(ctx, g.sup.LastTurn) })
+	background(func(ctx context.Context) { g.sd.RunWatchdog(ctx, g.pair.LastTurn) })
 	background(g.forwardGPUAlerts)
 	go func() {
 		<-ctx.Done()
@@ -251,7 +254,7 @@ func (g *Guard) Run(ctx context.Context) int {
 		background(g.gate.Run)
 	}
 
-	code := g.sup.Run(ctx)
+	code := g.pair.Run(ctx)
 	if g.proxy != nil {
 		// The deaths' accounts still open go to their records before
 		// these close, with the requests still going as pending.
@@ -292,14 +295,22 @@ func (g *Guard) onEvent(e events.Event) {
 	case events.KindStarting:
 		g.met.Started()
 	case events.KindState:
-		logging.SetGuardState(e.State)
-		g.onState(g.sup.Status())
+		st := g.pair.Status()
+		logging.SetGuardState(string(st.State))
+		g.onState(st)
+	case events.KindFailover:
+		g.onState(g.pair.Status())
+		g.onFailover(*e.Failover)
 	case events.KindProgress:
 		g.onProgress(e.Phase)
 	case events.KindReady:
-		g.onReady(e.First, e.TimeToReady)
+		g.standbyReady()
+		if e.Role != events.RoleStandby {
+			g.onReady(e.First, e.TimeToReady)
+		}
 	case events.KindExited:
-		g.onFailure(*e.Failure)
+		g.standbyReady()
+		g.onFailure(*e.Failure, e.Role == events.RoleStandby)
 	case events.KindIncident:
 		if why, ok := strings.CutPrefix(e.Reason, incident.NotWritten); ok {
 			g.notSaved(fmt.Errorf("an incident record could not be written (status keeps the last one): %s", why), g.pol.Current().Index)
@@ -313,8 +324,10 @@ func (g *Guard) onEvent(e events.Event) {
 	}
 }
 
+// onState: st is the serving vLLM's status (the guard's public state).
 func (g *Guard) onState(st status.Status) {
-	g.gate.Refresh(st)
+	g.gate.RefreshOn(g.pair.gateView())
+	g.standbyReady()
 	if g.proxy != nil {
 		g.proxy.Notify()
 	}
@@ -346,9 +359,11 @@ func (g *Guard) onReady(first bool, ttr time.Duration) {
 	g.alert.Clear(alerts.GPUFault) // a survivable fault: vLLM serves again
 }
 
-func (g *Guard) onFailure(f status.Failure) {
+// onFailure: standby is true for the death of a standby, which served no
+// client: the proxy's memory-aware limit does not step down for it.
+func (g *Guard) onFailure(f status.Failure, standby bool) {
 	g.met.Exited(f.Verdict.Cause)
-	if f.Verdict.Cause == cause.CauseOOM {
+	if f.Verdict.Cause == cause.CauseOOM && !standby {
 		g.gate.OnOOM()
 	}
 	for _, e := range alerts.FromFailure(f) {
@@ -366,7 +381,7 @@ func (g *Guard) forwardGPUAlerts(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case a := <-ch:
-			g.alert.Send(alerts.FromGPU(a, g.sup.Status().Rung))
+			g.alert.Send(alerts.FromGPU(a, g.pair.Status().Rung))
 		}
 	}
 }

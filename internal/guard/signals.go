@@ -30,7 +30,7 @@ func (g *Guard) HandleSignals(sigs <-chan os.Signal, done <-chan struct{}, stop 
 			default:
 				if stopping {
 					g.log.Warn("asked to stop again: killing vLLM's process tree now", zap.String("signal", sig.String()))
-					g.sup.Kill()
+					g.pair.Kill()
 					continue
 				}
 				stopping = true
@@ -72,7 +72,7 @@ func (g *Guard) reload(path, instance string) {
 	g.gpu.SetThresholds(cfg.GPU.Thresholds)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	pending, err := g.sup.Reload(ctx, cfg)
+	pending, err := g.pair.Reload(ctx, cfg)
 	if err != nil {
 		g.log.Error("config reload: the supervisor did not take it", zap.Error(err))
 		return

@@ -148,6 +148,10 @@ func (r *Recorder) Handle(e events.Event) {
 	// Bounded at once: the record kept for status is no larger than the
 	// one written, whatever vLLM (or a client through it) printed.
 	inc := state.Bounded(Assemble(*e.Failure, r.memory(), r.childLines, r.interval))
+	inc.VLLM, inc.Role = e.VLLM, e.Role
+	if e.Failover != nil {
+		inc.TakenOverBy = e.Failover.To
+	}
 	if r.held != nil {
 		h := r.held()
 		inc.Held = &h

@@ -62,6 +62,13 @@ type Incident struct {
 	// the next death or the guard's stop, with those still going as
 	// pending); nil until then, and without the proxy.
 	Requests *DeathRequests `json:"requests,omitempty"`
+	// VLLM and Role name the vLLM that died when the guard keeps a warm
+	// standby ("a" or "b"; "serving" or "standby"); TakenOverBy names the
+	// standby that served at once when the serving one died ("": none was
+	// ready, or no standby).
+	VLLM        string `json:"vllm,omitempty"`
+	Role        string `json:"role,omitempty"`
+	TakenOverBy string `json:"taken_over_by,omitempty"`
 	// Unreadable is set, by the reader only, on a record it could not
 	// read: ID names its file, Time is the one in its name, and this says
 	// why (too large, not JSON, not a regular file). The record is named,

@@ -11,6 +11,7 @@ import (
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/supervisor/heart"
 )
 
 // The executor's side of the effects: each one into calls, an answer
@@ -41,6 +42,11 @@ func (m *machine) applyWorld(f effect) {
 	case fxEnter:
 		if s.traceSub != nil {
 			s.traceSub(f.From, f.To)
+		}
+		dying := f.To == heart.SubEngineDead || f.To == heart.SubServerExiting
+		s.dying.Store(dying)
+		if dying && s.onDying != nil {
+			s.onDying()
 		}
 	case fxStatus:
 		s.update(f.At, f.Set)
@@ -98,19 +104,24 @@ func (m *machine) askPolicy(f effect) event {
 		}
 		return event{Kind: evClassified, Exit: exit, Verdict: cause.Classify(exit)}
 	case fxDecide:
-		d := s.pol.OnFailure(now, f.V)
+		var d policy.Decision
+		s.withPolicy(func(p *policy.Policy) { d = p.OnFailure(now, f.V) })
 		s.savePolicy()
 		m.describeCost()
 		return event{Kind: evDecided, Decision: d}
 	case fxRestore:
-		s.pol.OnRestore(now)
+		s.withPolicy(func(p *policy.Policy) { p.OnRestore(now) })
 		s.savePolicy()
-		return event{Kind: evRestored, Rung: s.pol.Current()}
+		return event{Kind: evRestored, Rung: s.rung()}
 	case fxAskRestore:
-		r, due := s.pol.RestoreDue(now, f.Peak, f.Idle)
+		var r policy.Rung
+		var due bool
+		if s.mayRestore == nil || s.mayRestore() {
+			s.withPolicy(func(p *policy.Policy) { r, due = p.RestoreDue(now, f.Peak, f.Idle) })
+		}
 		return event{Kind: evRestoreDue, Rung: r, Due: due}
 	default: // fxAskRung
-		return event{Kind: evRung, Rung: s.pol.Current()}
+		return event{Kind: evRung, Rung: s.rung()}
 	}
 }
 
@@ -120,7 +131,7 @@ func (m *machine) tellPolicy(f effect) {
 	s, now := m.s, m.at
 	switch f := f.(type) {
 	case fxObserveCost:
-		s.pol.ObserveCost(f.Running, f.Used, f.Total)
+		s.withPolicy(func(p *policy.Policy) { p.ObserveCost(f.Running, f.Used, f.Total) })
 		if f.Describe {
 			m.describeCost()
 		}
@@ -130,15 +141,15 @@ func (m *machine) tellPolicy(f effect) {
 		s.cfg = f.Cfg
 		s.pendingReload.Store(f.Pending)
 	case fxResetProfile:
-		s.pol.ResetProfile()
+		s.withPolicy(func(p *policy.Policy) { p.ResetProfile() })
 		s.savePolicy()
-		rung := s.pol.Current()
+		rung := s.rung()
 		s.publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionProfileReset, Rung: &rung,
 			Reason: "operator " + f.Peer + " reset the profile: rung 0 at the next start"})
 	case fxSavePolicy:
 		s.savePolicy()
 	case fxPolicyStart:
-		s.pol.OnStart(now)
+		s.withPolicy(func(p *policy.Policy) { p.OnStart(now) })
 		s.savePolicy()
 	case fxReady:
 		m.ready(f.TTR)
@@ -151,10 +162,13 @@ func (m *machine) ready(ttr time.Duration) {
 	s := m.s
 	m.res.out.loaded.Store(true)
 	m.refreshTree()
-	s.pol.OnReady(m.at)
-	s.pol.NoteTimeToReady(ttr)
+	var longest time.Duration
+	s.withPolicy(func(p *policy.Policy) {
+		p.OnReady(m.at)
+		p.NoteTimeToReady(ttr)
+		longest = p.LongestTimeToReady()
+	})
 	s.savePolicy()
-	longest := s.pol.LongestTimeToReady()
 	s.update(m.at, func(st *Status) { st.LongestTimeToReady = longest })
 	if s.gpu != nil {
 		s.gpu.SetLoading(false)
@@ -164,8 +178,10 @@ func (m *machine) ready(ttr time.Duration) {
 // describeCost puts the cost model's one-line summary in the status.
 func (m *machine) describeCost() {
 	s := m.s
-	r := s.pol.Current()
-	d := s.pol.Cost().Describe(r.GPUMemoryUtilization, s.cfg.Profile.Headroom)
+	var d string
+	s.withPolicy(func(p *policy.Policy) {
+		d = p.Cost().Describe(p.Current().GPUMemoryUtilization, s.cfg.Profile.Headroom)
+	})
 	s.update(m.at, func(st *Status) { st.Cost = d })
 }
 
@@ -174,12 +190,12 @@ func (m *machine) applyConfig(cfg *config.Config) {
 	s := m.s
 	s.cfg = cfg
 	s.pendingReload.Store(false)
-	s.pol.Reconfigure(cfg.Policy())
+	s.withPolicy(func(p *policy.Policy) { p.Reconfigure(cfg.Policy()) })
 	if args, err := cfg.VLLMArgs(s.extra); err == nil {
 		s.args = args
-		s.pol.SetKVCacheBytes(args.KVCacheMemoryBytes)
+		s.withPolicy(func(p *policy.Policy) { p.SetKVCacheBytes(args.KVCacheMemoryBytes) })
 	} else {
-		s.pol.SetKVCacheBytes(s.args.KVCacheMemoryBytes)
+		s.withPolicy(func(p *policy.Policy) { p.SetKVCacheBytes(s.args.KVCacheMemoryBytes) })
 		s.log.Warn("the reloaded vLLM command line cannot be read; probes keep the old names and keys", zap.Error(err))
 	}
 	if names := cfg.ServedModelNames(s.args); len(names) > 0 {

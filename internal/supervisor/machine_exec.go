@@ -124,7 +124,7 @@ func (m *machine) take(e *event) bool {
 func (m *machine) read(k evKind) facts {
 	s := m.s
 	st := s.status.Load()
-	f := facts{Rung: s.pol.Current(), State: st.State, Reason: st.Reason, ShutdownTimeout: s.shutdownTimeout(), Dropped: m.sink.dropped.Load()}
+	f := facts{Rung: s.rung(), State: st.State, Reason: st.Reason, ShutdownTimeout: s.shutdownTimeout(), Dropped: m.sink.dropped.Load()}
 	if c := m.res.child; c != nil {
 		f.TreeGone, f.APIGone = closed(c.Done()), closed(c.APIGone())
 	}

@@ -47,7 +47,8 @@ func (s *Supervisor) stopPolicyWriter() {
 // goroutine is the only caller, so the replace below cannot race another
 // sender); outside Run it saves at once.
 func (s *Supervisor) savePolicy() {
-	st := s.pol.State()
+	var st policy.State
+	s.withPolicy(func(p *policy.Policy) { st = p.State() })
 	w := s.writer
 	if w == nil {
 		s.persist(st)

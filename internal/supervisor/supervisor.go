@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -109,6 +110,18 @@ type Options struct {
 	// Conns records the guard's own connections to vLLM, whose access-log
 	// lines are dropped (nil: a new set).
 	Conns *ownconns.Set
+	// PolicyMu guards Policy when supervisors share it (a warm standby:
+	// one ladder for two vLLMs); every call of this supervisor into the
+	// policy holds it. nil: a mutex of its own.
+	PolicyMu *sync.Mutex
+	// MayRestore says whether this supervisor may step its vLLM up a rung
+	// now (restore); nil: always. A standby never restores on its own.
+	MayRestore func() bool
+	// OnDying, when set, is called on the machine's goroutine when vLLM,
+	// still ready in its status, is known to be going: its engine dead
+	// (engine_dead) or its API server finished (server_exiting). A warm
+	// standby takes over then, not at the exit seconds later.
+	OnDying func()
 }
 
 // Supervisor runs vLLM until stopped. Make one with New, then Run it.
@@ -158,6 +171,11 @@ type Supervisor struct {
 	pendingReload atomic.Bool // a reloaded config waits for vLLM's next start
 
 	writer *policyWriter // saves the policy's state while Run runs (Run's goroutine only)
+
+	polMu      *sync.Mutex // held around every call into pol (Options.PolicyMu)
+	mayRestore func() bool // Options.MayRestore
+	onDying    func()      // Options.OnDying
+	dying      atomic.Bool // in engine_dead or server_exiting (Dying)
 }
 
 // New makes a supervisor; it starts nothing.
@@ -191,7 +209,11 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 	if conns == nil {
 		conns = ownconns.New()
 	}
-	s := &Supervisor{cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, health: opts.Health, bus: opts.Events, persist: persist,
+	polMu := opts.PolicyMu
+	if polMu == nil {
+		polMu = &sync.Mutex{}
+	}
+	s := &Supervisor{polMu: polMu, mayRestore: opts.MayRestore, onDying: opts.OnDying, cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, health: opts.Health, bus: opts.Events, persist: persist,
 		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, tokens: opts.Progress, waiting: opts.Awaiting, inFlight: opts.InFlight, reqs: make(chan request), kill: make(chan struct{}, 1),
 		launcher: processLauncher{}, hostOOM: adapters.HostOOMKills, portHolder: adapters.PortHolder, args: args, conns: conns}
 	if names := cfg.ServedModelNames(args); len(names) > 0 {
@@ -202,8 +224,10 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 		sp.Tree = tree
 		return adapters.NewProber(ep, sp)
 	}
+	s.polMu.Lock()
 	st := Status{State: publicState[subIdle], Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[cause.Cause]int{},
 		Cost: s.pol.Cost().Describe(s.pol.Current().GPUMemoryUtilization, cfg.Profile.Headroom), LongestTimeToReady: s.pol.LongestTimeToReady()}
+	s.polMu.Unlock()
 	s.status.Store(&st)
 	s.lastTurn.Store(time.Now())
 	return s, nil
@@ -211,6 +235,10 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 
 // Status returns a copy of the current status; safe from any goroutine.
 func (s *Supervisor) Status() Status { return s.status.Load().Clone() }
+
+// Dying says that vLLM, though its status still says ready, is going: its
+// engine is dead or its API server finished; it serves nothing more.
+func (s *Supervisor) Dying() bool { return s.dying.Load() }
 
 // LastTurn is when the supervisor's loop last proved it is turning.
 //
@@ -291,8 +319,23 @@ func (s *Supervisor) criticalFraction() float64 {
 	if s.gpu != nil {
 		return s.gpu.CriticalFraction()
 	}
-	_, c := s.cfg.GPU.Thresholds(s.pol.Current().GPUMemoryUtilization)
+	_, c := s.cfg.GPU.Thresholds(s.rung().GPUMemoryUtilization)
 	return c
+}
+
+// rung is the policy's rung in force (the next start's).
+func (s *Supervisor) rung() policy.Rung {
+	s.polMu.Lock()
+	defer s.polMu.Unlock()
+	return s.pol.Current()
+}
+
+// withPolicy calls f with the policy held (Options.PolicyMu): f only
+// calls the policy, never publishes or waits.
+func (s *Supervisor) withPolicy(f func(p *policy.Policy)) {
+	s.polMu.Lock()
+	defer s.polMu.Unlock()
+	f(s.pol)
 }
 
 // Conns records the guard's own connections to vLLM: the metrics scraper

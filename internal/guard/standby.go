@@ -1,0 +1,99 @@
+package guard
+
+// standby.go: what the guard's parts show of the warm standby (pair.go):
+// its metrics and the check that each vLLM gets a port of its own.
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/launch"
+	"github.com/vllm-guard/vllm-guard/internal/metrics"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+)
+
+// standbyMetrics are the standby's series; nil without a standby.
+type standbyMetrics struct {
+	ready     prometheus.Gauge
+	serving   *prometheus.GaugeVec
+	failovers prometheus.Counter
+	swaps     prometheus.Counter
+	seconds   prometheus.Histogram
+}
+
+// standbyPortsOwn refuses a standby when vLLM's command line sets its own
+// --port: both vLLMs would get it, and the standby would never bind.
+func standbyPortsOwn(cfg *config.Config, extra []string) error {
+	if cfg.Standby.Mode == config.StandbyOff || cfg.Standby.Mode == "" {
+		return nil
+	}
+	_, ep := launch.BuildArgv(cfg.VLLM.Command, extra, policy.Rung{}, cfg.VLLM.Host, cfg.VLLM.Port)
+	if ep.Port != cfg.VLLM.Port {
+		return &config.Error{File: cfg.Path, Key: "[vllm] command", Msg: fmt.Sprintf("sets --port %d, but with a standby each vLLM gets a port of its own "+
+			"([vllm] port, [standby] port): remove --port from the command (or from the arguments after --) and set [vllm] port = %d", ep.Port, ep.Port)}
+	}
+	return nil
+}
+
+// standbyMetrics registers the standby's series (with a standby only).
+func (g *Guard) standbyMetrics() {
+	if !g.pair.standby {
+		return
+	}
+	ns := metrics.Namespace
+	m := &standbyMetrics{
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "standby_ready",
+			Help: "1 while the standby vLLM is ready to take over at once, else 0."}),
+		serving: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "serving_vllm",
+			Help: "1 for the vLLM the proxy routes to (a: [vllm] port, b: [standby] port), 0 for the other."}, []string{"vllm"}),
+		failovers: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "failovers_total",
+			Help: "Failovers: the serving vLLM left ready and the standby served at once."}),
+		swaps: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "standby_swaps_total",
+			Help: "Planned swaps to a standby on the ladder's rung (after an OOM stepped it down, or a restore)."}),
+		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "failover_seconds",
+			Help:    "From the serving vLLM leaving ready to the proxy's switch to the standby.",
+			Buckets: []float64{0.001, 0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300}}),
+	}
+	g.met.Registry().MustRegister(m.ready, m.serving, m.failovers, m.swaps, m.seconds)
+	g.sbMet = m
+	g.standbyReady()
+}
+
+// standbyReady sets the standby's gauges from the pair now.
+func (g *Guard) standbyReady() {
+	m := g.sbMet
+	if m == nil {
+		return
+	}
+	d := g.pair.standbyDoc()
+	m.ready.Set(b2f(d.StandbyReady))
+	for _, v := range d.VLLMs {
+		m.serving.WithLabelValues(v.Name).Set(b2f(v.Name == d.Serving))
+	}
+}
+
+func (g *Guard) onFailover(f events.Failover) {
+	g.standbyReady()
+	if m := g.sbMet; m != nil {
+		if f.Swap {
+			m.swaps.Inc()
+		} else {
+			m.failovers.Inc()
+			m.seconds.Observe(f.Seconds)
+		}
+	}
+	if !f.Swap {
+		g.log.Info("the standby serves: the dead vLLM restarts as the new standby", zap.String("serving", f.To), zap.String("died", f.From))
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

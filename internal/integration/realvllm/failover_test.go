@@ -1,6 +1,7 @@
 package realvllm
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"slices"
@@ -10,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/control"
+	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
@@ -34,13 +37,98 @@ func newFailoverScene(t testing.TB, standby bool) *scene {
 	return s
 }
 
+// TestFailoverToTheStandby: with a warm standby ([standby] mode =
+// "process"), a SIGKILL of the serving vLLM's EngineCore under 16 greedy
+// streams (completions and chat, half with stop strings, 2 ids a chunk)
+// costs the clients nothing: every stream ends with [DONE], no error
+// event, and the token ids and text of the same request run
+// uninterrupted, continued on the standby, which serves from then on; the
+// killed vLLM comes back as the new standby. Then a SIGKILL of the
+// standby's EngineCore under the streams cuts none of them and leaves the
+// serving vLLM alone (same pid, no failover), and a standby is ready
+// again. `vllm-guard status` names both vLLMs throughout. No timing is
+// asserted: kill → first continued token is BenchmarkFailover's figure.
+func TestFailoverToTheStandby(t *testing.T) {
+	scenario(t, "standby on: a SIGKILL of the serving EngineCore under 16 streams: all continue on the standby, exactly; a new standby comes ready; a SIGKILL of the standby's EngineCore cuts no stream and leaves the serving vLLM alone")
+	s := newFailoverScene(t, true)
+	s.start()
+	s.waitServing(true)
+	ss := newStreamSet(t, s.proxyURL())
+	before := s.standbyDoc()
+	s.namesBoth(before)
+
+	// The serving vLLM dies: the standby serves, every stream continues.
+	d := s.killServing(ss)
+	ss.check(t, d.got)
+	if len(d.continued) == 0 {
+		t.Fatalf("no stream was continued (%d were short of their answer at the kill): the failover was not exercised", d.inFlight)
+	}
+	t.Logf("%d streams short of their answer at the kill, %d continued; kill → first continued token %s … %s", d.inFlight, len(d.continued),
+		slices.Min(d.continued), slices.Max(d.continued))
+	after := s.standbyDoc()
+	s.namesBoth(after)
+	was, now := before.vllm(events.RoleStandby), after.vllm(events.RoleServing)
+	if now.Name != was.Name || now.PID != was.PID || after.Failovers != 1 || !after.StandbyReady {
+		t.Fatalf("after the serving vLLM's death: %+v serves (want the standby %+v, same pid); %d failovers (want 1); standby ready %v (want a new one)",
+			now, was, after.Failovers, after.StandbyReady)
+	}
+
+	// The standby dies: nothing a client sees, nothing the serving vLLM
+	// goes through.
+	standby := after.vllm(events.RoleStandby)
+	core := s.coreOf(standby.PID)
+	if core == 0 {
+		t.Fatalf("the standby vLLM %s (pid %d) has no VLLM::EngineCore", standby.Name, standby.PID)
+	}
+	readyBefore := s.CountEvents(isReady)
+	load := ss.launch()
+	load.waitTenIn(t, exitBound)
+	if err := syscall.Kill(core, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	s.WaitEvent("the standby's exit", 1, exitBound, func(e events.Event) bool { return isExited(e) && e.PID == standby.PID })
+	got := load.wait()
+	ss.check(t, got)
+	for i, v := range got {
+		if !v.cutAt.IsZero() {
+			t.Errorf("stream %d was held (%s after the standby's death): the serving vLLM was touched", i, v.cutAt.Format(time.StampMilli))
+		}
+	}
+	ready := s.WaitEvent("the standby ready again", readyBefore+1, startBound, isReady)
+	final := s.standbyDoc()
+	s.namesBoth(final)
+	if still := final.vllm(events.RoleServing); ready.VLLM != standby.Name || still.Name != now.Name || still.PID != now.PID || final.Failovers != 1 || !final.StandbyReady {
+		t.Fatalf("after the standby's death: vLLM %q came ready (want the standby %s); serving %+v (want %+v, untouched); %d failovers (want 1); standby ready %v",
+			ready.VLLM, standby.Name, final.vllm(events.RoleServing), now, final.Failovers, final.StandbyReady)
+	}
+}
+
+// namesBoth checks that status names both vLLMs, one serving and one
+// standby, each with its pid, in its JSON and in the human view.
+func (s *scene) namesBoth(sb *pairView) {
+	s.t.Helper()
+	if sb == nil {
+		s.t.Fatal("status has no standby part")
+	}
+	serving, standby := sb.vllm(events.RoleServing), sb.vllm(events.RoleStandby)
+	if len(sb.VLLMs) != 2 || serving.PID == 0 || standby.PID == 0 || sb.Serving != serving.Name {
+		s.t.Fatalf("status names %+v (serving %q): want two vLLMs, one serving, one standby, both running", sb.VLLMs, sb.Serving)
+	}
+	human, _ := s.guardCLI("status", "--socket", s.socket())
+	for _, v := range []control.StandbyVLLM{serving, standby} {
+		if !strings.Contains(human, fmt.Sprintf("vLLM %s", v.Name)) || !strings.Contains(human, fmt.Sprintf("pid %d", v.PID)) {
+			s.t.Fatalf("`vllm-guard status` does not name vLLM %s (pid %d):\n%s", v.Name, v.PID, human)
+		}
+	}
+}
+
 // waitServing waits until the guard serves, and with the standby until
 // the standby is ready too.
 func (s *scene) waitServing(standby bool) {
 	s.t.Helper()
 	s.WaitEvent("ready", 1, startBound, isReady)
 	if standby {
-		s.WaitEvent("standby ready", 2, startBound, isReady)
+		s.WaitEvent("the standby vLLM b ready", 1, startBound, func(e events.Event) bool { return isReady(e) && e.VLLM == "b" })
 	}
 }
 
@@ -80,9 +168,13 @@ func parentOf(pid int) int {
 	return ppid
 }
 
-// servingPID is the pid of the vLLM the proxy routes to.
+// servingPID is the pid of the vLLM the proxy routes to: with a standby,
+// the one status calls serving.
 func (s *scene) servingPID() int {
 	s.t.Helper()
+	if sb := s.standbyDoc(); sb != nil {
+		return sb.vllm(events.RoleServing).PID
+	}
 	for _, e := range slices.Backward(s.Events()) {
 		if isReady(e) && e.PID != 0 {
 			return e.PID
@@ -157,4 +249,32 @@ func idsWrong(got, want []int, finished bool) int {
 		n += len(want) - len(got)
 	}
 	return n
+}
+
+// pairView is status's account of the two vLLMs ([standby]).
+type pairView control.Standby
+
+// standbyDoc is `vllm-guard status --json`'s standby part, nil without one.
+func (s *scene) standbyDoc() *pairView {
+	s.t.Helper()
+	raw, ok := s.status()["standby"]
+	if !ok || raw == nil {
+		return nil
+	}
+	b, _ := json.Marshal(raw)
+	var sb pairView
+	if err := json.Unmarshal(b, &sb); err != nil {
+		s.t.Fatalf("status's standby: %v\n%s", err, b)
+	}
+	return &sb
+}
+
+// vllm is the vLLM in role (serving, standby); the zero value when none.
+func (sb *pairView) vllm(role string) control.StandbyVLLM {
+	for _, v := range sb.VLLMs {
+		if v.Role == role {
+			return v
+		}
+	}
+	return control.StandbyVLLM{}
 }

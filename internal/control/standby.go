@@ -18,7 +18,11 @@ type Standby struct {
 	Serving      string        `json:"serving"` // "a" or "b"
 	StandbyReady bool          `json:"standby_ready"`
 	VLLMs        []StandbyVLLM `json:"vllms"`
-	Failovers    int           `json:"failovers"`
+	// AdmittedMaxNumSeqs is the max_num_seqs the proxy admits for: the
+	// serving vLLM's, or the ladder's when that is lower (a promoted
+	// standby still on the flags of the rung before an OOM).
+	AdmittedMaxNumSeqs int `json:"admitted_max_num_seqs"`
+	Failovers          int `json:"failovers"`
 	// Swaps are the planned changes to a standby on the ladder's rung.
 	Swaps        int              `json:"swaps"`
 	LastFailover *events.Failover `json:"last_failover,omitempty"`
@@ -50,8 +54,8 @@ func writeStandby(w io.Writer, d Doc) {
 	if f := sb.LastFailover; f != nil {
 		last = fmt.Sprintf("%s → %s %s (%.2f s from the death to the switch)", clean(f.From), clean(f.To), at(d.Now, f.At), f.Seconds)
 	}
-	fmt.Fprintf(w, "Standby (%s): vLLM %s serves; standby %s; %d %s, last %s\n", clean(sb.Mode), clean(sb.Serving), ready,
-		sb.Failovers, plural(sb.Failovers, "failover", "failovers"), last)
+	fmt.Fprintf(w, "Standby (%s): vLLM %s serves (admitted for max_num_seqs %d); standby %s; %d %s, last %s\n", clean(sb.Mode), clean(sb.Serving),
+		sb.AdmittedMaxNumSeqs, ready, sb.Failovers, plural(sb.Failovers, "failover", "failovers"), last)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, v := range sb.VLLMs {
 		pid := "not running"

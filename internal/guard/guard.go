@@ -13,6 +13,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -60,6 +61,8 @@ type Guard struct {
 	jsonl *events.JSONLines // --events, nil when not asked for
 	saved savedState        // whether the state reaches state_dir
 	sbMet *standbyMetrics   // the standby's series; nil without one
+	// standbyDied: the exit being recorded is a standby's (proxyDied).
+	standbyDied atomic.Bool
 }
 
 // savedState is whether the guard's state reaches state_dir, for status,
@@ -178,7 +181,7 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		})
 		// What became of the requests each death touched comes into its
 		// record once they have all finished.
-		g.inc.SetDeaths(g.proxy.Died)
+		g.inc.SetDeaths(g.proxyDied)
 		g.proxy.SetOnDeathRequests(g.inc.NoteRequests)
 	}
 	return g, nil
@@ -299,8 +302,8 @@ func (g *Guard) onEvent(e events.Event) {
 		logging.SetGuardState(string(st.State))
 		g.onState(st)
 	case events.KindFailover:
-		g.onState(g.pair.Status())
 		g.onFailover(*e.Failover)
+		g.onState(g.pair.Status())
 	case events.KindProgress:
 		g.onProgress(e.Phase)
 	case events.KindReady:
@@ -309,8 +312,11 @@ func (g *Guard) onEvent(e events.Event) {
 			g.onReady(e.First, e.TimeToReady)
 		}
 	case events.KindExited:
+		// (Before the incident recorder hears it: a standby's death is
+		// no death of the proxy's vLLM.)
+		g.standbyDied.Store(e.Role == events.RoleStandby)
 		g.standbyReady()
-		g.onFailure(*e.Failure, e.Role == events.RoleStandby)
+		g.onFailure(*e.Failure, e.Role == events.RoleStandby, e.VLLM)
 	case events.KindIncident:
 		if why, ok := strings.CutPrefix(e.Reason, incident.NotWritten); ok {
 			g.notSaved(fmt.Errorf("an incident record could not be written (status keeps the last one): %s", why), g.pol.Current().Index)
@@ -359,14 +365,21 @@ func (g *Guard) onReady(first bool, ttr time.Duration) {
 	g.alert.Clear(alerts.GPUFault) // a survivable fault: vLLM serves again
 }
 
-// onFailure: standby is true for the death of a standby, which served no
-// client: the proxy's memory-aware limit does not step down for it.
-func (g *Guard) onFailure(f status.Failure, standby bool) {
+// onFailure: standby is true for the death of a standby (vLLM name),
+// which served no client: the proxy's memory-aware limit does not step
+// down for it, and its alerts say it was the standby.
+func (g *Guard) onFailure(f status.Failure, standby bool, name string) {
 	g.met.Exited(f.Verdict.Cause)
 	if f.Verdict.Cause == cause.CauseOOM && !standby {
 		g.gate.OnOOM()
 	}
 	for _, e := range alerts.FromFailure(f) {
+		if standby {
+			e.Message = "the standby vLLM " + name + " (the serving one is untouched): " + e.Message
+			if e.Alert == alerts.GaveUp {
+				e.Message += "; the guard serves without a standby"
+			}
+		}
 		g.alert.Send(e)
 	}
 }

@@ -59,6 +59,14 @@ type pair struct {
 	swaps       int
 	last        *events.Failover    // the last failover (not a swap)
 	diedServing [2]*events.Failover // a failover away from i, for i's next exit event
+	restarting  [2]bool             // a planned restart of i was asked and i has not left ready yet
+}
+
+// restartOrder is a planned restart the pair asks of vLLM i's supervisor
+// (i -1: none).
+type restartOrder struct {
+	i   int
+	why string
 }
 
 // pairOptions are what the pair's supervisors get besides their own
@@ -188,8 +196,10 @@ func (p *pair) from(i int) func(events.Event) {
 			p.diedServing[i] = nil
 		}
 		p.mu.Unlock()
-		p.out(e)
+		// The failover first: the proxy must see the serving vLLM go
+		// before anything shows the other one ready (Guard.onFailover).
 		p.announce(fo, restart)
+		p.out(e)
 	}
 }
 
@@ -202,15 +212,15 @@ func (p *pair) dying(i int) {
 	p.announce(fo, restart)
 }
 
-// announce publishes a failover or swap and starts a swap's restart.
-func (p *pair) announce(fo *events.Failover, restart int) {
+// announce publishes a failover or swap and starts a planned restart.
+func (p *pair) announce(fo *events.Failover, r restartOrder) {
 	if fo != nil {
 		p.out(events.Event{Kind: events.KindFailover, Time: fo.At, VLLM: fo.To, Role: events.RoleServing, Reason: fo.Why, Failover: fo})
 	}
-	if restart >= 0 {
+	if r.i >= 0 {
 		go func() {
-			if err := p.m[restart].sup.Restart(p.life, "the guard (a swap to the ladder's rung)"); err != nil && p.life.Err() == nil {
-				p.log.Warn("the swap's restart of the old vLLM was not taken", zap.String("vllm", vllmName(restart)), zap.Error(err))
+			if err := p.m[r.i].sup.Restart(p.life, "the guard: "+r.why); err != nil && p.life.Err() == nil {
+				p.log.Warn("the planned restart of the standby vLLM was not taken", zap.String("vllm", vllmName(r.i)), zap.Error(err))
 			}
 		}()
 	}
@@ -225,8 +235,20 @@ func (p *pair) roleLocked(i int) string {
 
 // stepLocked reads both vLLMs and the ladder at now and applies the
 // decision: the failover or swap it made (nil: none) and the vLLM to
-// restart on purpose (-1: none).
-func (p *pair) stepLocked(now time.Time) (*events.Failover, int) {
+// restart on purpose (once per stretch of readiness).
+func (p *pair) stepLocked(now time.Time) (*events.Failover, restartOrder) {
+	fo, mv := p.switchLocked(now)
+	r := restartOrder{i: -1}
+	if mv.Restart >= 0 && !p.restarting[mv.Restart] {
+		p.restarting[mv.Restart] = true
+		r = restartOrder{i: mv.Restart, why: mv.Why}
+	}
+	return fo, r
+}
+
+// switchLocked reads both vLLMs and the ladder at now and makes the
+// decision's failover or swap (nil: none).
+func (p *pair) switchLocked(now time.Time) (*events.Failover, pairMove) {
 	s := int(p.serving.Load())
 	v := pairView{Serving: s, Current: p.current()}
 	final := false
@@ -235,6 +257,9 @@ func (p *pair) stepLocked(now time.Time) (*events.Failover, int) {
 		v.V[i] = vllmView{State: st.State, Rung: st.Rung}
 		if st.State == status.StateReady && m.sup.Dying() {
 			v.V[i].State = stateDying
+		}
+		if !v.V[i].ready() {
+			p.restarting[i] = false
 		}
 		final = final || (st.State == status.StateStopping && status.FinalStop(st.Reason))
 	}
@@ -245,11 +270,11 @@ func (p *pair) stepLocked(now time.Time) (*events.Failover, int) {
 		p.leftAt = now
 	}
 	if final || p.stopped.Load() {
-		return nil, -1 // the guard stops both: the serving one drains where it is
+		return nil, pairMove{Serve: s, Restart: -1} // the guard stops both: the serving one drains where it is
 	}
 	mv := decide(v)
 	if mv.Serve == s {
-		return nil, -1
+		return nil, mv
 	}
 	p.serving.Store(int32(mv.Serve))
 	fo := &events.Failover{From: vllmName(s), To: vllmName(mv.Serve), Swap: mv.Swap, Why: mv.Why, Left: now, At: now}
@@ -263,7 +288,7 @@ func (p *pair) stepLocked(now time.Time) (*events.Failover, int) {
 	}
 	fo.Seconds = fo.At.Sub(fo.Left).Seconds()
 	p.leftAt = time.Time{}
-	return fo, mv.Restart
+	return fo, mv
 }
 
 // Run runs vLLM a's supervisor, and b's from a's first ready, until ctx
@@ -321,6 +346,21 @@ func (p *pair) runOne(ctx context.Context, i int) int {
 
 // Status is the serving vLLM's status: the guard's public state.
 func (p *pair) Status() status.Status { return p.m[p.serving.Load()].sup.Status() }
+
+// lostView is vLLM name's status as a vLLM that no longer serves (not
+// ready, whatever its status still says while it dies), and its port.
+func (p *pair) lostView(name string) (status.Status, int) {
+	for i, m := range p.m {
+		if vllmName(i) == name {
+			st := m.sup.Status()
+			if st.State == status.StateReady {
+				st.State, st.Reason = status.StateStopping, "vLLM "+name+" is dying: its standby takes over"
+			}
+			return st, m.port
+		}
+	}
+	return p.gateView()
+}
 
 // gateView is what the proxy routes by: the serving vLLM's status with
 // the ladder's admission bound (a promoted standby still on the old
@@ -419,6 +459,8 @@ func (p *pair) standbyDoc() *control.Standby {
 			d.StandbyReady = st.State == status.StateReady
 		}
 	}
+	st, _ := p.gateView()
+	d.AdmittedMaxNumSeqs = st.Rung.MaxNumSeqs
 	p.mu.Lock()
 	d.Failovers, d.Swaps = p.failovers, p.swaps
 	if p.last != nil {

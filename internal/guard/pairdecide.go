@@ -57,6 +57,10 @@ func vllmName(i int) string { return string(rune('a' + i)) }
 //     one another (after an OOM stepped the ladder down, or a restore up):
 //     the standby serves (a swap) and the old one is restarted on purpose,
 //     not as a failure, so that it comes back on the ladder's rung;
+//   - both are ready, the serving one on the ladder's rung and the standby
+//     on another (it was ready before an OOM of the serving one stepped
+//     the ladder): the standby is restarted on purpose, so that a failover
+//     lands on the ladder's flags;
 //   - otherwise nothing changes.
 func decide(v pairView) pairMove {
 	s, o := v.Serving, 1-v.Serving
@@ -69,6 +73,10 @@ func decide(v pairView) pairMove {
 		mv.Serve, mv.Swap, mv.Restart = o, true, s
 		mv.Why = "vLLM " + vllmName(o) + " is ready on the ladder's rung " + strconv.Itoa(v.Current.Index) + "; vLLM " + vllmName(s) +
 			" ran rung " + strconv.Itoa(v.V[s].Rung.Index) + " and restarts on it as the standby"
+	case v.V[s].ready() && v.V[o].ready() && sameRung(v.V[s].Rung, v.Current) && !sameRung(v.V[o].Rung, v.Current):
+		mv.Restart = o
+		mv.Why = "the standby vLLM " + vllmName(o) + " runs rung " + strconv.Itoa(v.V[o].Rung.Index) + ", not the ladder's " +
+			strconv.Itoa(v.Current.Index) + ": it restarts on it"
 	}
 	return mv
 }

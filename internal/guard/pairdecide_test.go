@@ -34,7 +34,8 @@ func TestPairDecides(t *testing.T) {
 		{"a ready on the ladder's rung, b on the old: swap, b restarts", pairView{1, [2]vllmView{v(ready, r1), v(ready, r0)}, r1}, 0, false, true, 1},
 		{"a restore: b ready on the higher rung, a on the lower: swap", pairView{0, [2]vllmView{v(ready, r1), v(ready, r0)}, r0}, 1, false, true, 0},
 		{"both on old rungs: no swap (neither is the ladder's)", pairView{0, [2]vllmView{v(ready, r0), v(ready, r0)}, r1}, 0, false, false, -1},
-		{"serving on the rung, standby not: no swap", pairView{0, [2]vllmView{v(ready, r1), v(ready, r0)}, r1}, 0, false, false, -1},
+		{"serving on the rung, standby not: the standby restarts on it", pairView{0, [2]vllmView{v(ready, r1), v(ready, r0)}, r1}, 0, false, false, 1},
+		{"the standby off the rung but still loading: wait for it", pairView{0, [2]vllmView{v(ready, r1), v(starting, r0)}, r1}, 0, false, false, -1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

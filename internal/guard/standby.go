@@ -76,7 +76,19 @@ func (g *Guard) standbyReady() {
 	}
 }
 
+// onFailover: the proxy's vLLM changed. A failover shows the proxy the
+// serving vLLM's loss of readiness before the standby's readiness, so that
+// streams it cut are held and continued (the proxy tells a death from a
+// stream vLLM ended on purpose by that loss), then routes to the standby.
 func (g *Guard) onFailover(f events.Failover) {
+	if !f.Swap && g.proxy != nil {
+		g.gate.RefreshOn(g.pair.lostView(f.From))
+		g.proxy.Notify()
+	}
+	g.gate.RefreshOn(g.pair.gateView())
+	if g.proxy != nil {
+		g.proxy.Notify()
+	}
 	g.standbyReady()
 	if m := g.sbMet; m != nil {
 		if f.Swap {
@@ -89,6 +101,16 @@ func (g *Guard) onFailover(f events.Failover) {
 	if !f.Swap {
 		g.log.Info("the standby serves: the dead vLLM restarts as the new standby", zap.String("serving", f.To), zap.String("died", f.From))
 	}
+}
+
+// proxyDied tells the proxy of a death of the vLLM it routes to, for the
+// account of the requests it touched; a standby's death touched none of
+// them and is no death of the proxy's vLLM (0: none).
+func (g *Guard) proxyDied() uint64 {
+	if g.standbyDied.Load() {
+		return 0
+	}
+	return g.proxy.Died()
 }
 
 func b2f(b bool) float64 {

@@ -40,14 +40,7 @@ func (m *machine) applyWorld(f effect) {
 	s := m.s
 	switch f := f.(type) {
 	case fxEnter:
-		if s.traceSub != nil {
-			s.traceSub(f.From, f.To)
-		}
-		dying := f.To == heart.SubEngineDead || f.To == heart.SubServerExiting
-		s.dying.Store(dying)
-		if dying && s.onDying != nil {
-			s.onDying()
-		}
+		s.entered(f)
 	case fxStatus:
 		s.update(f.At, f.Set)
 	case fxPublish:
@@ -281,3 +274,16 @@ func (m *machine) withTree(f func(proc)) {
 // killIfOurs kills pid if it is still a process of the run that ended
 // (its record is no longer written: no re-read after its cleanup).
 func (m *machine) killIfOurs(pid int) bool { return m.relChild.KillIfOurs(pid) }
+
+// entered: the machine entered a sub-state; a vLLM still ready in its
+// status whose engine died or whose API server finished is Dying.
+func (s *Supervisor) entered(f fxEnter) {
+	if s.traceSub != nil {
+		s.traceSub(f.From, f.To)
+	}
+	dying := f.To == heart.SubEngineDead || f.To == heart.SubServerExiting
+	s.dying.Store(dying)
+	if dying && s.onDying != nil {
+		s.onDying()
+	}
+}

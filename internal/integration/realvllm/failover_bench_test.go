@@ -60,6 +60,7 @@ func benchFailoverVariant(b *testing.B, standby bool) []string {
 	b.ReportMetric(percentile(all, 50).Seconds(), "s-first-token-p50-standby-"+name)
 	b.ReportMetric(percentile(all, 99).Seconds(), "s-first-token-p99-standby-"+name)
 	s.Stop(exitBound)
+	s.keepArtifactAs("BenchmarkFailover-standby-" + name)
 	return rows
 }
 

@@ -191,7 +191,7 @@ type death struct {
 	failed     int             // streams that got no 200 or lost their connection
 	cut        int             // streams that ended without [DONE] or with an error event
 	wrongIDs   int             // token ids that differ from the uninterrupted answer's (missing ones in a finished stream count)
-	wrongTexts int             // streams whose text differs from the uninterrupted answer's
+	wrongTexts int             // streams ended cleanly whose text differs from the uninterrupted answer's
 	inFlight   int             // streams short of their answer at the kill
 	readyAgain time.Duration   // kill → the restarted vLLM ready (off: serving again; on: the new standby)
 	got        []clientView
@@ -224,8 +224,9 @@ func (s *scene) killServing(ss *streamSet) death {
 		case !v.done || v.errEv:
 			d.cut++
 		}
-		d.wrongIDs += idsWrong(v.ids, ss.want[i], v.done && !v.errEv)
-		if v.done && v.text != ss.wantText[i] {
+		clean := v.done && !v.errEv
+		d.wrongIDs += idsWrong(v.ids, ss.want[i], clean)
+		if clean && v.text != ss.wantText[i] {
 			d.wrongTexts++
 		}
 		if !v.continuedAt.IsZero() {

@@ -5,6 +5,7 @@ package config
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 )
@@ -117,7 +118,8 @@ type Control struct {
 type Standby struct {
 	// Mode: "off" (no standby), "process" (a second vLLM with the same
 	// command on its own devices and port, started once the first is
-	// ready) or "sleep" (not yet built: refused).
+	// ready) or "sleep" (a second vLLM on the same GPUs, started first and
+	// put to sleep, woken when the first dies).
 	Mode string `toml:"mode"`
 	// Port is the standby vLLM's port; 0: [vllm] port + 1.
 	Port int `toml:"port"`
@@ -143,16 +145,27 @@ func (c *Config) StandbyPort() int {
 
 // StandbyConfig is the configuration the standby vLLM runs with: the same
 // as vLLM's but for its port and its environment ([standby] env merged
-// over [vllm] env). The result shares nothing mutable with c.
+// over [vllm] env); with mode "sleep" also vLLM's sleep mode
+// (--enable-sleep-mode) and its routes (VLLM_SERVER_DEV_MODE=1), unless
+// already set. The result shares nothing mutable with c.
 func (c *Config) StandbyConfig() *Config {
 	sc := *c
 	sc.VLLM.Port = c.StandbyPort()
-	env := make(map[string]string, len(c.VLLM.Env)+len(c.Standby.Env))
+	env := make(map[string]string, len(c.VLLM.Env)+len(c.Standby.Env)+1)
 	for k, v := range c.VLLM.Env {
 		env[k] = v
 	}
 	for k, v := range c.Standby.Env {
 		env[k] = v
+	}
+	sc.VLLM.Command = append([]string(nil), c.VLLM.Command...)
+	if c.Standby.Mode == StandbySleep {
+		if _, set := env["VLLM_SERVER_DEV_MODE"]; !set {
+			env["VLLM_SERVER_DEV_MODE"] = "1"
+		}
+		if !slices.Contains(sc.VLLM.Command, "--enable-sleep-mode") {
+			sc.VLLM.Command = append(sc.VLLM.Command, "--enable-sleep-mode")
+		}
 	}
 	sc.VLLM.Env = env
 	return &sc

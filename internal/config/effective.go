@@ -18,11 +18,16 @@ import (
 // VLLMArgs reads vLLM's effective command line: [vllm] command, then extra
 // (the arguments after `--`), a --config file relative to [vllm] workdir,
 // and the environment vLLM will see ([vllm] env over the guard's own). A
-// command line the guard cannot read is a configuration error.
+// command line the guard cannot read is a configuration error; so is one
+// that sets vLLM's port with a standby (each vLLM needs its own).
 func (c *Config) VLLMArgs(extra []string) (*vllmargs.Args, error) {
 	a, err := vllmargs.Parse(c.VLLM.Command, extra, c.VLLM.Workdir, vllmargs.EnvOf(c.VLLM.Env, vllmargs.OSEnv))
 	if err != nil {
 		return nil, &Error{File: c.Path, Key: "[vllm] command", Msg: err.Error(), Err: err}
+	}
+	if c.Standby.Mode != StandbyOff && c.Standby.Mode != "" && a.Port != 0 {
+		return nil, &Error{File: c.Path, Key: "[vllm] command", Msg: fmt.Sprintf("sets vLLM's port %d, but with a standby each vLLM gets a port of its own "+
+			"([vllm] port, [standby] port): remove --port from the command (the arguments after --, or its --config file) and set [vllm] port = %d", a.Port, a.Port)}
 	}
 	return a, nil
 }

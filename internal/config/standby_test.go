@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -24,6 +25,19 @@ func TestStandbyKeys(t *testing.T) {
 	if cfg.VLLM.Env["CUDA_VISIBLE_DEVICES"] != "0" || cfg.VLLM.Port != 9000 {
 		t.Fatal("StandbyConfig changed vLLM's own config")
 	}
+	cfg.Standby.Mode = StandbySleep
+	if sc := cfg.StandbyConfig(); sc.VLLM.Env["VLLM_SERVER_DEV_MODE"] != "1" || sc.VLLM.Command[len(sc.VLLM.Command)-1] != "--enable-sleep-mode" ||
+		slices.Contains(cfg.VLLM.Command, "--enable-sleep-mode") {
+		t.Fatalf("a sleep-mode standby: command %v env %v; want sleep mode and its routes, vLLM a's command unchanged", sc.VLLM.Command, sc.VLLM.Env)
+	}
+	cfg.VLLM.Command = []string{"vllm", "serve", "m", "--port=9000"}
+	if _, err := cfg.VLLMArgs(nil); err == nil || !strings.Contains(err.Error(), "each vLLM gets a port of its own") {
+		t.Fatalf("a command that sets --port with a standby: %v; want it refused", err)
+	}
+	cfg.Standby.Mode = StandbyOff
+	if _, err := cfg.VLLMArgs(nil); err != nil {
+		t.Fatalf("a command that sets --port without a standby: %v", err)
+	}
 	if d := Default(); d.Standby.Mode != StandbyOff || d.StandbyPort() != d.VLLM.Port+1 {
 		t.Fatalf("default [standby]: %+v", d.Standby)
 	}
@@ -36,7 +50,6 @@ func TestStandbyKeys(t *testing.T) {
 	}{
 		{"no proxy", "[standby]\nmode = \"process\"\n", 2, "[standby] mode", "needs [proxy] listen"},
 		{"unknown mode", proxy + "[standby]\nmode = \"hot\"\n", 4, "[standby] mode", `"hot" is not a mode`},
-		{"sleep not yet", proxy + "[standby]\nmode = \"sleep\"\n", 4, "[standby] mode", "not available"},
 		{"vLLM's port", "[vllm]\nport = 9000\n" + proxy + "[standby]\nmode = \"process\"\nport = 9000\n", 7, "[standby] port", "also [vllm] port's"},
 		{"the proxy's port", proxy + "[standby]\nmode = \"process\"\nport = 8080\n", 5, "[standby] port", "also [proxy] listen's"},
 		{"the control port", "[control]\nhttp_listen = \"127.0.0.1:9555\"\n" + proxy + "[standby]\nmode = \"process\"\nport = 9555\n", 7, "[standby] port", "also [control] http_listen's"},

@@ -363,12 +363,9 @@ func (c *checker) checkStandby(cfg *Config) {
 	switch sb.Mode {
 	case StandbyOff:
 		return
-	case StandbyProcess:
-	case StandbySleep:
-		c.add(k("standby", "mode"), "\"sleep\" is not available in this version; write \"process\" (a second vLLM on its own devices and port) or \"off\"")
-		return
+	case StandbyProcess, StandbySleep:
 	default:
-		c.add(k("standby", "mode"), "%s is not a mode; allowed: \"off\" (no standby), \"process\" (a second vLLM on its own devices and port, serving at once when the first dies)", tomlQuote(sb.Mode))
+		c.add(k("standby", "mode"), "%s is not a mode; allowed: \"off\" (no standby), \"process\" (a second vLLM on its own devices and port, serving at once when the first dies) or \"sleep\" (a second vLLM asleep on the same GPUs, woken when the first dies)", tomlQuote(sb.Mode))
 		return
 	}
 	if cfg.Proxy.Listen == "" {

@@ -139,9 +139,6 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		awaiting = func() (int, float64) { return g.proxy.Awaiting() }
 		inFlight = func() int { return g.proxy.Stats().Inflight }
 	}
-	if err := standbyPortsOwn(cfg, extra); err != nil {
-		return nil, err
-	}
 	p, err := newPair(cfg, pairOptions{
 		opts: supervisor.Options{
 			Log:       log,
@@ -193,9 +190,9 @@ func (g *Guard) Run(ctx context.Context) int {
 	// Before the first start, so the free-memory check sees the GPUs; Run
 	// reports a failure.
 	_ = g.gpu.Open()
-	g.met.SetProfile(g.pol.Current())
+	g.met.SetProfile(g.pair.current())
 	if sv := g.savedDoc(); !sv.OK {
-		g.notSaved(errors.New(sv.Error), g.pol.Current().Index)
+		g.notSaved(errors.New(sv.Error), g.pair.current().Index)
 	}
 	var wg sync.WaitGroup
 	gctx, cancel := context.WithCancel(context.Background())
@@ -316,10 +313,11 @@ func (g *Guard) onEvent(e events.Event) {
 		// no death of the proxy's vLLM.)
 		g.standbyDied.Store(e.Role == events.RoleStandby)
 		g.standbyReady()
+		g.pairExited(e.VLLM, e.Role, string(e.Failure.Verdict.Cause))
 		g.onFailure(*e.Failure, e.Role == events.RoleStandby, e.VLLM)
 	case events.KindIncident:
 		if why, ok := strings.CutPrefix(e.Reason, incident.NotWritten); ok {
-			g.notSaved(fmt.Errorf("an incident record could not be written (status keeps the last one): %s", why), g.pol.Current().Index)
+			g.notSaved(fmt.Errorf("an incident record could not be written (status keeps the last one): %s", why), g.pair.current().Index)
 		}
 	case events.KindAlert:
 		g.met.SetAlert(e.Alert.Name, e.Alert.Active)

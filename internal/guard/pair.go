@@ -39,16 +39,20 @@ type member struct {
 
 // pair is vLLM a, and with a standby vLLM b, as the guard sees them.
 type pair struct {
-	log     *zap.Logger
-	standby bool
-	m       []*member // a, then b with a standby
-	pol     *policy.Policy
-	polMu   *sync.Mutex
-	saveMu  sync.Mutex
-	out     func(events.Event) // the guard's bus
-	serving atomic.Int32       // the index of the serving vLLM
-	life    context.Context    // Run's: ends the swaps' restarts
-	stopped atomic.Bool        // the guard is stopping for good: no more failovers
+	log       *zap.Logger
+	standby   bool
+	sleepMode bool   // [standby] mode = "sleep" (pairsleep.go)
+	model     string // the served model name, for the woken standby's check
+	apiKey    string
+	host      string
+	m         []*member // a, then b with a standby
+	pol       *policy.Policy
+	polMu     *sync.Mutex
+	saveMu    sync.Mutex
+	out       func(events.Event) // the guard's bus
+	serving   atomic.Int32       // the index of the serving vLLM
+	life      context.Context    // Run's: ends the swaps' restarts
+	stopped   atomic.Bool        // the guard is stopping for good: no more failovers
 
 	firstReady chan struct{} // closed at vLLM a's first ready: the standby starts
 	firstOnce  sync.Once
@@ -60,6 +64,7 @@ type pair struct {
 	last        *events.Failover    // the last failover (not a swap)
 	diedServing [2]*events.Failover // a failover away from i, for i's next exit event
 	restarting  [2]bool             // a planned restart of i was asked and i has not left ready yet
+	sl          sleepState          // sleep mode's (pairsleep.go)
 }
 
 // restartOrder is a planned restart the pair asks of vLLM i's supervisor
@@ -87,6 +92,15 @@ type pairOptions struct {
 func newPair(cfg *config.Config, po pairOptions, out func(events.Event), log *zap.Logger) (*pair, error) {
 	p := &pair{log: log, standby: cfg.Standby.Mode != config.StandbyOff && cfg.Standby.Mode != "", pol: po.opts.Policy,
 		polMu: &sync.Mutex{}, out: out, firstReady: make(chan struct{}), life: context.Background()}
+	p.sleepMode, p.host = cfg.Standby.Mode == config.StandbySleep, cfg.VLLM.Host
+	if a := po.opts.Args; a != nil {
+		if names := cfg.ServedModelNames(a); len(names) > 0 {
+			p.model = names[0]
+		}
+		if len(a.APIKeys) > 0 {
+			p.apiKey = a.APIKeys[0]
+		}
+	}
 	cfgs := []*config.Config{cfg}
 	if p.standby {
 		cfgs = append(cfgs, cfg.StandbyConfig())
@@ -107,6 +121,9 @@ func newPair(cfg *config.Config, po pairOptions, out func(events.Event), log *za
 				// The monitor watches vLLM a's devices ([gpu] devices, or
 				// [vllm] env's CUDA_VISIBLE_DEVICES): b's are its own.
 				o.GPU, o.Health, o.Args = nil, nil, nil
+			}
+			if p.sleepMode {
+				p.sleepGPU(i, &o, c)
 			}
 		}
 		sup, err := supervisor.New(c, o)
@@ -181,10 +198,15 @@ func (p *pair) from(i int) func(events.Event) {
 			p.out(e)
 			return
 		}
-		if e.Kind == events.KindReady && i == 0 {
+		if e.Kind == events.KindReady && i == 0 && !p.sleepMode {
 			p.firstOnce.Do(func() { close(p.firstReady) })
 		}
 		p.mu.Lock()
+		if p.sleepMode && e.Kind == events.KindState && e.State == string(status.StateReady) {
+			// (The state event comes first: the decision below must
+			// already see a standby that is to sleep.)
+			p.onReadySleepLocked(i)
+		}
 		fo, restart := p.stepLocked(e.Time)
 		e.VLLM, e.Role = vllmName(i), p.roleLocked(i)
 		switch {
@@ -258,6 +280,7 @@ func (p *pair) switchLocked(now time.Time) (*events.Failover, pairMove) {
 		if st.State == status.StateReady && m.sup.Dying() {
 			v.V[i].State = stateDying
 		}
+		p.sleepViewLocked(i, &v.V[i])
 		if !v.V[i].ready() {
 			p.restarting[i] = false
 		}
@@ -277,6 +300,7 @@ func (p *pair) switchLocked(now time.Time) (*events.Failover, pairMove) {
 		return nil, mv
 	}
 	p.serving.Store(int32(mv.Serve))
+	p.sl.served[mv.Serve] = true
 	fo := &events.Failover{From: vllmName(s), To: vllmName(mv.Serve), Swap: mv.Swap, Why: mv.Why, Left: now, At: now}
 	if mv.Failover {
 		fo.Left = p.leftAt
@@ -308,14 +332,29 @@ func (p *pair) Run(ctx context.Context) int {
 	}()
 	type result struct{ i, code int }
 	done := make(chan result, 2)
-	go func() { done <- result{0, p.runOne(lctx, 0)} }()
+	first, second := 0, 1
+	if p.sleepMode {
+		// The standby first: it loads, then sleeps; then vLLM a.
+		first, second = 1, 0
+	}
+	go func() {
+		code := p.runOne(lctx, first)
+		if p.sleepMode {
+			p.startServingOnce() // a standby that ended before it slept
+		}
+		done <- result{first, code}
+	}()
 	go func() {
 		select {
 		case <-p.firstReady:
-			p.log.Info("vLLM a is ready: starting the standby vLLM b", zap.Int("port", p.m[1].port))
-			done <- result{1, p.runOne(lctx, 1)}
+			if p.sleepMode {
+				p.log.Info("the standby vLLM b sleeps: starting vLLM a", zap.Int("port", p.m[0].port))
+			} else {
+				p.log.Info("vLLM a is ready: starting the standby vLLM b", zap.Int("port", p.m[1].port))
+			}
+			done <- result{second, p.runOne(lctx, second)}
 		case <-lctx.Done():
-			done <- result{1, 0}
+			done <- result{second, 0}
 		}
 	}()
 	var codes [2]int
@@ -469,4 +508,16 @@ func (p *pair) standbyDoc() *control.Standby {
 	}
 	p.mu.Unlock()
 	return d
+}
+
+// sleepGPU gives vLLM i its GPU view in sleep mode: its start waits while
+// the standby is woken (gatedGPU); the standby, with no view of its own,
+// starts only beside a vLLM that sleeps or has no tree.
+func (p *pair) sleepGPU(i int, o *supervisor.Options, c *config.Config) {
+	if o.GPU != nil {
+		o.GPU = &gatedGPU{GPU: o.GPU, own: true, p: p, i: i}
+		return
+	}
+	_, crit := c.GPU.Thresholds(c.Profile.GPUMemoryUtilization)
+	o.GPU = &gatedGPU{GPU: noGPU{critical: crit}, p: p, i: i}
 }

@@ -23,6 +23,10 @@ func (v vllmView) ready() bool { return v.State == status.StateReady }
 // its API server finished (supervisor.Dying): it serves nothing more.
 const stateDying status.State = "dying"
 
+// stateAsleep is a standby that sleeps (mode "sleep"): ready in its
+// status, it serves nothing until woken.
+const stateAsleep status.State = "asleep"
+
 // pairView is what the decision reads: which one serves, both vLLMs, and
 // the rung the ladder is on now (the next start's).
 type pairView struct {

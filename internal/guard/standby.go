@@ -1,19 +1,14 @@
 package guard
 
 // standby.go: what the guard's parts show of the warm standby (pair.go):
-// its metrics and the check that each vLLM gets a port of its own.
+// its metrics, its alerts, and the proxy's view at a failover.
 
 import (
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/events"
-	"github.com/vllm-guard/vllm-guard/internal/launch"
 	"github.com/vllm-guard/vllm-guard/internal/metrics"
-	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
 // standbyMetrics are the standby's series; nil without a standby.
@@ -23,20 +18,7 @@ type standbyMetrics struct {
 	failovers prometheus.Counter
 	swaps     prometheus.Counter
 	seconds   prometheus.Histogram
-}
-
-// standbyPortsOwn refuses a standby when vLLM's command line sets its own
-// --port: both vLLMs would get it, and the standby would never bind.
-func standbyPortsOwn(cfg *config.Config, extra []string) error {
-	if cfg.Standby.Mode == config.StandbyOff || cfg.Standby.Mode == "" {
-		return nil
-	}
-	_, ep := launch.BuildArgv(cfg.VLLM.Command, extra, policy.Rung{}, cfg.VLLM.Host, cfg.VLLM.Port)
-	if ep.Port != cfg.VLLM.Port {
-		return &config.Error{File: cfg.Path, Key: "[vllm] command", Msg: fmt.Sprintf("sets --port %d, but with a standby each vLLM gets a port of its own "+
-			"([vllm] port, [standby] port): remove --port from the command (or from the arguments after --) and set [vllm] port = %d", ep.Port, ep.Port)}
-	}
-	return nil
+	exits     *prometheus.CounterVec
 }
 
 // standbyMetrics registers the standby's series (with a standby only).
@@ -57,8 +39,10 @@ func (g *Guard) standbyMetrics() {
 		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "failover_seconds",
 			Help:    "From the serving vLLM leaving ready to the proxy's switch to the standby.",
 			Buckets: []float64{0.001, 0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300}}),
+		exits: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "pair_exits_total",
+			Help: "Deaths of each vLLM of the pair (a, b) by the role it had (serving, standby) and cause."}, []string{"vllm", "role", "cause"}),
 	}
-	g.met.Registry().MustRegister(m.ready, m.serving, m.failovers, m.swaps, m.seconds)
+	g.met.Registry().MustRegister(m.ready, m.serving, m.failovers, m.swaps, m.seconds, m.exits)
 	g.sbMet = m
 	g.standbyReady()
 }
@@ -100,6 +84,13 @@ func (g *Guard) onFailover(f events.Failover) {
 	}
 	if !f.Swap {
 		g.log.Info("the standby serves: the dead vLLM restarts as the new standby", zap.String("serving", f.To), zap.String("died", f.From))
+	}
+}
+
+// pairExited counts a death of vLLM name in role.
+func (g *Guard) pairExited(name, role string, c string) {
+	if m := g.sbMet; m != nil {
+		m.exits.WithLabelValues(name, role, c).Inc()
 	}
 }
 

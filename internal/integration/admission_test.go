@@ -241,8 +241,12 @@ func loadUntil(l *admLoad, url string, n int, ramp time.Duration, until func()) 
 // Clients ramp from 0 to 160 (the point of failure is 118) through the
 // proxy of a guard that has never seen this vLLM: the cost model becomes
 // confident on the way up, and the memory bound holds admissions below the
-// failure point; the rest wait in the queue. At steady state the admitted
-// concurrency is at least 90 % of the true safe concurrency.
+// failure point; the rest wait in the queue. At steady state the proxy
+// admits (its limit, bound by memory) at least 90 % of the true safe
+// concurrency and never more; no reading ever has more in flight than
+// that. How many of the admitted slots the clients keep filled is the
+// machine's speed, not the guard's decision: that figure is measured by
+// `make bench-admission`, not asserted here.
 func TestAdmissionRampThroughTheProxy(t *testing.T) {
 	t.Parallel()
 	s, url := admissionScene(t)
@@ -250,21 +254,24 @@ func TestAdmissionRampThroughTheProxy(t *testing.T) {
 	s.WaitEvent("vLLM ready", 1, admWait, admReady)
 	load := newAdmLoad()
 	var best admStatus
+	most := 0
 	loadUntil(load, url, admClients, 16*time.Second, func() {
 		s.WaitEvent("a confident cost model bounding the proxy", 1, admWait, confidentMemoryBound)
 		<-load.started
 		// Steady state: every client started; the status after each 20
-		// requests served, until the admitted concurrency reaches 90 % of
-		// the true safe one (or 30 readings show it does not).
+		// requests served, until the memory bound admits 90 % of the true
+		// safe concurrency (or 30 readings show it does not).
 		for range 30 {
 			load.waitServed(t, s, 20)
 			if s.CountEvents(admExit) > 0 {
 				return
 			}
-			if st := s.proxyStatus(); st.Proxy.Inflight > best.Proxy.Inflight {
+			st := s.proxyStatus()
+			most = max(most, st.Proxy.Inflight)
+			if st.Proxy.Bound == "memory" && st.Proxy.Limit > best.Proxy.Limit {
 				best = st
 			}
-			if best.Proxy.Inflight*10 >= admTrueSafe*9 {
+			if best.Proxy.Limit*10 >= admTrueSafe*9 {
 				return
 			}
 		}
@@ -275,11 +282,11 @@ func TestAdmissionRampThroughTheProxy(t *testing.T) {
 	if load.cut.Load() != 0 || load.refusedNoRetryAfter.Load() != 0 || load.other.Load() != 0 || load.ok.Load() == 0 {
 		t.Fatalf("ramp: %s", load)
 	}
-	if best.Proxy.Inflight*10 < admTrueSafe*9 || best.Proxy.Bound != "memory" || best.Proxy.Inflight > admTrueSafe {
-		t.Fatalf("steady state: %d in flight (limit %d, bound %q: %s), want ≥ 90 %% of the true safe %d and no more",
-			best.Proxy.Inflight, best.Proxy.Limit, best.Proxy.Bound, best.Proxy.Why, admTrueSafe)
+	if best.Proxy.Limit*10 < admTrueSafe*9 || best.Proxy.Limit > admTrueSafe || most > admTrueSafe {
+		t.Fatalf("steady state: the memory bound admits %d (%s; %d in flight at most), want ≥ 90 %% of the true safe %d and never more",
+			best.Proxy.Limit, best.Proxy.Why, most, admTrueSafe)
 	}
-	t.Logf("ramp: %s; steady state %d in flight of limit %d (true safe %d): %s", load, best.Proxy.Inflight, best.Proxy.Limit, admTrueSafe, best.Proxy.Why)
+	t.Logf("ramp: %s; steady state: limit %d by memory (true safe %d), %d in flight at most: %s", load, best.Proxy.Limit, admTrueSafe, most, best.Proxy.Why)
 }
 
 // burst sends 160 clients at once and holds them while 320 requests are

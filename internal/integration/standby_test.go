@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/control"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/state"
 	"github.com/vllm-guard/vllm-guard/internal/testkit"
@@ -198,7 +200,8 @@ func TestStandbyTakesOverCutStreams(t *testing.T) {
 	}
 	m := s.guardMetrics()
 	if m["vllm_guard_failovers_total"] != "1" || m["vllm_guard_standby_ready"] != "1" || m[`vllm_guard_serving_vllm{vllm="b"}`] != "1" ||
-		m["vllm_guard_failover_seconds_count"] != "1" || m["vllm_guard_state"+`{state="ready"}`] != "1" {
+		m["vllm_guard_failover_seconds_count"] != "1" || m["vllm_guard_state"+`{state="ready"}`] != "1" ||
+		m[`vllm_guard_pair_exits_total{cause="crash",role="serving",vllm="a"}`] != "1" {
 		t.Fatalf("metrics after the failover: failovers %q standby_ready %q serving b %q failover_seconds_count %q ready %q",
 			m["vllm_guard_failovers_total"], m["vllm_guard_standby_ready"], m[`vllm_guard_serving_vllm{vllm="b"}`],
 			m["vllm_guard_failover_seconds_count"], m[`vllm_guard_state{state="ready"}`])
@@ -339,6 +342,107 @@ func TestAStandbyThatCannotStartIsReported(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("a request through the proxy: %s; want 200 from vLLM a", resp.Status)
+	}
+	s.stopCleanly(30*time.Second, 10*time.Second)
+}
+
+// Issue 42 item 1, mode = "sleep", on the simulator's GPU: the standby b
+// starts first on the same GPU and is put to sleep, then vLLM a starts.
+// a's engine runs out of memory mid-stream: once a's tree is gone and its
+// memory released, b is woken, answers, and serves: the stream cut by the
+// OOM ends whole on b. a never starts into b's memory (it waits for room).
+func TestSleepingStandbyWakesAfterAnOOM(t *testing.T) {
+	t.Parallel()
+	s := quick(newScene(t))
+	s.env["FAKEVLLM_ERA"] = "v1"
+	s.env["FAKEVLLM_TOKEN_INTERVAL"] = "60ms"
+	s.env["FAKEVLLM_FAULT"] = "nccl_oom_after=1s"
+	s.env["FAKEVLLM_FAULT_MARKER"] = filepath.Join(s.dir, "oom-fired")
+	proxyPort, standbyPort := testkit.FreePort(t), testkit.FreePort(t)
+	proxyURL := fmt.Sprintf("http://127.0.0.1:%d", proxyPort)
+	s.extra = fmt.Sprintf(`
+[restart]
+initial_delay = "100ms"
+
+[gpu]
+sample_interval = "100ms"
+
+[proxy]
+listen = "127.0.0.1:%d"
+
+[standby]
+mode = "sleep"
+port = %d
+env = { FAKEVLLM_FAULT = "" }
+`, proxyPort, standbyPort)
+	s.start()
+	s.WaitEvent("b ready (standby)", 1, 60*time.Second, of("b", events.RoleStandby, isReady))
+	asleep := s.WaitEvent("b asleep", 1, 60*time.Second, of("b", events.RoleStandby, decided("standby_asleep")))
+	startA := s.WaitEvent("a launched", 1, 60*time.Second, of("a", events.RoleServing, isStarting))
+	if startA.Seq < asleep.Seq {
+		t.Fatal("vLLM a launched before the standby slept")
+	}
+	s.WaitEvent("a ready (serving)", 1, 60*time.Second, of("a", events.RoleServing, isReady))
+
+	body := `{"model":"test-model","prompt":"hello there friend","max_tokens":48,"stream":true,"stream_interval":2,` +
+		`"return_token_ids":true,"stream_options":{"include_usage":true},"temperature":0}`
+	got := readStream(t, proxyURL, body, -1, nil)
+	oom := s.WaitEvent("a's OOM", 1, 60*time.Second, of("a", events.RoleServing, exitedWith("oom")))
+	woken := s.WaitEvent("b woken", 1, 60*time.Second, of("b", events.RoleStandby, decided("standby_woken")))
+	fo := s.WaitEvent("the failover to b", 1, 60*time.Second, kind(events.KindFailover))
+	if !(oom.Seq < woken.Seq && woken.Seq < fo.Seq) || fo.Failover.From != "a" || fo.Failover.To != "b" {
+		t.Fatalf("events: OOM %d, wake %d, failover %d %+v; want the OOM, then the wake, then a → b", oom.Seq, woken.Seq, fo.Seq, fo.Failover)
+	}
+	if n := s.CountEvents(func(e events.Event) bool { return e.VLLM == "a" && isStarting(e) }); n != 1 {
+		t.Fatalf("vLLM a launched %d times; want once (never into the woken standby's memory)", n)
+	}
+	// The oracle: the same request once more, now on b (both run the same model).
+	want := readStream(t, fmt.Sprintf("http://127.0.0.1:%d", standbyPort), body, -1, nil)
+	if got.errors != 0 || got.done != 1 || got.text != want.text || !slices.Equal(got.ids, want.ids) || len(want.ids) != 48 {
+		t.Fatalf("the stream through the OOM: %q ids %v, %d errors, %d [DONE]; want %q ids %v", got.text, got.ids, got.errors, got.done, want.text, want.ids)
+	}
+	if st := s.standbyStatus(); st.Serving != "b" || st.VLLMs[1].State != "ready" || st.VLLMs[0].State != "waiting_gpu" || st.VLLMs[0].PID != 0 {
+		t.Fatalf("after the wake: %+v; want b serving, a waiting for room with no process", st)
+	}
+	s.stopCleanly(30*time.Second, 10*time.Second)
+}
+
+// An operator's restart with a standby ready is a failover: b serves at
+// once, a restarts (not as a failure) and comes back as the standby; the
+// guard never stops being ready.
+func TestRestartWithAStandbyIsAFailover(t *testing.T) {
+	t.Parallel()
+	s, proxyURL, _ := standbyScene(t)
+	s.start()
+	s.WaitEvent("vLLM a ready (serving)", 1, 60*time.Second, of("a", events.RoleServing, isReady))
+	s.WaitEvent("vLLM b ready (standby)", 1, 60*time.Second, of("b", events.RoleStandby, isReady))
+	c := control.NewClient(s.socket())
+	defer c.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fo := s.WaitEvent("the failover to b", 1, 60*time.Second, kind(events.KindFailover))
+	if fo.Failover.From != "a" || fo.Failover.To != "b" {
+		t.Fatalf("failover %+v; want a → b", fo.Failover)
+	}
+	s.WaitEvent("a back as the standby", 1, 60*time.Second, of("a", events.RoleStandby, isReady))
+	if n := s.CountEvents(isExited); n != 0 {
+		t.Fatalf("%d failures: a restart is not one", n)
+	}
+	// The guard's own state never left ready: READY's state events are the
+	// serving vLLM's, and b's never changed.
+	if n := s.CountEvents(of("b", events.RoleServing, kind(events.KindState))); n != 0 {
+		t.Fatalf("b changed state %d times while it took over", n)
+	}
+	resp, err := http.Post(proxyURL+"/v1/completions", "application/json", strings.NewReader(`{"model":"test-model","prompt":"hi","max_tokens":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a request after the restart: %s", resp.Status)
 	}
 	s.stopCleanly(30*time.Second, 10*time.Second)
 }

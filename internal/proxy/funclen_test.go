@@ -9,7 +9,7 @@ import (
 
 // lifecycleFiles are where a request's life is decided and carried out
 // (docs/design.md): each function there reads in one screen.
-var lifecycleFiles = []string{"lifecycle.go", "transport.go", "resume.go", "hold.go", "rewrite.go", "ledger.go", "stoptext.go"}
+var lifecycleFiles = []string{"handler.go", "lifecycle.go", "transport.go", "resume.go", "hold.go", "rewrite.go", "ledger.go", "stoptext.go", "plan.go", "operatorroutes.go"}
 
 const maxFuncLines = 80
 

@@ -169,19 +169,7 @@ func normalize(r *http.Request) {
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rec := &recorder{ResponseWriter: w, rc: http.NewResponseController(w), writeTimeout: p.cfg.WriteTimeout.Duration}
-	defer func() {
-		if rec.stalled {
-			p.log.Info("client read none of its answer within write_timeout; request ended, cancelled at vLLM, slot freed",
-				zap.String("path", r.URL.Path), zap.String("client", r.RemoteAddr), zap.Duration("write_timeout", p.cfg.WriteTimeout.Duration))
-		}
-		code := rec.code
-		if code == 0 {
-			code = 499 // the client left before any answer (nginx's convention)
-		}
-		p.m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
-		p.m.duration.Observe(time.Since(start).Seconds())
-	}()
-
+	defer p.account(rec, r, start)
 	if p.stopping.Load() {
 		p.stoppingRefusal(rec)
 		return
@@ -191,27 +179,53 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	normalize(r)
-	if !IsInference(r) {
-		// Probes, scrapes and listings pass straight through: a load
-		// balancer's health check or Prometheus must never wait behind
-		// generation requests, be refused for load, or take their slots.
-		// A body with no length is still bounded (upstreamError: 413).
-		if r.Body != nil && r.Body != http.NoBody {
-			if p.cfg.MaxBodyBytes > 0 {
-				r.Body = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
-			}
-			cb := &clientBody{ReadCloser: r.Body}
-			r.Body = cb
-			r = r.WithContext(context.WithValue(r.Context(), clientBodyKey{}, cb))
-		}
-		p.rp.ServeHTTP(rec, r)
-		return
+	switch {
+	case IsOperatorRoute(r):
+		p.refuseOperatorRoute(rec, r)
+	case !IsInference(r):
+		p.passThrough(rec, r)
+	default:
+		p.serveInference(rec, r, start)
 	}
-	deadline := start.Add(p.cfg.QueueTimeout.Duration)
-	// The body is read before admission, unless the client waits for
-	// 100 Continue: it is told to send once admitted, and until its body
-	// is read its prompt is guessed from its length (a quarter of its
-	// bytes, at most the room: base64 images would make it far too much).
+}
+
+// account counts a request's answer once it has ended.
+func (p *Proxy) account(rec *recorder, r *http.Request, start time.Time) {
+	if rec.stalled {
+		p.log.Info("client read none of its answer within write_timeout; request ended, cancelled at vLLM, slot freed",
+			zap.String("path", r.URL.Path), zap.String("client", r.RemoteAddr), zap.Duration("write_timeout", p.cfg.WriteTimeout.Duration))
+	}
+	code := rec.code
+	if code == 0 {
+		code = 499 // the client left before any answer (nginx's convention)
+	}
+	p.m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
+	p.m.duration.Observe(time.Since(start).Seconds())
+}
+
+// passThrough sends probes, scrapes and listings straight to vLLM: a load
+// balancer's health check or Prometheus must never wait behind generation
+// requests, be refused for load, or take their slots. A body with no
+// length is still bounded (upstreamError: 413).
+func (p *Proxy) passThrough(rec *recorder, r *http.Request) {
+	if r.Body != nil && r.Body != http.NoBody {
+		if p.cfg.MaxBodyBytes > 0 {
+			r.Body = http.MaxBytesReader(rec, r.Body, p.cfg.MaxBodyBytes)
+		}
+		cb := &clientBody{ReadCloser: r.Body}
+		r.Body = cb
+		r = r.WithContext(context.WithValue(r.Context(), clientBodyKey{}, cb))
+	}
+	p.rp.ServeHTTP(rec, r)
+}
+
+// serveInference admits an inference request and hands it to its forward
+// loop (lifecycle.go). The body is read before admission, unless the
+// client waits for 100 Continue: it is told to send once admitted, and
+// until its body is read its prompt is guessed from its length (a quarter
+// of its bytes, at most the room: base64 images would make it far too
+// much).
+func (p *Proxy) serveInference(rec *recorder, r *http.Request, start time.Time) {
 	expect := expectsContinue(r)
 	var body *bufferedBody
 	var tokens float64
@@ -241,15 +255,31 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			cost = bound.RoomBytes // decided once the body is read
 		}
 	}
-	st := &reqState{arrived: start, deadline: deadline, tokens: tokens, cost: cost}
+	st := &reqState{arrived: start, deadline: start.Add(p.cfg.QueueTimeout.Duration), tokens: tokens, cost: cost}
 	// A request some death touched: what became of it goes in that
 	// death's account once it has finished.
 	defer func() { p.finished(st, st.outcome(rec.code)) }()
+	if !p.admit(rec, r, st) {
+		return
+	}
+	defer st.giveBack(p.lim)
+	if expect {
+		if body = p.readAdmittedBody(rec, r, st, bound); body == nil {
+			return
+		}
+		defer body.release()
+	}
+	p.forward(rec, r, st, body)
+}
+
+// admit waits for a slot; false: the request was refused (and answered)
+// or its client left.
+func (p *Proxy) admit(rec *recorder, r *http.Request, st *reqState) bool {
 	genAtArrival, readyAtArrival := p.lim.generation()
 	if !readyAtArrival {
 		p.touched(st, KindArrivedWhileDown)
 	}
-	queued, err := p.lim.acquire(r.Context(), admit{cost: cost, tokens: tokens, arrived: start, queueTimeout: p.cfg.QueueTimeout.Duration})
+	queued, err := p.lim.acquire(r.Context(), admit{cost: st.cost, tokens: st.tokens, arrived: st.arrived, queueTimeout: p.cfg.QueueTimeout.Duration})
 	if gen, _ := p.lim.generation(); readyAtArrival && gen != genAtArrival {
 		// It waited in the queue while vLLM went away (and came back).
 		p.queuedAtDeath(st, gen)
@@ -259,40 +289,46 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			st.ended(OutcomeRefused, "")
 			p.reject(rec, rj)
 		}
-		return // else the client left while waiting: nobody to answer
+		return false // else the client left while waiting: nobody to answer
 	}
 	st.slot = true
-	defer st.giveBack(p.lim)
 	if queued && !readyAtArrival {
-		p.m.holdTime.Observe(time.Since(start).Seconds())
+		p.m.holdTime.Observe(time.Since(st.arrived).Seconds())
 	}
 	// A deadline left by an earlier request on this kept-alive connection
 	// may have passed: renew it before anything (a 100 Continue) is written.
 	rec.renew()
 	if queued {
-		rec.Header().Set(QueueWaitHeader, strconv.FormatFloat(float64(time.Since(start).Microseconds())/1000, 'f', 1, 64))
+		rec.Header().Set(QueueWaitHeader, strconv.FormatFloat(float64(time.Since(st.arrived).Microseconds())/1000, 'f', 1, 64))
 	}
-	if expect {
-		// Reading sends the 100 Continue; a slot is held now, so the body
-		// must come at a minimum rate. Then the guess gives way to the
-		// count.
-		sc := newPromptScanner()
-		var ok bool
-		if body, ok = p.readBody(rec, r, sc, minRateDeadline(time.Now())); !ok {
-			return
-		}
-		defer body.release()
-		counted, newCost := sc.tokens(body.size), 0.0
-		if bound != nil && bound.RoomBytes > 0 {
-			if newCost = bound.Model.RequestBytes(counted); newCost > bound.RoomBytes {
-				p.tooLargeForMemory(rec, counted, newCost, bound)
-				return
-			}
-		}
-		p.lim.adjust(cost, tokens, newCost, counted)
-		st.cost, st.tokens = newCost, counted
-	}
+	return true
+}
 
+// readAdmittedBody reads the body of a client that waited for 100
+// Continue: reading sends it; a slot is held now, so the body must come at
+// a minimum rate. Then the guess gives way to the count. nil: refused (and
+// answered) or unreadable.
+func (p *Proxy) readAdmittedBody(rec *recorder, r *http.Request, st *reqState, bound *admission.Bound) *bufferedBody {
+	sc := newPromptScanner()
+	body, ok := p.readBody(rec, r, sc, minRateDeadline(time.Now()))
+	if !ok {
+		return nil
+	}
+	counted, newCost := sc.tokens(body.size), 0.0
+	if bound != nil && bound.RoomBytes > 0 {
+		if newCost = bound.Model.RequestBytes(counted); newCost > bound.RoomBytes {
+			body.release()
+			p.tooLargeForMemory(rec, counted, newCost, bound)
+			return nil
+		}
+	}
+	p.lim.adjust(st.cost, st.tokens, newCost, counted)
+	st.cost, st.tokens = newCost, counted
+	return body
+}
+
+// forward sends the admitted request with its body on its forward loop.
+func (p *Proxy) forward(rec *recorder, r *http.Request, st *reqState, body *bufferedBody) {
 	// The body is here: vLLM has nothing to wait for (and its 100
 	// Continue would reach the client a second time).
 	r.Header.Del("Expect")

@@ -12,10 +12,11 @@ import (
 // Why a request was not admitted; the values are the reason label of
 // proxy_rejected_total.
 const (
-	reasonQueueFull    = "queue_full"
-	reasonQueueTimeout = "queue_timeout"
-	reasonNotReady     = "not_ready"
-	reasonBodyTooLarge = "body_too_large"
+	reasonQueueFull     = "queue_full"
+	reasonQueueTimeout  = "queue_timeout"
+	reasonNotReady      = "not_ready"
+	reasonBodyTooLarge  = "body_too_large"
+	reasonOperatorRoute = "operator_route"
 	// reasonTooLargeForMemory: the cost model predicts the request alone
 	// would not fit the memory admission allows.
 	reasonTooLargeForMemory = "too_large_for_memory"
@@ -24,7 +25,7 @@ const (
 	reasonBufferFull = "buffer_full"
 )
 
-var reasons = []string{reasonQueueFull, reasonQueueTimeout, reasonNotReady, reasonBodyTooLarge, reasonTooLargeForMemory, reasonBufferFull}
+var reasons = []string{reasonQueueFull, reasonQueueTimeout, reasonNotReady, reasonBodyTooLarge, reasonTooLargeForMemory, reasonBufferFull, reasonOperatorRoute}
 
 // rejection is acquire's refusal: the reason label, and whether the guard
 // is shutting down (a 503 like not_ready, said differently).

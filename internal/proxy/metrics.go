@@ -62,7 +62,7 @@ func newMetrics(reg prometheus.Registerer, lim *limiter, budget *bodyBudget) *me
 		}, []string{"code"}),
 		rejected: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "vllm_guard_proxy_rejected_total",
-			Help: "Requests the proxy refused, by reason: queue_full, queue_timeout (429), not_ready, buffer_full (503), body_too_large, too_large_for_memory (413).",
+			Help: "Requests the proxy refused, by reason: queue_full, queue_timeout (429), not_ready, buffer_full (503), body_too_large, too_large_for_memory (413), operator_route (403: vLLM's sleep, pause, weight and profiler routes).",
 		}, []string{"reason"}),
 		duration: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "vllm_guard_proxy_request_duration_seconds",

@@ -63,7 +63,7 @@ type Stats struct {
 	QueueSize  int               `json:"queue_size"`
 	Admitted   uint64            `json:"admitted"`
 	Rejected   uint64            `json:"rejected"`
-	RejectedBy map[string]uint64 `json:"rejected_by_reason"` // queue_full, queue_timeout, not_ready, body_too_large, too_large_for_memory, buffer_full
+	RejectedBy map[string]uint64 `json:"rejected_by_reason"` // queue_full, queue_timeout, not_ready, body_too_large, too_large_for_memory, buffer_full, operator_route
 	// Bound is what sets Limit (rung, memory, trend, reopening, pressure)
 	// and Why says it in words.
 	Bound string `json:"bound"`

@@ -19,9 +19,14 @@ type tokenCheck struct {
 // uninterrupted answer's. Matched tokens are the longest common
 // subsequence of the two: a token received twice (a continuation that
 // started too early) is repeated, one skipped (too late) is missing, a
-// wrong token is both.
-func compareTokens(got, want string) tokenCheck {
+// wrong token is both. In a cut stream the last piece may be part of a
+// token (with stop strings vLLM streams text up to the length of the
+// longest stop string behind, mid-token): it is not counted.
+func compareTokens(got, want string, cut bool) tokenCheck {
 	g, w := splitTokens(got), splitTokens(want)
+	if cut && len(g) > 0 {
+		g = g[:len(g)-1]
+	}
 	m := lcs(g, w)
 	return tokenCheck{Got: len(g), Want: len(w), Repeated: len(g) - m, Missing: len(w) - m, Exact: got == want}
 }

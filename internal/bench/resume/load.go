@@ -40,13 +40,35 @@ func (q request) body(stream bool) []byte {
 	} else {
 		m["prompt"] = prompt
 	}
-	if q.idx%4 >= 2 {
+	if sampled {
+		// Sampled (issue 40): vLLM's default temperature, a seed for a
+		// third of them; the ids and the usage asked, so that what the
+		// client got can be checked for consistency (no reference answer
+		// exists for a sample).
+		m["temperature"] = 0.8
+		if q.idx%3 == 0 {
+			m["seed"] = q.idx
+		}
+		if stream {
+			m["return_token_ids"] = true
+			m["stream_options"] = map[string]bool{"include_usage": true}
+		}
+	}
+	if st := q.stops(); st != nil {
 		// Stop strings (issue 40): the proxy holds their text back itself,
 		// and a cut must neither repeat nor lose it.
-		m["stop"] = []string{"wn. f", "zzzz"}
+		m["stop"] = st
 	}
 	b, _ := json.Marshal(m)
 	return b
+}
+
+// stops are the request's stop strings (half of the pool has them).
+func (q request) stops() []string {
+	if q.idx%4 >= 2 {
+		return []string{"wn. f", "zzzz"}
+	}
+	return nil
 }
 
 // record is one request as its client saw it.
@@ -58,6 +80,9 @@ type record struct {
 	done       bool   // data: [DONE] came
 	errEvent   bool   // an SSE error event came
 	text       string
+	ids        []int  // the completion's ids, as the chunks gave them (sampled runs ask for them)
+	usage      int    // usage.completion_tokens; -1: none came
+	finish     string // the last finish_reason
 }
 
 // chunk is the part of a completion or chat chunk the clients read.
@@ -67,14 +92,19 @@ type chunk struct {
 		Delta struct {
 			Content string `json:"content"`
 		} `json:"delta"`
+		TokenIDs     []int   `json:"token_ids"`
+		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
+	Usage *struct {
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
 	Error  json.RawMessage `json:"error"`
 	Object string          `json:"object"` // vLLM's ErrorResponse: "error"
 }
 
 // do sends q streamed and reads it to its end.
 func do(ctx context.Context, c *http.Client, base string, q request) record {
-	r := record{req: q, start: time.Now()}
+	r := record{req: q, start: time.Now(), usage: -1}
 	defer func() { r.end = time.Now() }()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+q.path(), bytes.NewReader(q.body(true)))
 	req.Header.Set("Content-Type", "application/json")
@@ -111,6 +141,13 @@ func do(ctx context.Context, c *http.Client, base string, q request) record {
 		for _, c := range ch.Choices {
 			text.WriteString(c.Text)
 			text.WriteString(c.Delta.Content)
+			r.ids = append(r.ids, c.TokenIDs...)
+			if c.FinishReason != nil {
+				r.finish = *c.FinishReason
+			}
+		}
+		if ch.Usage != nil {
+			r.usage = ch.Usage.CompletionTokens
 		}
 	}
 	if err := sc.Err(); err != nil {

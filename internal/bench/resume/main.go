@@ -61,6 +61,10 @@ const (
 
 type bins = fronts.Bins
 
+// sampled: the requests are sampled (temperature 0.8, a seed for a third
+// of them) and judged for consistency instead of against a reference.
+var sampled bool
+
 // streamInterval is the simulator's --stream-interval (-stream-interval).
 var streamInterval = 1
 
@@ -106,6 +110,7 @@ func realMain(args []string) int {
 	limit := fs.Duration("run-limit", 90*time.Second, "a run ends after this long even when vLLM did not die as often as the scenario wants")
 	out := fs.String("json", "internal/bench/resume/results.json", "where to write the JSON results (\"\": nowhere)")
 	keep := fs.Bool("keep", false, "keep the scratch folder (the guard's log, nginx's, the GPU state of every run)")
+	fs.BoolVar(&sampled, "sampled", false, "sampled requests (temperature 0.8, a seed for a third; ids and usage asked): each answer checked for consistency — its text the detokenized ids, at most max_tokens, usage and finish_reason true")
 	fs.IntVar(&streamInterval, "stream-interval", 1, "the simulator's --stream-interval: ids per streamed chunk (issue 40: several ids a chunk)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -137,11 +142,12 @@ func realMain(args []string) int {
 	defer stop()
 
 	began := time.Now()
-	ref, err := referenceRun(ctx, b, scratch)
+	ref, endRef, err := referenceRun(ctx, b, scratch)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench-resume: the uninterrupted reference run:", err)
 		return 2
 	}
+	defer endRef()
 	var results []Result
 	for _, sc := range scenarios {
 		if !slices.Contains(sl, sc.name) {
@@ -158,7 +164,7 @@ func realMain(args []string) int {
 			results = append(results, res)
 		}
 	}
-	rep := Report{Date: began.UTC().Format("2006-01-02 15:04 MST"), Command: command(args), Clients: clients, MaxTokens: maxTokens,
+	rep := Report{Date: began.UTC().Format("2006-01-02 15:04 MST"), Command: command(args), Clients: clients, MaxTokens: maxTokens, Sampled: sampled, StreamInterval: streamInterval,
 		TokenInterval: tokenInterval.String(), Results: results, WallS: time.Since(began).Round(time.Second).Seconds()}
 	rep.Goals = goals(results)
 	rep.markdown(os.Stdout)
@@ -180,24 +186,35 @@ func realMain(args []string) int {
 	return 0
 }
 
-// referenceRun answers every request of the pool once, uninterrupted.
-func referenceRun(ctx context.Context, b bins, scratch string) (map[request]string, error) {
+// referenceRun answers every request of the pool once, uninterrupted
+// (greedy runs), and keeps that simulator for the checks' detokenizing
+// until end is called.
+func referenceRun(ctx context.Context, b bins, scratch string) (ref oracle, end func(), err error) {
 	e, err := newRunEnv(b, scratch, "reference", map[string]string{"FAKEVLLM_TOKEN_INTERVAL": "1ms"})
 	if err != nil {
-		return nil, err
+		return oracle{}, nil, err
 	}
 	r, err := fronts.StartRestarter(ctx, e)
 	if err != nil {
-		return nil, err
+		return oracle{}, nil, err
 	}
-	defer func() { r.Stop(); fronts.KillTagged(e.Tag) }()
-	return reference(ctx, fmt.Sprintf("http://127.0.0.1:%d", e.Port))
+	end = func() { r.Stop(); fronts.KillTagged(e.Tag) }
+	base := fmt.Sprintf("http://127.0.0.1:%d", e.Port)
+	ref.base = base
+	if !sampled {
+		ref.answers, err = reference(ctx, base)
+	}
+	if err != nil {
+		end()
+		return oracle{}, nil, err
+	}
+	return ref, end, nil
 }
 
 // runOne is one (scenario, front): the load from vLLM's first ready until
 // settle after the scenario's last death (or limit), then the requests in
 // flight end.
-func runOne(ctx context.Context, b bins, scratch string, sc scenario, frontName string, ref map[request]string, settle, limit time.Duration) (res Result) {
+func runOne(ctx context.Context, b bins, scratch string, sc scenario, frontName string, ref oracle, settle, limit time.Duration) (res Result) {
 	res = Result{Scenario: sc.name, Front: frontName}
 	e, err := newRunEnv(b, scratch, sc.name+"-"+frontName, sc.sim)
 	if err != nil {

@@ -11,14 +11,16 @@ import (
 
 // Report is the whole benchmark: the table and results.json.
 type Report struct {
-	Date          string   `json:"date"`
-	Command       string   `json:"command"`
-	Clients       int      `json:"clients"`
-	MaxTokens     int      `json:"max_tokens"`
-	TokenInterval string   `json:"token_interval"`
-	WallS         float64  `json:"wall_s"`
-	Results       []Result `json:"results"`
-	Goals         []Goal   `json:"goals"`
+	Date           string   `json:"date"`
+	Command        string   `json:"command"`
+	Clients        int      `json:"clients"`
+	MaxTokens      int      `json:"max_tokens"`
+	Sampled        bool     `json:"sampled"`
+	StreamInterval int      `json:"stream_interval"`
+	TokenInterval  string   `json:"token_interval"`
+	WallS          float64  `json:"wall_s"`
+	Results        []Result `json:"results"`
+	Goals          []Goal   `json:"goals"`
 }
 
 // Goal is the issue's goal for the guard, checked.
@@ -49,11 +51,15 @@ type Result struct {
 
 // Counts are what a death (or a whole run) did to requests.
 type Counts struct {
-	Requests       int   `json:"requests"`
-	Failed         int   `json:"failed"`      // no answer, or a status other than 200
-	Cut            int   `json:"streams_cut"` // 200, but no data: [DONE], or an error event
-	Repeated       int   `json:"tokens_repeated"`
-	Missing        int   `json:"tokens_missing"` // in streams that ended with [DONE] and no error
+	Requests int `json:"requests"`
+	Failed   int `json:"failed"`      // no answer, or a status other than 200
+	Cut      int `json:"streams_cut"` // 200, but no data: [DONE], or an error event
+	Repeated int `json:"tokens_repeated"`
+	Missing  int `json:"tokens_missing"` // in streams that ended with [DONE] and no error
+	// Inconsistent (sampled runs): whole answers whose text is not their
+	// ids detokenized, with more ids than max_tokens, or whose usage or
+	// finish_reason does not match their ids.
+	Inconsistent   int   `json:"answers_inconsistent"`
 	AddedP50Ms     int64 `json:"added_latency_p50_ms"`
 	AddedP99Ms     int64 `json:"added_latency_p99_ms"`
 	FailedStatuses []int `json:"failed_statuses,omitempty"`
@@ -62,17 +68,24 @@ type Counts struct {
 type verdict struct {
 	failed, cut       bool
 	repeated, missing int
+	inconsistent      string // why, for a sampled answer
 	dur               time.Duration
 }
 
-func judge(r record, ref map[request]string) verdict {
+func judge(r record, ref oracle) verdict {
 	v := verdict{dur: r.end.Sub(r.start)}
 	if r.status != http.StatusOK {
 		v.failed = true
 		return v
 	}
 	v.cut = !r.done || r.errEvent || r.err != ""
-	c := compareTokens(r.text, ref[r.req])
+	if sampled {
+		if !v.cut {
+			v.inconsistent = ref.consistent(r)
+		}
+		return v
+	}
+	c := compareTokens(r.text, ref.answers[r.req], v.cut)
 	v.repeated = c.Repeated
 	if !v.cut {
 		v.missing = c.Missing
@@ -81,7 +94,7 @@ func judge(r record, ref map[request]string) verdict {
 }
 
 // analyse attributes the records to the deaths and counts.
-func analyse(res *Result, recs []record, deaths []time.Time, want int, ref map[request]string) {
+func analyse(res *Result, recs []record, deaths []time.Time, want int, ref oracle) {
 	if len(deaths) > want {
 		res.LaterDeaths = len(deaths) - want
 		deaths = deaths[:want]
@@ -126,6 +139,9 @@ func analyse(res *Result, recs []record, deaths []time.Time, want int, ref map[r
 			}
 			c.Repeated += v.repeated
 			c.Missing += v.missing
+			if v.inconsistent != "" {
+				c.Inconsistent++
+			}
 		}
 		c.AddedP50Ms = percentile(added, 50).Milliseconds()
 		c.AddedP99Ms = percentile(added, 99).Milliseconds()
@@ -140,9 +156,9 @@ func analyse(res *Result, recs []record, deaths []time.Time, want int, ref map[r
 			break
 		}
 		v := vs[i]
-		if v.failed || v.cut || v.repeated > 0 || v.missing > 0 {
-			res.Examples = append(res.Examples, fmt.Sprintf("%s: status %d, [DONE] %v, error event %v, err %q, %d repeated, %d missing; got %q, want %q",
-				r.req.path(), r.status, r.done, r.errEvent, r.err, v.repeated, v.missing, r.text, ref[r.req]))
+		if v.failed || v.cut || v.repeated > 0 || v.missing > 0 || v.inconsistent != "" {
+			res.Examples = append(res.Examples, fmt.Sprintf("%s: status %d, [DONE] %v, error event %v, err %q, %d repeated, %d missing, inconsistent %q; got %q, want %q",
+				r.req.path(), r.status, r.done, r.errEvent, r.err, v.repeated, v.missing, v.inconsistent, r.text, ref.answers[r.req]))
 		}
 	}
 }
@@ -164,10 +180,11 @@ func goals(rs []Result) []Goal {
 		if r.Front != "guard" {
 			continue
 		}
-		g := Goal{What: r.Scenario + ", the guard: 0 requests failed, 0 streams cut, 0 tokens repeated or missing"}
+		g := Goal{What: r.Scenario + ", the guard: 0 requests failed, 0 streams cut, 0 tokens repeated or missing, 0 answers inconsistent"}
 		t := r.Total
-		g.Met = r.Error == "" && t.Failed == 0 && t.Cut == 0 && t.Repeated == 0 && t.Missing == 0
-		g.Measured = fmt.Sprintf("%d requests (%d deaths): %d failed, %d cut, %d tokens repeated, %d missing", t.Requests, len(r.Deaths), t.Failed, t.Cut, t.Repeated, t.Missing)
+		g.Met = r.Error == "" && t.Failed == 0 && t.Cut == 0 && t.Repeated == 0 && t.Missing == 0 && t.Inconsistent == 0
+		g.Measured = fmt.Sprintf("%d requests (%d deaths): %d failed, %d cut, %d tokens repeated, %d missing, %d inconsistent",
+			t.Requests, len(r.Deaths), t.Failed, t.Cut, t.Repeated, t.Missing, t.Inconsistent)
 		if r.Error != "" {
 			g.Measured += "; " + r.Error
 		}
@@ -177,20 +194,24 @@ func goals(rs []Result) []Goal {
 }
 
 func (rep Report) markdown(w io.Writer) {
-	fmt.Fprintf(w, "%d concurrent greedy streams (completions and chat in turn, %d tokens each, one per %s); tokens checked against each request's uninterrupted answer.\n\n",
-		rep.Clients, rep.MaxTokens, rep.TokenInterval)
-	fmt.Fprintln(w, "| scenario | front | death | requests touched | failed | streams cut | tokens repeated | tokens missing | added latency p50 / p99 |")
-	fmt.Fprintln(w, "|---|---|---|---:|---:|---:|---:|---:|---:|")
+	kind, check := "greedy", "tokens checked against each request's uninterrupted answer"
+	if rep.Sampled {
+		kind, check = "sampled", "each whole answer checked for consistency: its text the detokenized ids, at most max_tokens, usage and finish_reason true"
+	}
+	fmt.Fprintf(w, "%d concurrent %s streams (completions and chat in turn, %d tokens each, one per %s, %d ids a chunk); %s.\n\n",
+		rep.Clients, kind, rep.MaxTokens, rep.TokenInterval, max(rep.StreamInterval, 1), check)
+	fmt.Fprintln(w, "| scenario | front | death | requests touched | failed | streams cut | tokens repeated | tokens missing | answers inconsistent | added latency p50 / p99 |")
+	fmt.Fprintln(w, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rep.Results {
 		if r.Error != "" && len(r.Deaths) == 0 {
-			fmt.Fprintf(w, "| %s | %s | — | error: %s | | | | | |\n", r.Scenario, r.Front, r.Error)
+			fmt.Fprintf(w, "| %s | %s | — | error: %s | | | | | | |\n", r.Scenario, r.Front, r.Error)
 			continue
 		}
 		for i, c := range r.Deaths {
-			fmt.Fprintf(w, "| %s | %s | %d | %d | %d | %d | %d | %d | %s |\n", r.Scenario, r.Front, i+1, c.Requests, c.Failed, c.Cut, c.Repeated, c.Missing, latency(c))
+			fmt.Fprintf(w, "| %s | %s | %d | %d | %d | %d | %d | %d | %d | %s |\n", r.Scenario, r.Front, i+1, c.Requests, c.Failed, c.Cut, c.Repeated, c.Missing, c.Inconsistent, latency(c))
 		}
 		t := r.Total
-		fmt.Fprintf(w, "| %s | %s | whole run (%.0f s%s) | %d | %d | %d | %d | %d | |\n", r.Scenario, r.Front, r.Seconds, later(r), t.Requests, t.Failed, t.Cut, t.Repeated, t.Missing)
+		fmt.Fprintf(w, "| %s | %s | whole run (%.0f s%s) | %d | %d | %d | %d | %d | %d | |\n", r.Scenario, r.Front, r.Seconds, later(r), t.Requests, t.Failed, t.Cut, t.Repeated, t.Missing, t.Inconsistent)
 	}
 	fmt.Fprintf(w, "\nRun on %s, `%s`, wall time %.0f s.\n\n", rep.Date, rep.Command, rep.WallS)
 	for _, g := range rep.Goals {

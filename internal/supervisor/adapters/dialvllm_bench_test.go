@@ -11,7 +11,7 @@ import (
 	"testing"
 )
 
-// The price of DialVLLM's check (VLLMOnly: /proc/net/tcp, then the tree's
+// The price of DialVLLM's check (VLLMOnly: sock_diag, then the tree's
 // descriptors) per NEW connection to vLLM, beside a plain loopback dial.
 // The proxy keeps its connections alive and reuses them, so a request on
 // a kept connection pays nothing; extraFDs stands for the descriptors a

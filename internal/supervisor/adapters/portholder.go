@@ -294,7 +294,18 @@ func (e *NotVLLMs) Error() string { return e.Why }
 // of a listener that is there now: one of the tree's. When not, an error
 // that names the holder.
 func ServedByTree(local, remote *net.TCPAddr, tree []int) error {
-	return JudgeConn(ReadSockets(), local, remote, func(inode uint64) bool { return TreeHolds(tree, inode) })
+	return servedBy(local, remote, func(inode uint64) bool { return TreeHolds(tree, inode) })
+}
+
+// servedBy judges the connection from local to remote with ours: the
+// sockets from sock_diag, or from /proc/net/tcp where the kernel does not
+// answer it.
+func servedBy(local, remote *net.TCPAddr, ours func(inode uint64) bool) error {
+	socks, err := diagSockets(local, remote)
+	if err != nil {
+		socks = ReadSockets()
+	}
+	return JudgeConn(socks, local, remote, ours)
 }
 
 func JudgeConn(socks []Listener, local, remote *net.TCPAddr, ours func(inode uint64) bool) error {

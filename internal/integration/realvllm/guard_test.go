@@ -148,7 +148,10 @@ func (s *scene) cleanup() {
 
 // keepArtifact writes what vLLM printed (as the guard relayed it) and the
 // guard's own log and events to build/realvllm/<test>.log.
-func (s *scene) keepArtifact() {
+func (s *scene) keepArtifact() { s.keepArtifactAs(strings.ReplaceAll(s.t.Name(), "/", "_")) }
+
+// keepArtifactAs is keepArtifact to build/realvllm/<name>.log.
+func (s *scene) keepArtifactAs(name string) {
 	dir := filepath.Join(real.root, "build", "realvllm")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return
@@ -167,7 +170,7 @@ func (s *scene) keepArtifact() {
 		j, _ := json.Marshal(e)
 		b.WriteString(string(j) + "\n")
 	}
-	p := filepath.Join(dir, strings.ReplaceAll(s.t.Name(), "/", "_")+".log")
+	p := filepath.Join(dir, name+".log")
 	if os.WriteFile(p, []byte(b.String()), 0o644) == nil {
 		s.t.Logf("vLLM's output, the guard's log and events kept in %s", p)
 	}

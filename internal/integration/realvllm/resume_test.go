@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -48,6 +47,10 @@ type clientView struct {
 	roles  int // chat: role deltas seen
 	err    error
 	raw    string
+	// A stream the proxy held at a cut: when its first hold comment came
+	// (": vllm-guard: vLLM restarting after …"), and the first chunk with
+	// token ids after it (the first continued token).
+	cutAt, continuedAt time.Time
 }
 
 // streamIDs reads a streaming answer: token ids, text, finish reasons,
@@ -68,6 +71,9 @@ func streamIDs(url string, body map[string]any, progress func(n int)) clientView
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), ": vllm-guard: ") && v.cutAt.IsZero() {
+			v.cutAt = time.Now()
+		}
 		line, ok := strings.CutPrefix(sc.Text(), "data: ")
 		if !ok {
 			continue
@@ -96,6 +102,9 @@ func streamIDs(url string, body map[string]any, progress func(n int)) clientView
 			continue
 		}
 		for _, c := range chunk.Choices {
+			if len(c.TokenIDs) > 0 && !v.cutAt.IsZero() && v.continuedAt.IsZero() {
+				v.continuedAt = time.Now()
+			}
 			v.ids = append(v.ids, c.TokenIDs...)
 			v.text += c.Text
 			if c.Delta.Content != nil {
@@ -171,88 +180,27 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 			s.WaitEvent("ready", 1, startBound, isReady)
 			base := fmt.Sprintf("http://127.0.0.1:%d", s.proxy)
 
-			// The reference: each stream's request run alone, uninterrupted.
-			// Half the streams have a stop string, taken from near the end
-			// of their answer: the proxy holds its text back and finds it
-			// after the cut.
-			const streams, whole, maxTokens = 16, 4, 64
-			want := make([][]int, streams)
-			wantText := make([]string, streams)
-			stops := make([]string, streams)
-			streamBody := func(i int) (string, map[string]any) {
-				path, body := resumeRequest(i, i%2 == 1, true, maxTokens)
-				if stops[i] != "" {
-					body["stop"] = []string{stops[i]}
-				}
-				return path, body
-			}
-			for i := range streams {
-				path, body := streamBody(i)
-				v := streamIDs(base+path, body, nil)
-				if v.err != nil || !v.done || v.errEv || len(v.ids) != maxTokens {
-					t.Fatalf("reference stream %d: %+v", i, v)
-				}
-				if i%4 >= 2 {
-					r := []rune(v.text)
-					stops[i] = "zz-no-such-text"
-					if len(r) > 12 {
-						stops[i] = string(r[len(r)-5 : len(r)-2])
-					}
-					path, body = streamBody(i)
-					if v = streamIDs(base+path, body, nil); v.err != nil || !v.done || v.errEv || len(v.ids) < 20 {
-						t.Logf("stream %d: stop %q comes too soon (%d ids); no stop string", i, stops[i], len(v.ids))
-						stops[i] = ""
-						path, body = streamBody(i)
-						v = streamIDs(base+path, body, nil)
-					}
-				}
-				want[i], wantText[i] = v.ids, v.text
-			}
-
-			// The load: the streams, and long non-streaming requests that
+			// The streams (streamSet: their reference is each request run
+			// alone, uninterrupted), and long non-streaming requests that
 			// are still generating when the engine dies.
-			var mu sync.Mutex
-			tenIn := map[int]bool{}
-			sofar := make([]int, streams) // ids each stream has received
-			allTen := make(chan struct{})
-			got := make([]clientView, streams)
+			const whole = 4
+			ss := newStreamSet(t, base)
+			load := ss.launch()
 			gotWhole := make([]clientView, whole)
 			var wg sync.WaitGroup
-			for i := range streams {
-				wg.Go(func() {
-					path, body := streamBody(i)
-					got[i] = streamIDs(base+path, body, func(n int) {
-						mu.Lock()
-						defer mu.Unlock()
-						sofar[i] = n
-						if n >= 10 && !tenIn[i] {
-							tenIn[i] = true
-							if len(tenIn) == streams {
-								close(allTen)
-							}
-						}
-					})
-				})
-			}
 			for i := range whole {
 				wg.Go(func() {
 					path, body := resumeRequest(100+i, false, false, 1500)
 					gotWhole[i] = wholeIDs(base+path, body)
 				})
 			}
-			select {
-			case <-allTen:
-			case <-time.After(exitBound):
-				t.Fatalf("the %d streams did not all reach 10 tokens", streams)
-			}
+			load.waitTenIn(t, exitBound)
 			core := s.byTitle("VLLM::EngineCore")
 			if core == 0 {
 				t.Fatal("no VLLM::EngineCore")
 			}
 			syscall.Kill(core, how.sig)
-			mu.Lock()
-			atKill := slices.Clone(sofar)
-			mu.Unlock()
+			atKill := load.received()
 			ex := s.WaitEvent("exit", 1, exitBound, isExited)
 			if c := causeOf(ex); c != how.cause {
 				t.Fatalf("cause %q, want %s (%s)", c, how.cause, ex.Failure.Verdict.Summary)
@@ -268,25 +216,7 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 			}
 			wg.Wait()
 			s.WaitEvent("ready again", 2, startBound, isReady)
-
-			for i, v := range got {
-				if v.err != nil || v.status != 200 || !v.done || v.errEv {
-					t.Errorf("stream %d did not end cleanly: status %d, [DONE] %v, error event %v, err %v %s", i, v.status, v.done, v.errEv, v.err, v.raw)
-					continue
-				}
-				if len(v.finish) != 1 {
-					t.Errorf("stream %d: finish reasons %v, want exactly one", i, v.finish)
-				}
-				if i%2 == 1 && v.roles != 1 {
-					t.Errorf("chat stream %d: %d role deltas, want 1", i, v.roles)
-				}
-				if !slices.Equal(v.ids, want[i]) {
-					t.Errorf("stream %d: token ids %v\nwant (uninterrupted)  %v", i, v.ids, want[i])
-				}
-				if v.text != wantText[i] {
-					t.Errorf("stream %d (stop %q): text %q\nwant (uninterrupted) %q", i, stops[i], v.text, wantText[i])
-				}
-			}
+			ss.check(t, load.wait())
 			for i, v := range gotWhole {
 				if v.err != nil || v.status != 200 || len(v.ids) != 1500 {
 					t.Errorf("non-streaming request %d in flight at the death: status %d, %d ids, err %v %.300s", i, v.status, len(v.ids), v.err, v.raw)
@@ -295,15 +225,10 @@ func TestNoClientSeesVLLMDie(t *testing.T) {
 			// Every stream short of its tokens when the engine died was
 			// continued, and every long request replayed: the proxy says
 			// so (a stream already whole when the kill landed was not).
-			cut := 0
-			for i, n := range atKill {
-				if n < len(want[i]) {
-					cut++
-				}
-			}
+			cut := ss.cutAt(atKill)
 			proxyStats, _ := s.status()["proxy"].(map[string]any)
 			resumed, _ := proxyStats["resumed"].(float64)
-			t.Logf("at the kill the streams had %v of %d tokens; the proxy resumed %v requests", atKill, maxTokens, resumed)
+			t.Logf("at the kill the streams had %v of %d tokens; the proxy resumed %v requests", atKill, deathMaxTokens, resumed)
 			figure("resume_"+how.name+"_streams_cut", cut)
 			if int(resumed) < cut+whole {
 				t.Errorf("the proxy resumed %v requests; %d streams were cut and %d requests in flight", resumed, cut, whole)

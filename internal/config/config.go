@@ -25,6 +25,7 @@ type Config struct {
 	Alerts    Alerts    `toml:"alerts"`
 	Proxy     Proxy     `toml:"proxy"`
 	Log       Log       `toml:"log"`
+	Group     Group     `toml:"group"`
 
 	// Path is the file the config was read from ("" for defaults only).
 	Path string `toml:"-"`
@@ -282,6 +283,7 @@ func Default() *Config {
 			HoldTimeout:             d("0s"),
 			ResumeLimit:             2,
 		},
-		Log: Log{Level: "info", Format: "auto", ChildLines: 200},
+		Log:   Log{Level: "info", Format: "auto", ChildLines: 200},
+		Group: defaultGroup(),
 	}
 }

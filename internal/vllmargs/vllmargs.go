@@ -55,6 +55,9 @@ type Args struct {
 	Port int
 
 	secrets []string
+	// last is each flag's last occurrence (the --config file's first):
+	// what GroupFlags reads of the multi-node flags.
+	last map[string]opt
 }
 
 // Env looks up a variable of the environment vLLM will see.
@@ -136,7 +139,10 @@ func SecretEnvName(name string) bool {
 }
 
 // shortFlags are the single-dash aliases the guard must understand.
-var shortFlags = map[string]string{"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size", "-q": "--quantization"}
+var shortFlags = map[string]string{"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size", "-q": "--quantization",
+	// vLLM 0.32.0's multi-node aliases (arg_utils.py): the group's flags.
+	"-n": "--nnodes", "-r": "--node-rank", "-dpl": "--data-parallel-size-local", "-dpr": "--data-parallel-start-rank",
+	"-dpa": "--data-parallel-address", "-dpp": "--data-parallel-rpc-port"}
 
 // normName turns a flag name into vLLM's canonical spelling: underscores in
 // the name are dashes, short aliases are their long names.
@@ -283,6 +289,7 @@ func Parse(command, extra []string, workdir string, env Env) (*Args, error) {
 	for _, o := range all {
 		last[o.name] = o
 	}
+	a.last = last
 	first := func(name string) (string, bool) {
 		o, ok := last[name]
 		if !ok || len(o.values) == 0 {

@@ -29,11 +29,14 @@ const (
 	Ended    // my vLLM of epoch N ended by itself (an exit, any code, or a death)
 	Hung     // my vLLM of epoch N hung (my guard judged it)
 	Idle     // no vLLM tree here; N is the newest epoch I know
+	// The leader's again: epoch N's vLLM passed the leader's readiness
+	// gate (which implies every rank loaded): the group is ready.
+	Ready
 
-	lastKind = Idle
+	lastKind = Ready
 )
 
-var kindNames = [...]string{Open: "open", End: "end", Running: "running", Stopping: "stopping", Ended: "ended", Hung: "hung", Idle: "idle"}
+var kindNames = [...]string{Open: "open", End: "end", Running: "running", Stopping: "stopping", Ended: "ended", Hung: "hung", Idle: "idle", Ready: "ready"}
 
 func (k Kind) String() string {
 	if k >= Open && k <= lastKind {
@@ -101,6 +104,8 @@ type State struct {
 	Rung  int
 	// LocalGone: no vLLM tree of this host is left.
 	LocalGone bool
+	// LocalReady: the leader's vLLM of the epoch passed its readiness gate.
+	LocalReady bool
 	// Members: the leader's view, by rank (its own slot unused); a
 	// follower's, only the leader at 0.
 	Members []Member
@@ -109,6 +114,9 @@ type State struct {
 	Ran     uint64
 	Pending Report
 	Saying  Kind
+	// LeaderReady: the leader said Ready for the epoch this follower's
+	// vLLM runs, since it started.
+	LeaderReady bool
 }
 
 // New is the machine of rank cfg.Rank before anything is heard: the
@@ -129,6 +137,9 @@ func (s State) Leader() bool { return s.Cfg.Rank == 0 }
 func (s State) Say() Report {
 	switch s.Phase {
 	case Serving:
+		if s.LocalReady {
+			return Report{Kind: Ready, Epoch: s.Epoch, Rung: s.Rung}
+		}
 		return Report{Kind: Open, Epoch: s.Epoch, Rung: s.Rung}
 	case Ending, Opening:
 		return Report{Kind: End, Epoch: s.Epoch}
@@ -138,4 +149,14 @@ func (s State) Say() Report {
 		return Report{Kind: s.Saying, Epoch: s.Ran}
 	}
 	return Report{Kind: Idle, Epoch: s.Epoch}
+}
+
+// GroupReady reports whether the group serves: the leader's vLLM of the
+// epoch is ready (on a follower: the leader said so for the epoch its own
+// vLLM runs). A follower's vLLM serves no HTTP: this is its readiness.
+func (s State) GroupReady() bool {
+	if s.Leader() {
+		return s.Phase == Serving && s.LocalReady
+	}
+	return s.Phase == Started && s.LeaderReady
 }

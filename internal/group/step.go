@@ -21,6 +21,9 @@ const (
 	// EvLocalLaunched: the leader's vLLM of epoch Epoch launched on rung
 	// Rung (after its FxStart).
 	EvLocalLaunched
+	// EvLocalReady: the leader's vLLM of epoch Epoch passed its readiness
+	// gate.
+	EvLocalReady
 )
 
 // Event is one input of Step.
@@ -31,7 +34,7 @@ type Event struct {
 	Incarnation uint64 // EvHeard
 	Said        Report // EvHeard
 	Hung        bool   // EvLocalEnded
-	Epoch       uint64 // EvLocalLaunched
+	Epoch       uint64 // EvLocalLaunched, EvLocalReady
 	Rung        int    // EvLocalLaunched
 }
 
@@ -64,16 +67,16 @@ type Effect struct {
 type Why uint8
 
 const (
-	LocalEnded      Why = iota // this host's vLLM ended
-	LocalHung                  // this host's vLLM hung
-	MemberEnded                // a member says its vLLM ended (or is gone)
-	MemberHung                 // a member says its vLLM hung
-	MemberStopped              // a member stopped its vLLM (it lost the leader)
-	MemberLost                 // a member not heard for the loss timeout
-	MemberRestarted            // a member's guard started again (a new incarnation)
-	LeaderEnded                // the leader ended the epoch
-	LeaderLost                 // the leader not heard for the loss timeout
-	LeaderRestarted            // the leader's guard started again
+	LocalEnded      Why = 1 + iota // this host's vLLM ended
+	LocalHung                      // this host's vLLM hung
+	MemberEnded                    // a member says its vLLM ended (or is gone)
+	MemberHung                     // a member says its vLLM hung
+	MemberStopped                  // a member stopped its vLLM (it lost the leader)
+	MemberLost                     // a member not heard for the loss timeout
+	MemberRestarted                // a member's guard started again (a new incarnation)
+	LeaderEnded                    // the leader ended the epoch
+	LeaderLost                     // the leader not heard for the loss timeout
+	LeaderRestarted                // the leader's guard started again
 )
 
 // Cause is why an epoch ended, in this guard's own words: a kind and the
@@ -85,6 +88,8 @@ type Cause struct {
 
 func (c Cause) String() string {
 	switch c.Why {
+	case 0:
+		return ""
 	case LocalEnded:
 		return "this host's vLLM ended"
 	case LocalHung:
@@ -150,7 +155,12 @@ func leaderStep(s State, e Event) (State, []Effect) {
 		return s.tryOpen(e.Now, nil)
 	case EvLocalLaunched:
 		if s.Phase == Opening && e.Epoch == s.Epoch+1 {
-			s.Phase, s.Epoch, s.Rung, s.LocalGone = Serving, e.Epoch, e.Rung, false
+			s.Phase, s.Epoch, s.Rung, s.LocalGone, s.LocalReady = Serving, e.Epoch, e.Rung, false, false
+			return s, []Effect{{Kind: FxSay, Epoch: s.Epoch, Rung: s.Rung}}
+		}
+	case EvLocalReady:
+		if s.Phase == Serving && e.Epoch == s.Epoch && !s.LocalReady {
+			s.LocalReady = true
 			return s, []Effect{{Kind: FxSay, Epoch: s.Epoch, Rung: s.Rung}}
 		}
 	}
@@ -200,7 +210,7 @@ func (s State) leaderHeard(e Event) (State, []Effect) {
 
 // end ends the leader's epoch: every member must say Idle at it or later.
 func (s State) end(now time.Time, c Cause) (State, []Effect) {
-	s.Phase = Ending
+	s.Phase, s.LocalReady = Ending, false
 	for r := range s.Members {
 		s.Members[r].Gone = false
 	}
@@ -277,7 +287,11 @@ func (s State) followerHeard(e Event) (State, []Effect) {
 	}
 	n := e.Said.Epoch
 	switch e.Said.Kind {
-	case Open:
+	case Open, Ready:
+		if n == s.Ran && s.Phase == Started {
+			s.LeaderReady = e.Said.Kind == Ready
+			return s, fx
+		}
 		if n <= s.Ran {
 			return s, fx // this epoch's (or a stale) Open
 		}
@@ -308,7 +322,7 @@ func (s State) followerHeard(e Event) (State, []Effect) {
 
 // stop: a follower's vLLM of its epoch must go; it says so meanwhile.
 func (s State) stop(say Kind, c Cause) (State, []Effect) {
-	s.Phase, s.Saying = Finishing, say
+	s.Phase, s.Saying, s.LeaderReady = Finishing, say, false
 	return s, []Effect{
 		{Kind: FxEnded, Epoch: s.Ran, Cause: c},
 		{Kind: FxKill, Epoch: s.Ran, Cause: c},
@@ -318,10 +332,10 @@ func (s State) stop(say Kind, c Cause) (State, []Effect) {
 
 // tryStart: a follower with no tree left starts the leader's newest Open.
 func (s State) tryStart(fx []Effect) (State, []Effect) {
-	if s.Phase != Waiting || s.Pending.Kind != Open || s.Pending.Epoch <= s.Ran {
+	if s.Phase != Waiting || s.Pending.Epoch == 0 || s.Pending.Epoch <= s.Ran {
 		return s, fx
 	}
-	s.Phase, s.Ran, s.Rung, s.LocalGone = Started, s.Pending.Epoch, s.Pending.Rung, false
+	s.Phase, s.Ran, s.Rung, s.LocalGone, s.LeaderReady = Started, s.Pending.Epoch, s.Pending.Rung, false, false
 	s.Pending = Report{}
 	fx = append(fx, Effect{Kind: FxStart, Epoch: s.Ran, Rung: s.Rung}, Effect{Kind: FxSay, Epoch: s.Ran})
 	return s, fx

@@ -83,6 +83,9 @@ func TestLeaderTable(t *testing.T) {
 		{"a follower lost its leader", leaderServing, []Event{heard(1, 11, Stopping, 1, time.Second)}, Ending, ended(1, Cause{MemberStopped, 1}, true), Report{Kind: End, Epoch: 1}},
 		{"a heartbeat lost", leaderServing, []Event{heard(1, 11, Running, 1, 4*time.Second), tick(loss), tick(loss + time.Millisecond)}, Ending, ended(1, Cause{MemberLost, 2}, true), Report{Kind: End, Epoch: 1}},
 		{"a recreated member announces a fresh start", leaderServing, []Event{heard(2, 99, Idle, 0, time.Second)}, Ending, ended(1, Cause{MemberRestarted, 2}, true), Report{Kind: End, Epoch: 1}},
+		{"its vLLM ready: the group is ready", leaderServing, []Event{{Kind: EvLocalReady, Now: at(0), Epoch: 1}}, Serving, []Effect{{Kind: FxSay, Epoch: 1, Rung: 1}}, Report{Kind: Ready, Epoch: 1, Rung: 1}},
+		{"an older epoch's ready ignored", leaderServing, []Event{{Kind: EvLocalReady, Now: at(0), Epoch: 0}}, Serving, nil, Report{Kind: Open, Epoch: 1, Rung: 1}},
+		{"ready, then a member ends: not ready", leaderServing, []Event{{Kind: EvLocalReady, Now: at(0), Epoch: 1}, heard(1, 11, Ended, 1, time.Second)}, Ending, ended(1, Cause{MemberEnded, 1}, true), Report{Kind: End, Epoch: 1}},
 		{"alive at the epoch", leaderServing, []Event{heard(1, 11, Running, 1, time.Second), heard(2, 12, Running, 1, time.Second), tick(loss)}, Serving, nil, Report{Kind: Open, Epoch: 1, Rung: 1}},
 		{"not started yet: the Open is on its way", leaderServing, []Event{heard(1, 11, Idle, 0, time.Second)}, Serving, nil, Report{Kind: Open, Epoch: 1, Rung: 1}},
 		{"a stale epoch's word ignored", leaderServing, []Event{heard(1, 11, Ended, 0, time.Second), heard(2, 12, Hung, 0, time.Second)}, Serving, nil, Report{Kind: Open, Epoch: 1, Rung: 1}},
@@ -172,5 +175,35 @@ func TestFollowerIdleLearnsTheEpoch(t *testing.T) {
 	s, fx := Step(New(Config{Rank: 2, Size: 3, LossTimeout: loss}), heard(0, 10, End, 4, 0))
 	if s.Say() != (Report{Kind: Idle, Epoch: 4}) || !reflect.DeepEqual(fx, []Effect{{Kind: FxSay, Epoch: 4}}) {
 		t.Errorf("says %v %v, want idle at 4", s.Say(), fx)
+	}
+}
+
+// The group is ready when the leader's vLLM of the epoch is; a follower
+// (whose vLLM serves no HTTP) is ready when the leader says so for the
+// epoch its own vLLM runs.
+func TestGroupReady(t *testing.T) {
+	l := leaderServing(t)
+	if l.GroupReady() {
+		t.Error("launched is not ready")
+	}
+	l, _ = Step(l, Event{Kind: EvLocalReady, Now: at(0), Epoch: 1})
+	if !l.GroupReady() {
+		t.Error("the leader's vLLM ready: the group is")
+	}
+	f := followerStarted(t)
+	if f.GroupReady() {
+		t.Error("a follower before the leader's word is not ready")
+	}
+	f, fx := Step(f, Event{Kind: EvHeard, Now: at(time.Second), From: 0, Incarnation: 10, Said: Report{Kind: Ready, Epoch: 1, Rung: 1}})
+	if !f.GroupReady() || len(fx) != 0 {
+		t.Errorf("the leader says ready: %v %v", f.GroupReady(), fx)
+	}
+	f, _ = Step(f, heard(0, 10, End, 1, 2*time.Second))
+	if f.GroupReady() {
+		t.Error("a follower stopping is not ready")
+	}
+	w, fx := Step(New(Config{Rank: 1, Size: 2, LossTimeout: loss}), Event{Kind: EvHeard, Now: at(0), From: 0, Incarnation: 10, Said: Report{Kind: Ready, Epoch: 4, Rung: 2}})
+	if want := []Effect{{Kind: FxStart, Epoch: 4, Rung: 2}, {Kind: FxSay, Epoch: 4}}; !reflect.DeepEqual(fx, want) || w.GroupReady() {
+		t.Errorf("a waiting follower hearing Ready 4 starts it (ready once its own vLLM runs and the leader says so again): %v %v", fx, w.GroupReady())
 	}
 }

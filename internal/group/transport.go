@@ -67,6 +67,9 @@ func Start(opts Options) (*Node, error) {
 	if len(opts.Secret) < MinSecret {
 		return nil, fmt.Errorf("group: the shared secret has %d bytes; write at least %d (random) in the secret file", len(opts.Secret), MinSecret)
 	}
+	if opts.Interval <= 0 || opts.LossTimeout <= 0 || opts.Size < 2 || opts.Rank < 0 || opts.Rank >= opts.Size {
+		return nil, fmt.Errorf("group: rank %d of %d, heartbeat %s, loss timeout %s: the rank must be below the size (2 or more), the times above 0", opts.Rank, opts.Size, opts.Interval, opts.LossTimeout)
+	}
 	if opts.MaxPending <= 0 {
 		opts.MaxPending = opts.Size + 2
 	}

@@ -318,6 +318,7 @@ type scenario struct {
 	cells  [][2]int   // the cells of the table the events fell in, in order
 
 	persist func(policy.State) // the state file; nil: saves are counted
+	group   Group              // [group]'s member (group_test.go); nil: none
 
 	cancel context.CancelFunc
 	code   chan int
@@ -384,6 +385,7 @@ func (s *scenario) start() {
 		opts.GPU = s.gpu
 	}
 	opts.Health = s.health
+	opts.Group = s.group
 	sup, err := New(s.cfg, opts)
 	if err != nil {
 		s.t.Fatal(err)

@@ -109,6 +109,9 @@ type Options struct {
 	// Conns records the guard's own connections to vLLM, whose access-log
 	// lines are dropped (nil: a new set).
 	Conns *ownconns.Set
+	// Group is this host's member of a group across hosts ([group]);
+	// nil: none.
+	Group Group
 }
 
 // Supervisor runs vLLM until stopped. Make one with New, then Run it.
@@ -158,6 +161,9 @@ type Supervisor struct {
 	pendingReload atomic.Bool // a reloaded config waits for vLLM's next start
 
 	writer *policyWriter // saves the policy's state while Run runs (Run's goroutine only)
+
+	group   Group      // [group]: nil without
+	groupEv chan event // the group's go and end, into the loop
 }
 
 // New makes a supervisor; it starts nothing.
@@ -202,6 +208,7 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 		sp.Tree = tree
 		return adapters.NewProber(ep, sp)
 	}
+	s.joinGroup(opts.Group)
 	st := Status{State: publicState[subIdle], Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[cause.Cause]int{},
 		Cost: s.pol.Cost().Describe(s.pol.Current().GPUMemoryUtilization, cfg.Profile.Headroom), LongestTimeToReady: s.pol.LongestTimeToReady()}
 	s.status.Store(&st)

@@ -169,7 +169,7 @@ func (cfg *Config) Warnings() []string {
 				strings.TrimSpace(cfg.Proxy.TrustedProxies[i])))
 		}
 	}
-	return append(out, cfg.Group.warnings()...)
+	return out
 }
 
 // TrustedPrefixes parses [proxy] trusted_proxies: each entry a CIDR

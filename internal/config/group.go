@@ -1,7 +1,6 @@
 package config
 
 import (
-	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -181,14 +180,4 @@ func (c *checker) validateEnabledGroup(cfg *Config) {
 	if _, err := a.GroupFlags(g.VLLM()); err != nil {
 		c.add(c.at(k("vllm", "command")), "%s (this host is [group] rank %d of %d)", err.Error(), g.Rank, g.Size)
 	}
-}
-
-// warnings: [group] is read and checked, but `vllm-guard run` does not
-// run the group yet (issue 44's wiring is to come).
-func (g Group) warnings() []string {
-	if !g.Enabled {
-		return nil
-	}
-	return []string{fmt.Sprintf("[group] enabled: this version checks [vllm] command against the group (rank %d of %d) but `vllm-guard run` does not run the group yet: "+
-		"it adds no multi-node flag, exchanges no heartbeat and restarts this host's vLLM alone; write the multi-node flags in [vllm] command meanwhile", g.Rank, g.Size)}
 }

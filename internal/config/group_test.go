@@ -19,9 +19,6 @@ func TestGroupLoads(t *testing.T) {
 	if !g.Enabled || g.Rank != 1 || g.Size != 2 || g.LeaderAddress != "10.0.0.1" || g.Port != 9462 || g.RendezvousPort != 29501 || g.Parallelism != "tp" {
 		t.Errorf("group %+v", g)
 	}
-	if w := cfg.Warnings(); len(w) != 1 || !strings.Contains(w[0], "does not run the group yet") {
-		t.Errorf("an enabled group must warn that run does not run it yet: %q", w)
-	}
 	v := g.VLLM()
 	if v.Rank != 1 || v.Size != 2 || v.Leader != "10.0.0.1" || v.Port != 29501 || v.Kind != "tp" || v.DistributedTimeout.Minutes() != 2 {
 		t.Errorf("vLLM's view %+v", v)

@@ -28,6 +28,7 @@ type Driver struct {
 	local Local
 	every time.Duration
 	in    chan Event
+	done  chan struct{} // closed when Run returns: this host's words are dropped
 
 	mu sync.Mutex
 	s  State
@@ -35,7 +36,7 @@ type Driver struct {
 
 // NewDriver is the machine of cfg over node.
 func NewDriver(cfg Config, node *Node, local Local, heartbeat time.Duration) *Driver {
-	return &Driver{node: node, local: local, every: heartbeat, in: make(chan Event, 16), s: New(cfg)}
+	return &Driver{node: node, local: local, every: heartbeat, in: make(chan Event, 16), done: make(chan struct{}), s: New(cfg)}
 }
 
 // State is the machine's state now (a copy).
@@ -48,21 +49,31 @@ func (d *Driver) State() State {
 }
 
 // LocalEnded: this host's vLLM ended (any exit, a death) or hung.
-func (d *Driver) LocalEnded(hung bool) { d.in <- Event{Kind: EvLocalEnded, Hung: hung} }
+func (d *Driver) LocalEnded(hung bool) { d.post(Event{Kind: EvLocalEnded, Hung: hung}) }
 
 // LocalGone: nothing of this host's vLLM tree is left.
-func (d *Driver) LocalGone() { d.in <- Event{Kind: EvLocalGone} }
+func (d *Driver) LocalGone() { d.post(Event{Kind: EvLocalGone}) }
 
 // LocalLaunched: the leader's vLLM of epoch launched on rung.
 func (d *Driver) LocalLaunched(epoch uint64, rung int) {
-	d.in <- Event{Kind: EvLocalLaunched, Epoch: epoch, Rung: rung}
+	d.post(Event{Kind: EvLocalLaunched, Epoch: epoch, Rung: rung})
 }
 
 // LocalReady: the leader's vLLM of epoch passed its readiness gate.
-func (d *Driver) LocalReady(epoch uint64) { d.in <- Event{Kind: EvLocalReady, Epoch: epoch} }
+func (d *Driver) LocalReady(epoch uint64) { d.post(Event{Kind: EvLocalReady, Epoch: epoch}) }
+
+// post hands a word of this host to Run, in order; after Run returned it
+// is dropped.
+func (d *Driver) post(e Event) {
+	select {
+	case d.in <- e:
+	case <-d.done:
+	}
+}
 
 // Run steps the machine until ctx ends.
 func (d *Driver) Run(ctx context.Context) {
+	defer close(d.done)
 	t := time.NewTicker(d.every)
 	defer t.Stop()
 	d.node.Say(d.State().Say())

@@ -59,6 +59,8 @@ type Guard struct {
 	inc   *incident.Recorder
 	jsonl *events.JSONLines // --events, nil when not asked for
 	saved savedState        // whether the state reaches state_dir
+	// member is this guard's place in a [group]; nil without (group.go).
+	member *member
 }
 
 // savedState is whether the guard's state reaches state_dir, for status,
@@ -135,6 +137,18 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		awaiting = func() (int, float64) { return g.proxy.Awaiting() }
 		inFlight = func() int { return g.proxy.Stats().Inflight }
 	}
+	supExtra, err := groupArgs(cfg, extra)
+	if err != nil {
+		return nil, err
+	}
+	var grp supervisor.Group
+	if cfg.Group.Enabled {
+		g.member = &member{cfg: cfg.Group, log: log.Named("group")}
+		grp = g.member
+		if args, err = cfg.VLLMArgs(supExtra); err != nil {
+			return nil, err
+		}
+	}
 	sup, err := supervisor.New(cfg, supervisor.Options{
 		Log:       log,
 		Policy:    g.pol,
@@ -142,18 +156,22 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		Health:    supervisor.MonitorGPUHealth(g.gpu),
 		Events:    g.bus,
 		Persist:   g.savePolicy,
-		ExtraArgs: extra,
+		ExtraArgs: supExtra,
 		Load:      g.vllmLoad,
 		Progress:  g.vllmProgress,
 		Awaiting:  awaiting,
 		InFlight:  inFlight,
 		Args:      args,
 		Conns:     conns,
+		Group:     grp,
 	})
 	if err != nil {
 		return nil, err
 	}
 	g.sup = sup
+	if g.member != nil {
+		g.member.sup = sup
+	}
 	// The scraper reaches vLLM only, like the probes: its key goes to no
 	// other listener on the port.
 	g.stats.Dial(sup.DialVLLM(&net.Dialer{Timeout: 5 * time.Second}))
@@ -251,6 +269,16 @@ func (g *Guard) Run(ctx context.Context) int {
 		background(g.gate.Run)
 	}
 
+	stopGroup := func() {}
+	if g.member != nil {
+		stop, code := g.startGroup(gctx, background)
+		if stop == nil {
+			cancel()
+			wg.Wait()
+			return code
+		}
+		stopGroup = stop
+	}
 	code := g.sup.Run(ctx)
 	if g.proxy != nil {
 		// The deaths' accounts still open go to their records before
@@ -267,6 +295,7 @@ func (g *Guard) Run(ctx context.Context) int {
 	fcancel()
 	cancel()
 	wg.Wait()
+	stopGroup()
 	g.gpu.Close()
 	if g.jsonl != nil {
 		g.jsonl.Close()

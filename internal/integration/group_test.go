@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
@@ -26,7 +27,8 @@ func groupScenes(t *testing.T) (leader, follower *scene) {
 		s := newScene(t)
 		s.command = fmt.Sprintf("[%q, \"serve\", \"test-model\", \"-tp\", \"2\"]", bins.fakevllm)
 		s.extra = fmt.Sprintf("\n[group]\nenabled = true\nrank = %d\nsize = 2\nleader_address = \"127.0.0.1\"\nport = %d\nrendezvous_port = %d\n"+
-			"secret_file = %q\nheartbeat_interval = \"100ms\"\nloss_timeout = \"1s\"\n", rank, guards, rendezvous, secret)
+			"secret_file = %q\nheartbeat_interval = \"100ms\"\nloss_timeout = \"1s\"\n"+
+			"\n[restart]\ninitial_delay = \"200ms\"\nmax_delay = \"1s\"\n", rank, guards, rendezvous, secret)
 		if rank == 0 {
 			leader = s
 		} else {
@@ -47,10 +49,47 @@ func argvHas(t *testing.T, who string, argv []string, want ...string) {
 	}
 }
 
+// wholeRestart waits for the group's restart number n (its n+1th start)
+// after a fault: both vLLMs ended (each a failure, exit 0 too), the one
+// the group ended naming why, the leader started before the follower,
+// both ready again. It returns the follower's exit.
+func wholeRestart(t *testing.T, leader, follower *scene, n int, ended *scene, why string) events.Event {
+	t.Helper()
+	fe := follower.WaitEvent("the follower's vLLM ended", n, 30*time.Second, isExited)
+	le := leader.WaitEvent("the leader's vLLM ended", n, 30*time.Second, isExited)
+	for _, e := range []events.Event{fe, le} {
+		if e.Failure == nil || e.Failure.Decision.Action != "restart" {
+			t.Errorf("restart %d: an exit not taken for a failure to restart from: %+v", n, e.Failure)
+		}
+	}
+	ev := le
+	if ended == follower {
+		ev = fe
+	}
+	if v := verdictText(ev); !strings.Contains(v, why) {
+		t.Errorf("restart %d: the exit the group ended says %q, want %q", n, v, why)
+	}
+	ls := leader.WaitEvent("the leader's vLLM starts again", n+1, 60*time.Second, isStarting)
+	fs := follower.WaitEvent("the follower's vLLM starts again", n+1, 60*time.Second, isStarting)
+	if !fs.Time.After(ls.Time) {
+		t.Errorf("restart %d: the follower started at %s, before the leader at %s", n, fs.Time, ls.Time)
+	}
+	leader.WaitEvent("the leader ready again", n+1, 60*time.Second, isReady)
+	follower.WaitEvent("the follower ready again", n+1, 60*time.Second, isReady)
+	for _, s := range []*scene{leader, follower} {
+		if c := s.CountEvents(isStarting); c != n+1 {
+			t.Errorf("restart %d: %d starts, want %d: one whole-group restart per fault", n, c, n+1)
+		}
+	}
+	return fe
+}
+
 // Two guards run one vLLM across two "hosts": the guard adds the
 // multi-node flags (the follower headless), the follower is ready when the
-// leader is; a follower's vLLM killed ends the epoch: the leader's vLLM is
-// killed too, and the group restarts whole, the leader first.
+// leader is. Each fault ends the epoch and restarts the group whole, the
+// leader first: the follower's vLLM killed, the follower's vLLM exiting 0
+// (vLLM's headless rank exits 0 when a worker dies), the leader's vLLM
+// killed.
 func TestAGroupRestartsWhole(t *testing.T) {
 	leader, follower := groupScenes(t)
 	leader.start()
@@ -65,26 +104,65 @@ func TestAGroupRestartsWhole(t *testing.T) {
 	leader.WaitEvent("the leader ready", 1, 30*time.Second, isReady)
 	follower.WaitEvent("the follower ready (the group's word)", 1, 30*time.Second, isReady)
 
-	// The follower's vLLM dies.
-	if err := syscall.Kill(fs.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
+	faults := []struct {
+		name   string
+		victim *scene
+		sig    syscall.Signal
+		ended  *scene // the side the group's end killed
+		why    string
+	}{
+		{"the follower's vLLM killed", follower, syscall.SIGKILL, leader, "member 1's guard says its vLLM ended"},
+		{"the follower's vLLM exits 0", follower, syscall.SIGTERM, leader, "member 1's guard says its vLLM ended"},
+		{"the leader's vLLM killed", leader, syscall.SIGKILL, follower, "the leader ended the epoch"},
 	}
-	follower.WaitEvent("the follower's vLLM ended", 1, 30*time.Second, isExited)
-	le := leader.WaitEvent("the leader's vLLM killed: the epoch ended", 1, 30*time.Second, isExited)
-	if v := verdictText(le); !strings.Contains(v, "member 1's guard says its vLLM ended") {
-		t.Errorf("the leader's exit names %q, want the member's end", v)
+	for i, f := range faults {
+		if err := syscall.Kill(lastStart(f.victim).PID, f.sig); err != nil {
+			t.Fatalf("%s: %v", f.name, err)
+		}
+		fe := wholeRestart(t, leader, follower, i+1, f.ended, f.why)
+		if f.sig == syscall.SIGTERM && (fe.Failure == nil || fe.Failure.ExitCode != 0) {
+			t.Errorf("%s: the follower's exit %+v, want exit code 0", f.name, fe.Failure)
+		}
 	}
-	ls2 := leader.WaitEvent("the leader's vLLM starts again", 2, 60*time.Second, isStarting)
-	fs2 := follower.WaitEvent("the follower's vLLM starts again", 2, 60*time.Second, isStarting)
-	if !fs2.Time.After(ls2.Time) {
-		t.Errorf("the follower started at %s, before the leader at %s", fs2.Time, ls2.Time)
-	}
-	leader.WaitEvent("the leader ready again", 2, 60*time.Second, isReady)
-	follower.WaitEvent("the follower ready again", 2, 60*time.Second, isReady)
-	if n := leader.CountEvents(isStarting); n != 2 {
-		t.Errorf("the leader started %d times, want 2: one whole-group restart", n)
-	}
-
 	follower.stopCleanly(20*time.Second, 10*time.Second)
 	leader.stopCleanly(20*time.Second, 10*time.Second)
+}
+
+// A follower's guard that dies takes its vLLM with it (its keeper), the
+// leader misses its heartbeats and kills its own vLLM; the guard started
+// again (a new incarnation) joins, and the group starts whole.
+func TestAGroupOutlivesAFollowersGuard(t *testing.T) {
+	leader, follower := groupScenes(t)
+	leader.start()
+	follower.start()
+	leader.WaitEvent("the leader ready", 1, 30*time.Second, isReady)
+	follower.WaitEvent("the follower ready", 1, 30*time.Second, isReady)
+	follower.Signal(syscall.SIGKILL)
+	follower.WaitExit(10 * time.Second)
+	follower.waitNoProcesses(10 * time.Second)
+	le := leader.WaitEvent("the leader's vLLM killed", 1, 30*time.Second, isExited)
+	if v := verdictText(le); !strings.Contains(v, "member 1 not heard for the loss timeout") {
+		t.Errorf("the leader's exit says %q, want the member lost", v)
+	}
+	again := follower.restart()
+	ls := leader.WaitEvent("the leader starts again", 2, 60*time.Second, isStarting)
+	fs := again.WaitEvent("the new follower starts", 1, 60*time.Second, isStarting)
+	if !fs.Time.After(ls.Time) {
+		t.Errorf("the follower started at %s, before the leader at %s", fs.Time, ls.Time)
+	}
+	leader.WaitEvent("the leader ready again", 2, 60*time.Second, isReady)
+	again.WaitEvent("the follower ready again", 1, 60*time.Second, isReady)
+	again.stopCleanly(20*time.Second, 10*time.Second)
+	leader.stopCleanly(20*time.Second, 10*time.Second)
+}
+
+// lastStart is a scene's last start of vLLM.
+func lastStart(s *scene) events.Event {
+	var last events.Event
+	for _, e := range s.Events() {
+		if isStarting(e) {
+			last = e
+		}
+	}
+	return last
 }

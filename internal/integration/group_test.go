@@ -1,7 +1,11 @@
 package integration
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -165,4 +169,47 @@ func lastStart(s *scene) events.Event {
 		}
 	}
 	return last
+}
+
+// The leader's guard port as an attacker meets it: a stranger's hello and
+// a megabyte of junk are refused and logged, nothing of them reaches the
+// group, and the real follower still joins.
+func TestTheGroupsPortRefusesStrangers(t *testing.T) {
+	leader, follower := groupScenes(t)
+	leader.start()
+	leader.WaitLog("the leader joins the group", 1, 30*time.Second, msg("joined the group"))
+	port := guardPort(t, leader)
+	c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	go c.Write(bytes.Repeat([]byte("junk"), 1<<18)) // ends when the guard closes the connection
+	leader.WaitLog("the junk refused", 1, 30*time.Second, msg("a group connection refused"))
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatal("the leader's guard kept the stranger's connection open")
+		}
+	}
+	if n := leader.CountEvents(isStarting); n != 0 {
+		t.Fatalf("the leader started vLLM %d times with no follower joined", n)
+	}
+	follower.start()
+	leader.WaitEvent("the leader ready once the follower joined", 1, 30*time.Second, isReady)
+	follower.WaitEvent("the follower ready", 1, 30*time.Second, isReady)
+}
+
+// guardPort is the [group] port a scene's config names.
+func guardPort(t *testing.T, s *scene) int {
+	t.Helper()
+	var port int
+	for _, line := range strings.Split(s.extra, "\n") {
+		if _, err := fmt.Sscanf(line, "port = %d", &port); err == nil {
+			return port
+		}
+	}
+	t.Fatal("no [group] port in the scene")
+	return 0
 }

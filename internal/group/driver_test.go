@@ -45,7 +45,7 @@ type member struct {
 
 func startMember(t *testing.T, rank int, addr string, inc uint64) (*member, string) {
 	t.Helper()
-	const beat, lossT = 50 * time.Millisecond, 600 * time.Millisecond
+	const beat, lossT = 50 * time.Millisecond, 2 * time.Second
 	node, err := Start(Options{Rank: rank, Size: 2, Address: addr, Secret: secret, Incarnation: inc, Interval: beat, LossTimeout: lossT})
 	if err != nil {
 		t.Fatal(err)

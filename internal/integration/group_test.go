@@ -31,7 +31,7 @@ func groupScenes(t *testing.T) (leader, follower *scene) {
 		s := newScene(t)
 		s.command = fmt.Sprintf("[%q, \"serve\", \"test-model\", \"-tp\", \"2\"]", bins.fakevllm)
 		s.extra = fmt.Sprintf("\n[group]\nenabled = true\nrank = %d\nsize = 2\nleader_address = \"127.0.0.1\"\nport = %d\nrendezvous_port = %d\n"+
-			"secret_file = %q\nheartbeat_interval = \"100ms\"\nloss_timeout = \"1s\"\n"+
+			"secret_file = %q\nheartbeat_interval = \"100ms\"\nloss_timeout = \"3s\"\n"+
 			"\n[restart]\ninitial_delay = \"200ms\"\nmax_delay = \"1s\"\n", rank, guards, rendezvous, secret)
 		if rank == 0 {
 			leader = s

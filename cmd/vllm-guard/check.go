@@ -42,6 +42,16 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%v\n", err)
 		return exitcode.Config
 	}
+	extra := fs.Args()
+	if cfg.Group.Enabled {
+		// The command run adds: the group's multi-node flags.
+		flags, err := vargs.GroupFlags(cfg.Group.VLLM())
+		if err != nil {
+			fmt.Fprintf(stderr, "%v\n", &config.Error{File: path, Key: "[vllm] command", Msg: err.Error(), Err: err})
+			return exitcode.Config
+		}
+		extra = append(append([]string(nil), extra...), flags...)
+	}
 	fmt.Fprintf(stdout, "# %s: OK\n", path)
 	for _, w := range instanceWarnings(instance, cfg) {
 		fmt.Fprintf(stdout, "warning: %s\n", w)
@@ -51,7 +61,7 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "vllm-guard: %v\n", err)
 		return exitcode.Failed
 	}
-	writeVLLM(stdout, cfg, vargs, fs.Args())
+	writeVLLM(stdout, cfg, vargs, extra)
 	rungs := policy.LadderKV(cfg.Policy().Profile, vargs.KVCacheMemoryBytes)
 	fmt.Fprintf(stdout, "\n# degrade ladder: each OOM steps one rung down\n")
 	if vargs.KVCacheMemoryBytes > 0 {

@@ -47,6 +47,15 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%v\n", err)
 		return exitcode.Config
 	}
+	if cfg.Group.Enabled {
+		// The command run adds: the group's multi-node flags.
+		flags, err := vargs.GroupFlags(cfg.Group.VLLM())
+		if err != nil {
+			fmt.Fprintf(stderr, "%v\n", &config.Error{File: path, Key: "[vllm] command", Msg: err.Error(), Err: err})
+			return exitcode.Config
+		}
+		extra = append(append([]string(nil), extra...), flags...)
+	}
 	fmt.Fprintf(stdout, "# %s: OK\n", path)
 	for _, w := range instanceWarnings(instance, cfg) {
 		fmt.Fprintf(stdout, "warning: %s\n", w)

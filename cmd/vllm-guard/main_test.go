@@ -267,6 +267,26 @@ func TestCheckReadsVLLMsCommandLineAsVLLMDoes(t *testing.T) {
 	}
 }
 
+// With [group], check shows the command run runs, the group's flags
+// added, and refuses extra arguments that contradict the group (issue 44).
+func TestCheckShowsTheGroupsFlags(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "g.toml")
+	os.WriteFile(cfg, []byte("[vllm]\ncommand = [\"vllm\", \"serve\", \"m\", \"-tp\", \"2\"]\n"+
+		"[control]\nstate_dir = \""+dir+"/state\"\n[group]\nenabled = true\nrank = 1\nsize = 2\nleader_address = \"10.0.0.1\"\nsecret_file = \"/s\"\n"), 0o600)
+	code, out, errs := call("check", "--config", cfg)
+	if code != 0 {
+		t.Fatalf("check: exit %d\n%s\n%s", code, out, errs)
+	}
+	if !strings.Contains(out, "--nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --master-port 29501 --headless") {
+		t.Errorf("check does not show the group's flags:\n%s", out)
+	}
+	code, _, errs = call("check", "--config", cfg, "--", "--node-rank", "0")
+	if code != 78 || !strings.Contains(errs, "--node-rank 0, and the group ([group] rank) needs 1") {
+		t.Errorf("check -- --node-rank 0 on rank 1: exit %d, %s; want 78 naming the flag", code, errs)
+	}
+}
+
 // vLLM reads --api-ke as --api-key (argparse's abbreviations): `check`
 // masks it wherever it prints the command line, from the config and from
 // the extra arguments (issue 32 item 3).

@@ -28,6 +28,7 @@ type Config struct {
 	Standby   Standby   `toml:"standby"`
 	Log       Log       `toml:"log"`
 	Weights   Weights   `toml:"weights"`
+	Group     Group     `toml:"group"`
 
 	// Path is the file the config was read from ("" for defaults only).
 	Path string `toml:"-"`
@@ -359,5 +360,6 @@ func Default() *Config {
 		Log:     Log{Level: "info", Format: "auto", ChildLines: 200},
 		Weights: Weights{Cache: "auto"},
 		Standby: Standby{Mode: StandbyOff, Port: 0, Env: map[string]string{}},
+		Group:   defaultGroup(),
 	}
 }

@@ -114,6 +114,7 @@ func parseFor(path string, data []byte, instance string) (*Config, error) {
 		c.add(k, "is not a vllm-guard setting; remove it")
 	}
 	cfg.Path = path
+	c.fromLWS(&cfg.Group)
 	c.validate(cfg)
 	if err := c.result(); err != nil {
 		return nil, err

@@ -57,6 +57,8 @@ func TestStandbyKeys(t *testing.T) {
 		{"port range", proxy + "[standby]\nmode = \"process\"\nport = 70000\n", 5, "[standby] port", "out of range"},
 		{"env name", proxy + "[standby]\nmode = \"process\"\nenv = { NOTIFY_SOCKET = \"x\" }\n", 5, "[standby] env", "never passed on"},
 		{"unknown key", "[standby]\nports = 1\n", 2, "[standby] ports", "did you mean port?"},
+		{"a group", "[group]\nenabled = true\nsize = 2\nleader_address = \"10.0.0.1\"\nsecret_file = \"/run/secret\"\n" + proxy + "[standby]\nmode = \"process\"\n",
+			9, "[standby] mode", "with [group] enabled is not supported"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

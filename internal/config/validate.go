@@ -88,6 +88,12 @@ var durationRanges = map[string]durationRange{
 	"proxy.queue_timeout":      {0, time.Hour, false, "how long a request may wait for a slot; 0 answers at once", "30s"},
 	"proxy.write_timeout":      {time.Second, time.Hour, false, "a client that reads none of its answer this long loses its request and slot", "30s"},
 	"proxy.hold_timeout":       {0, 24 * time.Hour, false, "how long a request is held while vLLM restarts; 0 learns it from the restarts seen", "10m"},
+	// [group]
+	"group.heartbeat_interval":      {100 * time.Millisecond, 10 * time.Second, false, "how often the group's guards tell each other they are alive", "1s"},
+	"group.loss_timeout":            {200 * time.Millisecond, 5 * time.Minute, false, "a member not heard from this long is lost and the group restarts", "5s"},
+	"group.distributed_timeout":     {10 * time.Second, time.Hour, true, "vLLM's --distributed-timeout-seconds (torch's process groups; NCCL's own is 10 min)", "2m"},
+	"group.cpu_distributed_timeout": {10 * time.Second, time.Hour, true, "vLLM's --cpu-distributed-timeout-seconds (gloo's own is 30 min)", "2m"},
+	"group.engine_ready_timeout":    {10 * time.Second, time.Hour, true, "VLLM_ENGINE_READY_TIMEOUT_S, the leader's wait for its engines (vLLM's own is 10 min)", "3m"},
 }
 
 // checkDurations applies durationRanges to every duration of cfg.
@@ -343,6 +349,7 @@ func (c *checker) validate(cfg *Config) {
 	if lg.ChildLines < 1 || lg.ChildLines > MaxChildLines {
 		c.add(k("log", "child_lines"), "%d is out of range; allowed: 1 to %d (lines of up to 16 KiB each: at most 64 MiB of vLLM output kept)", lg.ChildLines, MaxChildLines)
 	}
+	c.validateGroup(cfg)
 }
 
 // listenAddr accepts "" (disabled) or host:port with a numeric port.
@@ -384,6 +391,10 @@ func (c *checker) checkStandby(cfg *Config) {
 	default:
 		c.add(k("standby", "mode"), "%s is not a mode; allowed: \"off\" (no standby), \"process\" (a second vLLM on its own devices and port, serving at once when the first dies) or \"sleep\" (a second vLLM asleep on the same GPUs, woken when the first dies)", tomlQuote(sb.Mode))
 		return
+	}
+	if cfg.Group.Enabled {
+		p := c.at(k("standby", "mode"), k("group", "enabled"))
+		c.add(p, "%s with [group] enabled is not supported yet: a vLLM across hosts has no standby; set mode = \"off\" or disable the group", tomlQuote(sb.Mode))
 	}
 	if cfg.Proxy.Listen == "" {
 		p := c.at(k("standby", "mode"), k("proxy", "listen"))

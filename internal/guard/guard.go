@@ -69,6 +69,8 @@ type Guard struct {
 	sbMet  *standbyMetrics // the standby's series; nil without one
 	// standbyDied: the exit being recorded is a standby's (proxyDied).
 	standbyDied atomic.Bool
+	// member is this guard's place in a [group]; nil without (group.go).
+	member *groupMember
 }
 
 // savedState is whether the guard's state reaches state_dir, for status,
@@ -150,15 +152,28 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		awaiting = func() (int, float64) { return g.proxy.Awaiting() }
 		inFlight = func() int { return g.proxy.Stats().Inflight }
 	}
+	supExtra, err := groupArgs(cfg, extra)
+	if err != nil {
+		return nil, err
+	}
+	var grp supervisor.Group
+	if cfg.Group.Enabled {
+		g.member = &groupMember{cfg: cfg.Group, log: log.Named("group")}
+		grp = g.member
+		if args, err = cfg.VLLMArgs(supExtra); err != nil {
+			return nil, err
+		}
+	}
 	p, err := newPair(cfg, pairOptions{
 		opts: supervisor.Options{
 			Log:       log,
 			Policy:    g.pol,
 			GPU:       supervisor.MonitorGPU(g.gpu),
 			Health:    supervisor.MonitorGPUHealth(g.gpu),
-			ExtraArgs: extra,
+			ExtraArgs: supExtra,
 			Args:      args,
 			Conns:     conns,
+			Group:     grp,
 
 			BeforeLaunch: wc.beforeLaunch(),
 			// The time to ready expected of each start (starts.go).
@@ -171,6 +186,9 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		return nil, err
 	}
 	g.pair = p
+	if g.member != nil {
+		g.member.sup = p.m[0].sup // a group has no standby (config)
+	}
 	g.standbyMetrics()
 	wc.wire(g)
 	g.registerLoadSeries()
@@ -272,6 +290,16 @@ func (g *Guard) Run(ctx context.Context) int {
 		background(g.gate.Run)
 	}
 
+	stopGroup := func() {}
+	if g.member != nil {
+		stop, code := g.startGroup(gctx, background)
+		if stop == nil {
+			cancel()
+			wg.Wait()
+			return code
+		}
+		stopGroup = stop
+	}
 	code := g.pair.Run(ctx)
 	g.wc.stop() // after vLLM: its weights outlive every run
 	if g.proxy != nil {
@@ -289,6 +317,7 @@ func (g *Guard) Run(ctx context.Context) int {
 	fcancel()
 	cancel()
 	wg.Wait()
+	stopGroup()
 	g.gpu.Close()
 	if g.jsonl != nil {
 		g.jsonl.Close()

@@ -41,6 +41,7 @@ type (
 	fxReply        = heart.FxReply
 	fxResetProfile = heart.FxResetProfile
 	fxSavePolicy   = heart.FxSavePolicy
+	fxGroupGone    = heart.FxGroupGone
 	logger         = heart.Logger
 	cleanup        = heart.Cleanup
 	progress       = heart.Progress
@@ -109,6 +110,7 @@ const (
 	subWaitGPU        = heart.SubWaitGPU
 	subCheckPort      = heart.SubCheckPort
 	subWaitPort       = heart.SubWaitPort
+	subWaitGroup      = heart.SubWaitGroup
 	subStarting       = heart.SubStarting
 	subReady          = heart.SubReady
 	subEngineDead     = heart.SubEngineDead

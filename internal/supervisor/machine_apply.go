@@ -28,6 +28,13 @@ func (m *machine) apply(f effect) (answer event, ok bool) {
 		return m.askPolicy(f), true
 	case fxObserveCost, fxApplyConfig, fxReload, fxResetProfile, fxSavePolicy, fxPolicyStart, fxReady:
 		m.tellPolicy(f)
+		if _, ok := f.(fxReady); ok && m.s.group != nil {
+			m.s.group.Ready()
+		}
+	case fxGroupGone:
+		if m.s.group != nil {
+			m.s.group.Gone()
+		}
 	default:
 		m.applyWorld(f)
 	}
@@ -243,6 +250,9 @@ func (m *machine) launch(f fxLaunch) event {
 	m.watch(c, rung, f)
 	m.expectStart(rung)
 	l.PID = c.PID()
+	if s.group != nil {
+		s.group.Launched(rung)
+	}
 	return event{Kind: evLaunched, Launched: l}
 }
 

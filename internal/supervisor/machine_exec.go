@@ -46,6 +46,7 @@ func (s *Supervisor) Run(ctx context.Context) int {
 		case <-s.kill:
 			e = event{Kind: evKill}
 		case e = <-m.ev:
+		case e = <-s.groupEv:
 		case r := <-s.reqs:
 			e = event{Kind: evRequest, Req: r}
 			if r.Kind == "restart" {
@@ -80,7 +81,8 @@ func (m *machine) step(e event) {
 		if !m.take(&e) {
 			continue
 		}
-		if t := m.s.traceCell; t != nil && e.Kind != evRequest {
+		m.groupTook(e)
+		if t := m.s.traceCell; t != nil && e.Kind < evRequest {
 			t(m.c.Sub, e.Column())
 		}
 		var fx []effect

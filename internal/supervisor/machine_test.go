@@ -320,6 +320,7 @@ type scenario struct {
 	cells  [][2]int   // the cells of the table the events fell in, in order
 
 	persist func(policy.State) // the state file; nil: saves are counted
+	group   Group              // [group]'s member (group_test.go); nil: none
 
 	starts      *starttimes.Book     // the record of starts (nil: none)
 	savedStarts []starttimes.History // what was saved of it, in order
@@ -390,6 +391,7 @@ func (s *scenario) start() {
 	}
 	opts.Health = s.health
 	opts.StartTimes, opts.SaveStarts = s.starts, s.saveStarts
+	opts.Group = s.group
 	sup, err := New(s.cfg, opts)
 	if err != nil {
 		s.t.Fatal(err)

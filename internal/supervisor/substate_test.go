@@ -210,6 +210,8 @@ var rows = []row{
 		setup: func(s *scenario) { s.noGPU, s.holder = true, squatter }, fire: func(s *scenario) { s.advance(time.Second) }},
 	{from: subWaitPort, event: "stop", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subStopped, setup: func(s *scenario) { s.noGPU, s.holder = true, squatter },
 		fire: func(s *scenario) { s.cancel() }},
+	{from: subWaitGroup, event: "stop", on: []evKind{evStop}, effects: []string{"decision stop"}, to: subStopped, edit: func(c *config.Config) { c.Group.Enabled = true },
+		fire: func(s *scenario) { s.cancel() }},
 	{from: subStarting, event: "readiness probe answered", on: []evKind{evProbe}, effects: []string{"readiness probe", "progress", "ready"}, to: subReady, fire: func(s *scenario) { s.ready() }},
 	{from: subStarting, event: "vLLM's API server exits", on: []evKind{evAPIGone}, effects: []string{"NVML read", "trial bind", "exited"}, to: subStopTerm, fire: crash},
 	{from: subStarting, event: "stall timer: no output, no I/O", on: []evKind{evTimer + evKind(tPoll), evIORead}, effects: []string{"SIGKILL", "readiness probe", "NVML read", "trial bind", "exited"}, to: subStopKill,

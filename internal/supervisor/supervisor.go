@@ -135,6 +135,9 @@ type Options struct {
 	// (engine_dead) or its API server finished (server_exiting). A warm
 	// standby takes over then, not at the exit seconds later.
 	OnDying func()
+	// Group is this host's member of a group across hosts ([group]);
+	// nil: none.
+	Group Group
 }
 
 // Supervisor runs vLLM until stopped. Make one with New, then Run it.
@@ -194,6 +197,8 @@ type Supervisor struct {
 	mayRestore func() bool                     // Options.MayRestore
 	onDying    func()                          // Options.OnDying
 	dying      atomic.Bool                     // in engine_dead or server_exiting (Dying)
+	group      Group                           // [group]: nil without
+	groupEv    chan event                      // the group's go and end, into the loop
 }
 
 // New makes a supervisor; it starts nothing.
@@ -239,6 +244,7 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 		sp.Tree = tree
 		return adapters.NewProber(ep, sp)
 	}
+	s.joinGroup(opts.Group)
 	s.polMu.Lock()
 	st := Status{State: publicState[subIdle], Since: time.Now(), Reason: "not started yet", Rung: s.pol.Current(), Restarts: map[cause.Cause]int{},
 		Cost: s.pol.Cost().Describe(s.pol.Current().GPUMemoryUtilization, cfg.Profile.Headroom), LongestTimeToReady: s.pol.LongestTimeToReady()}

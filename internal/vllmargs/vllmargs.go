@@ -60,7 +60,7 @@ type Args struct {
 	LoadFormat string
 
 	secrets []string
-	last    map[string]opt // every flag's last occurrence, the --config file's keys first
+	last    map[string]opt // every flag's last occurrence, the --config file's keys first (Value, GroupFlags)
 }
 
 // Value is the last value(s) given for flag (its canonical spelling, such
@@ -153,7 +153,10 @@ func SecretEnvName(name string) bool {
 }
 
 // shortFlags are the single-dash aliases the guard must understand.
-var shortFlags = map[string]string{"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size", "-q": "--quantization"}
+var shortFlags = map[string]string{"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size", "-q": "--quantization",
+	// vLLM 0.32.0's multi-node aliases (arg_utils.py): the group's flags.
+	"-n": "--nnodes", "-r": "--node-rank", "-dpl": "--data-parallel-size-local", "-dpr": "--data-parallel-start-rank",
+	"-dpa": "--data-parallel-address", "-dpp": "--data-parallel-rpc-port"}
 
 // normName turns a flag name into vLLM's canonical spelling: underscores in
 // the name are dashes, short aliases are their long names.

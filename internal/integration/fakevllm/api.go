@@ -113,6 +113,9 @@ func runServe(argv []string) int {
 	if !env.markerAllows() {
 		f = faults{set: map[string]time.Duration{}}
 	}
+	if args.Headless {
+		return runHeadless(args, env, out, errw)
+	}
 	a := &apiServer{
 		args: args, env: env, faults: f, out: out, errw: errw, stats: stats,
 		pid: os.Getpid(), startedAt: time.Now(),

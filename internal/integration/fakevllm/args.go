@@ -45,6 +45,12 @@ type serveArgs struct {
 	LoadFormat        string // --load-format ("" = auto)
 	LoaderExtraConfig string // --model-loader-extra-config, JSON as given
 
+	// Multi-node (issue 44; headless.go): a follower serves no HTTP.
+	Headless   bool
+	NNodes     int
+	NodeRank   int
+	MasterAddr string
+
 	// Warnings are vLLM's warnings about the command line (a repeated
 	// flag, the deprecated --model), printed by the API process.
 	Warnings []string
@@ -168,6 +174,14 @@ var knownFlags = map[string]flagKind{
 	"--enable-sleep-mode":          kindBool,
 	"--load-format":                kindString,
 	"--model-loader-extra-config":  kindString,
+	// Multi-node (issue 44): a follower runs --headless (headless.go).
+	"--headless":                        kindBool,
+	"--nnodes":                          kindInt,
+	"--node-rank":                       kindInt,
+	"--master-addr":                     kindString,
+	"--master-port":                     kindInt,
+	"--distributed-timeout-seconds":     kindInt,
+	"--cpu-distributed-timeout-seconds": kindInt,
 }
 
 // shortFlags are argparse aliases.
@@ -403,6 +417,8 @@ func (a *serveArgs) setBool(name string) {
 		a.EnableLogRequests = true
 	case "--enable-sleep-mode":
 		a.EnableSleepMode = true
+	case "--headless":
+		a.Headless = true
 	}
 }
 
@@ -472,6 +488,10 @@ func (a *serveArgs) setFlag(name string, kind flagKind, value string) error {
 			a.ShutdownTimeout = float64(n)
 		case "--stream-interval":
 			a.StreamInterval = int(n)
+		case "--nnodes":
+			a.NNodes = int(n)
+		case "--node-rank":
+			a.NodeRank = int(n)
 		}
 	case kindFloat:
 		f, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
@@ -500,6 +520,8 @@ func (a *serveArgs) setFlag(name string, kind flagKind, value string) error {
 			if !slices.Contains([]string{"auto", "half", "float16", "bfloat16", "float", "float32"}, value) {
 				return &argError{msg: fmt.Sprintf("argument --dtype: invalid choice: '%s' (choose from auto, half, float16, bfloat16, float, float32)", value)}
 			}
+		case "--master-addr":
+			a.MasterAddr = value
 		case "--load-format":
 			a.LoadFormat = value
 		case "--model-loader-extra-config":
@@ -827,6 +849,9 @@ func (a *serveArgs) argv() []string {
 	}
 	if a.LoaderExtraConfig != "" {
 		out = append(out, "--model-loader-extra-config="+a.LoaderExtraConfig)
+	}
+	if a.NNodes > 1 {
+		out = append(out, "--nnodes="+strconv.Itoa(a.NNodes), "--node-rank="+strconv.Itoa(a.NodeRank))
 	}
 	return out
 }

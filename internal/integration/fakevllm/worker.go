@@ -50,6 +50,9 @@ func (w *tpWorker) send(line string) {
 // device is vLLM's world-size error.
 func (e *engine) startWorkers() error {
 	n := e.args.TensorParallel
+	if e.args.NNodes > 1 {
+		n /= e.args.NNodes // --nnodes: this node runs its share of the ranks (the others run --headless)
+	}
 	available := len(e.env.VisibleDevs)
 	if !e.env.VisibleSet {
 		available = n

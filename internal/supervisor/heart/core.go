@@ -46,6 +46,7 @@ type Core struct {
 	R    Run         // the run in progress (or the last one): replaced whole at each launch
 	Rel  ReleaseWait // after a failure: the wait for the old tree's GPU memory
 	Pw   PortWait    // before a launch: the check of vLLM's port, and the wait while another process holds it
+	Gw   GroupWait   // [group]: before a launch, the group's go
 }
 
 // Ports says which of the supervisor's collaborators are there.
@@ -164,6 +165,9 @@ type (
 	}
 	FxResetProfile struct{ Peer string }
 	FxSavePolicy   struct{}
+	// FxGroupGone tells the group that this host's tree is gone and its
+	// vLLM waits for the go ([group]).
+	FxGroupGone struct{}
 )
 
 func (FxEnter) Effect()        {}
@@ -197,6 +201,7 @@ func (FxAskRung) Effect()      {}
 func (FxReply) Effect()        {}
 func (FxResetProfile) Effect() {}
 func (FxSavePolicy) Effect()   {}
+func (FxGroupGone) Effect()    {}
 
 // ProbeKind is which probe an fxProbe sends.
 type ProbeKind int

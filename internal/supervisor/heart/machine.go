@@ -88,6 +88,11 @@ const (
 	EvTimer                         // a timer fired: its column is evTimer + its timerKind
 	EvKinds           = EvTimer + EvKind(TimerKinds)
 	EvRequest         = EvKinds // an operator's request: answered by onRequest, no column of the table
+	// The group's word ([group]; heart/group.go), alike in every
+	// sub-state, so no column: this host's vLLM may start (go), or the
+	// group's epoch ended (its tree is killed).
+	EvGroupGo  = EvKinds + 1
+	EvGroupEnd = EvKinds + 2
 )
 
 // PumpFacts is what the log pump knows of the run at an event, read by
@@ -131,6 +136,7 @@ type Event struct {
 	// it), evClassified's, evDecided's, evRestored's and evRung's rung,
 	// evRestoreDue's, evKilledHolders'.
 	Launched Launched
+	Group    string // EvGroupEnd: why the group's epoch ended
 	Exit     cause.Exit
 	Verdict  cause.Verdict
 	Decision policy.Decision
@@ -257,6 +263,10 @@ func (m *Core) Handle(e Event) {
 	m.Now, m.Pump, m.Facts = e.At, e.Pump, e.Facts
 	if e.Kind == EvRequest {
 		m.OnRequest(e.Req)
+		return
+	}
+	if e.Kind == EvGroupGo || e.Kind == EvGroupEnd {
+		m.OnGroup(e)
 		return
 	}
 	if e.Kind != EvTimer && e.Run != m.RunN {

@@ -150,6 +150,9 @@ func (m *Core) OnPortRead(holder string) {
 // (it would fail to bind, and meanwhile the holder would answer the
 // probes in its name) and the start ends as a configuration error.
 func (m *Core) Start(rung policy.Rung, gpuBefore []cause.GPUDevice, heldBy string) {
+	if m.WaitGroup(rung, gpuBefore, heldBy) {
+		return
+	}
 	cfg := m.Cfg
 	argv, ep := launch.BuildArgv(cfg.VLLM.Command, m.Ports.Extra, rung, cfg.VLLM.Host, cfg.VLLM.Port)
 	m.RunN++

@@ -12,6 +12,7 @@ const (
 	SubWaitGPU                       // no room on the GPU, or a GPU needs a reset: read again every sample
 	SubCheckPort                     // trying vLLM's bind of its port, off the loop, before the launch
 	SubWaitPort                      // another process holds vLLM's port: try again with backoff
+	SubWaitGroup                     // [group]: the old tree is gone; the group's go is waited for before the launch
 	SubStarting                      // vLLM launched, loading; readiness probed
 	SubReady                         // vLLM answered the readiness probe; liveness, stuck and restore watched
 	SubEngineDead                    // ready, but /health said the engine is dead: vLLM's own exit is waited for, for a grace
@@ -30,7 +31,7 @@ const (
 )
 
 var SubStateNames = [SubStates]string{
-	SubIdle: "idle", SubCheckGPU: "check_gpu", SubWaitGPU: "wait_gpu", SubCheckPort: "check_port", SubWaitPort: "wait_port", SubStarting: "starting", SubReady: "ready",
+	SubIdle: "idle", SubCheckGPU: "check_gpu", SubWaitGPU: "wait_gpu", SubCheckPort: "check_port", SubWaitPort: "wait_port", SubWaitGroup: "wait_group", SubStarting: "starting", SubReady: "ready",
 	SubEngineDead: "engine_dead", SubServerExiting: "server_exiting", SubAskingPaused: "asking_paused",
 	SubDraining: "draining", SubStopTerm: "stop_sigterm", SubStopKill: "stop_sigkill", SubCleaning: "cleaning",
 	SubReleasing: "releasing", SubBackoff: "backoff", SubFailed: "failed", SubGaveUp: "gave_up", SubStopped: "stopped",
@@ -46,6 +47,7 @@ var PublicState = [SubStates]State{
 	SubWaitGPU:       StateWaitingGPU,
 	SubCheckPort:     StateStarting,
 	SubWaitPort:      StateBackoff,
+	SubWaitGroup:     StateStarting,
 	SubStarting:      StateStarting,
 	SubReady:         StateReady,
 	SubEngineDead:    StateReady,

@@ -94,6 +94,7 @@ var Table = [SubStates][EvKinds]Cell{
 		EvTimer + EvKind(TPortRetry): {"read NVML, then try the bind again", func(m *Core, e Event) { m.ClearNextStart(); m.Next() }},
 		EvStop:                       CellStopWaiting, EvRestart: CellRestartWait,
 	},
+	SubWaitGroup: {EvStop: CellStopWaiting},
 	SubStarting: {
 		EvLaunched:   {"launched → poll readiness; the keeper not run, or the port held at the first start → a failure", func(m *Core, e Event) { m.OnLaunched(e.Launched) }},
 		EvClassified: CellClassified, EvDecided: CellDecided,

@@ -1,0 +1,138 @@
+package guard
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"maps"
+	"net"
+	"strconv"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/exitcode"
+	"github.com/vllm-guard/vllm-guard/internal/group"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/supervisor"
+	"github.com/vllm-guard/vllm-guard/internal/vllmargs"
+)
+
+// groupMember is this guard's place in a [group]: the group's machine and its
+// transport (internal/group) on one side, this host's supervisor on the
+// other: the supervisor's Group, and (as local) the machine's Local.
+type groupMember struct {
+	cfg config.Group
+	log *zap.Logger
+	sup *supervisor.Supervisor
+	d   *group.Driver
+
+	mu    sync.Mutex
+	epoch uint64 // the epoch this host's vLLM was let start for
+}
+
+// groupArgs is what a group adds to vLLM's start: the multi-node flags
+// appended to extra (a contradiction is the operator's to fix), and the
+// shortened engine wait in its environment.
+func groupArgs(cfg *config.Config, extra []string) ([]string, error) {
+	if !cfg.Group.Enabled {
+		return extra, nil
+	}
+	args, err := cfg.VLLMArgs(extra)
+	if err != nil {
+		return nil, err
+	}
+	flags, err := args.GroupFlags(cfg.Group.VLLM())
+	if err != nil {
+		return nil, &config.Error{File: cfg.Path, Key: "[vllm] command", Msg: err.Error(), Err: err}
+	}
+	if env := vllmargs.GroupEnv(cfg.Group.EngineReadyTimeout.Duration, vllmargs.EnvOf(cfg.VLLM.Env, vllmargs.OSEnv)); env != nil {
+		merged := maps.Clone(cfg.VLLM.Env)
+		if merged == nil {
+			merged = map[string]string{}
+		}
+		maps.Copy(merged, env)
+		cfg.VLLM.Env = merged
+	}
+	return append(append([]string(nil), extra...), flags...), nil
+}
+
+// startGroup opens the group's transport and runs its machine until ctx
+// ends; the returned stop closes the transport once the machine stopped.
+// An error (the secret, the leader's port) is the operator's to fix.
+func (g *Guard) startGroup(ctx context.Context, background func(func(context.Context))) (func(), int) {
+	m := g.member
+	gc := m.cfg
+	secret, err := group.ReadSecret(gc.SecretFile)
+	if err != nil {
+		g.log.Error("cannot join the group: fix [group] secret_file", zap.Error(err))
+		return nil, exitcode.Config
+	}
+	addr := net.JoinHostPort(gc.LeaderAddress, strconv.Itoa(gc.Port))
+	if gc.Rank == 0 {
+		addr = ":" + strconv.Itoa(gc.Port)
+	}
+	var inc [8]byte
+	rand.Read(inc[:])
+	node, err := group.Start(group.Options{Rank: gc.Rank, Size: gc.Size, Address: addr, Secret: secret,
+		Incarnation: binary.BigEndian.Uint64(inc[:]) | 1, Interval: gc.HeartbeatInterval.Duration, LossTimeout: gc.LossTimeout.Duration,
+		Refused: func(peer string, err error) {
+			m.log.Warn("a group connection refused", zap.String("peer", peer), zap.Error(err))
+		}})
+	if err != nil {
+		g.log.Error("cannot join the group", zap.Error(err))
+		return nil, exitcode.Config
+	}
+	m.d = group.NewDriver(group.Config{Rank: gc.Rank, Size: gc.Size, LossTimeout: gc.LossTimeout.Duration}, node, local{m}, gc.HeartbeatInterval.Duration)
+	g.log.Info("joined the group", zap.Int("rank", gc.Rank), zap.Int("size", gc.Size), zap.String("guards", addr))
+	stopped := make(chan struct{})
+	background(func(ctx context.Context) { defer close(stopped); m.d.Run(ctx) })
+	return func() { <-stopped; node.Close() }, 0
+}
+
+// local is the machine's Local: what the group asks of this host.
+type local struct{ *groupMember }
+
+func (m local) Kill(epoch uint64, c group.Cause) {
+	m.sup.GroupEnd(fmt.Sprintf("epoch %d: %s", epoch, c))
+}
+
+func (m local) Start(epoch uint64, rung int) {
+	m.mu.Lock()
+	m.epoch = epoch
+	m.mu.Unlock()
+	m.log.Info("the group lets this host's vLLM start", zap.Uint64("epoch", epoch))
+	m.sup.GroupGo()
+}
+
+func (m local) Ended(epoch uint64, c group.Cause) {
+	m.log.Warn("the group's epoch ended: every host kills its vLLM tree", zap.Uint64("epoch", epoch), zap.Stringer("why", c))
+}
+
+// The supervisor's Group: what it tells of this host's vLLM.
+
+func (m *groupMember) Launched(r policy.Rung) {
+	if m.cfg.Rank == 0 {
+		m.d.LocalLaunched(m.started(), r.Index)
+	}
+}
+
+func (m *groupMember) Ready() {
+	if m.cfg.Rank == 0 {
+		m.d.LocalReady(m.started())
+	}
+}
+
+func (m *groupMember) Ended() { m.d.LocalEnded(false) }
+func (m *groupMember) Gone()  { m.d.LocalGone() }
+
+func (m *groupMember) Follower() bool   { return m.cfg.Rank != 0 }
+func (m *groupMember) GroupReady() bool { return m.d != nil && m.d.State().GroupReady() }
+
+func (m *groupMember) started() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.epoch
+}

@@ -1,0 +1,86 @@
+package supervisor
+
+import (
+	"context"
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/launch"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+	"github.com/vllm-guard/vllm-guard/internal/supervisor/heart"
+)
+
+// Group is a member of a vLLM across hosts ([group]), as the supervisor
+// sees it (internal/guard runs it over internal/group): what the
+// supervisor tells it of this host's vLLM, from its loop (each call
+// returns at once), and what it reads of it.
+type Group interface {
+	Launched(r policy.Rung) // this host's vLLM launched
+	Ready()                 // it passed the readiness gate
+	Ended()                 // its run ended: an exit (of any code), a death, a kill
+	Gone()                  // its tree is gone: its next start waits for the go
+	// Follower: this host's vLLM is headless (it serves no HTTP): its
+	// readiness is the group's, GroupReady.
+	Follower() bool
+	GroupReady() bool
+}
+
+// GroupGo: the group lets this host's vLLM start (now, or when its start
+// comes). Safe from any goroutine.
+func (s *Supervisor) GroupGo() { s.postGroup(event{Kind: heart.EvGroupGo}) }
+
+// GroupEnd: the group's epoch ended, because of why: this host's vLLM
+// tree is killed (a failure) and its next start waits for the go.
+func (s *Supervisor) GroupEnd(why string) { s.postGroup(event{Kind: heart.EvGroupEnd, Group: why}) }
+
+func (s *Supervisor) postGroup(e event) {
+	select {
+	case s.groupEv <- e:
+	default:
+		s.log.Error("the group's word was dropped: the supervisor's queue is full")
+	}
+}
+
+// groupTook tells the group what an event says of this host's run.
+func (m *machine) groupTook(e event) {
+	g := m.s.group
+	if g == nil || e.Run != m.c.RunN {
+		return
+	}
+	switch {
+	case e.Kind == heart.EvAPIGone, e.Kind == heart.EvTreeGone:
+		g.Ended()
+	case e.Kind == heart.EvCleaned && m.c.Sub == subCleaning:
+		g.Gone()
+	}
+}
+
+// groupChecker is a follower's prober: its headless vLLM serves no HTTP;
+// it is ready when the group is (the leader's vLLM ready implies every
+// rank loaded), and the group's heartbeats are its liveness.
+type groupChecker struct{ g Group }
+
+func (c groupChecker) Ready(context.Context, string, time.Duration) probeResult {
+	if c.g.GroupReady() {
+		return probeResult{OK: true, Step: "group", Probe: "group: the leader's vLLM is ready", Own: true}
+	}
+	return probeResult{Refused: true, Step: "group", Err: "waiting for the group's leader to be ready"}
+}
+
+func (c groupChecker) Health(context.Context, time.Duration) probeResult {
+	return probeResult{OK: true, Step: "group", Own: true}
+}
+
+func (c groupChecker) Paused(context.Context, time.Duration) probeResult {
+	return probeResult{OK: true, Step: "paused", Own: true}
+}
+
+func (c groupChecker) Close() {}
+
+// joinGroup takes g as this host's member ([group]; nil: none): a
+// follower's runs probe the group.
+func (s *Supervisor) joinGroup(g Group) {
+	s.group, s.groupEv = g, make(chan event, 64)
+	if g != nil && g.Follower() {
+		s.newProber = func(launch.Endpoint, string, func() []int) checker { return groupChecker{g} }
+	}
+}

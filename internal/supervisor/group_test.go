@@ -1,0 +1,131 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/policy"
+)
+
+// fakeGroup counts what the supervisor tells the group.
+type fakeGroup struct {
+	mu                           sync.Mutex
+	launched, ready, ended, gone int
+	follower, groupReady         bool
+}
+
+func (g *fakeGroup) Launched(policy.Rung) { g.mu.Lock(); g.launched++; g.mu.Unlock() }
+func (g *fakeGroup) Ready()               { g.mu.Lock(); g.ready++; g.mu.Unlock() }
+func (g *fakeGroup) Ended()               { g.mu.Lock(); g.ended++; g.mu.Unlock() }
+func (g *fakeGroup) Gone()                { g.mu.Lock(); g.gone++; g.mu.Unlock() }
+func (g *fakeGroup) Follower() bool       { return g.follower }
+func (g *fakeGroup) GroupReady() bool     { g.mu.Lock(); defer g.mu.Unlock(); return g.groupReady }
+
+func (g *fakeGroup) counts() [4]int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return [4]int{g.launched, g.ready, g.ended, g.gone}
+}
+
+func groupOn(c *config.Config) { c.Group.Enabled = true }
+
+// A member starts only on the group's go; the epoch's end kills its tree
+// (a failure the policy decides on), and its next start waits for the go
+// again; a go that comes before the start (during the backoff) is kept.
+func TestAGroupMemberStartsOnTheGroupsGo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, groupOn)
+		g := &fakeGroup{}
+		s.group = g
+		s.start()
+		synctest.Wait()
+		if n := s.l.n(); n != 0 {
+			t.Fatalf("%d launches before the group's go", n)
+		}
+		s.wantState(StateStarting)
+		if c := g.counts(); c != [4]int{0, 0, 0, 1} {
+			t.Fatalf("before the go: launched, ready, ended, gone %v, want the tree said gone once", c)
+		}
+		s.sup.GroupGo()
+		synctest.Wait()
+		if n := s.l.n(); n != 1 {
+			t.Fatalf("%d launches after the go, want 1", n)
+		}
+		s.ready()
+		if c := g.counts(); c != [4]int{1, 1, 0, 1} {
+			t.Fatalf("ready: %v, want launched and ready once", c)
+		}
+
+		s.sup.GroupEnd("epoch 1: member 1 not heard for the loss timeout")
+		synctest.Wait()
+		if k := s.l.last().kills.Load(); k == 0 {
+			t.Fatal("the epoch's end did not kill the tree")
+		}
+		if st := s.sup.Status(); st.LastFailure == nil || !strings.Contains(fmt.Sprint(st.LastFailure.Verdict), "the group's epoch ended: epoch 1: member 1 not heard") {
+			t.Fatalf("the group's end is a failure with its reason: %+v", st.LastFailure)
+		}
+		s.advance(s.cfg.Restart.InitialDelay.Duration)
+		if n := s.l.n(); n != 1 {
+			t.Fatalf("%d launches after the epoch's end without a go, want still 1", n)
+		}
+		if c := g.counts(); c[2] == 0 || c[3] < 2 {
+			t.Fatalf("after the end: %v, want the run said ended and the tree gone again", c)
+		}
+		s.wantState(StateStarting)
+		s.sup.GroupGo()
+		synctest.Wait()
+		if n := s.l.n(); n != 2 {
+			t.Fatalf("%d launches after the second go, want 2", n)
+		}
+
+		// The go during the backoff is kept for the start.
+		s.ready()
+		s.sup.GroupEnd("epoch 2: this host's vLLM ended")
+		synctest.Wait()
+		s.sup.GroupGo()
+		s.advance(2 * s.cfg.Restart.InitialDelay.Duration * 2)
+		if n := s.l.n(); n != 3 {
+			t.Fatalf("%d launches: a go during the backoff must start the next run, want 3", n)
+		}
+	})
+}
+
+// The epoch's end takes back a go not used yet.
+func TestTheEpochsEndTakesTheGoBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, groupOn)
+		s.group = &fakeGroup{}
+		s.gpu.free = false // the start waits for GPU memory
+		s.start()
+		synctest.Wait()
+		s.sup.GroupGo()
+		s.sup.GroupEnd("epoch 1 ended")
+		synctest.Wait()
+		s.gpu.mu.Lock()
+		s.gpu.free = true
+		s.gpu.mu.Unlock()
+		s.advance(10 * time.Second)
+		if n := s.l.n(); n != 0 {
+			t.Fatalf("%d launches on a go the epoch's end took back", n)
+		}
+	})
+}
+
+// A follower's vLLM is headless: its readiness is the group's.
+func TestAFollowersReadinessIsTheGroups(t *testing.T) {
+	g := &fakeGroup{follower: true}
+	c := groupChecker{g}
+	if r := c.Ready(context.Background(), "auto", time.Second); r.OK || !r.Refused {
+		t.Errorf("before the leader is ready: %+v, want refused", r)
+	}
+	g.groupReady = true
+	if r := c.Ready(context.Background(), "auto", time.Second); !r.OK || !r.Own {
+		t.Errorf("the leader ready: %+v, want ok", r)
+	}
+}

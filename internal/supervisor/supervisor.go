@@ -228,10 +228,7 @@ func New(cfg *config.Config, opts Options) (*Supervisor, error) {
 			return nil, err
 		}
 	}
-	conns := opts.Conns
-	if conns == nil {
-		conns = ownconns.New()
-	}
+	conns := cmp.Or(opts.Conns, ownconns.New())
 	s := &Supervisor{polMu: cmp.Or(opts.PolicyMu, &sync.Mutex{}), mayRestore: opts.MayRestore, onDying: opts.OnDying, cfg: cfg, log: opts.Log, pol: opts.Policy, gpu: opts.GPU, health: opts.Health, bus: opts.Events, persist: persist,
 		keeper: keeper, extra: opts.ExtraArgs, load: opts.Load, tokens: opts.Progress, waiting: opts.Awaiting, inFlight: opts.InFlight, reqs: make(chan request), kill: make(chan struct{}, 1),
 		launcher: processLauncher{}, hostOOM: adapters.HostOOMKills, portHolder: adapters.PortHolder, args: args, conns: conns, before: opts.BeforeLaunch,

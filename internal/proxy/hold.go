@@ -193,6 +193,17 @@ func requestClient(req *http.Request) string {
 // Serve.
 func (p *Proxy) SetOnSuspect(f func(Suspect)) { p.onSuspect.Store(&f) }
 
+// SetOnContinued is told the time each continued stream's first new token
+// after a cut is written to its client (a failover's end, as a client sees
+// it). f must not block.
+func (p *Proxy) SetOnContinued(f func(at time.Time)) { p.onContinued.Store(&f) }
+
+func (p *Proxy) continuedAt(at time.Time) {
+	if f := p.onContinued.Load(); f != nil {
+		(*f)(at)
+	}
+}
+
 // replayWhy is why a request is sent again.
 type replayWhy int
 

@@ -62,6 +62,10 @@ var errEnded = errors.New("request ended")
 func (p *Proxy) live(st *reqState, c course) {
 	var first time.Time // the first cut
 	for {
+		// vLLM's losses of readiness before this send: one after it is
+		// what cut it, even when the guard has already made another vLLM
+		// ready (a failover to the standby) by the time the cut is read.
+		sent, _ := p.lim.generation()
 		ct, ok := c.send()
 		if !ok {
 			return
@@ -69,7 +73,7 @@ func (p *Proxy) live(st *reqState, c course) {
 		if first.IsZero() {
 			first = time.Now()
 		}
-		if !p.afterCut(st, c, ct, first) {
+		if !p.afterCut(st, c, ct, sent, first) {
 			return
 		}
 	}
@@ -83,15 +87,15 @@ func (p *Proxy) live(st *reqState, c course) {
 // suspect is refused then, and named in that death's record) or has
 // claimed it as a death; else after the hold. A count the hold shows
 // wrong (the guard never saw vLLM go, or it was no death) is taken back.
-func (p *Proxy) afterCut(st *reqState, c course, ct cut, first time.Time) bool {
-	gen0, ready0 := p.lim.generation()
-	loss := gen0
-	if ready0 {
-		loss++
-	}
+// sent is the count of vLLM's losses of readiness when the cut send was
+// made: the loss that cut it is the next one.
+func (p *Proxy) afterCut(st *reqState, c course, ct cut, sent uint64, first time.Time) bool {
+	gen0, _ := p.lim.generation()
+	loss := sent + 1
+	unseen := gen0 == sent // the guard has not seen vLLM go since the send
 	p.touched(st, st.kind())
 	counted := false
-	if !ct.planned && (ready0 || p.diedAt(loss)) {
+	if !ct.planned && (unseen || p.diedAt(loss)) {
 		var ok bool
 		if counted, ok = p.countDeath(st, loss, ct.progress); !ok {
 			c.refuse(p.suspect(c.named(), st))
@@ -101,7 +105,7 @@ func (p *Proxy) afterCut(st *reqState, c course, ct cut, first time.Time) bool {
 	if c.hold(ct) != nil {
 		return false
 	}
-	if gen1, _ := p.lim.generation(); ready0 && gen1 == gen0 {
+	if gen1, _ := p.lim.generation(); gen1 == sent {
 		// The guard never saw vLLM go: not a death, and not held
 		// against the request.
 		p.untouched(st)

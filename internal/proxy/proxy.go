@@ -153,10 +153,11 @@ type Proxy struct {
 	suspects    atomic.Uint64
 	lastSuspect atomic.Pointer[Suspect]
 	onSuspect   atomic.Pointer[func(Suspect)]
-	deaths      deathBook     // what became of the requests each death touched
-	tickEvery   time.Duration // a held stream's comment (holdUntilReady)
-	noticeWait  time.Duration // for the guard to see a death (awaitNotice)
-	refreshMu   sync.Mutex    // serialises refresh
+	onContinued atomic.Pointer[func(time.Time)] // SetOnContinued
+	deaths      deathBook                       // what became of the requests each death touched
+	tickEvery   time.Duration                   // a held stream's comment (holdUntilReady)
+	noticeWait  time.Duration                   // for the guard to see a death (awaitNotice)
+	refreshMu   sync.Mutex                      // serialises refresh
 }
 
 type parsedTarget struct {

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -31,7 +32,9 @@ type fakeLLM struct {
 	cuts []int // per request in order: tokens before the cut; -1 none
 	seen []fakeReq
 	// style of the cut: "" a reset, "error" vLLM's engine-failure event,
-	// "abort" finish_reason abort (a planned restart's drain ran out).
+	// "abort" finish_reason abort (a planned restart's drain ran out),
+	// "failover" a reset read only after the guard saw vLLM go and made
+	// another ready (a warm standby took over).
 	style string
 	// merge: two tokens to a chunk, as vLLM sends when its reader falls
 	// behind.
@@ -244,6 +247,10 @@ func (f *fakeLLM) die(w http.ResponseWriter, abort map[string]any, answered bool
 		f.r.p.Notify()
 		if style != "abort" {
 			f.r.p.Died() // the guard records the failure (an abort is a planned restart's)
+		}
+		if style == "failover" {
+			f.r.up.set(func(u *fakeUp) { u.ready = true })
+			f.r.p.Notify()
 		}
 	}
 	// else: a connection closed before any answer, while the guard still
@@ -517,6 +524,30 @@ func TestStreamCutTokenIDsStayHiddenUnlessAsked(t *testing.T) {
 	}
 	if r := f.requests()[0].body; r["return_token_ids"] != true {
 		t.Fatalf("vLLM was not asked for token ids: %v", r)
+	}
+}
+
+// Issue 42: with a warm standby the guard shows the proxy vLLM's loss and
+// the standby's readiness at once, and the proxy may read the cut only
+// after both: the loss since the stream was sent is still the death that
+// cut it, so the stream is continued (on the standby), whole, with no
+// error event — not ended as a cut "while vLLM stayed up".
+func TestStreamCutReadAfterAFailoverIsContinued(t *testing.T) {
+	f := newFakeLLM(t)
+	f.style = "failover"
+	var continued atomic.Int32
+	f.r.p.SetOnContinued(func(time.Time) { continued.Add(1) })
+	for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
+		body := `{"model":"m","temperature":0,"prompt":"hello","messages":[{"role":"user","content":"hi"}],"max_tokens":10,"stream":true}`
+		want := f.run(path, body, func() { t.Fatal("held without a cut") })
+		f.queue(4, -1)
+		got := f.run(path, body, func() {})
+		if got.text != want.text || got.errors != 0 || got.done != 1 || fmt.Sprint(got.finishes) != fmt.Sprint(want.finishes) {
+			t.Fatalf("%s: got %+v\nwant %+v", path, got, want)
+		}
+	}
+	if n := f.counter("vllm_guard_proxy_resumed_total", "how", "continued"); n != 2 || continued.Load() != 2 {
+		t.Fatalf("continued %v (the hook heard %d), want 2", n, continued.Load())
 	}
 }
 

@@ -90,11 +90,16 @@ func (s *resumer) onChoice(data []byte) (done bool, why string, cut bool) {
 	if len(sc.ids) > 0 || raw != "" {
 		s.led.add(sc.ids, raw, len(sc.ids) == 1)
 	}
+	before := s.progress
 	s.progress = s.progress || len(newIDs) > 0
 	if len(newIDs) == 0 && newRaw == "" && s.continuing && finish == "" {
 		s.catchingUp()
 	}
-	return s.give(data, newIDs, newRaw, raw, finish)
+	done, why, cut = s.give(data, newIDs, newRaw, raw, finish)
+	if !before && s.progress && s.sends > 1 {
+		s.p.continuedAt(time.Now()) // the first new token after a cut is the client's
+	}
+	return done, why, cut
 }
 
 // give writes the client's part of a chunk: newIDs and newRaw are what the

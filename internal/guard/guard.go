@@ -198,6 +198,12 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 	g.gate = gate.New(cfg, extra, gate.Sources{Status: func() status.Status { st, _ := p.gateView(); return st }, GPU: g.gpu.Snapshot,
 		Sampled: g.gpu.Sampled, VLLM: g.stats.Latest, Publish: g.bus.Publish, Log: log})
 	g.gate.RefreshOn(p.gateView())
+	p.onLost = func() {
+		g.gate.RefreshOn(g.pair.gateView())
+		if g.proxy != nil {
+			g.proxy.Notify()
+		}
+	}
 	if cfg.Proxy.Listen != "" {
 		g.gate.EnableMemory(store, pst.CostSamples)
 		g.proxy = proxy.New(cfg.Proxy, g.gate, g.met.Registry(), log.Named("proxy"))

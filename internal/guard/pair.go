@@ -50,9 +50,12 @@ type pair struct {
 	polMu     *sync.Mutex
 	saveMu    sync.Mutex
 	out       func(events.Event) // the guard's bus
-	serving   atomic.Int32       // the index of the serving vLLM
-	life      context.Context    // Run's: ends the swaps' restarts
-	stopped   atomic.Bool        // the guard is stopping for good: no more failovers
+	// onLost tells the proxy at once that the serving vLLM is going (set
+	// by the guard before Run; called on that vLLM's machine goroutine).
+	onLost  func()
+	serving atomic.Int32    // the index of the serving vLLM
+	life    context.Context // Run's: ends the swaps' restarts
+	stopped atomic.Bool     // the guard is stopping for good: no more failovers
 
 	firstReady chan struct{} // closed at vLLM a's first ready: the standby starts
 	firstOnce  sync.Once
@@ -112,10 +115,10 @@ func newPair(cfg *config.Config, po pairOptions, out func(events.Event), log *za
 		o.Events, o.PolicyMu = bus, p.polMu
 		o.Persist = func(policy.State) { p.save(po.persist) }
 		o.Awaiting, o.InFlight, o.Load, o.Progress = po.awaiting, po.inFlight, po.load, po.progress
+		o.OnDying = func() { p.dying(i) }
 		if p.standby {
 			o.Log = log.With(zap.String("vllm", vllmName(i)))
 			o.MayRestore = func() bool { return p.isServing(i) }
-			o.OnDying = func() { p.dying(i) }
 			p.servingOnly(i, &o, po)
 			if i == 1 {
 				// The monitor watches vLLM a's devices ([gpu] devices, or
@@ -226,8 +229,15 @@ func (p *pair) from(i int) func(events.Event) {
 }
 
 // dying: vLLM i's engine died or its API server finished, its status still
-// ready: the standby takes over now, not at its exit.
+// ready: the proxy is told now (onLost), and the standby takes over now,
+// not at the exit.
 func (p *pair) dying(i int) {
+	if f := p.onLost; f != nil && p.isServing(i) {
+		f()
+	}
+	if !p.standby {
+		return
+	}
 	p.mu.Lock()
 	fo, restart := p.stepLocked(time.Now())
 	p.mu.Unlock()
@@ -403,10 +413,16 @@ func (p *pair) lostView(name string) (status.Status, int) {
 
 // gateView is what the proxy routes by: the serving vLLM's status with
 // the ladder's admission bound (a promoted standby still on the old
-// flags is held to the rung in force), and its port.
+// flags is held to the rung in force), and its port. A vLLM whose engine
+// died or whose API server finished (Dying) is not ready to the proxy,
+// whatever its status still says while it exits: what it cut is held and
+// continued after the restart, and new requests wait for it.
 func (p *pair) gateView() (status.Status, int) {
 	m := p.m[p.serving.Load()]
 	st := m.sup.Status()
+	if st.State == status.StateReady && m.sup.Dying() {
+		st.State, st.Reason = status.StateStopping, "vLLM is exiting: its engine died or its API server finished"
+	}
 	if p.standby {
 		st.Rung = admitted(st.Rung, p.current())
 	}

@@ -448,9 +448,8 @@ func (a *apiServer) watchEngine() {
 		a.log.stderrLines(apiEngineDeadTrace()...)
 		a.log.error("launcher.py:99", "Engine failed, terminating server.")
 	}
-	// /health answers 503 for a moment, as vLLM's watchdog takes a beat to
-	// shut the server down.
-	time.Sleep(100 * time.Millisecond)
+	// /health answers 503 until vLLM's watchdog shuts the server down.
+	time.Sleep(a.env.EngineDeadExit)
 	if a.serving.Load() {
 		a.uvicornInfo("Shutting down")
 		a.uvicornInfo("Waiting for application shutdown.")

@@ -213,6 +213,8 @@
 //	FAKEVLLM_SERVER           API server setup after the engine loaded (default 50ms)
 //	FAKEVLLM_PROGRESS_EVERY   during a phase, a progress line at least this often (default 1s)
 //	FAKEVLLM_TOKEN_INTERVAL   time per generated token (default 1ms)
+//	FAKEVLLM_ENGINE_DEAD_EXIT from a runtime engine death to the API server's exit
+//	                          (default 100ms; vLLM's watchdog looks every 5 s)
 //	FAKEVLLM_SPLIT_CHARS      1: some characters take two ids, as with a byte-level
 //	                          tokenizer (see Tokens); default 0
 //	FAKEVLLM_TICK             memory recomputation period (default 50ms); also on

@@ -70,6 +70,11 @@ type simEnv struct {
 	ListenGate   string        // FAKEVLLM_LISTEN_GATE: listen only once this file exists
 	BindGate     string        // FAKEVLLM_BIND_GATE: bind the port only once this file exists (vLLM's imports)
 	APIKeyEnv    string        // VLLM_API_KEY
+	// EngineDeadExit (FAKEVLLM_ENGINE_DEAD_EXIT): from a runtime engine
+	// death to the API server's exit. vLLM 0.32.0's watchdog looks every
+	// 5 s (about 6 s seen on the real server); the default, 100 ms, keeps
+	// the scenes that do not wait on it quick.
+	EngineDeadExit time.Duration
 
 	// Standby (issue 42; sleep.go, preload.go, startupplan.go).
 	Device        string        // FAKEVLLM_DEVICE: "cuda" (default) or "cpu" (the CPU build's refusals)
@@ -145,6 +150,7 @@ func loadEnv(lookup func(string) (string, bool)) (*simEnv, error) {
 	}
 	e.SilentCompile = truthy(get("FAKEVLLM_SILENT_COMPILE"))
 	e.TokenInterval = dur("FAKEVLLM_TOKEN_INTERVAL", time.Millisecond)
+	e.EngineDeadExit = dur("FAKEVLLM_ENGINE_DEAD_EXIT", 100*time.Millisecond)
 	e.SplitChars = truthy(get("FAKEVLLM_SPLIT_CHARS"))
 	e.Tick = dur("FAKEVLLM_TICK", 50*time.Millisecond)
 	if e.Tick <= 0 {

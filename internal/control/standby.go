@@ -52,7 +52,11 @@ func writeStandby(w io.Writer, d Doc) {
 	}
 	last := "none"
 	if f := sb.LastFailover; f != nil {
-		last = fmt.Sprintf("%s → %s %s (%.2f s from the death to the switch)", clean(f.From), clean(f.To), at(d.Now, f.At), f.Seconds)
+		last = fmt.Sprintf("%s → %s %s (%.2f s from the death to the switch", clean(f.From), clean(f.To), at(d.Now, f.At), f.Seconds)
+		if f.FirstTokenSeconds > 0 {
+			last += fmt.Sprintf(", %.2f s to the first continued token", f.FirstTokenSeconds)
+		}
+		last += ")"
 	}
 	fmt.Fprintf(w, "Standby (%s): vLLM %s serves (admitted for max_num_seqs %d); standby %s; %d %s, last %s\n", clean(sb.Mode), clean(sb.Serving),
 		sb.AdmittedMaxNumSeqs, ready, sb.Failovers, plural(sb.Failovers, "failover", "failovers"), last)

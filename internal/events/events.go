@@ -100,6 +100,10 @@ type Failover struct {
 	Left    time.Time `json:"left"`
 	At      time.Time `json:"at"`
 	Seconds float64   `json:"seconds"`
+	// FirstTokenSeconds: from Left to the first new token of a stream
+	// the death cut, written to its client after the switch (0: none was
+	// cut, or none continued yet). Set after the event, in status only.
+	FirstTokenSeconds float64 `json:"first_token_seconds,omitempty"`
 }
 
 // Admission is the proxy's limit: the bound in force (rung, memory, trend,

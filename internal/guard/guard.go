@@ -213,6 +213,9 @@ func New(cfg *config.Config, extra []string, log *zap.Logger) (*Guard, error) {
 		g.gate.Attach(g.proxy)
 		// A request refused another send after resume_limit deaths is
 		// named in the record of the death.
+		if p.standby {
+			g.proxy.SetOnContinued(g.continued)
+		}
 		g.proxy.SetOnSuspect(func(s proxy.Suspect) { g.inc.NoteSuspect(state.SuspectRequest(s)) })
 		g.inc.SetHeld(func() state.HeldRequests {
 			st := g.proxy.Stats()

@@ -532,6 +532,21 @@ func (p *pair) standbyDoc() *control.Standby {
 	return d
 }
 
+// firstToken records, for the last failover, the time from the death to
+// the first continued token at; false: none is waiting for one (a second
+// stream's, or one long after).
+func (p *pair) firstToken(at time.Time) (float64, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.last == nil || p.last.FirstTokenSeconds != 0 || at.Before(p.last.At) {
+		return 0, false
+	}
+	f := *p.last // the event published holds the old one: never changed
+	f.FirstTokenSeconds = max(at.Sub(f.Left).Seconds(), 1e-6)
+	p.last = &f
+	return f.FirstTokenSeconds, true
+}
+
 // sleepGPU gives vLLM i its GPU view in sleep mode: its start waits while
 // the standby is woken (gatedGPU); the standby, with no view of its own,
 // starts only beside a vLLM that sleeps or has no tree.

@@ -4,6 +4,8 @@ package guard
 // its metrics, its alerts, and the proxy's view at a failover.
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -18,6 +20,7 @@ type standbyMetrics struct {
 	failovers prometheus.Counter
 	swaps     prometheus.Counter
 	seconds   prometheus.Histogram
+	firstTok  prometheus.Histogram
 	exits     *prometheus.CounterVec
 }
 
@@ -39,10 +42,13 @@ func (g *Guard) standbyMetrics() {
 		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "failover_seconds",
 			Help:    "From the serving vLLM leaving ready to the proxy's switch to the standby.",
 			Buckets: []float64{0.001, 0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300}}),
+		firstTok: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "failover_first_token_seconds",
+			Help:    "From the serving vLLM leaving ready to the first new token of a stream its death cut, written to the client by the standby (failovers with a stream cut).",
+			Buckets: []float64{0.01, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300}}),
 		exits: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "pair_exits_total",
 			Help: "Deaths of each vLLM of the pair (a, b) by the role it had (serving, standby) and cause."}, []string{"vllm", "role", "cause"}),
 	}
-	g.met.Registry().MustRegister(m.ready, m.serving, m.failovers, m.swaps, m.seconds, m.exits)
+	g.met.Registry().MustRegister(m.ready, m.serving, m.failovers, m.swaps, m.seconds, m.firstTok, m.exits)
 	g.sbMet = m
 	g.standbyReady()
 }
@@ -85,6 +91,20 @@ func (g *Guard) onFailover(f events.Failover) {
 	if !f.Swap {
 		g.log.Info("the standby serves: the dead vLLM restarts as the new standby", zap.String("serving", f.To), zap.String("died", f.From))
 	}
+}
+
+// continued hears each continued stream's first new token after a cut
+// (proxy.SetOnContinued): the first one after a failover ends it as a
+// client sees it.
+func (g *Guard) continued(at time.Time) {
+	sec, ok := g.pair.firstToken(at)
+	if !ok {
+		return
+	}
+	if m := g.sbMet; m != nil {
+		m.firstTok.Observe(sec)
+	}
+	g.log.Info("the standby gave the first continued token", zap.Float64("seconds_since_the_death", sec))
 }
 
 // pairExited counts a death of vLLM name in role.

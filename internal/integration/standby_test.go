@@ -194,13 +194,16 @@ func TestStandbyTakesOverCutStreams(t *testing.T) {
 	if resumed < n {
 		t.Fatalf("the proxy resumed %d streams; want the %d cut by the kill", resumed, n)
 	}
+	if st.LastFailover == nil || st.LastFailover.FirstTokenSeconds <= 0 || st.LastFailover.FirstTokenSeconds < st.LastFailover.Seconds {
+		t.Fatalf("the last failover %+v; want the time to the first continued token, after the switch", st.LastFailover)
+	}
 	if st.Serving != "b" || !st.StandbyReady || st.Failovers != 1 || len(st.VLLMs) != 2 || st.LastFailover == nil ||
 		st.VLLMs[0].Role != "standby" || st.VLLMs[1].Role != "serving" || st.VLLMs[1].Port != standbyPort || st.VLLMs[1].PID != readyB.PID {
 		t.Fatalf("status after the failover: %+v; want b (pid %d, port %d) serving, a a ready standby, 1 failover", st, readyB.PID, standbyPort)
 	}
 	m := s.guardMetrics()
 	if m["vllm_guard_failovers_total"] != "1" || m["vllm_guard_standby_ready"] != "1" || m[`vllm_guard_serving_vllm{vllm="b"}`] != "1" ||
-		m["vllm_guard_failover_seconds_count"] != "1" || m["vllm_guard_state"+`{state="ready"}`] != "1" ||
+		m["vllm_guard_failover_seconds_count"] != "1" || m["vllm_guard_failover_first_token_seconds_count"] != "1" || m["vllm_guard_state"+`{state="ready"}`] != "1" ||
 		m[`vllm_guard_pair_exits_total{cause="crash",role="serving",vllm="a"}`] != "1" {
 		t.Fatalf("metrics after the failover: failovers %q standby_ready %q serving b %q failover_seconds_count %q ready %q",
 			m["vllm_guard_failovers_total"], m["vllm_guard_standby_ready"], m[`vllm_guard_serving_vllm{vllm="b"}`],

@@ -337,7 +337,7 @@ func (p *pair) Run(ctx context.Context) int {
 	defer cancel()
 	p.life = lctx
 	go func() {
-		<-ctx.Done()
+		<-lctx.Done() // the guard's stop, or Run's end: never outlives Run
 		p.stopped.Store(true)
 	}()
 	type result struct{ i, code int }

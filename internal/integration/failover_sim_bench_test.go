@@ -201,8 +201,8 @@ func sleepFailoverVariant(b *testing.B, sleep bool) string {
 	}
 	s.Stop(30 * time.Second)
 	if len(d.continued) > 0 {
-		b.ReportMetric(percentile(d.continued, 50).Seconds(), "s-first-token-p50-"+name)
-		b.ReportMetric(percentile(d.continued, 99).Seconds(), "s-first-token-p99-"+name)
+		b.ReportMetric(simPercentile(d.continued, 50).Seconds(), "s-first-token-p50-"+name)
+		b.ReportMetric(simPercentile(d.continued, 99).Seconds(), "s-first-token-p99-"+name)
 	}
 	b.ReportMetric(d.serving.Seconds(), "s-serving-again-"+name)
 	b.ReportMetric(float64(d.failed+d.cut), "streams-failed-or-cut-"+name)
@@ -212,7 +212,7 @@ func sleepFailoverVariant(b *testing.B, sleep bool) string {
 		guard = fmt.Sprintf("%.2f s", d.guardFirstToken)
 	}
 	row := fmt.Sprintf("%-7s  %13d  %13s / %s / %s  %6d  %3d  %9d  %11d  %18s  %19s  %s", name, d.short,
-		simSeconds(percentile(d.continued, 50)), simSeconds(percentile(d.continued, 99)), simSeconds(percentile(d.continued, 100)),
+		simSeconds(simPercentile(d.continued, 50)), simSeconds(simPercentile(d.continued, 99)), simSeconds(simPercentile(d.continued, 100)),
 		d.failed, d.cut, d.wrongIDs, d.wrongTexts, simSeconds(d.serving), guard, d.standbyAgain)
 	fmt.Println(row)
 	return row
@@ -315,8 +315,8 @@ func simIDsWrong(got, want []int, finished bool) int {
 	return n
 }
 
-// percentile is the p-th percentile of ds (nearest rank), 0 when empty.
-func percentile(ds []time.Duration, p int) time.Duration {
+// simPercentile is the p-th percentile of ds (nearest rank), 0 when empty.
+func simPercentile(ds []time.Duration, p int) time.Duration {
 	if len(ds) == 0 {
 		return 0
 	}

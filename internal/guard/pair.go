@@ -210,6 +210,11 @@ func (p *pair) from(i int) func(events.Event) {
 			// already see a standby that is to sleep.)
 			p.onReadySleepLocked(i)
 		}
+		// Sleep mode: a vLLM that served backs off once its tree is gone
+		// and its memory released: the sleeping standby is woken now, not
+		// at the end of the backoff (the free-memory check before the
+		// restart wakes it too, when nothing did).
+		wake := p.sleepMode && e.Kind == events.KindState && e.State == string(status.StateBackoff)
 		fo, restart := p.stepLocked(e.Time)
 		e.VLLM, e.Role = vllmName(i), p.roleLocked(i)
 		switch {
@@ -221,6 +226,9 @@ func (p *pair) from(i int) func(events.Event) {
 			p.diedServing[i] = nil
 		}
 		p.mu.Unlock()
+		if wake {
+			p.holdForWake(i)
+		}
 		// The failover first: the proxy must see the serving vLLM go
 		// before anything shows the other one ready (Guard.onFailover).
 		p.announce(fo, restart)

@@ -5,9 +5,9 @@ package guard
 // /sleep?level=1: its weights go to host memory, its KV cache is freed,
 // only a residual stays on the GPUs); then the serving vLLM starts. When
 // the serving vLLM dies, its supervisor cleans up its tree and waits for
-// its memory to be released as after any death; when it then asks for free
-// memory to start again, the standby is woken instead (POST /wake_up),
-// asked for one token, and served from. The dead one starts again only
+// its memory to be released as after any death; as its backoff begins (or,
+// failing that, when it asks for free memory to start again) the standby
+// is woken (POST /wake_up), asked for one token, and served from. The dead one starts again only
 // when there is room for it (as the standby, put to sleep in turn).
 
 import (

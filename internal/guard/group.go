@@ -104,7 +104,7 @@ func (m local) Start(epoch uint64, rung int) {
 	m.epoch = epoch
 	m.mu.Unlock()
 	m.log.Info("the group lets this host's vLLM start", zap.Uint64("epoch", epoch))
-	m.sup.GroupGo()
+	m.sup.GroupGo(rung)
 }
 
 func (m local) Ended(epoch uint64, c group.Cause) {

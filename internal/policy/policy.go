@@ -559,3 +559,15 @@ func causeWord(c cause.Cause) string {
 	}
 	return string(c)
 }
+
+// Follow puts the policy on ladder rung index, the rung a group's leader
+// decided ([group]: a follower's vLLM starts on the leader's rung; the
+// leader's cost-computed values are not carried, only its ladder rung).
+// The history is left as it is: a follower does not decide.
+func (p *Policy) Follow(index int) Rung {
+	i := min(max(index, 0), len(p.ladder)-1)
+	if i != p.seqStep || p.utilStep != i {
+		p.seqStep, p.utilStep, p.computed, p.computedUtil = i, i, 0, 0
+	}
+	return p.Current()
+}

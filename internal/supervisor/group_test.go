@@ -52,7 +52,7 @@ func TestAGroupMemberStartsOnTheGroupsGo(t *testing.T) {
 		if c := g.counts(); c != [4]int{0, 0, 0, 1} {
 			t.Fatalf("before the go: launched, ready, ended, gone %v, want the tree said gone once", c)
 		}
-		s.sup.GroupGo()
+		s.sup.GroupGo(0)
 		synctest.Wait()
 		if n := s.l.n(); n != 1 {
 			t.Fatalf("%d launches after the go, want 1", n)
@@ -78,7 +78,7 @@ func TestAGroupMemberStartsOnTheGroupsGo(t *testing.T) {
 			t.Fatalf("after the end: %v, want the run said ended and the tree gone again", c)
 		}
 		s.wantState(StateStarting)
-		s.sup.GroupGo()
+		s.sup.GroupGo(0)
 		synctest.Wait()
 		if n := s.l.n(); n != 2 {
 			t.Fatalf("%d launches after the second go, want 2", n)
@@ -88,7 +88,7 @@ func TestAGroupMemberStartsOnTheGroupsGo(t *testing.T) {
 		s.ready()
 		s.sup.GroupEnd("epoch 2: this host's vLLM ended")
 		synctest.Wait()
-		s.sup.GroupGo()
+		s.sup.GroupGo(0)
 		s.advance(2 * s.cfg.Restart.InitialDelay.Duration * 2)
 		if n := s.l.n(); n != 3 {
 			t.Fatalf("%d launches: a go during the backoff must start the next run, want 3", n)
@@ -104,7 +104,7 @@ func TestTheEpochsEndTakesTheGoBack(t *testing.T) {
 		s.gpu.free = false // the start waits for GPU memory
 		s.start()
 		synctest.Wait()
-		s.sup.GroupGo()
+		s.sup.GroupGo(0)
 		s.sup.GroupEnd("epoch 1 ended")
 		synctest.Wait()
 		s.gpu.mu.Lock()

@@ -301,6 +301,10 @@ func (m *Core) OnClassified(exit cause.Exit, v cause.Verdict) {
 		return
 	}
 	m.Rel.Exit, m.Rel.Verdict = exit, v
+	if d, ok := m.FollowerDecision(v); ok {
+		m.OnDecided(d)
+		return
+	}
 	m.Do(FxDecide{v})
 }
 

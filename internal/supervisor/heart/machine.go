@@ -137,6 +137,9 @@ type Event struct {
 	// evRestoreDue's, evKilledHolders'.
 	Launched Launched
 	Group    string // EvGroupEnd: why the group's epoch ended
+	// Led: EvGroupGo on a follower: Rung is the leader's (the follower's
+	// policy already follows it).
+	Led      bool
 	Exit     cause.Exit
 	Verdict  cause.Verdict
 	Decision policy.Decision

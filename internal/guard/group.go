@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"fmt"
 	"maps"
 	"net"
 	"strconv"
@@ -12,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 	"github.com/vllm-guard/vllm-guard/internal/group"
@@ -96,7 +96,11 @@ func (g *Guard) startGroup(ctx context.Context, background func(func(context.Con
 type local struct{ *groupMember }
 
 func (m local) Kill(epoch uint64, c group.Cause) {
-	m.sup.GroupEnd(fmt.Sprintf("epoch %d: %s", epoch, c))
+	rank := c.Member
+	if c.Local() {
+		rank = m.cfg.Rank
+	}
+	m.sup.GroupEnd(cause.GroupEnd{Epoch: epoch, Rank: rank, Said: c.Said().Word(), Why: c.String()})
 }
 
 func (m local) Start(epoch uint64, rung int) {

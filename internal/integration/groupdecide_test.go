@@ -43,6 +43,7 @@ func TestAGroupStartsOnTheLeadersRung(t *testing.T) {
 	if d := fe.Failure; d == nil || d.Decision.Delay != 0 || !strings.Contains(d.Decision.Reason, "the group's leader decides") {
 		t.Errorf("the follower decided on its own: %+v", d)
 	}
+	groupCause(t, "the follower's end", fe, 0, "end")
 	leader.WaitEvent("the leader ready", 1, 60*time.Second, isReady)
 	follower.WaitEvent("the follower ready", 1, 60*time.Second, isReady)
 	follower.stopCleanly(20*time.Second, 10*time.Second)
@@ -78,6 +79,7 @@ func TestAGroupGivesUpOnceAtTheLeader(t *testing.T) {
 		if le.Failure == nil || string(le.Failure.Decision.Action) != want {
 			t.Errorf("death %d: the leader's decision %+v, want %s", n, le.Failure, want)
 		}
+		groupCause(t, fmt.Sprintf("death %d: the leader's end", n), le, 1, "ended")
 	}
 	if code := leader.WaitExit(30 * time.Second); code != 1 {
 		t.Errorf("the leader's guard exited %d, want 1 (gave up)", code)
@@ -89,4 +91,22 @@ func TestAGroupGivesUpOnceAtTheLeader(t *testing.T) {
 		t.Errorf("the follower started %d times, want 3: it starts only on the leader's go", n)
 	}
 	follower.stopCleanly(20*time.Second, 10*time.Second)
+}
+
+// groupCause: an end the group caused is recorded as the group's, naming
+// the member and the word it said, not a hang.
+func groupCause(t *testing.T, what string, e events.Event, rank int, said string) {
+	t.Helper()
+	if e.Failure == nil {
+		t.Fatalf("%s: no failure", what)
+	}
+	v := e.Failure.Verdict
+	if v.Cause != "group" || v.Group == nil || v.Group.Rank != rank || v.Group.Said != said {
+		t.Errorf("%s: cause %q %+v, want group naming member %d and %q", what, v.Cause, v.Group, rank, said)
+	}
+	for _, a := range v.Advice {
+		if strings.Contains(a, "NCCL") {
+			t.Errorf("%s: NCCL advice for the group's end: %q", what, a)
+		}
+	}
 }

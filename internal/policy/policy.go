@@ -365,6 +365,11 @@ func (p *Policy) OnFailure(now time.Time, v cause.Verdict) Decision {
 		d.Reason = "GPU memory held by another process: waiting for it to be released, same rung"
 	case cause.CauseHang:
 		d.Reason = "vLLM hung: killed, restarting on the same rung"
+	case cause.CauseGroup:
+		d.Reason = "the group's epoch ended on another host: the group restarts whole on the same rung"
+		if g := v.Group; g != nil {
+			d.Reason = fmt.Sprintf("the group's epoch ended on another host (%s): the group restarts whole on the same rung", g.Why)
+		}
 	case cause.CauseHostOOM:
 		d.Reason = "host memory ran out (kernel OOM killer, not the GPU): restarting on the same rung; raise the host/cgroup memory limit"
 	default:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/launch"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/supervisor/heart"
@@ -45,9 +46,12 @@ func (s *Supervisor) followLeader(e event) event {
 	return e
 }
 
-// GroupEnd: the group's epoch ended, because of why: this host's vLLM
-// tree is killed (a failure) and its next start waits for the go.
-func (s *Supervisor) GroupEnd(why string) { s.postGroup(event{Kind: heart.EvGroupEnd, Group: why}) }
+// GroupEnd: the group's epoch ended, because of end: this host's vLLM
+// tree is killed (a failure of cause group) and its next start waits for
+// the go.
+func (s *Supervisor) GroupEnd(end cause.GroupEnd) {
+	s.postGroup(event{Kind: heart.EvGroupEnd, GroupEnd: end})
+}
 
 func (s *Supervisor) postGroup(e event) {
 	select {

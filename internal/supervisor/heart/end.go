@@ -273,6 +273,7 @@ func (m *Core) Classify(res Outcome) {
 		SignalByGuard: res.KilledByGuard,
 		Hang:          res.Hang,
 		HostOOMKill:   res.HostOOM,
+		Group:         m.R.Group,
 		Phase:         res.Phase,
 		StartFailure:  res.Exit.StartFailure,
 		GuardFailure:  res.Exit.GuardFailure,

@@ -1,6 +1,8 @@
 package heart
 
 import (
+	"fmt"
+
 	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
@@ -76,6 +78,8 @@ func (m *Core) OnGroup(e Event) {
 	}
 	m.Gw.Go = false
 	if m.Sub.Running() && m.R.End == EndNone {
-		m.Hung("the group's epoch ended: " + e.Group)
+		g := e.GroupEnd
+		m.R.Group = &g
+		m.Hung(fmt.Sprintf("the group's epoch %d ended: %s", g.Epoch, g.Why))
 	}
 }

@@ -203,7 +203,7 @@ type Run struct {
 	Hang      string // why the guard called it hung ("": it did not)
 	// Group: the group's epoch ended it ([group]): the classifier's group
 	// cause, not a hang.
-	Group *cause.GroupEnd
+	Group     *cause.GroupEnd
 	Peer      string // who asked for the restart that ends it
 	Why       string // why the guard itself restarts it ("": an operator asked)
 	Baseline  []uint64

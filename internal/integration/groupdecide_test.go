@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/control"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 )
 
@@ -109,4 +110,41 @@ func groupCause(t *testing.T, what string, e events.Event, rank int, said string
 			t.Errorf("%s: NCCL advice for the group's end: %q", what, a)
 		}
 	}
+}
+
+// `status` on every member shows the group: this guard's rank, the size,
+// the leader, the epoch, each member's last word and when it was heard,
+// and whether the group is ready (the document and the human view).
+func TestStatusShowsTheGroup(t *testing.T) {
+	leader, follower := groupScenes(t)
+	leader.start()
+	follower.start()
+	leader.WaitEvent("the leader ready", 1, 60*time.Second, isReady)
+	follower.WaitEvent("the follower ready", 1, 60*time.Second, isReady)
+	for rank, s := range []*scene{leader, follower} {
+		d := waitState(t, s.socket(), "ready", 30*time.Second)
+		g := d.Group
+		if g == nil {
+			t.Fatalf("rank %d: status has no group", rank)
+		}
+		if g.Rank != rank || g.Size != 2 || g.Epoch != 1 || !g.Ready || !strings.HasPrefix(g.Leader, "127.0.0.1:") || len(g.Members) != 2 {
+			t.Errorf("rank %d: group %+v, want rank %d of 2, epoch 1, ready, leader 127.0.0.1, two members", rank, g, rank)
+			continue
+		}
+		other := g.Members[1-rank]
+		wantSaid := map[int]string{0: "running", 1: "ready"}[rank] // the other's word
+		if !g.Members[rank].This || other.This || other.Said != wantSaid || other.Epoch != 1 || other.Heard.IsZero() || !other.Present {
+			t.Errorf("rank %d: members %+v, want this guard and the other saying %q at epoch 1, heard", rank, g.Members, wantSaid)
+		}
+		var view strings.Builder
+		control.WriteStatus(&view, d)
+		for _, want := range []string{fmt.Sprintf("Group: rank %d of 2, leader 127.0.0.1:", rank), "epoch 1 (", "the group is ready",
+			fmt.Sprintf("member %d", 1-rank), wantSaid + " at epoch 1", "heard "} {
+			if !strings.Contains(view.String(), want) {
+				t.Errorf("rank %d: the human view has no %q:\n%s", rank, want, view.String())
+			}
+		}
+	}
+	follower.stopCleanly(20*time.Second, 10*time.Second)
+	leader.stopCleanly(20*time.Second, 10*time.Second)
 }

@@ -123,6 +123,8 @@ func adviceFor(v Verdict) []string {
 	}
 	has := func(s string) bool { return strings.Contains(ev, s) || strings.Contains(v.Summary, s) }
 	switch v.Cause {
+	case CauseGroup:
+		return groupAdvice(v.Group)
 	case CauseOOM:
 		a := []string{
 			"the guard steps one rung down (lower max_num_seqs and gpu_memory_utilization) and restarts",
@@ -190,4 +192,18 @@ func adviceFor(v Verdict) []string {
 		a = append(a, "a CUDA kernel failed: check dmesg for Xid errors; try --enforce-eager to rule out CUDA graphs")
 	}
 	return a
+}
+
+// groupAdvice points at the member whose end ended the group's epoch: the
+// cause is on its host.
+func groupAdvice(g *GroupEnd) []string {
+	if g == nil {
+		return nil
+	}
+	if g.Said == "" {
+		return []string{fmt.Sprintf("member %d's guard was not heard, or started again: check that host, its guard and the network between the guards ([group] loss_timeout)", g.Rank),
+			"the group's leader decides the next start once for the group"}
+	}
+	return []string{fmt.Sprintf("the cause is on member %d's host: `vllm-guard status` and `vllm-guard incidents` there name it", g.Rank),
+		"the group's leader decides the next start once for the group"}
 }

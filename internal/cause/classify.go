@@ -115,6 +115,10 @@ func classify(e Exit, s *scan, phase Phase) Verdict {
 			return Verdict{Cause: c, Confidence: "high", Evidence: ev,
 				Summary: summaryFor(c, ev) + " (then killed as hung: " + e.Hang + ")"}
 		}
+		if g := e.Group; g != nil {
+			return Verdict{Cause: CauseGroup, Confidence: "high", Group: g,
+				Summary: fmt.Sprintf("the group's epoch %d ended on another host: %s; this host's vLLM was killed with it", g.Epoch, g.Why)}
+		}
 		return Verdict{Cause: CauseHang, Confidence: "high", Summary: "vLLM hung: " + e.Hang}
 	}
 	if e.HostOOMKill && e.Signal == "SIGKILL" && !e.SignalByGuard {

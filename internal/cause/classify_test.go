@@ -514,3 +514,34 @@ func TestSummaryNamesTheExceptionNotTheRaise(t *testing.T) {
 		t.Fatalf("the decision's reason quotes %q, want the exception's line", got)
 	}
 }
+
+// A run the group ended on this host is recorded as what it is: the
+// group's end, with the member's rank and word, not a hang with NCCL's
+// advice; a memory cause in this host's own log still wins.
+func TestTheGroupsEndIsItsOwnCause(t *testing.T) {
+	g := &GroupEnd{Epoch: 3, Rank: 1, Said: "ended", Why: "member 1's guard says its vLLM ended"}
+	v := Classify(Exit{ExitCode: -1, Signal: "SIGKILL", SignalByGuard: true, Hang: "the group's epoch 3 ended", Group: g, Phase: PhaseReady})
+	if v.Cause != CauseGroup || v.Group == nil || v.Group.Rank != 1 || v.Group.Said != "ended" {
+		t.Fatalf("verdict %+v, want group naming member 1 and its word", v)
+	}
+	if !strings.Contains(v.Summary, "member 1's guard says its vLLM ended") || !strings.Contains(v.Summary, "epoch 3") {
+		t.Errorf("summary %q names neither the member nor the epoch", v.Summary)
+	}
+	for _, a := range v.Advice {
+		if strings.Contains(a, "NCCL") {
+			t.Errorf("advice on NCCL for the group's end: %q", a)
+		}
+	}
+	if len(v.Advice) == 0 || !strings.Contains(v.Advice[0], "member 1's host") {
+		t.Errorf("advice %q does not point at member 1's host", v.Advice)
+	}
+	lost := Classify(Exit{ExitCode: -1, Signal: "SIGKILL", SignalByGuard: true, Hang: "x", Group: &GroupEnd{Epoch: 2, Why: "the leader not heard for the loss timeout"}})
+	if lost.Cause != CauseGroup || !strings.Contains(lost.Advice[0], "not heard") {
+		t.Errorf("a lost leader: %+v", lost)
+	}
+	oom := Classify(Exit{ExitCode: -1, Signal: "SIGKILL", SignalByGuard: true, Hang: "x", Group: g,
+		Lines: []Line{{N: 1, Text: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"}}})
+	if oom.Cause != CauseOOM {
+		t.Errorf("this host's own OOM before the group's end: %s, want oom", oom.Cause)
+	}
+}

@@ -186,9 +186,21 @@ func TestCorpus(t *testing.T) {
 			t.Errorf("%s has no line in expect.txt", l)
 		}
 	}
-	for _, c := range append([]Cause{""}, Causes...) {
+	for _, c := range append([]Cause{""}, logCauses()...) {
 		if !causes[c] {
 			t.Errorf("corpus has no log for cause %q", c)
 		}
 	}
+}
+
+// logCauses are the causes a log can show: every one but group, which is
+// the guard's own fact (the group's epoch ended elsewhere), never a line.
+func logCauses() []Cause {
+	var out []Cause
+	for _, c := range Causes {
+		if c != CauseGroup {
+			out = append(out, c)
+		}
+	}
+	return out
 }

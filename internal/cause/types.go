@@ -26,6 +26,11 @@ const (
 	// CauseGPUFault: the GPU itself failed (an XID, uncorrectable ECC, a
 	// GPU fallen off the bus); see gpufault.go.
 	CauseGPUFault Cause = "gpu_fault"
+	// CauseGroup: a vLLM across hosts ([group]) whose run here the guard
+	// ended because the group's epoch ended: another host's vLLM died or
+	// hung, or its guard was not heard or started again. The cause is
+	// that host's; this one only says which member and the word it said.
+	CauseGroup Cause = "group"
 )
 
 // CauseUnknown is an answer of diagnose (offline) only: the log shows signs
@@ -36,7 +41,22 @@ const (
 const CauseUnknown Cause = "unknown"
 
 // Causes lists every cause, in docs/how-it-decides.md's order (metrics pre-create one series each).
-var Causes = []Cause{CauseOOM, CauseKVInsufficient, CauseGPUBusy, CauseConfigError, CauseHang, CauseCrash, CauseHostOOM, CauseGPUFault}
+var Causes = []Cause{CauseOOM, CauseKVInsufficient, CauseGPUBusy, CauseConfigError, CauseHang, CauseCrash, CauseHostOOM, CauseGPUFault, CauseGroup}
+
+// GroupEnd is the end of a group's epoch that ended this host's run, in
+// this guard's own words: the member and the word it said, never a
+// peer's text.
+type GroupEnd struct {
+	Epoch uint64 `json:"epoch"`
+	// Rank is the member whose word or silence ended the epoch (0: the
+	// leader).
+	Rank int `json:"rank"`
+	// Said is its word: "ended", "hung", "stopping" (a follower's), "end"
+	// (the leader's); "" when it said nothing (not heard, started again).
+	Said string `json:"said,omitempty"`
+	// Why is this guard's sentence ("member 1's guard says its vLLM ended").
+	Why string `json:"why"`
+}
 
 // Line is one line of vLLM output as the guard saw it; N counts from 1.
 type Line struct {
@@ -78,6 +98,10 @@ type Exit struct {
 	// GPU is the GPU's own word (NVML) on the run, nil when not known; it
 	// decides gpu_fault before the log does.
 	GPU *GPUEvidence
+	// Group is set when the guard killed the run because the group's
+	// epoch ended ([group]); it decides the cause unless the log names a
+	// memory cause of this host's.
+	Group *GroupEnd
 	// Offline is set for a saved log (vllm-guard diagnose): the exit status is
 	// unknown, Phase is read from the log when empty, and a log with no
 	// failure in it yields Cause "" instead of crash.
@@ -93,6 +117,8 @@ type Verdict struct {
 	Advice     []string `json:"advice,omitempty"`
 	// GPU: for gpu_fault, which GPU, what it said and what it needs.
 	GPU *GPUFault `json:"gpu,omitempty"`
+	// Group: for group, the end of the group's epoch that ended this run.
+	Group *GroupEnd `json:"group,omitempty"`
 	// guardStart: the guard's own start of vLLM failed (Exit.GuardFailure);
 	// the decision says so instead of "vLLM died".
 	guardStart bool

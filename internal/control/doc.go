@@ -44,6 +44,8 @@ type Doc struct {
 	Weights *weightcache.Status `json:"weight_cache,omitempty"`
 	// Standby is the warm standby's two vLLMs; nil without one.
 	Standby *Standby `json:"standby,omitempty"`
+	// Group is this member's view of a vLLM across hosts; nil without.
+	Group *Group `json:"group,omitempty"`
 	// Note is set on the summary the TCP /status serves (SummaryNote).
 	Note string `json:"note,omitempty"`
 }

@@ -103,6 +103,7 @@ func WriteStatus(w io.Writer, d Doc) {
 	}
 	tw.Flush()
 	writeStandby(w, d)
+	writeGroup(w, d)
 
 	writeGPUs(w, d)
 

@@ -153,3 +153,32 @@ func TestAlertsInForceKeepTheOwnersOrder(t *testing.T) {
 		t.Fatalf("%+v; want the two memory alerts, oldest first", d.Alerts)
 	}
 }
+
+// The group's lines: the member's place, the epoch, readiness, and each
+// member's word and when it was heard (a lost one said so, a never heard
+// one too); a member's word is cleaned like any text.
+func TestTheViewShowsTheGroup(t *testing.T) {
+	now := time.Date(2026, 12, 6, 11, 0, 0, 0, time.UTC)
+	d := Doc{Now: now, Group: &Group{Rank: 0, Size: 3, Leader: "10.0.0.1:29600", Epoch: 4, Phase: "serving", Rung: 1, Ready: false,
+		Members: []GroupMember{{Rank: 0, This: true, Said: "open", Epoch: 4, Present: true},
+			{Rank: 1, Said: "running", Epoch: 4, Heard: now.Add(-time.Second), Present: true},
+			{Rank: 2, Said: "idle\x1b[31m", Epoch: 3, Heard: now.Add(-10 * time.Second)}}}}
+	var b strings.Builder
+	writeGroup(&b, d)
+	out := b.String()
+	for _, want := range []string{"Group: rank 0 of 3, leader 10.0.0.1:29600; epoch 4 (serving) on rung 1; the group is not ready",
+		"member 0 (leader)", "open at epoch 4", "this guard", "member 1", "running at epoch 4", "heard 10:59:59 UTC (1s ago)",
+		"member 2", "at epoch 3", ": lost"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "\x1b") {
+		t.Errorf("a member's word reached the view raw:\n%q", out)
+	}
+	b.Reset()
+	writeGroup(&b, Doc{})
+	if b.Len() != 0 {
+		t.Errorf("a guard without a group shows %q", b.String())
+	}
+}

@@ -38,6 +38,14 @@ const (
 
 var kindNames = [...]string{Open: "open", End: "end", Running: "running", Stopping: "stopping", Ended: "ended", Hung: "hung", Idle: "idle", Ready: "ready"}
 
+// Word is the kind's name, "" for none (0).
+func (k Kind) Word() string {
+	if k == 0 {
+		return ""
+	}
+	return k.String()
+}
+
 func (k Kind) String() string {
 	if k >= Open && k <= lastKind {
 		return kindNames[k]

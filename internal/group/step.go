@@ -84,6 +84,9 @@ const (
 type Cause struct {
 	Why    Why
 	Member int
+	// Word: what the member said (MemberEnded: Ended, or Idle at the
+	// epoch), its Kind and nothing else of it.
+	Word Kind
 }
 
 func (c Cause) String() string {
@@ -114,6 +117,29 @@ func (c Cause) String() string {
 	return fmt.Sprintf("cause(%d)", c.Why)
 }
 
+// Local reports whether c is this host's own vLLM's end.
+func (c Cause) Local() bool { return c.Why == LocalEnded || c.Why == LocalHung }
+
+// Said is the word the member said that ended the epoch (0: it said
+// nothing: not heard, started again, or this host's own end). The guard
+// only ever names this Kind, never a peer's text.
+func (c Cause) Said() Kind {
+	switch c.Why {
+	case MemberEnded:
+		if c.Word == Idle {
+			return Idle
+		}
+		return Ended
+	case MemberHung:
+		return Hung
+	case MemberStopped:
+		return Stopping
+	case LeaderEnded:
+		return End
+	}
+	return 0
+}
+
 // Step is the machine: one event in, the new state and what to do out. It
 // reads no clock (the event brings the time) and reaches nothing.
 func Step(s State, e Event) (State, []Effect) {
@@ -130,7 +156,7 @@ func leaderStep(s State, e Event) (State, []Effect) {
 		if s.Phase == Serving {
 			for r := 1; r < len(s.Members); r++ {
 				if !s.Members[r].Present(e.Now, s.Cfg.LossTimeout) {
-					return s.end(e.Now, Cause{MemberLost, r})
+					return s.end(e.Now, Cause{Why: MemberLost, Member: r})
 				}
 			}
 		}
@@ -190,7 +216,7 @@ func (s State) leaderHeard(e Event) (State, []Effect) {
 		return s.tryOpen(e.Now, fx)
 	}
 	if fresh {
-		return s.end(e.Now, Cause{MemberRestarted, r})
+		return s.end(e.Now, Cause{Why: MemberRestarted, Member: r})
 	}
 	n := e.Said.Epoch
 	switch {
@@ -199,11 +225,11 @@ func (s State) leaderHeard(e Event) (State, []Effect) {
 	case n != s.Epoch:
 		// A stale epoch's word (or one not begun): ignored.
 	case e.Said.Kind == Idle || e.Said.Kind == Ended:
-		return s.end(e.Now, Cause{MemberEnded, r})
+		return s.end(e.Now, Cause{Why: MemberEnded, Member: r, Word: e.Said.Kind})
 	case e.Said.Kind == Hung:
-		return s.end(e.Now, Cause{MemberHung, r})
+		return s.end(e.Now, Cause{Why: MemberHung, Member: r})
 	case e.Said.Kind == Stopping:
-		return s.end(e.Now, Cause{MemberStopped, r})
+		return s.end(e.Now, Cause{Why: MemberStopped, Member: r})
 	}
 	return s, nil
 }

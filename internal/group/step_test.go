@@ -77,15 +77,15 @@ func TestLeaderTable(t *testing.T) {
 	}{
 		{"the leader's own vLLM dies", leaderServing, []Event{localEnded(false)}, Ending, ended(1, Cause{Why: LocalEnded}, true), Report{Kind: End, Epoch: 1}},
 		{"the leader's own vLLM hangs", leaderServing, []Event{localEnded(true)}, Ending, ended(1, Cause{Why: LocalHung}, true), Report{Kind: End, Epoch: 1}},
-		{"a follower's worker dies", leaderServing, []Event{heard(2, 12, Ended, 1, time.Second)}, Ending, ended(1, Cause{MemberEnded, 2}, true), Report{Kind: End, Epoch: 1}},
-		{"a follower exits 0 (its tree gone, nothing said)", leaderServing, []Event{heard(2, 12, Idle, 1, time.Second)}, Ending, ended(1, Cause{MemberEnded, 2}, true), Report{Kind: End, Epoch: 1}},
-		{"a follower hangs", leaderServing, []Event{heard(1, 11, Hung, 1, time.Second)}, Ending, ended(1, Cause{MemberHung, 1}, true), Report{Kind: End, Epoch: 1}},
-		{"a follower lost its leader", leaderServing, []Event{heard(1, 11, Stopping, 1, time.Second)}, Ending, ended(1, Cause{MemberStopped, 1}, true), Report{Kind: End, Epoch: 1}},
-		{"a heartbeat lost", leaderServing, []Event{heard(1, 11, Running, 1, 4*time.Second), tick(loss), tick(loss + time.Millisecond)}, Ending, ended(1, Cause{MemberLost, 2}, true), Report{Kind: End, Epoch: 1}},
-		{"a recreated member announces a fresh start", leaderServing, []Event{heard(2, 99, Idle, 0, time.Second)}, Ending, ended(1, Cause{MemberRestarted, 2}, true), Report{Kind: End, Epoch: 1}},
+		{"a follower's worker dies", leaderServing, []Event{heard(2, 12, Ended, 1, time.Second)}, Ending, ended(1, Cause{Why: MemberEnded, Member: 2, Word: Ended}, true), Report{Kind: End, Epoch: 1}},
+		{"a follower exits 0 (its tree gone, nothing said)", leaderServing, []Event{heard(2, 12, Idle, 1, time.Second)}, Ending, ended(1, Cause{Why: MemberEnded, Member: 2, Word: Idle}, true), Report{Kind: End, Epoch: 1}},
+		{"a follower hangs", leaderServing, []Event{heard(1, 11, Hung, 1, time.Second)}, Ending, ended(1, Cause{Why: MemberHung, Member: 1}, true), Report{Kind: End, Epoch: 1}},
+		{"a follower lost its leader", leaderServing, []Event{heard(1, 11, Stopping, 1, time.Second)}, Ending, ended(1, Cause{Why: MemberStopped, Member: 1}, true), Report{Kind: End, Epoch: 1}},
+		{"a heartbeat lost", leaderServing, []Event{heard(1, 11, Running, 1, 4*time.Second), tick(loss), tick(loss + time.Millisecond)}, Ending, ended(1, Cause{Why: MemberLost, Member: 2}, true), Report{Kind: End, Epoch: 1}},
+		{"a recreated member announces a fresh start", leaderServing, []Event{heard(2, 99, Idle, 0, time.Second)}, Ending, ended(1, Cause{Why: MemberRestarted, Member: 2}, true), Report{Kind: End, Epoch: 1}},
 		{"its vLLM ready: the group is ready", leaderServing, []Event{{Kind: EvLocalReady, Now: at(0), Epoch: 1}}, Serving, []Effect{{Kind: FxSay, Epoch: 1, Rung: 1}}, Report{Kind: Ready, Epoch: 1, Rung: 1}},
 		{"an older epoch's ready ignored", leaderServing, []Event{{Kind: EvLocalReady, Now: at(0), Epoch: 0}}, Serving, nil, Report{Kind: Open, Epoch: 1, Rung: 1}},
-		{"ready, then a member ends: not ready", leaderServing, []Event{{Kind: EvLocalReady, Now: at(0), Epoch: 1}, heard(1, 11, Ended, 1, time.Second)}, Ending, ended(1, Cause{MemberEnded, 1}, true), Report{Kind: End, Epoch: 1}},
+		{"ready, then a member ends: not ready", leaderServing, []Event{{Kind: EvLocalReady, Now: at(0), Epoch: 1}, heard(1, 11, Ended, 1, time.Second)}, Ending, ended(1, Cause{Why: MemberEnded, Member: 1, Word: Ended}, true), Report{Kind: End, Epoch: 1}},
 		{"alive at the epoch", leaderServing, []Event{heard(1, 11, Running, 1, time.Second), heard(2, 12, Running, 1, time.Second), tick(loss)}, Serving, nil, Report{Kind: Open, Epoch: 1, Rung: 1}},
 		{"not started yet: the Open is on its way", leaderServing, []Event{heard(1, 11, Idle, 0, time.Second)}, Serving, nil, Report{Kind: Open, Epoch: 1, Rung: 1}},
 		{"a stale epoch's word ignored", leaderServing, []Event{heard(1, 11, Ended, 0, time.Second), heard(2, 12, Hung, 0, time.Second)}, Serving, nil, Report{Kind: Open, Epoch: 1, Rung: 1}},
@@ -205,5 +205,26 @@ func TestGroupReady(t *testing.T) {
 	w, fx := Step(New(Config{Rank: 1, Size: 2, LossTimeout: loss}), Event{Kind: EvHeard, Now: at(0), From: 0, Incarnation: 10, Said: Report{Kind: Ready, Epoch: 4, Rung: 2}})
 	if want := []Effect{{Kind: FxStart, Epoch: 4, Rung: 2}, {Kind: FxSay, Epoch: 4}}; !reflect.DeepEqual(fx, want) || w.GroupReady() {
 		t.Errorf("a waiting follower hearing Ready 4 starts it (ready once its own vLLM runs and the leader says so again): %v %v", fx, w.GroupReady())
+	}
+}
+
+// The word a cause names is the member's Kind (or none), never text.
+func TestACauseSaysTheMembersWord(t *testing.T) {
+	for _, c := range []struct {
+		c    Cause
+		want string
+	}{
+		{Cause{Why: MemberEnded, Member: 1, Word: Ended}, "ended"},
+		{Cause{Why: MemberEnded, Member: 1, Word: Idle}, "idle"},
+		{Cause{Why: MemberHung, Member: 1}, "hung"},
+		{Cause{Why: MemberStopped, Member: 1}, "stopping"},
+		{Cause{Why: LeaderEnded}, "end"},
+		{Cause{Why: MemberLost, Member: 1}, ""},
+		{Cause{Why: LeaderRestarted}, ""},
+		{Cause{Why: LocalEnded}, ""},
+	} {
+		if got := c.c.Said().Word(); got != c.want {
+			t.Errorf("%v: said %q, want %q", c.c, got, c.want)
+		}
 	}
 }

@@ -24,6 +24,7 @@ func (g *Guard) Doc() control.Doc {
 	d.Saved = g.savedDoc()
 	d.Weights = g.wc.status()
 	d.Standby = g.pair.standbyDoc()
+	d.Group = g.member.doc(d.Now)
 	if g.proxy != nil {
 		st := g.proxy.Stats()
 		d.Proxy = &st

@@ -4,15 +4,17 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"fmt"
 	"maps"
 	"net"
 	"strconv"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/control"
 	"github.com/vllm-guard/vllm-guard/internal/exitcode"
 	"github.com/vllm-guard/vllm-guard/internal/group"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
@@ -31,6 +33,40 @@ type groupMember struct {
 
 	mu    sync.Mutex
 	epoch uint64 // the epoch this host's vLLM was let start for
+	addr  string // the leader's guard address, for status
+}
+
+// doc is this member's view of the group for status; nil without a group
+// (or before it is joined).
+func (m *groupMember) doc(now time.Time) *control.Group {
+	if m == nil {
+		return nil
+	}
+	m.mu.Lock()
+	d, addr := m.d, m.addr
+	m.mu.Unlock()
+	if d == nil {
+		return nil
+	}
+	s := d.State()
+	g := &control.Group{Rank: s.Cfg.Rank, Size: s.Cfg.Size, Leader: addr, Epoch: s.Epoch, Phase: s.Phase.String(), Rung: s.Rung, Ready: s.GroupReady()}
+	self := s.Say()
+	for r, mem := range s.Members {
+		if r == s.Cfg.Rank {
+			continue
+		}
+		gm := control.GroupMember{Rank: r, Heard: mem.Heard, Present: mem.Present(now, s.Cfg.LossTimeout)}
+		if mem.Incarnation != 0 {
+			gm.Said, gm.Epoch = mem.Said.Kind.String(), mem.Said.Epoch
+		} else {
+			gm.Heard = time.Time{}
+		}
+		g.Members = append(g.Members, gm)
+	}
+	me := control.GroupMember{Rank: s.Cfg.Rank, This: true, Said: self.Kind.String(), Epoch: self.Epoch, Present: true}
+	i := min(s.Cfg.Rank, len(g.Members))
+	g.Members = append(g.Members[:i], append([]control.GroupMember{me}, g.Members[i:]...)...)
+	return g
 }
 
 // groupArgs is what a group adds to vLLM's start: the multi-node flags
@@ -85,10 +121,13 @@ func (g *Guard) startGroup(ctx context.Context, background func(func(context.Con
 		g.log.Error("cannot join the group", zap.Error(err))
 		return nil, exitcode.Config
 	}
-	m.d = group.NewDriver(group.Config{Rank: gc.Rank, Size: gc.Size, LossTimeout: gc.LossTimeout.Duration}, node, local{m}, gc.HeartbeatInterval.Duration)
+	d := group.NewDriver(group.Config{Rank: gc.Rank, Size: gc.Size, LossTimeout: gc.LossTimeout.Duration}, node, local{m}, gc.HeartbeatInterval.Duration)
+	m.mu.Lock()
+	m.d, m.addr = d, net.JoinHostPort(gc.LeaderAddress, strconv.Itoa(gc.Port))
+	m.mu.Unlock()
 	g.log.Info("joined the group", zap.Int("rank", gc.Rank), zap.Int("size", gc.Size), zap.String("guards", addr))
 	stopped := make(chan struct{})
-	background(func(ctx context.Context) { defer close(stopped); m.d.Run(ctx) })
+	background(func(ctx context.Context) { defer close(stopped); d.Run(ctx) })
 	return func() { <-stopped; node.Close() }, 0
 }
 
@@ -96,7 +135,11 @@ func (g *Guard) startGroup(ctx context.Context, background func(func(context.Con
 type local struct{ *groupMember }
 
 func (m local) Kill(epoch uint64, c group.Cause) {
-	m.sup.GroupEnd(fmt.Sprintf("epoch %d: %s", epoch, c))
+	rank := c.Member
+	if c.Local() {
+		rank = m.cfg.Rank
+	}
+	m.sup.GroupEnd(cause.GroupEnd{Epoch: epoch, Rank: rank, Said: c.Said().Word(), Why: c.String()})
 }
 
 func (m local) Start(epoch uint64, rung int) {
@@ -104,7 +147,7 @@ func (m local) Start(epoch uint64, rung int) {
 	m.epoch = epoch
 	m.mu.Unlock()
 	m.log.Info("the group lets this host's vLLM start", zap.Uint64("epoch", epoch))
-	m.sup.GroupGo()
+	m.sup.GroupGo(rung)
 }
 
 func (m local) Ended(epoch uint64, c group.Cause) {

@@ -365,6 +365,11 @@ func (p *Policy) OnFailure(now time.Time, v cause.Verdict) Decision {
 		d.Reason = "GPU memory held by another process: waiting for it to be released, same rung"
 	case cause.CauseHang:
 		d.Reason = "vLLM hung: killed, restarting on the same rung"
+	case cause.CauseGroup:
+		d.Reason = "the group's epoch ended on another host: the group restarts whole on the same rung"
+		if g := v.Group; g != nil {
+			d.Reason = fmt.Sprintf("the group's epoch ended on another host (%s): the group restarts whole on the same rung", g.Why)
+		}
 	case cause.CauseHostOOM:
 		d.Reason = "host memory ran out (kernel OOM killer, not the GPU): restarting on the same rung; raise the host/cgroup memory limit"
 	default:
@@ -558,4 +563,16 @@ func causeWord(c cause.Cause) string {
 		return "unknown cause"
 	}
 	return string(c)
+}
+
+// Follow puts the policy on ladder rung index, the rung a group's leader
+// decided ([group]: a follower's vLLM starts on the leader's rung; the
+// leader's cost-computed values are not carried, only its ladder rung).
+// The history is left as it is: a follower does not decide.
+func (p *Policy) Follow(index int) Rung {
+	i := min(max(index, 0), len(p.ladder)-1)
+	if i != p.seqStep || p.utilStep != i {
+		p.seqStep, p.utilStep, p.computed, p.computedUtil = i, i, 0, 0
+	}
+	return p.Current()
 }

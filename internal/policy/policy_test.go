@@ -442,3 +442,18 @@ func TestLongestTimeToReadyPersists(t *testing.T) {
 		t.Fatalf("after a restart of the guard: %s (state %s), want 3m0s", got, raw)
 	}
 }
+
+// A group's follower takes the leader's ladder rung as it is, clamped to
+// its ladder, and keeps its own history (it does not decide).
+func TestFollowTakesTheLeadersRung(t *testing.T) {
+	p := New(testConfig(), State{}, nil)
+	last := len(p.Rungs()) - 1
+	for _, c := range []struct{ in, want int }{{1, 1}, {0, 0}, {last + 5, last}, {-1, 0}} {
+		if r := p.Follow(c.in); r.Index != c.want || r != p.Rungs()[c.want] {
+			t.Errorf("Follow(%d) = %+v, want rung %+v", c.in, r, p.Rungs()[c.want])
+		}
+	}
+	if st := p.State(); len(st.Failures) != 0 || st.Attempts != 0 {
+		t.Errorf("following counted failures: %+v", st)
+	}
+}

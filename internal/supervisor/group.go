@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/launch"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 	"github.com/vllm-guard/vllm-guard/internal/supervisor/heart"
@@ -25,12 +26,32 @@ type Group interface {
 }
 
 // GroupGo: the group lets this host's vLLM start (now, or when its start
-// comes). Safe from any goroutine.
-func (s *Supervisor) GroupGo() { s.postGroup(event{Kind: heart.EvGroupGo}) }
+// comes). A follower starts on the leader's rung (its index on the
+// ladder): the leader decides once for the group. Safe from any goroutine.
+func (s *Supervisor) GroupGo(rung int) {
+	e := event{Kind: heart.EvGroupGo}
+	if s.group != nil && s.group.Follower() {
+		e.Led, e.Rung = true, policy.Rung{Index: rung}
+	}
+	s.postGroup(e)
+}
 
-// GroupEnd: the group's epoch ended, because of why: this host's vLLM
-// tree is killed (a failure) and its next start waits for the go.
-func (s *Supervisor) GroupEnd(why string) { s.postGroup(event{Kind: heart.EvGroupEnd, Group: why}) }
+// followLeader puts a follower's policy on the leader's rung as its go is
+// taken by the loop, and hands the heart that rung.
+func (s *Supervisor) followLeader(e event) event {
+	if e.Kind == heart.EvGroupGo && e.Led {
+		s.withPolicy(func(p *policy.Policy) { e.Rung = p.Follow(e.Rung.Index) })
+		s.savePolicy()
+	}
+	return e
+}
+
+// GroupEnd: the group's epoch ended, because of end: this host's vLLM
+// tree is killed (a failure of cause group) and its next start waits for
+// the go.
+func (s *Supervisor) GroupEnd(end cause.GroupEnd) {
+	s.postGroup(event{Kind: heart.EvGroupEnd, GroupEnd: end})
+}
 
 func (s *Supervisor) postGroup(e event) {
 	select {

@@ -9,6 +9,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/config"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
@@ -52,7 +53,7 @@ func TestAGroupMemberStartsOnTheGroupsGo(t *testing.T) {
 		if c := g.counts(); c != [4]int{0, 0, 0, 1} {
 			t.Fatalf("before the go: launched, ready, ended, gone %v, want the tree said gone once", c)
 		}
-		s.sup.GroupGo()
+		s.sup.GroupGo(0)
 		synctest.Wait()
 		if n := s.l.n(); n != 1 {
 			t.Fatalf("%d launches after the go, want 1", n)
@@ -62,12 +63,12 @@ func TestAGroupMemberStartsOnTheGroupsGo(t *testing.T) {
 			t.Fatalf("ready: %v, want launched and ready once", c)
 		}
 
-		s.sup.GroupEnd("epoch 1: member 1 not heard for the loss timeout")
+		s.sup.GroupEnd(cause.GroupEnd{Epoch: 1, Rank: 1, Why: "member 1 not heard for the loss timeout"})
 		synctest.Wait()
 		if k := s.l.last().kills.Load(); k == 0 {
 			t.Fatal("the epoch's end did not kill the tree")
 		}
-		if st := s.sup.Status(); st.LastFailure == nil || !strings.Contains(fmt.Sprint(st.LastFailure.Verdict), "the group's epoch ended: epoch 1: member 1 not heard") {
+		if st := s.sup.Status(); st.LastFailure == nil || !strings.Contains(fmt.Sprint(st.LastFailure.Verdict), "the group's epoch 1 ended on another host: member 1 not heard") {
 			t.Fatalf("the group's end is a failure with its reason: %+v", st.LastFailure)
 		}
 		s.advance(s.cfg.Restart.InitialDelay.Duration)
@@ -78,7 +79,7 @@ func TestAGroupMemberStartsOnTheGroupsGo(t *testing.T) {
 			t.Fatalf("after the end: %v, want the run said ended and the tree gone again", c)
 		}
 		s.wantState(StateStarting)
-		s.sup.GroupGo()
+		s.sup.GroupGo(0)
 		synctest.Wait()
 		if n := s.l.n(); n != 2 {
 			t.Fatalf("%d launches after the second go, want 2", n)
@@ -86,9 +87,9 @@ func TestAGroupMemberStartsOnTheGroupsGo(t *testing.T) {
 
 		// The go during the backoff is kept for the start.
 		s.ready()
-		s.sup.GroupEnd("epoch 2: this host's vLLM ended")
+		s.sup.GroupEnd(cause.GroupEnd{Epoch: 2, Why: "this host's vLLM ended"})
 		synctest.Wait()
-		s.sup.GroupGo()
+		s.sup.GroupGo(0)
 		s.advance(2 * s.cfg.Restart.InitialDelay.Duration * 2)
 		if n := s.l.n(); n != 3 {
 			t.Fatalf("%d launches: a go during the backoff must start the next run, want 3", n)
@@ -104,8 +105,8 @@ func TestTheEpochsEndTakesTheGoBack(t *testing.T) {
 		s.gpu.free = false // the start waits for GPU memory
 		s.start()
 		synctest.Wait()
-		s.sup.GroupGo()
-		s.sup.GroupEnd("epoch 1 ended")
+		s.sup.GroupGo(0)
+		s.sup.GroupEnd(cause.GroupEnd{Epoch: 1, Why: "the leader ended the epoch", Said: "end"})
 		synctest.Wait()
 		s.gpu.mu.Lock()
 		s.gpu.free = true

@@ -47,6 +47,7 @@ func (s *Supervisor) Run(ctx context.Context) int {
 			e = event{Kind: evKill}
 		case e = <-m.ev:
 		case e = <-s.groupEv:
+			e = s.followLeader(e)
 		case r := <-s.reqs:
 			e = event{Kind: evRequest, Req: r}
 			if r.Kind == "restart" {

@@ -273,6 +273,7 @@ func (m *Core) Classify(res Outcome) {
 		SignalByGuard: res.KilledByGuard,
 		Hang:          res.Hang,
 		HostOOMKill:   res.HostOOM,
+		Group:         m.R.Group,
 		Phase:         res.Phase,
 		StartFailure:  res.Exit.StartFailure,
 		GuardFailure:  res.Exit.GuardFailure,
@@ -301,6 +302,10 @@ func (m *Core) OnClassified(exit cause.Exit, v cause.Verdict) {
 		return
 	}
 	m.Rel.Exit, m.Rel.Verdict = exit, v
+	if d, ok := m.FollowerDecision(v); ok {
+		m.OnDecided(d)
+		return
+	}
 	m.Do(FxDecide{v})
 }
 

@@ -1,6 +1,8 @@
 package heart
 
 import (
+	"fmt"
+
 	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
@@ -16,22 +18,47 @@ type GroupWait struct {
 	Rung policy.Rung
 	GPUs []cause.GPUDevice
 	Go   bool // the go came (it may come before the start reaches it)
+	// Led: a follower's go brought the leader's rung, Leader: the start
+	// takes it, whatever its own policy said before the go.
+	Led    bool
+	Leader policy.Rung
 }
 
 // WaitGroup holds a start until the group's go: it says the tree is gone
-// and enters wait_group. False: no group, or the go came; start.
-func (m *Core) WaitGroup(rung policy.Rung, gpus []cause.GPUDevice, heldBy string) bool {
+// and enters wait_group. False: no group, or the go came; start, on the
+// rung returned (a follower's: the leader's).
+func (m *Core) WaitGroup(rung policy.Rung, gpus []cause.GPUDevice, heldBy string) (policy.Rung, bool) {
 	if !m.Cfg.Group.Enabled || heldBy != "" {
-		return false
+		return rung, false
 	}
 	if m.Gw.Go {
+		if m.Gw.Led {
+			rung = m.Gw.Leader
+		}
 		m.Gw = GroupWait{}
-		return false
+		return rung, false
 	}
 	m.Gw = GroupWait{Rung: rung, GPUs: gpus}
 	m.Enter(SubWaitGroup, "waiting for the group: this host's vLLM starts when the group's leader says so", nil)
 	m.Do(FxGroupGone{})
-	return true
+	return rung, true
+}
+
+// GroupFollower: this host's vLLM is a follower's of a group: the
+// leader's guard decides its next start.
+func (m *Core) GroupFollower() bool { return m.Cfg.Group.Enabled && m.Cfg.Group.Rank != 0 }
+
+// FollowerDecision is a follower's decision after any end of its run: no
+// backoff and no give-up of its own (the leader's policy counts the
+// group's end once, and decides the rung, the backoff and the give-up);
+// it waits for the leader's next epoch, on the leader's rung. A GPU of its
+// own that failed stays its own policy's (a host to drain).
+func (m *Core) FollowerDecision(v cause.Verdict) (policy.Decision, bool) {
+	if !m.GroupFollower() || v.Cause == cause.CauseGPUFault {
+		return policy.Decision{}, false
+	}
+	return policy.Decision{Action: policy.ActionRestart, Rung: m.Facts.Rung,
+		Reason: "the group's leader decides the next start (its rung, backoff and give-up, once for the group): waiting for its next epoch"}, true
 }
 
 // OnGroup: the group's go starts a start that waits for it (or is kept
@@ -41,6 +68,9 @@ func (m *Core) WaitGroup(rung policy.Rung, gpus []cause.GPUDevice, heldBy string
 func (m *Core) OnGroup(e Event) {
 	if e.Kind == EvGroupGo {
 		m.Gw.Go = true
+		if e.Led {
+			m.Gw.Led, m.Gw.Leader = true, e.Rung
+		}
 		if m.Sub == SubWaitGroup && !m.StopAsked {
 			m.Start(m.Gw.Rung, m.Gw.GPUs, "")
 		}
@@ -48,6 +78,8 @@ func (m *Core) OnGroup(e Event) {
 	}
 	m.Gw.Go = false
 	if m.Sub.Running() && m.R.End == EndNone {
-		m.Hung("the group's epoch ended: " + e.Group)
+		g := e.GroupEnd
+		m.R.Group = &g
+		m.Hung(fmt.Sprintf("the group's epoch %d ended: %s", g.Epoch, g.Why))
 	}
 }

@@ -136,7 +136,10 @@ type Event struct {
 	// it), evClassified's, evDecided's, evRestored's and evRung's rung,
 	// evRestoreDue's, evKilledHolders'.
 	Launched Launched
-	Group    string // EvGroupEnd: why the group's epoch ended
+	GroupEnd cause.GroupEnd // EvGroupEnd: why the group's epoch ended
+	// Led: EvGroupGo on a follower: Rung is the leader's (the follower's
+	// policy already follows it).
+	Led      bool
 	Exit     cause.Exit
 	Verdict  cause.Verdict
 	Decision policy.Decision
@@ -198,6 +201,9 @@ type Run struct {
 	Ready     bool
 	End       Ending
 	Hang      string // why the guard called it hung ("": it did not)
+	// Group: the group's epoch ended it ([group]): the classifier's group
+	// cause, not a hang.
+	Group     *cause.GroupEnd
 	Peer      string // who asked for the restart that ends it
 	Why       string // why the guard itself restarts it ("": an operator asked)
 	Baseline  []uint64

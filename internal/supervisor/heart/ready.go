@@ -137,9 +137,10 @@ func (m *Core) OnPausedAnswer(r ProbeResult) {
 }
 
 // RestoreDue tracks the peak GPU fraction since ready and asks the policy
-// whether to step one rung up (onRestoreDue goes on).
+// whether to step one rung up (onRestoreDue goes on). A group's follower
+// never does: the leader's restore restarts the group on its rung.
 func (m *Core) RestoreDue() {
-	if m.Cfg.Profile.RestoreAfter.Duration <= 0 {
+	if m.Cfg.Profile.RestoreAfter.Duration <= 0 || m.GroupFollower() {
 		return
 	}
 	for _, f := range m.Facts.Fraction {

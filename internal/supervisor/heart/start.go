@@ -150,7 +150,8 @@ func (m *Core) OnPortRead(holder string) {
 // (it would fail to bind, and meanwhile the holder would answer the
 // probes in its name) and the start ends as a configuration error.
 func (m *Core) Start(rung policy.Rung, gpuBefore []cause.GPUDevice, heldBy string) {
-	if m.WaitGroup(rung, gpuBefore, heldBy) {
+	rung, wait := m.WaitGroup(rung, gpuBefore, heldBy)
+	if wait {
 		return
 	}
 	cfg := m.Cfg

@@ -3,7 +3,6 @@ package integration
 import (
 	"fmt"
 	"slices"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -33,35 +32,18 @@ func TestStreamsCutByAnEngineDeathOutliveTheSlowExit(t *testing.T) {
 	ready := s.WaitEvent("ready", 1, 60*time.Second, isReady)
 
 	const n = 3
-	body := func(i int) string {
-		return fmt.Sprintf(`{"model":"test-model","prompt":"hello there friend %d","max_tokens":40,"stream":true,"stream_interval":2,`+
-			`"return_token_ids":true,"stream_options":{"include_usage":true},"temperature":0}`, i)
-	}
-	var want [n]streamAnswer
+	var bodies []string
 	for i := range n {
-		want[i] = readStream(t, fmt.Sprintf("http://127.0.0.1:%d", s.port), body(i), -1, nil)
-		if want[i].errors != 0 || want[i].done != 1 || len(want[i].ids) != 40 {
-			t.Fatalf("vLLM's own answer %d: %+v", i, want[i])
-		}
+		bodies = append(bodies, greedyBody(i, 40))
 	}
-	var started sync.WaitGroup
-	started.Add(n)
-	got := make([]streamAnswer, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			got[i] = readStream(t, proxyURL, body(i), 2, started.Done)
-		}()
-	}
-	started.Wait()
+	want := ownAnswers(t, fmt.Sprintf("http://127.0.0.1:%d", s.port), bodies, 40)
+	wait := streamsInFlight(t, proxyURL, bodies)
 	if err := syscall.Kill(engineOf(t, ready.PID), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	s.WaitEvent("vLLM's exit", 1, 60*time.Second, isExited)
 	s.WaitEvent("ready again", 2, 60*time.Second, isReady)
-	wg.Wait()
+	got := wait()
 	for i := range n {
 		if g := got[i]; g.errors != 0 || g.done != 1 || g.text != want[i].text || !slices.Equal(g.ids, want[i].ids) || len(g.finishes) != 1 {
 			t.Errorf("stream %d through the engine's death: %q ids %v, %d errors, %d [DONE], finishes %v\nwant %q ids %v", i, g.text, g.ids,

@@ -139,39 +139,23 @@ func TestStandbyTakesOverCutStreams(t *testing.T) {
 	readyB := s.WaitEvent("vLLM b ready (standby)", 1, 60*time.Second, of("b", events.RoleStandby, isReady))
 
 	const n = 4
-	body := func(i int) string {
-		return fmt.Sprintf(`{"model":"test-model","prompt":"hello there friend %d","max_tokens":48,"stream":true,"stream_interval":2,`+
-			`"return_token_ids":true,"stream_options":{"include_usage":true},"temperature":0}`, i)
+	var bodies []string
+	for i := range n {
+		bodies = append(bodies, greedyBody(i, 48))
 	}
+	body := func(i int) string { return bodies[i] }
 	// The oracle: vLLM's own uninterrupted answers (from the standby: it
 	// serves no client, and both run the same model).
-	var want [n]streamAnswer
-	for i := range n {
-		want[i] = readStream(t, fmt.Sprintf("http://127.0.0.1:%d", standbyPort), body(i), -1, nil)
-		if want[i].errors != 0 || want[i].done != 1 || len(want[i].ids) != 48 {
-			t.Fatalf("vLLM's own answer %d: %+v", i, want[i])
-		}
-	}
+	want := ownAnswers(t, fmt.Sprintf("http://127.0.0.1:%d", standbyPort), bodies, 48)
 
 	// n streams through the proxy; once each has its first chunks, the
 	// serving vLLM's EngineCore is SIGKILLed.
-	var started sync.WaitGroup
-	started.Add(n)
-	got := make([]streamAnswer, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			got[i] = readStream(t, proxyURL, body(i), 2, started.Done)
-		}()
-	}
-	started.Wait()
+	wait := streamsInFlight(t, proxyURL, bodies)
 	if err := syscall.Kill(engineOf(t, readyA.PID), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	fo := s.WaitEvent("the failover to b", 1, 60*time.Second, kind(events.KindFailover))
-	wg.Wait()
+	got := wait()
 	if fo.Failover == nil || fo.Failover.From != "a" || fo.Failover.To != "b" || fo.Failover.Swap {
 		t.Fatalf("failover event %+v; want a → b", fo.Failover)
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -144,4 +145,42 @@ func readStream(t *testing.T, base, body string, cut int, at func()) streamAnswe
 		}
 	}
 	return a
+}
+
+// greedyBody is the n-th greedy streamed completion of max tokens, 2 ids
+// a chunk, with its ids and usage.
+func greedyBody(i, max int) string {
+	return fmt.Sprintf(`{"model":"test-model","prompt":"hello there friend %d","max_tokens":%d,"stream":true,"stream_interval":2,`+
+		`"return_token_ids":true,"stream_options":{"include_usage":true},"temperature":0}`, i, max)
+}
+
+// ownAnswers is vLLM's own uninterrupted answer at base to each body,
+// each whole with want ids: the oracle of a stream through a death.
+func ownAnswers(t *testing.T, base string, bodies []string, want int) []streamAnswer {
+	t.Helper()
+	out := make([]streamAnswer, len(bodies))
+	for i, b := range bodies {
+		out[i] = readStream(t, base, b, -1, nil)
+		if out[i].errors != 0 || out[i].done != 1 || len(out[i].ids) != want {
+			t.Fatalf("vLLM's own answer %d: %+v", i, out[i])
+		}
+	}
+	return out
+}
+
+// streamsInFlight sends each body through base and returns once every
+// stream has its first chunks; wait reads them all to their end.
+func streamsInFlight(t *testing.T, base string, bodies []string) (wait func() []streamAnswer) {
+	var started, wg sync.WaitGroup
+	started.Add(len(bodies))
+	got := make([]streamAnswer, len(bodies))
+	for i, b := range bodies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i] = readStream(t, base, b, 2, started.Done)
+		}()
+	}
+	started.Wait()
+	return func() []streamAnswer { wg.Wait(); return got }
 }

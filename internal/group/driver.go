@@ -13,8 +13,10 @@ type Local interface {
 	// nothing of it is left.
 	Kill(epoch uint64, c Cause)
 	// Start: this host's vLLM may start for epoch on rung (a follower
-	// takes the leader's rung); the leader calls Driver.LocalLaunched.
-	Start(epoch uint64, rung int)
+	// takes the leader's rung); the leader calls Driver.LocalLaunched. On
+	// the leader, fault is the cause member's guard gave the end of its own
+	// vLLM that ended the last epoch (0: none): its ladder reacts first.
+	Start(epoch uint64, rung int, member int, fault Fault)
 	// Ended: epoch ended because of c (the log, the status, the events).
 	Ended(epoch uint64, c Cause)
 }
@@ -51,8 +53,10 @@ func (d *Driver) State() State {
 // LocalEnded: this host's vLLM ended (any exit, a death) or hung.
 func (d *Driver) LocalEnded(hung bool) { d.post(Event{Kind: EvLocalEnded, Hung: hung}) }
 
-// LocalGone: nothing of this host's vLLM tree is left.
-func (d *Driver) LocalGone() { d.post(Event{Kind: EvLocalGone}) }
+// LocalGone: nothing of this host's vLLM tree is left; fault is the cause
+// this guard gave its end when it ended by itself (0: killed for the
+// group, or none).
+func (d *Driver) LocalGone(fault Fault) { d.post(Event{Kind: EvLocalGone, Fault: fault}) }
 
 // LocalLaunched: the leader's vLLM of epoch launched on rung.
 func (d *Driver) LocalLaunched(epoch uint64, rung int) {
@@ -105,7 +109,7 @@ func (d *Driver) step(e Event) {
 		case FxKill:
 			d.local.Kill(f.Epoch, f.Cause)
 		case FxStart:
-			d.local.Start(f.Epoch, f.Rung)
+			d.local.Start(f.Epoch, f.Rung, f.Member, f.Fault)
 		case FxEnded:
 			d.local.Ended(f.Epoch, f.Cause)
 		}

@@ -17,7 +17,11 @@ type fakeLocal struct{ calls chan string }
 func newFakeLocal() *fakeLocal { return &fakeLocal{calls: make(chan string, 64)} }
 
 func (f *fakeLocal) Kill(epoch uint64, c Cause) { f.calls <- fmt.Sprintf("kill %d: %s", epoch, c) }
-func (f *fakeLocal) Start(epoch uint64, rung int) {
+func (f *fakeLocal) Start(epoch uint64, rung int, member int, fault Fault) {
+	if fault != 0 {
+		f.calls <- fmt.Sprintf("start %d rung %d after member %d's %s", epoch, rung, member, fault.Word())
+		return
+	}
 	f.calls <- fmt.Sprintf("start %d rung %d", epoch, rung)
 }
 func (f *fakeLocal) Ended(epoch uint64, c Cause) { f.calls <- fmt.Sprintf("ended %d: %s", epoch, c) }
@@ -67,7 +71,8 @@ func startMember(t *testing.T, rank int, addr string, inc uint64) (*member, stri
 
 // Two guards over real sockets on 127.0.0.1 run the group's epochs: the
 // leader starts first, the follower when told; the follower's vLLM exits 0
-// and the whole group restarts on a new epoch; the leader's guard dies and
+// (its guard calls it a crash) and the whole group restarts on a new
+// epoch, the leader told the member's cause; the leader's guard dies and
 // the follower kills its tree.
 func TestTwoGuardsRunTheEpochs(t *testing.T) {
 	l, addr := startMember(t, 0, "127.0.0.1:0", 1)
@@ -80,18 +85,18 @@ func TestTwoGuardsRunTheEpochs(t *testing.T) {
 	testkit.WaitFor(t, "the follower hears the group ready", bound, func() bool { return f.d.State().GroupReady() })
 
 	// The follower's vLLM exits 0: its tree is gone, nothing else said.
-	f.d.LocalGone()
+	f.d.LocalGone(FaultOf("crash"))
 	f.local.expect(t, "follower", "ended 1: this host's vLLM ended")
 	l.local.expect(t, "leader", "ended 1: member 1's guard says its vLLM ended", "kill 1: member 1's guard says its vLLM ended")
-	l.d.LocalGone()
-	l.local.expect(t, "leader", "start 2 rung 3")
+	l.d.LocalGone(0)
+	l.local.expect(t, "leader", "start 2 rung 3 after member 1's crash")
 	l.d.LocalLaunched(2, 3)
 	f.local.expect(t, "follower", "start 2 rung 3")
 
 	// The leader's guard dies: the follower loses its heartbeat.
 	l.stop()
 	f.local.expect(t, "follower", "ended 2: the leader not heard for the loss timeout", "kill 2: the leader not heard for the loss timeout")
-	f.d.LocalGone()
+	f.d.LocalGone(0)
 
 	// A new leader guard (a new incarnation, its epoch 0) learns epoch 2
 	// and opens epoch 3.

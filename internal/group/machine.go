@@ -54,11 +54,44 @@ func (k Kind) String() string {
 }
 
 // Report is what one guard says: its Kind at an epoch, and with Open the
-// rung the leader started on (the followers start on the same).
+// rung the leader started on (the followers start on the same). A
+// follower's Idle also says the cause its own guard gave the end of its
+// own vLLM (Fault), when that vLLM ended by itself: the leader's ladder
+// reacts to it (an OOM anywhere steps the group down).
 type Report struct {
 	Kind  Kind
 	Epoch uint64
 	Rung  int
+	Fault Fault
+}
+
+// Fault is the cause a guard gave the end of its own host's vLLM, as a
+// code of a closed table (never text): the words are the guard's causes
+// (docs/how-it-decides.md). 0: none (it did not end by itself, or has no
+// cause yet).
+type Fault uint8
+
+var faultWords = [...]string{1: "oom", 2: "kv_insufficient", 3: "gpu_busy", 4: "config_error", 5: "hang", 6: "crash", 7: "host_oom", 8: "gpu_fault"}
+
+const lastFault = Fault(len(faultWords) - 1)
+
+// FaultOf is the code of a cause's word; 0 for "" or a word not in the
+// table (the group's own cause, "group", is never sent).
+func FaultOf(word string) Fault {
+	for i, w := range faultWords {
+		if w != "" && w == word {
+			return Fault(i)
+		}
+	}
+	return 0
+}
+
+// Word is the cause's word ("" for none).
+func (f Fault) Word() string {
+	if f == 0 || f > lastFault {
+		return ""
+	}
+	return faultWords[f]
 }
 
 // Config is the machine's share of [group].
@@ -122,6 +155,9 @@ type State struct {
 	Ran     uint64
 	Pending Report
 	Saying  Kind
+	// Fault: the cause of this follower's own vLLM's last end, said with
+	// its Idle until its next start.
+	Fault Fault
 	// LeaderReady: the leader said Ready for the epoch this follower's
 	// vLLM runs, since it started.
 	LeaderReady bool
@@ -156,7 +192,7 @@ func (s State) Say() Report {
 	case Finishing:
 		return Report{Kind: s.Saying, Epoch: s.Ran}
 	}
-	return Report{Kind: Idle, Epoch: s.Epoch}
+	return Report{Kind: Idle, Epoch: s.Epoch, Fault: s.Fault}
 }
 
 // GroupReady reports whether the group serves: the leader's vLLM of the

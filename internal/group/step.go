@@ -36,6 +36,9 @@ type Event struct {
 	Hung        bool   // EvLocalEnded
 	Epoch       uint64 // EvLocalLaunched, EvLocalReady
 	Rung        int    // EvLocalLaunched
+	// Fault: EvLocalGone, the cause this host's guard gave its vLLM's
+	// end, when it ended by itself (0: killed for the group, or none).
+	Fault Fault
 }
 
 // EffectKind is what the machine asks for.
@@ -61,6 +64,11 @@ type Effect struct {
 	Epoch uint64
 	Rung  int
 	Cause Cause
+	// FxStart on the leader: a member whose own vLLM ended the last epoch
+	// by itself, and the cause its guard gave it (Fault 0: none): the
+	// leader's ladder reacts to it before the start.
+	Member int
+	Fault  Fault
 }
 
 // Why is the kind of a cause.
@@ -260,7 +268,38 @@ func (s State) tryOpen(now time.Time, fx []Effect) (State, []Effect) {
 		}
 	}
 	s.Phase = Opening
-	return s, append(fx, Effect{Kind: FxStart, Epoch: s.Epoch + 1, Rung: s.Rung})
+	start := Effect{Kind: FxStart, Epoch: s.Epoch + 1, Rung: s.Rung}
+	start.Member, start.Fault = s.worstFault()
+	return s, append(fx, start)
+}
+
+// faultOrder: the causes the leader's ladder reacts to first.
+var faultOrder = []Fault{FaultOf("config_error"), FaultOf("oom"), FaultOf("kv_insufficient")}
+
+// worstFault is, of the causes the members said with their Idle at the
+// ended epoch, the one the ladder must react to first (a configuration
+// error, then an OOM, then a KV cache too small, then any other), and who
+// said it.
+func (s State) worstFault() (int, Fault) {
+	best, rank := Fault(0), 0
+	rankOf := func(f Fault) int {
+		for i, o := range faultOrder {
+			if f == o {
+				return i
+			}
+		}
+		return len(faultOrder)
+	}
+	for r := 1; r < len(s.Members); r++ {
+		said := s.Members[r].Said
+		if said.Kind != Idle || said.Epoch != s.Epoch || said.Fault == 0 {
+			continue
+		}
+		if best == 0 || rankOf(said.Fault) < rankOf(best) {
+			best, rank = said.Fault, r
+		}
+	}
+	return rank, best
 }
 
 func followerStep(s State, e Event) (State, []Effect) {
@@ -293,7 +332,7 @@ func followerStep(s State, e Event) (State, []Effect) {
 		case Waiting:
 			return s, nil
 		}
-		s.Phase, s.LocalGone = Waiting, true
+		s.Phase, s.LocalGone, s.Fault = Waiting, true, e.Fault
 		fx = append(fx, Effect{Kind: FxSay, Epoch: s.Epoch})
 		return s.tryStart(fx)
 	}
@@ -361,7 +400,7 @@ func (s State) tryStart(fx []Effect) (State, []Effect) {
 	if s.Phase != Waiting || s.Pending.Epoch == 0 || s.Pending.Epoch <= s.Ran {
 		return s, fx
 	}
-	s.Phase, s.Ran, s.Rung, s.LocalGone, s.LeaderReady = Started, s.Pending.Epoch, s.Pending.Rung, false, false
+	s.Phase, s.Ran, s.Rung, s.LocalGone, s.LeaderReady, s.Fault = Started, s.Pending.Epoch, s.Pending.Rung, false, false, 0
 	s.Pending = Report{}
 	fx = append(fx, Effect{Kind: FxStart, Epoch: s.Ran, Rung: s.Rung}, Effect{Kind: FxSay, Epoch: s.Ran})
 	return s, fx

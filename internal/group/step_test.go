@@ -228,3 +228,40 @@ func TestACauseSaysTheMembersWord(t *testing.T) {
 		}
 	}
 }
+
+// A follower whose own vLLM ended by itself says, with its Idle, the cause
+// its guard gave that end; the leader opens the next epoch with the cause
+// its ladder must react to first, and who said it. A follower killed for
+// the group says none.
+func TestTheLeaderLearnsAMembersFault(t *testing.T) {
+	f := followerStarted(t)
+	f, _ = run(t, f, localEnded(false), Event{Kind: EvLocalGone, Now: at(time.Second), Fault: FaultOf("oom")})
+	if got := f.Say(); got != (Report{Kind: Idle, Epoch: 1, Fault: FaultOf("oom")}) {
+		t.Fatalf("a follower whose vLLM ran out of memory says %+v", got)
+	}
+	// Its next start forgets it.
+	f, _ = Step(f, openFrom(10, 2))
+	if f.Phase != Started || f.Fault != 0 {
+		t.Fatalf("after the next Open: %v fault %v", f.Phase, f.Fault)
+	}
+
+	s := leaderServing(t)
+	s, _ = run(t, s, heard(2, 12, Ended, 1, time.Second), localEnded(false), localGone(time.Second),
+		Event{Kind: EvHeard, Now: at(2 * time.Second), From: 1, Incarnation: 11, Said: Report{Kind: Idle, Epoch: 1, Fault: FaultOf("crash")}})
+	if s.Phase != Ending {
+		t.Fatalf("member 2 not gone yet: %v", s.Phase)
+	}
+	s, fx := Step(s, Event{Kind: EvHeard, Now: at(2 * time.Second), From: 2, Incarnation: 12, Said: Report{Kind: Idle, Epoch: 1, Fault: FaultOf("oom")}})
+	want := []Effect{{Kind: FxStart, Epoch: 2, Rung: 1, Member: 2, Fault: FaultOf("oom")}}
+	if s.Phase != Opening || !reflect.DeepEqual(fx, want) {
+		t.Fatalf("every member gone: %v %+v, want %+v (the OOM before the crash)", s.Phase, fx, want)
+	}
+	// The leader's own end: no member's fault.
+	s = leaderServing(t)
+	s, fx = run(t, s, localEnded(false), localGone(time.Second),
+		Event{Kind: EvHeard, Now: at(2 * time.Second), From: 2, Incarnation: 12, Said: Report{Kind: Idle, Epoch: 1}},
+		Event{Kind: EvHeard, Now: at(2 * time.Second), From: 1, Incarnation: 11, Said: Report{Kind: Idle, Epoch: 1}})
+	if len(fx) != 1 || fx[0].Kind != FxStart || fx[0].Fault != 0 {
+		t.Fatalf("the leader's own end: %+v, want a start with no member's fault", fx)
+	}
+}

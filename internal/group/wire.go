@@ -13,7 +13,7 @@ import (
 // fixed size, so nothing a peer sends makes a guard buffer more, and no
 // text at all.
 //
-//	0  "VGG" magic, then the version (1)
+//	0  "VGG" magic, then the version (2)
 //	4  type: 1 hello (the connection's nonce, unsigned), 2 report (signed)
 //	5  the report's Kind
 //	6  the sender's rank (uint16)
@@ -21,7 +21,9 @@ import (
 //	16 the epoch (uint64)
 //	24 the counter (uint64: strictly increasing on one connection)
 //	32 the rung (uint32)
-//	36 zero
+//	36 the fault: the cause a follower's guard gave its own vLLM's end
+//	   (a code of a closed table, Fault), with Idle only
+//	37 zero
 //	40 hello: the nonce (32 bytes); report: HMAC-SHA256 of bytes 0..40 under
 //	   the connection's key, HMAC-SHA256(secret, label, the listener's
 //	   nonce, the dialer's nonce): a frame of another connection, or of
@@ -29,7 +31,7 @@ import (
 const FrameSize = 72
 
 const (
-	version    = 1
+	version    = 2
 	typeHello  = 1
 	typeReport = 2
 	macAt      = 40
@@ -103,6 +105,7 @@ func encodeReport(key []byte, f Frame) []byte {
 	binary.BigEndian.PutUint64(b[16:], f.Report.Epoch)
 	binary.BigEndian.PutUint64(b[24:], f.Counter)
 	binary.BigEndian.PutUint32(b[32:], uint32(f.Report.Rung))
+	b[36] = byte(f.Report.Fault)
 	m := newMAC(key)
 	m.Write(b[:macAt])
 	copy(b[macAt:], m.Sum(nil))
@@ -126,7 +129,11 @@ func decodeReport(key, b []byte) (Frame, error) {
 	if k < Open || k > lastKind {
 		return Frame{}, fmt.Errorf("%w %d", ErrUnknown, b[5])
 	}
-	for _, x := range b[36:macAt] {
+	fault := Fault(b[36])
+	if fault > lastFault || (fault != 0 && k != Idle) {
+		return Frame{}, fmt.Errorf("%w: fault %d with %s", ErrFrame, b[36], k)
+	}
+	for _, x := range b[37:macAt] {
 		if x != 0 {
 			return Frame{}, fmt.Errorf("%w: reserved bytes set", ErrFrame)
 		}
@@ -139,7 +146,7 @@ func decodeReport(key, b []byte) (Frame, error) {
 		From:        int(binary.BigEndian.Uint16(b[6:])),
 		Incarnation: binary.BigEndian.Uint64(b[8:]),
 		Counter:     binary.BigEndian.Uint64(b[24:]),
-		Report:      Report{Kind: k, Epoch: binary.BigEndian.Uint64(b[16:]), Rung: int(rung)},
+		Report:      Report{Kind: k, Epoch: binary.BigEndian.Uint64(b[16:]), Rung: int(rung), Fault: fault},
 	}, nil
 }
 

@@ -31,6 +31,29 @@ func TestReportRoundTrip(t *testing.T) {
 	}
 }
 
+// A follower's Idle carries the cause its guard gave its own vLLM's end,
+// as a code of the closed table: nothing else carries one, and a code
+// past the table is refused even when signed.
+func TestTheFaultTravelsOnlyWithIdle(t *testing.T) {
+	key := sessionKey(secret, []byte("l"), []byte("d"))
+	idle := Frame{From: 1, Counter: 7, Report: Report{Kind: Idle, Epoch: 4, Fault: FaultOf("oom")}}
+	got, err := decodeReport(key, encodeReport(key, idle))
+	if err != nil || got != idle || got.Report.Fault.Word() != "oom" {
+		t.Fatalf("an Idle with an OOM: %+v %v", got, err)
+	}
+	for _, f := range []Frame{
+		{From: 1, Counter: 8, Report: Report{Kind: Ended, Epoch: 4, Fault: FaultOf("oom")}},
+		{From: 1, Counter: 9, Report: Report{Kind: Idle, Epoch: 4, Fault: lastFault + 1}},
+	} {
+		if _, err := decodeReport(key, encodeReport(key, f)); !errors.Is(err, ErrFrame) {
+			t.Errorf("%+v: %v, want ErrFrame", f.Report, err)
+		}
+	}
+	if FaultOf("group") != 0 || FaultOf("") != 0 || FaultOf("config_error").Word() != "config_error" {
+		t.Error("the fault table: the group's own cause or nothing must have no code")
+	}
+}
+
 // The decoders take any bytes: an error or a frame that encodes back to
 // the same bytes, never a panic.
 func FuzzDecode(f *testing.F) {

@@ -142,11 +142,17 @@ func (m local) Kill(epoch uint64, c group.Cause) {
 	m.sup.GroupEnd(cause.GroupEnd{Epoch: epoch, Rank: rank, Said: c.Said().Word(), Why: c.String()})
 }
 
-func (m local) Start(epoch uint64, rung int) {
+func (m local) Start(epoch uint64, rung int, member int, fault group.Fault) {
 	m.mu.Lock()
 	m.epoch = epoch
 	m.mu.Unlock()
 	m.log.Info("the group lets this host's vLLM start", zap.Uint64("epoch", epoch))
+	if m.cfg.Rank == 0 && fault != 0 {
+		m.log.Warn("a member's guard says its own vLLM ended the last epoch: the group's ladder reacts to its cause",
+			zap.Int("member", member), zap.String("cause", fault.Word()))
+		m.sup.GroupGoAfter(member, cause.Cause(fault.Word()))
+		return
+	}
 	m.sup.GroupGo(rung)
 }
 
@@ -169,7 +175,9 @@ func (m *groupMember) Ready() {
 }
 
 func (m *groupMember) Ended() { m.d.LocalEnded(false) }
-func (m *groupMember) Gone()  { m.d.LocalGone() }
+func (m *groupMember) Gone(ended cause.Cause) {
+	m.d.LocalGone(group.FaultOf(string(ended)))
+}
 
 func (m *groupMember) Follower() bool   { return m.cfg.Rank != 0 }
 func (m *groupMember) GroupReady() bool { return m.d != nil && m.d.State().GroupReady() }

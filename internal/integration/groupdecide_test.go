@@ -51,6 +51,42 @@ func TestAGroupStartsOnTheLeadersRung(t *testing.T) {
 	leader.stopCleanly(20*time.Second, 10*time.Second)
 }
 
+// An OOM on a follower steps the whole group down: the follower's guard
+// reads its own vLLM's log (a worker's torch.OutOfMemoryError, then exit
+// 0) and says the cause with its tree's end; the leader's ladder, which
+// counted the group's end once, steps one rung down before the next
+// epoch, and both vLLMs start on rung 1. The follower's guard decides
+// nothing of its own.
+func TestAnOOMOnAFollowerStepsTheGroupDown(t *testing.T) {
+	leader, follower := groupScenes(t)
+	oneShot(follower, "oom_on_start")
+	leader.start()
+	follower.start()
+	fe := follower.WaitEvent("the follower's vLLM runs out of memory", 1, 60*time.Second, isExited)
+	if f := fe.Failure; f == nil || string(f.Verdict.Cause) != "oom" || f.ExitCode != 0 || f.Decision.Rung.Index != 0 {
+		t.Fatalf("the follower's exit %+v, want an OOM (exit 0) and no rung of its own", fe.Failure)
+	}
+	le := leader.WaitEvent("the leader's vLLM ended by the group", 1, 60*time.Second, isExited)
+	groupCause(t, "the leader's end", le, 1, "ended")
+	ls := leader.WaitEvent("the leader starts again", 2, 60*time.Second, isStarting)
+	fs := follower.WaitEvent("the follower starts again", 2, 60*time.Second, isStarting)
+	if ls.Rung == nil || ls.Rung.Index != 1 {
+		t.Fatalf("the leader's second start on rung %+v, want 1: the follower's OOM steps the group down", ls.Rung)
+	}
+	argvHas(t, "the follower", fs.Argv, rungFlags(ls)...)
+	said := false
+	for _, e := range leader.Events() {
+		said = said || e.Kind == events.KindDecision && strings.Contains(e.Reason, "member 1's vLLM ended: GPU out of memory: rung 0→1")
+	}
+	if !said {
+		t.Error("the leader's decision does not name member 1's OOM")
+	}
+	leader.WaitEvent("the leader ready", 1, 60*time.Second, isReady)
+	follower.WaitEvent("the follower ready", 1, 60*time.Second, isReady)
+	follower.stopCleanly(20*time.Second, 10*time.Second)
+	leader.stopCleanly(20*time.Second, 10*time.Second)
+}
+
 // A follower whose vLLM dies again and again: the leader's policy counts
 // each group end once and gives up once (give_up_after 3: three ends, exit
 // 1); the follower neither backs off nor gives up on its own: it waits

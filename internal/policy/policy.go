@@ -335,30 +335,8 @@ func (p *Policy) OnFailure(now time.Time, v cause.Verdict) Decision {
 		}
 		d = p.stepDown(d, relapse)
 	case cause.CauseKVInsufficient:
-		// Only a utilization step that really lowered it can be taken back.
-		u := p.utilStep - 1
-		for u > 0 && p.ladder[u].GPUMemoryUtilization == p.ladder[p.utilStep].GPUMemoryUtilization {
-			u--
-		}
-		if u < 0 || p.ladder[u].GPUMemoryUtilization <= p.ladder[p.utilStep].GPUMemoryUtilization {
-			return p.giveUp(exitcode.Config, fmt.Sprintf("KV cache does not fit at gpu_memory_utilization %.2f (%s): raise [profile] gpu_memory_utilization "+
-				"or lower --max-model-len (not retried)", p.Current().GPUMemoryUtilization, v.Words()))
-		}
-		from := p.Current()
-		p.computed, p.computedUtil = 0, 0
-		p.utilStep = u
-		s := p.seqStep + 1
-		for s < len(p.ladder)-1 && p.ladder[s].MaxNumSeqs == from.MaxNumSeqs {
-			s++
-		}
-		if s < len(p.ladder) && p.ladder[s].MaxNumSeqs < from.MaxNumSeqs {
-			p.seqStep = s
-		}
-		to := p.Current()
-		d.Reason = fmt.Sprintf("KV cache too small: gpu_memory_utilization back up %.2f→%.2f, max_num_seqs %d→%d instead",
-			from.GPUMemoryUtilization, to.GPUMemoryUtilization, from.MaxNumSeqs, to.MaxNumSeqs)
-		if to.MaxNumSeqs == from.MaxNumSeqs {
-			d.Reason += " (max_num_seqs already at its floor)"
+		if d = p.kvStep(d, v); d.Action == ActionGiveUp {
+			return d
 		}
 	case cause.CauseGPUBusy:
 		// (the next start's free-memory check, sub-state wait_gpu, waits for it)
@@ -386,6 +364,37 @@ func (p *Policy) OnFailure(now time.Time, v cause.Verdict) Decision {
 	}
 	d.Rung = p.Current()
 	d.Delay = p.nextDelay()
+	return d
+}
+
+// kvStep takes a utilization step back for a KV cache too small, lowering
+// max_num_seqs instead; no step that really lowered it: give up.
+func (p *Policy) kvStep(d Decision, v cause.Verdict) Decision {
+	// Only a utilization step that really lowered it can be taken back.
+	u := p.utilStep - 1
+	for u > 0 && p.ladder[u].GPUMemoryUtilization == p.ladder[p.utilStep].GPUMemoryUtilization {
+		u--
+	}
+	if u < 0 || p.ladder[u].GPUMemoryUtilization <= p.ladder[p.utilStep].GPUMemoryUtilization {
+		return p.giveUp(exitcode.Config, fmt.Sprintf("KV cache does not fit at gpu_memory_utilization %.2f (%s): raise [profile] gpu_memory_utilization "+
+			"or lower --max-model-len (not retried)", p.Current().GPUMemoryUtilization, v.Words()))
+	}
+	from := p.Current()
+	p.computed, p.computedUtil = 0, 0
+	p.utilStep = u
+	s := p.seqStep + 1
+	for s < len(p.ladder)-1 && p.ladder[s].MaxNumSeqs == from.MaxNumSeqs {
+		s++
+	}
+	if s < len(p.ladder) && p.ladder[s].MaxNumSeqs < from.MaxNumSeqs {
+		p.seqStep = s
+	}
+	to := p.Current()
+	d.Reason = fmt.Sprintf("KV cache too small: gpu_memory_utilization back up %.2f→%.2f, max_num_seqs %d→%d instead",
+		from.GPUMemoryUtilization, to.GPUMemoryUtilization, from.MaxNumSeqs, to.MaxNumSeqs)
+	if to.MaxNumSeqs == from.MaxNumSeqs {
+		d.Reason += " (max_num_seqs already at its floor)"
+	}
 	return d
 }
 
@@ -563,6 +572,40 @@ func causeWord(c cause.Cause) string {
 		return "unknown cause"
 	}
 	return string(c)
+}
+
+// AfterMember: a group's leader ([group]) learns, as the group's next
+// epoch opens, the cause member's guard gave the end of its own vLLM that
+// ended the last epoch, read on that host from its own vLLM's log. When
+// the leader's own last end was the group's (counted once, cause group),
+// its ladder now reacts as to its own vLLM's: an OOM steps the group
+// down, a KV cache too small takes a utilization step back, a
+// configuration error gives up (not retried), and the counted failure
+// takes the member's cause. Any other cause, or a leader whose own vLLM
+// ended with a cause of its own (its ladder reacted to that), changes
+// nothing (Reason "").
+func (p *Policy) AfterMember(member int, v cause.Verdict) Decision {
+	d := Decision{Action: ActionRestart, Rung: p.Current()}
+	n := len(p.failures)
+	if n == 0 || p.failures[n-1].Cause != cause.CauseGroup {
+		return d
+	}
+	switch v.Cause {
+	case cause.CauseConfigError:
+		d = p.giveUp(exitcode.Config, fmt.Sprintf("configuration error on member %d's host: %s; fix the vLLM command or config there and start the group again (not retried)", member, v.Words()))
+	case cause.CauseOOM:
+		d = p.stepDown(d, false)
+	case cause.CauseKVInsufficient:
+		d = p.kvStep(d, v)
+	default:
+		return d
+	}
+	p.failures[n-1].Cause = v.Cause
+	d.Rung = p.Current()
+	if d.Action != ActionGiveUp {
+		d.Reason = fmt.Sprintf("member %d's vLLM ended: %s; the group starts again on its rung", member, d.Reason)
+	}
+	return d
 }
 
 // Follow puts the policy on ladder rung index, the rung a group's leader

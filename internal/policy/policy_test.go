@@ -457,3 +457,40 @@ func TestFollowTakesTheLeadersRung(t *testing.T) {
 		t.Errorf("following counted failures: %+v", st)
 	}
 }
+
+// A group's leader, told the cause a member's guard gave the end that
+// ended the epoch (counted once already, as cause group), reacts as to its
+// own vLLM's: an OOM steps down one rung, a configuration error gives up,
+// anything else changes nothing. The counted failure takes the member's
+// cause.
+func TestAfterAMembersEnd(t *testing.T) {
+	group := cause.Verdict{Cause: cause.CauseGroup}
+	p := New(testConfig(), State{}, fixedClock{t0})
+	if d := p.OnFailure(t0, group); d.Rung.Index != 0 {
+		t.Fatalf("the group's end: %+v, want the same rung", d)
+	}
+	if d := p.AfterMember(1, cause.Verdict{Cause: cause.CauseCrash}); d.Action != ActionRestart || d.Rung.Index != 0 || d.Reason != "" {
+		t.Fatalf("a member's crash: %+v, want nothing changed", d)
+	}
+	d := p.AfterMember(2, cause.Verdict{Cause: cause.CauseOOM})
+	if d.Action != ActionRestart || d.Rung.Index != 1 || p.Current().Index != 1 || !strings.Contains(d.Reason, "member 2's vLLM ended: GPU out of memory: rung 0→1") {
+		t.Fatalf("a member's OOM: %+v, want rung 1", d)
+	}
+	if st := p.State(); len(st.Failures) != 1 || st.Failures[0].Cause != cause.CauseOOM {
+		t.Fatalf("the failures: %+v, want the one group end, now named an OOM", st.Failures)
+	}
+	// Told twice: the first answer stands.
+	if d := p.AfterMember(1, cause.Verdict{Cause: cause.CauseOOM}); d.Reason != "" || p.Current().Index != 1 {
+		t.Fatalf("the same end told again: %+v, rung %d, want nothing changed", d, p.Current().Index)
+	}
+	// The leader's own OOM: its ladder reacted already.
+	p.OnFailure(t0, cause.Verdict{Cause: cause.CauseOOM})
+	if d := p.AfterMember(1, cause.Verdict{Cause: cause.CauseOOM}); d.Reason != "" || p.Current().Index != 2 {
+		t.Fatalf("a member's OOM after the leader's own: %+v, rung %d, want 2 (one step)", d, p.Current().Index)
+	}
+	p.OnFailure(t0, group)
+	d = p.AfterMember(1, cause.Verdict{Cause: cause.CauseConfigError, Summary: "unrecognized arguments: --bogus"})
+	if d.Action != ActionGiveUp || d.ExitCode != 78 || !strings.Contains(d.Reason, "member 1's host") {
+		t.Fatalf("a member's configuration error: %+v, want give up with 78", d)
+	}
+}

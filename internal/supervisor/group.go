@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/vllm-guard/vllm-guard/internal/cause"
@@ -18,7 +19,10 @@ type Group interface {
 	Launched(r policy.Rung) // this host's vLLM launched
 	Ready()                 // it passed the readiness gate
 	Ended()                 // its run ended: an exit (of any code), a death, a kill
-	Gone()                  // its tree is gone: its next start waits for the go
+	// Gone: its tree is gone, its next start waits for the go; ended is
+	// the cause this guard gave the run's end when it ended by itself (""
+	// when the group's end killed it, or no run since).
+	Gone(ended cause.Cause)
 	// Follower: this host's vLLM is headless (it serves no HTTP): its
 	// readiness is the group's, GroupReady.
 	Follower() bool
@@ -36,13 +40,34 @@ func (s *Supervisor) GroupGo(rung int) {
 	s.postGroup(e)
 }
 
+// GroupGoAfter: the group lets the leader's vLLM start, and a member's
+// guard said its own vLLM ended the last epoch with cause c: the leader's
+// ladder reacts to it as the go is taken (an OOM steps the group down, a
+// configuration error gives up). Safe from any goroutine.
+func (s *Supervisor) GroupGoAfter(member int, c cause.Cause) {
+	s.postGroup(event{Kind: heart.EvGroupGo, Member: member,
+		Verdict: cause.Verdict{Cause: c, Summary: fmt.Sprintf("member %d's guard says its vLLM ended: %s", member, c)}})
+}
+
 // followLeader puts a follower's policy on the leader's rung as its go is
-// taken by the loop, and hands the heart that rung.
+// taken by the loop, and hands the heart that rung; on the leader, it asks
+// the ladder's answer to the member's end the go brings.
 func (s *Supervisor) followLeader(e event) event {
-	if e.Kind == heart.EvGroupGo && e.Led {
-		s.withPolicy(func(p *policy.Policy) { e.Rung = p.Follow(e.Rung.Index) })
-		s.savePolicy()
+	if e.Kind != heart.EvGroupGo {
+		return e
 	}
+	switch {
+	case e.Led:
+		s.withPolicy(func(p *policy.Policy) { e.Rung = p.Follow(e.Rung.Index) })
+	case e.Verdict.Cause != "":
+		s.withPolicy(func(p *policy.Policy) { e.Decision = p.AfterMember(e.Member, e.Verdict) })
+		if e.Decision.Reason != "" && e.Decision.Action != policy.ActionGiveUp {
+			e.Led, e.Rung = true, e.Decision.Rung
+		}
+	default:
+		return e
+	}
+	s.savePolicy()
 	return e
 }
 
@@ -70,8 +95,17 @@ func (m *machine) groupTook(e event) {
 	switch {
 	case e.Kind == heart.EvAPIGone, e.Kind == heart.EvTreeGone:
 		g.Ended()
-	case e.Kind == heart.EvCleaned && m.c.Sub == subCleaning:
-		g.Gone()
+	case e.Kind == heart.EvCleaned && m.c.Sub == subCleaning && m.c.R.End != heart.EndExited:
+		g.Gone("") // a stop, a restart or a restore: no cause to name
+	case e.Kind == heart.EvClassified:
+		// A failure: gone once its cause is known, so that the group's
+		// leader hears it with the tree's end (an OOM anywhere steps the
+		// group down); none when the group's end killed it.
+		c := e.Verdict.Cause
+		if c == cause.CauseGroup {
+			c = ""
+		}
+		g.Gone(c)
 	}
 }
 

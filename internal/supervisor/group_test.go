@@ -11,6 +11,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/cause"
 	"github.com/vllm-guard/vllm-guard/internal/config"
+	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
@@ -19,14 +20,20 @@ type fakeGroup struct {
 	mu                           sync.Mutex
 	launched, ready, ended, gone int
 	follower, groupReady         bool
+	causes                       []cause.Cause // said with each Gone
 }
 
 func (g *fakeGroup) Launched(policy.Rung) { g.mu.Lock(); g.launched++; g.mu.Unlock() }
 func (g *fakeGroup) Ready()               { g.mu.Lock(); g.ready++; g.mu.Unlock() }
 func (g *fakeGroup) Ended()               { g.mu.Lock(); g.ended++; g.mu.Unlock() }
-func (g *fakeGroup) Gone()                { g.mu.Lock(); g.gone++; g.mu.Unlock() }
-func (g *fakeGroup) Follower() bool       { return g.follower }
-func (g *fakeGroup) GroupReady() bool     { g.mu.Lock(); defer g.mu.Unlock(); return g.groupReady }
+func (g *fakeGroup) Gone(c cause.Cause) {
+	g.mu.Lock()
+	g.gone++
+	g.causes = append(g.causes, c)
+	g.mu.Unlock()
+}
+func (g *fakeGroup) Follower() bool   { return g.follower }
+func (g *fakeGroup) GroupReady() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.groupReady }
 
 func (g *fakeGroup) counts() [4]int {
 	g.mu.Lock()
@@ -114,6 +121,80 @@ func TestTheEpochsEndTakesTheGoBack(t *testing.T) {
 		s.advance(10 * time.Second)
 		if n := s.l.n(); n != 0 {
 			t.Fatalf("%d launches on a go the epoch's end took back", n)
+		}
+	})
+}
+
+// A member tells the group the cause of its own vLLM's end with the tree's
+// end, once known; a run the group's end killed names none.
+func TestAMemberSaysItsOwnCause(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, func(c *config.Config) { groupOn(c); c.Group.Rank, c.Group.Size = 1, 2 })
+		g := &fakeGroup{follower: true}
+		s.group = g
+		s.start()
+		synctest.Wait()
+		s.sup.GroupGo(0)
+		synctest.Wait()
+		p := s.l.last()
+		p.print("ERROR 10-14 12:01:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
+		p.end(exitInfo{Code: 0}) // a headless follower exits 0
+		synctest.Wait()
+		s.sup.GroupGo(0)
+		s.advance(time.Second)
+		s.wantLaunches(2, "the follower's next go")
+		s.sup.GroupEnd(cause.GroupEnd{Epoch: 2, Rank: 0, Said: "end", Why: "the leader ended the epoch"})
+		synctest.Wait()
+		g.mu.Lock()
+		got := append([]cause.Cause(nil), g.causes...)
+		g.mu.Unlock()
+		// Gone before the first go (no run), after the OOM, then after the
+		// group's kill (the cause is not this host's), each with the wait.
+		want := []cause.Cause{"", cause.CauseOOM, "", "", ""}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("the causes said with the tree's end: %q, want %q", got, want)
+		}
+		if f := s.failure(1); f.Verdict.Cause != cause.CauseOOM || f.Decision.Rung.Index != 0 {
+			t.Fatalf("the follower's own failure: %+v, want an OOM on the same rung (the leader decides)", f)
+		}
+	})
+}
+
+// The leader's go may bring a member's cause: its ladder reacts before
+// the start (an OOM on a follower steps the group down, said in a
+// decision), and a member's configuration error gives up.
+func TestTheLeaderReactsToAMembersCause(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newScenario(t, groupOn)
+		s.group = &fakeGroup{}
+		s.start()
+		synctest.Wait()
+		s.sup.GroupGo(0)
+		synctest.Wait()
+		s.ready()
+		s.sup.GroupEnd(cause.GroupEnd{Epoch: 1, Rank: 1, Said: "ended", Why: "member 1's guard says its vLLM ended"})
+		synctest.Wait()
+		s.sup.GroupGoAfter(1, cause.CauseOOM)
+		s.advance(2 * s.cfg.Restart.InitialDelay.Duration)
+		s.wantLaunches(2, "after the go")
+		if argv := s.l.last().spec.Argv; !argvHas(argv, "--max-num-seqs", "128") {
+			t.Fatalf("after a member's OOM: %v, want rung 1", argv)
+		}
+		var said bool
+		for _, e := range s.kinds(events.KindDecision) {
+			said = said || strings.Contains(e.Reason, "member 1's vLLM ended: GPU out of memory: rung 0→1")
+		}
+		if !said {
+			t.Fatalf("no decision names the member's OOM: %+v", s.kinds(events.KindDecision))
+		}
+		s.ready()
+		s.sup.GroupEnd(cause.GroupEnd{Epoch: 2, Rank: 1, Said: "ended", Why: "member 1's guard says its vLLM ended"})
+		synctest.Wait()
+		s.sup.GroupGoAfter(1, cause.CauseConfigError)
+		s.advance(4 * s.cfg.Restart.InitialDelay.Duration)
+		s.wantLaunches(2, "after a member's configuration error")
+		if code := s.exited(); code != 78 {
+			t.Fatalf("exit %d, want 78 (a configuration error, not retried)", code)
 		}
 	})
 }

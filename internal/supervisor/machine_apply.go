@@ -33,7 +33,7 @@ func (m *machine) apply(f effect) (answer event, ok bool) {
 		}
 	case fxGroupGone:
 		if m.s.group != nil {
-			m.s.group.Gone()
+			m.s.group.Gone("")
 		}
 	default:
 		m.applyWorld(f)

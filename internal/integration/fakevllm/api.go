@@ -114,7 +114,7 @@ func runServe(argv []string) int {
 		f = faults{set: map[string]time.Duration{}}
 	}
 	if args.Headless {
-		return runHeadless(args, env, out, errw)
+		return runHeadless(args, env, f, out, errw)
 	}
 	a := &apiServer{
 		args: args, env: env, faults: f, out: out, errw: errw, stats: stats,

@@ -346,7 +346,10 @@
 //	grandchild        at start, a setsid descendant ("fakevllm-grandchild") that
 //	                  publishes 1 GiB and sleeps until FAKEVLLM_ORPHAN_TTL
 //	oom_on_start      during graph capture: "CUDA out of memory occurred when
-//	                  warming up sampler with N dummy requests" traceback, exit 1
+//	                  warming up sampler with N dummy requests" traceback, exit 1;
+//	                  on a --headless follower: its worker's torch.OutOfMemoryError
+//	                  once loaded, "Worker proc VllmWorker-1 died unexpectedly",
+//	                  exit 0
 //	nccl_oom_on_start while loading: NCCL's own "HOST:PID:TID [0] include/alloc.h:103
 //	                  NCCL WARN Cuda failure 2 'out of memory'" line on stdout
 //	                  (C code: no vLLM prefix), then torch's DistBackendError

@@ -3,7 +3,10 @@ package heart
 import (
 	"fmt"
 
+	"go.uber.org/zap"
+
 	"github.com/vllm-guard/vllm-guard/internal/cause"
+	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/policy"
 )
 
@@ -18,8 +21,9 @@ type GroupWait struct {
 	Rung policy.Rung
 	GPUs []cause.GPUDevice
 	Go   bool // the go came (it may come before the start reaches it)
-	// Led: a follower's go brought the leader's rung, Leader: the start
-	// takes it, whatever its own policy said before the go.
+	// Led: the go brought a rung, Leader: the start takes it, whatever the
+	// policy said before the go (a follower's: the leader's rung; the
+	// leader's: its ladder's answer to a member's end).
 	Led    bool
 	Leader policy.Rung
 }
@@ -64,9 +68,13 @@ func (m *Core) FollowerDecision(v cause.Verdict) (policy.Decision, bool) {
 // OnGroup: the group's go starts a start that waits for it (or is kept
 // for the next); the epoch's end takes any go back and kills a running
 // tree (a failure: the policy decides the next start, which waits for the
-// go again).
+// go again). A leader's go may bring its ladder's answer to a member's
+// end (Decision): a new rung, said, or a give-up.
 func (m *Core) OnGroup(e Event) {
 	if e.Kind == EvGroupGo {
+		if m.afterMember(e) {
+			return
+		}
 		m.Gw.Go = true
 		if e.Led {
 			m.Gw.Led, m.Gw.Leader = true, e.Rung
@@ -82,4 +90,29 @@ func (m *Core) OnGroup(e Event) {
 		m.R.Group = &g
 		m.Hung(fmt.Sprintf("the group's epoch %d ended: %s", g.Epoch, g.Why))
 	}
+}
+
+// afterMember: the leader's ladder answered the end a member's guard
+// named (e.Verdict): the decision is said, and a give-up ends here; true
+// when the go is not taken.
+func (m *Core) afterMember(e Event) bool {
+	d := e.Decision
+	if d.Reason == "" {
+		return false
+	}
+	if d.Action != policy.ActionGiveUp {
+		m.Publish(events.Event{Kind: events.KindDecision, Decision: events.DecisionRestart, Rung: &d.Rung, Reason: d.Reason})
+		m.Log().Warn("the group's ladder reacts to a member's end", zap.String("cause", string(e.Verdict.Cause)), zap.String("reason", d.Reason))
+		return false
+	}
+	between := m.Sub >= SubCheckGPU && m.Sub <= SubWaitGroup || m.Sub == SubReleasing || m.Sub == SubBackoff
+	if !between || m.StopAsked {
+		return false
+	}
+	for _, t := range []TimerKind{TRelease, TBackoff, TFreeMemory, TPortRetry} {
+		m.Disarm(t)
+	}
+	m.Gw = GroupWait{}
+	m.GiveUp(Failure{Time: m.Now, Verdict: e.Verdict, Decision: d, RungBefore: m.Facts.Rung})
+	return true
 }

@@ -137,9 +137,11 @@ type Event struct {
 	// evRestoreDue's, evKilledHolders'.
 	Launched Launched
 	GroupEnd cause.GroupEnd // EvGroupEnd: why the group's epoch ended
-	// Led: EvGroupGo on a follower: Rung is the leader's (the follower's
-	// policy already follows it).
+	// Led: EvGroupGo that brings the rung the start takes: on a follower
+	// the leader's (its policy already follows it), on the leader its
+	// ladder's answer to member Member's end (Verdict, Decision).
 	Led      bool
+	Member   int
 	Exit     cause.Exit
 	Verdict  cause.Verdict
 	Decision policy.Decision

@@ -51,8 +51,9 @@ type GroupEnd struct {
 	// Rank is the member whose word or silence ended the epoch (0: the
 	// leader).
 	Rank int `json:"rank"`
-	// Said is its word: "ended", "hung", "stopping" (a follower's), "end"
-	// (the leader's); "" when it said nothing (not heard, started again).
+	// Said is its word: "ended", "hung", "stopping" (a follower's), "end",
+	// "gave_up" (the leader's); "" when it said nothing (not heard,
+	// started again).
 	Said string `json:"said,omitempty"`
 	// Why is this guard's sentence ("member 1's guard says its vLLM ended").
 	Why string `json:"why"`

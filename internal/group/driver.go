@@ -66,6 +66,10 @@ func (d *Driver) LocalLaunched(epoch uint64, rung int) {
 // LocalReady: the leader's vLLM of epoch passed its readiness gate.
 func (d *Driver) LocalReady(epoch uint64) { d.post(Event{Kind: EvLocalReady, Epoch: epoch}) }
 
+// LocalGaveUp: the leader's guard gave up; it opens no epoch again and
+// says so.
+func (d *Driver) LocalGaveUp() { d.post(Event{Kind: EvLocalGaveUp}) }
+
 // post hands a word of this host to Run, in order; after Run returned it
 // is dropped.
 func (d *Driver) post(e Event) {
@@ -75,7 +79,8 @@ func (d *Driver) post(e Event) {
 	}
 }
 
-// Run steps the machine until ctx ends.
+// Run steps the machine until ctx ends; this host's words posted before
+// are stepped first (a leader's give-up is its last word).
 func (d *Driver) Run(ctx context.Context) {
 	defer close(d.done)
 	t := time.NewTicker(d.every)
@@ -85,6 +90,7 @@ func (d *Driver) Run(ctx context.Context) {
 		var e Event
 		select {
 		case <-ctx.Done():
+			d.drain()
 			return
 		case h := <-d.node.Heard():
 			e = Event{Kind: EvHeard, From: h.From, Incarnation: h.Incarnation, Said: h.Report}
@@ -94,6 +100,19 @@ func (d *Driver) Run(ctx context.Context) {
 		}
 		e.Now = time.Now()
 		d.step(e)
+	}
+}
+
+// drain steps this host's words already posted.
+func (d *Driver) drain() {
+	for {
+		select {
+		case e := <-d.in:
+			e.Now = time.Now()
+			d.step(e)
+		default:
+			return
+		}
 	}
 }
 

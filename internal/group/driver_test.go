@@ -105,3 +105,17 @@ func TestTwoGuardsRunTheEpochs(t *testing.T) {
 	l2.d.LocalLaunched(3, 0)
 	f.local.expect(t, "follower", "start 3 rung 0")
 }
+
+// A leader's guard that gave up and closes says so as its last words: the
+// follower hears the give-up, not only a leader gone quiet.
+func TestALeaderThatGaveUpSaysSoAsItCloses(t *testing.T) {
+	l, addr := startMember(t, 0, "127.0.0.1:0", 1)
+	f, _ := startMember(t, 1, addr, 2)
+	l.local.expect(t, "leader", "start 1 rung 0")
+	l.d.LocalLaunched(1, 0)
+	f.local.expect(t, "follower", "start 1 rung 0")
+	l.d.LocalGaveUp() // (the leader says nothing between: no End)
+	l.stop()
+	f.local.expect(t, "follower", "ended 1: the leader's guard gave up: fix the cause on the leader's host and start its guard again",
+		"kill 1: the leader's guard gave up: fix the cause on the leader's host and start its guard again")
+}

@@ -32,11 +32,14 @@ const (
 	// The leader's again: epoch N's vLLM passed the leader's readiness
 	// gate (which implies every rank loaded): the group is ready.
 	Ready
+	// The leader's: its guard gave up after epoch N (its policy, once for
+	// the group): no epoch opens until it is started again.
+	GaveUp
 
-	lastKind = Ready
+	lastKind = GaveUp
 )
 
-var kindNames = [...]string{Open: "open", End: "end", Running: "running", Stopping: "stopping", Ended: "ended", Hung: "hung", Idle: "idle", Ready: "ready"}
+var kindNames = [...]string{Open: "open", End: "end", Running: "running", Stopping: "stopping", Ended: "ended", Hung: "hung", Idle: "idle", Ready: "ready", GaveUp: "gave_up"}
 
 // Word is the kind's name, "" for none (0).
 func (k Kind) Word() string {
@@ -147,6 +150,8 @@ type State struct {
 	LocalGone bool
 	// LocalReady: the leader's vLLM of the epoch passed its readiness gate.
 	LocalReady bool
+	// GaveUp: the leader's guard gave up: it opens no epoch again.
+	GaveUp bool
 	// Members: the leader's view, by rank (its own slot unused); a
 	// follower's, only the leader at 0.
 	Members []Member
@@ -186,6 +191,9 @@ func (s State) Say() Report {
 		}
 		return Report{Kind: Open, Epoch: s.Epoch, Rung: s.Rung}
 	case Ending, Opening:
+		if s.GaveUp {
+			return Report{Kind: GaveUp, Epoch: s.Epoch}
+		}
 		return Report{Kind: End, Epoch: s.Epoch}
 	case Started:
 		return Report{Kind: Running, Epoch: s.Ran}

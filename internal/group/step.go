@@ -24,6 +24,8 @@ const (
 	// EvLocalReady: the leader's vLLM of epoch Epoch passed its readiness
 	// gate.
 	EvLocalReady
+	// EvLocalGaveUp: the leader's guard gave up (its policy).
+	EvLocalGaveUp
 )
 
 // Event is one input of Step.
@@ -83,6 +85,7 @@ const (
 	MemberLost                     // a member not heard for the loss timeout
 	MemberRestarted                // a member's guard started again (a new incarnation)
 	LeaderEnded                    // the leader ended the epoch
+	LeaderGaveUp                   // the leader's guard gave up
 	LeaderLost                     // the leader not heard for the loss timeout
 	LeaderRestarted                // the leader's guard started again
 )
@@ -117,6 +120,8 @@ func (c Cause) String() string {
 		return fmt.Sprintf("member %d's guard started again", c.Member)
 	case LeaderEnded:
 		return "the leader ended the epoch"
+	case LeaderGaveUp:
+		return "the leader's guard gave up: fix the cause on the leader's host and start its guard again"
 	case LeaderLost:
 		return "the leader not heard for the loss timeout"
 	case LeaderRestarted:
@@ -144,6 +149,8 @@ func (c Cause) Said() Kind {
 		return Stopping
 	case LeaderEnded:
 		return End
+	case LeaderGaveUp:
+		return GaveUp
 	}
 	return 0
 }
@@ -192,6 +199,12 @@ func leaderStep(s State, e Event) (State, []Effect) {
 			s.Phase, s.Epoch, s.Rung, s.LocalGone, s.LocalReady = Serving, e.Epoch, e.Rung, false, false
 			return s, []Effect{{Kind: FxSay, Epoch: s.Epoch, Rung: s.Rung}}
 		}
+	case EvLocalGaveUp:
+		if s.GaveUp {
+			return s, nil
+		}
+		s.GaveUp, s.Phase, s.LocalReady = true, Ending, false
+		return s, []Effect{{Kind: FxSay, Epoch: s.Epoch}}
 	case EvLocalReady:
 		if s.Phase == Serving && e.Epoch == s.Epoch && !s.LocalReady {
 			s.LocalReady = true
@@ -259,7 +272,7 @@ func (s State) end(now time.Time, c Cause) (State, []Effect) {
 // tryOpen: once every tree is gone and every member is here, the leader's
 // own vLLM may start the next epoch.
 func (s State) tryOpen(now time.Time, fx []Effect) (State, []Effect) {
-	if s.Phase != Ending || !s.LocalGone {
+	if s.Phase != Ending || !s.LocalGone || s.GaveUp {
 		return s, fx
 	}
 	for r := 1; r < len(s.Members); r++ {
@@ -365,7 +378,7 @@ func (s State) followerHeard(e Event) (State, []Effect) {
 		}
 		s.Epoch, s.Pending = max(s.Epoch, n), e.Said
 		return s.tryStart(fx)
-	case End:
+	case End, GaveUp:
 		if n < s.Ran {
 			return s, fx // a stale epoch's End
 		}
@@ -373,7 +386,11 @@ func (s State) followerHeard(e Event) (State, []Effect) {
 			s.Pending = Report{}
 		}
 		if s.Phase == Started {
-			s, fx = s.stop(Stopping, Cause{Why: LeaderEnded})
+			c := Cause{Why: LeaderEnded}
+			if e.Said.Kind == GaveUp {
+				c.Why = LeaderGaveUp
+			}
+			s, fx = s.stop(Stopping, c)
 		}
 		if n > s.Epoch {
 			s.Epoch = n

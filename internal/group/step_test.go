@@ -2,6 +2,7 @@ package group
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -263,5 +264,27 @@ func TestTheLeaderLearnsAMembersFault(t *testing.T) {
 		Event{Kind: EvHeard, Now: at(2 * time.Second), From: 1, Incarnation: 11, Said: Report{Kind: Idle, Epoch: 1}})
 	if len(fx) != 1 || fx[0].Kind != FxStart || fx[0].Fault != 0 {
 		t.Fatalf("the leader's own end: %+v, want a start with no member's fault", fx)
+	}
+}
+
+// A leader whose guard gave up says so and opens no epoch again, whoever
+// is gone; a follower running its vLLM stops it, naming the give-up.
+func TestALeaderThatGaveUpOpensNothing(t *testing.T) {
+	s := leaderServing(t)
+	s, _ = run(t, s, localEnded(false), localGone(time.Second))
+	s, fx := Step(s, Event{Kind: EvLocalGaveUp, Now: at(time.Second)})
+	if s.Say() != (Report{Kind: GaveUp, Epoch: 1}) || !reflect.DeepEqual(fx, []Effect{{Kind: FxSay, Epoch: 1}}) {
+		t.Fatalf("gave up: says %+v, %+v", s.Say(), fx)
+	}
+	s, fx = run(t, s, heard(1, 11, Idle, 1, 2*time.Second), heard(2, 12, Idle, 1, 2*time.Second), tick(3*time.Second))
+	if s.Phase != Ending || len(fx) != 0 {
+		t.Fatalf("every member gone after the give-up: %v %+v, want no start", s.Phase, fx)
+	}
+
+	f := followerStarted(t)
+	f, fx = Step(f, heard(0, 10, GaveUp, 1, time.Second))
+	c := Cause{Why: LeaderGaveUp}
+	if f.Phase != Finishing || !reflect.DeepEqual(fx, ended(1, c, true)) || c.Said() != GaveUp || !strings.Contains(c.String(), "gave up") {
+		t.Fatalf("the follower hears the give-up: %v %+v", f.Phase, fx)
 	}
 }

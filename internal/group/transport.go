@@ -52,6 +52,9 @@ type Node struct {
 	stop  context.CancelFunc
 	ln    net.Listener
 	wg    sync.WaitGroup
+	// writers: each connection's writer, waited for by Close before the
+	// connections close, so that each sends its last words.
+	writers sync.WaitGroup
 
 	pending chan struct{} // a slot per connection not yet authenticated
 
@@ -134,6 +137,7 @@ func (n *Node) Close() error {
 	if n.ln != nil {
 		n.ln.Close()
 	}
+	n.writers.Wait()
 	n.mu.Lock()
 	for c := range n.live {
 		c.close()
@@ -268,6 +272,7 @@ func (n *Node) follow(c *conn) {
 // reports, and this reader, until either fails or Close.
 func (n *Node) live1(c *conn, first Frame) {
 	n.wg.Add(1)
+	n.writers.Add(1)
 	go n.write(c)
 	defer c.close()
 	if first.Counter != 0 && !n.deliver(c, first) {
@@ -308,16 +313,11 @@ func (n *Node) deliver(c *conn, f Frame) bool {
 func (n *Node) write(c *conn) {
 	defer n.wg.Done()
 	defer c.close()
+	defer n.writers.Done()
 	t := time.NewTicker(n.opts.Interval)
 	defer t.Stop()
 	for {
-		n.mu.Lock()
-		say := n.say
-		n.mu.Unlock()
-		c.sent++
-		b := encodeReport(c.key, Frame{From: n.opts.Rank, Incarnation: n.opts.Incarnation, Counter: c.sent, Report: say})
-		c.SetWriteDeadline(time.Now().Add(n.opts.LossTimeout))
-		if _, err := c.Write(b); err != nil {
+		if !n.send(c, n.opts.LossTimeout) {
 			return
 		}
 		select {
@@ -325,8 +325,28 @@ func (n *Node) write(c *conn) {
 		case <-c.kick:
 		case <-c.closed:
 			return
+		case <-n.done:
+			// Its last words: what this guard says as it closes (a leader
+			// whose guard gave up says so), once, briefly.
+			n.send(c, lastWords)
+			return
 		}
 	}
+}
+
+// lastWords bounds the last report's write as a guard closes.
+const lastWords = 500 * time.Millisecond
+
+// send writes what this guard says now to c, within d.
+func (n *Node) send(c *conn, d time.Duration) bool {
+	n.mu.Lock()
+	say := n.say
+	n.mu.Unlock()
+	c.sent++
+	b := encodeReport(c.key, Frame{From: n.opts.Rank, Incarnation: n.opts.Incarnation, Counter: c.sent, Report: say})
+	c.SetWriteDeadline(time.Now().Add(d))
+	_, err := c.Write(b)
+	return err == nil
 }
 
 // track registers a connection so that Say and Close reach it; nil once

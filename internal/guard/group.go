@@ -179,6 +179,15 @@ func (m *groupMember) Gone(ended cause.Cause) {
 	m.d.LocalGone(group.FaultOf(string(ended)))
 }
 
+// GaveUp: the leader's guard gave up: the group hears it, and no epoch
+// opens until the leader's guard starts again. A follower's own give-up (a
+// GPU of its own that needs a reset) is its host's: it says nothing more.
+func (m *groupMember) GaveUp() {
+	if m.cfg.Rank == 0 {
+		m.d.LocalGaveUp()
+	}
+}
+
 func (m *groupMember) Follower() bool   { return m.cfg.Rank != 0 }
 func (m *groupMember) GroupReady() bool { return m.d != nil && m.d.State().GroupReady() }
 

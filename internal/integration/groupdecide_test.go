@@ -89,8 +89,8 @@ func TestAnOOMOnAFollowerStepsTheGroupDown(t *testing.T) {
 
 // A follower whose vLLM dies again and again: the leader's policy counts
 // each group end once and gives up once (give_up_after 3: three ends, exit
-// 1); the follower neither backs off nor gives up on its own: it waits
-// for the leader's next epoch.
+// 1); the follower neither backs off nor gives up on its own: it hears
+// the leader's give-up and waits for the leader's guard to start again.
 func TestAGroupGivesUpOnceAtTheLeader(t *testing.T) {
 	leader, follower := groupScenes(t)
 	for _, s := range []*scene{leader, follower} {
@@ -120,6 +120,12 @@ func TestAGroupGivesUpOnceAtTheLeader(t *testing.T) {
 	}
 	if code := leader.WaitExit(30 * time.Second); code != 1 {
 		t.Errorf("the leader's guard exited %d, want 1 (gave up)", code)
+	}
+	// The leader's last words: the follower shows the give-up, not only a
+	// leader gone quiet, and waits.
+	d := waitState(t, follower.socket(), "starting", 30*time.Second)
+	if g := d.Group; g == nil || len(g.Members) != 2 || g.Members[0].Said != "gave_up" {
+		t.Errorf("the follower's view of the group %+v, want the leader's word gave_up", d.Group)
 	}
 	if n := leader.CountEvents(isExited); n != 3 {
 		t.Errorf("the leader counted %d ends, want 3: each group end once", n)

@@ -23,6 +23,7 @@ type Group interface {
 	// the cause this guard gave the run's end when it ended by itself (""
 	// when the group's end killed it, or no run since).
 	Gone(ended cause.Cause)
+	GaveUp() // the guard gave up on this host's vLLM (its policy)
 	// Follower: this host's vLLM is headless (it serves no HTTP): its
 	// readiness is the group's, GroupReady.
 	Follower() bool

@@ -21,6 +21,7 @@ type fakeGroup struct {
 	launched, ready, ended, gone int
 	follower, groupReady         bool
 	causes                       []cause.Cause // said with each Gone
+	gaveUp                       int
 }
 
 func (g *fakeGroup) Launched(policy.Rung) { g.mu.Lock(); g.launched++; g.mu.Unlock() }
@@ -32,6 +33,7 @@ func (g *fakeGroup) Gone(c cause.Cause) {
 	g.causes = append(g.causes, c)
 	g.mu.Unlock()
 }
+func (g *fakeGroup) GaveUp()          { g.mu.Lock(); g.gaveUp++; g.mu.Unlock() }
 func (g *fakeGroup) Follower() bool   { return g.follower }
 func (g *fakeGroup) GroupReady() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.groupReady }
 
@@ -166,7 +168,8 @@ func TestAMemberSaysItsOwnCause(t *testing.T) {
 func TestTheLeaderReactsToAMembersCause(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newScenario(t, groupOn)
-		s.group = &fakeGroup{}
+		g := &fakeGroup{}
+		s.group = g
 		s.start()
 		synctest.Wait()
 		s.sup.GroupGo(0)
@@ -195,6 +198,9 @@ func TestTheLeaderReactsToAMembersCause(t *testing.T) {
 		s.wantLaunches(2, "after a member's configuration error")
 		if code := s.exited(); code != 78 {
 			t.Fatalf("exit %d, want 78 (a configuration error, not retried)", code)
+		}
+		if g.gaveUp != 1 {
+			t.Fatalf("the group was told of %d give-ups, want 1", g.gaveUp)
 		}
 	})
 }

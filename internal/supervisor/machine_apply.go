@@ -298,4 +298,7 @@ func (s *Supervisor) entered(f fxEnter) {
 	if dying && s.onDying != nil {
 		s.onDying()
 	}
+	if (f.To == heart.SubGaveUp || f.To == heart.SubFailed) && s.group != nil {
+		s.group.GaveUp()
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
@@ -238,8 +239,9 @@ func (g *groupHosts) fault(n int, f groupFault, url string, body map[string]any,
 			t.Errorf("fault %d (%s): the follower's vLLM ended %q, want exit code 0 (vLLM's headless rank exits 0 when a worker dies)", n, f.name, fe.Failure.Exit)
 		}
 	}
+	ls := g.leader.WaitEvent("the leader's vLLM starts again", lStarts+1, startBound, isStarting)
 	lr := g.leader.WaitEvent("the leader ready again", lStarts+1, startBound, isReady)
-	fr := g.follower.WaitEvent("the follower ready again", fStarts+1, startBound, isReady)
+	fr := g.follower.WaitEvent("the follower ready again", 1, startBound, func(e events.Event) bool { return isReady(e) && e.Time.After(ls.Time) })
 	t.Logf("fault %d: the leader's vLLM ended at %s (%s), the group ready again at %s (the follower at %s)",
 		n, le.Time.Format("15:04:05.000"), le.Failure.Verdict.Summary, lr.Time.Format("15:04:05.000"), fr.Time.Format("15:04:05.000"))
 	for i, c := range held {
@@ -249,6 +251,9 @@ func (g *groupHosts) fault(n int, f groupFault, url string, body map[string]any,
 	}
 	if got := g.leader.CountEvents(isStarting); got != lStarts+1 {
 		t.Errorf("fault %d (%s): the leader's vLLM started %d times after it, want once", n, f.name, got-lStarts)
+	}
+	if got := g.follower.CountEvents(isStarting); got != fStarts+1 {
+		t.Errorf("fault %d (%s): the follower's vLLM started %d times after it, want once (for the leader's next epoch)", n, f.name, got-fStarts)
 	}
 	for _, s := range []*scene{g.leader, g.follower} {
 		if e := s.epoch(); e != epoch+1 {

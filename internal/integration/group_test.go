@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/control"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
@@ -245,5 +246,34 @@ func TestAFollowersGuardStartedAgainWaitsForTheNextEpoch(t *testing.T) {
 		t.Errorf("the new follower started %d times and its vLLM ended %d times: want one start, for the next epoch", n, m)
 	}
 	again.stopCleanly(20*time.Second, 10*time.Second)
+	leader.stopCleanly(20*time.Second, 10*time.Second)
+}
+
+// A follower's vLLM runs headless (no HTTP): its guard does not scrape
+// its /metrics, which would fail every sample and warn that it cannot.
+// By the time the leader's guard has scraped its vLLM twice since the
+// group was ready, the follower's guard would have tried too.
+func TestAFollowersGuardScrapesNothing(t *testing.T) {
+	leader, follower := groupScenes(t)
+	leader.start()
+	follower.start()
+	leader.WaitEvent("the leader ready", 1, 30*time.Second, isReady)
+	follower.WaitEvent("the follower ready", 1, 30*time.Second, isReady)
+	base := waitState(t, leader.socket(), "ready", 30*time.Second).VLLM.Scrapes
+	leader.Until("two more scrapes by the leader's guard", 30*time.Second, func() bool {
+		return waitState(t, leader.socket(), "ready", 30*time.Second).VLLM.Scrapes >= base+2
+	})
+	if v := waitState(t, follower.socket(), "ready", 30*time.Second).VLLM; v.Scrapes != 0 || v.LastError != "" {
+		t.Errorf("the follower's guard scraped its headless vLLM: %d scrapes, %d failed, last %q", v.Scrapes, v.Failures, v.LastError)
+	}
+	var view strings.Builder
+	control.WriteStatus(&view, waitState(t, follower.socket(), "ready", 30*time.Second))
+	if !strings.Contains(view.String(), "runs vLLM headless") {
+		t.Errorf("the follower's status does not say why its vLLM is not scraped:\n%s", view.String())
+	}
+	if n := follower.CountLogs(msg("cannot scrape vLLM metrics")); n != 0 {
+		t.Errorf("the follower's guard warned %d times that it cannot scrape its headless vLLM", n)
+	}
+	follower.stopCleanly(20*time.Second, 10*time.Second)
 	leader.stopCleanly(20*time.Second, 10*time.Second)
 }

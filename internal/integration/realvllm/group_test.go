@@ -39,6 +39,12 @@ func newGroupHosts(t *testing.T) *groupHosts {
 		s.extra = fmt.Sprintf("\n[group]\nenabled = true\nrank = %d\nsize = 2\nleader_address = \"127.0.0.1\"\nport = %d\nrendezvous_port = %d\n"+
 			"secret_file = %q\nheartbeat_interval = \"500ms\"\nloss_timeout = \"5s\"\n"+
 			"distributed_timeout = \"2m\"\ncpu_distributed_timeout = \"2m\"\nengine_ready_timeout = \"3m\"\n", rank, guards, rendezvous, secret)
+		name := fmt.Sprintf("%s-rank%d", strings.ReplaceAll(t.Name(), "/", "_"), rank)
+		t.Cleanup(func() { // after the scene's own cleanup: each host's log apart
+			if t.Failed() && s.Guard != nil {
+				s.keepArtifactAs(name)
+			}
+		})
 		if rank == 0 {
 			// The hang of a follower is the leader's to see: work in
 			// flight and no token for stuck_timeout.
@@ -105,7 +111,7 @@ type groupFault struct {
 // group is ready again, and the requests the proxy held get the answer
 // the same vLLM gave before the fault.
 func TestAGroupAcrossTwoHosts(t *testing.T) {
-	scenario(t, "a group of two guards, TP=2 across two hosts: the leader's EngineCore killed, the follower's worker killed (exit 0), the follower's guard killed, the follower stopped with a request in flight: each one whole-group restart, nothing of the old epoch left, held requests answered right")
+	scenario(t, "a group of two guards, TP=2 across two hosts: the leader's EngineCore killed, the follower's worker killed (exit 0), the follower's guard killed, the follower stopped with a stream in flight: each one whole-group restart, nothing of the old epoch left, held requests answered right")
 	g := newGroupHosts(t)
 	g.leader.start()
 	g.follower.start()
@@ -143,6 +149,11 @@ func TestAGroupAcrossTwoHosts(t *testing.T) {
 			waitGone(g.t, old, exitBound)
 			again := *g.follower
 			again.start()
+			g.t.Cleanup(func() {
+				if g.t.Failed() {
+					again.keepArtifactAs(strings.ReplaceAll(g.t.Name(), "/", "_") + "-rank1-again")
+				}
+			})
 			return &again
 		}},
 		{name: "the follower stopped with a stream in flight", leaderCause: "hang", followerExit: true, do: func(g *groupHosts) *scene {

@@ -240,6 +240,9 @@ func vllmLine(d Doc) string {
 	if v.LastError != "" && d.Guard.State == status.StateReady {
 		return fmt.Sprintf("unknown: vLLM's /metrics failed %d of %d scrapes; last: %s", v.Failures, v.Scrapes, v.LastError)
 	}
+	if d.Group != nil && d.Group.Rank != 0 {
+		return "not scraped: a group's follower runs vLLM headless (the leader's status has the group's requests)"
+	}
 	return "not scraped (vLLM not ready)"
 }
 

@@ -376,6 +376,19 @@ func (s State) followerHeard(e Event) (State, []Effect) {
 		if s.Phase == Started { // it missed the End of the epoch it runs
 			s, fx = s.stop(Stopping, Cause{Why: LeaderEnded})
 		}
+		if e.Said.Kind == Ready {
+			// The epoch's rendezvous is over: its leader is ready without
+			// this host (a guard started again). It waits idle at the
+			// epoch, which the leader ends; its next Open starts this host.
+			if n > s.Epoch {
+				s.Epoch = n
+				fx = append(fx, Effect{Kind: FxSay, Epoch: n})
+			}
+			if s.Pending.Epoch <= n {
+				s.Pending = Report{}
+			}
+			return s, fx
+		}
 		s.Epoch, s.Pending = max(s.Epoch, n), e.Said
 		return s.tryStart(fx)
 	case End, GaveUp:

@@ -179,6 +179,23 @@ func TestFollowerIdleLearnsTheEpoch(t *testing.T) {
 	}
 }
 
+// A follower's guard started again while the group serves hears the
+// leader's Ready of the running epoch: that epoch's rendezvous is over (the
+// leader is ready without this host), so it starts nothing and waits idle
+// at it; the leader ends it (a new incarnation) and its next Open starts
+// this host. On the old code it started a vLLM for the running epoch,
+// killed at once by the End.
+func TestAFollowerStartedAgainWaitsForTheNextOpen(t *testing.T) {
+	s, fx := Step(New(Config{Rank: 1, Size: 2, LossTimeout: loss}), heard(0, 10, Ready, 3, 0))
+	if want := []Effect{{Kind: FxSay, Epoch: 3}}; s.Phase != Waiting || !reflect.DeepEqual(fx, want) || s.Say() != (Report{Kind: Idle, Epoch: 3}) {
+		t.Fatalf("the leader's Ready of the running epoch: %v %v says %v, want waiting, nothing started, idle at 3", s.Phase, fx, s.Say())
+	}
+	s, fx = run(t, s, heard(0, 10, End, 3, time.Second), openFrom(10, 4))
+	if want := []Effect{{Kind: FxStart, Epoch: 4}, {Kind: FxSay, Epoch: 4}}; s.Phase != Started || !reflect.DeepEqual(fx, want) {
+		t.Errorf("the End, then the next Open: %v %v, want started at 4 %v", s.Phase, fx, want)
+	}
+}
+
 // The group is ready when the leader's vLLM of the epoch is; a follower
 // (whose vLLM serves no HTTP) is ready when the leader says so for the
 // epoch its own vLLM runs.
@@ -204,8 +221,8 @@ func TestGroupReady(t *testing.T) {
 		t.Error("a follower stopping is not ready")
 	}
 	w, fx := Step(New(Config{Rank: 1, Size: 2, LossTimeout: loss}), Event{Kind: EvHeard, Now: at(0), From: 0, Incarnation: 10, Said: Report{Kind: Ready, Epoch: 4, Rung: 2}})
-	if want := []Effect{{Kind: FxStart, Epoch: 4, Rung: 2}, {Kind: FxSay, Epoch: 4}}; !reflect.DeepEqual(fx, want) || w.GroupReady() {
-		t.Errorf("a waiting follower hearing Ready 4 starts it (ready once its own vLLM runs and the leader says so again): %v %v", fx, w.GroupReady())
+	if want := []Effect{{Kind: FxSay, Epoch: 4}}; !reflect.DeepEqual(fx, want) || w.GroupReady() {
+		t.Errorf("a waiting follower hearing Ready 4 starts nothing (the epoch's rendezvous is over) and is not ready: %v %v", fx, w.GroupReady())
 	}
 }
 

@@ -393,7 +393,8 @@ func (g *Guard) onState(st status.Status) {
 	if g.proxy != nil {
 		g.proxy.Notify()
 	}
-	if st.State == status.StateReady {
+	if st.State == status.StateReady && (g.member == nil || !g.member.Follower()) {
+		// A group's follower runs vLLM headless: no HTTP, no /metrics.
 		g.stats.SetTarget(g.gate.URL())
 	} else {
 		g.stats.SetTarget("")

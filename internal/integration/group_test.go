@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vllm-guard/vllm-guard/internal/control"
 	"github.com/vllm-guard/vllm-guard/internal/events"
 	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
@@ -212,4 +213,67 @@ func guardPort(t *testing.T, s *scene) int {
 	}
 	t.Fatal("no [group] port in the scene")
 	return 0
+}
+
+// A follower's guard killed and started again at once, while the leader
+// still serves (before the loss timeout): the new guard hears the leader's
+// Ready of the running epoch, whose rendezvous is over, and starts nothing
+// until the leader has ended that epoch (it hears the new incarnation) and
+// opened the next: one start, after the leader's, and no vLLM of the old
+// epoch started and killed on the way.
+func TestAFollowersGuardStartedAgainWaitsForTheNextEpoch(t *testing.T) {
+	leader, follower := groupScenes(t)
+	for _, s := range []*scene{leader, follower} {
+		s.extra = strings.Replace(s.extra, `loss_timeout = "3s"`, `loss_timeout = "1m"`, 1)
+	}
+	leader.start()
+	follower.start()
+	leader.WaitEvent("the leader ready", 1, 30*time.Second, isReady)
+	follower.WaitEvent("the follower ready", 1, 30*time.Second, isReady)
+	follower.Signal(syscall.SIGKILL)
+	follower.WaitExit(10 * time.Second)
+	follower.waitNoProcesses(10 * time.Second)
+	again := follower.restart()
+	le := leader.WaitEvent("the leader's vLLM ended by the group", 1, 30*time.Second, isExited)
+	groupCause(t, "the leader's end", le, 1, "")
+	ls := leader.WaitEvent("the leader starts again", 2, 60*time.Second, isStarting)
+	again.WaitEvent("the new follower ready", 1, 60*time.Second, isReady)
+	fs := again.WaitEvent("the new follower's start", 1, 60*time.Second, isStarting)
+	if !fs.Time.After(ls.Time) {
+		t.Errorf("the new follower started its vLLM at %s, before the leader's next epoch at %s", fs.Time, ls.Time)
+	}
+	if n, m := again.CountEvents(isStarting), again.CountEvents(isExited); n != 1 || m != 0 {
+		t.Errorf("the new follower started %d times and its vLLM ended %d times: want one start, for the next epoch", n, m)
+	}
+	again.stopCleanly(20*time.Second, 10*time.Second)
+	leader.stopCleanly(20*time.Second, 10*time.Second)
+}
+
+// A follower's vLLM runs headless (no HTTP): its guard does not scrape
+// its /metrics, which would fail every sample and warn that it cannot.
+// By the time the leader's guard has scraped its vLLM twice since the
+// group was ready, the follower's guard would have tried too.
+func TestAFollowersGuardScrapesNothing(t *testing.T) {
+	leader, follower := groupScenes(t)
+	leader.start()
+	follower.start()
+	leader.WaitEvent("the leader ready", 1, 30*time.Second, isReady)
+	follower.WaitEvent("the follower ready", 1, 30*time.Second, isReady)
+	base := waitState(t, leader.socket(), "ready", 30*time.Second).VLLM.Scrapes
+	leader.Until("two more scrapes by the leader's guard", 30*time.Second, func() bool {
+		return waitState(t, leader.socket(), "ready", 30*time.Second).VLLM.Scrapes >= base+2
+	})
+	if v := waitState(t, follower.socket(), "ready", 30*time.Second).VLLM; v.Scrapes != 0 || v.LastError != "" {
+		t.Errorf("the follower's guard scraped its headless vLLM: %d scrapes, %d failed, last %q", v.Scrapes, v.Failures, v.LastError)
+	}
+	var view strings.Builder
+	control.WriteStatus(&view, waitState(t, follower.socket(), "ready", 30*time.Second))
+	if !strings.Contains(view.String(), "runs vLLM headless") {
+		t.Errorf("the follower's status does not say why its vLLM is not scraped:\n%s", view.String())
+	}
+	if n := follower.CountLogs(msg("cannot scrape vLLM metrics")); n != 0 {
+		t.Errorf("the follower's guard warned %d times that it cannot scrape its headless vLLM", n)
+	}
+	follower.stopCleanly(20*time.Second, 10*time.Second)
+	leader.stopCleanly(20*time.Second, 10*time.Second)
 }

@@ -69,6 +69,19 @@ func (s *scene) epoch() int {
 	return int(e)
 }
 
+// vllmTree is the scene's vLLM processes: ours without the guard's
+// keeper (which carries vLLM's environment too).
+func (s *scene) vllmTree() []int {
+	var out []int
+	for _, pid := range s.ours() {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err == nil && !strings.Contains(string(b), "\x00__keeper\x00") {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
 // titles are the titles (argv[0]) of the live processes pids.
 func titles(pids []int) []string {
 	var out []string
@@ -163,7 +176,7 @@ func TestAGroupAcrossTwoHosts(t *testing.T) {
 			go func() {
 				v := streamIDs(base+longPath, longStream, func(n int) {
 					once.Do(func() {
-						for _, pid := range g.follower.ours() {
+						for _, pid := range g.follower.vllmTree() {
 							syscall.Kill(pid, syscall.SIGSTOP)
 						}
 						close(stopped)

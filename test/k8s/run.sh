@@ -108,7 +108,7 @@ teardown() {
   kc delete leaderworkerset --all --wait=true --timeout=120s >/dev/null 2>&1
   kc delete deployment --all --wait=true --timeout=120s >/dev/null 2>&1
   kc wait --for=delete pod --all --timeout=120s >/dev/null 2>&1
-  for n in lws clusterdns kubelet scheduler kcm apiserver; do [ -f "$K/run/$n.pid" ] && kill "$(cat "$K/run/$n.pid")"; done
+  for n in lws clusterdns kubelet scheduler kcm apiserver; do [ -f "$K/run/$n.pid" ] && kill "$(cat "$K/run/$n.pid")" 2>/dev/null; done
   for n in lws clusterdns kubelet scheduler kcm apiserver; do [ -f "$K/run/$n.pid" ] && while kill -0 "$(cat "$K/run/$n.pid")" 2>/dev/null; do sleep 0.2; done; done
   S=$K/ctd/containerd.sock
   if [ -S "$S" ]; then
@@ -441,11 +441,11 @@ phase "LeaderWorkerSet $lwsversion: its CRD, RBAC and webhooks from the module's
 # endpoint is the manager on the host, at port 9443.
 lwscfg=$(cd "$lwsmod" && go list -m -f '{{.Dir}}' sigs.k8s.io/lws)/config
 mkdir -p "$K/lws/kustomize/test" "$K/lws/certs"
-cp -r "$lwscfg"/crd "$lwscfg"/rbac "$lwscfg"/webhook "$K/lws/kustomize/" && chmod -R u+w "$K/lws/kustomize"
+cp -r "$lwscfg"/crd "$lwscfg"/rbac "$lwscfg"/webhook "$lwscfg"/internalcert "$K/lws/kustomize/" && chmod -R u+w "$K/lws/kustomize"
 cat > "$K/lws/kustomize/test/kustomization.yaml" <<Y
 namespace: lws-system
 namePrefix: lws-
-resources: [../crd, ../rbac, ../webhook]
+resources: [../crd, ../rbac, ../webhook, ../internalcert]
 patches:
 - target: {kind: Service, name: webhook-service}
   patch: '[{"op": "remove", "path": "/spec/selector"}]'
@@ -485,7 +485,9 @@ metadata: {name: probe}
 spec: {leaderWorkerTemplate: {size: 2, workerTemplate: {spec: {containers: [{name: c, image: localhost/pause:v1}]}}}}
 Y
 for i in $(seq 1 240); do
-  kc create --dry-run=server -f "$K/lws/probe.yaml" -o jsonpath='{.spec.leaderWorkerTemplate.restartPolicy}' > "$K/lws/probe.out" 2>&1 && break; sleep 0.5
+  kc create --dry-run=server -f "$K/lws/probe.yaml" -o jsonpath='{.spec.leaderWorkerTemplate.restartPolicy}' > "$K/lws/probe.out" 2>&1 && break
+  kill -0 "$(cat "$K/run/lws.pid")" 2>/dev/null || break # the manager stopped: its log says why
+  sleep 0.5
 done
 [ "$(cat "$K/lws/probe.out")" = RecreateGroupOnPodRestart ] || { tail -20 "$K/log/lws.log"; fail "LeaderWorkerSet's webhooks do not answer (a dry run: $(cat "$K/lws/probe.out"))"; }
 echo "   the mutating webhook defaults restartPolicy to $(cat "$K/lws/probe.out") (a dry run through the API server to $ip:9443)"

@@ -476,6 +476,18 @@ Y
 tok=$(kc -n lws-system create token lws-controller-manager --duration=2h)
 sed "s/token: .*}/token: $tok}}/" "$K/pki/admin.kubeconfig" > "$K/pki/lws.kubeconfig"
 start lws "$lwsbin/manager" --config "$K/lws/config.yaml" --kubeconfig "$K/pki/lws.kubeconfig" --zap-log-level=info
+# Its certificate rotator writes the serving certificate into the Secret
+# lws-webhook-server-cert and waits for it in certDir, where the kubelet
+# would mount that Secret in its pod: here the script copies it there.
+for i in $(seq 1 240); do
+  crt=$(kc -n lws-system get secret lws-webhook-server-cert -o jsonpath='{.data.tls\.crt}' 2>/dev/null || true)
+  [ -n "$crt" ] && break
+  kill -0 "$(cat "$K/run/lws.pid")" 2>/dev/null || break; sleep 0.5
+done
+[ -n "$crt" ] || { tail -20 "$K/log/lws.log"; fail "LeaderWorkerSet's manager made no webhook certificate (Secret lws-webhook-server-cert)"; }
+(umask 077 && base64 -d <<<"$crt" > "$K/lws/certs/tls.crt.tmp" &&
+  kc -n lws-system get secret lws-webhook-server-cert -o jsonpath='{.data.tls\.key}' | base64 -d > "$K/lws/certs/tls.key" &&
+  mv "$K/lws/certs/tls.crt.tmp" "$K/lws/certs/tls.crt")
 # Ready once its certificates are made and injected: then an object goes
 # through its webhooks (a dry run on the server).
 cat > "$K/lws/probe.yaml" <<Y

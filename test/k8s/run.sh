@@ -551,6 +551,10 @@ settled() {
 # seconds after it is ready: the leader's guard restarts the group on rung 1.
 g=$(settled "$leader" 1) || { kc logs "$leader" | tail -20; fail "the group is not ready on rung 1 after the leader's OOM: '$g'"; }
 echo "   after the leader's GPU OOM, on the leader: $g"
+# The follower's guard found the leader's by LWS_LEADER_ADDRESS (the
+# cluster's DNS): it heard the group ready.
+gf=$(settled "$follower" 1) || fail "the follower's guard does not see the group ready on rung 1: '$gf'"
+echo "   on the follower: $gf"
 uids() { kc get pod -l app.kubernetes.io/instance=group -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.uid}/{.status.containerStatuses[0].restartCount} {end}'; }
 
 phase "scenario: the follower's vLLM killed (kubectl exec kill -9): one in-place group restart, no pod recreated"
@@ -581,6 +585,10 @@ g=$(settled "$leader" 1) || { kc logs "$leader" | tail -20; fail "the recreated 
 first=$(launches "$leader" | awk '{print $1}')
 echo "   the recreated leader: $g; its first vLLM launched on rung $first"
 [ "$first" = 1 ] || fail "the recreated leader launched vLLM first on rung ${first:-?}, not the saved rung 1"
+gf=$(settled "$follower" 1) || fail "the recreated follower's guard does not see the group ready on rung 1: '$gf'"
+ffirst=$(launches "$follower" | awk '{print $1}')
+echo "   the recreated follower: $gf; its first vLLM launched on rung $ffirst"
+[ "$ffirst" = 1 ] || fail "the recreated follower launched vLLM first on rung ${ffirst:-?}, not the leader's rung 1"
 # Stable: a completion through the leader's proxy, then still one group,
 # recreated once (LeaderWorkerSet's events), no container restarted.
 after=$(uids)

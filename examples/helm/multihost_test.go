@@ -224,3 +224,15 @@ func TestChartMultiHostNetworkPolicy(t *testing.T) {
 		t.Errorf("the group's rule admits %v, which is not the group's pods", sel)
 	}
 }
+
+func TestChartMultiHostNotes(t *testing.T) {
+	notes := render(t, multiHost...).Notes
+	for _, want := range []string{"leaderworkerset/vllm", "exec vllm-0 -- vllm-guard status", "leaderworkerset.sigs.k8s.io/name=vllm"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("NOTES.txt does not say %q:\n%s", want, notes)
+		}
+	}
+	if strings.Contains(notes, "deploy/") {
+		t.Errorf("NOTES.txt names a Deployment the multiHost mode does not make:\n%s", notes)
+	}
+}

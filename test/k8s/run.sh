@@ -526,6 +526,7 @@ kc create secret generic vllm-group --from-literal=secret="$(head -c 32 /dev/ura
   --set multiHost.enabled=true --set multiHost.secret.name=vllm-group --set apiKeySecret.name=vllm-api-key \
   --set model=org/model --set resources.requests.cpu=100m --set resources.requests.memory=256Mi --set resources.limits.memory=1Gi --set shmSize=64Mi \
   --set 'guardConfig.group.heartbeat_interval=500ms' --set 'guardConfig.group.loss_timeout=3s' \
+  --set 'guardConfig.restart.initial_delay=1s' --set 'guardConfig.restart.max_delay=2s' --set 'guardConfig.restart.give_up_after=4' \
   --set 'env[0].name=FAKEVLLM_LOAD_WEIGHTS' --set 'env[0].value=2s' \
   --set 'env[1].name=FAKEVLLM_SEQ_COST_MIB' --set 'env[1].value=64' --set 'env[2].name=FAKEVLLM_BACKGROUND_SEQS' --set 'env[2].value=200' \
   --set 'env[3].name=FAKEVLLM_BACKGROUND_AFTER' --set 'env[3].value=2s' --set 'env[4].name=FAKEVLLM_BACKGROUND_RAMP' --set 'env[4].value=3s') | sed 's/^/   /'
@@ -602,5 +603,30 @@ echo "   pods now: $after"
 [ "$(uids)" = "$after" ] || fail "the group changed again after it was ready: '$after', then '$(uids)'"
 [[ "$after" != *"/"[1-9]* ]] || fail "a container of the recreated group restarted: $after"
 
+
+phase "scenario: a crash loop of the recreated group gives up and stays (on_give_up \"stay\"): no container restarted, no group recreated"
+# give_up_after is 4 failed starts; the leader's claim kept those before the
+# recreation (the OOM, the first kill, perhaps the deleted follower's end):
+# the recreated group gives up after 2 more at most, not 4.
+for k in 1 2 3 4; do
+  e0=$(epoch "$(gstatus "$leader")")
+  kc exec "$follower" -- sh -c 'kill -9 $(pidof vllm)'
+  for i in $(seq 1 240); do
+    g=$(gstatus "$leader"); head -1 "$K/gstatus.txt" | grep -q FAILED && break
+    [ "$(epoch "$g")" != "$e0" ] && [[ "$g" == *"the group is ready"* ]] && break; sleep 0.5
+  done
+  head -1 "$K/gstatus.txt" | grep -q FAILED && break
+  [[ "$g" == *"the group is ready"* ]] || fail "kill $k: the group neither gave up nor is ready again: '$g'"
+done
+sed -n 1,2p "$K/gstatus.txt" | sed 's/^/   /'
+head -1 "$K/gstatus.txt" | grep -q FAILED || fail "the leader did not give up after $k failed starts of the recreated group"
+echo "   the leader gave up after $k more failed starts (give_up_after 4)"
+[ "$k" -le 2 ] || fail "the recreated group needed $k failures to give up: the failures before the recreation were not kept on the leader's claim"
+kc wait --for=condition=Ready=false "$leader" --timeout=60s >/dev/null || fail "the leader pod is still Ready after its guard gave up"
+recreated=$(kc get events --field-selector reason=RecreateGroupOnPodRestart -o jsonpath='{range .items[*]}{.count}{"\n"}{end}' | awk '{n += ($1 ? $1 : 1)} END {print n + 0}')
+echo "   pods: $(uids); group recreations in all: $recreated"
+[ "$(uids)" = "$after" ] || fail "a pod was recreated or a container restarted after the give-up: '$after', then '$(uids)'"
+[ "$recreated" = 1 ] || fail "LeaderWorkerSet recreated the group $recreated times"
+
 echo "test-k8s: Kubernetes $version, scenarios run: Ready only after the model answered; status through kubectl exec; a completion through the proxy; the state claim writable; the API key from a Secret, in no ConfigMap (401 without it, 200 with it); non-root on a read-only root file system; OOM handled without a container restart; kubectl delete pod drains a stream in flight ([DONE] within the grace period); the rung survives a pod delete; a GPU fault (XID 79) ends the guard with exit 69, the restarted guard waits on the lost GPU, the pod not Ready"
-echo "test-k8s: LeaderWorkerSet $lwsversion, scenarios run: a group of two pods Ready (the leader by DNS); the follower's vLLM killed: one in-place group restart, no pod recreated; the follower's pod deleted: the group recreated once, on the saved rung 1, then stable"
+echo "test-k8s: LeaderWorkerSet $lwsversion, scenarios run: a group of two pods Ready (the leader by DNS); the follower's vLLM killed: one in-place group restart, no pod recreated; the follower's pod deleted: the group recreated once, on the saved rung 1, then stable; a crash loop after it gives up (the failures before the recreation counted) and stays, nothing recreated"

@@ -13,6 +13,9 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
 	lwsv1 "sigs.k8s.io/lws/api/leaderworkerset/v1"
+
+	"helm.sh/helm/v4/pkg/chart/v2/lint"
+	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
 )
 
 // workerIndex is the label LeaderWorkerSet puts on each pod of a group (0:
@@ -234,5 +237,18 @@ func TestChartMultiHostNotes(t *testing.T) {
 	}
 	if strings.Contains(notes, "deploy/") {
 		t.Errorf("NOTES.txt names a Deployment the multiHost mode does not make:\n%s", notes)
+	}
+}
+
+// Helm's linter finds nothing to warn about in the multiHost mode.
+func TestChartMultiHostLints(t *testing.T) {
+	vals, err := Values(append(multiHost, "networkPolicy.enabled=true", "podMonitor.enabled=true"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range lint.RunAll(ChartDir, vals, release.Namespace).Messages {
+		if m.Severity >= support.WarningSev {
+			t.Error(m)
+		}
 	}
 }

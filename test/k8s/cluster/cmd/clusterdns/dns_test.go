@@ -102,8 +102,10 @@ func TestAPodByHostnameAndSubdomainAndAService(t *testing.T) {
 		"group-1.group.default.svc.cluster.local.", // no such pod
 		"loading.group.default.svc.cluster.local.", // no IP yet: exists, no record
 		"nope.default.svc.cluster.local.",
-		"group-0.group.default.cluster.local.", // no svc label
-		"example.com.",                         // outside: refused
+		"group-0.group.default.cluster.local.",     // no svc label
+		"group-0.group.default.pod.cluster.local.", // pod, not svc
+		"api.default.pod.cluster.local.",
+		"example.com.", // outside: refused
 	} {
 		if got, err := r.LookupHost(ctx, q); err == nil {
 			t.Errorf("LookupHost(%q) = %v, want an error", q, got)
@@ -134,7 +136,9 @@ func ask(t *testing.T, z zone, q string, typ dnsmessage.Type) (dnsmessage.Header
 }
 
 func TestRCodes(t *testing.T) {
-	z := testZone(t, pod("ns", "p", "p", "s", "10.244.0.3", nil), pod("ns", "q", "q", "s", "", nil))
+	gone := pod("ns", "old", "old", "s", "10.244.0.4", nil) // being deleted: a recreated group's old leader
+	gone.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	z := testZone(t, pod("ns", "p", "p", "s", "10.244.0.3", nil), pod("ns", "q", "q", "s", "", nil), gone)
 	for _, c := range []struct {
 		q     string
 		typ   dnsmessage.Type
@@ -145,6 +149,7 @@ func TestRCodes(t *testing.T) {
 		{"p.s.ns.svc.cluster.local.", dnsmessage.TypeAAAA, dnsmessage.RCodeSuccess, 0},
 		{"q.s.ns.svc.cluster.local.", dnsmessage.TypeA, dnsmessage.RCodeSuccess, 0},
 		{"x.s.ns.svc.cluster.local.", dnsmessage.TypeA, dnsmessage.RCodeNameError, 0},
+		{"old.s.ns.svc.cluster.local.", dnsmessage.TypeA, dnsmessage.RCodeNameError, 0},
 		{"a.b.c.d.svc.cluster.local.", dnsmessage.TypeA, dnsmessage.RCodeNameError, 0},
 		{"cluster.local.", dnsmessage.TypeA, dnsmessage.RCodeNameError, 0},
 		{"localcluster.local.", dnsmessage.TypeA, dnsmessage.RCodeRefused, 0},

@@ -32,9 +32,14 @@ status=0
 for entry in "${targets[@]}"; do
 	pkg="./${entry% *}"
 	name="${entry#* }"
+	# A package of a nested module (test/k8s/cluster) is tested from its
+	# module's folder.
+	mod=${entry% *}
+	while [ "$mod" != . ] && [ ! -f "$mod/go.mod" ]; do mod=$(dirname "$mod"); done
+	rel=${entry% *}; rel=${rel#"$mod"}; rel=${rel#/}
 	echo "=== $pkg $name"
 	start=$(date +%s)
-	if "$GO" test "${race[@]}" -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" "$pkg"; then
+	if (cd "$mod" && "$GO" test "${race[@]}" -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" "./$rel"); then
 		results+=("PASS  $(($(date +%s) - start))s  $pkg $name")
 	else
 		results+=("FAIL  $(($(date +%s) - start))s  $pkg $name")

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
 	kjson "sigs.k8s.io/json"
+	lwsv1 "sigs.k8s.io/lws/api/leaderworkerset/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/vllm-guard/vllm-guard/internal/config"
@@ -33,12 +34,13 @@ import (
 // apiVersion and kind, each with its Go type from the Kubernetes API (and
 // the Prometheus Operator's for PodMonitor).
 var kinds = map[string]func() any{
-	"v1 ConfigMap":                        func() any { return new(corev1.ConfigMap) },
-	"v1 Service":                          func() any { return new(corev1.Service) },
-	"v1 PersistentVolumeClaim":            func() any { return new(corev1.PersistentVolumeClaim) },
-	"apps/v1 Deployment":                  func() any { return new(appsv1.Deployment) },
-	"monitoring.coreos.com/v1 PodMonitor": func() any { return new(monitoringv1.PodMonitor) },
-	"networking.k8s.io/v1 NetworkPolicy":  func() any { return new(networkingv1.NetworkPolicy) },
+	"v1 ConfigMap":                                func() any { return new(corev1.ConfigMap) },
+	"v1 Service":                                  func() any { return new(corev1.Service) },
+	"v1 PersistentVolumeClaim":                    func() any { return new(corev1.PersistentVolumeClaim) },
+	"apps/v1 Deployment":                          func() any { return new(appsv1.Deployment) },
+	"monitoring.coreos.com/v1 PodMonitor":         func() any { return new(monitoringv1.PodMonitor) },
+	"networking.k8s.io/v1 NetworkPolicy":          func() any { return new(networkingv1.NetworkPolicy) },
+	"leaderworkerset.x-k8s.io/v1 LeaderWorkerSet": func() any { return new(lwsv1.LeaderWorkerSet) },
 }
 
 // decodeStrict decodes one YAML document into its API type as the API
@@ -77,6 +79,7 @@ type objects struct {
 	deployments []*appsv1.Deployment
 	podMonitors []*monitoringv1.PodMonitor
 	netPolicies []*networkingv1.NetworkPolicy
+	lws         []*lwsv1.LeaderWorkerSet
 }
 
 // decodeAll decodes every manifest strictly; it fails the test for each
@@ -108,6 +111,8 @@ func decodeAll(t *testing.T, ms []Manifest) objects {
 			o.podMonitors = append(o.podMonitors, x)
 		case *networkingv1.NetworkPolicy:
 			o.netPolicies = append(o.netPolicies, x)
+		case *lwsv1.LeaderWorkerSet:
+			o.lws = append(o.lws, x)
 		}
 	}
 	return o

@@ -20,8 +20,9 @@
 #   netns      the CNI plugins' (cni-*)
 #   cgroups    the kubelet's (kubepods) and containerd's (k8s.io)
 #   logs       entries in the kubelet's fixed folders
-#   processes  any whose command line names a path under K, or in a
-#              kubepods cgroup
+#   processes  any whose command line names a path under K (the cluster's
+#              components, LeaderWorkerSet's manager, the DNS server), or in
+#              a kubepods cgroup
 #   sysctls    the kernel settings the kubelet changes (kernel.panic, ...)
 
 leftovers_bridge=k8stest0

@@ -143,6 +143,12 @@ func TestTheClustersLeftoversFail(t *testing.T) {
 		{name: "a shim still running", extra: "### processes\n4242 - /usr/bin/containerd-shim-runc-v2 -namespace k8s.io -id abc -address " + cluster + "/ctd/containerd.sock\n",
 			want: "process 4242 - /usr/bin/containerd-shim-runc-v2"},
 		{name: "a pod's process", extra: "### processes\n4343 kubepods/besteffort/pod1/abc vllm-guard run\n", want: "process 4343 kubepods/besteffort/pod1/abc vllm-guard run"},
+		// The manager is a binary in the build cache: its command line names
+		// the cluster's folder in its --config and --kubeconfig.
+		{name: "LeaderWorkerSet's manager still running", extra: "### processes\n4545 - /root/.cache/vllm-guard/k8s/lws-v0.8.0-0123456789ab/manager --config " + cluster + "/lws/config.yaml --kubeconfig " + cluster + "/pki/lws.kubeconfig\n",
+			want: "process 4545 - /root/.cache/vllm-guard/k8s/lws-v0.8.0-0123456789ab/manager"},
+		{name: "the cluster's DNS server still running", extra: "### processes\n4646 - " + cluster + "/bin/clusterdns -kubeconfig " + cluster + "/pki/admin.kubeconfig -listen 192.168.1.5:53 -domain cluster.local\n",
+			want: "process 4646 - " + cluster + "/bin/clusterdns"},
 		{name: "a kernel setting the kubelet changed", extra: "### sysctls\nkernel/panic 10\n", want: "sysctl kernel/panic=10"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -7,7 +7,10 @@
 # the etcd server module Kubernetes names, containerd, runc and the CNI
 # plugins come from Debian, and the images (a pause program; the guard with
 # the vLLM simulator and the stand-in NVML) are made here and imported into
-# containerd: nothing is pulled from a registry. The script starts the
+# containerd: nothing is pulled from a registry. LeaderWorkerSet's manager
+# is built from its own module (test/k8s/lws) and runs on the host with its
+# own webhook certificates; a small DNS server (test/k8s/cluster/cmd/
+# clusterdns) is the cluster's DNS. The script starts the
 # cluster, installs the chart (helm install through the Helm SDK), checks
 # the pod through each scenario, and tears everything down (processes,
 # mounts, interfaces, iptables chains, cgroups, pod logs), then checks that
@@ -59,6 +62,21 @@ if [ ! -x "$bin/kubelet" ]; then
 fi
 kc() { "$bin/kubectl" --kubeconfig "$K/pki/admin.kubeconfig" "$@"; }
 
+# LeaderWorkerSet's controller manager, from its own module (test/k8s/lws:
+# the release whose k8s.io modules match the cluster's), cached the same way.
+lwsmod="$root/test/k8s/lws"
+lwsversion=$(cd "$lwsmod" && go list -m -f '{{.Version}}' sigs.k8s.io/lws)
+lwsbin="$cache/lws-$lwsversion-$(sha256sum "$lwsmod/go.sum" | cut -c1-12)"
+phase "LeaderWorkerSet $lwsversion: its manager into $lwsbin; the cluster's DNS server (test/k8s/cluster/cmd/clusterdns)"
+if [ ! -x "$lwsbin/manager" ]; then
+  mkdir -p "$lwsbin.tmp"
+  s=$SECONDS; (cd "$lwsmod" && go build -trimpath -o "$lwsbin.tmp/manager" sigs.k8s.io/lws/cmd)
+  echo "   manager: $((SECONDS - s)) s"
+  rm -rf "$lwsbin" && mv "$lwsbin.tmp" "$lwsbin"
+fi
+mkdir -p "$K/bin"
+(cd "$mod" && go vet ./cmd/clusterdns && go test -count=1 ./cmd/clusterdns >/dev/null && go build -o "$K/bin/clusterdns" ./cmd/clusterdns)
+
 phase "the guard, the simulator and the stand-in NVML (make build)"
 make -C "$root" -s build >/dev/null
 
@@ -87,10 +105,11 @@ for s in $leftovers_sysctls; do if [ -r "/proc/sys/$s" ]; then echo "$s $(cat "/
 teardown() {
   set +e
   phase "teardown"
+  kc delete leaderworkerset --all --wait=true --timeout=120s >/dev/null 2>&1
   kc delete deployment --all --wait=true --timeout=120s >/dev/null 2>&1
   kc wait --for=delete pod --all --timeout=120s >/dev/null 2>&1
-  for n in kubelet scheduler kcm apiserver; do [ -f "$K/run/$n.pid" ] && kill "$(cat "$K/run/$n.pid")"; done
-  for n in kubelet scheduler kcm apiserver; do [ -f "$K/run/$n.pid" ] && while kill -0 "$(cat "$K/run/$n.pid")" 2>/dev/null; do sleep 0.2; done; done
+  for n in lws clusterdns kubelet scheduler kcm apiserver; do [ -f "$K/run/$n.pid" ] && kill "$(cat "$K/run/$n.pid")" 2>/dev/null; done
+  for n in lws clusterdns kubelet scheduler kcm apiserver; do [ -f "$K/run/$n.pid" ] && while kill -0 "$(cat "$K/run/$n.pid")" 2>/dev/null; do sleep 0.2; done; done
   S=$K/ctd/containerd.sock
   if [ -S "$S" ]; then
     for c in $(ctr -a "$S" -n k8s.io tasks ls -q 2>/dev/null); do ctr -a "$S" -n k8s.io tasks kill -s KILL "$c"; done
@@ -142,7 +161,7 @@ cp "$root/bin/fakevllm" "$r/usr/local/bin/vllm"
 cp "$root/build/lib/libnvidia-ml.so.1" /lib/x86_64-linux-gnu/libc.so.6 "$r/usr/lib/x86_64-linux-gnu/"
 cp /lib64/ld-linux-x86-64.so.2 "$r/lib64/"
 ln -s usr/lib "$r/lib"
-cp /bin/busybox "$r/bin/busybox" && for a in sh id mkdir cp cat touch; do ln -s busybox "$r/bin/$a"; done
+cp /bin/busybox "$r/bin/busybox" && for a in sh id mkdir cp cat touch kill pidof; do ln -s busybox "$r/bin/$a"; done
 echo "GPU-5e1f0000-0000-4000-8000-000000000001 85899345920 536870912 NVIDIA H100 80GB HBM3 (simulated)" > "$r/gpu/devices"
 chmod 1777 "$r/gpu/procs" "$r/tmp"
 printf 'root:x:0:0:root:/root:/bin/sh\n' > "$r/etc/passwd"
@@ -215,19 +234,26 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 podLogsDir: $K/log/pods
+clusterDNS: [$ip]
+clusterDomain: cluster.local
 C
 start() { n=$1; shift; "$@" > "$K/log/$n.log" 2>&1 9>&- & echo $! > "$K/run/$n.pid"; }
 forward=$(cat /proc/sys/net/ipv4/ip_forward) # put back in the teardown
 echo 1 > /proc/sys/net/ipv4/ip_forward
 start containerd containerd --config "$K/ctd/config.toml"
 start etcd "$bin/etcd" -data-dir "$K/etcd" -listen-client-url http://127.0.0.1:23790 -listen-peer-url http://127.0.0.1:23800
+# --enable-aggregator-routing: the API server calls webhooks (LeaderWorkerSet's)
+# at their Service's endpoints; with no kube-proxy a cluster IP leads nowhere.
 start apiserver "$bin/kube-apiserver" --etcd-servers=http://127.0.0.1:23790 --secure-port=16443 --bind-address=127.0.0.1 --advertise-address="$ip" \
   --tls-cert-file="$K/pki/apiserver.crt" --tls-private-key-file="$K/pki/apiserver.key" --client-ca-file="$K/pki/ca.crt" \
   --token-auth-file="$K/pki/tokens.csv" --authorization-mode=Node,RBAC --service-cluster-ip-range=10.96.0.0/16 \
   --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$K/pki/sa.pub" --service-account-signing-key-file="$K/pki/sa.key" \
-  --allow-privileged=false --kubelet-preferred-address-types=InternalIP
+  --allow-privileged=false --kubelet-preferred-address-types=InternalIP --enable-aggregator-routing=true
 start kcm "$bin/kube-controller-manager" --kubeconfig="$K/pki/kcm.kubeconfig" --service-account-private-key-file="$K/pki/sa.key" --root-ca-file="$K/pki/ca.crt" \
   --bind-address=127.0.0.1 --secure-port=10257 --leader-elect=false --use-service-account-credentials=true '--controllers=*,-nodeipam'
+# The cluster's DNS (the kubelet's clusterDNS) on the host's address: pods
+# by hostname.subdomain.namespace, services; nothing forwarded.
+start clusterdns "$K/bin/clusterdns" -kubeconfig "$K/pki/admin.kubeconfig" -listen "$ip:53" -domain cluster.local
 start scheduler "$bin/kube-scheduler" --kubeconfig="$K/pki/sched.kubeconfig" --bind-address=127.0.0.1 --secure-port=10259 --leader-elect=false
 for i in $(seq 1 240); do ctr -a "$K/ctd/containerd.sock" version >/dev/null 2>&1 && break; sleep 0.5; done
 ctr -a "$K/ctd/containerd.sock" -n k8s.io image import "$K/img/pause.tar" >/dev/null
@@ -408,4 +434,199 @@ livez=$(curl -s -m 10 -o /dev/null -w '%{http_code}' "http://$podip2:9461/livez"
 echo "   the guard's /livez $livez, /readyz $readyz"
 [ "$livez" = 200 ] && [ "$readyz" = 503 ] || fail "want /livez 200 (the kubelet keeps the container) and /readyz 503 on a lost GPU"
 
+
+phase "LeaderWorkerSet $lwsversion: its CRD, RBAC and webhooks from the module's config/; the manager on the host, its own certificates"
+# The module's kustomize bases, as its release does (namespace lws-system,
+# names prefixed lws-); the webhook Service without a selector: its
+# endpoint is the manager on the host, at port 9443.
+lwscfg=$(cd "$lwsmod" && go list -m -f '{{.Dir}}' sigs.k8s.io/lws)/config
+mkdir -p "$K/lws/kustomize/test" "$K/lws/certs"
+cp -r "$lwscfg"/crd "$lwscfg"/rbac "$lwscfg"/webhook "$lwscfg"/internalcert "$K/lws/kustomize/" && chmod -R u+w "$K/lws/kustomize"
+cat > "$K/lws/kustomize/test/kustomization.yaml" <<Y
+namespace: lws-system
+namePrefix: lws-
+resources: [../crd, ../rbac, ../webhook, ../internalcert]
+patches:
+- target: {kind: Service, name: webhook-service}
+  patch: '[{"op": "remove", "path": "/spec/selector"}]'
+Y
+kc create namespace lws-system >/dev/null
+kc apply --server-side -k "$K/lws/kustomize/test" >/dev/null
+kc apply -f - >/dev/null <<Y
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: lws-webhook-service-host
+  namespace: lws-system
+  labels: {kubernetes.io/service-name: lws-webhook-service, endpointslice.kubernetes.io/managed-by: test-k8s}
+addressType: IPv4
+endpoints: [{addresses: ["$ip"], conditions: {ready: true}}]
+ports: [{port: 9443, protocol: TCP}]
+Y
+cat > "$K/lws/config.yaml" <<Y
+apiVersion: config.lws.x-k8s.io/v1alpha1
+kind: Configuration
+leaderElection: {leaderElect: false}
+internalCertManagement: {enable: true}
+webhook: {port: 9443, certDir: $K/lws/certs}
+metrics: {bindAddress: "0"}
+health: {healthProbeBindAddress: "127.0.0.1:18081"}
+Y
+# The manager runs as its service account, with the module's RBAC.
+tok=$(kc -n lws-system create token lws-controller-manager --duration=2h)
+sed "s/token: .*}/token: $tok}}/" "$K/pki/admin.kubeconfig" > "$K/pki/lws.kubeconfig"
+start lws "$lwsbin/manager" --config "$K/lws/config.yaml" --kubeconfig "$K/pki/lws.kubeconfig" --zap-log-level=info
+# Its certificate rotator writes the serving certificate into the Secret
+# lws-webhook-server-cert and waits for it in certDir, where the kubelet
+# would mount that Secret in its pod: here the script copies it there.
+for i in $(seq 1 240); do
+  crt=$(kc -n lws-system get secret lws-webhook-server-cert -o jsonpath='{.data.tls\.crt}' 2>/dev/null || true)
+  [ -n "$crt" ] && break
+  kill -0 "$(cat "$K/run/lws.pid")" 2>/dev/null || break; sleep 0.5
+done
+[ -n "$crt" ] || { tail -20 "$K/log/lws.log"; fail "LeaderWorkerSet's manager made no webhook certificate (Secret lws-webhook-server-cert)"; }
+(umask 077 && base64 -d <<<"$crt" > "$K/lws/certs/tls.crt.tmp" &&
+  kc -n lws-system get secret lws-webhook-server-cert -o jsonpath='{.data.tls\.key}' | base64 -d > "$K/lws/certs/tls.key" &&
+  mv "$K/lws/certs/tls.crt.tmp" "$K/lws/certs/tls.crt")
+# Ready once its certificates are made and injected: then an object goes
+# through its webhooks (a dry run on the server).
+cat > "$K/lws/probe.yaml" <<Y
+apiVersion: leaderworkerset.x-k8s.io/v1
+kind: LeaderWorkerSet
+metadata: {name: probe}
+spec: {leaderWorkerTemplate: {size: 2, workerTemplate: {spec: {containers: [{name: c, image: localhost/pause:v1}]}}}}
+Y
+for i in $(seq 1 240); do
+  kc create --dry-run=server -f "$K/lws/probe.yaml" -o jsonpath='{.spec.leaderWorkerTemplate.restartPolicy}' > "$K/lws/probe.out" 2>&1 && break
+  kill -0 "$(cat "$K/run/lws.pid")" 2>/dev/null || break # the manager stopped: its log says why
+  sleep 0.5
+done
+[ "$(cat "$K/lws/probe.out")" = RecreateGroupOnPodRestart ] || { tail -20 "$K/log/lws.log"; fail "LeaderWorkerSet's webhooks do not answer (a dry run: $(cat "$K/lws/probe.out"))"; }
+echo "   the mutating webhook defaults restartPolicy to $(cat "$K/lws/probe.out") (a dry run through the API server to $ip:9443)"
+
+phase "scenario: a LeaderWorkerSet group of two pods (the chart's multiHost) becomes Ready, the follower's guard reaching the leader's by its DNS name"
+kc delete deployment vllm --wait=true --timeout=120s >/dev/null
+kc wait --for=delete pod -l app.kubernetes.io/instance=vllm --timeout=120s >/dev/null 2>&1 || true
+# A GPU for each pod of the group; a state volume for the leader.
+kc patch node node1 --subresource=status --type=json -p '[{"op":"replace","path":"/status/capacity/nvidia.com~1gpu","value":"2"}]' >/dev/null
+mkdir -p "$K/pv/group-state"
+kc apply -f - >/dev/null <<Y
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: vllm-guard-group-state}
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  local: {path: $K/pv/group-state}
+  nodeAffinity: {required: {nodeSelectorTerms: [{matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [node1]}]}]}}
+Y
+kc create secret generic vllm-group --from-literal=secret="$(head -c 32 /dev/urandom | base64)" >/dev/null
+(cd "$root/examples/helm" && go run ./cmd/install --kubeconfig "$K/pki/admin.kubeconfig" --name group --set image.repository=localhost/vllm-guard --set image.tag=test --set image.pullPolicy=Never \
+  --set multiHost.enabled=true --set multiHost.secret.name=vllm-group --set apiKeySecret.name=vllm-api-key \
+  --set model=org/model --set resources.requests.cpu=100m --set resources.requests.memory=256Mi --set resources.limits.memory=1Gi --set shmSize=64Mi \
+  --set 'guardConfig.group.heartbeat_interval=500ms' --set 'guardConfig.group.loss_timeout=3s' \
+  --set 'guardConfig.restart.initial_delay=1s' --set 'guardConfig.restart.max_delay=2s' --set 'guardConfig.restart.give_up_after=4' \
+  --set 'env[0].name=FAKEVLLM_LOAD_WEIGHTS' --set 'env[0].value=2s' \
+  --set 'env[1].name=FAKEVLLM_SEQ_COST_MIB' --set 'env[1].value=64' --set 'env[2].name=FAKEVLLM_BACKGROUND_SEQS' --set 'env[2].value=200' \
+  --set 'env[3].name=FAKEVLLM_BACKGROUND_AFTER' --set 'env[3].value=2s' --set 'env[4].name=FAKEVLLM_BACKGROUND_RAMP' --set 'env[4].value=3s') | sed 's/^/   /'
+kc get leaderworkerset,configmap,service,pvc -l app.kubernetes.io/instance=group -o name | sed 's/^/   /'
+leader=pod/group-0 follower=pod/group-0-1
+for i in $(seq 1 240); do kc get "$leader" "$follower" >/dev/null 2>&1 && break; sleep 0.5; done
+kc wait --for=condition=Ready "$leader" "$follower" --timeout=300s >/dev/null || {
+  kc describe "$leader" "$follower" | tail -40; kc logs "$follower" | tail -20; fail "the group's pods did not become Ready"; }
+addr=$(kc get "$follower" -o jsonpath='{.spec.containers[0].env[?(@.name=="LWS_LEADER_ADDRESS")].value}')
+echo "   $leader and $follower Ready; the follower's LWS_LEADER_ADDRESS=$addr"
+# gstatus POD: the Group line of `vllm-guard status` in POD ("" while the guard does not answer).
+gstatus() { kc exec "$1" -- vllm-guard status 2>/dev/null > "$K/gstatus.txt" || true; grep -m1 '^Group:' "$K/gstatus.txt" || true; }
+epoch() { sed -n 's/.*; epoch \([0-9]*\) .*/\1/p' <<<"$1"; }
+rung() { sed -n 's/.* on rung \([0-9]*\);.*/\1/p' <<<"$1"; }
+# settled POD RUNG: the group ready on RUNG, as POD's guard tells it.
+settled() {
+  for i in $(seq 1 240); do
+    g=$(gstatus "$1"); [[ "$g" == *"the group is ready"* ]] && [ "$(rung "$g")" = "$2" ] && { echo "$g"; return 0; }; sleep 0.5
+  done
+  echo "$g"; return 1
+}
+# The simulator's background demand outgrows rung 0 on the leader two
+# seconds after it is ready: the leader's guard restarts the group on rung 1.
+g=$(settled "$leader" 1) || { kc logs "$leader" | tail -20; fail "the group is not ready on rung 1 after the leader's OOM: '$g'"; }
+echo "   after the leader's GPU OOM, on the leader: $g"
+# The follower's guard found the leader's by LWS_LEADER_ADDRESS (the
+# cluster's DNS): it heard the group ready.
+gf=$(settled "$follower" 1) || fail "the follower's guard does not see the group ready on rung 1: '$gf'"
+echo "   on the follower: $gf"
+uids() { kc get pod -l app.kubernetes.io/instance=group -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.uid}/{.status.containerStatuses[0].restartCount} {end}'; }
+
+phase "scenario: the follower's vLLM killed (kubectl exec kill -9): one in-place group restart, no pod recreated"
+before=$(uids) e0=$(epoch "$g")
+kc exec "$follower" -- sh -c 'kill -9 $(pidof vllm)'
+for i in $(seq 1 240); do
+  g=$(gstatus "$leader"); [ "$(epoch "$g")" != "$e0" ] && [[ "$g" == *"the group is ready"* ]] && break; sleep 0.5
+done
+gf=$(settled "$follower" 1) || fail "the follower's guard does not see the group ready on rung 1: '$gf'"
+echo "   before: epoch $e0; after, on the leader: $g"
+echo "   on the follower: $gf"
+[[ "$g" == *"the group is ready"* ]] || fail "the group is not ready again after the follower's vLLM died: '$g'"
+[ "$(epoch "$g")" = $((e0 + 1)) ] || fail "the leader's epoch went from $e0 to $(epoch "$g"), not by one: more or less than one group restart"
+[ "$(epoch "$gf")" = $((e0 + 1)) ] || fail "the follower's epoch is $(epoch "$gf"), not $((e0 + 1))"
+[ "$(uids)" = "$before" ] || fail "pods recreated or containers restarted: before '$before', after '$(uids)'"
+echo "   pods (name=uid/container restarts) unchanged: $before"
+
+phase "scenario: the follower's pod deleted: LeaderWorkerSet recreates the group once; the new guards start on the saved rung"
+leaderuid=$(kc get "$leader" -o jsonpath='{.metadata.uid}')
+kc delete "$follower" --wait=false >/dev/null
+for i in $(seq 1 240); do
+  u=$(kc get "$leader" -o jsonpath='{.metadata.uid}' 2>/dev/null || true); [ -n "$u" ] && [ "$u" != "$leaderuid" ] && break; sleep 0.5
+done
+[ -n "$u" ] && [ "$u" != "$leaderuid" ] || fail "the leader pod was not recreated after its follower's pod was deleted"
+for i in $(seq 1 240); do kc get "$follower" >/dev/null 2>&1 && break; sleep 0.5; done
+kc wait --for=condition=Ready "$leader" "$follower" --timeout=300s >/dev/null || { kc describe "$leader" "$follower" | tail -40; fail "the recreated group did not become Ready"; }
+g=$(settled "$leader" 1) || { kc logs "$leader" | tail -20; fail "the recreated group is not ready on rung 1 (the leader's state claim): '$g'"; }
+first=$(launches "$leader" | awk '{print $1}')
+echo "   the recreated leader: $g; its first vLLM launched on rung $first"
+[ "$first" = 1 ] || fail "the recreated leader launched vLLM first on rung ${first:-?}, not the saved rung 1"
+gf=$(settled "$follower" 1) || fail "the recreated follower's guard does not see the group ready on rung 1: '$gf'"
+ffirst=$(launches "$follower" | awk '{print $1}')
+echo "   the recreated follower: $gf; its first vLLM launched on rung $ffirst"
+[ "$ffirst" = 1 ] || fail "the recreated follower launched vLLM first on rung ${ffirst:-?}, not the leader's rung 1"
+# Stable: a completion through the leader's proxy, then still one group,
+# recreated once (LeaderWorkerSet's events), no container restarted.
+after=$(uids)
+lip=$(kc get "$leader" -o jsonpath='{.status.podIP}')
+curl -fsS -m 30 "http://$lip:8080/v1/completions" -H 'Content-Type: application/json' -H "Authorization: Bearer $key" \
+  -d '{"model":"org/model","prompt":"hello","max_tokens":4}' > "$K/completion.json" || fail "no completion through the recreated leader's proxy"
+recreated=$(kc get events --field-selector reason=RecreateGroupOnPodRestart -o jsonpath='{range .items[*]}{.count}{"\n"}{end}' | awk '{n += ($1 ? $1 : 1)} END {print n + 0}')
+kc get events --field-selector reason=RecreateGroupOnPodRestart -o jsonpath='{range .items[*]}   {.message} (x{.count}){"\n"}{end}'
+echo "   pods now: $after"
+[ "$recreated" = 1 ] || fail "LeaderWorkerSet recreated the group $recreated times, want once"
+[ "$(uids)" = "$after" ] || fail "the group changed again after it was ready: '$after', then '$(uids)'"
+[[ "$after" != *"/"[1-9]* ]] || fail "a container of the recreated group restarted: $after"
+
+
+phase "scenario: a crash loop of the recreated group gives up and stays (on_give_up \"stay\"): no container restarted, no group recreated"
+# give_up_after is 4 failed starts; the leader's claim kept those before the
+# recreation (the OOM, the first kill, perhaps the deleted follower's end):
+# the recreated group gives up after 2 more at most, not 4.
+for k in 1 2 3 4; do
+  e0=$(epoch "$(gstatus "$leader")")
+  kc exec "$follower" -- sh -c 'kill -9 $(pidof vllm)'
+  for i in $(seq 1 240); do
+    g=$(gstatus "$leader"); head -1 "$K/gstatus.txt" | grep -q FAILED && break
+    [ "$(epoch "$g")" != "$e0" ] && [[ "$g" == *"the group is ready"* ]] && break; sleep 0.5
+  done
+  head -1 "$K/gstatus.txt" | grep -q FAILED && break
+  [[ "$g" == *"the group is ready"* ]] || fail "kill $k: the group neither gave up nor is ready again: '$g'"
+done
+sed -n 1,2p "$K/gstatus.txt" | sed 's/^/   /'
+head -1 "$K/gstatus.txt" | grep -q FAILED || fail "the leader did not give up after $k failed starts of the recreated group"
+echo "   the leader gave up after $k more failed starts (give_up_after 4)"
+[ "$k" -le 2 ] || fail "the recreated group needed $k failures to give up: the failures before the recreation were not kept on the leader's claim"
+kc wait --for=condition=Ready=false "$leader" --timeout=60s >/dev/null || fail "the leader pod is still Ready after its guard gave up"
+recreated=$(kc get events --field-selector reason=RecreateGroupOnPodRestart -o jsonpath='{range .items[*]}{.count}{"\n"}{end}' | awk '{n += ($1 ? $1 : 1)} END {print n + 0}')
+echo "   pods: $(uids); group recreations in all: $recreated"
+[ "$(uids)" = "$after" ] || fail "a pod was recreated or a container restarted after the give-up: '$after', then '$(uids)'"
+[ "$recreated" = 1 ] || fail "LeaderWorkerSet recreated the group $recreated times"
+
 echo "test-k8s: Kubernetes $version, scenarios run: Ready only after the model answered; status through kubectl exec; a completion through the proxy; the state claim writable; the API key from a Secret, in no ConfigMap (401 without it, 200 with it); non-root on a read-only root file system; OOM handled without a container restart; kubectl delete pod drains a stream in flight ([DONE] within the grace period); the rung survives a pod delete; a GPU fault (XID 79) ends the guard with exit 69, the restarted guard waits on the lost GPU, the pod not Ready"
+echo "test-k8s: LeaderWorkerSet $lwsversion, scenarios run: a group of two pods Ready (the leader by DNS); the follower's vLLM killed: one in-place group restart, no pod recreated; the follower's pod deleted: the group recreated once, on the saved rung 1, then stable; a crash loop after it gives up (the failures before the recreation counted) and stays, nothing recreated"

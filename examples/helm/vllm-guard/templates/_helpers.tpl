@@ -36,6 +36,8 @@ ConfigMap (its default --config).
 */}}
 {{- define "vllm-guard.socket" -}}{{ include "vllm-guard.socketDir" . }}/control/guard.sock{{- end -}}
 {{- define "vllm-guard.configDir" -}}/etc/vllm-guard{{- end -}}
+{{/* multiHost: where the group's Secret is mounted ([group] secret_file is its key there). */}}
+{{- define "vllm-guard.groupSecretDir" -}}/etc/vllm-guard-group{{- end -}}
 
 {{/*
 The guard's effective stop timeout in seconds, as the supervisor computes it
@@ -53,8 +55,17 @@ when vLLM is given a shutdown timeout, else stop_timeout.
 {{- add (include "vllm-guard.stopSeconds" . | int) (int .Values.terminationGraceMarginSeconds) -}}
 {{- end -}}
 
+{{/* The GPUs vLLM spans: the pod's, times the group's size for multiHost "tp". */}}
+{{- define "vllm-guard.spannedGPUs" -}}
+{{- if and .Values.multiHost.enabled (eq .Values.multiHost.parallelism "tp") -}}
+{{- mul (int .Values.gpus) (int .Values.multiHost.size) -}}
+{{- else -}}
+{{- int .Values.gpus -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "vllm-guard.tensorParallelSize" -}}
-{{- int .Values.tensorParallelSize | default (int .Values.gpus) -}}
+{{- int .Values.tensorParallelSize | default (include "vllm-guard.spannedGPUs" . | int) -}}
 {{- end -}}
 
 {{/*
@@ -96,7 +107,10 @@ them equal), and every name from it up to the flag is refused.
 {{- end -}}
 {{- end -}}
 {{- $tp := include "vllm-guard.tensorParallelSize" . | int -}}
-{{- if gt $tp (int .Values.gpus) -}}
+{{- if gt $tp (include "vllm-guard.spannedGPUs" . | int) -}}
+{{- if .Values.multiHost.enabled -}}
+{{- fail (printf "tensorParallelSize %d is more than the group's %d GPUs (gpus x multiHost.size with parallelism tp, else gpus): vLLM needs a GPU for each tensor-parallel rank" $tp (include "vllm-guard.spannedGPUs" . | int)) -}}
+{{- end -}}
 {{- fail (printf "tensorParallelSize %d is more than gpus %d: vLLM needs a GPU for each tensor-parallel rank" $tp (int .Values.gpus)) -}}
 {{- end -}}
 {{- $cmd := list "vllm" "serve" .Values.model -}}
@@ -127,6 +141,18 @@ then guardConfig merged over it table by table, key by key.
     "http_listen" (printf "0.0.0.0:%s" (include "vllm-guard.controlPort" .))
     "state_dir" (include "vllm-guard.stateDir" .))
   "log" (dict "format" "json") -}}
+{{- if .Values.multiHost.enabled -}}
+{{- if not .Values.multiHost.secret.name -}}
+{{- fail "multiHost.secret.name is empty: the guards sign every message with a shared secret; create a Secret (kubectl create secret generic vllm-group --from-literal=secret=\"$(head -c 32 /dev/urandom | base64)\") and name it there" -}}
+{{- end -}}
+{{- /* rank, size and leader_address come from LeaderWorkerSet's LWS_* variables. */ -}}
+{{- $_ := set $cfg "group" (dict
+  "enabled" true
+  "parallelism" .Values.multiHost.parallelism
+  "port" (int .Values.multiHost.port)
+  "secret_file" (printf "%s/%s" (include "vllm-guard.groupSecretDir" .) .Values.multiHost.secret.key)) -}}
+{{- $_ := set $cfg "restart" (dict "on_give_up" "stay") -}}
+{{- end -}}
 {{- if .Values.proxy -}}
 {{- $_ := set $cfg "proxy" (dict "listen" (printf "0.0.0.0:%s" (include "vllm-guard.proxyPort" .))) -}}
 {{- else -}}
@@ -139,6 +165,15 @@ then guardConfig merged over it table by table, key by key.
   "control.http_listen" "the probes, the Service and the PodMonitor use port 9461"
   "control.state_dir" "the chart mounts the state volume there"
   "proxy.listen" "set proxy: true or false instead" -}}
+{{- if .Values.multiHost.enabled -}}
+{{- range $key, $how := dict "enabled" "set multiHost.enabled instead" "rank" "LeaderWorkerSet gives it (LWS_WORKER_INDEX)" "size" "set multiHost.size instead" "leader_address" "LeaderWorkerSet gives it (LWS_LEADER_ADDRESS)" "port" "set multiHost.port instead" "parallelism" "set multiHost.parallelism instead" "secret_file" "set multiHost.secret instead" -}}
+{{- $_ := set $owned (printf "group.%s" $key) $how -}}
+{{- end -}}
+{{- $restart := get .Values.guardConfig "restart" | default dict -}}
+{{- if and (kindIs "map" $restart) (hasKey $restart "on_give_up") (ne (toString (get $restart "on_give_up")) "stay") -}}
+{{- fail (printf "guardConfig.restart.on_give_up %q with multiHost: a guard that exits on giving up restarts its container, LeaderWorkerSet recreates the group and the same failure starts again, in a loop; keep \"stay\" (the leader stays up, failed, not ready, until you act)" (toString (get $restart "on_give_up"))) -}}
+{{- end -}}
+{{- end -}}
 {{- range $table, $keys := .Values.guardConfig -}}
 {{- if not (kindIs "map" $keys) -}}
 {{- fail (printf "guardConfig.%s: write a table of the guard's settings, such as guardConfig.readiness.stall_timeout" $table) -}}
@@ -166,8 +201,17 @@ vllm-guard.toml documents them (any other after, for the guard to refuse by
 name), keys sorted.
 */}}
 {{- define "vllm-guard.toml" -}}
-{{- $cfg := include "vllm-guard.config" . | fromJson -}}
-{{- $order := list "vllm" "profile" "readiness" "liveness" "gpu" "restart" "control" "alerts" "proxy" "log" -}}
+{{- include "vllm-guard.tomlOf" (include "vllm-guard.config" . | fromJson) -}}
+{{- end -}}
+
+{{/* A multiHost worker's TOML: the leader's without the proxy. */}}
+{{- define "vllm-guard.workerToml" -}}
+{{- include "vllm-guard.tomlOf" (omit (include "vllm-guard.config" . | fromJson) "proxy") -}}
+{{- end -}}
+
+{{- define "vllm-guard.tomlOf" -}}
+{{- $cfg := . -}}
+{{- $order := list "vllm" "profile" "readiness" "liveness" "gpu" "restart" "control" "alerts" "proxy" "log" "group" -}}
 {{- $tables := list -}}
 {{- range $name := $order -}}{{- if hasKey $cfg $name -}}{{- $tables = append $tables $name -}}{{- end -}}{{- end -}}
 {{- range $name := keys $cfg | sortAlpha -}}{{- if not (has $name $order) -}}{{- $tables = append $tables $name -}}{{- end -}}{{- end -}}

@@ -43,15 +43,28 @@ func groupScenes(t *testing.T) (leader, follower *scene) {
 	return leader, follower
 }
 
-// argvHas: the start's command line has each flag with its value.
-func argvHas(t *testing.T, who string, argv []string, want ...string) {
+// groupReady starts both guards of groupScenes and waits until each is
+// ready (the follower's ready is the group's word).
+func groupReady(t *testing.T, leader, follower *scene, within time.Duration) {
 	t.Helper()
-	line := " " + strings.Join(argv, " ") + " "
-	for _, w := range want {
-		if !strings.Contains(line, " "+w+" ") {
-			t.Errorf("%s's vLLM command %q has no %q", who, argv, w)
-		}
-	}
+	leader.start()
+	follower.start()
+	leader.WaitEvent("the leader ready", 1, within, isReady)
+	follower.WaitEvent("the follower ready", 1, within, isReady)
+}
+
+// stopGroup stops the follower's guard, then the leader's, each cleanly.
+func stopGroup(leader, follower *scene) {
+	follower.stopCleanly(20*time.Second, 10*time.Second)
+	leader.stopCleanly(20*time.Second, 10*time.Second)
+}
+
+// killFollowersGuard SIGKILLs the follower's guard and waits until it and
+// everything of its vLLM are gone (its keeper kills the tree).
+func killFollowersGuard(follower *scene) {
+	follower.Signal(syscall.SIGKILL)
+	follower.WaitExit(10 * time.Second)
+	follower.waitNoProcesses(10 * time.Second)
 }
 
 // wholeRestart waits for the group's restart number n (its n+1th start)
@@ -101,8 +114,8 @@ func TestAGroupRestartsWhole(t *testing.T) {
 	follower.start()
 	ls := leader.WaitEvent("the leader's vLLM starts", 1, 30*time.Second, isStarting)
 	fs := follower.WaitEvent("the follower's vLLM starts", 1, 30*time.Second, isStarting)
-	argvHas(t, "the leader", ls.Argv, "--nnodes 2", "--node-rank 0", "--master-addr 127.0.0.1")
-	argvHas(t, "the follower", fs.Argv, "--nnodes 2", "--node-rank 1", "--master-addr 127.0.0.1", "--headless")
+	testkit.ArgvHas(t, "the leader", ls.Argv, "--nnodes 2", "--node-rank 0", "--master-addr 127.0.0.1")
+	testkit.ArgvHas(t, "the follower", fs.Argv, "--nnodes 2", "--node-rank 1", "--master-addr 127.0.0.1", "--headless")
 	if strings.Contains(strings.Join(ls.Argv, " "), "--headless") {
 		t.Errorf("the leader's vLLM runs headless: %q", ls.Argv)
 	}
@@ -129,8 +142,7 @@ func TestAGroupRestartsWhole(t *testing.T) {
 			t.Errorf("%s: the follower's exit %+v, want exit code 0", f.name, fe.Failure)
 		}
 	}
-	follower.stopCleanly(20*time.Second, 10*time.Second)
-	leader.stopCleanly(20*time.Second, 10*time.Second)
+	stopGroup(leader, follower)
 }
 
 // A follower's guard that dies takes its vLLM with it (its keeper), the
@@ -138,13 +150,8 @@ func TestAGroupRestartsWhole(t *testing.T) {
 // again (a new incarnation) joins, and the group starts whole.
 func TestAGroupOutlivesAFollowersGuard(t *testing.T) {
 	leader, follower := groupScenes(t)
-	leader.start()
-	follower.start()
-	leader.WaitEvent("the leader ready", 1, 30*time.Second, isReady)
-	follower.WaitEvent("the follower ready", 1, 30*time.Second, isReady)
-	follower.Signal(syscall.SIGKILL)
-	follower.WaitExit(10 * time.Second)
-	follower.waitNoProcesses(10 * time.Second)
+	groupReady(t, leader, follower, 30*time.Second)
+	killFollowersGuard(follower)
 	le := leader.WaitEvent("the leader's vLLM killed", 1, 30*time.Second, isExited)
 	if v := verdictText(le); !strings.Contains(v, "member 1 not heard for the loss timeout") {
 		t.Errorf("the leader's exit says %q, want the member lost", v)
@@ -226,13 +233,8 @@ func TestAFollowersGuardStartedAgainWaitsForTheNextEpoch(t *testing.T) {
 	for _, s := range []*scene{leader, follower} {
 		s.extra = strings.Replace(s.extra, `loss_timeout = "3s"`, `loss_timeout = "1m"`, 1)
 	}
-	leader.start()
-	follower.start()
-	leader.WaitEvent("the leader ready", 1, 30*time.Second, isReady)
-	follower.WaitEvent("the follower ready", 1, 30*time.Second, isReady)
-	follower.Signal(syscall.SIGKILL)
-	follower.WaitExit(10 * time.Second)
-	follower.waitNoProcesses(10 * time.Second)
+	groupReady(t, leader, follower, 30*time.Second)
+	killFollowersGuard(follower)
 	again := follower.restart()
 	le := leader.WaitEvent("the leader's vLLM ended by the group", 1, 30*time.Second, isExited)
 	groupCause(t, "the leader's end", le, 1, "")
@@ -255,10 +257,7 @@ func TestAFollowersGuardStartedAgainWaitsForTheNextEpoch(t *testing.T) {
 // group was ready, the follower's guard would have tried too.
 func TestAFollowersGuardScrapesNothing(t *testing.T) {
 	leader, follower := groupScenes(t)
-	leader.start()
-	follower.start()
-	leader.WaitEvent("the leader ready", 1, 30*time.Second, isReady)
-	follower.WaitEvent("the follower ready", 1, 30*time.Second, isReady)
+	groupReady(t, leader, follower, 30*time.Second)
 	base := waitState(t, leader.socket(), "ready", 30*time.Second).VLLM.Scrapes
 	leader.Until("two more scrapes by the leader's guard", 30*time.Second, func() bool {
 		return waitState(t, leader.socket(), "ready", 30*time.Second).VLLM.Scrapes >= base+2
@@ -274,6 +273,5 @@ func TestAFollowersGuardScrapesNothing(t *testing.T) {
 	if n := follower.CountLogs(msg("cannot scrape vLLM metrics")); n != 0 {
 		t.Errorf("the follower's guard warned %d times that it cannot scrape its headless vLLM", n)
 	}
-	follower.stopCleanly(20*time.Second, 10*time.Second)
-	leader.stopCleanly(20*time.Second, 10*time.Second)
+	stopGroup(leader, follower)
 }

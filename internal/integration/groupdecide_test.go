@@ -10,6 +10,7 @@ import (
 
 	"github.com/vllm-guard/vllm-guard/internal/control"
 	"github.com/vllm-guard/vllm-guard/internal/events"
+	"github.com/vllm-guard/vllm-guard/internal/testkit"
 )
 
 // rungFlags are a start's rung flags, as its command line has them.
@@ -39,7 +40,7 @@ func TestAGroupStartsOnTheLeadersRung(t *testing.T) {
 	if fs.Rung == nil || fs.Rung.Index != ls.Rung.Index {
 		t.Errorf("the follower's second start on rung %+v, the leader's %d", fs.Rung, ls.Rung.Index)
 	}
-	argvHas(t, "the follower", fs.Argv, rungFlags(ls)...)
+	testkit.ArgvHas(t, "the follower", fs.Argv, rungFlags(ls)...)
 	fe := follower.WaitEvent("the follower's vLLM ended by the group", 1, 30*time.Second, isExited)
 	if d := fe.Failure; d == nil || d.Decision.Delay != 0 || !strings.Contains(d.Decision.Reason, "the group's leader decides") {
 		t.Errorf("the follower decided on its own: %+v", d)
@@ -47,8 +48,7 @@ func TestAGroupStartsOnTheLeadersRung(t *testing.T) {
 	groupCause(t, "the follower's end", fe, 0, "end")
 	leader.WaitEvent("the leader ready", 1, 60*time.Second, isReady)
 	follower.WaitEvent("the follower ready", 1, 60*time.Second, isReady)
-	follower.stopCleanly(20*time.Second, 10*time.Second)
-	leader.stopCleanly(20*time.Second, 10*time.Second)
+	stopGroup(leader, follower)
 }
 
 // An OOM on a follower steps the whole group down: the follower's guard
@@ -73,7 +73,7 @@ func TestAnOOMOnAFollowerStepsTheGroupDown(t *testing.T) {
 	if ls.Rung == nil || ls.Rung.Index != 1 {
 		t.Fatalf("the leader's second start on rung %+v, want 1: the follower's OOM steps the group down", ls.Rung)
 	}
-	argvHas(t, "the follower", fs.Argv, rungFlags(ls)...)
+	testkit.ArgvHas(t, "the follower", fs.Argv, rungFlags(ls)...)
 	said := false
 	for _, e := range leader.Events() {
 		said = said || e.Kind == events.KindDecision && strings.Contains(e.Reason, "member 1's vLLM ended: GPU out of memory: rung 0→1")
@@ -83,8 +83,7 @@ func TestAnOOMOnAFollowerStepsTheGroupDown(t *testing.T) {
 	}
 	leader.WaitEvent("the leader ready", 1, 60*time.Second, isReady)
 	follower.WaitEvent("the follower ready", 1, 60*time.Second, isReady)
-	follower.stopCleanly(20*time.Second, 10*time.Second)
-	leader.stopCleanly(20*time.Second, 10*time.Second)
+	stopGroup(leader, follower)
 }
 
 // A follower whose vLLM dies again and again: the leader's policy counts
@@ -159,10 +158,7 @@ func groupCause(t *testing.T, what string, e events.Event, rank int, said string
 // and whether the group is ready (the document and the human view).
 func TestStatusShowsTheGroup(t *testing.T) {
 	leader, follower := groupScenes(t)
-	leader.start()
-	follower.start()
-	leader.WaitEvent("the leader ready", 1, 60*time.Second, isReady)
-	follower.WaitEvent("the follower ready", 1, 60*time.Second, isReady)
+	groupReady(t, leader, follower, 60*time.Second)
 	for rank, s := range []*scene{leader, follower} {
 		d := waitState(t, s.socket(), "ready", 30*time.Second)
 		g := d.Group
@@ -187,6 +183,5 @@ func TestStatusShowsTheGroup(t *testing.T) {
 			}
 		}
 	}
-	follower.stopCleanly(20*time.Second, 10*time.Second)
-	leader.stopCleanly(20*time.Second, 10*time.Second)
+	stopGroup(leader, follower)
 }

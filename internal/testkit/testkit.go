@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,4 +125,16 @@ func run(m interface{ Run() int }, cleanup func(), stderr io.Writer, opts []gole
 		return 1
 	}
 	return 0
+}
+
+// ArgvHas fails t unless the command line argv has each of want (a flag
+// with its value, "--nnodes 2"), as whole words; who names it.
+func ArgvHas(t testing.TB, who string, argv []string, want ...string) {
+	t.Helper()
+	line := " " + strings.Join(argv, " ") + " "
+	for _, w := range want {
+		if !strings.Contains(line, " "+w+" ") {
+			t.Errorf("%s's vLLM command %q has no %q", who, argv, w)
+		}
+	}
 }

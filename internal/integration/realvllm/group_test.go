@@ -130,8 +130,8 @@ func TestAGroupAcrossTwoHosts(t *testing.T) {
 	g.follower.start()
 	ls := g.leader.WaitEvent("the leader's vLLM starts", 1, startBound, isStarting)
 	fs := g.follower.WaitEvent("the follower's vLLM starts", 1, startBound, isStarting)
-	argvHas(t, "the leader", ls.Argv, "-tp 2", "--nnodes 2", "--node-rank 0", "--master-addr 127.0.0.1", "--distributed-timeout-seconds 120", "--cpu-distributed-timeout-seconds 120")
-	argvHas(t, "the follower", fs.Argv, "-tp 2", "--nnodes 2", "--node-rank 1", "--master-addr 127.0.0.1", "--headless")
+	testkit.ArgvHas(t, "the leader", ls.Argv, "-tp 2", "--nnodes 2", "--node-rank 0", "--master-addr 127.0.0.1", "--distributed-timeout-seconds 120", "--cpu-distributed-timeout-seconds 120")
+	testkit.ArgvHas(t, "the follower", fs.Argv, "-tp 2", "--nnodes 2", "--node-rank 1", "--master-addr 127.0.0.1", "--headless")
 	g.leader.WaitEvent("the leader ready", 1, startBound, isReady)
 	g.follower.WaitEvent("the follower ready (the group's word)", 1, startBound, isReady)
 
@@ -285,15 +285,4 @@ func (g *groupHosts) fault(n int, f groupFault, url string, body map[string]any,
 		}
 	}
 	waitGone(t, append(lOld, fOld...), exitBound)
-}
-
-// argvHas: the start's command line has each flag with its value.
-func argvHas(t *testing.T, who string, argv []string, want ...string) {
-	t.Helper()
-	line := " " + strings.Join(argv, " ") + " "
-	for _, w := range want {
-		if !strings.Contains(line, " "+w+" ") {
-			t.Errorf("%s's vLLM command %q has no %q", who, argv, w)
-		}
-	}
 }
